@@ -1,0 +1,36 @@
+# Entry points for people and CI. Each target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test lint binaries crd clean
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+# The control-plane binaries, built from Go modules once and cached outside the repository.
+binaries: $(VENV)/.installed
+	$(VENV)/bin/gpuusage local-cluster build
+
+## The main job: the product on a local control plane, no GPU or cluster needed.
+demo: binaries
+	$(VENV)/bin/gpuusage demo
+
+## The whole test suite against the real local control plane.
+test: binaries
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests operator nodeagent
+	$(VENV)/bin/ruff format --check src tests operator nodeagent
+	$(VENV)/bin/mypy
+
+crd: $(VENV)/.installed
+	$(VENV)/bin/gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

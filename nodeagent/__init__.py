@@ -1,0 +1,1 @@
+"""The gpuusage node agent (installed as gpuusage.nodeagent)."""

@@ -1,0 +1,64 @@
+"""Is a node's report fresh? The pure decision behind the Stale condition.
+
+A report is stale when the agent's latest observation is older than the threshold: the agent
+is gone, stuck, or cannot reach the API. The operator then marks the node's pods `Unknown`
+rather than pretending their GPU use is current.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from gpuusage.api import names
+from gpuusage.api.models import Condition
+
+DEFAULT_STALE_AFTER = timedelta(minutes=2)
+
+
+def is_stale(observed_at: datetime, now: datetime, stale_after: timedelta) -> bool:
+    """True when the observation is older than stale_after.
+
+    An observation from the future (clock skew between node and operator) counts as fresh:
+    skew is not the agent's absence.
+    """
+    return now - observed_at > stale_after
+
+
+def _age(observed_at: datetime, now: datetime) -> str:
+    seconds = max(0, int((now - observed_at).total_seconds()))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def stale_condition(
+    observed_at: datetime,
+    now: datetime,
+    stale_after: timedelta = DEFAULT_STALE_AFTER,
+    previous: Condition | None = None,
+    generation: int | None = None,
+) -> Condition:
+    """The Stale condition, keeping lastTransitionTime when the status did not change."""
+    stale = is_stale(observed_at, now, stale_after)
+    status = "True" if stale else "False"
+    age = _age(observed_at, now)
+    if stale:
+        reason = "ReportOutdated"
+        message = (
+            f"the agent's latest observation is {age} old (threshold "
+            f"{int(stale_after.total_seconds())}s); is the node agent running?"
+        )
+    else:
+        reason = "ReportFresh"
+        message = f"the agent's latest observation is {age} old"
+    transition = (
+        previous.last_transition_time
+        if previous is not None and previous.status == status
+        else now.replace(microsecond=0)
+    )
+    return Condition(
+        type=names.CONDITION_STALE,
+        status=status,
+        observed_generation=generation,
+        last_transition_time=transition,
+        reason=reason,
+        message=message,
+    )

@@ -1,0 +1,1 @@
+"""The GpuNodeUsage API: names, models and the CRD rendered from them."""

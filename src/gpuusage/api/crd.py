@@ -1,0 +1,215 @@
+"""Render the CustomResourceDefinition from the pydantic models.
+
+pydantic emits JSON Schema (with $ref, anyOf-with-null, titles); the apiserver wants a
+*structural* OpenAPI v3 schema (everything inlined, `nullable` instead of a null type, no
+titles). The conversion is mechanical and pure, so `crds/` can be checked for drift in a test.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from gpuusage.api import names
+from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
+
+JsonSchema = dict[str, Any]
+
+# Keys the apiserver's structural schema accepts that we pass through unchanged.
+_KEEP = {
+    "type",
+    "format",
+    "description",
+    "enum",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "required",
+    "properties",
+    "items",
+    "additionalProperties",
+    "nullable",
+}
+
+
+def _resolve(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**copy.deepcopy(target), **{k: v for k, v in node.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    return node
+
+
+def to_structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
+    """Convert one pydantic JSON Schema node into a structural OpenAPI v3 schema node."""
+    node = _resolve(node, defs)
+    nullable = False
+    variants = node.get("anyOf")
+    if variants is not None:
+        non_null = [v for v in variants if v.get("type") != "null"]
+        if len(non_null) != 1:
+            raise ValueError(f"cannot express a union of {len(non_null)} types structurally")
+        nullable = len(non_null) < len(variants)
+        outer = {k: v for k, v in node.items() if k not in ("anyOf", "default", "title")}
+        node = {**_resolve(non_null[0], defs), **outer}
+    out: JsonSchema = {}
+    for key, value in node.items():
+        if key.startswith("x-kubernetes-"):
+            out[key] = value
+        elif key == "properties":
+            out[key] = {name: to_structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = to_structural(value, defs)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                out[key] = to_structural(value, defs)
+        elif key == "const":
+            out["enum"] = [value]
+        elif key in _KEEP:
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if nullable:
+        out["nullable"] = True
+    if "type" not in out:
+        raise ValueError(f"schema node without a type: {node!r}")
+    return out
+
+
+def _schema_of(model: type[GpuNodeUsageSpec] | type[GpuNodeUsageStatus]) -> JsonSchema:
+    raw = model.model_json_schema(by_alias=True, mode="serialization")
+    defs = raw.pop("$defs", {})
+    return to_structural(raw, defs)
+
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {
+        "name": "GPUs",
+        "type": "integer",
+        "jsonPath": ".status.totals.gpus",
+        "description": "GPUs on the node",
+    },
+    {
+        "name": "Pods",
+        "type": "integer",
+        "jsonPath": ".status.totals.pods",
+        "description": "Pods with processes on the node's GPUs",
+    },
+    {
+        "name": "Processes",
+        "type": "integer",
+        "jsonPath": ".status.totals.processes",
+        "description": "GPU processes on the node",
+    },
+    {
+        "name": "Memory",
+        "type": "string",
+        "jsonPath": ".status.totals.memory",
+        "description": "GPU memory used by processes / total",
+    },
+    {
+        "name": "Stale",
+        "type": "string",
+        "jsonPath": f'.status.conditions[?(@.type=="{names.CONDITION_STALE}")].status',
+        "description": "True when the agent has not reported in time",
+    },
+    {
+        "name": "Observed",
+        "type": "date",
+        "jsonPath": ".spec.observedAt",
+        "description": "Age of the agent's latest observation",
+    },
+    {
+        "name": "Unattributed",
+        "type": "integer",
+        "jsonPath": ".status.totals.unattributedProcesses",
+        "priority": 1,
+        "description": "GPU processes that belong to no known pod",
+    },
+    {
+        "name": "Driver",
+        "type": "string",
+        "jsonPath": ".spec.source.driverVersion",
+        "priority": 1,
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def render_crd() -> dict[str, Any]:
+    """The GpuNodeUsage CRD as a dict, ready for the API or for YAML."""
+    spec_schema = _schema_of(GpuNodeUsageSpec)
+    spec_schema.setdefault("x-kubernetes-validations", []).append(
+        {
+            "rule": "self.gpus.all(g, !has(g.memory) || !has(g.memory.usedMiB) || "
+            "g.memory.usedMiB <= g.memory.totalMiB)",
+            "message": "gpus[].memory.usedMiB must not exceed gpus[].memory.totalMiB",
+        }
+    )
+    root: JsonSchema = {
+        "type": "object",
+        "description": "GPU use on one node: what the agent observed (spec) and what the "
+        "operator made of it (status). Named after the node.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": _schema_of(GpuNodeUsageStatus),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.metadata.name == self.spec.nodeName",
+                "message": "metadata.name must equal spec.nodeName: "
+                "a GpuNodeUsage is named after its node",
+            }
+        ],
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": names.CRD_NAME},
+        "spec": {
+            "group": names.GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": names.KIND,
+                "listKind": f"{names.KIND}List",
+                "plural": names.PLURAL,
+                "singular": names.SINGULAR,
+                "shortNames": list(names.SHORT_NAMES),
+                "categories": list(names.CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": names.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+HEADER = (
+    "# Generated by `gpuusage crd` from gpuusage.api.models; do not edit by hand.\n"
+    "# tests/test_crd.py fails when this file and the models drift apart.\n"
+)
+
+
+def render_crd_yaml() -> str:
+    """The CRD as the YAML document stored in crds/."""
+    body = yaml.safe_dump(render_crd(), sort_keys=False, width=100)
+    return HEADER + "---\n" + body

@@ -1,0 +1,301 @@
+"""The GpuNodeUsage API as pydantic models: the one source of truth for the CRD schema.
+
+The class docstrings and field descriptions become the schema's descriptions, so they are written
+for the person reading `kubectl explain gpunodeusage.spec`. Bounds (patterns, maxima, maxItems)
+are chosen so that the apiserver rejects malformed reports with a message naming the field, and
+so that one object can never grow past etcd's object size limit.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+_UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+GPU_UUID_PATTERN = f"^GPU-{_UUID}$"
+# R470+ drivers name MIG devices MIG-<uuid>; older ones MIG-GPU-<uuid>/<gi>/<ci>.
+MIG_UUID_PATTERN = f"^MIG-({_UUID}|GPU-{_UUID}/[0-9]+/[0-9]+)$"
+CONTAINER_ID_PATTERN = "^[0-9a-f]{64}$"
+POD_UID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+# metav1.Condition's own validation, copied so that our conditions pass it everywhere.
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+MAX_GPUS = 64
+MAX_MIG_DEVICES = 16
+MAX_PROCESSES = 512
+MAX_PODS_PER_GPU = 256
+MAX_UNATTRIBUTED = 256
+MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux
+MAX_MIB = 16 * 1024 * 1024  # 16 TiB: far above any device, low enough to catch unit mistakes
+
+
+class ApiModel(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields ignored on read.
+
+    Ignoring unknown fields lets an older operator read a report written by a newer agent.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The JSON-ready dict as the apiserver stores it (camelCase, nulls kept)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+Percent = Annotated[int, Field(ge=0, le=100)]
+MiB = Annotated[int, Field(ge=0, le=MAX_MIB)]
+ShortText = Annotated[str, Field(max_length=256)]
+Message = Annotated[str, Field(max_length=1024)]
+
+ProcessType = Literal["compute", "graphics", "mps"]
+
+
+class Memory(ApiModel):
+    """Device memory in MiB (1 MiB = 1,048,576 bytes), as NVML reports it."""
+
+    total_mib: MiB = Field(alias="totalMiB")
+    """Memory the device offers to processes."""
+    used_mib: MiB | None = Field(default=None, alias="usedMiB")
+    """Memory in use on the device, by all processes and the driver; null when unknown."""
+
+
+class Utilization(ApiModel):
+    """Utilization over NVML's last sample period (1/6 s to 1 s depending on the product)."""
+
+    gpu_percent: Percent | None = None
+    """Percent of time one or more kernels ran."""
+    memory_percent: Percent | None = None
+    """Percent of time device memory was read or written."""
+
+
+class DeviceError(ApiModel):
+    """Why a device could not be read completely. The other devices are still reported."""
+
+    reason: Annotated[str, Field(pattern=CONDITION_REASON_PATTERN, max_length=64)]
+    """NVML's error class without the prefix, e.g. GpuIsLost, NoPermission, NotSupported."""
+    message: Message
+    """Human-readable detail."""
+
+
+class Process(ApiModel):
+    """One process using a GPU or MIG device, attributed to its container and pod."""
+
+    pid: Annotated[int, Field(ge=1, le=MAX_PID)]
+    """Process ID in the host's PID namespace (NVML always reports host PIDs)."""
+    name: Annotated[str, Field(max_length=64)] | None = None
+    """Executable name (NVML's process name or /proc/<pid>/comm); never the command line."""
+    used_memory_mib: MiB | None = Field(default=None, alias="usedMemoryMiB")
+    """Device memory used by this process; null when NVML cannot tell (e.g. on Windows WDDM or
+    without permission)."""
+    container_id: Annotated[str, Field(pattern=CONTAINER_ID_PATTERN)] | None = Field(
+        default=None, alias="containerID"
+    )
+    """Container ID as bare lowercase hex (no runtime:// prefix); null outside any container."""
+    pod_uid: Annotated[str, Field(pattern=POD_UID_PATTERN)] | None = Field(
+        default=None, alias="podUID"
+    )
+    """UID of the pod the process runs in; null outside any pod."""
+    types: Annotated[list[ProcessType], Field(max_length=3)] = Field(default_factory=list)
+    """NVML process lists the process appeared in: compute, graphics, mps."""
+    sm_util_percent: Percent | None = None
+    """Streaming-multiprocessor utilization by this process, when the device reports it."""
+    memory_util_percent: Percent | None = None
+    """Memory-controller utilization by this process, when the device reports it."""
+    resolve_error: Message | None = None
+    """Why the process could not be attributed (e.g. it exited during the observation)."""
+
+
+class MigDevice(ApiModel):
+    """A Multi-Instance GPU device: a slice of a GPU with its own memory and processes."""
+
+    index: Annotated[int, Field(ge=0, le=MAX_MIG_DEVICES)]
+    """Index of the MIG device on its parent GPU."""
+    uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN)]
+    """MIG device UUID, as device plugins and NVIDIA_VISIBLE_DEVICES name it."""
+    name: ShortText | None = None
+    """Product name including the profile, e.g. "NVIDIA A100-SXM4-40GB MIG 1g.5gb"."""
+    gpu_instance_id: Annotated[int, Field(ge=0)] | None = None
+    compute_instance_id: Annotated[int, Field(ge=0)] | None = None
+    memory: Memory | None = None
+    processes: Annotated[list[Process], Field(max_length=MAX_PROCESSES)] = Field(
+        default_factory=list
+    )
+    error: DeviceError | None = None
+
+
+class Gpu(ApiModel):
+    """One physical GPU with its processes and, when MIG is enabled, its MIG devices."""
+
+    index: Annotated[int, Field(ge=0, le=MAX_GPUS)]
+    """NVML device index (may differ from CUDA_VISIBLE_DEVICES order)."""
+    uuid: Annotated[str, Field(pattern=GPU_UUID_PATTERN)]
+    """GPU UUID, as device plugins and NVIDIA_VISIBLE_DEVICES name it."""
+    name: ShortText | None = None
+    """Product name, e.g. "NVIDIA H100 80GB HBM3"."""
+    pci_bus_id: Annotated[str, Field(max_length=32)] | None = Field(default=None, alias="pciBusID")
+    memory: Memory | None = None
+    utilization: Utilization | None = None
+    mig_enabled: bool | None = None
+    """Whether MIG mode is on; processes are then listed under migDevices."""
+    mig_devices: Annotated[list[MigDevice], Field(max_length=MAX_MIG_DEVICES)] = Field(
+        default_factory=list
+    )
+    processes: Annotated[list[Process], Field(max_length=MAX_PROCESSES)] = Field(
+        default_factory=list
+    )
+    error: DeviceError | None = None
+    """Set when this GPU could not be read completely (lost, no permission, ...)."""
+
+
+class Source(ApiModel):
+    """Where the observation came from, and whether the GPU library worked on this node."""
+
+    kind: Literal["nvml", "fake", "none"]
+    """nvml: the real driver; fake: a scenario file; none: no NVML on this node."""
+    available: bool
+    """False when the node has no usable NVML; the report then lists no GPUs."""
+    message: Message | None = None
+    """Why the library is unavailable, or other notes from the agent."""
+    driver_version: Annotated[str, Field(max_length=64)] | None = None
+    cuda_version: Annotated[str, Field(max_length=64)] | None = None
+    nvml_version: Annotated[str, Field(max_length=64)] | None = None
+    agent_version: Annotated[str, Field(max_length=64)] | None = None
+
+
+class GpuNodeUsageSpec(ApiModel):
+    """What the node agent observed on its node. Written by the agent only."""
+
+    node_name: Annotated[str, Field(min_length=1, max_length=253)]
+    """The node this report describes; equals metadata.name."""
+    observed_at: datetime
+    """When the observation was taken (RFC 3339)."""
+    source: Source | None = None
+    gpus: Annotated[list[Gpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: Annotated[str, Field(pattern=CONDITION_TYPE_PATTERN, max_length=316)]
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    last_transition_time: datetime
+    reason: Annotated[str, Field(pattern=CONDITION_REASON_PATTERN, min_length=1, max_length=1024)]
+    message: Annotated[str, Field(max_length=32768)] = ""
+
+
+class ContainerUsage(ApiModel):
+    """GPU use of one container of a pod on one device."""
+
+    name: Annotated[str, Field(max_length=253)] | None = None
+    """Container name; null when the process matched the pod by UID only."""
+    container_id: Annotated[str, Field(pattern=CONTAINER_ID_PATTERN)] | None = Field(
+        default=None, alias="containerID"
+    )
+    pids: Annotated[list[Annotated[int, Field(ge=1, le=MAX_PID)]], Field(max_length=64)] = Field(
+        default_factory=list
+    )
+    used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
+
+
+class PodUsage(ApiModel):
+    """A pod resolved from the processes on one device."""
+
+    namespace: Annotated[str, Field(max_length=63)]
+    name: Annotated[str, Field(max_length=253)]
+    uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
+    containers: Annotated[list[ContainerUsage], Field(max_length=64)] = Field(default_factory=list)
+    used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
+
+
+class DeviceUsage(ApiModel):
+    """Pods resolved on one GPU or MIG device."""
+
+    uuid: Annotated[str, Field(max_length=128)]
+    """GPU or MIG device UUID."""
+    pods: Annotated[list[PodUsage], Field(max_length=MAX_PODS_PER_GPU)] = Field(
+        default_factory=list
+    )
+
+
+UnattributedReason = Literal["HostProcess", "UnknownContainer", "PodNotFound", "Unresolved"]
+
+
+class UnattributedProcess(ApiModel):
+    """A process on a GPU that belongs to no known pod, with the reason."""
+
+    pid: Annotated[int, Field(ge=1, le=MAX_PID)]
+    name: Annotated[str, Field(max_length=64)] | None = None
+    device_uuid: Annotated[str, Field(max_length=128)] = Field(alias="deviceUUID")
+    used_memory_mib: MiB | None = Field(default=None, alias="usedMemoryMiB")
+    reason: UnattributedReason
+    message: Message = ""
+
+
+class Totals(ApiModel):
+    """Sums over the node, shown by `kubectl get gpunodeusage`."""
+
+    gpus: Annotated[int, Field(ge=0)] = 0
+    pods: Annotated[int, Field(ge=0)] = 0
+    processes: Annotated[int, Field(ge=0)] = 0
+    used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
+    """Memory used by all GPU processes on the node."""
+    total_memory_mib: MiB = Field(default=0, alias="totalMemoryMiB")
+    unattributed_processes: Annotated[int, Field(ge=0)] = 0
+    memory: Annotated[str, Field(max_length=64)] = ""
+    """used/total in a form people read, e.g. "30720Mi/163840Mi"."""
+
+
+class GpuNodeUsageStatus(ApiModel):
+    """The operator's interpretation of the report. Written by the operator only."""
+
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    conditions: Annotated[list[Condition], Field(max_length=16)] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    totals: Totals | None = None
+    devices: Annotated[list[DeviceUsage], Field(max_length=MAX_GPUS * (1 + MAX_MIG_DEVICES))] = (
+        Field(default_factory=list)
+    )
+    unattributed: Annotated[list[UnattributedProcess], Field(max_length=MAX_UNATTRIBUTED)] = Field(
+        default_factory=list
+    )
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata the project reads and writes."""
+
+    name: str
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    owner_references: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class GpuNodeUsage(ApiModel):
+    """GPU use on one node: the agent's observation (spec) and the operator's view (status)."""
+
+    api_version: Literal["gpuusage.io/v1alpha1"] = "gpuusage.io/v1alpha1"
+    kind: Literal["GpuNodeUsage"] = "GpuNodeUsage"
+    metadata: ObjectMeta
+    spec: GpuNodeUsageSpec
+    status: GpuNodeUsageStatus | None = None

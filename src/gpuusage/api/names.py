@@ -1,0 +1,29 @@
+"""Names fixed by the design contract.
+
+Users, RBAC rules, kube-state-metrics configs and alert rules refer to these strings, so they
+live in one place and everything else imports them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "gpuusage.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "GpuNodeUsage"
+PLURAL: Final = "gpunodeusages"
+SINGULAR: Final = "gpunodeusage"
+SHORT_NAMES: Final = ("gnu",)
+CATEGORIES: Final = ("gpuusage",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# Pod annotations and condition written by the operator.
+ANNOTATION_GPUS: Final = f"{GROUP}/gpus"
+ANNOTATION_GPU_MEMORY_MIB: Final = f"{GROUP}/gpu-memory-mib"
+ANNOTATION_USAGE: Final = f"{GROUP}/usage"
+POD_CONDITION_GPU_IN_USE: Final = f"{GROUP}/GPUInUse"
+
+# Conditions on GpuNodeUsage.status.
+CONDITION_READY: Final = "Ready"
+CONDITION_STALE: Final = "Stale"

@@ -1,0 +1,1 @@
+"""Thin edges to the Kubernetes API: configuration, CRD installation, errors."""

@@ -1,0 +1,77 @@
+"""Find the Kubernetes API the way kubectl and kopf users expect.
+
+Order: an explicit --kubeconfig, else $KUBECONFIG (which may list several files), else the
+in-cluster service account, else ~/.kube/config. Each call builds its own client configuration:
+nothing is global and nothing happens at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+from gpuusage.errors import GpuusageError
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+Origin = Literal["flag", "env", "in-cluster", "home"]
+
+
+class KubeConfigError(GpuusageError):
+    """No usable way to reach the API was found."""
+
+
+@dataclass(frozen=True)
+class ApiSource:
+    """Which configuration was chosen, for the start-up log line."""
+
+    origin: Origin
+    detail: str
+
+
+def choose_source(
+    kubeconfig: Path | None,
+    environ: dict[str, str] | None = None,
+    home: Path | None = None,
+    token_path: Path = IN_CLUSTER_TOKEN,
+) -> ApiSource:
+    """Pure decision of where the API configuration comes from."""
+    environ = dict(os.environ) if environ is None else environ
+    if kubeconfig is not None:
+        return ApiSource("flag", str(kubeconfig))
+    if environ.get("KUBECONFIG"):
+        return ApiSource("env", environ["KUBECONFIG"])
+    if environ.get("KUBERNETES_SERVICE_HOST") and token_path.exists():
+        return ApiSource("in-cluster", environ["KUBERNETES_SERVICE_HOST"])
+    home_config = (home or Path.home()) / ".kube" / "config"
+    if home_config.exists():
+        return ApiSource("home", str(home_config))
+    raise KubeConfigError(
+        "cannot find the Kubernetes API: pass --kubeconfig, set KUBECONFIG, run in a pod with a "
+        f"service account, or create {home_config}"
+    )
+
+
+def api_client(kubeconfig: Path | None = None) -> tuple[client.ApiClient, ApiSource]:
+    """A fresh ApiClient for the chosen source."""
+    source = choose_source(kubeconfig)
+    configuration = client.Configuration()
+    try:
+        # The config loaders carry no type hints.
+        if source.origin == "in-cluster":
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        else:
+            # KUBECONFIG may hold several paths separated by ':'; the loader merges them.
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=source.detail, client_configuration=configuration
+            )
+    except (ConfigException, OSError, ValueError) as exc:
+        raise KubeConfigError(f"cannot load {source.origin} config {source.detail}: {exc}") from exc
+    return client.ApiClient(configuration), source

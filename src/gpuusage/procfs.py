@@ -1,0 +1,56 @@
+"""Small readers for /proc that several parts share.
+
+Everything takes the proc root as an argument: the agent reads the host's /proc mounted at
+another path, and tests point it at a fixture tree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_PROC_ROOT = Path("/proc")
+
+
+def start_ticks(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> int | None:
+    """The process start time in clock ticks since boot (field 22 of /proc/<pid>/stat).
+
+    Together with the pid it identifies a process across pid reuse. None when the process is
+    gone or the file is unreadable or malformed.
+    """
+    try:
+        raw = (proc_root / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may itself contain spaces and ')'.
+    close = raw.rfind(b")")
+    if close < 0:
+        return None
+    fields = raw[close + 1 :].split()
+    # After the name come fields 3.. ; start time is field 22, i.e. index 19 here.
+    if len(fields) < 20:
+        return None
+    try:
+        return int(fields[19])
+    except ValueError:
+        return None
+
+
+def cmdline(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> list[str] | None:
+    """The argument vector of a process, or None when it cannot be read.
+
+    Used only for recognising our own child processes; never published, since command lines
+    can carry secrets.
+    """
+    try:
+        raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def pids(proc_root: Path = DEFAULT_PROC_ROOT) -> list[int]:
+    """All numeric entries of the proc root, i.e. the visible processes."""
+    try:
+        return sorted(int(entry.name) for entry in proc_root.iterdir() if entry.name.isdigit())
+    except OSError:
+        return []

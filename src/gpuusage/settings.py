@@ -1,0 +1,112 @@
+"""One typed settings object per command, filled from flags, then environment, then defaults.
+
+Each command declares a pydantic model; its fields become `--flags` (help text from the field's
+docstring) and each flag also reads `GPUUSAGE_<FLAG>` (plus any extra variables a field names,
+such as NODE_NAME from the downward API). Values are validated by the model, so a bad value in a
+flag or a variable gets the same clear message naming both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuusage.errors import GpuusageError
+
+ENV_PREFIX = "GPUUSAGE_"
+S = TypeVar("S", bound="CommandSettings")
+
+
+class CommandSettings(BaseModel):
+    """Base class of every command's settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    #: Field names whose values are replaced by "***" when the settings are logged.
+    secret_fields: typing.ClassVar[frozenset[str]] = frozenset()
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective settings as logged at start, secrets hidden."""
+        values = self.model_dump(mode="json")
+        return {k: ("***" if k in self.secret_fields and v else v) for k, v in values.items()}
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_names(model: type[CommandSettings], field: str) -> list[str]:
+    """GPUUSAGE_<FIELD> first, then any extra names the field declares."""
+    extra = model.model_fields[field].json_schema_extra
+    more = list(extra.get("env", [])) if isinstance(extra, dict) else []  # type: ignore[arg-type]
+    return [ENV_PREFIX + field.upper(), *[str(name) for name in more]]
+
+
+def _base_type(annotation: Any) -> Any:
+    """Strip Optional[...] / X | None to the underlying type."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _base_type(args[0])
+    return annotation
+
+
+def add_arguments(parser: argparse.ArgumentParser, model: type[CommandSettings]) -> None:
+    """Add one flag per settings field; values stay None unless given, so env can fill in."""
+    for name, info in model.model_fields.items():
+        base = _base_type(info.annotation)
+        envs = env_names(model, name)
+        default = info.get_default(call_default_factory=True)
+        shown = "" if default is None else f"; default {default}"
+        help_text = f"{info.description or ''} [env {', '.join(envs)}{shown}]".strip()
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(base) is Literal:
+            kwargs["choices"] = [str(c) for c in typing.get_args(base)]
+            kwargs["metavar"] = "{" + ",".join(kwargs["choices"]) + "}"
+        elif base is Path:
+            kwargs["metavar"] = "PATH"
+        parser.add_argument(flag_name(name), **kwargs)
+
+
+def resolve(
+    model: type[S], namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> S:
+    """Build the settings object: flag, else environment variable, else the model's default.
+
+    Raises SettingsError with one line per bad value, naming the flag and the variable.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for name in model.model_fields:
+        given = getattr(namespace, name, None)
+        if given is not None:
+            values[name], origin[name] = given, flag_name(name)
+            continue
+        for env in env_names(model, name):
+            if environ.get(env, "") != "":
+                values[name], origin[name] = environ[env], f"${env}"
+                break
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            where = origin.get(field, flag_name(field))
+            lines.append(f"{where}: {error['msg']} (got {error.get('input')!r})")
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines)) from None
+
+
+class SettingsError(GpuusageError):
+    """A flag or environment variable has a value the command cannot use."""

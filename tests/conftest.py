@@ -1,0 +1,59 @@
+"""Shared fixtures: one real local control plane per test session.
+
+The control plane is built from Go modules on first use (cached outside the repository) and
+tied to this process with PR_SET_PDEATHSIG, so even a killed test run leaves no etcd or
+kube-apiserver behind.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from gpuusage.kube.config import api_client
+from gpuusage.kube.crds import install_crd
+from gpuusage.localcluster.cluster import LocalCluster
+
+
+class Kubectl:
+    """kubectl of the same version as the apiserver, pointed at the test cluster."""
+
+    def __init__(self, binary: Path, kubeconfig: Path) -> None:
+        self.base = [str(binary), f"--kubeconfig={kubeconfig}"]
+
+    def run(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
+        proc = subprocess.run(
+            [*self.base, *args], capture_output=True, text=True, input=stdin, check=False
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
+        return proc.stdout + proc.stderr if not check else proc.stdout
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("cluster"), tie_to_parent=True)
+    local.up()
+    try:
+        api, _ = api_client(local.kubeconfig)
+        with api:
+            install_crd(api)
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture
+def api(cluster: LocalCluster) -> Iterator[client.ApiClient]:
+    api, _ = api_client(cluster.kubeconfig)
+    with api:
+        yield api
+
+
+@pytest.fixture
+def kubectl(cluster: LocalCluster) -> Kubectl:
+    return Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)

@@ -1,0 +1,98 @@
+"""Finding and building the control-plane binaries, without building anything."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpuusage.localcluster import binaries
+from gpuusage.localcluster.binaries import BinariesError
+
+KUBERNETES_GO_MOD_EXCERPT = """
+module k8s.io/kubernetes
+
+go 1.24.0
+
+replace (
+	k8s.io/api => ./staging/src/k8s.io/api
+	k8s.io/apiextensions-apiserver => ./staging/src/k8s.io/apiextensions-apiserver
+	k8s.io/client-go => ./staging/src/k8s.io/client-go
+	k8s.io/cri-client => ./staging/src/k8s.io/cri-client
+)
+
+require k8s.io/klog/v2 v2.130.1
+"""
+
+
+def test_staging_replaces_pin_published_versions() -> None:
+    lines = binaries.staging_replaces(KUBERNETES_GO_MOD_EXCERPT, "v1.34.4")
+    assert lines == [
+        "replace k8s.io/api => k8s.io/api v0.34.4",
+        "replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.34.4",
+        "replace k8s.io/client-go => k8s.io/client-go v0.34.4",
+        "replace k8s.io/cri-client => k8s.io/cri-client v0.34.4",
+    ]
+
+
+def test_staging_replaces_fail_loudly_when_the_format_changes() -> None:
+    with pytest.raises(BinariesError, match="no staging replaces"):
+        binaries.staging_replaces("module k8s.io/kubernetes\n", "v1.34.4")
+
+
+def _executable(path: Path) -> None:
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_kubebuilder_assets_take_precedence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("kube-apiserver", "etcd", "kubectl"):
+        _executable(tmp_path / name)
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
+    found = binaries.ensure_binaries(progress=lambda _: None)
+    assert found.kube_apiserver == tmp_path / "kube-apiserver"
+    assert found.etcd == tmp_path / "etcd"
+
+
+def test_kubebuilder_assets_missing_a_binary_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _executable(tmp_path / "etcd")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
+    with pytest.raises(BinariesError, match="lacks executable kube-apiserver, kubectl"):
+        binaries.ensure_binaries(progress=lambda _: None)
+
+
+def test_missing_go_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    monkeypatch.setenv("GPUUSAGE_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no go here
+    with pytest.raises(BinariesError) as caught:
+        binaries.ensure_binaries(progress=lambda _: None)
+    message = str(caught.value)
+    assert "Go toolchain not found on PATH" in message
+    assert "https://go.dev/dl/" in message
+    assert "KUBEBUILDER_ASSETS" in message
+
+
+def test_too_old_go_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_go = tmp_path / "go"
+    fake_go.write_text("#!/bin/sh\necho go1.19.2\n")
+    fake_go.chmod(0o755)
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    monkeypatch.setenv("GPUUSAGE_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")
+    with pytest.raises(BinariesError, match=r"Go go1\.19\.2 is too old"):
+        binaries.ensure_binaries(progress=lambda _: None)
+
+
+def test_cache_is_keyed_by_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GPUUSAGE_CACHE_DIR", str(tmp_path))
+    paths = binaries.cached_binaries()
+    assert paths.kube_apiserver.parent.name == f"kubernetes-{binaries.KUBERNETES_VERSION}"
+    assert paths.etcd.parent.name == f"etcd-{binaries.ETCD_VERSION}"
+    assert str(paths.kubectl).startswith(str(tmp_path))

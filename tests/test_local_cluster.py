@@ -1,0 +1,132 @@
+"""`gpuusage local-cluster up|down` as a user runs it: separate processes, real binaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuusage import procfs
+from gpuusage.localcluster.binaries import ensure_binaries
+from gpuusage.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, _is_running
+
+pytestmark = pytest.mark.cluster
+
+# The CLI runs in child processes that must import the same gpuusage as this test run.
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def _gpuusage(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuusage.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=CHILD_ENV,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"gpuusage {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _live_processes_using(directory: Path) -> list[tuple[int, list[str]]]:
+    """Every live process (zombies excluded) whose arguments mention directory."""
+    found = []
+    for pid in procfs.pids():
+        argv = procfs.cmdline(pid)
+        if not argv or not any(str(directory) in a for a in argv):
+            continue
+        if _is_running(ProcessRecord("?", pid, procfs.start_ticks(pid))):
+            found.append((pid, argv))
+    return found
+
+
+def test_up_gives_a_kubeconfig_kubectl_uses_and_down_leaves_nothing(tmp_path: Path) -> None:
+    kubectl = ensure_binaries().kubectl
+    out = _gpuusage("local-cluster", "up", "--dir", str(tmp_path), "--install-crds").stdout
+    assert f"export KUBECONFIG={tmp_path}/kubeconfig" in out
+    try:
+        state = json.loads((tmp_path / STATE_FILE).read_text())
+        assert {p["name"] for p in state["processes"]} == {"etcd", "kube-apiserver"}
+        listed = subprocess.run(
+            [str(kubectl), f"--kubeconfig={tmp_path / 'kubeconfig'}", "get", "gpunodeusages"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "No resources found" in listed.stderr
+        version = subprocess.run(
+            [str(kubectl), f"--kubeconfig={tmp_path / 'kubeconfig'}", "version"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "Server Version: v1.34.4" in version.stdout
+        assert "WARNING" not in version.stderr  # same version: no skew warning
+        assert len(_live_processes_using(tmp_path)) == 2
+
+        again = _gpuusage("local-cluster", "up", "--dir", str(tmp_path), check=False)
+        assert again.returncode == 1
+        assert "already running" in again.stderr
+    finally:
+        down = _gpuusage("local-cluster", "down", "--dir", str(tmp_path)).stdout
+    assert "kube-apiserver" in down
+    assert "etcd" in down
+    assert _live_processes_using(tmp_path) == []
+    assert (
+        "nothing was running" in _gpuusage("local-cluster", "down", "--dir", str(tmp_path)).stdout
+    )
+
+
+def test_down_cleans_up_after_the_caller_crashed(tmp_path: Path) -> None:
+    """A caller killed while `up` waits for readiness leaves processes; `down` stops them."""
+    ensure_binaries()
+    caller = subprocess.Popen(
+        [sys.executable, "-m", "gpuusage.cli", "local-cluster", "up", "--dir", str(tmp_path)],
+        env=CHILD_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_live_processes_using(tmp_path)) < 2:
+        time.sleep(0.05)
+    caller.send_signal(signal.SIGKILL)
+    caller.wait()
+    assert len(_live_processes_using(tmp_path)) == 2, "etcd and kube-apiserver outlive the caller"
+    _gpuusage("local-cluster", "down", "--dir", str(tmp_path))
+    assert _live_processes_using(tmp_path) == []
+
+
+def test_down_finds_processes_missing_from_the_state_file(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path, tie_to_parent=True)
+    cluster.up()
+    (tmp_path / STATE_FILE).unlink()  # as if the caller died before writing it
+    stopped = LocalCluster(tmp_path).down()
+    assert sorted(p.name for p in stopped) == ["etcd", "kube-apiserver"]
+    assert _live_processes_using(tmp_path) == []
+
+
+def test_apiserver_restart_keeps_data(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, tie_to_parent=True) as cluster:
+        kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
+        subprocess.run([*kubectl, "create", "namespace", "kept"], check=True, capture_output=True)
+        cluster.stop_apiserver()
+        failed = subprocess.run(
+            [*kubectl, "get", "ns", "kept", "--request-timeout=2s"],
+            capture_output=True,
+            check=False,
+        )
+        assert failed.returncode != 0
+        cluster.start_apiserver()
+        again = subprocess.run(
+            [*kubectl, "get", "ns", "kept"], capture_output=True, text=True, check=True
+        )
+        assert "kept" in again.stdout
+    assert _live_processes_using(tmp_path) == []
