@@ -141,8 +141,9 @@ class Gpu(ApiModel):
 
     index: Annotated[int, Field(ge=0, le=MAX_GPUS)]
     """NVML device index (may differ from CUDA_VISIBLE_DEVICES order)."""
-    uuid: Annotated[str, Field(pattern=GPU_UUID_PATTERN)]
-    """GPU UUID, as device plugins and NVIDIA_VISIBLE_DEVICES name it."""
+    uuid: Annotated[str, Field(pattern=GPU_UUID_PATTERN)] | None
+    """GPU UUID, as device plugins and NVIDIA_VISIBLE_DEVICES name it; null only when the GPU
+    failed before its UUID could ever be read (see error)."""
     name: ShortText | None = None
     """Product name, e.g. "NVIDIA H100 80GB HBM3"."""
     pci_bus_id: Annotated[str, Field(max_length=32)] | None = Field(default=None, alias="pciBusID")

@@ -15,7 +15,7 @@ def all_processes(spec: GpuNodeUsageSpec) -> Iterator[tuple[str, Process]]:
     """Every (device UUID, process) pair, MIG devices included."""
     for gpu in spec.gpus:
         for process in gpu.processes:
-            yield gpu.uuid, process
+            yield gpu.uuid or f"gpu-index-{gpu.index}", process
         for mig in gpu.mig_devices:
             for process in mig.processes:
                 yield mig.uuid, process

@@ -1,0 +1,115 @@
+"""/proc/<pid>/cgroup → container ID and pod UID. Pure: text in, attribution out.
+
+What makes this hard, and how each case is handled:
+
+* Layouts. Kubelet names pod cgroups `pod<uid>` (cgroupfs driver) or
+  `kubepods-<qos>-pod<uid with _>.slice` (systemd driver; no QoS part for Guaranteed pods).
+  Runtimes name container cgroups `cri-containerd-<id>.scope`, `crio-<id>.scope`,
+  `docker-<id>.scope` (systemd) or a bare `<id>` / `crio-<id>` (cgroupfs). So path components
+  are matched one by one, never by fixed prefixes.
+* `crio-conmon-<id>` holds CRI-O's monitor process, not the container: never a container ID.
+* Nesting (kind, k3d, docker-in-docker): several 64-hex IDs and even several pod components can
+  appear in one path. The innermost pod is the one the kubelet we report for manages, so the
+  *last* pod component wins, and the container is the *first* container-like component below
+  it (anything deeper is a sub-cgroup the container made itself). Without a pod component, the
+  first container-like component is the host runtime's container.
+* cgroup v1 has one line per hierarchy, which can disagree; v2 has one `0::` line; hybrid hosts
+  have both. Every line is parsed and the most complete answer wins (pod and container, then
+  container, then pod), ties going to the unified hierarchy, then memory, cpu, pids, systemd.
+* A private cgroup namespace shows paths relative to the reader's root, with `..` components
+  and possibly nothing left to see: `..` is skipped, and an empty answer is reported as such.
+* Static pods are keyed by a 32-hex config hash instead of a UUID; that is not the API's pod UID,
+  so only the container ID is reported for them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Runtime = Literal["containerd", "cri-o", "docker", "podman", "unknown"]
+
+_HEX64 = r"[0-9a-f]{64}"
+_CONTAINER = re.compile(
+    rf"^(?:(?P<prefix>cri-containerd|crio|docker|libpod|cri-dockerd)-)?(?P<id>{_HEX64})(?:\.scope)?$"
+)
+_UUID_ANY_SEP = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+# `pod<uid>` (cgroupfs) or `...kubepods[-qos]-pod<uid>.slice` (systemd, kind's kubelet- prefix).
+_POD = re.compile(
+    rf"^(?:.*kubepods(?:-[a-z]+)?-)?pod(?P<uid>{_UUID_ANY_SEP}|[0-9a-f]{{32}})(?:\.slice)?$"
+)
+_PREFIX_RUNTIME: dict[str | None, Runtime] = {
+    "cri-containerd": "containerd",
+    "crio": "cri-o",
+    "docker": "docker",
+    "cri-dockerd": "docker",
+    "libpod": "podman",
+    None: "unknown",
+}
+# Lower is preferred when lines disagree and are equally complete.
+_CONTROLLER_RANK = {"": 0, "memory": 1, "cpu,cpuacct": 2, "cpu": 2, "pids": 3, "name=systemd": 4}
+
+
+@dataclass(frozen=True)
+class CgroupAttribution:
+    """What a process's cgroup membership says about it."""
+
+    container_id: str | None = None
+    pod_uid: str | None = None
+    runtime: Runtime | None = None
+
+    @property
+    def completeness(self) -> int:
+        return (2 if self.container_id else 0) + (1 if self.pod_uid else 0)
+
+
+NO_ATTRIBUTION = CgroupAttribution()
+
+
+def _normalise_uid(raw: str) -> str | None:
+    if len(raw) == 32:  # static pod config hash: not an API pod UID
+        return None
+    return raw.replace("_", "-")
+
+
+def parse_path(path: str) -> CgroupAttribution:
+    """Attribute one cgroup path (the third field of a /proc/<pid>/cgroup line)."""
+    parts = [p for p in path.strip().split("/") if p and p not in (".", "..")]
+    pod_index = None
+    pod_uid = None
+    for index, part in enumerate(parts):
+        match = _POD.match(part.lower())
+        if match:
+            pod_index, pod_uid = index, _normalise_uid(match["uid"])
+    start = 0 if pod_index is None else pod_index + 1
+    for part in parts[start:]:
+        if part.startswith("crio-conmon-"):
+            continue
+        match = _CONTAINER.match(part.lower())
+        if match:
+            runtime = _PREFIX_RUNTIME[match["prefix"]]
+            if runtime == "unknown" and pod_index is not None and "crio" in parts[pod_index]:
+                runtime = "cri-o"
+            return CgroupAttribution(match["id"], pod_uid, runtime)
+    if pod_index is not None:
+        return CgroupAttribution(None, pod_uid, None)
+    return NO_ATTRIBUTION
+
+
+def parse_cgroup_file(text: str) -> CgroupAttribution:
+    """Attribute a process from the whole content of its /proc/<pid>/cgroup file."""
+    best: tuple[int, int, CgroupAttribution] | None = None
+    for line in text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        found = parse_path(path)
+        if found.completeness == 0:
+            continue
+        rank = _CONTROLLER_RANK.get(controllers, 5)
+        key = (-found.completeness, rank)
+        if best is None or key < best[:2]:
+            best = (key[0], key[1], found)
+    return best[2] if best else NO_ATTRIBUTION

@@ -1,0 +1,1 @@
+"""Where GPU observations come from: NVML, a scenario file, or nothing."""

@@ -1,0 +1,360 @@
+"""The real GPU source: NVML through pynvml (package nvidia-ml-py).
+
+Policies, each from an observed failure mode:
+
+* A node without a usable NVML (library missing, driver not loaded, library/driver mismatch)
+  idles and says so in the report instead of crash-looping; initialisation is retried on
+  later readings, so a driver installed after the agent started is picked up.
+* One failing GPU (lost, no permission, not supported) is reported on that GPU with the
+  reason; the other GPUs are read as usual. A GPU whose UUID was read before keeps it.
+* Compute, graphics and MPS-client process lists are merged by pid. The v3 process call is
+  missing on drivers older than R510: the v2 call is used instead, once detected.
+* MIG: processes are queried per MIG device handle; the parent handle only gives aggregates.
+  Per-process utilization does not exist on MIG devices.
+* Process-utilization samples are read incrementally (from the last seen timestamp); a device
+  that does not support them is not asked again.
+* Pids outside the valid range (seen with binding/driver struct mismatches) are dropped and
+  counted as errors; every other pid is validated later against the proc root.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from gpuusage import __version__
+from gpuusage.api.models import (
+    MAX_MIB,
+    MAX_MIG_DEVICES,
+    MAX_PID,
+    DeviceError,
+    Gpu,
+    Memory,
+    MigDevice,
+    Process,
+    ProcessType,
+    Source,
+    Utilization,
+)
+from gpuusage.nodeagent.gpusource.base import Reading, error_reason
+from gpuusage.nodeagent.resolver import clean_name
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+# Errors that mean "no usable NVML on this node" rather than "a GPU misbehaves".
+_LIBRARY_ERRORS = (
+    "LibraryNotFound",
+    "DriverNotLoaded",
+    "LibRmVersionMismatch",
+    "NoPermission",
+    "Uninitialized",
+    "FunctionNotFound",
+)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _mib(value: int | None) -> int | None:
+    if value is None:
+        return None
+    return min(int(value) // MIB, MAX_MIB)
+
+
+def cuda_version(raw: int) -> str:
+    """NVML's CUDA driver version integer (12040) as people write it (12.4)."""
+    return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+class NvmlSource:
+    """GpuSource over pynvml. `nvml` is the pynvml module (tests pass it with faked functions)."""
+
+    def __init__(self, nvml: ModuleType | None = None) -> None:
+        self._nvml = nvml
+        self._initialised = False
+        self._init_error: str | None = None
+        self._use_v2: dict[str, bool] = {}
+        self._known_uuid: dict[int, str] = {}
+        self._util_since: dict[str, int] = {}
+        self._util_unsupported: set[str] = set()
+        self._errors: Counter[str] = Counter()
+
+    # -- library ---------------------------------------------------------------------------
+    def _module(self) -> ModuleType:
+        if self._nvml is None:
+            self._nvml = importlib.import_module("pynvml")
+        return self._nvml
+
+    def _init(self) -> bool:
+        if self._initialised:
+            return True
+        nvml = self._module()
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            message = f"NVML unavailable ({error_reason(exc)}: {exc}); idling, will retry"
+            if message != self._init_error:
+                log.warning("%s", message)
+            self._init_error = message
+            self._errors[error_reason(exc)] += 1
+            return False
+        except OSError as exc:  # pynvml surfaces some loader failures as OSError
+            self._init_error = f"NVML unavailable ({exc}); idling, will retry"
+            self._errors["LibraryNotFound"] += 1
+            return False
+        if self._init_error:
+            log.info("NVML initialised after earlier failure: %s", self._init_error)
+        self._initialised, self._init_error = True, None
+        return True
+
+    def close(self) -> None:
+        if self._initialised:
+            nvml = self._module()
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                log.debug("nvmlShutdown: %s", exc)
+            self._initialised = False
+
+    def _try(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call an NVML function; count and re-raise errors."""
+        nvml = self._module()
+        try:
+            return fn(*args)
+        except nvml.NVMLError as exc:
+            self._errors[error_reason(exc)] += 1
+            raise
+
+    def _optional(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call an NVML function whose failure only leaves a field empty."""
+        nvml = self._module()
+        try:
+            return self._try(fn, *args)
+        except nvml.NVMLError:
+            return None
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self) -> Reading:
+        self._errors = Counter()
+        if not self._init():
+            source = Source(
+                kind="nvml", available=False, message=self._init_error, agent_version=__version__
+            )
+            return Reading(source, [], self._errors)
+        nvml = self._module()
+        source = Source(
+            kind="nvml",
+            available=True,
+            driver_version=self._optional_text(nvml.nvmlSystemGetDriverVersion),
+            nvml_version=self._optional_text(nvml.nvmlSystemGetNVMLVersion),
+            cuda_version=self._cuda(),
+            agent_version=__version__,
+        )
+        try:
+            count = int(self._try(nvml.nvmlDeviceGetCount))
+        except nvml.NVMLError as exc:
+            failed = Source(
+                kind="nvml",
+                available=False,
+                message=f"cannot count GPUs ({error_reason(exc)}: {exc})",
+                driver_version=source.driver_version,
+                agent_version=__version__,
+            )
+            if error_reason(exc) in _LIBRARY_ERRORS:
+                self.close()
+            return Reading(failed, [], self._errors)
+        gpus = [self._gpu(index) for index in range(count)]
+        return Reading(source, gpus, self._errors)
+
+    def _optional_text(self, fn: Callable[..., Any], *args: Any) -> str | None:
+        value = self._optional(fn, *args)
+        return None if value is None else _text(value)[:64]
+
+    def _cuda(self) -> str | None:
+        nvml = self._module()
+        getter = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None) or getattr(
+            nvml, "nvmlSystemGetCudaDriverVersion", None
+        )
+        raw = self._optional(getter) if getter else None
+        return cuda_version(int(raw)) if raw else None
+
+    def _gpu(self, index: int) -> Gpu:
+        nvml = self._module()
+        uuid = self._known_uuid.get(index)
+        try:
+            handle = self._try(nvml.nvmlDeviceGetHandleByIndex, index)
+            uuid = _text(self._try(nvml.nvmlDeviceGetUUID, handle))
+            self._known_uuid[index] = uuid
+        except nvml.NVMLError as exc:
+            return Gpu(index=index, uuid=uuid, error=self._device_error(exc, "GPU"))
+        error: DeviceError | None = None
+        mig_enabled = self._mig_enabled(handle)
+        mig_devices: list[MigDevice] = []
+        processes: list[Process] = []
+        try:
+            if mig_enabled:
+                mig_devices = self._mig_devices(handle)
+            else:
+                processes = self._processes(handle, uuid, with_utilization=True)
+        except nvml.NVMLError as exc:
+            error = self._device_error(exc, "processes")
+        pci = self._optional(nvml.nvmlDeviceGetPciInfo, handle)
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            name=self._optional_text(nvml.nvmlDeviceGetName, handle),
+            pci_bus_id=_text(pci.busId)[:32] if pci is not None else None,
+            memory=self._memory(handle),
+            utilization=self._utilization(handle),
+            mig_enabled=mig_enabled,
+            mig_devices=mig_devices,
+            processes=processes,
+            error=error,
+        )
+
+    @staticmethod
+    def _device_error(exc: BaseException, what: str) -> DeviceError:
+        return DeviceError(reason=error_reason(exc), message=f"reading {what}: {exc}"[:1024])
+
+    def _memory(self, handle: Any) -> Memory | None:
+        info = self._optional(self._module().nvmlDeviceGetMemoryInfo, handle)
+        if info is None:
+            return None
+        total = _mib(info.total) or 0
+        used = _mib(info.used)
+        return Memory(total_mib=total, used_mib=None if used is None else min(used, total))
+
+    def _utilization(self, handle: Any) -> Utilization | None:
+        rates = self._optional(self._module().nvmlDeviceGetUtilizationRates, handle)
+        if rates is None:
+            return None
+        return Utilization(
+            gpu_percent=min(int(rates.gpu), 100), memory_percent=min(int(rates.memory), 100)
+        )
+
+    def _mig_enabled(self, handle: Any) -> bool | None:
+        nvml = self._module()
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError_NotSupported:
+            return False  # not a MIG-capable GPU: an answer, not an error
+        except nvml.NVMLError as exc:
+            self._errors[error_reason(exc)] += 1
+            return None
+        return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+
+    def _mig_devices(self, parent: Any) -> list[MigDevice]:
+        nvml = self._module()
+        count = int(self._try(nvml.nvmlDeviceGetMaxMigDeviceCount, parent))
+        devices: list[MigDevice] = []
+        for index in range(min(count, MAX_MIG_DEVICES)):
+            try:
+                handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
+            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+                continue  # empty slot
+            try:
+                uuid = _text(self._try(nvml.nvmlDeviceGetUUID, handle))
+            except nvml.NVMLError as exc:
+                log.warning("MIG device %d: cannot read UUID: %s", index, exc)
+                continue
+            error = None
+            try:
+                processes = self._processes(handle, uuid, with_utilization=False)
+            except nvml.NVMLError as exc:
+                processes, error = [], self._device_error(exc, "processes")
+            devices.append(
+                MigDevice(
+                    index=index,
+                    uuid=uuid,
+                    name=self._optional_text(nvml.nvmlDeviceGetName, handle),
+                    gpu_instance_id=self._optional(nvml.nvmlDeviceGetGpuInstanceId, handle),
+                    compute_instance_id=self._optional(nvml.nvmlDeviceGetComputeInstanceId, handle),
+                    memory=self._memory(handle),
+                    processes=processes,
+                    error=error,
+                )
+            )
+        return devices
+
+    def _process_list(self, kind: str, handle: Any) -> list[Any]:
+        """One NVML process list, v3 with a one-time fallback to v2 on old drivers."""
+        nvml = self._module()
+        base = {
+            "compute": "nvmlDeviceGetComputeRunningProcesses",
+            "graphics": "nvmlDeviceGetGraphicsRunningProcesses",
+            "mps": "nvmlDeviceGetMPSComputeRunningProcesses",
+        }[kind]
+        # The versioned names, never the bare one: pynvml turns a missing _v3 symbol behind the
+        # bare name into NVMLLibraryMismatchError, which is no NVMLError.
+        if not self._use_v2.get(kind):
+            try:
+                return list(self._try(getattr(nvml, f"{base}_v3"), handle))
+            except nvml.NVMLError_FunctionNotFound:
+                log.info("%s_v3 missing (driver older than R510); using _v2", base)
+                self._use_v2[kind] = True
+        return list(self._try(getattr(nvml, f"{base}_v2"), handle))
+
+    def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[Process]:
+        nvml = self._module()
+        merged: dict[int, dict[str, Any]] = {}
+        kinds: list[ProcessType] = ["compute", "graphics", "mps"]
+        for kind in kinds:
+            try:
+                entries = self._process_list(kind, handle)
+            except nvml.NVMLError_NotSupported:
+                continue  # e.g. MPS on pre-Volta, graphics on compute-only boards
+            for entry in entries:
+                pid = int(entry.pid)
+                if not 1 <= pid <= MAX_PID:
+                    self._errors["InvalidPid"] += 1
+                    continue
+                slot = merged.setdefault(pid, {"types": [], "memory": None})
+                slot["types"].append(kind)
+                used = _mib(entry.usedGpuMemory)
+                if used is not None:
+                    slot["memory"] = max(used, slot["memory"] or 0)
+        utilization = self._process_utilization(handle, uuid) if with_utilization else {}
+        processes = []
+        for pid, slot in sorted(merged.items()):
+            sm, mem = utilization.get(pid, (None, None))
+            processes.append(
+                Process(
+                    pid=pid,
+                    name=clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid)),
+                    used_memory_mib=slot["memory"],
+                    types=slot["types"],
+                    sm_util_percent=sm,
+                    memory_util_percent=mem,
+                )
+            )
+        return processes
+
+    def _process_utilization(self, handle: Any, uuid: str) -> dict[int, tuple[int, int]]:
+        nvml = self._module()
+        if uuid in self._util_unsupported:
+            return {}
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._util_since.get(uuid, 0))
+        except nvml.NVMLError_NotSupported:
+            self._util_unsupported.add(uuid)
+            return {}
+        except nvml.NVMLError_NotFound:
+            return {}  # no samples since the last reading
+        except nvml.NVMLError as exc:
+            self._errors[error_reason(exc)] += 1
+            return {}
+        latest: dict[int, tuple[int, int, int]] = {}
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            if int(sample.pid) not in latest or stamp >= latest[int(sample.pid)][0]:
+                latest[int(sample.pid)] = (stamp, min(int(sample.smUtil), 100),
+                                           min(int(sample.memUtil), 100))  # fmt: skip
+        if latest:
+            self._util_since[uuid] = max(v[0] for v in latest.values())
+        return {pid: (sm, mem) for pid, (_, sm, mem) in latest.items()}

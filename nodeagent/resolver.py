@@ -1,0 +1,90 @@
+"""Attribute host pids to containers and pods by reading <proc-root>/<pid>/{stat,cgroup,comm}.
+
+The cache is keyed by (pid, start time): a pid reused by a new process gets a new entry, while
+a long-running training job is read once. Entries of processes not seen in a cycle are dropped,
+so the cache never grows beyond the processes currently on the GPUs. Only the command *name*
+(`comm`) is ever read as a name: command lines carry secrets such as tokens passed as flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuusage import procfs
+from gpuusage.nodeagent.cgroup import CgroupAttribution, parse_cgroup_file
+
+MAX_NAME = 64
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the agent learned about one pid."""
+
+    attribution: CgroupAttribution
+    comm: str | None
+    error: str | None = None
+
+
+def clean_name(raw: str | bytes | None) -> str | None:
+    """A publishable process name: the basename of an executable path, no arguments, bounded.
+
+    NVML returns the executable's path (bytes on older bindings); anything after a NUL or a
+    space is dropped so that a command line can never leak through.
+    """
+    if raw is None:
+        return None
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    text = text.split("\0", 1)[0].strip().split(" ", 1)[0]
+    name = text.rstrip("/").rsplit("/", 1)[-1]
+    return name[:MAX_NAME] or None
+
+
+class Resolver:
+    """pid → Resolved, with a cache keyed by (pid, start time)."""
+
+    def __init__(self, proc_root: Path) -> None:
+        self.proc_root = proc_root
+        self._cache: dict[tuple[int, int], Resolved] = {}
+        self._seen: set[tuple[int, int]] = set()
+        self.reads = 0  # cgroup files read; lets tests and metrics see the cache working
+
+    def resolve(self, pid: int) -> Resolved:
+        ticks = procfs.start_ticks(pid, self.proc_root)
+        if ticks is None:
+            return Resolved(
+                CgroupAttribution(),
+                None,
+                f"pid {pid} not found under {self.proc_root}: it exited, or the agent does not "
+                "see the host's processes (hostPID or the host's /proc via --proc-root)",
+            )
+        key = (pid, ticks)
+        self._seen.add(key)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        base = self.proc_root / str(pid)
+        try:
+            text = (base / "cgroup").read_text(errors="replace")
+        except OSError as exc:
+            # Not cached: the next cycle may succeed (a transient permission or race).
+            return Resolved(CgroupAttribution(), None, f"cannot read {base}/cgroup: {exc.strerror}")
+        self.reads += 1
+        try:
+            comm = clean_name((base / "comm").read_text(errors="replace"))
+        except OSError:
+            comm = None
+        # The pid may have been reused between the stat and cgroup reads; re-check.
+        if procfs.start_ticks(pid, self.proc_root) != ticks:
+            return Resolved(CgroupAttribution(), None, f"pid {pid} exited during the observation")
+        resolved = Resolved(parse_cgroup_file(text), comm)
+        self._cache[key] = resolved
+        return resolved
+
+    def end_cycle(self) -> None:
+        """Forget processes not seen since the previous call."""
+        self._cache = {k: v for k, v in self._cache.items() if k in self._seen}
+        self._seen = set()
+
+    def __len__(self) -> int:
+        return len(self._cache)

@@ -1,0 +1,301 @@
+"""Fake NVML machines built like real ones, installed by patching pynvml's own functions.
+
+The fakes return pynvml's real ctypes structures (c_nvmlMemory_t, c_nvmlProcessInfo_v2_t, ...)
+and raise pynvml's real error classes (NVMLError(NVML_ERROR_GPU_IS_LOST) is an
+NVMLError_GpuIsLost). With `v3_missing=True` the process calls go one level deeper: the C
+symbols behind `_nvmlGetFunctionPointer` are emulated, the _v3 ones are absent as on drivers
+older than R510, and pynvml's real _v2 wrappers do the marshalling.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from ctypes import Array
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+import pytest
+
+MIB = 1024 * 1024
+NO_MIG = 0xFFFFFFFF
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    used_mib: int | None = 1024
+    kinds: tuple[str, ...] = ("compute",)
+    name: bytes | None = b"/usr/bin/python3.11"
+    sm: int | None = None
+    mem: int | None = None
+
+
+@dataclass
+class FakeMig:
+    index: int
+    uuid: str
+    name: str = "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+    gi: int = 1
+    ci: int = 0
+    total_mib: int = 4864
+    processes: list[FakeProcess] = field(default_factory=list)
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    total_mib: int = 81559
+    used_mib: int = 0
+    util: tuple[int, int] = (0, 0)
+    processes: list[FakeProcess] = field(default_factory=list)
+    mig: list[FakeMig] | None = None
+    max_mig: int = 7
+    handle_error: int | None = None
+    uuid_error: int | None = None
+    process_error: int | None = None
+    util_supported: bool = True
+
+
+def gpu_uuid(seed: int) -> str:
+    return "GPU-" + str(uuidlib.UUID(int=seed * 0x1000_0000_0001 + 0xABCDEF))
+
+
+def mig_uuid(seed: int) -> str:
+    return "MIG-" + str(uuidlib.UUID(int=seed * 0x2000_0000_0003 + 0x123456))
+
+
+def _err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass(frozen=True)
+class Handle:
+    gpu: int
+    mig: int | None = None
+
+
+class FakeMachine:
+    """A node's GPUs as NVML would report them."""
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        driver: str = "550.54.15",
+        cuda: int = 12040,
+        init_error: int | None = None,
+        v3_missing: bool = False,
+    ) -> None:
+        self.gpus = gpus
+        self.driver = driver
+        self.cuda = cuda
+        self.init_error = init_error
+        self.v3_missing = v3_missing
+        self.calls: list[str] = []
+        self.initialised = False
+
+    # -- lookup helpers --------------------------------------------------------------------
+    def _gpu(self, handle: Handle) -> FakeGpu:
+        return self.gpus[handle.gpu]
+
+    def _mig(self, handle: Handle) -> FakeMig:
+        migs = self._gpu(handle).mig or []
+        return next(m for m in migs if m.index == handle.mig)
+
+    def _procs(self, handle: Handle, kind: str) -> list[FakeProcess]:
+        self.calls.append(f"{kind}:{handle}")
+        gpu = self._gpu(handle)
+        if handle.mig is None and gpu.mig is not None:
+            # Unprivileged callers get nothing useful from the parent of MIG devices.
+            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)
+        if gpu.process_error is not None:
+            raise _err(gpu.process_error)
+        procs = self._mig(handle).processes if handle.mig is not None else gpu.processes
+        return [p for p in procs if kind in p.kinds]
+
+    def _proc_struct(self, handle: Handle, proc: FakeProcess) -> Any:
+        mig = self._mig(handle) if handle.mig is not None else None
+        return pynvml.c_nvmlProcessInfo_v2_t(
+            pid=proc.pid,
+            usedGpuMemory=(
+                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                if proc.used_mib is None
+                else proc.used_mib * MIB
+            ),
+            gpuInstanceId=mig.gi if mig else NO_MIG,
+            computeInstanceId=mig.ci if mig else NO_MIG,
+        )
+
+    def _friendly(self, handle: Handle, kind: str) -> list[Any]:
+        out = []
+        for proc in self._procs(handle, kind):
+            obj = pynvml.nvmlStructToFriendlyObject(self._proc_struct(handle, proc))
+            if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None  # what pynvml's wrapper does
+            out.append(obj)
+        return out
+
+    # -- the emulated C symbols (used when v3_missing) --------------------------------------
+    def _c_process_fn(self, kind: str) -> Any:
+        def fn(handle: Handle, count_ref: Any, array: Array[Any] | None) -> int:
+            try:
+                procs = self._procs(handle, kind)
+            except pynvml.NVMLError as exc:
+                return int(exc.value)
+            count = count_ref._obj  # byref(c_uint) carries the object it points to
+            if array is None:
+                count.value = len(procs)
+                return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else pynvml.NVML_SUCCESS)
+            for index, proc in enumerate(procs):
+                array[index] = self._proc_struct(handle, proc)
+            count.value = len(procs)
+            return int(pynvml.NVML_SUCCESS)
+
+        return fn
+
+    def _function_pointer(self, name: str) -> Any:
+        table = {
+            "nvmlDeviceGetComputeRunningProcesses_v2": self._c_process_fn("compute"),
+            "nvmlDeviceGetGraphicsRunningProcesses_v2": self._c_process_fn("graphics"),
+            "nvmlDeviceGetMPSComputeRunningProcesses_v2": self._c_process_fn("mps"),
+        }
+        if name not in table:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return table[name]
+
+    # -- installation ----------------------------------------------------------------------
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Replace pynvml's functions with this machine's behaviour."""
+
+        def init() -> None:
+            if self.init_error is not None:
+                raise _err(self.init_error)
+            self.initialised = True
+
+        def handle_by_index(index: int) -> Handle:
+            if not 0 <= index < len(self.gpus):
+                raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            if self.gpus[index].handle_error is not None:
+                raise _err(self.gpus[index].handle_error)  # type: ignore[arg-type]
+            return Handle(index)
+
+        def uuid(handle: Handle) -> str:
+            if handle.mig is not None:
+                return self._mig(handle).uuid
+            gpu = self._gpu(handle)
+            if gpu.uuid_error is not None:
+                raise _err(gpu.uuid_error)
+            return gpu.uuid
+
+        def name(handle: Handle) -> str:
+            return self._mig(handle).name if handle.mig is not None else self._gpu(handle).name
+
+        def memory(handle: Handle) -> Any:
+            if handle.mig is not None:
+                mig = self._mig(handle)
+                used = sum(p.used_mib or 0 for p in mig.processes)
+                total = mig.total_mib
+            else:
+                gpu = self._gpu(handle)
+                used, total = gpu.used_mib, gpu.total_mib
+            return pynvml.c_nvmlMemory_t(
+                total=total * MIB, free=(total - used) * MIB, used=used * MIB
+            )
+
+        def utilization(handle: Handle) -> Any:
+            if handle.mig is not None:
+                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            gpu_util, mem_util = self._gpu(handle).util
+            return pynvml.c_nvmlUtilization_t(gpu=gpu_util, memory=mem_util)
+
+        def pci(handle: Handle) -> Any:
+            info = pynvml.nvmlPciInfo_t()
+            info.busId = f"00000000:{0x18 + handle.gpu * 0x10:02X}:00.0".encode()
+            return info
+
+        def mig_mode(handle: Handle) -> list[int]:
+            gpu = self._gpu(handle)
+            if gpu.mig is None:
+                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
+
+        def mig_handle(handle: Handle, index: int) -> Handle:
+            gpu = self._gpu(handle)
+            if index >= gpu.max_mig:
+                raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            if all(m.index != index for m in gpu.mig or []):
+                raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+            return Handle(handle.gpu, index)
+
+        def process_utilization(handle: Handle, since: int) -> list[Any]:
+            gpu = self._gpu(handle)
+            if not gpu.util_supported:
+                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            samples = [
+                pynvml.c_nvmlProcessUtilizationSample_t(
+                    pid=p.pid, timeStamp=since + 1_000_000, smUtil=p.sm, memUtil=p.mem or 0
+                )
+                for p in gpu.processes
+                if p.sm is not None
+            ]
+            if not samples:
+                raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+            return samples
+
+        def process_name(pid: int) -> bytes:
+            for gpu in self.gpus:
+                for proc in gpu.processes + [p for m in gpu.mig or [] for p in m.processes]:
+                    if proc.pid == pid and proc.name is not None:
+                        return proc.name
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+
+        patches: dict[str, Any] = {
+            "nvmlInit": init,
+            "nvmlShutdown": lambda: setattr(self, "initialised", False),
+            "nvmlSystemGetDriverVersion": lambda: self.driver,
+            "nvmlSystemGetNVMLVersion": lambda: "12." + self.driver,
+            "nvmlSystemGetCudaDriverVersion_v2": lambda: self.cuda,
+            "nvmlDeviceGetCount": lambda: len(self.gpus),
+            "nvmlDeviceGetHandleByIndex": handle_by_index,
+            "nvmlDeviceGetUUID": uuid,
+            "nvmlDeviceGetName": name,
+            "nvmlDeviceGetPciInfo": pci,
+            "nvmlDeviceGetMemoryInfo": memory,
+            "nvmlDeviceGetUtilizationRates": utilization,
+            "nvmlDeviceGetMigMode": mig_mode,
+            "nvmlDeviceGetMaxMigDeviceCount": lambda h: self._gpu(h).max_mig,
+            "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+            "nvmlDeviceGetGpuInstanceId": lambda h: self._mig(h).gi,
+            "nvmlDeviceGetComputeInstanceId": lambda h: self._mig(h).ci,
+            "nvmlDeviceGetProcessUtilization": process_utilization,
+            "nvmlSystemGetProcessName": process_name,
+        }
+        if self.v3_missing:
+            patches["_nvmlGetFunctionPointer"] = self._function_pointer
+        else:
+            for kind, base in (
+                ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+                ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+            ):
+                for version in ("_v2", "_v3"):
+                    patches[base + version] = lambda h, k=kind: self._friendly(h, k)
+        for attr, value in patches.items():
+            monkeypatch.setattr(pynvml, attr, value)
+
+
+def dgx_h100(processes_per_gpu: int = 8, first_pid: int = 10_000) -> FakeMachine:
+    """Eight H100s, each with processes_per_gpu processes, as on a busy DGX node."""
+    gpus = []
+    pid = first_pid
+    for index in range(8):
+        procs = []
+        for _ in range(processes_per_gpu):
+            procs.append(FakeProcess(pid=pid, used_mib=2048 + pid % 7 * 512, sm=pid % 100,
+                                     mem=pid % 50))  # fmt: skip
+            pid += 1
+        used = sum(p.used_mib or 0 for p in procs) + 512
+        gpus.append(FakeGpu(uuid=gpu_uuid(index), used_mib=used, util=(87, 41), processes=procs))
+    return FakeMachine(gpus)

@@ -1,0 +1,115 @@
+"""The cgroup parser against a corpus of real layouts, plus fuzzing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuusage.api.models import CONTAINER_ID_PATTERN, POD_UID_PATTERN
+from gpuusage.nodeagent.cgroup import CgroupAttribution, parse_cgroup_file, parse_path
+
+CORPUS: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).parent / "data" / "cgroup_corpus.yaml").read_text()
+)
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c["name"] for c in CORPUS])
+def test_corpus(case: dict[str, Any]) -> None:
+    found = parse_cgroup_file(case["cgroup"])
+    assert found.container_id == case["container"]
+    assert found.pod_uid == case["pod"]
+    if "runtime" in case:
+        assert found.runtime == case["runtime"]
+
+
+def test_corpus_covers_the_layouts_the_issue_names() -> None:
+    names = " ".join(c["name"] for c in CORPUS).lower()
+    for needed in ("docker", "containerd", "cri-o", "cgroup v1", "cgroup v2", "hybrid",
+                   "systemd", "cgroupfs", "guaranteed", "burstable", "besteffort", "kind",
+                   "k3d", "sub-cgroup", "private cgroup namespace", "host process"):  # fmt: skip
+        assert needed in names, needed
+
+
+uuids = st.uuids().map(str)
+hex64 = st.text("0123456789abcdef", min_size=64, max_size=64)
+qos = st.sampled_from(["", "burstable", "besteffort"])
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[str, str, str]:
+    """A random but valid kubelet layout, possibly nested, with sub-cgroups below it."""
+    uid, cid, level = draw(uuids), draw(hex64), draw(qos)
+    prefix = draw(st.sampled_from(["", "/docker/" + draw(hex64), "/kubelet.slice", "/../.."]))
+    if draw(st.booleans()):  # systemd driver
+        runtime = draw(st.sampled_from(["cri-containerd", "crio", "docker"]))
+        qos_slice = f"kubepods-{level}.slice/" if level else ""
+        pod = f"kubepods-{level}-pod" if level else "kubepods-pod"
+        path = (
+            f"{prefix}/kubepods.slice/{qos_slice}{pod}{uid.replace('-', '_')}.slice/"
+            f"{runtime}-{cid}.scope"
+        )
+    else:  # cgroupfs driver
+        runtime = draw(st.sampled_from(["", "crio-"]))
+        qos_dir = f"{level}/" if level else ""
+        path = f"{prefix}/kubepods/{qos_dir}pod{uid}/{runtime}{cid}"
+    tail = draw(st.sampled_from(["", "/init.scope", "/docker/" + draw(hex64), "/a/b"]))
+    version = draw(st.sampled_from(["0::", "11:memory:", "1:name=systemd:"]))
+    return f"{version}{path}{tail}\n", cid, uid
+
+
+@given(layouts())
+@settings(max_examples=300)
+def test_generated_layouts_are_attributed(layout: tuple[str, str, str]) -> None:
+    text, cid, uid = layout
+    found = parse_cgroup_file(text)
+    assert (found.container_id, found.pod_uid) == (cid, uid)
+
+
+@given(st.text(max_size=400))
+@settings(max_examples=500)
+def test_arbitrary_text_never_crashes_and_yields_valid_ids(text: str) -> None:
+    found = parse_cgroup_file(text)
+    _assert_valid(found)
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "pod",
+                "kubepods",
+                "crio-conmon-",
+                "-",
+                "_",
+                ".slice",
+                ".scope",
+                "/",
+                ":",
+                "0",
+                "a" * 64,
+                "1" * 32,
+                "..",
+                "\n",
+                "12345678-1234-1234-1234-123456789abc",
+            ]
+        ),
+        max_size=40,
+    ).map("".join)
+)
+@settings(max_examples=500)
+def test_near_miss_inputs_never_crash(text: str) -> None:
+    _assert_valid(parse_cgroup_file(text))
+    _assert_valid(parse_path(text))
+
+
+def _assert_valid(found: CgroupAttribution) -> None:
+    if found.container_id is not None:
+        assert re.match(CONTAINER_ID_PATTERN, found.container_id)
+    if found.pod_uid is not None:
+        assert re.match(POD_UID_PATTERN, found.pod_uid)

@@ -1,0 +1,251 @@
+"""NvmlSource against faked pynvml functions: full machines, MIG, broken GPUs and drivers."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from gpuusage.nodeagent.gpusource.nvml import NvmlSource, cuda_version
+from tests.fakenvml import (
+    FakeGpu,
+    FakeMachine,
+    FakeMig,
+    FakeProcess,
+    dgx_h100,
+    gpu_uuid,
+    mig_uuid,
+)
+
+
+def _source(machine: FakeMachine, monkeypatch: pytest.MonkeyPatch) -> NvmlSource:
+    machine.install(monkeypatch)
+    return NvmlSource(pynvml)
+
+
+def test_full_dgx_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    reading = _source(dgx_h100(), monkeypatch).read()
+    assert reading.source.available
+    assert reading.source.driver_version == "550.54.15"
+    assert reading.source.cuda_version == "12.4"
+    assert len(reading.gpus) == 8
+    assert [g.index for g in reading.gpus] == list(range(8))
+    assert len({g.uuid for g in reading.gpus}) == 8
+    first = reading.gpus[0]
+    assert first.name == "NVIDIA H100 80GB HBM3"
+    assert first.memory is not None
+    assert first.memory.total_mib == 81559
+    assert first.utilization is not None
+    assert first.utilization.gpu_percent == 87
+    assert first.pci_bus_id == "00000000:18:00.0"
+    assert first.mig_enabled is False
+    assert len(first.processes) == 8
+    proc = first.processes[0]
+    assert proc.pid == 10_000
+    assert proc.name == "python3.11"
+    assert proc.used_memory_mib == 2048 + 10_000 % 7 * 512
+    assert proc.types == ["compute"]
+    assert (proc.sm_util_percent, proc.memory_util_percent) == (0, 0)
+    assert first.processes[1].sm_util_percent == 1
+    assert sum(len(g.processes) for g in reading.gpus) == 64
+    assert not reading.errors
+
+
+def test_process_lists_are_merged_by_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(
+        uuid=gpu_uuid(1),
+        processes=[
+            FakeProcess(pid=300, used_mib=900, kinds=("compute", "graphics")),
+            FakeProcess(pid=301, used_mib=None, kinds=("mps",)),
+            FakeProcess(pid=302, used_mib=100, kinds=("graphics",), name=b"/usr/lib/Xorg"),
+        ],
+    )
+    reading = _source(FakeMachine([gpu]), monkeypatch).read()
+    procs = {p.pid: p for p in reading.gpus[0].processes}
+    assert procs[300].types == ["compute", "graphics"]
+    assert procs[300].used_memory_mib == 900
+    assert procs[301].types == ["mps"]
+    assert procs[301].used_memory_mib is None, "NVML 'not available' stays null, never 0"
+    assert procs[302].name == "Xorg"
+
+
+def test_mig_devices_are_queried_per_handle(monkeypatch: pytest.MonkeyPatch) -> None:
+    a100 = FakeGpu(
+        uuid=gpu_uuid(2),
+        name="NVIDIA A100-SXM4-40GB",
+        total_mib=40960,
+        mig=[
+            FakeMig(0, mig_uuid(0), gi=1, ci=0, processes=[FakeProcess(pid=400, used_mib=3000)]),
+            FakeMig(
+                3,
+                mig_uuid(3),
+                name="NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                gi=2,
+                ci=0,
+                total_mib=19968,
+                processes=[FakeProcess(pid=401, used_mib=15000, sm=50)],
+            ),
+        ],
+    )
+    machine = FakeMachine([a100, FakeGpu(uuid=gpu_uuid(3))])
+    reading = _source(machine, monkeypatch).read()
+    gpu = reading.gpus[0]
+    assert gpu.mig_enabled is True
+    assert gpu.processes == [], "processes live on the MIG devices"
+    assert gpu.error is None
+    assert [m.index for m in gpu.mig_devices] == [0, 3]
+    slice3 = gpu.mig_devices[1]
+    assert slice3.uuid == mig_uuid(3)
+    assert slice3.name == "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
+    assert (slice3.gpu_instance_id, slice3.compute_instance_id) == (2, 0)
+    assert slice3.memory is not None
+    assert slice3.memory.total_mib == 19968
+    assert [p.pid for p in slice3.processes] == [401]
+    assert slice3.processes[0].sm_util_percent is None, "no per-process utilization on MIG"
+    assert not any("Handle(gpu=0, mig=None)" in c for c in machine.calls)
+    assert reading.gpus[1].mig_enabled is False
+
+
+def test_lost_gpu_is_reported_and_the_others_still_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = dgx_h100(processes_per_gpu=2)
+    source = _source(machine, monkeypatch)
+    assert source.read().gpus[3].uuid == gpu_uuid(3)
+    machine.gpus[3].uuid_error = pynvml.NVML_ERROR_GPU_IS_LOST
+    machine.gpus[5].handle_error = pynvml.NVML_ERROR_GPU_IS_LOST
+    reading = source.read()
+    lost = reading.gpus[3]
+    assert lost.error is not None
+    assert lost.error.reason == "GpuIsLost"
+    assert lost.uuid == gpu_uuid(3), "a GPU read before keeps its UUID when lost"
+    assert reading.gpus[5].error is not None
+    assert reading.gpus[5].uuid == gpu_uuid(5)
+    healthy = [g for g in reading.gpus if g.error is None]
+    assert len(healthy) == 6
+    assert all(len(g.processes) == 2 for g in healthy)
+    assert reading.errors["GpuIsLost"] == 2
+
+
+def test_lost_before_first_read_has_no_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0), handle_error=pynvml.NVML_ERROR_GPU_IS_LOST)])
+    gpu = _source(machine, monkeypatch).read().gpus[0]
+    assert gpu.uuid is None
+    assert gpu.error is not None
+    assert gpu.error.reason == "GpuIsLost"
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (pynvml.NVML_ERROR_NO_PERMISSION, "NoPermission"),
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, "NotSupported"),
+        (pynvml.NVML_ERROR_UNKNOWN, "Unknown"),
+    ],
+)
+def test_process_errors_stay_on_their_gpu(
+    monkeypatch: pytest.MonkeyPatch, code: int, reason: str
+) -> None:
+    machine = dgx_h100(processes_per_gpu=1)
+    machine.gpus[1].process_error = code
+    reading = _source(machine, monkeypatch).read()
+    broken = reading.gpus[1]
+    if reason == "NotSupported":
+        # Not supported process lists are an answer (no such processes), not a failure.
+        assert broken.error is None
+        assert broken.processes == []
+    else:
+        assert broken.error is not None
+        assert broken.error.reason == reason
+        assert broken.memory is not None, "what could be read is still reported"
+    assert all(len(g.processes) == 1 for i, g in enumerate(reading.gpus) if i != 1)
+
+
+def test_v3_process_call_missing_falls_back_to_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drivers older than R510 lack the _v3 symbols; pynvml's own _v2 wrappers take over."""
+    machine = FakeMachine(
+        [
+            FakeGpu(
+                uuid=gpu_uuid(7),
+                processes=[
+                    FakeProcess(pid=700, used_mib=5000),
+                    FakeProcess(pid=701, used_mib=None, kinds=("graphics",)),
+                ],
+            )
+        ],
+        driver="470.223.02",
+        v3_missing=True,
+    )
+    source = _source(machine, monkeypatch)
+    for _ in range(2):
+        procs = {p.pid: p for p in source.read().gpus[0].processes}
+        assert procs[700].used_memory_mib == 5000
+        assert procs[701].used_memory_mib is None
+        assert procs[701].types == ["graphics"]
+    assert source.read().source.driver_version == "470.223.02"
+
+
+def test_library_missing_idles_and_says_so() -> None:
+    """Real pynvml on this machine: there is no libnvidia-ml, exactly as on a non-GPU node."""
+    source = NvmlSource(pynvml)
+    reading = source.read()
+    assert reading.source.available is False
+    assert reading.source.kind == "nvml"
+    assert reading.source.message is not None
+    assert "LibraryNotFound" in reading.source.message
+    assert reading.gpus == []
+    assert reading.errors["LibraryNotFound"] == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "DriverNotLoaded"),
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "LibRmVersionMismatch"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "NoPermission"),
+    ],
+)
+def test_broken_driver_idles_then_recovers(
+    monkeypatch: pytest.MonkeyPatch, code: int, reason: str
+) -> None:
+    machine = dgx_h100(processes_per_gpu=1)
+    machine.init_error = code
+    source = _source(machine, monkeypatch)
+    reading = source.read()
+    assert reading.source.available is False
+    assert reading.source.message is not None
+    assert reason in reading.source.message
+    machine.init_error = None  # e.g. the driver finished loading
+    recovered = source.read()
+    assert recovered.source.available is True
+    assert len(recovered.gpus) == 8
+
+
+def test_invalid_pids_from_struct_mismatch_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine = FakeMachine(
+        [FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=0), FakeProcess(pid=4242)])]
+    )
+    reading = _source(machine, monkeypatch).read()
+    assert [p.pid for p in reading.gpus[0].processes] == [4242]
+    assert reading.errors["InvalidPid"] == 1
+
+
+def test_process_utilization_unsupported_is_not_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpu = FakeGpu(uuid=gpu_uuid(0), util_supported=False, processes=[FakeProcess(pid=5, sm=9)])
+    source = _source(FakeMachine([gpu]), monkeypatch)
+    calls: list[int] = []
+    original = pynvml.nvmlDeviceGetProcessUtilization
+
+    def counting(handle: object, since: int) -> object:
+        calls.append(since)
+        return original(handle, since)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", counting)
+    source.read()
+    source.read()
+    assert len(calls) == 1
+    assert source.read().gpus[0].processes[0].sm_util_percent is None
+
+
+def test_cuda_version_format() -> None:
+    assert cuda_version(12040) == "12.4"
+    assert cuda_version(11080) == "11.8"
