@@ -92,6 +92,12 @@ def _run_build(settings: BuildSettings) -> int:
     return 0
 
 
+def _run_agent(namespace: argparse.Namespace) -> int:
+    from gpuusage.nodeagent.main import AgentSettings, run_agent
+
+    return run_agent(resolve(AgentSettings, namespace))
+
+
 def _run_demo(settings: DemoSettings) -> int:
     from gpuusage.demo import run_demo
 
@@ -128,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(build, BuildSettings)
     build.set_defaults(run=lambda ns: _run_build(resolve(BuildSettings, ns)))
+
+    from gpuusage.nodeagent.main import AgentSettings
+
+    agent = commands.add_parser(
+        "agent", help="observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)"
+    )
+    add_arguments(agent, AgentSettings)
+    agent.set_defaults(run=_run_agent)
 
     demo = commands.add_parser(
         "demo", help="run the whole product on a local control plane, no GPU or cluster needed"

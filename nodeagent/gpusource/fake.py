@@ -1,0 +1,259 @@
+"""A GPU source that reads a scenario file: the demo, tests and benchmarks use it.
+
+The format is DESIGN.md's, extended: MIG devices, utilization, per-process names and types,
+and injected NVML errors (on the library, on a GPU, on its process list). The file is read on
+every reading, so editing it changes what the agent reports, as a process starting or ending
+would. A file that becomes invalid is reported in the log and in the published object while the
+last good reading is kept, so a typo loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuusage import __version__
+from gpuusage.api.models import (
+    GPU_UUID_PATTERN,
+    MAX_GPUS,
+    MAX_MIB,
+    MAX_MIG_DEVICES,
+    MAX_PID,
+    MAX_PROCESSES,
+    MIG_UUID_PATTERN,
+    DeviceError,
+    Gpu,
+    Memory,
+    MigDevice,
+    Process,
+    ProcessType,
+    Source,
+    Utilization,
+)
+from gpuusage.errors import GpuusageError
+from gpuusage.nodeagent.gpusource.base import Reading
+
+log = logging.getLogger(__name__)
+
+NvmlErrorName = Literal[
+    "GpuIsLost",
+    "NoPermission",
+    "NotSupported",
+    "Unknown",
+    "LibraryNotFound",
+    "DriverNotLoaded",
+    "LibRmVersionMismatch",
+    "FunctionNotFound",
+]
+
+
+class ScenarioError(GpuusageError):
+    """The scenario file cannot be read or is invalid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FakeProcess(_Strict):
+    pid: Annotated[int, Field(ge=1, le=MAX_PID)]
+    usedMemoryMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
+    name: Annotated[str, Field(max_length=64)] | None = None
+    types: list[ProcessType] = Field(default_factory=lambda: list[ProcessType](["compute"]))
+    smUtil: Annotated[int, Field(ge=0, le=100)] | None = None
+    memUtil: Annotated[int, Field(ge=0, le=100)] | None = None
+
+
+class FakeUtilization(_Strict):
+    gpu: Annotated[int, Field(ge=0, le=100)] | None = None
+    memory: Annotated[int, Field(ge=0, le=100)] | None = None
+
+
+class FakeMig(_Strict):
+    index: Annotated[int, Field(ge=0, le=MAX_MIG_DEVICES)]
+    uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN)]
+    name: str | None = None
+    gpuInstanceId: int | None = None
+    computeInstanceId: int | None = None
+    memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
+    processes: Annotated[list[FakeProcess], Field(max_length=MAX_PROCESSES)] = Field(
+        default_factory=list
+    )
+
+
+class FakeGpu(_Strict):
+    index: Annotated[int, Field(ge=0, le=MAX_GPUS)]
+    uuid: Annotated[str, Field(pattern=GPU_UUID_PATTERN)]
+    name: str | None = None
+    memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)]
+    memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
+    """Defaults to the sum of the processes' memory."""
+    utilization: FakeUtilization | None = None
+    error: NvmlErrorName | None = None
+    """The whole GPU fails with this NVML error (e.g. GpuIsLost)."""
+    processesError: NvmlErrorName | None = None
+    """Reading this GPU's processes fails with this NVML error."""
+    processes: Annotated[list[FakeProcess], Field(max_length=MAX_PROCESSES)] = Field(
+        default_factory=list
+    )
+    migDevices: Annotated[list[FakeMig], Field(max_length=MAX_MIG_DEVICES)] | None = None
+    """When present, MIG mode is on and processes belong to the MIG devices."""
+
+
+class Scenario(_Strict):
+    """A fake node: what NVML would report."""
+
+    driverVersion: str = "550.54.15"
+    cudaVersion: str | None = "12.4"
+    nvmlError: NvmlErrorName | None = None
+    """The library itself fails with this error: the node has no usable NVML."""
+    gpus: Annotated[list[FakeGpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Parse a scenario file; errors name the file and the offending field."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ScenarioError(f"cannot read GPU scenario {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"GPU scenario {path} is not valid YAML: {exc}") from exc
+    try:
+        return Scenario.model_validate(raw or {})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ScenarioError(f"GPU scenario {path} is invalid: {problems}") from exc
+
+
+def _process(proc: FakeProcess, with_utilization: bool) -> Process:
+    return Process(
+        pid=proc.pid,
+        name=proc.name,
+        used_memory_mib=proc.usedMemoryMiB,
+        types=list(dict.fromkeys(proc.types)),
+        sm_util_percent=proc.smUtil if with_utilization else None,
+        memory_util_percent=proc.memUtil if with_utilization else None,
+    )
+
+
+def _used(procs: list[FakeProcess]) -> int:
+    return sum(p.usedMemoryMiB or 0 for p in procs)
+
+
+def scenario_gpus(scenario: Scenario, errors: Counter[str]) -> list[Gpu]:
+    """The GPUs a scenario describes, as NvmlSource would report them."""
+    gpus = []
+    for spec in scenario.gpus:
+        if spec.error:
+            errors[spec.error] += 1
+            gpus.append(
+                Gpu(
+                    index=spec.index,
+                    uuid=spec.uuid,
+                    error=DeviceError(reason=spec.error, message=f"reading GPU: {spec.error}"),
+                )
+            )
+            continue
+        error = None
+        processes: list[Process] = []
+        migs: list[MigDevice] = []
+        if spec.processesError and spec.processesError != "NotSupported":
+            errors[spec.processesError] += 1
+            error = DeviceError(
+                reason=spec.processesError, message=f"reading processes: {spec.processesError}"
+            )
+        elif spec.migDevices is not None:
+            migs = [
+                MigDevice(
+                    index=m.index,
+                    uuid=m.uuid,
+                    name=m.name,
+                    gpu_instance_id=m.gpuInstanceId,
+                    compute_instance_id=m.computeInstanceId,
+                    memory=(
+                        Memory(total_mib=m.memoryTotalMiB, used_mib=_used(m.processes))
+                        if m.memoryTotalMiB is not None
+                        else None
+                    ),
+                    processes=[_process(p, with_utilization=False) for p in m.processes],
+                )
+                for m in spec.migDevices
+            ]
+        elif not spec.processesError:
+            processes = [_process(p, with_utilization=True) for p in spec.processes]
+        used = spec.memoryUsedMiB
+        if used is None:
+            used = _used(spec.processes) + sum(_used(m.processes) for m in spec.migDevices or [])
+        gpus.append(
+            Gpu(
+                index=spec.index,
+                uuid=spec.uuid,
+                name=spec.name,
+                memory=Memory(
+                    total_mib=spec.memoryTotalMiB, used_mib=min(used, spec.memoryTotalMiB)
+                ),
+                utilization=(
+                    Utilization(
+                        gpu_percent=spec.utilization.gpu, memory_percent=spec.utilization.memory
+                    )
+                    if spec.utilization
+                    else None
+                ),
+                mig_enabled=spec.migDevices is not None,
+                mig_devices=migs,
+                processes=processes,
+                error=error,
+            )
+        )
+    return gpus
+
+
+class FakeSource:
+    """GpuSource over a scenario file, re-read on every reading."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last_good: Scenario = load_scenario(path)  # fail fast on a bad file at start
+        self._last_error: str | None = None
+
+    def read(self) -> Reading:
+        errors: Counter[str] = Counter()
+        note = None
+        try:
+            scenario = load_scenario(self.path)
+            self._last_good, self._last_error = scenario, None
+        except ScenarioError as exc:
+            if str(exc) != self._last_error:
+                log.error("%s; keeping the last valid scenario", exc)
+            self._last_error = str(exc)
+            scenario = self._last_good
+            note = f"{exc}"[:900] + "; showing the last valid scenario"
+            errors["ScenarioInvalid"] += 1
+        if scenario.nvmlError:
+            errors[scenario.nvmlError] += 1
+            source = Source(
+                kind="fake",
+                available=False,
+                message=f"NVML unavailable ({scenario.nvmlError}); idling, will retry",
+                agent_version=__version__,
+            )
+            return Reading(source, [], errors)
+        source = Source(
+            kind="fake",
+            available=True,
+            message=note,
+            driver_version=scenario.driverVersion,
+            cuda_version=scenario.cudaVersion,
+            agent_version=__version__,
+        )
+        return Reading(source, scenario_gpus(scenario, errors), errors)
+
+    def close(self) -> None:
+        """Nothing to release."""

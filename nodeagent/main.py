@@ -1,0 +1,195 @@
+"""`gpuusage agent`: observe, attribute, publish; every --interval until SIGTERM.
+
+The loop never exits on an API error: a failed write is counted and logged, and the next
+cycle offers its newer observation, so once the API is back the latest state is published.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gpuusage.api import names
+from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage.errors import GpuusageError
+from gpuusage.kube.config import api_client
+from gpuusage.kube.errors import ApiError
+from gpuusage.nodeagent.gpusource.base import GpuSource, Reading
+from gpuusage.nodeagent.gpusource.fake import FakeSource
+from gpuusage.nodeagent.gpusource.null import NullSource
+from gpuusage.nodeagent.gpusource.nvml import NvmlSource
+from gpuusage.nodeagent.metrics import AgentMetrics
+from gpuusage.nodeagent.publisher import Publisher
+from gpuusage.nodeagent.report import build_spec, reading_pids
+from gpuusage.nodeagent.resolver import Resolver
+from gpuusage.settings import CommandSettings
+
+log = logging.getLogger(__name__)
+
+
+class AgentSettings(CommandSettings):
+    node_name: Annotated[str, Field(max_length=253)] = Field(
+        default="", json_schema_extra={"env": ["NODE_NAME"]}
+    )
+    """The node this agent reports for (in a DaemonSet: NODE_NAME from the downward API)."""
+    interval: float = Field(default=10.0, gt=0)
+    """Seconds between observations."""
+    heartbeat: float = Field(default=60.0, gt=0)
+    """Seconds after which an unchanged report is written anyway, keeping observedAt fresh."""
+    memory_threshold_mib: int = Field(default=64, ge=1)
+    """Memory changes smaller than this (per process and per device) do not cause a write."""
+    gpu_source: str = "nvml"
+    """nvml (the driver), none (no GPUs), or fake:PATH (a scenario file)."""
+    proc_root: Path = Path("/proc")
+    """Where the host's processes are visible (the host's /proc when not using hostPID)."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
+    once: bool = False
+    """Do one cycle, then exit."""
+    output: Literal["json"] | None = None
+    """With --once: print the GpuNodeUsage object to stdout and write nothing to any API."""
+    metrics_port: int = Field(default=9747, ge=0, le=65535)
+    """Port of the Prometheus endpoint; 0 turns it off."""
+    metrics_address: str = "0.0.0.0"
+    """Address the Prometheus endpoint listens on."""
+
+    @field_validator("gpu_source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if value in ("nvml", "none") or (value.startswith("fake:") and len(value) > 5):
+            return value
+        raise ValueError("must be nvml, none or fake:PATH")
+
+    @model_validator(mode="after")
+    def _combination(self) -> AgentSettings:
+        if self.output is not None and not self.once:
+            raise ValueError("--output json needs --once")
+        if not self.node_name:
+            raise ValueError("--node-name (or NODE_NAME) is required")
+        return self
+
+
+def make_source(spec: str) -> GpuSource:
+    if spec == "nvml":
+        return NvmlSource()
+    if spec == "none":
+        return NullSource("started with --gpu-source none")
+    return FakeSource(Path(spec.removeprefix("fake:")))
+
+
+class Observer:
+    """One cycle's observation: read the GPUs, attribute each pid, build the spec."""
+
+    def __init__(
+        self,
+        node_name: str,
+        source: GpuSource,
+        resolver: Resolver,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.node_name = node_name
+        self.source = source
+        self.resolver = resolver
+        self.clock = clock
+
+    def observe(self) -> tuple[GpuNodeUsageSpec, Reading]:
+        reading = self.source.read()
+        found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
+        self.resolver.end_cycle()
+        return build_spec(self.node_name, self.clock(), reading, found), reading
+
+
+def object_for(spec: GpuNodeUsageSpec) -> dict[str, Any]:
+    """The GpuNodeUsage object as --output json prints it."""
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": spec.node_name},
+        "spec": spec.to_api(),
+    }
+
+
+def _record(metrics: AgentMetrics, spec: GpuNodeUsageSpec, reading: Reading) -> None:
+    metrics.count_errors(reading.errors)
+    metrics.gpus.set(len(spec.gpus))
+    procs = [
+        p
+        for g in spec.gpus
+        for p in [*g.processes, *(q for m in g.mig_devices for q in m.processes)]
+    ]
+    metrics.processes.set(len(procs))
+    metrics.unresolved.set(sum(1 for p in procs if p.resolve_error))
+    metrics.nvml_available.set(1 if reading.source.available else 0)
+
+
+def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> int:
+    """Run until stop is set (SIGTERM/SIGINT) or after one cycle with --once."""
+    stop = stop or threading.Event()
+    log.info("agent settings: %s", json.dumps(settings.redacted(), sort_keys=True))
+    try:
+        source = make_source(settings.gpu_source)
+    except GpuusageError as exc:
+        log.error("%s", exc)
+        return 2
+    observer = Observer(settings.node_name, source, Resolver(settings.proc_root))
+    try:
+        if settings.output == "json":
+            spec, _ = observer.observe()
+            json.dump(object_for(spec), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0
+        return _loop(settings, observer, stop)
+    finally:
+        source.close()
+
+
+def _loop(settings: AgentSettings, observer: Observer, stop: threading.Event) -> int:
+    metrics = AgentMetrics()
+    if settings.metrics_port and not settings.once:
+        metrics.serve(settings.metrics_address, settings.metrics_port)
+    api, source = api_client(settings.kubeconfig)
+    log.info("API from %s (%s)", source.origin, source.detail)
+    publisher = Publisher(
+        api,
+        settings.node_name,
+        heartbeat=timedelta(seconds=settings.heartbeat),
+        threshold_mib=settings.memory_threshold_mib,
+        on_write=metrics.count_write,
+    )
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    failed = False
+    with api:
+        while not stop.is_set():
+            started = time.monotonic()
+            with metrics.cycle_seconds.time():
+                spec, reading = observer.observe()
+            _record(metrics, spec, reading)
+            try:
+                decision = publisher.offer(spec, datetime.now(UTC), force=settings.once)
+                failed = False
+                if decision.write:
+                    metrics.last_publish.set(time.time())
+                else:
+                    metrics.skipped.inc()
+            except ApiError as exc:
+                failed = True
+                metrics.api_failures.labels(kind=type(exc).__name__).inc()
+                log.error("publishing %s failed: %s (next try in %.0fs)", settings.node_name,
+                          exc, settings.interval)  # fmt: skip
+            if settings.once:
+                break
+            stop.wait(max(0.0, settings.interval - (time.monotonic() - started)))
+    log.info("agent stopped")
+    return 1 if failed else 0

@@ -1,0 +1,156 @@
+"""Write the node's GpuNodeUsage: create it once, then patch `spec` only.
+
+* The object is named after the node and owned by the Node (apiVersion v1, kind Node, name,
+  uid; no blockOwnerDeletion), so it goes when the node goes.
+* Writes are JSON merge patches of `{"spec": ...}` against the main resource: the status
+  subresource is the operator's and is never sent. The agent is the only writer of spec, so
+  the last write wins without resourceVersion preconditions.
+* 404 on patch → create; 409 on create (someone created it meanwhile) → re-read and patch.
+  If the Node was recreated (new uid), the owner reference is corrected.
+* Whether to write at all is `change.decide`'s call; this module only performs writes and
+  counts them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage.kube.errors import ApiError, Conflict, NotFound, call
+from gpuusage.nodeagent.change import Decision, decide
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublishStats:
+    """What the publisher did; read by metrics and tests."""
+
+    writes: dict[str, int] = field(default_factory=dict)
+    bytes_written: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    on_write: Callable[[str, int], None] = lambda verb, size: None
+
+    def count_write(self, verb: str, size: int) -> None:
+        self.writes[verb] = self.writes.get(verb, 0) + 1
+        self.bytes_written += size
+        self.on_write(verb, size)
+
+    def count_failure(self, kind: str) -> None:
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+
+
+class Publisher:
+    """Keeps one node's GpuNodeUsage in step with the agent's observations."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_name: str,
+        *,
+        heartbeat: timedelta,
+        threshold_mib: int,
+        backoff: tuple[float, ...] = (0.2, 0.5, 1.0),
+        on_write: Callable[[str, int], None] = lambda verb, size: None,
+    ) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self.node_name = node_name
+        self.heartbeat = heartbeat
+        self.threshold_mib = threshold_mib
+        self.backoff = backoff
+        self.stats = PublishStats(on_write=on_write)
+        self._published: GpuNodeUsageSpec | None = None
+        self._published_at: datetime | None = None
+        self._owner_checked = False
+        self._node_uid: str | None = None
+
+    @property
+    def published(self) -> GpuNodeUsageSpec | None:
+        return self._published
+
+    def offer(self, spec: GpuNodeUsageSpec, now: datetime, force: bool = False) -> Decision:
+        """Write spec if the rule says so. Raises ApiError when the write failed after retries;
+        the caller offers its next observation later, so nothing is lost."""
+        decision = decide(
+            self._published,
+            self._published_at,
+            spec,
+            now,
+            heartbeat=self.heartbeat,
+            threshold_mib=self.threshold_mib,
+        )
+        if force and not decision.write:
+            decision = Decision(True, "forced")
+        if not decision.write:
+            self.stats.skipped += 1
+            return decision
+        try:
+            self._write(spec)
+        except ApiError as exc:
+            self.stats.count_failure(type(exc).__name__)
+            raise
+        self._published, self._published_at = spec, now
+        log.debug("published %s (%s)", self.node_name, decision.reason)
+        return decision
+
+    # -- API -------------------------------------------------------------------------------
+    def _owner(self) -> dict[str, Any]:
+        node = call(lambda: self._core.read_node(self.node_name), "read node", self.backoff)
+        uid = node.metadata.uid if node.metadata else None
+        if not uid:
+            raise NotFound(f"node {self.node_name} has no uid", 404)
+        self._node_uid = uid
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
+
+    def _write(self, spec: GpuNodeUsageSpec) -> None:
+        body: dict[str, Any] = {"spec": spec.to_api()}
+        if not self._owner_checked:
+            body["metadata"] = {"ownerReferences": [self._owner()]}
+        try:
+            self._patch(body)
+        except NotFound:
+            self._create(body)
+        self._owner_checked = True
+
+    def _patch(self, body: dict[str, Any]) -> None:
+        call(
+            lambda: self._custom.patch_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL, self.node_name, body
+            ),
+            f"patch {names.KIND} {self.node_name}",
+            self.backoff,
+        )
+        self.stats.count_write("patch", len(json.dumps(body)))
+
+    def _create(self, body: dict[str, Any]) -> None:
+        full = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": self.node_name, "ownerReferences": [self._owner()]},
+            "spec": body["spec"],
+        }
+        try:
+            call(
+                lambda: self._custom.create_cluster_custom_object(
+                    names.GROUP, names.VERSION, names.PLURAL, full
+                ),
+                f"create {names.KIND} {self.node_name}",
+                self.backoff,
+            )
+        except Conflict:
+            # Created meanwhile (another agent start, a restore): patch what is there.
+            self._patch(
+                {**body, "metadata": {"ownerReferences": full["metadata"]["ownerReferences"]}}
+            )
+            return
+        self.stats.count_write("create", len(json.dumps(full)))

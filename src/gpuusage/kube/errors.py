@@ -1,0 +1,104 @@
+"""API errors as our own small hierarchy, and one bounded retry helper.
+
+Every call site asks one question of a failure: try again soon (connection refused, timeout,
+5xx, 429), or not (403, 404, 409, 422 need a decision). The original exception is chained and
+the apiserver's Status message is kept, so logs say what the server said.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_BACKOFF = (0.2, 0.5, 1.0, 2.0)
+
+
+class ApiError(Exception):
+    """A failed API call; `status` is the HTTP status (None when no answer came)."""
+
+    def __init__(self, message: str, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class TransientApiError(ApiError):
+    """Worth retrying: no answer, a timeout, 429 or 5xx."""
+
+
+class NotFound(ApiError):
+    """404."""
+
+
+class Conflict(ApiError):
+    """409: already exists, or the object changed under us."""
+
+
+class Forbidden(ApiError):
+    """401/403: RBAC or an admission policy said no."""
+
+
+class Invalid(ApiError):
+    """422 or 400: the object was refused; the message says which field."""
+
+
+def _status_message(exc: ApiException) -> tuple[str, str]:
+    try:
+        body = json.loads(exc.body or "{}")
+    except (ValueError, TypeError):
+        body = {}
+    return str(body.get("message") or exc.reason or ""), str(body.get("reason") or "")
+
+
+def translate(exc: BaseException) -> ApiError:
+    """Map a client exception to our hierarchy."""
+    if isinstance(exc, ApiException):
+        message, reason = _status_message(exc)
+        status = exc.status
+        text = f"{status} {reason or exc.reason}: {message}".strip()
+        if status is None or status in {0, 429} or status >= 500:
+            return TransientApiError(text, status, reason)
+        kinds: dict[int, type[ApiError]] = {
+            404: NotFound, 409: Conflict, 401: Forbidden, 403: Forbidden,
+            422: Invalid, 400: Invalid,
+        }  # fmt: skip
+        return kinds.get(status, ApiError)(text, status, reason)
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError | TimeoutError):
+        return TransientApiError(f"no answer from the API: {exc}")
+    return ApiError(str(exc))
+
+
+def call(
+    fn: Callable[[], T],
+    what: str,
+    backoff: Sequence[float] = DEFAULT_BACKOFF,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run fn; retry transient failures along `backoff` (with jitter); raise ApiError.
+
+    The attempts are bounded: callers that must never give up (the agent's loop) call again on
+    their next cycle, with the newest data, rather than retrying stale data forever.
+    """
+    attempts = len(backoff) + 1
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
+            error = translate(exc)
+            if not isinstance(error, TransientApiError) or attempt == attempts:
+                raise error from exc
+            delay = backoff[attempt - 1] * random.uniform(0.8, 1.2)
+            log.warning("%s: %s (attempt %d/%d, retrying in %.1fs)", what, error, attempt,
+                        attempts, delay)  # fmt: skip
+            sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,252 @@
+"""Resolver cache, write rule, fake source and API error mapping."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import urllib3
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
+from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, TransientApiError, call
+from gpuusage.nodeagent.change import decide, meaningful_change
+from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
+from gpuusage.nodeagent.resolver import Resolver, clean_name
+from tests.fakenvml import gpu_uuid
+from tests.proctree import write_process
+
+CGROUP = (
+    f"0::/kubepods.slice/kubepods-pod{POD_TRAIN.replace('-', '_')}.slice/"
+    f"cri-containerd-{CTR_TRAIN}.scope\n"
+)
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+BEAT = timedelta(seconds=60)
+
+
+# -- resolver ----------------------------------------------------------------------------------
+def test_resolver_caches_by_pid_and_start_time(tmp_path: Path) -> None:
+    write_process(tmp_path, 42, CGROUP, start_ticks=500)
+    resolver = Resolver(tmp_path)
+    first = resolver.resolve(42)
+    assert (first.attribution.container_id, first.attribution.pod_uid) == (CTR_TRAIN, POD_TRAIN)
+    resolver.resolve(42)
+    assert resolver.reads == 1, "a known (pid, start time) is not read again"
+    # The pid is reused by a host process: a new start time means a new process.
+    write_process(tmp_path, 42, "0::/system.slice/sshd.service", comm="sshd", start_ticks=900)
+    reused = resolver.resolve(42)
+    assert reused.attribution.container_id is None
+    assert reused.comm == "sshd"
+    assert resolver.reads == 2
+
+
+def test_resolver_forgets_processes_not_seen_in_a_cycle(tmp_path: Path) -> None:
+    for pid in (1, 2, 3):
+        write_process(tmp_path, pid, CGROUP, start_ticks=pid)
+    resolver = Resolver(tmp_path)
+    for pid in (1, 2, 3):
+        resolver.resolve(pid)
+    resolver.end_cycle()
+    assert len(resolver) == 3
+    resolver.resolve(2)
+    resolver.end_cycle()
+    assert len(resolver) == 1
+
+
+def test_vanished_pid_is_reported_not_raised(tmp_path: Path) -> None:
+    found = Resolver(tmp_path).resolve(31337)
+    assert found.error is not None
+    assert "not found under" in found.error
+    assert "hostPID" in found.error
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        (b"/usr/bin/python3.11", "python3.11"),
+        ("/opt/conda/bin/python train.py --api-key=XYZ", "python"),
+        ("tritonserver\0--model-repository=/models", "tritonserver"),
+        ("", None),
+        (None, None),
+        ("x" * 100, "x" * 64),
+    ],
+)
+def test_clean_name_never_leaks_arguments(raw: str | bytes | None, name: str | None) -> None:
+    assert clean_name(raw) == name
+
+
+# -- the write rule ----------------------------------------------------------------------------
+def _with_memory(delta: int, pid_index: int = 0) -> object:
+    spec = example_spec("n", NOW)
+    gpu = spec.gpus[0]
+    procs = list(gpu.processes)
+    old = procs[pid_index]
+    procs[pid_index] = old.model_copy(
+        update={"used_memory_mib": (old.used_memory_mib or 0) + delta}
+    )
+    gpus = [gpu.model_copy(update={"processes": procs}), *spec.gpus[1:]]
+    return spec.model_copy(update={"gpus": gpus})
+
+
+def test_jitter_below_threshold_is_not_a_change() -> None:
+    base = example_spec("n", NOW)
+    later = example_spec("n", NOW + timedelta(seconds=10))
+    assert not meaningful_change(base, later, 64), "observedAt alone is no change"
+    assert not meaningful_change(base, _with_memory(63), 64)  # type: ignore[arg-type]
+    assert not meaningful_change(base, _with_memory(-40), 64)  # type: ignore[arg-type]
+    assert meaningful_change(base, _with_memory(64), 64)  # type: ignore[arg-type]
+
+
+def test_new_process_or_attribution_is_a_change() -> None:
+    base = example_spec("n", NOW)
+    gpu = base.gpus[0]
+    fewer = base.model_copy(
+        update={"gpus": [gpu.model_copy(update={"processes": gpu.processes[1:]}), base.gpus[1]]}
+    )
+    assert meaningful_change(base, fewer, 64)
+    moved = gpu.processes[0].model_copy(update={"pod_uid": None})
+    changed = base.model_copy(
+        update={"gpus": [gpu.model_copy(update={"processes": [moved, *gpu.processes[1:]]}),
+                         base.gpus[1]]}
+    )  # fmt: skip
+    assert meaningful_change(base, changed, 64)
+
+
+def test_decide_writes_first_on_change_and_on_heartbeat() -> None:
+    base = example_spec("n", NOW)
+    assert decide(None, None, base, NOW, heartbeat=BEAT, threshold_mib=64).reason == "first report"
+    same = example_spec("n", NOW + timedelta(seconds=30))
+    quiet = decide(base, NOW, same, NOW + timedelta(seconds=30), heartbeat=BEAT, threshold_mib=64)
+    assert not quiet.write
+    beat = decide(base, NOW, same, NOW + BEAT, heartbeat=BEAT, threshold_mib=64)
+    assert (beat.write, beat.reason) == (True, "heartbeat")
+    grown = _with_memory(500)
+    changed = decide(base, NOW, grown, NOW + timedelta(seconds=1), heartbeat=BEAT, threshold_mib=64)  # type: ignore[arg-type]
+    assert (changed.write, changed.reason) == (True, "changed")
+
+
+def test_slow_drift_is_published_once_it_adds_up() -> None:
+    """Compared with the last *published* report, 10 steps of 10 MiB do trigger a write."""
+    published = example_spec("n", NOW)
+    writes = 0
+    for step in range(1, 11):
+        drifted = _with_memory(10 * step)
+        if decide(published, NOW, drifted, NOW, heartbeat=BEAT, threshold_mib=64).write:  # type: ignore[arg-type]
+            writes += 1
+            published = drifted  # type: ignore[assignment]
+    assert writes == 1
+
+
+# -- fake source -------------------------------------------------------------------------------
+def _scenario(path: Path, used: int) -> None:
+    path.write_text(yaml.safe_dump({"gpus": [{"index": 0, "uuid": gpu_uuid(0),
+        "memoryTotalMiB": 1000, "processes": [{"pid": 5, "usedMemoryMiB": used}]}]}))  # fmt: skip
+
+
+def test_fake_source_follows_edits_and_keeps_the_last_good_scenario(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    _scenario(path, 100)
+    source = FakeSource(path)
+    assert source.read().gpus[0].processes[0].used_memory_mib == 100
+    _scenario(path, 300)
+    assert source.read().gpus[0].processes[0].used_memory_mib == 300
+    path.write_text("gpus: [ {index: 0, uuid: nope")  # a half-saved edit
+    reading = source.read()
+    assert reading.gpus[0].processes[0].used_memory_mib == 300
+    assert reading.source.message is not None
+    assert "not valid YAML" in reading.source.message
+    assert reading.errors["ScenarioInvalid"] == 1
+
+
+def test_fake_source_rejects_a_bad_file_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"gpus": [{"index": 0, "uuid": gpu_uuid(0)}]}))
+    with pytest.raises(ScenarioError, match=r"gpus\.0\.memoryTotalMiB: Field required"):
+        FakeSource(path)
+    with pytest.raises(ScenarioError, match="cannot read GPU scenario"):
+        FakeSource(tmp_path / "missing.yaml")
+
+
+def test_fake_source_injects_nvml_errors(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"gpus": [
+        {"index": 0, "uuid": gpu_uuid(0), "memoryTotalMiB": 10, "error": "GpuIsLost"},
+        {"index": 1, "uuid": gpu_uuid(1), "memoryTotalMiB": 10, "processesError": "NoPermission",
+         "processes": [{"pid": 9}]},
+        {"index": 2, "uuid": gpu_uuid(2), "memoryTotalMiB": 10, "processes": [{"pid": 8}]},
+    ]}))  # fmt: skip
+    gpus = FakeSource(path).read().gpus
+    assert gpus[0].error is not None
+    assert gpus[0].error.reason == "GpuIsLost"
+    assert gpus[1].error is not None
+    assert gpus[1].error.reason == "NoPermission"
+    assert gpus[1].processes == []
+    assert [p.pid for p in gpus[2].processes] == [8]
+    path.write_text(yaml.safe_dump({"nvmlError": "DriverNotLoaded"}))
+    reading = FakeSource(path).read()
+    assert reading.source.available is False
+    assert reading.gpus == []
+
+
+# -- API errors --------------------------------------------------------------------------------
+def _api_exception(status: int, message: str = "boom") -> ApiException:
+    exc = ApiException(status=status, reason="R")
+    exc.body = f'{{"kind":"Status","message":"{message}","reason":"X"}}'
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (404, NotFound),
+        (409, Conflict),
+        (403, Forbidden),
+        (422, Invalid),
+        (500, TransientApiError),
+        (503, TransientApiError),
+        (429, TransientApiError),
+    ],
+)
+def test_errors_map_to_our_hierarchy(status: int, kind: type[Exception]) -> None:
+    def fail() -> None:
+        raise _api_exception(status, "the server said so")
+
+    with pytest.raises(kind, match="the server said so"):
+        call(fail, "test", backoff=(0.0,), sleep=lambda _: None)
+
+
+def test_transient_errors_are_retried_with_bounded_backoff() -> None:
+    attempts: list[int] = []
+    sleeps: list[float] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise urllib3.exceptions.MaxRetryError(None, "/", "connection refused")  # type: ignore[arg-type]
+        return "ok"
+
+    assert call(flaky, "test", backoff=(1.0, 2.0, 4.0), sleep=sleeps.append) == "ok"
+    assert len(attempts) == 3
+    assert 0.8 <= sleeps[0] <= 1.2
+    assert 1.6 <= sleeps[1] <= 2.4
+
+    def down() -> None:
+        raise _api_exception(503)
+
+    sleeps.clear()
+    with pytest.raises(TransientApiError):
+        call(down, "test", backoff=(1.0, 2.0), sleep=sleeps.append)
+    assert len(sleeps) == 2, "bounded: no endless retry"
+
+
+def test_permanent_errors_are_not_retried() -> None:
+    sleeps: list[float] = []
+
+    def forbidden() -> None:
+        raise _api_exception(403)
+
+    with pytest.raises(Forbidden):
+        call(forbidden, "test", backoff=(1.0, 2.0), sleep=sleeps.append)
+    assert sleeps == []
