@@ -25,8 +25,8 @@ test: binaries
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests operator nodeagent
-	$(VENV)/bin/ruff format --check src tests operator nodeagent
+	$(VENV)/bin/ruff check src tests operator nodeagent benchmarks
+	$(VENV)/bin/ruff format --check src tests operator nodeagent benchmarks
 	$(VENV)/bin/mypy
 
 crd: $(VENV)/.installed

@@ -25,7 +25,7 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.kube.errors import ApiError, Conflict, NotFound, call
-from gpuusage.nodeagent.change import Decision, decide
+from gpuusage.nodeagent.change import Decision, Fingerprint, decide, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class Publisher:
         self.backoff = backoff
         self.stats = PublishStats(on_write=on_write)
         self._published: GpuNodeUsageSpec | None = None
+        self._published_fp: Fingerprint | None = None
         self._published_at: datetime | None = None
         self._owner_checked = False
         self._node_uid: str | None = None
@@ -81,10 +82,11 @@ class Publisher:
     def offer(self, spec: GpuNodeUsageSpec, now: datetime, force: bool = False) -> Decision:
         """Write spec if the rule says so. Raises ApiError when the write failed after retries;
         the caller offers its next observation later, so nothing is lost."""
+        new_fp = fingerprint(spec)
         decision = decide(
-            self._published,
+            self._published_fp,
             self._published_at,
-            spec,
+            new_fp,
             now,
             heartbeat=self.heartbeat,
             threshold_mib=self.threshold_mib,
@@ -99,7 +101,7 @@ class Publisher:
         except ApiError as exc:
             self.stats.count_failure(type(exc).__name__)
             raise
-        self._published, self._published_at = spec, now
+        self._published, self._published_fp, self._published_at = spec, new_fp, now
         log.debug("published %s (%s)", self.node_name, decision.reason)
         return decision
 

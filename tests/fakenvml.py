@@ -244,12 +244,23 @@ class FakeMachine:
                 raise _err(pynvml.NVML_ERROR_NOT_FOUND)
             return samples
 
+        def all_names() -> dict[int, bytes]:
+            return {
+                proc.pid: proc.name
+                for gpu in self.gpus
+                for proc in gpu.processes + [p for m in gpu.mig or [] for p in m.processes]
+                if proc.name is not None
+            }
+
+        known = all_names()
+
         def process_name(pid: int) -> bytes:
-            for gpu in self.gpus:
-                for proc in gpu.processes + [p for m in gpu.mig or [] for p in m.processes]:
-                    if proc.pid == pid and proc.name is not None:
-                        return proc.name
-            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+            self.calls.append(f"name:{pid}")
+            if pid not in known:
+                known.update(all_names())  # processes added after install
+            if pid not in known:
+                raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+            return known[pid]
 
         patches: dict[str, Any] = {
             "nvmlInit": init,

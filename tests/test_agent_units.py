@@ -10,9 +10,10 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
 from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, TransientApiError, call
-from gpuusage.nodeagent.change import decide, meaningful_change
+from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
 from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage.nodeagent.resolver import Resolver, clean_name
 from tests.fakenvml import gpu_uuid
@@ -78,7 +79,7 @@ def test_clean_name_never_leaks_arguments(raw: str | bytes | None, name: str | N
 
 
 # -- the write rule ----------------------------------------------------------------------------
-def _with_memory(delta: int, pid_index: int = 0) -> object:
+def _with_memory(delta: int, pid_index: int = 0) -> GpuNodeUsageSpec:
     spec = example_spec("n", NOW)
     gpu = spec.gpus[0]
     procs = list(gpu.processes)
@@ -93,10 +94,11 @@ def _with_memory(delta: int, pid_index: int = 0) -> object:
 def test_jitter_below_threshold_is_not_a_change() -> None:
     base = example_spec("n", NOW)
     later = example_spec("n", NOW + timedelta(seconds=10))
-    assert not meaningful_change(base, later, 64), "observedAt alone is no change"
-    assert not meaningful_change(base, _with_memory(63), 64)  # type: ignore[arg-type]
-    assert not meaningful_change(base, _with_memory(-40), 64)  # type: ignore[arg-type]
-    assert meaningful_change(base, _with_memory(64), 64)  # type: ignore[arg-type]
+    fp = fingerprint(base)
+    assert not meaningful_change(fp, fingerprint(later), 64), "observedAt alone is no change"
+    assert not meaningful_change(fp, fingerprint(_with_memory(63)), 64)
+    assert not meaningful_change(fp, fingerprint(_with_memory(-40)), 64)
+    assert meaningful_change(fp, fingerprint(_with_memory(64)), 64)
 
 
 def test_new_process_or_attribution_is_a_change() -> None:
@@ -105,37 +107,37 @@ def test_new_process_or_attribution_is_a_change() -> None:
     fewer = base.model_copy(
         update={"gpus": [gpu.model_copy(update={"processes": gpu.processes[1:]}), base.gpus[1]]}
     )
-    assert meaningful_change(base, fewer, 64)
+    assert meaningful_change(fingerprint(base), fingerprint(fewer), 64)
     moved = gpu.processes[0].model_copy(update={"pod_uid": None})
     changed = base.model_copy(
         update={"gpus": [gpu.model_copy(update={"processes": [moved, *gpu.processes[1:]]}),
                          base.gpus[1]]}
     )  # fmt: skip
-    assert meaningful_change(base, changed, 64)
+    assert meaningful_change(fingerprint(base), fingerprint(changed), 64)
 
 
 def test_decide_writes_first_on_change_and_on_heartbeat() -> None:
-    base = example_spec("n", NOW)
+    base = fingerprint(example_spec("n", NOW))
     assert decide(None, None, base, NOW, heartbeat=BEAT, threshold_mib=64).reason == "first report"
-    same = example_spec("n", NOW + timedelta(seconds=30))
+    same = fingerprint(example_spec("n", NOW + timedelta(seconds=30)))
     quiet = decide(base, NOW, same, NOW + timedelta(seconds=30), heartbeat=BEAT, threshold_mib=64)
     assert not quiet.write
     beat = decide(base, NOW, same, NOW + BEAT, heartbeat=BEAT, threshold_mib=64)
     assert (beat.write, beat.reason) == (True, "heartbeat")
-    grown = _with_memory(500)
-    changed = decide(base, NOW, grown, NOW + timedelta(seconds=1), heartbeat=BEAT, threshold_mib=64)  # type: ignore[arg-type]
+    grown = fingerprint(_with_memory(500))
+    changed = decide(base, NOW, grown, NOW + timedelta(seconds=1), heartbeat=BEAT, threshold_mib=64)
     assert (changed.write, changed.reason) == (True, "changed")
 
 
 def test_slow_drift_is_published_once_it_adds_up() -> None:
     """Compared with the last *published* report, 10 steps of 10 MiB do trigger a write."""
-    published = example_spec("n", NOW)
+    published = fingerprint(example_spec("n", NOW))
     writes = 0
     for step in range(1, 11):
-        drifted = _with_memory(10 * step)
-        if decide(published, NOW, drifted, NOW, heartbeat=BEAT, threshold_mib=64).write:  # type: ignore[arg-type]
+        drifted = fingerprint(_with_memory(10 * step))
+        if decide(published, NOW, drifted, NOW, heartbeat=BEAT, threshold_mib=64).write:
             writes += 1
-            published = drifted  # type: ignore[assignment]
+            published = drifted
     assert writes == 1
 
 
@@ -224,7 +226,7 @@ def test_transient_errors_are_retried_with_bounded_backoff() -> None:
     def flaky() -> str:
         attempts.append(1)
         if len(attempts) < 3:
-            raise urllib3.exceptions.MaxRetryError(None, "/", "connection refused")  # type: ignore[arg-type]
+            raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
         return "ok"
 
     assert call(flaky, "test", backoff=(1.0, 2.0, 4.0), sleep=sleeps.append) == "ok"

@@ -84,6 +84,9 @@ class NvmlSource:
         self._util_since: dict[str, int] = {}
         self._util_unsupported: set[str] = set()
         self._errors: Counter[str] = Counter()
+        # Process names by pid: asked of NVML once per process, kept while the pid stays listed.
+        self._names: dict[int, str | None] = {}
+        self._names_seen: dict[int, str | None] = {}
 
     # -- library ---------------------------------------------------------------------------
     def _module(self) -> ModuleType:
@@ -142,6 +145,13 @@ class NvmlSource:
     # -- reading ---------------------------------------------------------------------------
     def read(self) -> Reading:
         self._errors = Counter()
+        self._names_seen = {}
+        try:
+            return self._read()
+        finally:
+            self._names = self._names_seen
+
+    def _read(self) -> Reading:
         if not self._init():
             source = Source(
                 kind="nvml", available=False, message=self._init_error, agent_version=__version__
@@ -323,10 +333,15 @@ class NvmlSource:
         processes = []
         for pid, slot in sorted(merged.items()):
             sm, mem = utilization.get(pid, (None, None))
+            if pid in self._names:
+                name = self._names[pid]
+            else:
+                name = clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid))
+            self._names_seen[pid] = name
             processes.append(
                 Process(
                     pid=pid,
-                    name=clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid)),
+                    name=name,
                     used_memory_mib=slot["memory"],
                     types=slot["types"],
                     sm_util_percent=sm,

@@ -6,6 +6,7 @@ another path, and tests point it at a fixture tree.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 DEFAULT_PROC_ROOT = Path("/proc")
@@ -15,12 +16,19 @@ def start_ticks(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> int | None:
     """The process start time in clock ticks since boot (field 22 of /proc/<pid>/stat).
 
     Together with the pid it identifies a process across pid reuse. None when the process is
-    gone or the file is unreadable or malformed.
+    gone or the file is unreadable or malformed. Read with bare os calls: the agent does this
+    for every GPU process on every cycle, and pathlib's overhead dominated the cycle's cost.
     """
     try:
-        raw = (proc_root / str(pid) / "stat").read_bytes()
+        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
+    try:
+        raw = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     # The command name (field 2) is in parentheses and may itself contain spaces and ')'.
     close = raw.rfind(b")")
     if close < 0:

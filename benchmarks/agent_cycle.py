@@ -1,0 +1,109 @@
+"""CPU time and RSS of one agent cycle: 8 GPUs x 64 processes on a realistic proc tree.
+
+The cycle is the production path: NvmlSource over pynvml (its functions answered by a fake
+DGX-like machine, so the driver's own time is excluded), the pid resolver over a proc tree with
+systemd/containerd cgroup files plus thousands of unrelated processes, the report builder and
+the write decision against the last published report.
+
+    python benchmarks/agent_cycle.py [--cycles 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pynvml
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
+
+from tests.fakenvml import dgx_h100  # noqa: E402
+from tests.proctree import write_process  # noqa: E402
+
+from gpuusage.nodeagent.change import decide, fingerprint  # noqa: E402
+from gpuusage.nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
+from gpuusage.nodeagent.main import Observer  # noqa: E402
+from gpuusage.nodeagent.metrics import AgentMetrics  # noqa: E402
+from gpuusage.nodeagent.resolver import Resolver  # noqa: E402
+
+GPUS, OTHER_PROCESSES = 8, 3000
+
+
+def build_proc_tree(root: Path, per_gpu: int) -> None:
+    rng = random.Random(7)
+    pid = 10_000
+    for _ in range(GPUS * per_gpu):
+        pod = str(uuid.UUID(int=rng.getrandbits(128)))
+        cid = f"{rng.getrandbits(256):064x}"
+        cgroup = (
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+            f"{pod.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+        )
+        write_process(root, pid, cgroup, comm="python3", start_ticks=rng.randint(1, 10**7))
+        pid += 1
+    for other in range(OTHER_PROCESSES):  # the rest of a busy node: never read
+        write_process(root, 100_000 + other, "0::/system.slice/x.service", comm="x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cycles", type=int, default=300)
+    parser.add_argument("--per-gpu", type=int, default=64, help="processes per GPU")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        proc = Path(tmp)
+        build_proc_tree(proc, args.per_gpu)
+        machine = dgx_h100(processes_per_gpu=args.per_gpu, first_pid=10_000)
+        machine.install(patch)
+        observer = Observer("gpu-node-1", NvmlSource(pynvml), Resolver(proc))
+        metrics = AgentMetrics()
+        published, published_at = None, None
+        now = datetime(2026, 11, 21, tzinfo=UTC)
+        cpu: list[float] = []
+        rng = random.Random(1)
+        for cycle in range(args.cycles + 20):
+            for gpu in machine.gpus:  # allocator jitter of a few MiB on every process
+                for p in gpu.processes:
+                    p.used_mib = 4096 + rng.randint(-8, 8)
+            start = time.process_time()
+            with metrics.cycle_seconds.time():
+                spec, _ = observer.observe()
+            new = fingerprint(spec)
+            decision = decide(
+                published, published_at, new, now, heartbeat=timedelta(seconds=60), threshold_mib=64
+            )
+            if decision.write:
+                published, published_at = new, now
+            elapsed = time.process_time() - start
+            now += timedelta(seconds=10)
+            if cycle >= 20:  # after warm-up: caches filled, as in steady state
+                cpu.append(elapsed * 1000)
+        processes = sum(len(g.processes) for g in spec.gpus)
+        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cpu.sort()
+    result = {
+        "gpus": len(spec.gpus),
+        "processes": processes,
+        "cycles": len(cpu),
+        "cpu_ms_mean": round(statistics.mean(cpu), 2),
+        "cpu_ms_p50": round(cpu[len(cpu) // 2], 2),
+        "cpu_ms_p99": round(cpu[int(len(cpu) * 0.99) - 1], 2),
+        "max_rss_mib": round(rss_mib, 1),
+        "python": sys.version.split()[0],
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
