@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from gpuusage.api import names
 from gpuusage.api.models import Condition
 
-DEFAULT_STALE_AFTER = timedelta(minutes=2)
+# Three of the agent's default 60 s heartbeats: one lost write is no reason to call a node stale.
+DEFAULT_STALE_AFTER = timedelta(minutes=3)
 
 
 def is_stale(observed_at: datetime, now: datetime, stale_after: timedelta) -> bool:

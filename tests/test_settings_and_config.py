@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -124,3 +125,24 @@ def test_start_ticks_and_cmdline_of_this_process() -> None:
     argv = cmdline(os.getpid())
     assert argv
     assert "python" in Path(argv[0]).name
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--log-level", "debug", "crd"],
+        ["crd", "--log-level", "DEBUG"],
+        ["local-cluster", "down", "--log-level", "DEBUG", "--dir", "/nonexistent-gpuusage"],
+    ],
+)
+def test_log_level_before_or_after_the_command(argv: list[str]) -> None:
+    logging.getLogger().handlers.clear()
+    assert main(argv) == 0
+    assert logging.getLogger().level == logging.DEBUG
+
+
+def test_log_level_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    logging.getLogger().handlers.clear()
+    monkeypatch.setenv("GPUUSAGE_LOG_LEVEL", "warning")
+    assert main(["crd"]) == 0
+    assert logging.getLogger().level == logging.WARNING

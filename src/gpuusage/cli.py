@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -104,33 +105,54 @@ def _run_demo(settings: DemoSettings) -> int:
     return run_demo(settings.dir, keep=settings.keep)
 
 
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="log verbosity [env GPUUSAGE_LOG_LEVEL; default INFO]",
+    )
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
+    common = _common()
     parser = argparse.ArgumentParser(
         prog="gpuusage",
         description="Which pod uses which GPU, and how much memory.",
+        parents=[common],
     )
     parser.add_argument("--version", action="version", version=f"gpuusage {__version__}")
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
-    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    crd = commands.add_parser("crd", help="print the GpuNodeUsage CRD rendered from the models")
+    crd = commands.add_parser(
+        "crd", help="print the GpuNodeUsage CRD rendered from the models", parents=[common]
+    )
     add_arguments(crd, CrdSettings)
     crd.set_defaults(run=lambda ns: _run_crd(resolve(CrdSettings, ns)))
 
     local = commands.add_parser(
-        "local-cluster", help="start or stop a local etcd + kube-apiserver on loopback"
+        "local-cluster",
+        help="start or stop a local etcd + kube-apiserver on loopback",
+        parents=[common],
     )
     actions = local.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (("up", "start and wait until ready"), ("down", "stop everything")):
-        sub = actions.add_parser(action, help=text)
+        sub = actions.add_parser(action, help=text, parents=[common])
         add_arguments(sub, LocalClusterSettings)
         sub.set_defaults(
             run=lambda ns, a=action: _run_local_cluster(a, resolve(LocalClusterSettings, ns))
         )
     build = actions.add_parser(
-        "build", help="build (or find) kube-apiserver, etcd and kubectl; print their paths"
+        "build",
+        help="build (or find) kube-apiserver, etcd and kubectl; print their paths",
+        parents=[common],
     )
     add_arguments(build, BuildSettings)
     build.set_defaults(run=lambda ns: _run_build(resolve(BuildSettings, ns)))
@@ -138,13 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuusage.nodeagent.main import AgentSettings
 
     agent = commands.add_parser(
-        "agent", help="observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)"
+        "agent",
+        help="observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)",
+        parents=[common],
     )
     add_arguments(agent, AgentSettings)
     agent.set_defaults(run=_run_agent)
 
     demo = commands.add_parser(
-        "demo", help="run the whole product on a local control plane, no GPU or cluster needed"
+        "demo",
+        help="run the whole product on a local control plane, no GPU or cluster needed",
+        parents=[common],
     )
     add_arguments(demo, DemoSettings)
     demo.set_defaults(run=lambda ns: _run_demo(resolve(DemoSettings, ns)))
@@ -154,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     namespace = parser.parse_args(argv)
+    level = getattr(namespace, "log_level", None) or os.environ.get("GPUUSAGE_LOG_LEVEL", "INFO")
+    if level.upper() not in LOG_LEVELS:
+        parser.exit(2, f"gpuusage: $GPUUSAGE_LOG_LEVEL must be one of {LOG_LEVELS}\n")
+    namespace.log_level = level.upper()
     logging.basicConfig(
         level=namespace.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

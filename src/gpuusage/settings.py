@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[CommandSettings])
         base = _base_type(info.annotation)
         envs = env_names(model, name)
         default = info.get_default(call_default_factory=True)
-        shown = "" if default is None else f"; default {default}"
+        shown = "" if default in (None, "") else f"; default {default}"
         help_text = f"{info.description or ''} [env {', '.join(envs)}{shown}]".strip()
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
         if base is bool:
