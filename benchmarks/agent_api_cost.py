@@ -32,6 +32,7 @@ from tests.proctree import write_process  # noqa: E402
 
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crd  # noqa: E402
+from gpuusage.kube.rest import RestClient  # noqa: E402
 from gpuusage.localcluster.cluster import LocalCluster  # noqa: E402
 from gpuusage.nodeagent.gpusource.fake import FakeSource  # noqa: E402
 from gpuusage.nodeagent.main import AgentSettings, Observer  # noqa: E402
@@ -122,8 +123,9 @@ def main() -> None:
             proc = work / "proc"
             proc_tree(proc, 64)
             observer = Observer("bench-node", FakeSource(path), Resolver(proc))
+            rest, _ = RestClient.from_kubeconfig(cluster.kubeconfig)
             publisher = Publisher(
-                api,
+                rest,
                 "bench-node",
                 heartbeat=timedelta(seconds=DEFAULTS.heartbeat),
                 threshold_mib=DEFAULTS.memory_threshold_mib,

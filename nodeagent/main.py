@@ -22,8 +22,8 @@ from pydantic import Field, field_validator, model_validator
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.errors import GpuusageError
-from gpuusage.kube.config import api_client
 from gpuusage.kube.errors import ApiError
+from gpuusage.kube.rest import RestClient
 from gpuusage.nodeagent.gpusource.base import GpuSource, Reading
 from gpuusage.nodeagent.gpusource.fake import FakeSource
 from gpuusage.nodeagent.gpusource.null import NullSource
@@ -157,7 +157,7 @@ def _loop(settings: AgentSettings, observer: Observer, stop: threading.Event) ->
     metrics = AgentMetrics()
     if settings.metrics_port and not settings.once:
         metrics.serve(settings.metrics_address, settings.metrics_port)
-    api, source = api_client(settings.kubeconfig)
+    api, source = RestClient.from_kubeconfig(settings.kubeconfig)
     log.info("API from %s (%s)", source.origin, source.detail)
     publisher = Publisher(
         api,
@@ -169,27 +169,39 @@ def _loop(settings: AgentSettings, observer: Observer, stop: threading.Event) ->
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    failed = False
     with api:
-        while not stop.is_set():
-            started = time.monotonic()
-            with metrics.cycle_seconds.time():
-                spec, reading = observer.observe()
-            _record(metrics, spec, reading)
-            try:
-                decision = publisher.offer(spec, datetime.now(UTC), force=settings.once)
-                failed = False
-                if decision.write:
-                    metrics.last_publish.set(time.time())
-                else:
-                    metrics.skipped.inc()
-            except ApiError as exc:
-                failed = True
-                metrics.api_failures.labels(kind=type(exc).__name__).inc()
-                log.error("publishing %s failed: %s (next try in %.0fs)", settings.node_name,
-                          exc, settings.interval)  # fmt: skip
-            if settings.once:
-                break
-            stop.wait(max(0.0, settings.interval - (time.monotonic() - started)))
+        failed = _cycles(settings, observer, publisher, metrics, stop)
     log.info("agent stopped")
     return 1 if failed else 0
+
+
+def _cycles(
+    settings: AgentSettings,
+    observer: Observer,
+    publisher: Publisher,
+    metrics: AgentMetrics,
+    stop: threading.Event,
+) -> bool:
+    """Observe and publish until stopped; True when the last write failed."""
+    failed = False
+    while not stop.is_set():
+        started = time.monotonic()
+        with metrics.cycle_seconds.time():
+            spec, reading = observer.observe()
+        _record(metrics, spec, reading)
+        try:
+            decision = publisher.offer(spec, datetime.now(UTC), force=settings.once)
+            failed = False
+            if decision.write:
+                metrics.last_publish.set(time.time())
+            else:
+                metrics.skipped.inc()
+        except ApiError as exc:
+            failed = True
+            metrics.api_failures.labels(kind=type(exc).__name__).inc()
+            log.error("publishing %s failed: %s (next try in %.0fs)", settings.node_name,
+                      exc, settings.interval)  # fmt: skip
+        if settings.once:
+            break
+        stop.wait(max(0.0, settings.interval - (time.monotonic() - started)))
+    return failed

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from kubernetes import client
-
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.kube.errors import ApiError, Conflict, NotFound, call
+from gpuusage.kube.rest import RestClient
 from gpuusage.nodeagent.change import Decision, Fingerprint, decide, fingerprint
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,7 @@ class Publisher:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: RestClient,
         node_name: str,
         *,
         heartbeat: timedelta,
@@ -62,8 +61,8 @@ class Publisher:
         backoff: tuple[float, ...] = (0.2, 0.5, 1.0),
         on_write: Callable[[str, int], None] = lambda verb, size: None,
     ) -> None:
-        self._custom = client.CustomObjectsApi(api)
-        self._core = client.CoreV1Api(api)
+        self._api = api
+        self._path = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
         self.node_name = node_name
         self.heartbeat = heartbeat
         self.threshold_mib = threshold_mib
@@ -107,8 +106,9 @@ class Publisher:
 
     # -- API -------------------------------------------------------------------------------
     def _owner(self) -> dict[str, Any]:
-        node = call(lambda: self._core.read_node(self.node_name), "read node", self.backoff)
-        uid = node.metadata.uid if node.metadata else None
+        node = call(lambda: self._api.get(f"/api/v1/nodes/{self.node_name}"), "read node",
+                    self.backoff)  # fmt: skip
+        uid = (node.get("metadata") or {}).get("uid")
         if not uid:
             raise NotFound(f"node {self.node_name} has no uid", 404)
         self._node_uid = uid
@@ -126,9 +126,7 @@ class Publisher:
 
     def _patch(self, body: dict[str, Any]) -> None:
         call(
-            lambda: self._custom.patch_cluster_custom_object(
-                names.GROUP, names.VERSION, names.PLURAL, self.node_name, body
-            ),
+            lambda: self._api.merge_patch(f"{self._path}/{self.node_name}", body),
             f"patch {names.KIND} {self.node_name}",
             self.backoff,
         )
@@ -143,9 +141,7 @@ class Publisher:
         }
         try:
             call(
-                lambda: self._custom.create_cluster_custom_object(
-                    names.GROUP, names.VERSION, names.PLURAL, full
-                ),
+                lambda: self._api.post(self._path, full),
                 f"create {names.KIND} {self.node_name}",
                 self.backoff,
             )

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-from kubernetes import client, config
-from kubernetes.config.config_exception import ConfigException
+from typing import TYPE_CHECKING, Literal
 
 from gpuusage.errors import GpuusageError
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
@@ -58,7 +58,14 @@ def choose_source(
 
 
 def api_client(kubeconfig: Path | None = None) -> tuple[client.ApiClient, ApiSource]:
-    """A fresh ApiClient for the chosen source."""
+    """A fresh ApiClient of the `kubernetes` package for the chosen source.
+
+    Imported here, not at module level: the node agent resolves the same sources without that
+    package (see gpuusage.kube.rest).
+    """
+    from kubernetes import client, config  # noqa: PLC0415
+    from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
+
     source = choose_source(kubeconfig)
     configuration = client.Configuration()
     try:

@@ -3,6 +3,9 @@
 Every call site asks one question of a failure: try again soon (connection refused, timeout,
 5xx, 429), or not (403, 404, 409, 422 need a decision). The original exception is chained and
 the apiserver's Status message is kept, so logs say what the server said.
+
+This module does not import the `kubernetes` package (the agent avoids it for its memory
+footprint); the client's ApiException is recognised by its attributes.
 """
 
 from __future__ import annotations
@@ -13,9 +16,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
-
-import urllib3.exceptions
-from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,28 +52,40 @@ class Invalid(ApiError):
     """422 or 400: the object was refused; the message says which field."""
 
 
-def _status_message(exc: ApiException) -> tuple[str, str]:
+_KINDS: dict[int, type[ApiError]] = {
+    404: NotFound, 409: Conflict, 401: Forbidden, 403: Forbidden, 422: Invalid, 400: Invalid,
+}  # fmt: skip
+
+
+def from_status(status: int | None, body: bytes | str | None, fallback: str = "") -> ApiError:
+    """The error for an HTTP status and the apiserver's Status body."""
     try:
-        body = json.loads(exc.body or "{}")
+        parsed = json.loads(body or "{}")
     except (ValueError, TypeError):
-        body = {}
-    return str(body.get("message") or exc.reason or ""), str(body.get("reason") or "")
+        parsed = {}
+    if not isinstance(parsed, dict):
+        parsed = {}
+    message = str(parsed.get("message") or fallback)
+    reason = str(parsed.get("reason") or "")
+    text = f"{status} {reason or fallback}: {message}".strip()
+    if status is None or status in {0, 429} or status >= 500:
+        return TransientApiError(text, status, reason)
+    return _KINDS.get(status, ApiError)(text, status, reason)
+
+
+def _is_api_exception(exc: BaseException) -> bool:
+    """The kubernetes client's ApiException, recognised without importing the package."""
+    return type(exc).__name__ == "ApiException" and hasattr(exc, "status")
 
 
 def translate(exc: BaseException) -> ApiError:
     """Map a client exception to our hierarchy."""
-    if isinstance(exc, ApiException):
-        message, reason = _status_message(exc)
-        status = exc.status
-        text = f"{status} {reason or exc.reason}: {message}".strip()
-        if status is None or status in {0, 429} or status >= 500:
-            return TransientApiError(text, status, reason)
-        kinds: dict[int, type[ApiError]] = {
-            404: NotFound, 409: Conflict, 401: Forbidden, 403: Forbidden,
-            422: Invalid, 400: Invalid,
-        }  # fmt: skip
-        return kinds.get(status, ApiError)(text, status, reason)
-    if isinstance(exc, urllib3.exceptions.HTTPError | OSError | TimeoutError):
+    if isinstance(exc, ApiError):
+        return exc
+    if _is_api_exception(exc):
+        return from_status(getattr(exc, "status", None), getattr(exc, "body", None),
+                           str(getattr(exc, "reason", "") or ""))  # fmt: skip
+    if isinstance(exc, OSError | TimeoutError) or type(exc).__module__.startswith("urllib3"):
         return TransientApiError(f"no answer from the API: {exc}")
     return ApiError(str(exc))
 
@@ -93,9 +105,17 @@ def call(
     for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except (ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
+        except Exception as exc:
+            if not (
+                isinstance(exc, ApiError | OSError | TimeoutError)
+                or _is_api_exception(exc)
+                or type(exc).__module__.startswith("urllib3")
+            ):
+                raise
             error = translate(exc)
             if not isinstance(error, TransientApiError) or attempt == attempts:
+                if error is exc:
+                    raise
                 raise error from exc
             delay = backoff[attempt - 1] * random.uniform(0.8, 1.2)
             log.warning("%s: %s (attempt %d/%d, retrying in %.1fs)", what, error, attempt,
