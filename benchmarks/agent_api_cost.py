@@ -35,9 +35,10 @@ from gpuusage.kube.crds import install_crd  # noqa: E402
 from gpuusage.kube.rest import RestClient  # noqa: E402
 from gpuusage.localcluster.cluster import LocalCluster  # noqa: E402
 from gpuusage.nodeagent.gpusource.fake import FakeSource  # noqa: E402
-from gpuusage.nodeagent.main import AgentSettings, Observer  # noqa: E402
+from gpuusage.nodeagent.main import Observer  # noqa: E402
 from gpuusage.nodeagent.publisher import Publisher  # noqa: E402
 from gpuusage.nodeagent.resolver import Resolver  # noqa: E402
+from gpuusage.nodeagent.settings import AgentSettings  # noqa: E402
 
 DEFAULTS = AgentSettings(node_name="x")
 CYCLES = int(3600 / DEFAULTS.interval)

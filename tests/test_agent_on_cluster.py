@@ -22,7 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from gpuusage.api import names
 from gpuusage.examples import CTR_TRAIN, POD_TRAIN
 from gpuusage.localcluster.cluster import LocalCluster, free_port
-from gpuusage.nodeagent.main import AgentSettings, run_agent
+from gpuusage.nodeagent.main import run_agent
+from gpuusage.nodeagent.settings import AgentSettings
 from tests.fakenvml import gpu_uuid
 from tests.proctree import write_process
 

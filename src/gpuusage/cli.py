@@ -11,13 +11,15 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from pydantic import Field
 
 from gpuusage import __version__
 from gpuusage.errors import GpuusageError
-from gpuusage.settings import CommandSettings, SettingsError, add_arguments, resolve
+from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.settings import CommandSettings, S, SettingsError, add_arguments, resolve
 
 log = logging.getLogger("gpuusage")
 
@@ -93,10 +95,10 @@ def _run_build(settings: BuildSettings) -> int:
     return 0
 
 
-def _run_agent(namespace: argparse.Namespace) -> int:
-    from gpuusage.nodeagent.main import AgentSettings, run_agent
+def _run_agent(settings: AgentSettings) -> int:
+    from gpuusage.nodeagent.main import run_agent
 
-    return run_agent(resolve(AgentSettings, namespace))
+    return run_agent(settings)
 
 
 def _run_demo(settings: DemoSettings) -> int:
@@ -121,6 +123,19 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+def _command(
+    parent: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    text: str,
+    model: type[S],
+    run: Callable[[S], int],
+) -> None:
+    """Register a command whose flags come from `model` and which runs `run(settings)`."""
+    sub = parent.add_parser(name, help=text, parents=[_common()])
+    add_arguments(sub, model)
+    sub.set_defaults(run=lambda ns: run(resolve(model, ns)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
     parser = argparse.ArgumentParser(
@@ -131,12 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuusage {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    crd = commands.add_parser(
-        "crd", help="print the GpuNodeUsage CRD rendered from the models", parents=[common]
-    )
-    add_arguments(crd, CrdSettings)
-    crd.set_defaults(run=lambda ns: _run_crd(resolve(CrdSettings, ns)))
-
+    _command(commands, "crd", "print the GpuNodeUsage CRD rendered from the models",
+             CrdSettings, _run_crd)  # fmt: skip
     local = commands.add_parser(
         "local-cluster",
         help="start or stop a local etcd + kube-apiserver on loopback",
@@ -144,36 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     actions = local.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (("up", "start and wait until ready"), ("down", "stop everything")):
-        sub = actions.add_parser(action, help=text, parents=[common])
-        add_arguments(sub, LocalClusterSettings)
-        sub.set_defaults(
-            run=lambda ns, a=action: _run_local_cluster(a, resolve(LocalClusterSettings, ns))
-        )
-    build = actions.add_parser(
-        "build",
-        help="build (or find) kube-apiserver, etcd and kubectl; print their paths",
-        parents=[common],
-    )
-    add_arguments(build, BuildSettings)
-    build.set_defaults(run=lambda ns: _run_build(resolve(BuildSettings, ns)))
-
-    from gpuusage.nodeagent.main import AgentSettings
-
-    agent = commands.add_parser(
-        "agent",
-        help="observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)",
-        parents=[common],
-    )
-    add_arguments(agent, AgentSettings)
-    agent.set_defaults(run=_run_agent)
-
-    demo = commands.add_parser(
-        "demo",
-        help="run the whole product on a local control plane, no GPU or cluster needed",
-        parents=[common],
-    )
-    add_arguments(demo, DemoSettings)
-    demo.set_defaults(run=lambda ns: _run_demo(resolve(DemoSettings, ns)))
+        _command(actions, action, text, LocalClusterSettings, partial(_run_local_cluster, action))
+    _command(actions, "build",
+             "build (or find) kube-apiserver, etcd and kubectl; print their paths",
+             BuildSettings, _run_build)  # fmt: skip
+    _command(commands, "agent",
+             "observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)",
+             AgentSettings, _run_agent)  # fmt: skip
+    _command(commands, "demo",
+             "run the whole product on a local control plane, no GPU or cluster needed",
+             DemoSettings, _run_demo)  # fmt: skip
     return parser
 
 
@@ -194,6 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"gpuusage: {exc}\n")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`gpuusage ... | head`): no traceback, and no second error
+        # when the interpreter flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except GpuusageError as exc:
         if namespace.log_level == "DEBUG":
             raise

@@ -1,0 +1,52 @@
+"""The agent's settings: every flag, its environment variable, default and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gpuusage.settings import CommandSettings
+
+
+class AgentSettings(CommandSettings):
+    node_name: Annotated[str, Field(max_length=253)] = Field(
+        default="", json_schema_extra={"env": ["NODE_NAME"]}
+    )
+    """The node this agent reports for (in a DaemonSet: NODE_NAME from the downward API)."""
+    interval: float = Field(default=10.0, gt=0)
+    """Seconds between observations."""
+    heartbeat: float = Field(default=60.0, gt=0)
+    """Seconds after which an unchanged report is written anyway, keeping observedAt fresh."""
+    memory_threshold_mib: int = Field(default=64, ge=1)
+    """Memory changes smaller than this (per process and per device) do not cause a write."""
+    gpu_source: str = "nvml"
+    """nvml (the driver), none (no GPUs), or fake:PATH (a scenario file)."""
+    proc_root: Path = Path("/proc")
+    """Where the host's processes are visible (the host's /proc when not using hostPID)."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
+    once: bool = False
+    """Do one cycle, then exit."""
+    output: Literal["json"] | None = None
+    """With --once: print the GpuNodeUsage object to stdout and write nothing to any API."""
+    metrics_port: int = Field(default=9747, ge=0, le=65535)
+    """Port of the Prometheus endpoint; 0 turns it off."""
+    metrics_address: str = "0.0.0.0"
+    """Address the Prometheus endpoint listens on."""
+
+    @field_validator("gpu_source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if value in ("nvml", "none") or (value.startswith("fake:") and len(value) > 5):
+            return value
+        raise ValueError("must be nvml, none or fake:PATH")
+
+    @model_validator(mode="after")
+    def _combination(self) -> AgentSettings:
+        if self.output is not None and not self.once:
+            raise ValueError("--output json needs --once")
+        if not self.node_name:
+            raise ValueError("--node-name (or NODE_NAME) is required")
+        return self
