@@ -7,7 +7,7 @@ rather than pretending their GPU use is current.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from gpuusage.api import names
 from gpuusage.api.models import Condition
@@ -25,11 +25,6 @@ def is_stale(observed_at: datetime, now: datetime, stale_after: timedelta) -> bo
     return now - observed_at > stale_after
 
 
-def _age(observed_at: datetime, now: datetime) -> str:
-    seconds = max(0, int((now - observed_at).total_seconds()))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
 def stale_condition(
     observed_at: datetime,
     now: datetime,
@@ -37,19 +32,24 @@ def stale_condition(
     previous: Condition | None = None,
     generation: int | None = None,
 ) -> Condition:
-    """The Stale condition, keeping lastTransitionTime when the status did not change."""
+    """The Stale condition, keeping lastTransitionTime when the status did not change.
+
+    The message names the observation time, not its age: an age would change on every
+    reconcile and turn every reconcile into a status write.
+    """
     stale = is_stale(observed_at, now, stale_after)
     status = "True" if stale else "False"
-    age = _age(observed_at, now)
+    when = observed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    limit = int(stale_after.total_seconds())
     if stale:
         reason = "ReportOutdated"
         message = (
-            f"the agent's latest observation is {age} old (threshold "
-            f"{int(stale_after.total_seconds())}s); is the node agent running?"
+            f"no report from the node agent since {when} (threshold {limit}s); "
+            "is the node agent running?"
         )
     else:
         reason = "ReportFresh"
-        message = f"the agent's latest observation is {age} old"
+        message = f"the node agent reported at {when}, within the {limit}s threshold"
     transition = (
         previous.last_transition_time
         if previous is not None and previous.status == status

@@ -22,7 +22,10 @@ def test_future_observations_count_as_fresh() -> None:
 def test_condition_reads_well_and_keeps_transition_time() -> None:
     fresh = stale_condition(OBSERVED, OBSERVED + timedelta(seconds=5), LIMIT)
     assert (fresh.type, fresh.status, fresh.reason) == ("Stale", "False", "ReportFresh")
-    assert fresh.message == "the agent's latest observation is 5s old"
+    assert (
+        fresh.message
+        == "the node agent reported at 2026-11-21T12:00:00Z, within the 120s threshold"
+    )
 
     later = OBSERVED + timedelta(seconds=30)
     still = stale_condition(OBSERVED, later, LIMIT, previous=fresh)
@@ -32,5 +35,13 @@ def test_condition_reads_well_and_keeps_transition_time() -> None:
     stale = stale_condition(OBSERVED, much_later, LIMIT, previous=still, generation=4)
     assert (stale.status, stale.reason) == ("True", "ReportOutdated")
     assert stale.last_transition_time == much_later
-    assert "3m07s old (threshold 120s)" in stale.message
+    assert "no report from the node agent since 2026-11-21T12:00:00Z (threshold 120s)" in (
+        stale.message
+    )
+    again = stale_condition(
+        OBSERVED, much_later + timedelta(seconds=9), LIMIT, previous=stale, generation=4
+    )
+    assert again == (stale), (
+        "an unchanged situation yields an identical condition (no status write)"
+    )
     assert stale.observed_generation == 4

@@ -1,0 +1,97 @@
+"""What the operator remembers about pods: a few fields, keyed by container ID and pod UID.
+
+kopf keeps whatever an index function returns for every pod in the cluster, so the entry is
+deliberately small (no specs, no full statuses): on a 5,000-pod cluster the index must stay a
+few megabytes. One pod is indexed under several keys: its UID and each container ID it has
+had reported in its status (init, regular and ephemeral containers), with the runtime scheme
+(`containerd://`) stripped, as the agent reports bare IDs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+UID_KEY = "uid:"
+CONTAINER_KEY = "cid:"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod as the operator needs it: who it is and which container IDs are its own."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    containers: tuple[tuple[str, str], ...] = ()
+    """(container ID, container name) pairs from the pod's status."""
+
+    def container_name(self, container_id: str) -> str | None:
+        return next((name for cid, name in self.containers if cid == container_id), None)
+
+
+def bare_container_id(raw: str | None) -> str | None:
+    """`containerd://abc…` → `abc…`; None or empty stays None."""
+    if not raw:
+        return None
+    return raw.split("://", 1)[-1].lower() or None
+
+
+def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
+    """The PodRef of a pod object (a dict as the API returns it); None without a UID."""
+    meta = body.get("metadata") or {}
+    uid = meta.get("uid")
+    if not uid:
+        return None
+    status = body.get("status") or {}
+    containers: list[tuple[str, str]] = []
+    for field in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for item in status.get(field) or []:
+            cid = bare_container_id(item.get("containerID"))
+            if cid:
+                containers.append((cid, str(item.get("name", ""))))
+    return PodRef(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(uid),
+        node=(body.get("spec") or {}).get("nodeName"),
+        containers=tuple(containers),
+    )
+
+
+def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
+    """The keys one pod is indexed under (kopf index function's return value)."""
+    ref = pod_ref(body)
+    if ref is None:
+        return {}
+    keys = {UID_KEY + ref.uid: ref}
+    keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
+    return keys
+
+
+class PodLookup:
+    """Read access to the index, by container ID or pod UID.
+
+    kopf's index maps each key to a collection of values (several pods could, in theory, claim
+    one key); the newest-looking single answer is taken, and ambiguity is rare enough to ignore.
+    """
+
+    def __init__(self, index: Mapping[str, Any]) -> None:
+        self._index = index
+
+    def _one(self, key: str) -> PodRef | None:
+        found = self._index.get(key)
+        if found is None:
+            return None
+        if isinstance(found, PodRef):
+            return found
+        refs = [ref for ref in found if isinstance(ref, PodRef)]
+        return refs[-1] if refs else None
+
+    def by_container(self, container_id: str) -> PodRef | None:
+        return self._one(CONTAINER_KEY + container_id)
+
+    def by_uid(self, uid: str) -> PodRef | None:
+        return self._one(UID_KEY + uid)

@@ -1,0 +1,186 @@
+"""What each pod should show about its GPU use, and the smallest patch to get there. Pure.
+
+For every pod with processes on a node's GPUs: the annotations `gpuusage.io/gpus`,
+`gpuusage.io/gpu-memory-mib` and `gpuusage.io/usage` (compact JSON, bounded in size with an
+explicit truncation marker), and the pod condition `gpuusage.io/GPUInUse`. When use ends the
+annotations are removed and the condition turns False; when the node's report is stale the
+condition turns Unknown and the annotations stay (last known use). Patches are computed against
+what the pod shows now and are None when nothing would change: an unchanged report costs no pod
+write and no Event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from gpuusage.api import names
+from gpuusage.api.summary import format_mib
+from gpuusage.operator.podindex import PodRef
+from gpuusage.operator.resolution import Resolution
+
+MAX_USAGE_BYTES = 4096
+OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
+
+UseState = Literal["InUse", "Stopped", "Unknown"]
+
+
+@dataclass(frozen=True)
+class PodUse:
+    """One pod's processes on one node's GPUs."""
+
+    pod: PodRef
+    node: str
+    observed_at: datetime
+    resolutions: tuple[Resolution, ...]
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({r.device_uuid for r in self.resolutions})
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(r.process.used_memory_mib or 0 for r in self.resolutions)
+
+
+def pod_uses(
+    node: str, observed_at: datetime, resolutions: Iterable[Resolution]
+) -> dict[str, PodUse]:
+    """Resolutions grouped by pod UID."""
+    grouped: dict[str, list[Resolution]] = defaultdict(list)
+    refs: dict[str, PodRef] = {}
+    for r in resolutions:
+        if r.pod is not None:
+            grouped[r.pod.uid].append(r)
+            refs[r.pod.uid] = r.pod
+    return {
+        uid: PodUse(refs[uid], node, observed_at, tuple(items)) for uid, items in grouped.items()
+    }
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
+    """Compact JSON detail per container and device, at most max_bytes.
+
+    Shape: {"node", "observedAt", "containers": [{"name", "devices": [{"uuid", "mib", "pids"}]}]}.
+    Too large: pids are dropped first, then containers from the end, and "truncated": true says
+    so, so that a reader never mistakes a shortened list for the whole.
+    """
+    per_container: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in sorted(use.resolutions, key=lambda r: (r.container_name or "", r.device_uuid)):
+        key = r.container_name or (r.process.container_id or "")[:12] or "?"
+        slot = per_container[key].setdefault(r.device_uuid, {"uuid": r.device_uuid, "mib": 0,
+                                                              "pids": []})  # fmt: skip
+        slot["mib"] += r.process.used_memory_mib or 0
+        slot["pids"].append(r.process.pid)
+    containers: list[dict[str, Any]] = [
+        {"name": name, "devices": [{**d, "pids": sorted(d["pids"])} for d in devs.values()]}
+        for name, devs in per_container.items()
+    ]
+    doc: dict[str, Any] = {
+        "node": use.node,
+        "observedAt": _stamp(use.observed_at),
+        "containers": containers,
+    }
+
+    def encoded() -> str:
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+    text = encoded()
+    if len(text) <= max_bytes:
+        return text
+    doc["truncated"] = True
+    for container in containers:
+        for device in container["devices"]:
+            device.pop("pids", None)
+    while len(text := encoded()) > max_bytes and containers:
+        containers.pop()
+    return text
+
+
+def desired_annotations(use: PodUse) -> dict[str, str]:
+    return {
+        names.ANNOTATION_GPUS: ",".join(use.devices),
+        names.ANNOTATION_GPU_MEMORY_MIB: str(use.memory_mib),
+        names.ANNOTATION_USAGE: usage_json(use),
+    }
+
+
+def annotation_patch(
+    current: Mapping[str, str], desired: Mapping[str, str] | None
+) -> dict[str, str | None] | None:
+    """The metadata.annotations merge patch from current to desired (None: remove ours).
+
+    Returns None when nothing would change.
+    """
+    patch: dict[str, str | None] = {}
+    for key in OUR_ANNOTATIONS:
+        want = None if desired is None else desired.get(key)
+        if current.get(key) != want:
+            patch[key] = want
+    return patch or None
+
+
+def desired_condition(state: UseState, use: PodUse | None, node: str) -> dict[str, str]:
+    """The gpuusage.io/GPUInUse condition (without lastTransitionTime) for a state."""
+    if state == "InUse" and use is not None:
+        count = len(use.resolutions)
+        return {
+            "type": names.POD_CONDITION_GPU_IN_USE,
+            "status": "True",
+            "reason": "ProcessesRunning",
+            "message": f"{count} process{'es' if count != 1 else ''} on "
+            f"{', '.join(use.devices)} use {format_mib(use.memory_mib)} of GPU memory "
+            f"(node {node})",
+        }
+    if state == "Unknown":
+        return {
+            "type": names.POD_CONDITION_GPU_IN_USE,
+            "status": "Unknown",
+            "reason": "NodeReportStale",
+            "message": f"the GPU report of node {node} is stale; last known use is kept in the "
+            "annotations",
+        }
+    return {
+        "type": names.POD_CONDITION_GPU_IN_USE,
+        "status": "False",
+        "reason": "ProcessesEnded",
+        "message": f"no process of this pod uses a GPU on node {node}",
+    }
+
+
+def condition_patch(
+    current: Iterable[Mapping[str, Any]], desired: Mapping[str, str], now: datetime
+) -> dict[str, Any] | None:
+    """The condition to send through a strategic-merge patch of pods/status, or None.
+
+    lastTransitionTime changes only when the status does; a new message alone is an update
+    without a transition.
+    """
+    existing = next((c for c in current if c.get("type") == desired["type"]), None)
+    if existing is not None and all(existing.get(k) == v for k, v in desired.items()):
+        return None
+    transition = (
+        existing.get("lastTransitionTime")
+        if existing is not None and existing.get("status") == desired["status"]
+        else _stamp(now)
+    )
+    return {**desired, "lastTransitionTime": transition}
+
+
+def event_for(
+    previous_status: str | None, new_status: str
+) -> tuple[Literal["GPUUseStarted", "GPUUseEnded"], str] | None:
+    """The Event to record on a transition, or None: only starts and ends, never per cycle."""
+    if new_status == "True" and previous_status != "True":
+        return "GPUUseStarted", "started using GPUs"
+    if new_status == "False" and previous_status in ("True", "Unknown"):
+        return "GPUUseEnded", "stopped using GPUs"
+    return None

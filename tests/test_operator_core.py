@@ -1,0 +1,216 @@
+"""The operator's pure core: pod index entries, resolution, desired status and pod state."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gpuusage.api import names
+from gpuusage.api.models import Process
+from gpuusage.examples import (
+    CTR_INFER,
+    CTR_NOTEBOOK,
+    CTR_TRAIN,
+    POD_INFER,
+    POD_NOTEBOOK,
+    POD_TRAIN,
+    example_spec,
+)
+from gpuusage.operator.podindex import PodLookup, index_keys, pod_ref
+from gpuusage.operator.podstate import (
+    annotation_patch,
+    condition_patch,
+    desired_annotations,
+    desired_condition,
+    event_for,
+    pod_uses,
+    usage_json,
+)
+from gpuusage.operator.resolution import resolve_all, resolve_process
+from gpuusage.operator.status import desired_status
+
+NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
+OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
+
+
+def pod(name: str, uid: str, containers: dict[str, str], ns: str = "ml") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
+        "spec": {"nodeName": "gpu-node-a"},
+        "status": {
+            "containerStatuses": [
+                {"name": cname, "containerID": f"containerd://{cid}"}
+                for cname, cid in containers.items()
+            ]
+        },
+    }
+
+
+def lookup(*pods: dict[str, Any]) -> PodLookup:
+    index: dict[str, list[Any]] = {}
+    for body in pods:
+        for key, ref in index_keys(body).items():
+            index.setdefault(key, []).append(ref)
+    return PodLookup(index)
+
+
+PODS = (
+    pod("train-0", POD_TRAIN, {"trainer": CTR_TRAIN}),
+    pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice"),
+    pod("triton", POD_INFER, {"server": CTR_INFER}, ns="serving"),
+)
+
+
+def test_index_entry_is_small_and_strips_the_runtime_scheme() -> None:
+    body = pod("p", POD_TRAIN, {"a": "ABC" + "0" * 61})
+    body["status"]["initContainerStatuses"] = [
+        {"name": "init", "containerID": "cri-o://" + "1" * 64}
+    ]
+    body["status"]["containerStatuses"].append({"name": "waiting"})  # no ID yet
+    body["spec"]["containers"] = [{"name": "big", "env": [{"name": "X", "value": "y" * 10_000}]}]
+    keys = index_keys(body)
+    assert set(keys) == {f"uid:{POD_TRAIN}", "cid:abc" + "0" * 61, "cid:" + "1" * 64}
+    ref = keys[f"uid:{POD_TRAIN}"]
+    assert ref.container_name("1" * 64) == "init"
+    assert len(repr(ref)) < 600, "only the few fields needed are kept"
+    assert pod_ref({"metadata": {"name": "no-uid"}}) is None
+
+
+def test_resolution_order_of_evidence() -> None:
+    pods = lookup(*PODS)
+    by_container = resolve_process("GPU-x", Process(pid=1, container_id=CTR_TRAIN), pods)
+    assert by_container.pod is not None
+    assert (by_container.pod.name, by_container.container_name) == ("train-0", "trainer")
+    # After a container restart the new ID is not in the pod's status yet: matched by UID.
+    restarted = Process(pid=2, container_id="f" * 64, pod_uid=POD_TRAIN)
+    by_uid = resolve_process("GPU-x", restarted, pods)
+    assert by_uid.pod is not None
+    assert by_uid.container_name is None
+    gone = resolve_process(
+        "GPU-x", Process(pid=3, pod_uid="11111111-2222-4333-8444-555555555555"), pods
+    )
+    assert (gone.pod, gone.reason) == (None, "PodNotFound")
+    stray = resolve_process("GPU-x", Process(pid=4, container_id="e" * 64), pods)
+    assert stray.reason == "UnknownContainer"
+    lost = resolve_process("GPU-x", Process(pid=5, resolve_error="pid 5 not found"), pods)
+    assert (lost.reason, lost.message) == ("Unresolved", "pid 5 not found")
+    assert resolve_process("GPU-x", Process(pid=6), pods).reason == "HostProcess"
+
+
+def test_desired_status_of_the_example_node() -> None:
+    spec = example_spec("gpu-node-a", OBSERVED)
+    resolutions = list(resolve_all(spec, lookup(*PODS)))
+    status = desired_status(spec, resolutions, NOW, generation=3)
+    assert status.observed_generation == 3
+    assert status.totals is not None
+    assert (status.totals.pods, status.totals.processes, status.totals.unattributed_processes) == (
+        3, 4, 1,
+    )  # fmt: skip
+    gpu0 = status.devices[0]
+    assert [p.name for p in gpu0.pods] == ["notebook", "train-0"], "several pods on one GPU"
+    assert gpu0.pods[1].containers[0].name == "trainer"
+    assert gpu0.pods[1].containers[0].pids == [4242]
+    assert gpu0.pods[1].used_memory_mib == 30720
+    mig = next(d for d in status.devices if d.uuid.startswith("MIG-"))
+    assert mig.pods[0].name == "triton"
+    assert [(u.pid, u.reason) for u in status.unattributed] == [(777, "HostProcess")]
+    conditions = {c.type: c for c in status.conditions}
+    assert conditions["Ready"].status == "True"
+    assert conditions["Stale"].status == "False"
+
+
+def test_status_is_identical_for_an_unchanged_report() -> None:
+    spec = example_spec("gpu-node-a", OBSERVED)
+    resolutions = list(resolve_all(spec, lookup(*PODS)))
+    first = desired_status(spec, resolutions, NOW, generation=3)
+    again = desired_status(spec, list(reversed(resolutions)), NOW + timedelta(seconds=40),
+                           generation=3, previous=first)  # fmt: skip
+    assert again == first
+
+
+def test_stale_report_makes_the_node_not_ready() -> None:
+    spec = example_spec("gpu-node-a", OBSERVED)
+    status = desired_status(spec, [], OBSERVED + timedelta(minutes=10), generation=1)
+    conditions = {c.type: c for c in status.conditions}
+    assert (conditions["Stale"].status, conditions["Ready"].status) == ("True", "False")
+    assert conditions["Ready"].reason == "ReportStale"
+
+
+def _uses() -> dict[str, Any]:
+    spec = example_spec("gpu-node-a", OBSERVED)
+    return pod_uses("gpu-node-a", OBSERVED, resolve_all(spec, lookup(*PODS)))
+
+
+def test_pod_annotations_follow_the_design() -> None:
+    train = _uses()[POD_TRAIN]
+    wanted = desired_annotations(train)
+    assert wanted[names.ANNOTATION_GPUS] == "GPU-11111111-2222-3333-4444-555555555555"
+    assert wanted[names.ANNOTATION_GPU_MEMORY_MIB] == "30720"
+    usage = json.loads(wanted[names.ANNOTATION_USAGE])
+    assert usage == {
+        "node": "gpu-node-a",
+        "observedAt": "2026-11-21T12:00:00Z",
+        "containers": [{"name": "trainer", "devices": [
+            {"uuid": "GPU-11111111-2222-3333-4444-555555555555", "mib": 30720, "pids": [4242]}]}],
+    }  # fmt: skip
+
+
+def test_usage_annotation_is_bounded_with_a_marker() -> None:
+    train = _uses()[POD_TRAIN]
+    many = tuple(
+        type(train.resolutions[0])(
+            device_uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000",
+            process=Process(pid=1000 + i, used_memory_mib=10),
+            pod=train.pod,
+            container_name=f"worker-{i:03d}",
+        )
+        for i in range(200)
+    )
+    big = type(train)(train.pod, train.node, train.observed_at, many)
+    text = usage_json(big, max_bytes=2048)
+    assert len(text) <= 2048
+    doc = json.loads(text)
+    assert doc["truncated"] is True
+    assert 0 < len(doc["containers"]) < 200
+    assert "pids" not in doc["containers"][0]["devices"][0]
+
+
+def test_patches_are_empty_when_nothing_changes() -> None:
+    use = _uses()[POD_TRAIN]
+    wanted = desired_annotations(use)
+    assert annotation_patch(wanted, wanted) is None
+    assert annotation_patch({}, wanted) == wanted
+    cleared = annotation_patch({**wanted, "other.io/keep": "x"}, None)
+    assert cleared == dict.fromkeys(wanted), "use ended: our annotations removed, others kept"
+    condition = desired_condition("InUse", use, "gpu-node-a")
+    assert condition["status"] == "True"
+    assert "1 process on GPU-11111111" in condition["message"]
+    first = condition_patch([{"type": "Ready", "status": "True"}], condition, NOW)
+    assert first is not None
+    assert first["lastTransitionTime"] == "2026-11-21T12:00:30Z"
+    assert condition_patch([first], condition, NOW + timedelta(minutes=1)) is None
+    ended = condition_patch([first], desired_condition("Stopped", None, "gpu-node-a"),
+                            NOW + timedelta(minutes=2))  # fmt: skip
+    assert ended is not None
+    assert (ended["status"], ended["reason"]) == ("False", "ProcessesEnded")
+    assert ended["lastTransitionTime"] == "2026-11-21T12:02:30Z"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "event"),
+    [
+        (None, "True", "GPUUseStarted"),
+        ("False", "True", "GPUUseStarted"),
+        ("True", "True", None),
+        ("True", "False", "GPUUseEnded"),
+        ("Unknown", "False", "GPUUseEnded"),
+        ("True", "Unknown", None),
+        (None, "False", None),
+    ],
+)
+def test_events_only_on_start_and_end(before: str | None, after: str, event: str | None) -> None:
+    found = event_for(before, after)
+    assert (found[0] if found else None) == event
