@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuusage.api import names
+
 UID_KEY = "uid:"
 CONTAINER_KEY = "cid:"
 
@@ -27,6 +29,18 @@ class PodRef:
     node: str | None
     containers: tuple[tuple[str, str], ...] = ()
     """(container ID, container name) pairs from the pod's status."""
+    annotations: tuple[tuple[str, str], ...] = ()
+    """Our annotations only (gpuusage.io/...), to compute patches without reading the pod."""
+    condition: tuple[tuple[str, str], ...] = ()
+    """Our pod condition's fields, if the pod has it."""
+
+    @property
+    def our_annotations(self) -> dict[str, str]:
+        return dict(self.annotations)
+
+    @property
+    def our_condition(self) -> dict[str, str] | None:
+        return dict(self.condition) if self.condition else None
 
     def container_name(self, container_id: str) -> str | None:
         return next((name for cid, name in self.containers if cid == container_id), None)
@@ -52,12 +66,26 @@ def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
             cid = bare_container_id(item.get("containerID"))
             if cid:
                 containers.append((cid, str(item.get("name", ""))))
+    ours = tuple(
+        sorted((k, str(v)) for k, v in (meta.get("annotations") or {}).items()
+               if k.startswith(names.GROUP + "/"))
+    )  # fmt: skip
+    condition = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == names.POD_CONDITION_GPU_IN_USE
+        ),
+        None,
+    )
     return PodRef(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(uid),
         node=(body.get("spec") or {}).get("nodeName"),
         containers=tuple(containers),
+        annotations=ours,
+        condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
     )
 
 
@@ -95,3 +123,14 @@ class PodLookup:
 
     def by_uid(self, uid: str) -> PodRef | None:
         return self._one(UID_KEY + uid)
+
+    def on_node_with_our_marks(self, node: str) -> list[PodRef]:
+        """Pods of a node that carry our annotations or condition (for clean-up)."""
+        found: dict[str, PodRef] = {}
+        for key in self._index:
+            if not key.startswith(UID_KEY):
+                continue
+            ref = self._one(key)
+            if ref is not None and ref.node == node and (ref.annotations or ref.condition):
+                found[ref.uid] = ref
+        return list(found.values())

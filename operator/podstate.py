@@ -113,6 +113,26 @@ def desired_annotations(use: PodUse) -> dict[str, str]:
     }
 
 
+def _same_use(current: str | None, wanted: str | None) -> bool:
+    """Usage documents that differ only in observedAt describe the same use.
+
+    Every agent heartbeat carries a new observation time; rewriting every GPU pod for it would
+    turn each heartbeat into a pod write. The annotation therefore keeps the time at which the
+    use was first observed in its current form.
+    """
+    if current is None or wanted is None:
+        return current == wanted
+    try:
+        old, new = json.loads(current), json.loads(wanted)
+    except ValueError:
+        return False
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    old.pop("observedAt", None)
+    new.pop("observedAt", None)
+    return bool(old == new)
+
+
 def annotation_patch(
     current: Mapping[str, str], desired: Mapping[str, str] | None
 ) -> dict[str, str | None] | None:
@@ -123,7 +143,10 @@ def annotation_patch(
     patch: dict[str, str | None] = {}
     for key in OUR_ANNOTATIONS:
         want = None if desired is None else desired.get(key)
-        if current.get(key) != want:
+        have = current.get(key)
+        if key == names.ANNOTATION_USAGE and _same_use(have, want):
+            continue
+        if have != want:
             patch[key] = want
     return patch or None
 

@@ -22,10 +22,7 @@ def test_future_observations_count_as_fresh() -> None:
 def test_condition_reads_well_and_keeps_transition_time() -> None:
     fresh = stale_condition(OBSERVED, OBSERVED + timedelta(seconds=5), LIMIT)
     assert (fresh.type, fresh.status, fresh.reason) == ("Stale", "False", "ReportFresh")
-    assert (
-        fresh.message
-        == "the node agent reported at 2026-11-21T12:00:00Z, within the 120s threshold"
-    )
+    assert fresh.message == "the node agent reports within the 120s threshold"
 
     later = OBSERVED + timedelta(seconds=30)
     still = stale_condition(OBSERVED, later, LIMIT, previous=fresh)

@@ -182,6 +182,8 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     use = _uses()[POD_TRAIN]
     wanted = desired_annotations(use)
     assert annotation_patch(wanted, wanted) is None
+    later = type(use)(use.pod, use.node, use.observed_at + timedelta(minutes=1), use.resolutions)
+    assert annotation_patch(wanted, desired_annotations(later)) is None, "a heartbeat alone"
     assert annotation_patch({}, wanted) == wanted
     cleared = annotation_patch({**wanted, "other.io/keep": "x"}, None)
     assert cleared == dict.fromkeys(wanted), "use ended: our annotations removed, others kept"

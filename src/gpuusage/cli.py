@@ -19,6 +19,7 @@ from pydantic import Field
 from gpuusage import __version__
 from gpuusage.errors import GpuusageError
 from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.operator.settings import OperatorSettings
 from gpuusage.settings import CommandSettings, S, SettingsError, add_arguments, resolve
 
 log = logging.getLogger("gpuusage")
@@ -101,6 +102,12 @@ def _run_agent(settings: AgentSettings) -> int:
     return run_agent(settings)
 
 
+def _run_operator(settings: OperatorSettings) -> int:
+    from gpuusage.operator.main import run_operator
+
+    return run_operator(settings)
+
+
 def _run_demo(settings: DemoSettings) -> int:
     from gpuusage.demo import run_demo
 
@@ -162,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     _command(commands, "agent",
              "observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)",
              AgentSettings, _run_agent)  # fmt: skip
+    _command(commands, "operator",
+             "resolve reports to pods; write status, pod annotations, conditions and Events",
+             OperatorSettings, _run_operator)  # fmt: skip
     _command(commands, "demo",
              "run the whole product on a local control plane, no GPU or cluster needed",
              DemoSettings, _run_demo)  # fmt: skip

@@ -1,0 +1,50 @@
+"""`gpuusage operator`: run the kopf operator until stopped."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import kopf
+
+from gpuusage.kube.config import api_client
+from gpuusage.operator.handlers import build_registry
+from gpuusage.operator.reconcile import Reconciler
+from gpuusage.operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+def run_operator(
+    settings: OperatorSettings,
+    stop_flag: threading.Event | None = None,
+    ready_flag: threading.Event | None = None,
+    reconciler_out: list[Reconciler] | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or stop_flag). reconciler_out receives the reconciler, so
+    tests and benchmarks can read its write counts."""
+    log.info("operator settings: %s", json.dumps(settings.redacted(), sort_keys=True))
+    api, source = api_client(settings.kubeconfig)
+    log.info("API from %s (%s)", source.origin, source.detail)
+    reconciler = Reconciler(api, stale_after=timedelta(seconds=settings.stale_after))
+    if reconciler_out is not None:
+        reconciler_out.append(reconciler)
+    scratch = Path(tempfile.mkdtemp(prefix="gpuusage-operator-"))
+    try:
+        registry = build_registry(reconciler, settings.kubeconfig, settings.resync, scratch)
+        kopf.run(
+            registry=registry,
+            clusterwide=True,
+            standalone=True,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        api.close()  # type: ignore[no-untyped-call]
+    return 0

@@ -1,0 +1,215 @@
+"""End to end on the real apiserver: scenario → agent → GpuNodeUsage → operator → pods."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuusage.api import names
+from gpuusage.localcluster.cluster import LocalCluster
+from gpuusage.nodeagent.main import run_agent
+from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.operator.main import run_operator
+from gpuusage.operator.reconcile import Reconciler
+from gpuusage.operator.settings import OperatorSettings
+from tests.fakenvml import gpu_uuid
+from tests.proctree import write_process
+
+pytestmark = pytest.mark.cluster
+
+GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
+
+
+def _wait(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (ApiException, KeyError, IndexError, TypeError, StopIteration):
+            last = None
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _make_pod(
+    core: client.CoreV1Api, ns: str, name: str, node: str, container: str
+) -> tuple[str, str]:
+    """A pod bound to node, with a running container whose ID we choose (no kubelet here)."""
+    created = core.create_namespaced_pod(ns, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(node_name=node, containers=[
+            client.V1Container(name=container, image="registry.example/train:1")]),
+    ))  # fmt: skip
+    assert created.metadata is not None
+    cid = uuid.uuid4().hex + uuid.uuid4().hex
+    core.patch_namespaced_pod_status(name, ns, {"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{
+            "name": container, "ready": True, "restartCount": 0, "started": True,
+            "image": "registry.example/train:1", "imageID": "sha256:" + "0" * 64,
+            "containerID": f"containerd://{cid}", "state": {"running": {}},
+        }],
+    }})  # fmt: skip
+    return str(created.metadata.uid), cid
+
+
+class Background:
+    def __init__(self, target: Callable[[threading.Event], Any]) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture
+def world(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    core = client.CoreV1Api(api)
+    ns = f"ml-{uuid.uuid4().hex[:6]}"
+    node = f"gpu-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    core.create_namespaced_service_account(ns, client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name="default")))  # fmt: skip
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+    train_uid, train_cid = _make_pod(core, ns, "train", node, "trainer")
+    nb_uid, nb_cid = _make_pod(core, ns, "notebook", node, "jupyter")
+    proc = tmp_path / "proc"
+    for pid, (uid, cid) in {4242: (train_uid, train_cid), 5151: (nb_uid, nb_cid)}.items():
+        cgroup = (f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
+                  f"cri-containerd-{cid}.scope\n")  # fmt: skip
+        write_process(proc, pid, cgroup, comm="python3", start_ticks=pid)
+    write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")
+    scenario = tmp_path / "scenario.yaml"
+
+    def write(notebook: bool = True) -> None:
+        gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720}, {"pid": 777, "usedMemoryMiB": 512}]
+        gpus = [
+            {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpu0},
+            {"index": 1, "uuid": GPU1, "memoryTotalMiB": 81920, "processes":
+                [{"pid": 5151, "usedMemoryMiB": 10240}] if notebook else []},
+        ]  # fmt: skip
+        scenario.write_text(yaml.safe_dump({"gpus": gpus}))
+
+    write()
+    agent_settings = AgentSettings(
+        node_name=node, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario}",
+        proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
+    )  # fmt: skip
+    agent = Background(lambda stop: run_agent(agent_settings, stop))
+    reconcilers: list[Reconciler] = []
+    ready = threading.Event()
+    op_settings = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5)
+    operator = Background(lambda stop: run_operator(op_settings, stop, ready, reconcilers))
+    assert ready.wait(60), "operator did not become ready"
+    world: dict[str, Any] = {"core": core, "ns": ns, "node": node, "write": write, "agent": agent,
+             "operator": operator, "reconcilers": reconcilers, "train": train_uid,
+             "notebook": nb_uid, "api": api}  # fmt: skip
+    try:
+        yield world
+    finally:
+        world["agent"].halt()
+        operator.halt()
+
+
+def _pod(world: dict[str, Any], name: str) -> client.V1Pod:
+    pod: client.V1Pod = world["core"].read_namespaced_pod(name, world["ns"])
+    return pod
+
+
+def _conditions(pod: client.V1Pod) -> list[client.V1PodCondition]:
+    return list((pod.status.conditions if pod.status else None) or [])
+
+
+def _condition(pod: client.V1Pod) -> client.V1PodCondition:
+    return next(c for c in _conditions(pod) if c.type == names.POD_CONDITION_GPU_IN_USE)
+
+
+def _annotations(world: dict[str, Any], name: str) -> dict[str, str]:
+    meta = _pod(world, name).metadata
+    return dict((meta.annotations if meta else None) or {})
+
+
+def _report(world: dict[str, Any]) -> dict[str, Any]:
+    report = client.CustomObjectsApi(world["api"]).get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, world["node"]
+    )
+    assert isinstance(report, dict)
+    return report
+
+
+def _events(world: dict[str, Any], name: str) -> list[str]:
+    events = client.EventsV1Api(world["api"]).list_namespaced_event(world["ns"])
+    return sorted(str(e.reason) for e in events.items if e.regarding and e.regarding.name == name)
+
+
+def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) -> None:
+    annotations = _wait(
+        lambda: (a := _annotations(world, "train")) and names.ANNOTATION_GPUS in a and a,
+        what="annotations",
+    )
+    assert annotations[names.ANNOTATION_GPUS] == GPU0
+    assert annotations[names.ANNOTATION_GPU_MEMORY_MIB] == "30720"
+    usage = json.loads(annotations[names.ANNOTATION_USAGE])
+    assert usage["node"] == world["node"]
+    assert usage["containers"][0]["name"] == "trainer"
+    assert usage["containers"][0]["devices"][0]["pids"] == [4242]
+    condition = _wait(lambda: _condition(_pod(world, "train")), what="condition")
+    assert (condition.status, condition.reason) == ("True", "ProcessesRunning")
+    ready = [c for c in _conditions(_pod(world, "train")) if c.type == "Ready"]
+    assert [c.status for c in ready] == ["True"], "kubelet-style conditions are kept"
+    assert _wait(lambda: _events(world, "train") == ["GPUUseStarted"], what="event")
+
+    report = _report(world)
+    status = report["status"]
+    assert status["totals"]["pods"] == 2
+    assert status["totals"]["unattributedProcesses"] == 1
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True",
+                                                                      "Stale": "False"}  # fmt: skip
+
+    # Zero pod writes and no Event for unchanged reports, while the agent keeps writing
+    # heartbeats (each a new report generation, which status.observedGeneration follows).
+    counts = world["reconcilers"][0].counts
+    time.sleep(1.0)
+    before = (counts.pod_writes, counts.events, counts.status_writes)
+    time.sleep(3.5)  # three heartbeats, each a report event
+    assert (counts.pod_writes, counts.events) == before[:2]
+    assert counts.status_writes > before[2], "the heartbeats did reach the operator"
+
+    # The notebook's process ends: annotations go, the condition turns False, one Event.
+    world["write"](notebook=False)
+    _wait(lambda: names.ANNOTATION_GPUS not in _annotations(world, "notebook"),
+          what="notebook annotations removed")  # fmt: skip
+    ended = _wait(lambda: (c := _condition(_pod(world, "notebook"))).status == "False" and c,
+                  what="condition False")  # fmt: skip
+    assert ended.reason == "ProcessesEnded"
+    assert _wait(lambda: _events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted"],
+                 what="end event")  # fmt: skip
+    assert _events(world, "train") == ["GPUUseStarted"], "no Event per cycle"
+
+
+def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
+    _wait(lambda: _condition(_pod(world, "train")).status == "True", what="in use")
+    world["agent"].halt()  # the agent dies: no more reports
+    unknown = _wait(lambda: (c := _condition(_pod(world, "train"))).status == "Unknown" and c,
+                    timeout=30, what="Unknown")  # fmt: skip
+    assert unknown.reason == "NodeReportStale"
+    assert names.ANNOTATION_GPUS in _annotations(world, "train"), "last use kept"
+    report = _report(world)
+    conditions = {c["type"]: c["status"] for c in report["status"]["conditions"]}
+    assert conditions == {"Ready": "False", "Stale": "True"}
