@@ -213,3 +213,37 @@ def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
     report = _report(world)
     conditions = {c["type"]: c["status"] for c in report["status"]["conditions"]}
     assert conditions == {"Ready": "False", "Stale": "True"}
+
+
+def test_deleted_report_clears_its_pods(world: dict[str, Any]) -> None:
+    _wait(lambda: _condition(_pod(world, "train")).status == "True", what="in use")
+    world["agent"].halt()  # otherwise the agent recreates its report
+    client.CustomObjectsApi(world["api"]).delete_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, world["node"]
+    )
+
+    def cleared(name: str) -> bool:
+        return names.ANNOTATION_GPUS not in _annotations(world, name)
+
+    _wait(lambda: cleared("train") and cleared("notebook"), what="annotations cleared")
+    for name in ("train", "notebook"):
+        assert _condition(_pod(world, name)).status == "False"
+
+
+def test_operator_restart_rebuilds_without_writes(
+    world: dict[str, Any], cluster: LocalCluster
+) -> None:
+    _wait(lambda: _condition(_pod(world, "notebook")).status == "True", what="in use")
+    world["operator"].halt()
+    reconcilers: list[Reconciler] = []
+    ready = threading.Event()
+    settings = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5)
+    again = Background(lambda stop: run_operator(settings, stop, ready, reconcilers))
+    try:
+        assert ready.wait(60)
+        time.sleep(3.0)  # initial listing plus a few heartbeats
+        counts = reconcilers[0].counts
+        assert (counts.pod_writes, counts.events) == (0, 0), "what is right is left alone"
+        assert counts.status_writes > 0, "the new operator did reconcile the reports"
+    finally:
+        again.halt()
