@@ -28,7 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from tests.fakenvml import gpu_uuid  # noqa: E402
-from tests.proctree import write_process  # noqa: E402
 
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crd  # noqa: E402
@@ -39,6 +38,7 @@ from gpuusage.nodeagent.main import Observer  # noqa: E402
 from gpuusage.nodeagent.publisher import Publisher  # noqa: E402
 from gpuusage.nodeagent.resolver import Resolver  # noqa: E402
 from gpuusage.nodeagent.settings import AgentSettings  # noqa: E402
+from gpuusage.simulation import write_process  # noqa: E402
 
 DEFAULTS = AgentSettings(node_name="x")
 CYCLES = int(3600 / DEFAULTS.interval)

@@ -29,13 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from tests.fakenvml import dgx_h100  # noqa: E402
-from tests.proctree import write_process  # noqa: E402
 
 from gpuusage.nodeagent.change import decide, fingerprint  # noqa: E402
 from gpuusage.nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
 from gpuusage.nodeagent.main import Observer  # noqa: E402
 from gpuusage.nodeagent.metrics import AgentMetrics  # noqa: E402
 from gpuusage.nodeagent.resolver import Resolver  # noqa: E402
+from gpuusage.simulation import write_process  # noqa: E402
 
 GPUS, OTHER_PROCESSES = 8, 3000
 

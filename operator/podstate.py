@@ -160,7 +160,8 @@ def desired_condition(state: UseState, use: PodUse | None, node: str) -> dict[st
             "status": "True",
             "reason": "ProcessesRunning",
             "message": f"{count} process{'es' if count != 1 else ''} on "
-            f"{', '.join(use.devices)} use {format_mib(use.memory_mib)} of GPU memory "
+            f"{', '.join(use.devices)} {'use' if count != 1 else 'uses'} "
+            f"{format_mib(use.memory_mib)} of GPU memory "
             f"(node {node})",
         }
     if state == "Unknown":

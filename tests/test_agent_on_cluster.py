@@ -24,8 +24,8 @@ from gpuusage.examples import CTR_TRAIN, POD_TRAIN
 from gpuusage.localcluster.cluster import LocalCluster, free_port
 from gpuusage.nodeagent.main import run_agent
 from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.simulation import write_process
 from tests.fakenvml import gpu_uuid
-from tests.proctree import write_process
 
 pytestmark = pytest.mark.cluster
 

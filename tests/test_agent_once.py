@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from gpuusage.api.models import GpuNodeUsage
+from gpuusage.simulation import write_process
 from tests.fakenvml import gpu_uuid, mig_uuid
-from tests.proctree import write_process
 
 CORPUS: list[dict[str, Any]] = yaml.safe_load(
     (Path(__file__).parent / "data" / "cgroup_corpus.yaml").read_text()

@@ -16,8 +16,8 @@ from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, Transie
 from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
 from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage.nodeagent.resolver import Resolver, clean_name
+from gpuusage.simulation import write_process
 from tests.fakenvml import gpu_uuid
-from tests.proctree import write_process
 
 CGROUP = (
     f"0::/kubepods.slice/kubepods-pod{POD_TRAIN.replace('-', '_')}.slice/"

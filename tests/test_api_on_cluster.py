@@ -15,16 +15,45 @@ from kubernetes.client.exceptions import ApiException
 from gpuusage.api import names
 from gpuusage.api.models import (
     GpuNodeUsage,
+    GpuNodeUsageSpec,
     GpuNodeUsageStatus,
     ObjectMeta,
 )
-from gpuusage.demo import spec_only_status
-from gpuusage.examples import example_spec
+from gpuusage.api.models import GpuNodeUsageStatus as Status
+from gpuusage.examples import (
+    CTR_INFER,
+    CTR_NOTEBOOK,
+    CTR_TRAIN,
+    POD_INFER,
+    POD_NOTEBOOK,
+    POD_TRAIN,
+    example_spec,
+)
+from gpuusage.operator.podindex import PodLookup, PodRef
+from gpuusage.operator.resolution import resolve_all
+from gpuusage.operator.status import desired_status
 from tests.conftest import Kubectl
 
 pytestmark = pytest.mark.cluster
 
 OBSERVED = datetime(2026, 11, 21, 17, 0, 0, 123456, tzinfo=UTC)
+
+
+EXAMPLE_PODS = PodLookup(
+    {
+        key: ref
+        for uid, cid, name in ((POD_TRAIN, CTR_TRAIN, "train-0"),
+                               (POD_NOTEBOOK, CTR_NOTEBOOK, "notebook"),
+                               (POD_INFER, CTR_INFER, "triton"))
+        for ref in [PodRef("ml", name, uid, "n", ((cid, "main"),))]
+        for key in (f"uid:{uid}", f"cid:{cid}")
+    }
+)  # fmt: skip
+
+
+def spec_only_status(spec: GpuNodeUsageSpec, now: datetime) -> Status:
+    """The operator's status for the example report, as if its pods existed."""
+    return desired_status(spec, list(resolve_all(spec, EXAMPLE_PODS)), now, generation=1)
 
 
 def _node_name() -> str:

@@ -22,8 +22,8 @@ from gpuusage.nodeagent.settings import AgentSettings
 from gpuusage.operator.main import run_operator
 from gpuusage.operator.reconcile import Reconciler
 from gpuusage.operator.settings import OperatorSettings
+from gpuusage.simulation import create_running_pod, ensure_namespace, pod_cgroup, write_process
 from tests.fakenvml import gpu_uuid
-from tests.proctree import write_process
 
 pytestmark = pytest.mark.cluster
 
@@ -44,29 +44,6 @@ def _wait(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "cond
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _make_pod(
-    core: client.CoreV1Api, ns: str, name: str, node: str, container: str
-) -> tuple[str, str]:
-    """A pod bound to node, with a running container whose ID we choose (no kubelet here)."""
-    created = core.create_namespaced_pod(ns, client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1PodSpec(node_name=node, containers=[
-            client.V1Container(name=container, image="registry.example/train:1")]),
-    ))  # fmt: skip
-    assert created.metadata is not None
-    cid = uuid.uuid4().hex + uuid.uuid4().hex
-    core.patch_namespaced_pod_status(name, ns, {"status": {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True"}],
-        "containerStatuses": [{
-            "name": container, "ready": True, "restartCount": 0, "started": True,
-            "image": "registry.example/train:1", "imageID": "sha256:" + "0" * 64,
-            "containerID": f"containerd://{cid}", "state": {"running": {}},
-        }],
-    }})  # fmt: skip
-    return str(created.metadata.uid), cid
-
-
 class Background:
     def __init__(self, target: Callable[[threading.Event], Any]) -> None:
         self.stop = threading.Event()
@@ -83,17 +60,13 @@ def world(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Itera
     core = client.CoreV1Api(api)
     ns = f"ml-{uuid.uuid4().hex[:6]}"
     node = f"gpu-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    core.create_namespaced_service_account(ns, client.V1ServiceAccount(
-        metadata=client.V1ObjectMeta(name="default")))  # fmt: skip
+    ensure_namespace(core, ns)
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
-    train_uid, train_cid = _make_pod(core, ns, "train", node, "trainer")
-    nb_uid, nb_cid = _make_pod(core, ns, "notebook", node, "jupyter")
+    train_uid, train_cid = create_running_pod(core, ns, "train", node, "trainer")
+    nb_uid, nb_cid = create_running_pod(core, ns, "notebook", node, "jupyter")
     proc = tmp_path / "proc"
     for pid, (uid, cid) in {4242: (train_uid, train_cid), 5151: (nb_uid, nb_cid)}.items():
-        cgroup = (f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
-                  f"cri-containerd-{cid}.scope\n")  # fmt: skip
-        write_process(proc, pid, cgroup, comm="python3", start_ticks=pid)
+        write_process(proc, pid, pod_cgroup(uid, cid), comm="python3", start_ticks=pid)
     write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")
     scenario = tmp_path / "scenario.yaml"
 

@@ -1,83 +1,176 @@
-"""`gpuusage demo`: the product on a local control plane, without a GPU or a cluster.
+"""`gpuusage demo`: the whole product on a local control plane, without a GPU or a cluster.
 
-This version shows the API: it starts the local control plane, installs the CRD, publishes an
-example node report, records its totals through the status subresource, and prints what
-`kubectl get gpunodeusage` shows. The agent and the operator join it as they arrive.
+It starts etcd and kube-apiserver on loopback, installs the CRD, creates a simulated GPU node
+with three pods (their container IDs written into pod status, as a kubelet would), a GPU
+scenario (two A100s: one time-sliced between two pods plus a host process, one in MIG mode)
+with a matching /proc tree, runs the agent and the operator, shows what a person sees with
+kubectl, ends one process to show the update, and cleans up.
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import tempfile
-from datetime import UTC, datetime
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import yaml
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
-from gpuusage.api.summary import all_processes, totals
-from gpuusage.examples import example_spec
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crd
 from gpuusage.localcluster.cluster import LocalCluster
-from gpuusage.operator.freshness import stale_condition
+from gpuusage.nodeagent.main import run_agent
+from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.operator.main import run_operator
+from gpuusage.operator.settings import OperatorSettings
+from gpuusage.simulation import create_running_pod, ensure_namespace, pod_cgroup, write_process
 
 DEMO_NODE = "gpu-node-a"
+GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
+GPU1 = "GPU-66666666-7777-8888-9999-000000000000"
+MIG0 = "MIG-4f1d2c3b-5a6e-4d7c-8b9a-0f1e2d3c4b5a"
+# (namespace, pod, container, pid, process name)
+PODS = (
+    ("ml-team", "train-0", "trainer", 4242, "python"),
+    ("research", "notebook", "jupyter", 5151, "ipykernel"),
+    ("serving", "triton", "server", 6262, "tritonserver"),
+)
 
 
 def _step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
-def spec_only_status(spec: GpuNodeUsageSpec, now: datetime) -> GpuNodeUsageStatus:
-    """Status computed from the spec alone: pods are counted by the pod UIDs the agent saw."""
-    listed = list(all_processes(spec))
-    pods = {p.pod_uid for _, p in listed if p.pod_uid}
-    outside = sum(1 for _, p in listed if not p.pod_uid)
-    stale = stale_condition(spec.observed_at, now)
-    return GpuNodeUsageStatus(
-        totals=totals(spec, pods=len(pods), unattributed=outside), conditions=[stale]
-    )
+def _scenario(path: Path, notebook_running: bool) -> None:
+    gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720, "name": "python"},
+            {"pid": 777, "usedMemoryMiB": 512, "name": "Xorg", "types": ["graphics"]}]  # fmt: skip
+    if notebook_running:
+        gpu0.insert(1, {"pid": 5151, "usedMemoryMiB": 10240, "name": "ipykernel"})
+    scenario = {
+        "driverVersion": "550.54.15",
+        "cudaVersion": "12.4",
+        "gpus": [
+            {"index": 0, "uuid": GPU0, "name": "NVIDIA A100-SXM4-80GB", "memoryTotalMiB": 81920,
+             "utilization": {"gpu": 87, "memory": 41}, "processes": gpu0},
+            {"index": 1, "uuid": GPU1, "name": "NVIDIA A100-SXM4-80GB", "memoryTotalMiB": 81920,
+             "migDevices": [{"index": 0, "uuid": MIG0, "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+                             "memoryTotalMiB": 40192,
+                             "processes": [{"pid": 6262, "usedMemoryMiB": 20480}]}]},
+        ],
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(scenario, sort_keys=False))
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"demo: timed out waiting for {what}")
+
+
+class _Background:
+    def __init__(self, target: Callable[[threading.Event], Any]) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
 
 
 def run_demo(directory: Path | None, keep: bool = False) -> int:
     workdir = directory or Path(tempfile.mkdtemp(prefix="gpuusage-demo-"))
-    cluster = LocalCluster(workdir)
-    _step(f"starting a local control plane in {workdir} (etcd + kube-apiserver on loopback)")
+    for noisy in ("gpuusage.nodeagent", "gpuusage.operator", "gpuusage.kube"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("kopf").setLevel(logging.ERROR)  # it warns that it runs in a thread
+    cluster = LocalCluster(workdir / "cluster")
+    _step(f"starting a local control plane in {cluster.directory} (etcd + kube-apiserver)")
     cluster.up()
+    running: list[_Background] = []
     try:
         api, _ = api_client(cluster.kubeconfig)
-        with api:
-            _step("installing the GpuNodeUsage CRD")
-            install_crd(api)
-            custom = client.CustomObjectsApi(api)
-            now = datetime.now(UTC)
-            spec = example_spec(DEMO_NODE, now)
-            _step(f"publishing the report of node {DEMO_NODE} (2 GPUs, 4 processes, 1 MIG slice)")
-            custom.create_cluster_custom_object(
-                names.GROUP,
-                names.VERSION,
-                names.PLURAL,
-                {
-                    "apiVersion": names.API_VERSION,
-                    "kind": names.KIND,
-                    "metadata": {"name": DEMO_NODE},
-                    "spec": spec.to_api(),
-                },
-            )
-            status = spec_only_status(spec, now)
-            custom.patch_cluster_custom_object_status(
-                names.GROUP, names.VERSION, names.PLURAL, DEMO_NODE, {"status": status.to_api()}
-            )
+        core = client.CoreV1Api(api)
+        _step("installing the GpuNodeUsage CRD")
+        install_crd(api)
+
+        _step(f"simulating node {DEMO_NODE}: 3 pods, 2 A100s (one time-sliced, one in MIG mode)")
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=DEMO_NODE)))
+        proc = workdir / "proc"
+        for namespace, pod, container, pid, comm in PODS:
+            ensure_namespace(core, namespace)
+            uid, cid = create_running_pod(core, namespace, pod, DEMO_NODE, container)
+            write_process(proc, pid, pod_cgroup(uid, cid), comm=comm, start_ticks=pid)
+            print(f"    pod {namespace}/{pod}: container {container} ({cid[:12]}), pid {pid}")
+        write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")
+        print("    host process Xorg, pid 777, outside any pod")
+        scenario = workdir / "gpus.yaml"
+        _scenario(scenario, notebook_running=True)
+
+        _step("starting the operator and the node agent")
+        ready = threading.Event()
+        op = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=30, resync=1)
+        running.append(_Background(lambda stop: run_operator(op, stop, ready)))
+        if not ready.wait(60):
+            raise TimeoutError("demo: the operator did not start")
+        agent = AgentSettings(
+            node_name=DEMO_NODE, interval=1, heartbeat=10, gpu_source=f"fake:{scenario}",
+            proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
+        )  # fmt: skip
+        running.append(_Background(lambda stop: run_agent(agent, stop)))
+
+        def annotated(namespace: str, pod: str) -> bool:
+            meta = core.read_namespaced_pod(pod, namespace).metadata
+            return bool(meta and names.ANNOTATION_GPUS in (meta.annotations or {}))
+
+        _wait(lambda: all(annotated(ns, pod) for ns, pod, *_ in PODS), "pod annotations")
         kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
-        _step("kubectl get gpunodeusage -o wide")
-        subprocess.run([*kubectl, "get", "gpunodeusage", "-o", "wide"], check=True)
+        _show(kubectl, detail=True)
+
+        _step("the notebook's kernel exits (the scenario changes)")
+        _scenario(scenario, notebook_running=False)
+        _wait(lambda: not annotated("research", "notebook"), "the notebook's annotations to go")
+        time.sleep(1.5)  # let the Event and condition land before showing them
+        _show(kubectl, detail=False)
     finally:
+        for background in reversed(running):
+            background.halt()
         if keep:
             print(f"\ncluster left running; export KUBECONFIG={cluster.kubeconfig}")
-            print(f"stop it with: gpuusage local-cluster down --dir {workdir}")
+            print(f"stop it with: gpuusage local-cluster down --dir {cluster.directory}")
         else:
             _step("stopping the local control plane")
             cluster.down()
     return 0
+
+
+def _show(kubectl: list[str], detail: bool) -> None:
+    def run(*args: str) -> None:
+        print(f"\n$ kubectl {' '.join(args)}", flush=True)
+        subprocess.run([*kubectl, *args], check=False)
+
+    condition = f'.status.conditions[?(@.type=="{names.POD_CONDITION_GPU_IN_USE}")]'
+    escaped = names.GROUP.replace(".", "\\.")
+    if detail:
+        _step("what kubectl shows")
+        run("get", "gpunodeusage", "-o", "wide")
+    run("get", "pods", "-A", "-o",
+        "custom-columns=NAMESPACE:.metadata.namespace,POD:.metadata.name,"
+        f"GPUS:.metadata.annotations.{escaped}/gpus,"
+        f"MEMORY-MIB:.metadata.annotations.{escaped}/gpu-memory-mib,"
+        f"GPU-IN-USE:{condition}.status,REASON:{condition}.reason")  # fmt: skip
+    if detail:
+        run("get", "pod", "train-0", "-n", "ml-team", "-o",
+            f"jsonpath={{.metadata.annotations.{escaped}/usage}}{{'\\n'}}"
+            f"{{{condition}.message}}{{'\\n'}}")  # fmt: skip
+    run("get", "events", "-A", "--field-selector", "reportingComponent=gpuusage.io/operator",
+        "-o", "custom-columns=NAMESPACE:.metadata.namespace,POD:.involvedObject.name,"
+        "REASON:.reason,MESSAGE:.message")  # fmt: skip

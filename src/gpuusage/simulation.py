@@ -1,0 +1,85 @@
+"""A simulated GPU node on a bare control plane: pods that look running, and a /proc tree.
+
+A bare apiserver has no kubelet, so nothing fills in pod status; the demo and the tests write
+it themselves (phase, container IDs) through pods/status, exactly where a kubelet would. The
+proc tree is what the agent reads with --proc-root: stat, cgroup, comm and cmdline per pid.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from kubernetes import client
+
+
+def write_process(
+    root: Path,
+    pid: int,
+    cgroup: str,
+    *,
+    comm: str = "python3",
+    start_ticks: int = 100_000,
+    cmdline: str = "python3 train.py --token=s3cr3t",
+) -> Path:
+    """One /proc/<pid> directory as the kernel lays it out (stat field 22 = start time)."""
+    directory = root / str(pid)
+    directory.mkdir(parents=True, exist_ok=True)
+    after_name = ["S", *(["0"] * 18), str(start_ticks), *(["0"] * 30)]
+    (directory / "stat").write_text(f"{pid} ({comm}) {' '.join(after_name)}\n")
+    (directory / "cgroup").write_text(cgroup if cgroup.endswith("\n") else cgroup + "\n")
+    (directory / "comm").write_text(comm[:15] + "\n")
+    (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
+    return directory
+
+
+def pod_cgroup(pod_uid: str, container_id: str) -> str:
+    """The cgroup v2 line of a container of a Burstable pod (systemd driver, containerd)."""
+    return (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+        f"{pod_uid.replace('-', '_')}.slice/cri-containerd-{container_id}.scope\n"
+    )
+
+
+def ensure_namespace(core: client.CoreV1Api, namespace: str) -> None:
+    """A namespace with its `default` ServiceAccount (no controller-manager creates it here)."""
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    core.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
+    )
+
+
+def create_running_pod(
+    core: client.CoreV1Api, namespace: str, name: str, node: str, container: str
+) -> tuple[str, str]:
+    """A pod bound to node whose container is reported running; returns (pod UID, container ID)."""
+    created = core.create_namespaced_pod(
+        namespace,
+        client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PodSpec(
+                node_name=node,
+                containers=[client.V1Container(name=container, image="registry.example/app:1")],
+            ),
+        ),
+    )
+    assert created.metadata is not None
+    container_id = uuid.uuid4().hex + uuid.uuid4().hex
+    status = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": container,
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "image": "registry.example/app:1",
+                "imageID": "sha256:" + "0" * 64,
+                "containerID": f"containerd://{container_id}",
+                "state": {"running": {}},
+            }
+        ],
+    }
+    core.patch_namespaced_pod_status(name, namespace, {"status": status})
+    return str(created.metadata.uid), container_id
