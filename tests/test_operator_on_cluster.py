@@ -22,7 +22,13 @@ from gpuusage.nodeagent.settings import AgentSettings
 from gpuusage.operator.main import run_operator
 from gpuusage.operator.reconcile import Reconciler
 from gpuusage.operator.settings import OperatorSettings
-from gpuusage.simulation import create_running_pod, ensure_namespace, pod_cgroup, write_process
+from gpuusage.simulation import (
+    Background,
+    create_running_pod,
+    ensure_namespace,
+    pod_cgroup,
+    write_process,
+)
 from tests.fakenvml import gpu_uuid
 
 pytestmark = pytest.mark.cluster
@@ -42,17 +48,6 @@ def _wait(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "cond
             return last
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-class Background:
-    def __init__(self, target: Callable[[threading.Event], Any]) -> None:
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
-        self.thread.start()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import yaml
 from kubernetes import client
@@ -29,7 +28,13 @@ from gpuusage.nodeagent.main import run_agent
 from gpuusage.nodeagent.settings import AgentSettings
 from gpuusage.operator.main import run_operator
 from gpuusage.operator.settings import OperatorSettings
-from gpuusage.simulation import create_running_pod, ensure_namespace, pod_cgroup, write_process
+from gpuusage.simulation import (
+    Background,
+    create_running_pod,
+    ensure_namespace,
+    pod_cgroup,
+    write_process,
+)
 
 DEMO_NODE = "gpu-node-a"
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
@@ -76,17 +81,6 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> No
     raise TimeoutError(f"demo: timed out waiting for {what}")
 
 
-class _Background:
-    def __init__(self, target: Callable[[threading.Event], Any]) -> None:
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
-        self.thread.start()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-
-
 def run_demo(directory: Path | None, keep: bool = False) -> int:
     workdir = directory or Path(tempfile.mkdtemp(prefix="gpuusage-demo-"))
     for noisy in ("gpuusage.nodeagent", "gpuusage.operator", "gpuusage.kube"):
@@ -95,7 +89,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
     cluster = LocalCluster(workdir / "cluster")
     _step(f"starting a local control plane in {cluster.directory} (etcd + kube-apiserver)")
     cluster.up()
-    running: list[_Background] = []
+    running: list[Background] = []
     try:
         api, _ = api_client(cluster.kubeconfig)
         core = client.CoreV1Api(api)
@@ -118,14 +112,14 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         _step("starting the operator and the node agent")
         ready = threading.Event()
         op = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=30, resync=1)
-        running.append(_Background(lambda stop: run_operator(op, stop, ready)))
+        running.append(Background(lambda stop: run_operator(op, stop, ready)))
         if not ready.wait(60):
             raise TimeoutError("demo: the operator did not start")
         agent = AgentSettings(
             node_name=DEMO_NODE, interval=1, heartbeat=10, gpu_source=f"fake:{scenario}",
             proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
         )  # fmt: skip
-        running.append(_Background(lambda stop: run_agent(agent, stop)))
+        running.append(Background(lambda stop: run_agent(agent, stop)))
 
         def annotated(namespace: str, pod: str) -> bool:
             meta = core.read_namespaced_pod(pod, namespace).metadata

@@ -7,10 +7,26 @@ proc tree is what the agent reads with --proc-root: stat, cgroup, comm and cmdli
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
+
+
+class Background:
+    """A loop (agent, operator) run in a thread until halt(); it receives the stop event."""
+
+    def __init__(self, target: Callable[[threading.Event], Any]) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=target, args=(self.stop,), daemon=True)
+        self.thread.start()
+
+    def halt(self, timeout: float = 30.0) -> None:
+        self.stop.set()
+        self.thread.join(timeout=timeout)
 
 
 def write_process(
