@@ -215,3 +215,21 @@ def test_operator_restart_rebuilds_without_writes(
         assert counts.status_writes > 0, "the new operator did reconcile the reports"
     finally:
         again.halt()
+
+
+def test_pod_deleted_while_its_process_is_still_reported(world: dict[str, Any]) -> None:
+    _wait(lambda: _condition(_pod(world, "notebook")).status == "True", what="in use")
+    world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
+
+    def notebook_unattributed() -> bool:
+        status = _report(world)["status"]
+        return any(
+            u["pid"] == 5151 and u["reason"] == "PodNotFound" for u in status["unattributed"]
+        )
+
+    _wait(notebook_unattributed, what="the deleted pod's process to be reported as PodNotFound")
+    status = _report(world)["status"]
+    assert status["totals"]["pods"] == 1
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+    assert _condition(_pod(world, "train")).status == "True", "the other pod is unaffected"
+    assert world["reconcilers"][0].counts.pod_errors == 0
