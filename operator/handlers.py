@@ -25,8 +25,7 @@ import kopf
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.kube.config import IN_CLUSTER_TOKEN, choose_source
-from gpuusage.kube.rest import config_from_kubeconfig
+from gpuusage.kube.rest import load_rest_config
 from gpuusage.operator.freshness import is_stale
 from gpuusage.operator.podindex import PodLookup, PodRef, index_keys
 from gpuusage.operator.reconcile import Reconciler
@@ -57,15 +56,9 @@ def build_registry(
         settings.watching.server_timeout = 300
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo:
-        source = choose_source(kubeconfig)
-        if source.origin == "in-cluster":
-            info = kopf.login_with_service_account(**kwargs)
-            if info is None:
-                raise kopf.LoginError(f"no service account token at {IN_CLUSTER_TOKEN}")
-            return info
-        paths = [Path(p) for p in source.detail.split(":") if p]
-        rest = config_from_kubeconfig(paths, scratch)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        """Same resolution as the agent's (flag, $KUBECONFIG, in-cluster, ~/.kube/config)."""
+        rest, _source = load_rest_config(kubeconfig, scratch)
         token = rest.token
         if rest.token_file is not None:
             token = rest.token_file.read_text().strip()

@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from gpuusage.api import names
@@ -182,5 +181,5 @@ class Reconciler:
             call(lambda: self._events.create_namespaced_event(ref.namespace, event),
                  f"event on {ref.namespace}/{ref.name}")  # fmt: skip
             self.counts.events += 1
-        except (ApiException, Exception) as exc:  # an Event is best effort
+        except Exception as exc:  # an Event is best effort
             log.warning("event on pod %s/%s not recorded: %s", ref.namespace, ref.name, exc)

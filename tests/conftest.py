@@ -7,16 +7,39 @@ kube-apiserver behind.
 
 from __future__ import annotations
 
+import os
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crd
 from gpuusage.localcluster.cluster import LocalCluster
+
+# Child processes (the CLI under test) must import the same gpuusage as this test run.
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
+    """Poll until predicate returns something truthy; an API error or a missing field
+    (the object is not there yet) counts as not yet. Fails the test at the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (ApiException, KeyError, IndexError, TypeError, StopIteration):
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Kubectl:

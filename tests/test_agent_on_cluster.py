@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -10,14 +9,12 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.examples import CTR_TRAIN, POD_TRAIN
@@ -25,6 +22,7 @@ from gpuusage.localcluster.cluster import LocalCluster, free_port
 from gpuusage.nodeagent.main import run_agent
 from gpuusage.nodeagent.settings import AgentSettings
 from gpuusage.simulation import write_process
+from tests.conftest import CHILD_ENV, wait_for
 from tests.fakenvml import gpu_uuid
 
 pytestmark = pytest.mark.cluster
@@ -46,19 +44,6 @@ def _scenario(path: Path, used: list[int]) -> None:
             }
         )
     )
-
-
-def _wait(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except ApiException:
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class RunningAgent:
@@ -117,7 +102,7 @@ def test_agent_publishes_with_owner_reference_and_follows_changes(
     name = setup["node"].metadata.name
     agent = RunningAgent(setup["settings"])
     try:
-        obj = _wait(lambda: _get(api, name), what="the CR")
+        obj = wait_for(lambda: _get(api, name), what="the CR")
         assert obj["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": name, "uid": setup["node"].metadata.uid}
         ]
@@ -126,7 +111,7 @@ def test_agent_publishes_with_owner_reference_and_follows_changes(
         assert [p["podUID"] for p in procs] == [POD_TRAIN] * 3
         # A process ends: the CR follows.
         _scenario(setup["scenario"], [1000, 2000])
-        _wait(
+        wait_for(
             lambda: len(_get(api, name)["spec"]["gpus"][0]["processes"]) == 2,
             what="the ended process to disappear",
         )
@@ -138,14 +123,14 @@ def test_jitter_causes_no_write(api: client.ApiClient, setup: dict[str, Any]) ->
     name = setup["node"].metadata.name
     agent = RunningAgent(setup["settings"])
     try:
-        first = _wait(lambda: _get(api, name), what="the CR")
+        first = wait_for(lambda: _get(api, name), what="the CR")
         version = first["metadata"]["resourceVersion"]
         for used in ([1003, 1998, 3010], [1010, 2005, 2990], [995, 2030, 3001]):
             _scenario(setup["scenario"], used)
             time.sleep(0.6)  # three cycles each
         assert _get(api, name)["metadata"]["resourceVersion"] == version
         _scenario(setup["scenario"], [1000, 2000, 4000])  # a real change
-        _wait(
+        wait_for(
             lambda: _get(api, name)["metadata"]["resourceVersion"] != version,
             what="the meaningful change to be written",
         )
@@ -158,13 +143,13 @@ def test_spec_writes_never_touch_status(api: client.ApiClient, setup: dict[str, 
     custom = client.CustomObjectsApi(api)
     agent = RunningAgent(setup["settings"])
     try:
-        _wait(lambda: _get(api, name), what="the CR")
+        wait_for(lambda: _get(api, name), what="the CR")
         status = {"totals": {"gpus": 1, "pods": 1, "processes": 3, "memory": "set-by-operator"}}
         custom.patch_cluster_custom_object_status(
             names.GROUP, names.VERSION, names.PLURAL, name, {"status": status}
         )
         _scenario(setup["scenario"], [500])
-        _wait(lambda: len(_get(api, name)["spec"]["gpus"][0]["processes"]) == 1, what="update")
+        wait_for(lambda: len(_get(api, name)["spec"]["gpus"][0]["processes"]) == 1, what="update")
         assert _get(api, name)["status"]["totals"]["memory"] == "set-by-operator"
     finally:
         agent.halt()
@@ -176,13 +161,13 @@ def test_agent_survives_an_apiserver_restart_and_catches_up(
     name = setup["node"].metadata.name
     agent = RunningAgent(setup["settings"])
     try:
-        _wait(lambda: _get(api, name), what="the CR")
+        wait_for(lambda: _get(api, name), what="the CR")
         cluster.stop_apiserver()
         _scenario(setup["scenario"], [1000])  # changes while the API is away
         time.sleep(2.0)  # several failed cycles
         assert agent.thread.is_alive(), "the agent must not exit on a transient error"
         cluster.start_apiserver()
-        _wait(
+        wait_for(
             lambda: len(_get(api, name)["spec"]["gpus"][0]["processes"]) == 1,
             timeout=60,
             what="the agent to publish its latest observation after the restart",
@@ -209,7 +194,7 @@ def test_agent_process_serves_metrics_and_stops_on_sigterm(
 ) -> None:
     settings: AgentSettings = setup["settings"]
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "NODE_NAME": settings.node_name}
+    env = {**CHILD_ENV, "NODE_NAME": settings.node_name}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuusage.cli", "agent", "--interval", "0.2",
          "--gpu-source", settings.gpu_source, "--proc-root", str(settings.proc_root),
@@ -218,13 +203,13 @@ def test_agent_process_serves_metrics_and_stops_on_sigterm(
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        _wait(lambda: _get(api, settings.node_name), what="the CR")
+        wait_for(lambda: _get(api, settings.node_name), what="the CR")
 
         def scrape() -> str:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                 return str(r.read().decode())
 
-        text = _wait(
+        text = wait_for(
             lambda: (
                 (t := scrape()) and 'gpuusage_agent_api_writes_total{verb="create"} 1.0' in t and t
             ),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +13,12 @@ import yaml
 
 from gpuusage.api.models import GpuNodeUsage
 from gpuusage.simulation import write_process
+from tests.conftest import CHILD_ENV
 from tests.fakenvml import gpu_uuid, mig_uuid
 
 CORPUS: list[dict[str, Any]] = yaml.safe_load(
     (Path(__file__).parent / "data" / "cgroup_corpus.yaml").read_text()
 )
-CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 def _agent(*args: str) -> subprocess.CompletedProcess[str]:

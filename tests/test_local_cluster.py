@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,11 +14,9 @@ import pytest
 from gpuusage import procfs
 from gpuusage.localcluster.binaries import ensure_binaries
 from gpuusage.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, _is_running
+from tests.conftest import CHILD_ENV
 
 pytestmark = pytest.mark.cluster
-
-# The CLI runs in child processes that must import the same gpuusage as this test run.
-CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
 def _gpuusage(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

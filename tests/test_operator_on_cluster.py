@@ -6,14 +6,13 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.localcluster.cluster import LocalCluster
@@ -29,25 +28,12 @@ from gpuusage.simulation import (
     pod_cgroup,
     write_process,
 )
+from tests.conftest import wait_for
 from tests.fakenvml import gpu_uuid
 
 pytestmark = pytest.mark.cluster
 
 GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
-
-
-def _wait(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except (ApiException, KeyError, IndexError, TypeError, StopIteration):
-            last = None
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -127,7 +113,7 @@ def _events(world: dict[str, Any], name: str) -> list[str]:
 
 
 def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) -> None:
-    annotations = _wait(
+    annotations = wait_for(
         lambda: (a := _annotations(world, "train")) and names.ANNOTATION_GPUS in a and a,
         what="annotations",
     )
@@ -137,11 +123,11 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     assert usage["node"] == world["node"]
     assert usage["containers"][0]["name"] == "trainer"
     assert usage["containers"][0]["devices"][0]["pids"] == [4242]
-    condition = _wait(lambda: _condition(_pod(world, "train")), what="condition")
+    condition = wait_for(lambda: _condition(_pod(world, "train")), what="condition")
     assert (condition.status, condition.reason) == ("True", "ProcessesRunning")
     ready = [c for c in _conditions(_pod(world, "train")) if c.type == "Ready"]
     assert [c.status for c in ready] == ["True"], "kubelet-style conditions are kept"
-    assert _wait(lambda: _events(world, "train") == ["GPUUseStarted"], what="event")
+    assert wait_for(lambda: _events(world, "train") == ["GPUUseStarted"], what="event")
 
     report = _report(world)
     status = report["status"]
@@ -161,20 +147,20 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
 
     # The notebook's process ends: annotations go, the condition turns False, one Event.
     world["write"](notebook=False)
-    _wait(lambda: names.ANNOTATION_GPUS not in _annotations(world, "notebook"),
+    wait_for(lambda: names.ANNOTATION_GPUS not in _annotations(world, "notebook"),
           what="notebook annotations removed")  # fmt: skip
-    ended = _wait(lambda: (c := _condition(_pod(world, "notebook"))).status == "False" and c,
+    ended = wait_for(lambda: (c := _condition(_pod(world, "notebook"))).status == "False" and c,
                   what="condition False")  # fmt: skip
     assert ended.reason == "ProcessesEnded"
-    assert _wait(lambda: _events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted"],
+    assert wait_for(lambda: _events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted"],
                  what="end event")  # fmt: skip
     assert _events(world, "train") == ["GPUUseStarted"], "no Event per cycle"
 
 
 def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
-    _wait(lambda: _condition(_pod(world, "train")).status == "True", what="in use")
+    wait_for(lambda: _condition(_pod(world, "train")).status == "True", what="in use")
     world["agent"].halt()  # the agent dies: no more reports
-    unknown = _wait(lambda: (c := _condition(_pod(world, "train"))).status == "Unknown" and c,
+    unknown = wait_for(lambda: (c := _condition(_pod(world, "train"))).status == "Unknown" and c,
                     timeout=30, what="Unknown")  # fmt: skip
     assert unknown.reason == "NodeReportStale"
     assert names.ANNOTATION_GPUS in _annotations(world, "train"), "last use kept"
@@ -184,7 +170,7 @@ def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
 
 
 def test_deleted_report_clears_its_pods(world: dict[str, Any]) -> None:
-    _wait(lambda: _condition(_pod(world, "train")).status == "True", what="in use")
+    wait_for(lambda: _condition(_pod(world, "train")).status == "True", what="in use")
     world["agent"].halt()  # otherwise the agent recreates its report
     client.CustomObjectsApi(world["api"]).delete_cluster_custom_object(
         names.GROUP, names.VERSION, names.PLURAL, world["node"]
@@ -193,7 +179,7 @@ def test_deleted_report_clears_its_pods(world: dict[str, Any]) -> None:
     def cleared(name: str) -> bool:
         return names.ANNOTATION_GPUS not in _annotations(world, name)
 
-    _wait(lambda: cleared("train") and cleared("notebook"), what="annotations cleared")
+    wait_for(lambda: cleared("train") and cleared("notebook"), what="annotations cleared")
     for name in ("train", "notebook"):
         assert _condition(_pod(world, name)).status == "False"
 
@@ -201,7 +187,7 @@ def test_deleted_report_clears_its_pods(world: dict[str, Any]) -> None:
 def test_operator_restart_rebuilds_without_writes(
     world: dict[str, Any], cluster: LocalCluster
 ) -> None:
-    _wait(lambda: _condition(_pod(world, "notebook")).status == "True", what="in use")
+    wait_for(lambda: _condition(_pod(world, "notebook")).status == "True", what="in use")
     world["operator"].halt()
     reconcilers: list[Reconciler] = []
     ready = threading.Event()
@@ -218,7 +204,7 @@ def test_operator_restart_rebuilds_without_writes(
 
 
 def test_pod_deleted_while_its_process_is_still_reported(world: dict[str, Any]) -> None:
-    _wait(lambda: _condition(_pod(world, "notebook")).status == "True", what="in use")
+    wait_for(lambda: _condition(_pod(world, "notebook")).status == "True", what="in use")
     world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
 
     def notebook_unattributed() -> bool:
@@ -227,7 +213,7 @@ def test_pod_deleted_while_its_process_is_still_reported(world: dict[str, Any]) 
             u["pid"] == 5151 and u["reason"] == "PodNotFound" for u in status["unattributed"]
         )
 
-    _wait(notebook_unattributed, what="the deleted pod's process to be reported as PodNotFound")
+    wait_for(notebook_unattributed, what="the deleted pod's process to be reported as PodNotFound")
     status = _report(world)["status"]
     assert status["totals"]["pods"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
