@@ -30,7 +30,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO)]
 from tests.fakenvml import gpu_uuid  # noqa: E402
 
 from gpuusage.kube.config import api_client  # noqa: E402
-from gpuusage.kube.crds import install_crd  # noqa: E402
+from gpuusage.kube.crds import install_crds  # noqa: E402
 from gpuusage.kube.rest import RestClient  # noqa: E402
 from gpuusage.localcluster.cluster import LocalCluster  # noqa: E402
 from gpuusage.nodeagent.gpusource.fake import FakeSource  # noqa: E402
@@ -114,7 +114,7 @@ def main() -> None:
         cluster.up()
         try:
             api, _ = api_client(cluster.kubeconfig)
-            install_crd(api)
+            install_crds(api)
             core = client.CoreV1Api(api)
             for name in ("bench-node", "bench-node-big"):
                 core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))

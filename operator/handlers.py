@@ -10,13 +10,19 @@ Choices, each for a reason:
 * kopf's own per-handler Events are off (they would land on every report every cycle); the
   operator records its own Events on pods, at the start and end of GPU use only.
 * The pod index keeps a few fields per pod (see podindex), never whole bodies.
+* HA: kopf pauses a standby replica's watches, but only once it has seen a peer with a
+  higher priority, and not our own staleness task. Replicas that start together would both
+  act for a moment, so every write path first asks an ActiveGate, which applies kopf's rule to
+  a fresh read of the peering object after a short settling time (see peering).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.rest import load_rest_config
+from gpuusage.operator import peering as peers
 from gpuusage.operator.freshness import is_stale
 from gpuusage.operator.podindex import PodLookup, PodRef, index_keys
 from gpuusage.operator.reconcile import Reconciler
@@ -42,15 +49,84 @@ def _parse_time(value: str | None) -> datetime | None:
         return None
 
 
+@dataclass(frozen=True)
+class Peering:
+    """This replica's place among its peers (absent when running standalone)."""
+
+    name: str
+    identity: str
+    priority: int
+    lifetime: int
+    settle: float = 3.0
+    """Seconds after start before the first decision: replicas started together touch the
+    peering object at once, so by then each sees the others."""
+
+
+class ActiveGate:
+    """Whether this replica may write now, by kopf's peering rule on a fresh read.
+
+    A "yes" is remembered for a second (a handover may then see one duplicate write, which is
+    idempotent); a "no" never is, so a replica that has just become active is never held back
+    by what it read before.
+    """
+
+    REMEMBER_YES = 1.0
+
+    def __init__(self, api: client.ApiClient, peering: Peering | None) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._peering = peering
+        self._settled_at = time.monotonic() + (peering.settle if peering else 0.0)
+        self._yes_until = 0.0
+        self._last: bool | None = None
+
+    def _read(self) -> bool:
+        assert self._peering is not None
+        body = self._custom.get_cluster_custom_object(
+            peers.PEERING_GROUP, peers.PEERING_VERSION, peers.PEERING_PLURAL, self._peering.name
+        )
+        status = (body.get("status") or {}) if isinstance(body, dict) else {}
+        return peers.is_active(
+            status, self._peering.identity, self._peering.priority, datetime.now(UTC)
+        )
+
+    async def active(self) -> bool:
+        if self._peering is None:
+            return True
+        wait = self._settled_at - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if time.monotonic() < self._yes_until:
+            return True
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(None, self._read)
+        except Exception as exc:  # cannot tell: a standby must not write
+            log.warning("cannot read peering %s: %s", self._peering.name, exc)
+            answer = False
+        if answer:
+            self._yes_until = time.monotonic() + self.REMEMBER_YES
+        if answer != self._last:
+            log.info("this replica is %s", "active" if answer else "on standby")
+            self._last = answer
+        return answer
+
+
 def build_registry(
-    reconciler: Reconciler, kubeconfig: Path | None, resync_seconds: float, scratch: Path
+    reconciler: Reconciler,
+    kubeconfig: Path | None,
+    resync_seconds: float,
+    scratch: Path,
+    peering: Peering | None = None,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
+    gate = ActiveGate(reconciler.api, peering)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False
+        if peering is not None:
+            settings.peering.lifetime = peering.lifetime
+            settings.peering.stealth = True  # keep-alives are not worth a log line each
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
         settings.watching.server_timeout = 300
@@ -90,6 +166,8 @@ def build_registry(
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     async def on_report(**kwargs: Any) -> None:
         indexes["pods"], indexes["reports"] = kwargs["pods"], kwargs["reports"]
+        if not await gate.active():
+            return  # kopf re-lists everything when this replica's watches resume
         body: kopf.Body = kwargs["body"]
         lookup = PodLookup(kwargs["pods"])
         loop = asyncio.get_running_loop()
@@ -104,7 +182,7 @@ def build_registry(
     async def staleness(**kwargs: Any) -> None:
         memo: kopf.Memo = kwargs["memo"]
         memo["staleness"] = asyncio.create_task(
-            _watch_staleness(reconciler, indexes, resync_seconds)
+            _watch_staleness(reconciler, indexes, resync_seconds, gate)
         )
 
     @kopf.on.cleanup(registry=registry)
@@ -117,7 +195,7 @@ def build_registry(
 
 
 async def _watch_staleness(
-    reconciler: Reconciler, indexes: dict[str, Any], interval: float
+    reconciler: Reconciler, indexes: dict[str, Any], interval: float, gate: ActiveGate
 ) -> None:
     """Reconcile a report when its freshness flips; the report itself sends no event then."""
     loop = asyncio.get_running_loop()
@@ -130,7 +208,7 @@ async def _watch_staleness(
 
     while True:
         await asyncio.sleep(interval)
-        if "reports" not in indexes:
+        if "reports" not in indexes or not await gate.active():
             continue
         now = datetime.now(UTC)
         for name, values in list(indexes["reports"].items()):

@@ -9,11 +9,13 @@ import tempfile
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import kopf
 
 from gpuusage.kube.config import api_client
-from gpuusage.operator.handlers import build_registry
+from gpuusage.operator.handlers import Peering, build_registry
+from gpuusage.operator.peering import own_identity, random_priority
 from gpuusage.operator.reconcile import Reconciler
 from gpuusage.operator.settings import OperatorSettings
 
@@ -31,16 +33,29 @@ def run_operator(
     log.info("operator settings: %s", json.dumps(settings.redacted(), sort_keys=True))
     api, source = api_client(settings.kubeconfig)
     log.info("API from %s (%s)", source.origin, source.detail)
-    reconciler = Reconciler(api, stale_after=timedelta(seconds=settings.stale_after))
+    identity = own_identity()
+    reconciler = Reconciler(
+        api, stale_after=timedelta(seconds=settings.stale_after), instance=identity
+    )
     if reconciler_out is not None:
         reconciler_out.append(reconciler)
+    peering = None
+    if not settings.standalone:
+        priority = random_priority() if settings.priority is None else settings.priority
+        peering = Peering(settings.peering, identity, priority, settings.peering_lifetime)
+        log.info("peering %r as %s with priority %d", peering.name, identity, priority)
     scratch = Path(tempfile.mkdtemp(prefix="gpuusage-operator-"))
     try:
-        registry = build_registry(reconciler, settings.kubeconfig, settings.resync, scratch)
+        registry = build_registry(
+            reconciler, settings.kubeconfig, settings.resync, scratch, peering
+        )
         kopf.run(
             registry=registry,
             clusterwide=True,
-            standalone=True,
+            standalone=settings.standalone,
+            peering_name=None if peering is None else peering.name,
+            priority=None if peering is None else peering.priority,
+            identity=cast(Any, identity),  # kopf's Identity is a NewType of str
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )

@@ -17,6 +17,8 @@ from gpuusage.api import names
 
 UID_KEY = "uid:"
 CONTAINER_KEY = "cid:"
+MARKED_KEY = "marked:"
+"""Pods carrying our annotations or condition, by node: clean-up needs them without a scan."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class PodRef:
     """Our annotations only (gpuusage.io/...), to compute patches without reading the pod."""
     condition: tuple[tuple[str, str], ...] = ()
     """Our pod condition's fields, if the pod has it."""
+    resource_version: str | None = None
+    """Tells the reconciler whether this entry already shows its own latest writes."""
 
     @property
     def our_annotations(self) -> dict[str, str]:
@@ -86,6 +90,7 @@ def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
         containers=tuple(containers),
         annotations=ours,
         condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
+        resource_version=meta.get("resourceVersion"),
     )
 
 
@@ -96,6 +101,8 @@ def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
         return {}
     keys = {UID_KEY + ref.uid: ref}
     keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
+    if ref.node and (ref.annotations or ref.condition):
+        keys[MARKED_KEY + ref.node] = ref
     return keys
 
 
@@ -108,6 +115,14 @@ class PodLookup:
 
     def __init__(self, index: Mapping[str, Any]) -> None:
         self._index = index
+
+    def _all(self, key: str) -> list[PodRef]:
+        found = self._index.get(key)
+        if found is None:
+            return []
+        if isinstance(found, PodRef):
+            return [found]
+        return [ref for ref in found if isinstance(ref, PodRef)]
 
     def _one(self, key: str) -> PodRef | None:
         found = self._index.get(key)
@@ -125,12 +140,10 @@ class PodLookup:
         return self._one(UID_KEY + uid)
 
     def on_node_with_our_marks(self, node: str) -> list[PodRef]:
-        """Pods of a node that carry our annotations or condition (for clean-up)."""
-        found: dict[str, PodRef] = {}
-        for key in self._index:
-            if not key.startswith(UID_KEY):
-                continue
-            ref = self._one(key)
-            if ref is not None and ref.node == node and (ref.annotations or ref.condition):
-                found[ref.uid] = ref
+        """Pods of a node that carry our annotations or condition (for clean-up).
+
+        Read from the node's own index key, so a reconcile costs the node's pods, not the
+        cluster's (kopf drops a pod from the key as soon as its entry no longer returns it).
+        """
+        found = {ref.uid: ref for ref in self._all(MARKED_KEY + node) if ref.node == node}
         return list(found.values())

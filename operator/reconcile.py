@@ -3,8 +3,12 @@
 One idempotent reconcile per report, run in kopf's executor (the `kubernetes` client is
 synchronous). Writes happen only where the desired state differs from what is known: the pod
 index (our annotations and condition are part of each entry) or, after our own writes, a
-last-applied cache that covers the moment before the watch delivers them. An unchanged report
-therefore costs no write at all. One pod failing (deleted meanwhile: 404) never stops the rest.
+last-applied cache that covers the moment before the watch delivers them. The cache is trusted
+only while the index shows a resourceVersion this replica produced or saw before writing: once
+anyone else changes the pod (another replica after a failover, a person removing an
+annotation) the index wins. An unchanged report therefore costs no write at all, and nothing a
+replica remembers can mask what is really on the pod. One pod failing (deleted meanwhile: 404)
+never stops the rest.
 """
 
 from __future__ import annotations
@@ -55,12 +59,16 @@ class Counts:
 class Applied:
     annotations: dict[str, str]
     condition: dict[str, str] | None
+    versions: frozenset[str | None] = frozenset()
+    """resourceVersions of the pod from just before our writes up to the last of them."""
 
 
 @dataclass
 class Reconciler:
     api: client.ApiClient
     stale_after: timedelta = DEFAULT_STALE_AFTER
+    instance: str = field(default_factory=socket.gethostname)
+    """Names this replica in Events (reportingInstance)."""
     counts: Counts = field(default_factory=Counts)
     _applied: dict[str, Applied] = field(default_factory=dict)
 
@@ -68,7 +76,6 @@ class Reconciler:
         self._core = client.CoreV1Api(self.api)
         self._custom = client.CustomObjectsApi(self.api)
         self._events = client.EventsV1Api(self.api)
-        self._instance = socket.gethostname()
 
     # -- reports ---------------------------------------------------------------------------
     def reconcile(self, body: dict[str, Any], lookup: PodLookup, now: datetime) -> bool:
@@ -115,7 +122,10 @@ class Reconciler:
     def _pod(
         self, ref: PodRef, state: UseState, use: PodUse | None, node: str, now: datetime
     ) -> None:
-        applied = self._applied.get(ref.uid) or Applied(ref.our_annotations, ref.our_condition)
+        applied = self._applied.get(ref.uid)
+        if applied is None or ref.resource_version not in applied.versions:
+            applied = Applied(ref.our_annotations, ref.our_condition)
+        versions = {ref.resource_version}
         if state == "InUse" and use is not None:
             wanted: dict[str, str] | None = desired_annotations(use)
         elif state == "Unknown":
@@ -126,11 +136,11 @@ class Reconciler:
         try:
             patch = annotation_patch(applied.annotations, wanted)
             if patch is not None:
-                self._write_pod(ref, {"metadata": {"annotations": patch}}, status=False)
+                versions.add(self._write_pod(ref, {"metadata": {"annotations": patch}}, False))
             cpatch = condition_patch([applied.condition] if applied.condition else [],
                                      condition, now)  # fmt: skip
             if cpatch is not None:
-                self._write_pod(ref, {"status": {"conditions": [cpatch]}}, status=True)
+                versions.add(self._write_pod(ref, {"status": {"conditions": [cpatch]}}, True))
                 event = event_for((applied.condition or {}).get("status"), condition["status"])
                 if event is not None:
                     self._event(ref, event[0], f"{event[1]}: {condition['message']}", now)
@@ -141,24 +151,31 @@ class Reconciler:
             self.counts.pod_errors += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             return
+        if patch is None and cpatch is None:
+            return  # nothing written: what the index shows stays the truth
         self._applied[ref.uid] = Applied(
-            dict(wanted or {}), {**condition, **(cpatch or {})} if cpatch else applied.condition
+            dict(wanted or {}),
+            {**condition, **(cpatch or {})} if cpatch else applied.condition,
+            frozenset(versions),
         )
 
-    def _write_pod(self, ref: PodRef, body: dict[str, Any], status: bool) -> None:
+    def _write_pod(self, ref: PodRef, body: dict[str, Any], status: bool) -> str | None:
+        """Patch the pod (or its status); the resourceVersion the write produced."""
         if status:
-            call(
+            pod = call(
                 lambda: self._core.patch_namespaced_pod_status(
                     ref.name, ref.namespace, body, _content_type=STRATEGIC
                 ),
                 f"pods/status {ref.namespace}/{ref.name}",
             )
         else:
-            call(
+            pod = call(
                 lambda: self._core.patch_namespaced_pod(ref.name, ref.namespace, body),
                 f"pod {ref.namespace}/{ref.name}",
             )
         self.counts.pod_writes += 1
+        meta = getattr(pod, "metadata", None)
+        return getattr(meta, "resource_version", None)
 
     def _event(self, ref: PodRef, reason: str, note: str, now: datetime) -> None:
         event = client.EventsV1Event(
@@ -175,7 +192,7 @@ class Reconciler:
                 api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
             ),
             reporting_controller=COMPONENT,
-            reporting_instance=self._instance[:128],
+            reporting_instance=self.instance[:128],
         )
         try:
             call(lambda: self._events.create_namespaced_event(ref.namespace, event),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field
 
+from gpuusage.operator.peering import DEFAULT_PEERING, MAX_PRIORITY
 from gpuusage.settings import CommandSettings
 
 
@@ -16,3 +18,14 @@ class OperatorSettings(CommandSettings):
     """Seconds without a report after which a node's report is stale (three agent heartbeats)."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
+    standalone: bool = False
+    """Run without peering (one replica only, e.g. on a workstation). Otherwise replicas share
+    the ClusterKopfPeering named by --peering and exactly one of them is active."""
+    peering: Annotated[str, Field(min_length=1, max_length=253)] = DEFAULT_PEERING
+    """Name of the ClusterKopfPeering object the replicas share (it must exist)."""
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
+    """Peering priority: the live replica with the highest one is active. Default: random at
+    start, so that replicas never tie (equal priorities would pause all of them)."""
+    peering_lifetime: int = Field(default=30, ge=10, le=3600)
+    """Seconds a replica's peering record stays valid without renewal: how long a crashed
+    active replica blocks the standby (a clean shutdown hands over at once)."""

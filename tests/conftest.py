@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.kube.config import api_client
-from gpuusage.kube.crds import install_crd
+from gpuusage.kube.crds import install_crds
 from gpuusage.localcluster.cluster import LocalCluster
 
 # Child processes (the CLI under test) must import the same gpuusage as this test run.
@@ -64,7 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         api, _ = api_client(local.kubeconfig)
         with api:
-            install_crd(api)
+            install_crds(api)
         yield local
     finally:
         local.down()

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from gpuusage.api import names
-from gpuusage.api.crd import render_crd, render_crd_yaml, to_structural
+from gpuusage.api.crd import render_crd, render_crd_yaml, render_peering_crd_yaml, to_structural
 from gpuusage.api.models import GpuNodeUsage, GpuNodeUsageSpec, Process
 from gpuusage.api.summary import format_mib, totals
 from gpuusage.examples import example_spec
@@ -26,6 +26,8 @@ def test_crd_file_matches_the_models() -> None:
         "crds/ drifted from the models; regenerate with "
         "`gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml`"
     )
+    peering = REPO / "crds" / "kopf.dev_clusterkopfpeerings.yaml"
+    assert peering.read_text() == render_peering_crd_yaml(), "regenerate with `make crd`"
 
 
 def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:

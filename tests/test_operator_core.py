@@ -19,6 +19,7 @@ from gpuusage.examples import (
     POD_TRAIN,
     example_spec,
 )
+from gpuusage.operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
 from gpuusage.operator.podindex import PodLookup, index_keys, pod_ref
 from gpuusage.operator.podstate import (
     annotation_patch,
@@ -216,3 +217,41 @@ def test_patches_are_empty_when_nothing_changes() -> None:
 def test_events_only_on_start_and_end(before: str | None, after: str, event: str | None) -> None:
     found = event_for(before, after)
     assert (found[0] if found else None) == event
+
+
+def test_peering_rule_matches_kopf() -> None:
+    now = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+
+    def record(priority: int, seconds_ago: int, lifetime: int = 30) -> dict[str, Any]:
+        seen = (now - timedelta(seconds=seconds_ago)).isoformat()
+        return {"priority": priority, "lifetime": lifetime, "lastseen": seen}
+
+    status = {"me": record(100, 1), "higher-but-dead": record(500, 31), "lower": record(50, 2)}
+    assert live_peers(status, now) == {"me": 100, "lower": 50}
+    assert is_active(status, "me", 100, now)
+    assert not is_active({**status, "higher": record(200, 5)}, "me", 100, now)
+    assert not is_active({**status, "twin": record(100, 5)}, "me", 100, now), "ties pause all"
+    assert is_active({}, "me", 0, now), "alone (or not yet seen): active"
+    garbage = {"x": "nonsense", "y": {"priority": "high", "lastseen": "yesterday"}}
+    assert is_active({**status, **garbage}, "me", 100, now), "unreadable records are ignored"
+    assert 1 <= random_priority() <= MAX_PRIORITY
+
+
+def test_marked_pods_are_found_per_node_without_a_scan() -> None:
+    marked = pod("a", POD_TRAIN, {"x": CTR_TRAIN})
+    marked["metadata"]["annotations"] = {names.ANNOTATION_GPUS: "GPU-1", "other/key": "v"}
+    marked["metadata"]["resourceVersion"] = "42"
+    elsewhere = pod("b", POD_INFER, {"y": CTR_INFER})
+    elsewhere["spec"]["nodeName"] = "gpu-node-b"
+    elsewhere["status"]["conditions"] = [
+        {"type": names.POD_CONDITION_GPU_IN_USE, "status": "False"}
+    ]
+    unmarked = pod("c", POD_NOTEBOOK, {"z": CTR_NOTEBOOK})
+    pods = lookup(marked, elsewhere, unmarked)
+    assert [r.name for r in pods.on_node_with_our_marks("gpu-node-a")] == ["a"]
+    assert [r.name for r in pods.on_node_with_our_marks("gpu-node-b")] == ["b"]
+    assert pods.on_node_with_our_marks("gpu-node-c") == []
+    ref = pods.by_uid(POD_TRAIN)
+    assert ref is not None
+    assert ref.resource_version == "42"
+    assert ref.our_annotations == {names.ANNOTATION_GPUS: "GPU-1"}, "only our own annotations"

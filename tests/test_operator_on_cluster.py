@@ -68,7 +68,9 @@ def world(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Itera
     agent = Background(lambda stop: run_agent(agent_settings, stop))
     reconcilers: list[Reconciler] = []
     ready = threading.Event()
-    op_settings = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5)
+    op_settings = OperatorSettings(
+        kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True
+    )
     operator = Background(lambda stop: run_operator(op_settings, stop, ready, reconcilers))
     assert ready.wait(60), "operator did not become ready"
     world: dict[str, Any] = {"core": core, "ns": ns, "node": node, "write": write, "agent": agent,
@@ -191,7 +193,9 @@ def test_operator_restart_rebuilds_without_writes(
     world["operator"].halt()
     reconcilers: list[Reconciler] = []
     ready = threading.Event()
-    settings = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5)
+    settings = OperatorSettings(
+        kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True
+    )
     again = Background(lambda stop: run_operator(settings, stop, ready, reconcilers))
     try:
         assert ready.wait(60)
@@ -218,4 +222,18 @@ def test_pod_deleted_while_its_process_is_still_reported(world: dict[str, Any]) 
     assert status["totals"]["pods"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
     assert _condition(_pod(world, "train")).status == "True", "the other pod is unaffected"
+    assert world["reconcilers"][0].counts.pod_errors == 0
+
+
+def test_annotation_removed_by_someone_else_is_restored(world: dict[str, Any]) -> None:
+    """The last-applied cache must never mask what is really on the pod."""
+    wait_for(lambda: names.ANNOTATION_GPUS in _annotations(world, "train"), what="annotations")
+    before = _annotations(world, "train")
+    patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: None}}}
+    world["core"].patch_namespaced_pod("train", world["ns"], patch)
+    restored = wait_for(
+        lambda: (a := _annotations(world, "train")) and names.ANNOTATION_GPUS in a and a,
+        what="the operator to restore its annotation on the next report",
+    )
+    assert restored[names.ANNOTATION_GPUS] == before[names.ANNOTATION_GPUS]
     assert world["reconcilers"][0].counts.pod_errors == 0

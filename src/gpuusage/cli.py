@@ -28,13 +28,16 @@ log = logging.getLogger("gpuusage")
 class CrdSettings(CommandSettings):
     output: Path | None = None
     """Write the CRD YAML to this file instead of standard output."""
+    peering: bool = False
+    """Render kopf's ClusterKopfPeering CRD instead (the operator replicas' meeting point)."""
 
 
 class LocalClusterSettings(CommandSettings):
     dir: Path
     """Folder for the cluster's state, certificates, logs and kubeconfig."""
     install_crds: bool = False
-    """After start, install the GpuNodeUsage CRD and wait until it is established."""
+    """After start, install the CRDs (GpuNodeUsage, ClusterKopfPeering) and the operators'
+    peering object, and wait until they are established."""
     timeout: float = Field(default=120.0, gt=0)
     """Seconds to wait for the apiserver's /readyz."""
 
@@ -51,9 +54,9 @@ class DemoSettings(CommandSettings):
 
 
 def _run_crd(settings: CrdSettings) -> int:
-    from gpuusage.api.crd import render_crd_yaml
+    from gpuusage.api.crd import render_crd_yaml, render_peering_crd_yaml
 
-    text = render_crd_yaml()
+    text = render_peering_crd_yaml() if settings.peering else render_crd_yaml()
     if settings.output is None:
         sys.stdout.write(text)
     else:
@@ -74,11 +77,11 @@ def _run_local_cluster(action: str, settings: LocalClusterSettings) -> int:
     cluster.up(timeout=settings.timeout)
     if settings.install_crds:
         from gpuusage.kube.config import api_client
-        from gpuusage.kube.crds import install_crd
+        from gpuusage.kube.crds import install_crds
 
         api, _ = api_client(cluster.kubeconfig)
         with api:
-            install_crd(api)
+            install_crds(api)
     print(f"local control plane ready at {cluster.server}")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     print(f"kubectl: {cluster.binaries.kubectl}")

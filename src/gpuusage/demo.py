@@ -22,7 +22,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
-from gpuusage.kube.crds import install_crd
+from gpuusage.kube.crds import install_crds
 from gpuusage.localcluster.cluster import LocalCluster
 from gpuusage.nodeagent.main import run_agent
 from gpuusage.nodeagent.settings import AgentSettings
@@ -94,7 +94,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         api, _ = api_client(cluster.kubeconfig)
         core = client.CoreV1Api(api)
         _step("installing the GpuNodeUsage CRD")
-        install_crd(api)
+        install_crds(api)
 
         _step(f"simulating node {DEMO_NODE}: 3 pods, 2 A100s (one time-sliced, one in MIG mode)")
         core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=DEMO_NODE)))
@@ -111,7 +111,9 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
 
         _step("starting the operator and the node agent")
         ready = threading.Event()
-        op = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=30, resync=1)
+        op = OperatorSettings(
+            kubeconfig=cluster.kubeconfig, stale_after=30, resync=1, standalone=True
+        )
         running.append(Background(lambda stop: run_operator(op, stop, ready)))
         if not ready.wait(60):
             raise TimeoutError("demo: the operator did not start")

@@ -1,4 +1,4 @@
-"""Install the GpuNodeUsage CRD and wait until the apiserver serves it."""
+"""Install the CRDs and the operators' peering object, and wait until the apiserver serves them."""
 
 from __future__ import annotations
 
@@ -8,18 +8,14 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpuusage.api.crd import render_crd
+from gpuusage.api.crd import render_crd, render_peering_crd
+
+PEERING_NAME = "gpuusage"
+"""The ClusterKopfPeering the operator replicas share by default (--peering)."""
 
 
-def install_crd(api: client.ApiClient, timeout: float = 60.0) -> None:
-    """Create or update the CRD (idempotent), then wait for Established=True.
-
-    Waiting matters: objects of the new kind are refused until the apiserver has built the
-    schema and registered the endpoints.
-    """
-    ext = client.ApiextensionsV1Api(api)
-    body: dict[str, Any] = render_crd()
-    name = body["metadata"]["name"]
+def _apply_crd(ext: client.ApiextensionsV1Api, body: dict[str, Any]) -> str:
+    name = str(body["metadata"]["name"])
     # The client sends plain dicts as they are; the typed signature only names the model class.
     typed = cast(client.V1CustomResourceDefinition, body)
     try:
@@ -30,11 +26,40 @@ def install_crd(api: client.ApiClient, timeout: float = 60.0) -> None:
         current = ext.read_custom_resource_definition(name)
         body["metadata"]["resourceVersion"] = current.metadata and current.metadata.resource_version
         ext.replace_custom_resource_definition(name, typed)
-    deadline = time.monotonic() + timeout
+    return name
+
+
+def _wait_established(ext: client.ApiextensionsV1Api, name: str, deadline: float) -> None:
     while time.monotonic() < deadline:
         crd = ext.read_custom_resource_definition(name)
         conditions = (crd.status and crd.status.conditions) or []
         if any(c.type == "Established" and c.status == "True" for c in conditions):
             return
         time.sleep(0.2)
-    raise TimeoutError(f"CRD {name} not established after {timeout:.0f} s")
+    raise TimeoutError(f"CRD {name} not established in time")
+
+
+def ensure_peering(api: client.ApiClient, name: str = PEERING_NAME) -> None:
+    """Create the ClusterKopfPeering object unless it exists (kopf does not create it)."""
+    body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+    try:
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", body
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def install_crds(api: client.ApiClient, timeout: float = 60.0) -> None:
+    """Create or update both CRDs (idempotent), wait for Established=True, create the peering.
+
+    Waiting matters: objects of a new kind are refused until the apiserver has built the
+    schema and registered the endpoints.
+    """
+    ext = client.ApiextensionsV1Api(api)
+    deadline = time.monotonic() + timeout
+    created = [_apply_crd(ext, render_crd()), _apply_crd(ext, render_peering_crd())]
+    for name in created:
+        _wait_established(ext, name, deadline)
+    ensure_peering(api)

@@ -1,0 +1,136 @@
+"""HA on the real apiserver: two operator processes share a ClusterKopfPeering, one is active,
+and the standby takes over when the active one is killed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process, Source
+from gpuusage.kube.crds import ensure_peering
+from gpuusage.localcluster.cluster import LocalCluster
+from gpuusage.operator.peering import live_peers
+from gpuusage.simulation import create_running_pod, ensure_namespace
+from tests.conftest import CHILD_ENV, wait_for
+from tests.fakenvml import gpu_uuid
+
+pytestmark = pytest.mark.cluster
+LIFETIME = 10
+
+
+def _spec(node: str, container_id: str | None) -> dict[str, Any]:
+    processes = [] if container_id is None else [
+        Process(pid=4242, name="python3", used_memory_mib=4096, container_id=container_id)
+    ]  # fmt: skip
+    gpu = Gpu(index=0, uuid=gpu_uuid(0), memory=Memory(total_mib=81920, used_mib=4096),
+              processes=processes)  # fmt: skip
+    spec = GpuNodeUsageSpec(node_name=node, observed_at=datetime.now(UTC),
+                            source=Source(kind="fake", available=True), gpus=[gpu])  # fmt: skip
+    return spec.to_api()
+
+
+def _replica(
+    cluster: LocalCluster, peering: str, priority: int, log: Path
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuusage.cli", "--log-level", "info", "operator",
+         "--kubeconfig", str(cluster.kubeconfig), "--peering", peering,
+         "--priority", str(priority), "--peering-lifetime", str(LIFETIME),
+         "--stale-after", "600", "--resync", "0.5"],
+        env=CHILD_ENV, stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def setup(cluster: LocalCluster, api: client.ApiClient) -> dict[str, Any]:
+    core = client.CoreV1Api(api)
+    ns, node = f"ha-{uuid.uuid4().hex[:6]}", f"gpu-ha-{uuid.uuid4().hex[:6]}"
+    ensure_namespace(core, ns)
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+    _uid, cid = create_running_pod(core, ns, "train", node, "trainer")
+    peering = f"ha-{uuid.uuid4().hex[:6]}"
+    ensure_peering(api, peering)
+    return {"core": core, "ns": ns, "node": node, "cid": cid, "peering": peering}
+
+
+def _peers(api: client.ApiClient, peering: str) -> dict[str, int]:
+    body = client.CustomObjectsApi(api).get_cluster_custom_object(
+        "kopf.dev", "v1", "clusterkopfpeerings", peering
+    )
+    assert isinstance(body, dict)
+    return live_peers(body.get("status") or {}, datetime.now(UTC))
+
+
+def _events(setup: dict[str, Any], api: client.ApiClient) -> dict[str, str]:
+    """reason → reportingInstance of the Events on the pod."""
+    found = client.EventsV1Api(api).list_namespaced_event(setup["ns"]).items
+    return {str(e.reason): str(e.reporting_instance) for e in found}
+
+
+def _condition(setup: dict[str, Any]) -> str | None:
+    pod = setup["core"].read_namespaced_pod("train", setup["ns"])
+    for cond in pod.status.conditions or []:
+        if cond.type == names.POD_CONDITION_GPU_IN_USE:
+            return str(cond.status)
+    return None
+
+
+def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
+    cluster: LocalCluster, api: client.ApiClient, setup: dict[str, Any], tmp_path: Path
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": setup["node"]},
+        "spec": _spec(setup["node"], setup["cid"]),
+    }
+    custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
+    active = _replica(cluster, setup["peering"], 200, tmp_path / "active.log")
+    standby = _replica(cluster, setup["peering"], 100, tmp_path / "standby.log")
+    try:
+        peers = wait_for(lambda: len(p := _peers(api, setup["peering"])) == 2 and p,
+                         what="both replicas in the peering")  # fmt: skip
+        identity = {prio: ident for ident, prio in peers.items()}
+        assert identity[200].endswith(f"/{active.pid}")
+        assert identity[100].endswith(f"/{standby.pid}")
+
+        wait_for(lambda: _condition(setup) == "True", what="the active replica marks the pod")
+        assert _events(setup, api) == {"GPUUseStarted": identity[200]}
+        time.sleep(2)  # the standby had its chance to do something wrong
+        assert "this replica is active" not in (tmp_path / "standby.log").read_text()
+        assert set(_events(setup, api).values()) == {identity[200]}, "only the active one wrote"
+
+        active.send_signal(signal.SIGKILL)  # a crash: no goodbye in the peering object
+        active.wait(10)
+        killed = time.monotonic()
+        spec = _spec(setup["node"], None)  # the process ended meanwhile
+        custom.patch_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL,
+                                           setup["node"], {"spec": spec})  # fmt: skip
+        wait_for(lambda: _condition(setup) == "False", timeout=LIFETIME + 30,
+                 what="the standby to take over and end the pod's GPU use")  # fmt: skip
+        failover = time.monotonic() - killed
+        assert failover <= LIFETIME + 15, f"failover took {failover:.1f} s"
+        assert _events(setup, api) == {"GPUUseStarted": identity[200],
+                                       "GPUUseEnded": identity[100]}  # fmt: skip
+        assert "this replica is active" in (tmp_path / "standby.log").read_text()
+        print(f"failover after SIGKILL of the active replica: {failover:.1f} s")
+
+        standby.send_signal(signal.SIGTERM)  # a clean stop leaves the peering at once
+        assert standby.wait(30) == 0
+        assert identity[100] not in _peers(api, setup["peering"])
+    finally:
+        for proc in (active, standby):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
