@@ -5,11 +5,13 @@ Choices, each for a reason:
 * Reports are handled with `on.event`, not `on.create/update`: no diff-base annotation (which
   would copy the whole spec into metadata) and no finalizer on objects the agent owns.
 * Staleness needs a clock, not an event (a dead agent sends none). Timers and daemons would put
-  a finalizer on every report, so one background task checks a small index of observation
+  a finalizer on every report, so one background task checks a small table of observation
   times instead, and fetches and reconciles a report only when its freshness flips.
 * kopf's own per-handler Events are off (they would land on every report every cycle); the
   operator records its own Events on pods, at the start and end of GPU use only.
-* The pod index keeps a few fields per pod (see podindex), never whole bodies.
+* The pod index keeps a few fields per pod (see podindex), never whole bodies, and is kept by
+  our own list-and-watch (see podwatch for why not a kopf index). Reports are handled only
+  once it holds the complete first listing.
 * HA: kopf pauses a standby replica's watches, but only once it has seen a peer with a
   higher priority, and not our own staleness task. Replicas that start together would both
   act for a moment, so every write path first asks an ActiveGate, which applies kopf's rule to
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from gpuusage.api import names
 from gpuusage.kube.rest import load_rest_config
 from gpuusage.operator import peering as peers
 from gpuusage.operator.freshness import is_stale
-from gpuusage.operator.podindex import PodLookup, PodRef, index_keys
+from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
@@ -110,8 +113,17 @@ class ActiveGate:
         return answer
 
 
-def build_registry(
+def report_freshness(body: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """(observedAt, whether the report's last status said Stale)."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    stale = any(c.get("type") == names.CONDITION_STALE and c.get("status") == "True"
+                for c in conditions)  # fmt: skip
+    return (body.get("spec") or {}).get("observedAt"), stale
+
+
+def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
     reconciler: Reconciler,
+    pods: PodWatch,
     kubeconfig: Path | None,
     resync_seconds: float,
     scratch: Path,
@@ -148,45 +160,42 @@ def build_registry(
             scheme="Bearer" if token else None,
         )
 
-    @kopf.index("pods", id="pods", registry=registry)
-    def pods(body: Mapping[str, Any], **_: Any) -> dict[str, PodRef]:
-        return index_keys(body)
-
-    @kopf.index(names.GROUP, names.VERSION, names.PLURAL, id="reports", registry=registry)
-    def reports(body: Mapping[str, Any], **_: Any) -> dict[str, tuple[str | None, bool]]:
-        """name → (observedAt, whether the last status said Stale): for the staleness watch."""
-        conditions = (body.get("status") or {}).get("conditions") or []
-        stale = any(c.get("type") == names.CONDITION_STALE and c.get("status") == "True"
-                    for c in conditions)  # fmt: skip
-        return {body["metadata"]["name"]: ((body.get("spec") or {}).get("observedAt"), stale)}
-
-    # Indexes reach resource handlers only; the staleness task reads them from here.
-    indexes: dict[str, Any] = {}
+    # name → (observedAt, whether the last status said Stale), for the staleness watch.
+    freshness: dict[str, tuple[str | None, bool]] = {}
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     async def on_report(**kwargs: Any) -> None:
-        indexes["pods"], indexes["reports"] = kwargs["pods"], kwargs["reports"]
+        body: kopf.Body = kwargs["body"]
+        name = body["metadata"]["name"]
+        if kwargs["type"] == "DELETED":
+            freshness.pop(name, None)
+        else:
+            freshness[name] = report_freshness(body)
         if not await gate.active():
             return  # kopf re-lists everything when this replica's watches resume
-        body: kopf.Body = kwargs["body"]
-        lookup = PodLookup(kwargs["pods"])
         loop = asyncio.get_running_loop()
+        if not pods.synced.is_set():
+            await loop.run_in_executor(None, pods.synced.wait)
+        lookup = pods.lookup()
         now = datetime.now(UTC)
         if kwargs["type"] == "DELETED":
-            node = (body.get("spec") or {}).get("nodeName") or body["metadata"]["name"]
+            node = (body.get("spec") or {}).get("nodeName") or name
             await loop.run_in_executor(None, reconciler.forget_node, node, lookup, now)
             return
         await loop.run_in_executor(None, reconciler.reconcile, dict(body), lookup, now)
 
     @kopf.on.startup(registry=registry)
-    async def staleness(**kwargs: Any) -> None:
+    async def start_tasks(**kwargs: Any) -> None:
         memo: kopf.Memo = kwargs["memo"]
+        memo["pod_watch"] = threading.Thread(target=pods.run, name="pod-watch", daemon=True)
+        memo["pod_watch"].start()
         memo["staleness"] = asyncio.create_task(
-            _watch_staleness(reconciler, indexes, resync_seconds, gate)
+            _watch_staleness(reconciler, pods, freshness, resync_seconds, gate)
         )
 
     @kopf.on.cleanup(registry=registry)
-    async def stop_staleness(**kwargs: Any) -> None:
+    async def stop_tasks(**kwargs: Any) -> None:
+        pods.stop()
         task = kwargs["memo"].get("staleness")
         if task is not None:
             task.cancel()
@@ -195,7 +204,11 @@ def build_registry(
 
 
 async def _watch_staleness(
-    reconciler: Reconciler, indexes: dict[str, Any], interval: float, gate: ActiveGate
+    reconciler: Reconciler,
+    pods: PodWatch,
+    freshness: dict[str, tuple[str | None, bool]],
+    interval: float,
+    gate: ActiveGate,
 ) -> None:
     """Reconcile a report when its freshness flips; the report itself sends no event then."""
     loop = asyncio.get_running_loop()
@@ -204,19 +217,18 @@ async def _watch_staleness(
     def fetch_and_reconcile(name: str, now: datetime) -> None:
         body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
         assert isinstance(body, dict)
-        reconciler.reconcile(body, PodLookup(indexes["pods"]), now)
+        reconciler.reconcile(body, pods.lookup(), now)
 
     while True:
         await asyncio.sleep(interval)
-        if "reports" not in indexes or not await gate.active():
+        if not pods.synced.is_set() or not await gate.active():
             continue
         now = datetime.now(UTC)
-        for name, values in list(indexes["reports"].items()):
-            for observed, was_stale in list(values):
-                when = _parse_time(observed)
-                if when is None or is_stale(when, now, reconciler.stale_after) == was_stale:
-                    continue
-                try:
-                    await loop.run_in_executor(None, fetch_and_reconcile, name, now)
-                except Exception as exc:  # keep watching the other reports
-                    log.warning("staleness check of %s: %s", name, exc)
+        for name, (observed, was_stale) in list(freshness.items()):
+            when = _parse_time(observed)
+            if when is None or is_stale(when, now, reconciler.stale_after) == was_stale:
+                continue
+            try:
+                await loop.run_in_executor(None, fetch_and_reconcile, name, now)
+            except Exception as exc:  # keep watching the other reports
+                log.warning("staleness check of %s: %s", name, exc)

@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import kopf
+from kubernetes import client
 
 from gpuusage.kube.config import api_client
+from gpuusage.kube.crds import ensure_peering
 from gpuusage.operator.handlers import Peering, build_registry
 from gpuusage.operator.peering import own_identity, random_priority
+from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 from gpuusage.operator.settings import OperatorSettings
 
@@ -27,6 +30,7 @@ def run_operator(
     stop_flag: threading.Event | None = None,
     ready_flag: threading.Event | None = None,
     reconciler_out: list[Reconciler] | None = None,
+    pods_out: list[PodWatch] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or stop_flag). reconciler_out receives the reconciler, so
     tests and benchmarks can read its write counts."""
@@ -44,10 +48,18 @@ def run_operator(
         priority = random_priority() if settings.priority is None else settings.priority
         peering = Peering(settings.peering, identity, priority, settings.peering_lifetime)
         log.info("peering %r as %s with priority %d", peering.name, identity, priority)
+        try:
+            ensure_peering(api, peering.name)
+        except Exception as exc:  # kopf then says clearly that the peering is missing
+            log.warning("cannot create ClusterKopfPeering %s: %s", peering.name, exc)
+    watch_api, _ = api_client(settings.kubeconfig)  # the pod watch holds its own connection
+    pods = PodWatch(client.CoreV1Api(watch_api))
+    if pods_out is not None:
+        pods_out.append(pods)
     scratch = Path(tempfile.mkdtemp(prefix="gpuusage-operator-"))
     try:
         registry = build_registry(
-            reconciler, settings.kubeconfig, settings.resync, scratch, peering
+            reconciler, pods, settings.kubeconfig, settings.resync, scratch, peering
         )
         kopf.run(
             registry=registry,
@@ -56,10 +68,15 @@ def run_operator(
             peering_name=None if peering is None else peering.name,
             priority=None if peering is None else peering.priority,
             identity=cast(Any, identity),  # kopf's Identity is a NewType of str
+            liveness_endpoint=(
+                f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
+            ),
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
     finally:
+        pods.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+        watch_api.close()  # type: ignore[no-untyped-call]
         api.close()  # type: ignore[no-untyped-call]
     return 0

@@ -1,10 +1,10 @@
 """What the operator remembers about pods: a few fields, keyed by container ID and pod UID.
 
-kopf keeps whatever an index function returns for every pod in the cluster, so the entry is
-deliberately small (no specs, no full statuses): on a 5,000-pod cluster the index must stay a
-few megabytes. One pod is indexed under several keys: its UID and each container ID it has
-had reported in its status (init, regular and ephemeral containers), with the runtime scheme
-(`containerd://`) stripped, as the agent reports bare IDs.
+The index keeps an entry for every pod in the cluster, so the entry is deliberately small (no
+specs, no full statuses): on a 5,000-pod cluster the index must stay a few megabytes. One pod
+is indexed under several keys: its UID and each container ID it has had reported in its status
+(init, regular and ephemeral containers), with the runtime scheme (`containerd://`) stripped,
+as the agent reports bare IDs.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
 
 
 def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
-    """The keys one pod is indexed under (kopf index function's return value)."""
+    """The keys one pod is indexed under, each with the same small PodRef."""
     ref = pod_ref(body)
     if ref is None:
         return {}
@@ -109,8 +109,9 @@ def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
 class PodLookup:
     """Read access to the index, by container ID or pod UID.
 
-    kopf's index maps each key to a collection of values (several pods could, in theory, claim
-    one key); the newest-looking single answer is taken, and ambiguity is rare enough to ignore.
+    The index maps each key to the pods under it (a mapping uid → PodRef, or any collection of
+    PodRefs); several pods could in theory claim one key: the last one is taken, and such
+    ambiguity is rare enough to ignore.
     """
 
     def __init__(self, index: Mapping[str, Any]) -> None:
@@ -122,15 +123,11 @@ class PodLookup:
             return []
         if isinstance(found, PodRef):
             return [found]
-        return [ref for ref in found if isinstance(ref, PodRef)]
+        values = found.values() if isinstance(found, Mapping) else found
+        return [ref for ref in values if isinstance(ref, PodRef)]
 
     def _one(self, key: str) -> PodRef | None:
-        found = self._index.get(key)
-        if found is None:
-            return None
-        if isinstance(found, PodRef):
-            return found
-        refs = [ref for ref in found if isinstance(ref, PodRef)]
+        refs = self._all(key)
         return refs[-1] if refs else None
 
     def by_container(self, container_id: str) -> PodRef | None:
@@ -143,7 +140,7 @@ class PodLookup:
         """Pods of a node that carry our annotations or condition (for clean-up).
 
         Read from the node's own index key, so a reconcile costs the node's pods, not the
-        cluster's (kopf drops a pod from the key as soon as its entry no longer returns it).
+        cluster's (a pod leaves the key as soon as it loses our marks).
         """
         found = {ref.uid: ref for ref in self._all(MARKED_KEY + node) if ref.node == node}
         return list(found.values())

@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 from gpuusage.api import names
-from gpuusage.api.summary import format_mib
 from gpuusage.operator.podindex import PodRef
 from gpuusage.operator.resolution import Resolution
 
@@ -152,17 +151,20 @@ def annotation_patch(
 
 
 def desired_condition(state: UseState, use: PodUse | None, node: str) -> dict[str, str]:
-    """The gpuusage.io/GPUInUse condition (without lastTransitionTime) for a state."""
+    """The gpuusage.io/GPUInUse condition (without lastTransitionTime) for a state.
+
+    The message names the devices but not the memory: memory changes often, lives in the
+    annotations, and putting it here would turn each change into a second pod write.
+    """
     if state == "InUse" and use is not None:
         count = len(use.resolutions)
         return {
             "type": names.POD_CONDITION_GPU_IN_USE,
             "status": "True",
             "reason": "ProcessesRunning",
-            "message": f"{count} process{'es' if count != 1 else ''} on "
-            f"{', '.join(use.devices)} {'use' if count != 1 else 'uses'} "
-            f"{format_mib(use.memory_mib)} of GPU memory "
-            f"(node {node})",
+            "message": f"{count} process{'es' if count != 1 else ''} on node {node} "
+            f"{'use' if count != 1 else 'uses'} {', '.join(use.devices)}; memory in the "
+            f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation",
         }
     if state == "Unknown":
         return {

@@ -29,3 +29,5 @@ class OperatorSettings(CommandSettings):
     peering_lifetime: int = Field(default=30, ge=10, le=3600)
     """Seconds a replica's peering record stays valid without renewal: how long a crashed
     active replica blocks the standby (a clean shutdown hands over at once)."""
+    health_port: int = Field(default=0, ge=0, le=65535)
+    """Port of kopf's liveness endpoint (GET /healthz, for a liveness probe); 0: none."""

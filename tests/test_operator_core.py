@@ -190,7 +190,15 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     assert cleared == dict.fromkeys(wanted), "use ended: our annotations removed, others kept"
     condition = desired_condition("InUse", use, "gpu-node-a")
     assert condition["status"] == "True"
-    assert "1 process on GPU-11111111" in condition["message"]
+    assert "1 process on node gpu-node-a uses GPU-11111111" in condition["message"]
+    grown = type(use)(use.pod, use.node, use.observed_at, tuple(
+        type(r)(**{**r.__dict__, "process": r.process.model_copy(update={"used_memory_mib": 1})})
+        for r in use.resolutions
+    ))  # fmt: skip
+    assert desired_annotations(grown) != wanted
+    assert desired_condition("InUse", grown, "gpu-node-a") == condition, (
+        "a memory change alone is one pod write (annotations), not two"
+    )
     first = condition_patch([{"type": "Ready", "status": "True"}], condition, NOW)
     assert first is not None
     assert first["lastTransitionTime"] == "2026-11-21T12:00:30Z"

@@ -1,0 +1,332 @@
+"""The operator at 500 nodes / 5,000 pods on the local control plane.
+
+Measures, with the operator running as its own process (`gpuusage operator --standalone`):
+
+1. initial convergence: every pod annotated after the operator starts on 500 reports;
+2. heartbeats: every report rewritten with only `observedAt` changed, then pod writes counted
+   by the apiserver itself (`apiserver_request_total`, PATCH on pods and pods/status): target 0;
+3. latency and throughput: reports changed at a fixed rate (a process's memory grows by 64 MiB,
+   the agent's threshold, so the pod's `gpu-memory-mib` annotation must change); the time from
+   the spec PATCH returning to the annotation appearing on a pod watch, p50 and p99 (target
+   p99 ≤ 2 s), at each rate in --rates (target: ≥ 50 updates/s sustained);
+4. the operator's resident memory (VmRSS and its peak VmHWM; target ≤ 250 MB).
+
+    python benchmarks/operator_scale.py [--nodes 500] [--pods-per-node 10] [--rates 50,100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
+
+from tests.fakenvml import gpu_uuid  # noqa: E402
+
+from gpuusage.api import names  # noqa: E402
+from gpuusage.kube.config import api_client  # noqa: E402
+from gpuusage.kube.crds import install_crds  # noqa: E402
+from gpuusage.localcluster.cluster import LocalCluster  # noqa: E402
+from gpuusage.simulation import create_running_pod, ensure_namespace  # noqa: E402
+
+NAMESPACES = 10
+STEP_MIB = 64
+
+
+class World:
+    """The simulated cluster: nodes, pods, and the spec each node's agent last published."""
+
+    def __init__(self, api: client.ApiClient, nodes: int, per_node: int) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.nodes = [f"gpu-{i:04d}" for i in range(nodes)]
+        self.per_node = per_node
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.pod_of: dict[tuple[str, int], str] = {}  # (node, process slot) → "ns/name"
+        self.memory: dict[str, int] = {}  # "ns/name" → MiB the pod's process uses now
+
+    def create(self, pool: ThreadPoolExecutor) -> None:
+        for ns in range(NAMESPACES):
+            ensure_namespace(self.core, f"bench-{ns}")
+        list(pool.map(self._node, self.nodes))
+
+    def _node(self, node: str) -> None:
+        self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+        processes: list[list[dict[str, Any]]] = [[] for _ in range(8)]
+        for slot in range(self.per_node):
+            ns = f"bench-{slot % NAMESPACES}"
+            name = f"{node}-p{slot}"
+            _uid, cid = create_running_pod(self.core, ns, name, node, "main")
+            key = f"{ns}/{name}"
+            self.pod_of[(node, slot)] = key
+            self.memory[key] = 4096
+            processes[slot % 8].append(
+                {"pid": 10_000 + slot, "name": "python3", "usedMemoryMiB": 4096,
+                 "containerID": cid, "types": ["compute"]}
+            )  # fmt: skip
+        gpus = [
+            {"index": i, "uuid": gpu_uuid(i), "name": "NVIDIA H100 80GB HBM3",
+             "memory": {"totalMiB": 81559, "usedMiB": sum(p["usedMemoryMiB"] for p in procs)},
+             "processes": procs}
+            for i, procs in enumerate(processes)
+        ]  # fmt: skip
+        spec = {"nodeName": node, "observedAt": _now(), "gpus": gpus,
+                "source": {"kind": "fake", "available": True}}  # fmt: skip
+        self.specs[node] = spec
+        body = {"apiVersion": names.API_VERSION, "kind": names.KIND,
+                "metadata": {"name": node}, "spec": spec}  # fmt: skip
+        self.custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
+
+    def publish(self, node: str) -> None:
+        self.specs[node]["observedAt"] = _now()
+        self.custom.patch_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL, node, {"spec": self.specs[node]}
+        )
+
+    def grow(self, node: str, slot: int) -> tuple[str, int]:
+        """One process grows by the agent's threshold; returns (pod, its new annotation value)."""
+        process = self.specs[node]["gpus"][slot % 8]["processes"][slot // 8]
+        process["usedMemoryMiB"] += STEP_MIB
+        gpu = self.specs[node]["gpus"][slot % 8]
+        gpu["memory"]["usedMiB"] = sum(p["usedMemoryMiB"] for p in gpu["processes"])
+        key = self.pod_of[(node, slot)]
+        self.memory[key] = process["usedMemoryMiB"]
+        return key, process["usedMemoryMiB"]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+class PodWatch(threading.Thread):
+    """Follows the pods' gpu-memory-mib annotation; wakes waiters when a value appears."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        super().__init__(daemon=True)
+        self.core = client.CoreV1Api(api)
+        self.values: dict[str, str] = {}
+        self.expected: dict[str, tuple[str, float]] = {}  # pod → (value, sent at)
+        self.latencies: list[float] = []
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while True:
+            try:
+                self._follow()
+            except Exception as exc:  # a dropped stream: list again
+                print(f"pod watch restarts: {exc!r}", file=sys.stderr)
+                time.sleep(0.5)
+
+    def _follow(self) -> None:
+        """Raw watch lines, parsed as JSON only: deserialising 5,000 V1Pods would make this
+        process compete with the operator for the CPU it is measuring."""
+        version: str | None = None
+        while True:
+            response = self.core.list_pod_for_all_namespaces(
+                watch=True, allow_watch_bookmarks=True, resource_version=version,
+                timeout_seconds=300, _preload_content=False,
+            )  # fmt: skip
+            raw = getattr(response, "response", response)  # RESTResponse wraps urllib3's
+            buffer = b""
+            for chunk in raw.stream(65536):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        version = self._event(json.loads(line), version)
+
+    def _event(self, event: dict[str, Any], version: str | None) -> str | None:
+        if event["type"] == "ERROR":
+            return None  # e.g. 410 Gone: list again
+        meta = event["object"]["metadata"]
+        if event["type"] == "BOOKMARK":
+            return str(meta["resourceVersion"])
+        key = f"{meta['namespace']}/{meta['name']}"
+        value = (meta.get("annotations") or {}).get(names.ANNOTATION_GPU_MEMORY_MIB)
+        now = time.monotonic()
+        with self.lock:
+            if value is not None:
+                self.values[key] = value
+            wanted = self.expected.get(key)
+            if wanted is not None and value == wanted[0]:
+                self.latencies.append(now - wanted[1])
+                del self.expected[key]
+        return str(meta["resourceVersion"])
+
+    def expect(self, pod: str, value: int, sent: float) -> None:
+        with self.lock:
+            self.expected[pod] = (str(value), sent)
+
+    def annotated(self) -> int:
+        with self.lock:
+            return len(self.values)
+
+
+def apiserver_writes(api: client.ApiClient) -> dict[str, float]:
+    """PATCH requests the apiserver served so far, by resource/subresource."""
+    response = api.call_api("GET", f"{api.configuration.host}/metrics")
+    counts: dict[str, float] = {}
+    for line in response.read().decode().splitlines():
+        if not line.startswith("apiserver_request_total{") or 'verb="PATCH"' not in line:
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")]
+                      .replace('"', "").split(","))  # fmt: skip
+        key = labels["resource"] + ("/" + labels["subresource"] if labels["subresource"] else "")
+        counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def _delta(after: dict[str, float], before: dict[str, float], key: str) -> int:
+    return int(after.get(key, 0) - before.get(key, 0))
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            name, value, _unit = line.split()
+            fields[name.rstrip(":")] = round(int(value) / 1024, 1)
+    return fields
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def run_rate(world: World, watcher: PodWatch, pool: ThreadPoolExecutor, rate: float,
+             seconds: float) -> dict[str, Any]:  # fmt: skip
+    """Change reports at `rate` per second for `seconds`; latency of each change to its pod."""
+    with watcher.lock:
+        watcher.latencies.clear()
+    sent, late = 0, 0
+    start = time.monotonic()
+    slots = [(node, slot) for slot in range(world.per_node) for node in world.nodes]
+
+    def send(node: str, slot: int) -> None:
+        pod, value = world.grow(node, slot)
+        world.publish(node)
+        watcher.expect(pod, value, time.monotonic())
+
+    futures = []
+    while time.monotonic() - start < seconds:
+        due = start + sent / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        elif delay < -1.0:
+            late += 1
+        node, slot = slots[sent % len(slots)]
+        futures.append(pool.submit(send, node, slot))
+        sent += 1
+    for future in futures:
+        future.result()
+    achieved = sent / (time.monotonic() - start)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with watcher.lock:
+            if not watcher.expected:
+                break
+        time.sleep(0.2)
+    with watcher.lock:
+        lat, missing = list(watcher.latencies), len(watcher.expected)
+        watcher.expected.clear()
+    return {
+        "rate_target": rate,
+        "rate_sent": round(achieved, 1),
+        "updates": sent,
+        "applied": len(lat),
+        "not_applied_after_60s": missing,
+        "latency_p50_s": round(percentile(lat, 0.50), 3) if lat else None,
+        "latency_p99_s": round(percentile(lat, 0.99), 3) if lat else None,
+        "latency_max_s": round(max(lat), 3) if lat else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods-per-node", type=int, default=10)
+    parser.add_argument("--rates", default="50,100", help="CR updates per second to drive")
+    parser.add_argument("--seconds", type=float, default=60.0, help="per rate")
+    args = parser.parse_args()
+    result: dict[str, Any] = {"nodes": args.nodes, "pods": args.nodes * args.pods_per_node}
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(Path(tmp) / "cluster")
+        cluster.up()
+        operator = None
+        try:
+            api, _ = api_client(cluster.kubeconfig)
+            api.configuration.connection_pool_maxsize = 32
+            install_crds(api)
+            world = World(api, args.nodes, args.pods_per_node)
+            pool = ThreadPoolExecutor(16)
+            started = time.monotonic()
+            world.create(pool)
+            result["setup_s"] = round(time.monotonic() - started, 1)
+            watcher = PodWatch(api)
+            watcher.start()
+            log = (Path(tmp) / "operator.log").open("w")
+            started = time.monotonic()
+            operator = subprocess.Popen(
+                [sys.executable, "-m", "gpuusage.cli", "operator", "--standalone",
+                 "--kubeconfig", str(cluster.kubeconfig), "--stale-after", "3600"],
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                stdout=subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
+            pods = args.nodes * args.pods_per_node
+            while watcher.annotated() < pods:
+                if time.monotonic() - started > 900 or operator.poll() is not None:
+                    raise SystemExit(f"only {watcher.annotated()} of {pods} pods annotated")
+                time.sleep(0.5)
+            result["initial_convergence_s"] = round(time.monotonic() - started, 1)
+            result["operator_memory_after_start_mib"] = memory_of(operator.pid)
+
+            time.sleep(5)
+            before = apiserver_writes(api)
+            started = time.monotonic()
+            list(pool.map(world.publish, world.nodes))
+            result["heartbeat_round_s"] = round(time.monotonic() - started, 1)
+            time.sleep(15)
+            after = apiserver_writes(api)
+            result["heartbeats"] = {
+                "reports_rewritten": args.nodes,
+                "report_status_writes": _delta(after, before, "gpunodeusages/status"),
+                "pod_writes": _delta(after, before, "pods") + _delta(after, before, "pods/status"),
+            }
+            result["rates"] = []
+            for rate in (float(r) for r in args.rates.split(",")):
+                before = apiserver_writes(api)
+                measured = run_rate(world, watcher, pool, rate, args.seconds)
+                after = apiserver_writes(api)
+                measured["pod_writes"] = _delta(after, before, "pods") + _delta(
+                    after, before, "pods/status"
+                )
+                result["rates"].append(measured)
+                print(json.dumps(measured), file=sys.stderr)
+            result["operator_memory_end_mib"] = memory_of(operator.pid)
+        finally:
+            if operator is not None:
+                operator.terminate()
+                operator.wait(30)
+            cluster.down()
+    result["python"] = sys.version.split()[0]
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

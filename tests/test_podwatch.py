@@ -1,0 +1,112 @@
+"""The operator's own pod index: events applied as an informer would, relists replace."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuusage.api import names
+from gpuusage.operator.podwatch import IndexState, PodWatch
+
+CID_A, CID_B = "a" * 64, "b" * 64
+UID_1, UID_2 = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
+
+
+def pod(
+    uid: str, name: str, cid: str | None, marked: bool = False, rv: str = "1"
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"uid": uid, "name": name, "namespace": "ml", "resourceVersion": rv}
+    if marked:
+        meta["annotations"] = {names.ANNOTATION_GPUS: "GPU-x"}
+    statuses = [{"name": "main", "containerID": f"containerd://{cid}"}] if cid else []
+    return {"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"containerStatuses": statuses}}
+
+
+def test_events_add_change_and_remove_keys() -> None:
+    state = IndexState()
+    state.apply("ADDED", pod(UID_1, "p1", None))
+    assert state.by_key.keys() == {f"uid:{UID_1}"}
+    state.apply("MODIFIED", pod(UID_1, "p1", CID_A, marked=True, rv="2"))
+    state.apply("ADDED", pod(UID_2, "p2", CID_B))
+    assert set(state.by_key) == {f"uid:{UID_1}", f"cid:{CID_A}", "marked:n1", f"uid:{UID_2}",
+                                 f"cid:{CID_B}"}  # fmt: skip
+    # A container restart: the new ID replaces the old one, the old key is gone.
+    state.apply("MODIFIED", pod(UID_1, "p1", CID_B.replace("b", "c"), rv="3"))
+    assert f"cid:{CID_A}" not in state.by_key
+    assert "marked:n1" not in state.by_key, "the pod lost our marks"
+    state.apply("DELETED", pod(UID_2, "p2", CID_B))
+    assert set(state.by_key) == {f"uid:{UID_1}", "cid:" + "c" * 64}
+    assert len(state) == 1
+    state.apply("DELETED", {"metadata": {}})  # no uid: ignored, no crash
+
+
+class FakeRaw:
+    """What urllib3 gives back with _preload_content=False."""
+
+    def __init__(self, body: bytes) -> None:
+        self.data = body
+        self.released = False
+
+    def stream(self, size: int, decode_content: bool = True) -> Any:
+        for start in range(0, len(self.data), 7):  # lines split across chunks
+            yield self.data[start : start + 7]
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+class FakeCore:
+    def __init__(self, pages: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+        self.pages, self.events, self.calls = pages, events, []  # type: ignore[var-annotated]
+
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> FakeRaw:
+        self.calls.append(kwargs)
+        if kwargs.get("watch"):
+            return FakeRaw(b"".join(json.dumps(e).encode() + b"\n" for e in self.events))
+        return FakeRaw(json.dumps(self.pages.pop(0)).encode())
+
+
+def test_list_is_paginated_then_watch_resumes_from_its_version() -> None:
+    pages = [
+        {"metadata": {"continue": "next"}, "items": [pod(UID_1, "p1", CID_A)]},
+        {"metadata": {"resourceVersion": "100"}, "items": [pod(UID_2, "p2", CID_B)]},
+    ]
+    events = [
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "105"}}},
+        {"type": "DELETED", "object": pod(UID_1, "p1", CID_A, rv="106")},
+    ]
+    core = FakeCore(pages, events)
+    watch = PodWatch(core)
+    version = watch._list()
+    assert (version, len(watch), watch.synced.is_set()) == ("100", 2, True)
+    assert core.calls[1]["_continue"] == "next"
+    assert watch._watch(version) == "106"
+    assert core.calls[2]["resource_version"] == "100"
+    assert watch.lookup().by_container(CID_A) is None
+    ref = watch.lookup().by_container(CID_B)
+    assert ref is not None
+    assert ref.name == "p2"
+
+
+def test_watch_error_means_list_again_and_the_new_list_replaces_the_index() -> None:
+    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": "too old"}}
+    pages = [
+        {"metadata": {"resourceVersion": "1"}, "items": [pod(UID_1, "p1", CID_A)]},
+        {"metadata": {"resourceVersion": "9"}, "items": [pod(UID_2, "p2", CID_B)]},
+    ]
+    core = FakeCore(pages, [gone])
+    watch = PodWatch(core, retry_seconds=0.01)
+    original = watch._state
+
+    def stop_after_relist() -> str:
+        version = PodWatch._list(watch)
+        if watch.relists == 2:
+            watch.stop()
+        return version
+
+    watch._list = stop_after_relist  # type: ignore[method-assign]
+    watch.run()
+    assert watch.relists == 2
+    assert watch._state is not original, "swapped in one assignment"
+    assert watch.lookup().by_uid(UID_1) is None, "a pod deleted while expired is dropped"
+    assert watch.lookup().by_uid(UID_2) is not None
