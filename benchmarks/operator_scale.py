@@ -39,7 +39,7 @@ from tests.fakenvml import gpu_uuid  # noqa: E402
 from gpuusage.api import names  # noqa: E402
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
-from gpuusage.localcluster.cluster import LocalCluster  # noqa: E402
+from gpuusage.localcluster.cluster import ClusterState, LocalCluster  # noqa: E402
 from gpuusage.simulation import create_running_pod, ensure_namespace  # noqa: E402
 
 NAMESPACES = 10
@@ -203,6 +203,12 @@ def memory_of(pid: int) -> dict[str, float]:
     return fields
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (utime and stime of /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
@@ -294,6 +300,7 @@ def main() -> None:
                     raise SystemExit(f"only {watcher.annotated()} of {pods} pods annotated")
                 time.sleep(0.5)
             result["initial_convergence_s"] = round(time.monotonic() - started, 1)
+            result["initial_operator_cpu_s"] = round(cpu_seconds(operator.pid), 1)
             result["operator_memory_after_start_mib"] = memory_of(operator.pid)
 
             time.sleep(5)
@@ -309,10 +316,24 @@ def main() -> None:
                 "pod_writes": _delta(after, before, "pods") + _delta(after, before, "pods/status"),
             }
             result["rates"] = []
+            state = ClusterState.load(cluster.state_path)
+            assert state is not None
+            pids = {p.name: p.pid for p in state.processes}
+            pids["operator"], pids["benchmark"] = operator.pid, os.getpid()
             for rate in (float(r) for r in args.rates.split(",")):
                 before = apiserver_writes(api)
+                cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                started = time.monotonic()
                 measured = run_rate(world, watcher, pool, rate, args.seconds)
+                elapsed = time.monotonic() - started
                 after = apiserver_writes(api)
+                measured["operator_cpu_ms_per_update"] = round(
+                    (cpu_seconds(operator.pid) - cpu["operator"]) * 1000 / measured["updates"], 2
+                )
+                measured["cores_used"] = {
+                    name: round((cpu_seconds(pid) - cpu[name]) / elapsed, 2)
+                    for name, pid in pids.items()
+                }
                 measured["pod_writes"] = _delta(after, before, "pods") + _delta(
                     after, before, "pods/status"
                 )

@@ -13,6 +13,7 @@ never stops the rest.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -43,6 +44,15 @@ from gpuusage.operator.status import desired_status
 log = logging.getLogger(__name__)
 STRATEGIC = "application/strategic-merge-patch+json"
 COMPONENT = "gpuusage.io/operator"
+
+
+def _release(response: Any) -> bytes:
+    """The body of a raw (_preload_content=False) response; the connection goes back to the pool."""
+    raw = getattr(response, "response", response)
+    try:
+        return bytes(raw.data)
+    finally:
+        raw.release_conn()
 
 
 @dataclass
@@ -94,10 +104,18 @@ class Reconciler:
             spec, resolutions, now, generation=body["metadata"].get("generation"),
             previous=previous, stale_after=self.stale_after,
         )  # fmt: skip
-        if previous is None or previous.to_api() != status.to_api():
+        wanted = status.to_api()
+        if previous is None or previous.to_api() != wanted:
             call(
-                lambda: self._custom.patch_cluster_custom_object_status(
-                    names.GROUP, names.VERSION, names.PLURAL, name, {"status": status.to_api()}
+                lambda: _release(
+                    self._custom.patch_cluster_custom_object_status(
+                        names.GROUP,
+                        names.VERSION,
+                        names.PLURAL,
+                        name,
+                        {"status": wanted},
+                        _preload_content=False,
+                    )
                 ),
                 f"status of {name}",
             )
@@ -161,21 +179,36 @@ class Reconciler:
 
     def _write_pod(self, ref: PodRef, body: dict[str, Any], status: bool) -> str | None:
         """Patch the pod (or its status); the resourceVersion the write produced."""
+        # Raw responses: deserialising the returned V1Pod cost more CPU than the rest of the
+        # reconcile; only its resourceVersion is needed.
         if status:
-            pod = call(
-                lambda: self._core.patch_namespaced_pod_status(
-                    ref.name, ref.namespace, body, _content_type=STRATEGIC
+            raw = call(
+                lambda: _release(
+                    self._core.patch_namespaced_pod_status(
+                        ref.name,
+                        ref.namespace,
+                        body,
+                        _content_type=STRATEGIC,
+                        _preload_content=False,
+                    )
                 ),
                 f"pods/status {ref.namespace}/{ref.name}",
             )
         else:
-            pod = call(
-                lambda: self._core.patch_namespaced_pod(ref.name, ref.namespace, body),
+            raw = call(
+                lambda: _release(
+                    self._core.patch_namespaced_pod(
+                        ref.name, ref.namespace, body, _preload_content=False
+                    )
+                ),
                 f"pod {ref.namespace}/{ref.name}",
             )
         self.counts.pod_writes += 1
-        meta = getattr(pod, "metadata", None)
-        return getattr(meta, "resource_version", None)
+        try:
+            version = json.loads(raw)["metadata"]["resourceVersion"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return str(version)
 
     def _event(self, ref: PodRef, reason: str, note: str, now: datetime) -> None:
         event = client.EventsV1Event(

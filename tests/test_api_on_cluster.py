@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,10 +245,3 @@ def test_object_meta_model_reads_api_metadata(custom: client.CustomObjectsApi) -
     assert meta.name == name
     assert meta.uid
     assert meta.resource_version
-
-
-def test_manifests_apply_with_kustomize(kubectl: Kubectl) -> None:
-    """`kubectl apply -k manifests/` is accepted by the apiserver (server-side dry run)."""
-    repo = Path(__file__).resolve().parents[1]
-    out = kubectl.run("apply", "-k", str(repo / "manifests"), "--dry-run=server")
-    assert "customresourcedefinition.apiextensions.k8s.io/gpunodeusages.gpuusage.io" in out

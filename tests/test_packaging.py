@@ -52,14 +52,18 @@ def _source_modules() -> set[str]:
     return found
 
 
-def test_wheel_in_a_fresh_virtualenv_imports_every_module(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
         check=True,
-        cwd=tmp_path,
+        cwd=wheels,
     )
-    wheel = next(wheels.glob("gpuusage-*.whl"))
+    return next(wheels.glob("gpuusage-*.whl"))
+
+
+def test_wheel_in_a_fresh_virtualenv_imports_every_module(tmp_path: Path, wheel: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
@@ -83,3 +87,43 @@ def test_wheel_in_a_fresh_virtualenv_imports_every_module(tmp_path: Path) -> Non
         [env_dir / "bin" / "gpuusage", "--version"], capture_output=True, text=True, check=True
     )
     assert console.stdout.startswith("gpuusage ")
+
+
+def test_agent_image_recipe_runs_the_agent_without_kubernetes_or_kopf(
+    tmp_path: Path, wheel: Path
+) -> None:
+    """What nodeagent/Dockerfile installs (the wheel without dependencies, plus
+    nodeagent/requirements.txt) is enough for the agent, and holds no operator packages."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    requirements = REPO / "nodeagent" / "requirements.txt"
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-compile", "--no-deps", str(wheel)],
+                   check=True, cwd=tmp_path)  # fmt: skip
+    subprocess.run([python, "-m", "pip", "install", "-q", "-r", str(requirements)],
+                   check=True, cwd=tmp_path)  # fmt: skip
+    absent = subprocess.run([python, "-c", "import kubernetes"], capture_output=True, check=False)
+    assert absent.returncode != 0
+    absent = subprocess.run([python, "-c", "import kopf"], capture_output=True, check=False)
+    assert absent.returncode != 0
+    proc = tmp_path / "proc"
+    uid, cid = "11111111-2222-4333-8444-555555555555", "ab" * 32
+    cgroup = (f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
+              f"cri-containerd-{cid}.scope\n")  # fmt: skip
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text(cgroup)
+    (proc / "4242" / "comm").write_text("python3\n")
+    (proc / "4242" / "stat").write_text("4242 (python3) S" + " 0" * 18 + " 777 0 0\n")
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(
+        "gpus:\n  - index: 0\n    uuid: GPU-11111111-2222-3333-4444-555555555555\n"
+        "    memoryTotalMiB: 81920\n    processes:\n      - pid: 4242\n"
+        "        usedMemoryMiB: 1024\n"
+    )
+    out = subprocess.run(
+        [env_dir / "bin" / "gpuusage", "agent", "--once", "--output", "json", "--node-name",
+         "gpu-1", "--gpu-source", f"fake:{scenario}", "--proc-root", str(proc)],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    process = json.loads(out)["spec"]["gpus"][0]["processes"][0]
+    assert (process["podUID"], process["containerID"]) == (uid, cid)

@@ -1,0 +1,250 @@
+"""The install, proven on the real apiserver under the components' own identities.
+
+`kubectl apply -k manifests/` installs everything; tokens are minted for the agent's and the
+operator's ServiceAccounts by TokenRequest, bound to pods on given nodes (as kubelet's projected
+tokens are), and the agent and the operator run with them. Then every promise of the RBAC and
+of the admission policy is checked by trying to break it.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuusage.api import names
+from gpuusage.kube.config import api_client
+from gpuusage.localcluster.cluster import LocalCluster
+from gpuusage.nodeagent.main import run_agent
+from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.operator.main import run_operator
+from gpuusage.operator.settings import OperatorSettings
+from gpuusage.simulation import (
+    Background,
+    create_running_pod,
+    ensure_namespace,
+    pod_cgroup,
+    write_process,
+)
+from tests.conftest import Kubectl, wait_for
+from tests.fakenvml import gpu_uuid
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+NS = "gpuusage-system"
+AGENT_SA, OPERATOR_SA = "gpuusage-agent", "gpuusage-operator"
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: LocalCluster) -> LocalCluster:
+    kubectl = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
+    out = kubectl.run("apply", "-k", str(REPO / "manifests"))
+    assert "daemonset.apps/gpuusage-agent" in out
+    assert "validatingadmissionpolicybinding.admissionregistration.k8s.io" in out
+    return cluster
+
+
+def _identity_pod(core: client.CoreV1Api, sa: str, node: str) -> client.V1Pod:
+    """A pod of the ServiceAccount on the node: what a projected token is bound to."""
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=f"{sa}-{uuid.uuid4().hex[:5]}"),
+        spec=client.V1PodSpec(
+            node_name=node,
+            service_account_name=sa,
+            automount_service_account_token=False,
+            containers=[client.V1Container(name="main", image="registry.example/gpuusage:1")],
+        ),
+    )
+    created: client.V1Pod = core.create_namespaced_pod(NS, pod)
+    return created
+
+
+def _token_kubeconfig(
+    cluster: LocalCluster, core: client.CoreV1Api, sa: str, pod: client.V1Pod | None, path: Path
+) -> Path:
+    """Mint a token for sa (bound to pod when given) and write a kubeconfig that uses it."""
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 3600}
+    if pod is not None:
+        assert pod.metadata is not None
+        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1",
+                                  "name": pod.metadata.name, "uid": pod.metadata.uid}  # fmt: skip
+    issued = core.create_namespaced_service_account_token(
+        sa, NS, client.AuthenticationV1TokenRequest(spec=spec)
+    )
+    assert issued.status is not None
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": cluster.server,
+            "certificate-authority": str(cluster.directory / "pki" / "ca.crt")}}],
+        "users": [{"name": sa, "user": {"token": issued.status.token}}],
+        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
+        "current-context": sa,
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _denied(call: Callable[[], Any], *fragments: str) -> str:
+    with pytest.raises(ApiException) as caught:
+        call()
+    assert caught.value.status in (403, 422), caught.value
+    body = str(caught.value.body)
+    for fragment in fragments:
+        assert fragment in body, body
+    return body
+
+
+def _report(node: str) -> dict[str, Any]:
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": node},
+            "spec": {"nodeName": node, "observedAt": "2026-11-21T12:00:00Z", "gpus": [],
+                     "source": {"kind": "fake", "available": True}}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world(
+    installed: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    cluster = installed
+    tmp = tmp_path_factory.mktemp("install")
+    admin, _ = api_client(cluster.kubeconfig)
+    core = client.CoreV1Api(admin)
+    suffix = uuid.uuid4().hex[:5]
+    node_a, node_b = f"gpu-a-{suffix}", f"gpu-b-{suffix}"
+    for node in (node_a, node_b):
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+    ns = f"team-{suffix}"
+    ensure_namespace(core, ns)
+    uid, cid = create_running_pod(core, ns, "train", node_a, "trainer")
+    proc = tmp / "proc"
+    write_process(proc, 4242, pod_cgroup(uid, cid), comm="python3", start_ticks=4242)
+    scenario = tmp / "scenario.yaml"
+    gpu = {"index": 0, "uuid": gpu_uuid(0), "memoryTotalMiB": 81920,
+           "processes": [{"pid": 4242, "usedMemoryMiB": 20480}]}  # fmt: skip
+    scenario.write_text(yaml.safe_dump({"gpus": [gpu]}))
+    agent_pod = _identity_pod(core, AGENT_SA, node_a)
+    operator_pod = _identity_pod(core, OPERATOR_SA, node_b)
+    agent_kc = _token_kubeconfig(cluster, core, AGENT_SA, agent_pod, tmp / "agent.kubeconfig")
+    operator_kc = _token_kubeconfig(cluster, core, OPERATOR_SA, operator_pod,
+                                    tmp / "operator.kubeconfig")  # fmt: skip
+    unbound_kc = _token_kubeconfig(cluster, core, AGENT_SA, None, tmp / "unbound.kubeconfig")
+    agent_settings = AgentSettings(
+        node_name=node_a, interval=0.5, heartbeat=2.0, gpu_source=f"fake:{scenario}",
+        proc_root=proc, kubeconfig=agent_kc, metrics_port=0,
+    )  # fmt: skip
+    ready = threading.Event()
+    operator_settings = OperatorSettings(kubeconfig=operator_kc, resync=0.5,
+                                         peering=f"install-{suffix}")  # fmt: skip
+    agent = Background(lambda stop: run_agent(agent_settings, stop))
+    operator = Background(lambda stop: run_operator(operator_settings, stop, ready))
+    apis = {name: api_client(path)[0] for name, path in
+            (("agent", agent_kc), ("operator", operator_kc), ("unbound", unbound_kc))}  # fmt: skip
+    try:
+        assert ready.wait(60), "the operator did not start under its own identity"
+        yield {"admin": admin, "core": core, "ns": ns, "a": node_a, "b": node_b, **apis}
+    finally:
+        agent.halt()
+        operator.halt()
+        for api in apis.values():
+            api.close()  # type: ignore[no-untyped-call]
+        admin.close()  # type: ignore[no-untyped-call]
+
+
+def test_agent_and_operator_work_under_their_own_service_accounts(world: dict[str, Any]) -> None:
+    custom = client.CustomObjectsApi(world["admin"])
+
+    def report() -> dict[str, Any]:
+        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL,
+                                                world["a"])  # fmt: skip
+        assert isinstance(body, dict)
+        return body
+
+    body = wait_for(lambda: (r := report()).get("status", {}).get("totals") and r,
+                    what="the agent's report and the operator's status")  # fmt: skip
+    owner = body["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Node", world["a"])
+    assert body["status"]["totals"]["pods"] == 1
+
+    def marked() -> client.V1Pod | None:
+        pod: client.V1Pod = world["core"].read_namespaced_pod("train", world["ns"])
+        types = {c.type for c in pod.status.conditions or []}
+        ours = names.ANNOTATION_GPUS in (pod.metadata.annotations or {})
+        return pod if ours and names.POD_CONDITION_GPU_IN_USE in types else None
+
+    pod = wait_for(marked, what="the operator's annotations and condition on the pod")
+    assert pod.metadata.annotations[names.ANNOTATION_GPU_MEMORY_MIB] == "20480"
+    condition = next(c for c in pod.status.conditions if c.type == names.POD_CONDITION_GPU_IN_USE)
+    assert condition.status == "True"
+    events = client.EventsV1Api(world["admin"])
+    reasons = wait_for(lambda: [e.reason for e in events.list_namespaced_event(world["ns"]).items],
+                       what="the operator's Event")  # fmt: skip
+    assert reasons == ["GPUUseStarted"]
+
+
+def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) -> None:
+    agent = client.CustomObjectsApi(world["agent"])
+    a, b = world["a"], world["b"]
+    group = (names.GROUP, names.VERSION, names.PLURAL)
+    _denied(lambda: agent.create_cluster_custom_object(*group, _report(b)),
+            f"may only write the GpuNodeUsage named {a}, not {b}")  # fmt: skip
+    _denied(lambda: agent.patch_cluster_custom_object_status(*group, a, {"status": {}}),
+            "gpunodeusages/status")  # fmt: skip
+    _denied(lambda: agent.delete_cluster_custom_object(*group, a), "cannot delete")
+    _denied(
+        lambda: agent.patch_cluster_custom_object(
+            *group, a, {"metadata": {"labels": {"team": "evil"}}}
+        ),
+        "labels, annotations",
+    )
+    _denied(lambda: agent.patch_cluster_custom_object(*group, a, {"metadata": {
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": b, "uid": "x"}]}}),
+        "only be owned by the agent's own Node")  # fmt: skip
+    core = client.CoreV1Api(world["agent"])
+    patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: "forged"}}}
+    _denied(lambda: core.patch_namespaced_pod("train", world["ns"], patch), "cannot patch")
+    _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
+    unbound = client.CustomObjectsApi(world["unbound"])
+    _denied(lambda: unbound.patch_cluster_custom_object(*group, a, {"spec": {}}),
+            "token bound to a pod on a node")  # fmt: skip
+    # What it may do, it still can: its own spec.
+    agent.patch_cluster_custom_object(*group, a, {"spec": {"gpus": []}})
+
+
+def test_operator_token_cannot_write_spec_or_delete(world: dict[str, Any]) -> None:
+    operator = client.CustomObjectsApi(world["operator"])
+    group = (names.GROUP, names.VERSION, names.PLURAL)
+    _denied(lambda: operator.patch_cluster_custom_object(*group, world["a"], {"spec": {}}),
+            "cannot patch resource \\\"gpunodeusages\\\"")  # fmt: skip
+    _denied(lambda: operator.create_cluster_custom_object(*group, _report(world["b"])),
+            "cannot create")  # fmt: skip
+    core = client.CoreV1Api(world["operator"])
+    _denied(lambda: core.delete_namespaced_pod("train", world["ns"]), "cannot delete")
+    _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
+    _denied(lambda: core.create_namespaced_pod(world["ns"], client.V1Pod(
+        metadata=client.V1ObjectMeta(name="x"), spec=client.V1PodSpec(containers=[
+            client.V1Container(name="x", image="x")]))), "cannot create")  # fmt: skip
+
+
+@pytest.mark.parametrize("overlay", ["manifests", "manifests/overlays/host-proc",
+                                     "manifests/overlays/namespace"])  # fmt: skip
+def test_every_manifest_validates_server_side(
+    installed: LocalCluster, kubectl: Kubectl, api: client.ApiClient, overlay: str
+) -> None:
+    if overlay.endswith("namespace"):
+        try:
+            ensure_namespace(client.CoreV1Api(api), "gpu-monitoring")
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    out = kubectl.run("apply", "-k", str(REPO / overlay), "--dry-run=server")
+    assert "daemonset.apps/gpuusage-agent" in out
+    assert "deployment.apps/gpuusage-operator" in out
