@@ -37,6 +37,7 @@ from gpuusage.api import names
 from gpuusage.kube.rest import load_rest_config
 from gpuusage.operator import peering as peers
 from gpuusage.operator.freshness import is_stale
+from gpuusage.operator.metrics import OperatorMetrics
 from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 
@@ -94,6 +95,7 @@ class ActiveGate:
 
     async def active(self) -> bool:
         if self._peering is None:
+            self._last = True
             return True
         wait = self._settled_at - time.monotonic()
         if wait > 0:
@@ -112,6 +114,11 @@ class ActiveGate:
             self._last = answer
         return answer
 
+    @property
+    def last(self) -> bool:
+        """The latest answer (False before the first); for the `active` metric."""
+        return bool(self._last)
+
 
 def report_freshness(body: Mapping[str, Any]) -> tuple[str | None, bool]:
     """(observedAt, whether the report's last status said Stale)."""
@@ -128,10 +135,12 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
     resync_seconds: float,
     scratch: Path,
     peering: Peering | None = None,
+    metrics: OperatorMetrics | None = None,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
     gate = ActiveGate(reconciler.api, peering)
+    metrics = metrics or OperatorMetrics(reconciler.counts, lambda: len(pods))
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -162,6 +171,8 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
 
     # name → (observedAt, whether the last status said Stale), for the staleness watch.
     freshness: dict[str, tuple[str | None, bool]] = {}
+    metrics.active.set_function(lambda: float(gate.last))
+    metrics.reports.set_function(lambda: len(freshness))
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     async def on_report(**kwargs: Any) -> None:
@@ -182,7 +193,14 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
             node = (body.get("spec") or {}).get("nodeName") or name
             await loop.run_in_executor(None, reconciler.forget_node, node, lookup, now)
             return
-        await loop.run_in_executor(None, reconciler.reconcile, dict(body), lookup, now)
+        started = time.monotonic()
+        try:
+            await loop.run_in_executor(None, reconciler.reconcile, dict(body), lookup, now)
+        except Exception as exc:
+            metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
+            raise  # kopf logs it; the next report event (heartbeat) tries again
+        finally:
+            metrics.reconcile_seconds.observe(time.monotonic() - started)
 
     @kopf.on.startup(registry=registry)
     async def start_tasks(**kwargs: Any) -> None:

@@ -17,6 +17,7 @@ from kubernetes import client
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import ensure_peering
 from gpuusage.operator.handlers import Peering, build_registry
+from gpuusage.operator.metrics import OperatorMetrics
 from gpuusage.operator.peering import own_identity, random_priority
 from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
@@ -58,8 +59,11 @@ def run_operator(
         pods_out.append(pods)
     scratch = Path(tempfile.mkdtemp(prefix="gpuusage-operator-"))
     try:
+        metrics = OperatorMetrics(reconciler.counts, lambda: len(pods))
+        if settings.metrics_port:
+            metrics.serve(settings.metrics_address, settings.metrics_port)
         registry = build_registry(
-            reconciler, pods, settings.kubeconfig, settings.resync, scratch, peering
+            reconciler, pods, settings.kubeconfig, settings.resync, scratch, peering, metrics
         )
         kopf.run(
             registry=registry,

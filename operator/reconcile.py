@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections import Counter as TallyCounter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -63,6 +64,8 @@ class Counts:
     pod_writes: int = 0
     events: int = 0
     pod_errors: int = 0
+    api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
+    """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
 
 
 @dataclass
@@ -167,6 +170,7 @@ class Reconciler:
             return
         except Exception as exc:  # one pod must not stop the others
             self.counts.pod_errors += 1
+            self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             return
         if patch is None and cpatch is None:

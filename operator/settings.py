@@ -31,3 +31,7 @@ class OperatorSettings(CommandSettings):
     active replica blocks the standby (a clean shutdown hands over at once)."""
     health_port: int = Field(default=0, ge=0, le=65535)
     """Port of kopf's liveness endpoint (GET /healthz, for a liveness probe); 0: none."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus endpoint (/metrics); 0: none (the manifests use 9748)."""
+    metrics_address: str = "0.0.0.0"
+    """Address the Prometheus endpoint listens on."""

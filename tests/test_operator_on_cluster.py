@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.localcluster.cluster import LocalCluster
+from gpuusage.localcluster.cluster import LocalCluster, free_port
 from gpuusage.nodeagent.main import run_agent
 from gpuusage.nodeagent.settings import AgentSettings
 from gpuusage.operator.main import run_operator
@@ -68,14 +69,16 @@ def world(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Itera
     agent = Background(lambda stop: run_agent(agent_settings, stop))
     reconcilers: list[Reconciler] = []
     ready = threading.Event()
+    metrics_port = free_port()
     op_settings = OperatorSettings(
-        kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True
-    )
+        kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True,
+        metrics_port=metrics_port, metrics_address="127.0.0.1",
+    )  # fmt: skip
     operator = Background(lambda stop: run_operator(op_settings, stop, ready, reconcilers))
     assert ready.wait(60), "operator did not become ready"
     world: dict[str, Any] = {"core": core, "ns": ns, "node": node, "write": write, "agent": agent,
              "operator": operator, "reconcilers": reconcilers, "train": train_uid,
-             "notebook": nb_uid, "api": api}  # fmt: skip
+             "notebook": nb_uid, "api": api, "metrics_port": metrics_port}  # fmt: skip
     try:
         yield world
     finally:
@@ -157,6 +160,22 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     assert wait_for(lambda: _events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted"],
                  what="end event")  # fmt: skip
     assert _events(world, "train") == ["GPUUseStarted"], "no Event per cycle"
+
+    url = f"http://127.0.0.1:{world['metrics_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    counts = world["reconcilers"][0].counts
+    assert f'gpuusage_operator_writes_total{{target="pod"}} {float(counts.pod_writes)}' in text
+    assert 'gpuusage_operator_writes_total{target="event"} 3.0' in text
+    assert "gpuusage_operator_pod_index_size " in text
+    assert "gpuusage_operator_active 1.0" in text
+    assert "gpuusage_operator_reports " in text
+    reconciles = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("gpuusage_operator_reconcile_duration_seconds_count")
+    )
+    assert float(reconciles.split()[-1]) >= 3, "every report event is timed"  # fmt: skip
 
 
 def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
