@@ -122,6 +122,7 @@ class PodWatch(threading.Thread):
         self.expected: dict[str, tuple[str, float]] = {}  # pod → (value, sent at)
         self.latencies: list[float] = []
         self.lock = threading.Lock()
+        self.version: str | None = None
 
     def run(self) -> None:
         while True:
@@ -133,11 +134,11 @@ class PodWatch(threading.Thread):
 
     def _follow(self) -> None:
         """Raw watch lines, parsed as JSON only: deserialising 5,000 V1Pods would make this
-        process compete with the operator for the CPU it is measuring."""
-        version: str | None = None
+        process compete with the operator for the CPU it is measuring. A broken stream resumes
+        from the last resourceVersion: starting over would make the apiserver send all pods."""
         while True:
             response = self.core.list_pod_for_all_namespaces(
-                watch=True, allow_watch_bookmarks=True, resource_version=version,
+                watch=True, allow_watch_bookmarks=True, resource_version=self.version,
                 timeout_seconds=300, _preload_content=False,
             )  # fmt: skip
             raw = getattr(response, "response", response)  # RESTResponse wraps urllib3's
@@ -147,7 +148,7 @@ class PodWatch(threading.Thread):
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        version = self._event(json.loads(line), version)
+                        self.version = self._event(json.loads(line), self.version)
 
     def _event(self, event: dict[str, Any], version: str | None) -> str | None:
         if event["type"] == "ERROR":
@@ -330,6 +331,7 @@ def main() -> None:
                 measured["operator_cpu_ms_per_update"] = round(
                     (cpu_seconds(operator.pid) - cpu["operator"]) * 1000 / measured["updates"], 2
                 )
+                measured["operator_memory_mib"] = memory_of(operator.pid)
                 measured["cores_used"] = {
                     name: round((cpu_seconds(pid) - cpu[name]) / elapsed, 2)
                     for name, pid in pids.items()

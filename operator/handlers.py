@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,10 +137,14 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
     scratch: Path,
     peering: Peering | None = None,
     metrics: OperatorMetrics | None = None,
+    reconcile_workers: int = 16,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
     gate = ActiveGate(reconciler.api, peering)
+    # Reconciles spend most of their time waiting for the apiserver: with asyncio's default
+    # pool (CPU count + 4 threads) a slower apiserver turned into a growing backlog.
+    workers = ThreadPoolExecutor(max_workers=reconcile_workers, thread_name_prefix="reconcile")
     metrics = metrics or OperatorMetrics(reconciler.counts, lambda: len(pods))
 
     @kopf.on.startup(registry=registry)
@@ -191,11 +196,11 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
         now = datetime.now(UTC)
         if kwargs["type"] == "DELETED":
             node = (body.get("spec") or {}).get("nodeName") or name
-            await loop.run_in_executor(None, reconciler.forget_node, node, lookup, now)
+            await loop.run_in_executor(workers, reconciler.forget_node, node, lookup, now)
             return
         started = time.monotonic()
         try:
-            await loop.run_in_executor(None, reconciler.reconcile, dict(body), lookup, now)
+            await loop.run_in_executor(workers, reconciler.reconcile, dict(body), lookup, now)
         except Exception as exc:
             metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
             raise  # kopf logs it; the next report event (heartbeat) tries again
@@ -214,6 +219,7 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
     @kopf.on.cleanup(registry=registry)
     async def stop_tasks(**kwargs: Any) -> None:
         pods.stop()
+        workers.shutdown(wait=False, cancel_futures=True)
         task = kwargs["memo"].get("staleness")
         if task is not None:
             task.cancel()

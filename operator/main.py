@@ -36,7 +36,7 @@ def run_operator(
     """Run until SIGTERM/SIGINT (or stop_flag). reconciler_out receives the reconciler, so
     tests and benchmarks can read its write counts."""
     log.info("operator settings: %s", json.dumps(settings.redacted(), sort_keys=True))
-    api, source = api_client(settings.kubeconfig)
+    api, source = api_client(settings.kubeconfig, pool_size=settings.workers + 4)
     log.info("API from %s (%s)", source.origin, source.detail)
     identity = own_identity()
     reconciler = Reconciler(
@@ -63,8 +63,9 @@ def run_operator(
         if settings.metrics_port:
             metrics.serve(settings.metrics_address, settings.metrics_port)
         registry = build_registry(
-            reconciler, pods, settings.kubeconfig, settings.resync, scratch, peering, metrics
-        )
+            reconciler, pods, settings.kubeconfig, settings.resync, scratch, peering, metrics,
+            settings.workers,
+        )  # fmt: skip
         kopf.run(
             registry=registry,
             clusterwide=True,

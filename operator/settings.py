@@ -35,3 +35,5 @@ class OperatorSettings(CommandSettings):
     """Port of the Prometheus endpoint (/metrics); 0: none (the manifests use 9748)."""
     metrics_address: str = "0.0.0.0"
     """Address the Prometheus endpoint listens on."""
+    workers: int = Field(default=16, ge=1, le=256)
+    """Reconciles run at once (each mostly waits for the apiserver)."""

@@ -57,8 +57,11 @@ def choose_source(
     )
 
 
-def api_client(kubeconfig: Path | None = None) -> tuple[client.ApiClient, ApiSource]:
-    """A fresh ApiClient of the `kubernetes` package for the chosen source.
+def api_client(
+    kubeconfig: Path | None = None, pool_size: int | None = None
+) -> tuple[client.ApiClient, ApiSource]:
+    """A fresh ApiClient of the `kubernetes` package for the chosen source; pool_size sets how
+    many connections it keeps (the default suits one thread at a time).
 
     Imported here, not at module level: the node agent resolves the same sources without that
     package (see gpuusage.kube.rest).
@@ -81,4 +84,6 @@ def api_client(kubeconfig: Path | None = None) -> tuple[client.ApiClient, ApiSou
             )
     except (ConfigException, OSError, ValueError) as exc:
         raise KubeConfigError(f"cannot load {source.origin} config {source.detail}: {exc}") from exc
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration), source
