@@ -107,6 +107,8 @@ class PodWatch:
                 log.info("pod watch expired (%s); listing again", exc)
                 version = None
             except Exception as exc:  # the API is away: resume from where we were
+                if self.stopped.is_set():
+                    break  # shutting down, perhaps with the control plane: nothing to report
                 failures += 1
                 delay = min(30.0, self._retry * 2 ** min(failures, 5)) * random.uniform(0.5, 1)
                 log.warning("pod watch interrupted: %s (retry in %.1fs)", exc, delay)
