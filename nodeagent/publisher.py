@@ -29,6 +29,11 @@ from gpuusage.nodeagent.change import Decision, Fingerprint, decide, fingerprint
 log = logging.getLogger(__name__)
 
 
+SELF_REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+NODE_UID_CLAIM = "authentication.kubernetes.io/node-uid"
+
+
 @dataclass
 class PublishStats:
     """What the publisher did; read by metrics and tests."""
@@ -106,13 +111,38 @@ class Publisher:
 
     # -- API -------------------------------------------------------------------------------
     def _owner(self) -> dict[str, Any]:
+        uid = self._node_uid_from_token() or self._node_uid_from_node()
+        self._node_uid = uid
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
+
+    def _node_uid_from_token(self) -> str | None:
+        """The Node's UID as the apiserver put it in our pod-bound token (SelfSubjectReview).
+
+        In a cluster the agent's token is bound to its pod, and since Kubernetes 1.32 the
+        apiserver records the pod's node name and UID in it; asking "who am I" needs no
+        permission, so the agent needs none on Nodes at all. Elsewhere (a kubeconfig) the
+        answer has no node and the Node is read instead.
+        """
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        try:
+            answer = call(lambda: self._api.post(SELF_REVIEW, review), "who am I", self.backoff)
+        except ApiError as exc:
+            log.debug("SelfSubjectReview unavailable (%s); reading the Node", exc)
+            return None
+        extra = ((answer.get("status") or {}).get("userInfo") or {}).get("extra") or {}
+        names_ = extra.get(NODE_NAME_CLAIM) or []
+        uids = extra.get(NODE_UID_CLAIM) or []
+        if names_ == [self.node_name] and len(uids) == 1 and uids[0]:
+            return str(uids[0])
+        return None
+
+    def _node_uid_from_node(self) -> str:
         node = call(lambda: self._api.get(f"/api/v1/nodes/{self.node_name}"), "read node",
                     self.backoff)  # fmt: skip
         uid = (node.get("metadata") or {}).get("uid")
         if not uid:
             raise NotFound(f"node {self.node_name} has no uid", 404)
-        self._node_uid = uid
-        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
+        return str(uid)
 
     def _write(self, spec: GpuNodeUsageSpec) -> None:
         body: dict[str, Any] = {"spec": spec.to_api()}

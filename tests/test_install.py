@@ -171,7 +171,8 @@ def test_agent_and_operator_work_under_their_own_service_accounts(world: dict[st
     body = wait_for(lambda: (r := report()).get("status", {}).get("totals") and r,
                     what="the agent's report and the operator's status")  # fmt: skip
     owner = body["metadata"]["ownerReferences"][0]
-    assert (owner["kind"], owner["name"]) == ("Node", world["a"])
+    node = world["core"].read_node(world["a"])
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", world["a"], node.metadata.uid)
     assert body["status"]["totals"]["pods"] == 1
 
     def marked() -> Any:
@@ -212,6 +213,7 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
     patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: "forged"}}}
     _denied(lambda: core.patch_namespaced_pod("train", world["ns"], patch), "cannot patch")
     _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
+    _denied(lambda: core.read_node(a), "cannot get resource \\\"nodes\\\"")
     unbound = client.CustomObjectsApi(world["unbound"])
     _denied(lambda: unbound.patch_cluster_custom_object(*group, a, {"spec": {}}),
             "token bound to a pod on a node")  # fmt: skip
