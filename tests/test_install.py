@@ -213,7 +213,7 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
     patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: "forged"}}}
     _denied(lambda: core.patch_namespaced_pod("train", world["ns"], patch), "cannot patch")
     _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
-    _denied(lambda: core.read_node(a), "cannot get resource \\\"nodes\\\"")
+    _denied(lambda: core.read_node(a), 'cannot get resource \\"nodes\\"')
     unbound = client.CustomObjectsApi(world["unbound"])
     _denied(lambda: unbound.patch_cluster_custom_object(*group, a, {"spec": {}}),
             "token bound to a pod on a node")  # fmt: skip
