@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -44,6 +45,21 @@ class LocalClusterSettings(CommandSettings):
 
 class BuildSettings(CommandSettings):
     """No options: versions are pinned in gpuusage.localcluster.binaries."""
+
+
+class TopSettings(CommandSettings):
+    namespace: str | None = Field(default=None, json_schema_extra={"short": "-n"})
+    """Only pods of this namespace (default: the kubeconfig context's, else "default")."""
+    all_namespaces: bool = Field(default=False, json_schema_extra={"short": "-A"})
+    """Pods of every namespace."""
+    node: str | None = None
+    """Only pods on this node."""
+    sort: Literal["memory", "gpus", "processes", "name", "namespace", "node"] = "memory"
+    """Order of the rows (quantities largest first)."""
+    output: Literal["table", "json"] = Field(default="table", json_schema_extra={"short": "-o"})
+    """Output format."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
 
 
 class DemoSettings(CommandSettings):
@@ -111,6 +127,13 @@ def _run_operator(settings: OperatorSettings) -> int:
     return run_operator(settings)
 
 
+def _run_top(settings: TopSettings) -> int:
+    from gpuusage.kube.top import run_top
+
+    return run_top(settings.kubeconfig, settings.namespace, settings.all_namespaces,
+                   settings.node, settings.sort, settings.output)  # fmt: skip
+
+
 def _run_demo(settings: DemoSettings) -> int:
     from gpuusage.demo import run_demo
 
@@ -175,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     _command(commands, "operator",
              "resolve reports to pods; write status, pod annotations, conditions and Events",
              OperatorSettings, _run_operator)  # fmt: skip
+    _command(commands, "top",
+             "pods using GPUs, largest GPU memory first (also: kubectl gpuusage top)",
+             TopSettings, _run_top)  # fmt: skip
     _command(commands, "demo",
              "run the whole product on a local control plane, no GPU or cluster needed",
              DemoSettings, _run_demo)  # fmt: skip
@@ -207,6 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if namespace.log_level == "DEBUG":
             raise
         parser.exit(1, f"gpuusage: {exc}\n")
+
+
+def kubectl_plugin() -> int:
+    """`kubectl gpuusage ...`: kubectl runs kubectl-gpuusage from PATH with the rest of the line."""
+    return main(sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
+from gpuusage.kube.top import run_top
 from gpuusage.localcluster.cluster import LocalCluster
 from gpuusage.nodeagent.main import run_agent
 from gpuusage.nodeagent.settings import AgentSettings
@@ -130,6 +131,9 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         _wait(lambda: all(annotated(ns, pod) for ns, pod, *_ in PODS), "pod annotations")
         kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
         _show(kubectl, detail=True)
+        _step("who holds the GPU memory")
+        print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
+        run_top(cluster.kubeconfig, None, True, None, "memory", "table")
 
         _step("the notebook's kernel exits (the scenario changes)")
         _scenario(scenario, notebook_running=False)

@@ -75,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[CommandSettings])
             kwargs["metavar"] = "{" + ",".join(kwargs["choices"]) + "}"
         elif base is Path:
             kwargs["metavar"] = "PATH"
-        parser.add_argument(flag_name(name), **kwargs)
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        short = [str(extra["short"])] if "short" in extra else []  # kubectl-style -n, -A, -o
+        parser.add_argument(*short, flag_name(name), **kwargs)
 
 
 def resolve(

@@ -1,0 +1,68 @@
+"""The I/O edge of `gpuusage top`: one LIST of GpuNodeUsage objects, then print."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+from gpuusage.api import names
+from gpuusage.errors import GpuusageError
+from gpuusage.kube.config import api_client
+from gpuusage.top import SortKey, order, pod_rows, render_json, render_table, select
+
+
+def _context_namespace(kubeconfig: Path | None) -> str:
+    """The current context's namespace, as kubectl would use it; "default" without one."""
+    from kubernetes import config  # noqa: PLC0415
+
+    try:
+        _contexts, current = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig) if kubeconfig else None
+        )
+    except Exception:  # in-cluster, or no kubeconfig: kubectl's default
+        return "default"
+    return str((current or {}).get("context", {}).get("namespace") or "default")
+
+
+def run_top(  # noqa: PLR0917 (the command's flags, passed through)
+    kubeconfig: Path | None,
+    namespace: str | None,
+    all_namespaces: bool,
+    node: str | None,
+    sort: SortKey,
+    output: str,
+) -> int:
+    from kubernetes import client  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    api, _source = api_client(kubeconfig)
+    with api:
+        try:
+            listed = client.CustomObjectsApi(api).list_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise GpuusageError(
+                    "no GpuNodeUsage API on this cluster: is gpuusage installed? "
+                    "(kubectl apply -k manifests/)"
+                ) from exc
+            raise GpuusageError(f"cannot list {names.PLURAL}: {exc.status} {exc.reason}") from exc
+    items = cast(list[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+    rows, warnings = pod_rows(items)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not all_namespaces and namespace is None:
+        namespace = _context_namespace(kubeconfig)
+    chosen = order(select(rows, None if all_namespaces else namespace, node), sort)
+    if output == "json":
+        print(render_json(chosen))
+        return 0
+    if not chosen:
+        where = "any namespace" if all_namespaces else f"namespace {namespace}"
+        print(f"No pods use GPUs in {where}" + (f" on node {node}" if node else "") + ".",
+              file=sys.stderr)  # fmt: skip
+        return 0
+    print(render_table(chosen, all_namespaces))
+    return 0

@@ -1,0 +1,110 @@
+"""`gpuusage top` and `kubectl gpuusage top` against the real apiserver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.localcluster.cluster import LocalCluster
+from gpuusage.top import order, pod_rows, render_table, select
+from tests.conftest import CHILD_ENV
+
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).isoformat().replace("+00:00", "Z")
+
+
+def _pod(ns: str, name: str, mib: int, pids: list[int]) -> dict[str, Any]:
+    uid = str(uuid.uuid4())
+    return {"namespace": ns, "name": name, "uid": uid, "usedMemoryMiB": mib,
+            "containers": [{"name": "main", "pids": pids, "usedMemoryMiB": mib}]}  # fmt: skip
+
+
+def _report(
+    node: str, devices: dict[str, list[dict[str, Any]]], stale: bool = False
+) -> dict[str, Any]:
+    conditions = [
+        {"type": "Ready", "status": "False" if stale else "True", "reason": "Observed",
+         "lastTransitionTime": NOW},
+        {"type": "Stale", "status": "True" if stale else "False", "reason": "Observed",
+         "lastTransitionTime": NOW},
+    ]  # fmt: skip
+    return {
+        "metadata": {"name": node},
+        "spec": {"nodeName": node, "observedAt": NOW, "gpus": [],
+                 "source": {"kind": "fake", "available": True}},
+        "status": {"conditions": conditions,
+                   "devices": [{"uuid": u, "pods": p} for u, p in devices.items()]},
+    }  # fmt: skip
+
+
+SUFFIX = uuid.uuid4().hex[:5]
+NS_A, NS_B = f"ml-{SUFFIX}", f"web-{SUFFIX}"
+NODE_1, NODE_2 = f"gpu-1-{SUFFIX}", f"gpu-2-{SUFFIX}"
+BIG = _pod(NS_A, "trainer", 61440, [1, 2])
+REPORTS = [
+    _report(NODE_1, {"GPU-aaa": [BIG, _pod(NS_B, "embed", 2048, [3])],
+                     "GPU-bbb": [{**BIG, "usedMemoryMiB": 20480}]}),
+    _report(NODE_2, {"MIG-ccc": [_pod(NS_A, "notebook", 4096, [4])]}, stale=True),
+]  # fmt: skip
+
+
+def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
+    rows, warnings = pod_rows([*REPORTS, {"metadata": {"name": "bad"}, "status": {"devices": 1}},
+                               {"metadata": {"name": "new"}}])  # fmt: skip
+    assert warnings == ["GpuNodeUsage bad: status unreadable (1 errors)"]
+    ordered = order(rows)
+    assert [(r.pod, r.memory_mib, len(r.devices), r.processes) for r in ordered] == [
+        ("trainer", 81920, 2, 4), ("notebook", 4096, 1, 1), ("embed", 2048, 1, 1)]  # fmt: skip
+    assert [r.pod for r in order(rows, "name")] == ["embed", "notebook", "trainer"]
+    assert [r.pod for r in select(ordered, NS_A, NODE_2)] == ["notebook"]
+    table = render_table(ordered, all_namespaces=True).splitlines()
+    assert table[0].split() == ["NAMESPACE", "NAME", "NODE", "GPUS", "MEMORY", "PROCESSES",
+                                "DEVICES"]  # fmt: skip
+    assert table[1].split()[:5] == [NS_A, "trainer", NODE_1, "2", "80Gi"]
+    assert "4Gi (stale)" in table[2]
+
+
+@pytest.mark.cluster
+def test_top_and_the_kubectl_plugin_on_the_cluster(
+    cluster: LocalCluster, api: client.ApiClient
+) -> None:
+    custom = client.CustomObjectsApi(api)
+    for report in REPORTS:
+        body = {"apiVersion": names.API_VERSION, "kind": names.KIND,
+                "metadata": report["metadata"], "spec": report["spec"]}  # fmt: skip
+        custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
+        custom.patch_cluster_custom_object_status(
+            names.GROUP, names.VERSION, names.PLURAL, report["metadata"]["name"],
+            {"status": report["status"]},
+        )  # fmt: skip
+    kc = str(cluster.kubeconfig)
+
+    def top(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "gpuusage.cli", "top", "--kubeconfig", kc,
+                               *args], capture_output=True, text=True, check=True,
+                              env=CHILD_ENV).stdout  # fmt: skip
+
+    lines = [line.split() for line in top("-A").splitlines()]
+    ours = [line for line in lines[1:] if line[0] in (NS_A, NS_B)]
+    assert [line[1] for line in ours] == ["trainer", "notebook", "embed"], "memory, largest first"
+    in_a = [x.split()[0] for x in top("-n", NS_A).splitlines()[1:]]  # no NAMESPACE column
+    assert in_a == ["trainer", "notebook"]
+    only = json.loads(top("-A", "--node", NODE_2, "-o", "json"))["items"]
+    assert [(i["pod"], i["gpus"], i["stale"]) for i in only] == [("notebook", 1, True)]
+    # kubectl finds the plugin on PATH as kubectl-gpuusage, as users install it.
+    plugin = Path(sys.executable).parent / "kubectl-gpuusage"
+    assert plugin.exists(), "installed with the package (project.scripts)"
+    env = {**CHILD_ENV, "PATH": f"{plugin.parent}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run([str(cluster.binaries.kubectl), "gpuusage", "top", "-n", NS_B,
+                          "--kubeconfig", kc], capture_output=True, text=True, check=True,
+                         env=env).stdout  # fmt: skip
+    assert out.splitlines()[1].split()[:4] == ["embed", NODE_1, "1", "2Gi"]
