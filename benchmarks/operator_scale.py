@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -270,10 +271,18 @@ def main() -> None:
     parser.add_argument("--pods-per-node", type=int, default=10)
     parser.add_argument("--rates", default="50,100", help="CR updates per second to drive")
     parser.add_argument("--seconds", type=float, default=60.0, help="per rate")
+    parser.add_argument(
+        "--apiserver-profiling",
+        action="store_true",
+        help="serve the apiserver's /debug/pprof (to see where its CPU goes)",
+    )
     args = parser.parse_args()
+    # Stopped with SIGTERM (timeout, kill): still stop the operator and the control plane.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result: dict[str, Any] = {"nodes": args.nodes, "pods": args.nodes * args.pods_per_node}
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster")
+        extra = ["--profiling=true"] if args.apiserver_profiling else []
+        cluster = LocalCluster(Path(tmp) / "cluster", apiserver_args=extra)
         cluster.up()
         operator = None
         try:
