@@ -37,6 +37,8 @@ class PodRef:
     """Our pod condition's fields, if the pod has it."""
     resource_version: str | None = None
     """Tells the reconciler whether this entry already shows its own latest writes."""
+    gpu_requests: int = 0
+    """GPUs the pod asked the scheduler for (nvidia.com/gpu and MIG resources)."""
 
     @property
     def our_annotations(self) -> dict[str, str]:
@@ -48,6 +50,32 @@ class PodRef:
 
     def container_name(self, container_id: str) -> str | None:
         return next((name for cid, name in self.containers if cid == container_id), None)
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def _gpus_in(resources: Mapping[str, Any] | None) -> int:
+    """GPUs in one container's limits (extended resources: requests equal limits)."""
+    limits = (resources or {}).get("limits") or (resources or {}).get("requests") or {}
+    total = 0
+    for name, value in limits.items():
+        if name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
+            try:
+                total += int(str(value))
+            except ValueError:
+                continue  # not a whole number: not something a device plugin hands out
+    return total
+
+
+def gpu_requests(spec: Mapping[str, Any]) -> int:
+    """The pod's effective GPU request, as the scheduler counts it: the larger of the sum over
+    its containers and the largest init container."""
+    regular = sum(_gpus_in(c.get("resources")) for c in spec.get("containers") or [])
+    init = max((_gpus_in(c.get("resources")) for c in spec.get("initContainers") or []),
+               default=0)  # fmt: skip
+    return max(regular, init)
 
 
 def bare_container_id(raw: str | None) -> str | None:
@@ -91,6 +119,7 @@ def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
         annotations=ours,
         condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
         resource_version=meta.get("resourceVersion"),
+        gpu_requests=gpu_requests(body.get("spec") or {}),
     )
 
 

@@ -87,6 +87,7 @@ def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
         "node": use.node,
         "observedAt": _stamp(use.observed_at),
         "containers": containers,
+        "requestedGPUs": use.pod.gpu_requests,
     }
 
     def encoded() -> str:
@@ -158,13 +159,24 @@ def desired_condition(state: UseState, use: PodUse | None, node: str) -> dict[st
     """
     if state == "InUse" and use is not None:
         count = len(use.resolutions)
+        message = (
+            f"{count} process{'es' if count != 1 else ''} on node {node} "
+            f"{'use' if count != 1 else 'uses'} {', '.join(use.devices)}; memory in the "
+            f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation"
+        )
+        if use.pod.gpu_requests == 0:
+            return {
+                "type": names.POD_CONDITION_GPU_IN_USE,
+                "status": "True",
+                "reason": "UsingUnrequestedGPU",
+                "message": message + "; the pod requests no GPU (nvidia.com/gpu or MIG), so the "
+                "scheduler and quotas do not count this use (NVIDIA_VISIBLE_DEVICES=all?)",
+            }
         return {
             "type": names.POD_CONDITION_GPU_IN_USE,
             "status": "True",
             "reason": "ProcessesRunning",
-            "message": f"{count} process{'es' if count != 1 else ''} on node {node} "
-            f"{'use' if count != 1 else 'uses'} {', '.join(use.devices)}; memory in the "
-            f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation",
+            "message": message,
         }
     if state == "Unknown":
         return {

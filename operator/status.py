@@ -72,6 +72,8 @@ def device_usages(resolutions: Iterable[Resolution]) -> list[DeviceUsage]:
                     uid=pod.uid,
                     containers=containers,
                     used_memory_mib=sum(c.used_memory_mib for c in containers),
+                    requested_gpus=min(pod.gpu_requests, 1024),
+                    unrequested=pod.gpu_requests == 0,
                 )
             )
         pods.sort(key=lambda p: (p.namespace, p.name, p.uid))
@@ -130,10 +132,12 @@ def desired_status(
     devices = device_usages(resolutions)
     outside = unattributed(resolutions)
     pods = {p.uid for d in devices for p in d.pods}
+    unrequested = {p.uid for d in devices for p in d.pods if p.unrequested}
+    node_totals = totals(spec, pods=len(pods), unattributed=len(outside))
     return GpuNodeUsageStatus(
         observed_generation=generation,
         conditions=[ready, stale],
-        totals=totals(spec, pods=len(pods), unattributed=len(outside)),
+        totals=node_totals.model_copy(update={"unrequested_pods": len(unrequested)}),
         devices=devices,
         unattributed=outside[:MAX_UNATTRIBUTED],
     )

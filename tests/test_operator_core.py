@@ -20,7 +20,7 @@ from gpuusage.examples import (
     example_spec,
 )
 from gpuusage.operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
-from gpuusage.operator.podindex import PodLookup, index_keys, pod_ref
+from gpuusage.operator.podindex import PodLookup, gpu_requests, index_keys, pod_ref
 from gpuusage.operator.podstate import (
     annotation_patch,
     condition_patch,
@@ -37,10 +37,16 @@ NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 
 
-def pod(name: str, uid: str, containers: dict[str, str], ns: str = "ml") -> dict[str, Any]:
+def pod(
+    name: str, uid: str, containers: dict[str, str], ns: str = "ml", gpus: int = 1
+) -> dict[str, Any]:
+    limits = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "2"}}
     return {
         "metadata": {"name": name, "namespace": ns, "uid": uid},
-        "spec": {"nodeName": "gpu-node-a"},
+        "spec": {
+            "nodeName": "gpu-node-a",
+            "containers": [{"name": c, "resources": limits} for c in containers],
+        },
         "status": {
             "containerStatuses": [
                 {"name": cname, "containerID": f"containerd://{cid}"}
@@ -156,6 +162,7 @@ def test_pod_annotations_follow_the_design() -> None:
         "observedAt": "2026-11-21T12:00:00Z",
         "containers": [{"name": "trainer", "devices": [
             {"uuid": "GPU-11111111-2222-3333-4444-555555555555", "mib": 30720, "pids": [4242]}]}],
+        "requestedGPUs": 1,
     }  # fmt: skip
 
 
@@ -263,3 +270,33 @@ def test_marked_pods_are_found_per_node_without_a_scan() -> None:
     assert ref is not None
     assert ref.resource_version == "42"
     assert ref.our_annotations == {names.ANNOTATION_GPUS: "GPU-1"}, "only our own annotations"
+
+
+def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
+    spec = {
+        "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "2"}}},
+            {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1", "memory": "1Gi"}}},
+            {"resources": {"limits": {"nvidia.com/gpu": "lots"}}},  # ignored, not a count
+            {},
+        ],
+        "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+    }
+    assert gpu_requests(spec) == 4, "the largest init container wins over the sum (3)"
+    assert gpu_requests({"containers": spec["containers"]}) == 3
+    assert gpu_requests({}) == 0
+    sneaky = pod("sneaky", POD_TRAIN, {"trainer": CTR_TRAIN}, gpus=0)
+    honest = pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice")
+    spec_ = example_spec("gpu-node-a", OBSERVED)
+    status = desired_status(spec_, list(resolve_all(spec_, lookup(sneaky, honest))), NOW,
+                            generation=1)  # fmt: skip
+    flags = {(p.name, p.requested_gpus, p.unrequested) for d in status.devices for p in d.pods}
+    assert flags == {("sneaky", 0, True), ("notebook", 1, False)}
+    assert status.totals is not None
+    assert status.totals.unrequested_pods == 1
+    uses = pod_uses("gpu-node-a", OBSERVED, resolve_all(spec_, lookup(sneaky, honest)))
+    condition = desired_condition("InUse", uses[POD_TRAIN], "gpu-node-a")
+    assert (condition["status"], condition["reason"]) == ("True", "UsingUnrequestedGPU")
+    assert desired_condition("InUse", uses[POD_NOTEBOOK], "gpu-node-a")["reason"] == (
+        "ProcessesRunning"
+    )

@@ -138,6 +138,10 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     status = report["status"]
     assert status["totals"]["pods"] == 2
     assert status["totals"]["unattributedProcesses"] == 1
+    assert status["totals"]["unrequestedPods"] == 0
+    requested = {p["name"]: (p["requestedGPUs"], p["unrequested"])
+                 for d in status["devices"] for p in d["pods"]}  # fmt: skip
+    assert requested == {"train": (1, False), "notebook": (1, False)}
     assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True",
                                                                       "Stale": "False"}  # fmt: skip
 

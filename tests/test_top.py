@@ -22,9 +22,10 @@ from tests.conftest import CHILD_ENV
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).isoformat().replace("+00:00", "Z")
 
 
-def _pod(ns: str, name: str, mib: int, pids: list[int]) -> dict[str, Any]:
+def _pod(ns: str, name: str, mib: int, pids: list[int], requested: int = 1) -> dict[str, Any]:
     uid = str(uuid.uuid4())
     return {"namespace": ns, "name": name, "uid": uid, "usedMemoryMiB": mib,
+            "requestedGPUs": requested, "unrequested": requested == 0,
             "containers": [{"name": "main", "pids": pids, "usedMemoryMiB": mib}]}  # fmt: skip
 
 
@@ -49,9 +50,9 @@ def _report(
 SUFFIX = uuid.uuid4().hex[:5]
 NS_A, NS_B = f"ml-{SUFFIX}", f"web-{SUFFIX}"
 NODE_1, NODE_2 = f"gpu-1-{SUFFIX}", f"gpu-2-{SUFFIX}"
-BIG = _pod(NS_A, "trainer", 61440, [1, 2])
+BIG = _pod(NS_A, "trainer", 61440, [1, 2], requested=2)
 REPORTS = [
-    _report(NODE_1, {"GPU-aaa": [BIG, _pod(NS_B, "embed", 2048, [3])],
+    _report(NODE_1, {"GPU-aaa": [BIG, _pod(NS_B, "embed", 2048, [3], requested=0)],
                      "GPU-bbb": [{**BIG, "usedMemoryMiB": 20480}]}),
     _report(NODE_2, {"MIG-ccc": [_pod(NS_A, "notebook", 4096, [4])]}, stale=True),
 ]  # fmt: skip
@@ -67,10 +68,11 @@ def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
     assert [r.pod for r in order(rows, "name")] == ["embed", "notebook", "trainer"]
     assert [r.pod for r in select(ordered, NS_A, NODE_2)] == ["notebook"]
     table = render_table(ordered, all_namespaces=True).splitlines()
-    assert table[0].split() == ["NAMESPACE", "NAME", "NODE", "GPUS", "MEMORY", "PROCESSES",
-                                "DEVICES"]  # fmt: skip
-    assert table[1].split()[:5] == [NS_A, "trainer", NODE_1, "2", "80Gi"]
+    assert table[0].split() == ["NAMESPACE", "NAME", "NODE", "GPUS", "REQUESTED", "MEMORY",
+                                "PROCESSES", "DEVICES"]  # fmt: skip
+    assert table[1].split()[:6] == [NS_A, "trainer", NODE_1, "2", "2", "80Gi"]
     assert "4Gi (stale)" in table[2]
+    assert table[3].split()[:6] == [NS_B, "embed", NODE_1, "1", "0", "(none!)"]
 
 
 @pytest.mark.cluster
@@ -99,7 +101,8 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
     in_a = [x.split()[0] for x in top("-n", NS_A).splitlines()[1:]]  # no NAMESPACE column
     assert in_a == ["trainer", "notebook"]
     only = json.loads(top("-A", "--node", NODE_2, "-o", "json"))["items"]
-    assert [(i["pod"], i["gpus"], i["stale"]) for i in only] == [("notebook", 1, True)]
+    assert [(i["pod"], i["gpus"], i["requested_gpus"], i["stale"]) for i in only] == [
+        ("notebook", 1, 1, True)]  # fmt: skip
     # kubectl finds the plugin on PATH as kubectl-gpuusage, as users install it.
     plugin = Path(sys.executable).parent / "kubectl-gpuusage"
     assert plugin.exists(), "installed with the package (project.scripts)"
@@ -107,4 +110,4 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
     out = subprocess.run([str(cluster.binaries.kubectl), "gpuusage", "top", "-n", NS_B,
                           "--kubeconfig", kc], capture_output=True, text=True, check=True,
                          env=env).stdout  # fmt: skip
-    assert out.splitlines()[1].split()[:4] == ["embed", NODE_1, "1", "2Gi"]
+    assert out.splitlines()[1].split()[:6] == ["embed", NODE_1, "1", "0", "(none!)", "2Gi"]

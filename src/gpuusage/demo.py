@@ -41,11 +41,12 @@ DEMO_NODE = "gpu-node-a"
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-66666666-7777-8888-9999-000000000000"
 MIG0 = "MIG-4f1d2c3b-5a6e-4d7c-8b9a-0f1e2d3c4b5a"
-# (namespace, pod, container, pid, process name)
+# (namespace, pod, container, pid, process name, GPUs requested). The notebook requests none:
+# it reaches the GPU through NVIDIA_VISIBLE_DEVICES=all, which the operator flags.
 PODS = (
-    ("ml-team", "train-0", "trainer", 4242, "python"),
-    ("research", "notebook", "jupyter", 5151, "ipykernel"),
-    ("serving", "triton", "server", 6262, "tritonserver"),
+    ("ml-team", "train-0", "trainer", 4242, "python", 1),
+    ("research", "notebook", "jupyter", 5151, "ipykernel", 0),
+    ("serving", "triton", "server", 6262, "tritonserver", 1),
 )
 
 
@@ -100,9 +101,9 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         _step(f"simulating node {DEMO_NODE}: 3 pods, 2 A100s (one time-sliced, one in MIG mode)")
         core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=DEMO_NODE)))
         proc = workdir / "proc"
-        for namespace, pod, container, pid, comm in PODS:
+        for namespace, pod, container, pid, comm, gpus in PODS:
             ensure_namespace(core, namespace)
-            uid, cid = create_running_pod(core, namespace, pod, DEMO_NODE, container)
+            uid, cid = create_running_pod(core, namespace, pod, DEMO_NODE, container, gpus=gpus)
             write_process(proc, pid, pod_cgroup(uid, cid), comm=comm, start_ticks=pid)
             print(f"    pod {namespace}/{pod}: container {container} ({cid[:12]}), pid {pid}")
         write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")

@@ -66,16 +66,27 @@ def ensure_namespace(core: client.CoreV1Api, namespace: str) -> None:
 
 
 def create_running_pod(
-    core: client.CoreV1Api, namespace: str, name: str, node: str, container: str
+    core: client.CoreV1Api, namespace: str, name: str, node: str, container: str, *, gpus: int = 1
 ) -> tuple[str, str]:
-    """A pod bound to node whose container is reported running; returns (pod UID, container ID)."""
+    """A pod bound to node whose container is reported running; returns (pod UID, container ID).
+
+    The container asks for `gpus` nvidia.com/gpu (0: none, as a pod that reaches the GPUs
+    through NVIDIA_VISIBLE_DEVICES=all would)."""
     created = core.create_namespaced_pod(
         namespace,
         client.V1Pod(
             metadata=client.V1ObjectMeta(name=name),
             spec=client.V1PodSpec(
                 node_name=node,
-                containers=[client.V1Container(name=container, image="registry.example/app:1")],
+                containers=[
+                    client.V1Container(
+                        name=container,
+                        image="registry.example/app:1",
+                        resources=client.V1ResourceRequirements(
+                            limits={"nvidia.com/gpu": str(gpus)} if gpus else None
+                        ),
+                    )
+                ],
             ),
         ),
     )

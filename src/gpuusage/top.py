@@ -32,6 +32,8 @@ class PodRow:
     devices: list[str] = field(default_factory=list)
     memory_mib: int = 0
     processes: int = 0
+    requested_gpus: int = 0
+    unrequested: bool = False
     stale: bool = False
 
 
@@ -67,6 +69,8 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
                     row.devices.append(device.uuid)
                 row.memory_mib += pod.used_memory_mib
                 row.processes += sum(len(c.pids) for c in pod.containers)
+                row.requested_gpus = pod.requested_gpus
+                row.unrequested = pod.unrequested
                 row.stale = stale
     return list(rows.values()), warnings
 
@@ -99,14 +103,16 @@ def order(rows: Iterable[PodRow], key: SortKey = "memory") -> list[PodRow]:
 
 
 def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
-    """kubectl-style columns; a stale node's numbers are marked, as they may be outdated."""
+    """kubectl-style columns. GPUS is what the pod uses, REQUESTED what it asked for; a pod
+    using GPUs it never requested is marked, and so are a stale node's possibly old numbers."""
     header = ["NAMESPACE"] if all_namespaces else []
-    header += ["NAME", "NODE", "GPUS", "MEMORY", "PROCESSES", "DEVICES"]
+    header += ["NAME", "NODE", "GPUS", "REQUESTED", "MEMORY", "PROCESSES", "DEVICES"]
     lines = [header]
     for r in rows:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
         cells = [r.namespace] if all_namespaces else []
-        cells += [r.pod, r.node, str(len(r.devices)), memory, str(r.processes),
+        requested = f"{r.requested_gpus}" + (" (none!)" if r.unrequested else "")
+        cells += [r.pod, r.node, str(len(r.devices)), requested, memory, str(r.processes),
                   ",".join(r.devices)]  # fmt: skip
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -220,6 +220,11 @@ class PodUsage(ApiModel):
     uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
     containers: Annotated[list[ContainerUsage], Field(max_length=64)] = Field(default_factory=list)
     used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
+    requested_gpus: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, alias="requestedGPUs")
+    """GPUs the pod requested (nvidia.com/gpu and MIG resources in its containers' limits)."""
+    unrequested: bool = False
+    """True when the pod uses a GPU although it requested none (e.g. through
+    NVIDIA_VISIBLE_DEVICES=all): invisible to the scheduler and to quota."""
 
 
 class DeviceUsage(ApiModel):
@@ -256,6 +261,8 @@ class Totals(ApiModel):
     """Memory used by all GPU processes on the node."""
     total_memory_mib: MiB = Field(default=0, alias="totalMemoryMiB")
     unattributed_processes: Annotated[int, Field(ge=0)] = 0
+    unrequested_pods: Annotated[int, Field(ge=0)] = 0
+    """Pods using a GPU without having requested one."""
     memory: Annotated[str, Field(max_length=64)] = ""
     """used/total in a form people read, e.g. "30720Mi/163840Mi"."""
 
