@@ -2,13 +2,15 @@
 
 The fakes return pynvml's real ctypes structures (c_nvmlMemory_t, c_nvmlProcessInfo_v2_t, ...)
 and raise pynvml's real error classes (NVMLError(NVML_ERROR_GPU_IS_LOST) is an
-NVMLError_GpuIsLost). With `v3_missing=True` the process calls go one level deeper: the C
-symbols behind `_nvmlGetFunctionPointer` are emulated, the _v3 ones are absent as on drivers
-older than R510, and pynvml's real _v2 wrappers do the marshalling.
+NVMLError_GpuIsLost). The process lists go one level deeper: the C symbols behind
+`_nvmlGetFunctionPointer` are emulated (fill the caller's array, or say how large it must be),
+so pynvml's own wrappers and the agent's direct calls marshal exactly as over a driver. With
+`v3_missing=True` the _v3 symbols are absent, as on drivers older than R510.
 """
 
 from __future__ import annotations
 
+import struct
 import uuid as uuidlib
 from ctypes import Array
 from dataclasses import dataclass, field
@@ -19,6 +21,11 @@ import pytest
 
 MIB = 1024 * 1024
 NO_MIG = 0xFFFFFFFF
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+# The driver's layouts (pynvml's c_nvmlProcessInfo_v2_t/_v3_t and
+# c_nvmlProcessUtilizationSample_t), native byte order and alignment.
+PROC_INFO = struct.Struct("@IQII")
+SAMPLE = struct.Struct("@IQIIII")
 
 
 @dataclass
@@ -115,29 +122,7 @@ class FakeMachine:
         procs = self._mig(handle).processes if handle.mig is not None else gpu.processes
         return [p for p in procs if kind in p.kinds]
 
-    def _proc_struct(self, handle: Handle, proc: FakeProcess) -> Any:
-        mig = self._mig(handle) if handle.mig is not None else None
-        return pynvml.c_nvmlProcessInfo_v2_t(
-            pid=proc.pid,
-            usedGpuMemory=(
-                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
-                if proc.used_mib is None
-                else proc.used_mib * MIB
-            ),
-            gpuInstanceId=mig.gi if mig else NO_MIG,
-            computeInstanceId=mig.ci if mig else NO_MIG,
-        )
-
-    def _friendly(self, handle: Handle, kind: str) -> list[Any]:
-        out = []
-        for proc in self._procs(handle, kind):
-            obj = pynvml.nvmlStructToFriendlyObject(self._proc_struct(handle, proc))
-            if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
-                obj.usedGpuMemory = None  # what pynvml's wrapper does
-            out.append(obj)
-        return out
-
-    # -- the emulated C symbols (used when v3_missing) --------------------------------------
+    # -- the emulated C symbols ------------------------------------------------------------
     def _c_process_fn(self, kind: str) -> Any:
         def fn(handle: Handle, count_ref: Any, array: Array[Any] | None) -> int:
             try:
@@ -145,22 +130,55 @@ class FakeMachine:
             except pynvml.NVMLError as exc:
                 return int(exc.value)
             count = count_ref._obj  # byref(c_uint) carries the object it points to
-            if array is None:
+            if array is None or count.value < len(procs):
                 count.value = len(procs)
                 return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else pynvml.NVML_SUCCESS)
             for index, proc in enumerate(procs):
-                array[index] = self._proc_struct(handle, proc)
+                self._pack_proc(array, index, handle, proc)
             count.value = len(procs)
             return int(pynvml.NVML_SUCCESS)
 
         return fn
 
+    def _pack_proc(self, array: Array[Any], index: int, handle: Handle, proc: FakeProcess) -> None:
+        """Write one process-info struct into the caller's array, as the driver does."""
+        mig = self._mig(handle) if handle.mig is not None else None
+        used = NOT_AVAILABLE if proc.used_mib is None else proc.used_mib * MIB
+        PROC_INFO.pack_into(memoryview(array).cast("B"), index * PROC_INFO.size, proc.pid, used,
+                            mig.gi if mig else NO_MIG, mig.ci if mig else NO_MIG)  # fmt: skip
+
+    def _c_utilization(
+        self, handle: Handle, array: Array[Any] | None, count_ref: Any, since: Any
+    ) -> int:
+        self.calls.append(f"utilization:{handle}")
+        gpu = self._gpu(handle)
+        if handle.mig is not None or not gpu.util_supported:
+            return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        stamp = int(getattr(since, "value", since)) + 1_000_000
+        samples = [(p.pid, stamp, p.sm, p.mem or 0) for p in gpu.processes if p.sm is not None]
+        if not samples:
+            return int(pynvml.NVML_ERROR_NOT_FOUND)
+        count = count_ref._obj
+        if array is None or count.value < len(samples):
+            count.value = len(samples)
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        view = memoryview(array).cast("B")
+        for index, sample in enumerate(samples):
+            SAMPLE.pack_into(view, index * SAMPLE.size, *sample, 0, 0)
+        count.value = len(samples)
+        return int(pynvml.NVML_SUCCESS)
+
     def _function_pointer(self, name: str) -> Any:
-        table = {
-            "nvmlDeviceGetComputeRunningProcesses_v2": self._c_process_fn("compute"),
-            "nvmlDeviceGetGraphicsRunningProcesses_v2": self._c_process_fn("graphics"),
-            "nvmlDeviceGetMPSComputeRunningProcesses_v2": self._c_process_fn("mps"),
-        }
+        table = {}
+        for kind, base in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+        ):
+            table[base + "_v2"] = self._c_process_fn(kind)
+            if not self.v3_missing:
+                table[base + "_v3"] = self._c_process_fn(kind)
+        table["nvmlDeviceGetProcessUtilization"] = self._c_utilization
         if name not in table:
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return table[name]
@@ -229,21 +247,6 @@ class FakeMachine:
                 raise _err(pynvml.NVML_ERROR_NOT_FOUND)
             return Handle(handle.gpu, index)
 
-        def process_utilization(handle: Handle, since: int) -> list[Any]:
-            gpu = self._gpu(handle)
-            if not gpu.util_supported:
-                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            samples = [
-                pynvml.c_nvmlProcessUtilizationSample_t(
-                    pid=p.pid, timeStamp=since + 1_000_000, smUtil=p.sm, memUtil=p.mem or 0
-                )
-                for p in gpu.processes
-                if p.sm is not None
-            ]
-            if not samples:
-                raise _err(pynvml.NVML_ERROR_NOT_FOUND)
-            return samples
-
         def all_names() -> dict[int, bytes]:
             return {
                 proc.pid: proc.name
@@ -280,19 +283,9 @@ class FakeMachine:
             "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
             "nvmlDeviceGetGpuInstanceId": lambda h: self._mig(h).gi,
             "nvmlDeviceGetComputeInstanceId": lambda h: self._mig(h).ci,
-            "nvmlDeviceGetProcessUtilization": process_utilization,
             "nvmlSystemGetProcessName": process_name,
         }
-        if self.v3_missing:
-            patches["_nvmlGetFunctionPointer"] = self._function_pointer
-        else:
-            for kind, base in (
-                ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-                ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
-            ):
-                for version in ("_v2", "_v3"):
-                    patches[base + version] = lambda h, k=kind: self._friendly(h, k)
+        patches["_nvmlGetFunctionPointer"] = self._function_pointer
         for attr, value in patches.items():
             monkeypatch.setattr(pynvml, attr, value)
 

@@ -231,18 +231,13 @@ def test_process_utilization_unsupported_is_not_asked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     gpu = FakeGpu(uuid=gpu_uuid(0), util_supported=False, processes=[FakeProcess(pid=5, sm=9)])
-    source = _source(FakeMachine([gpu]), monkeypatch)
-    calls: list[int] = []
-    original = pynvml.nvmlDeviceGetProcessUtilization
-
-    def counting(handle: object, since: int) -> object:
-        calls.append(since)
-        return original(handle, since)
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", counting)
+    machine = FakeMachine([gpu])
+    source = _source(machine, monkeypatch)
     source.read()
     source.read()
-    assert len(calls) == 1
+    assert [c for c in machine.calls if c.startswith("utilization:")] == [
+        "utilization:Handle(gpu=0, mig=None)"
+    ], "asked once, then remembered as unsupported"
     assert source.read().gpus[0].processes[0].sm_util_percent is None
 
 

@@ -19,8 +19,11 @@ Policies, each from an observed failure mode:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib
 import logging
+import struct
 from collections import Counter
 from collections.abc import Callable
 from types import ModuleType
@@ -67,6 +70,27 @@ def _mib(value: int | None) -> int | None:
     return min(int(value) // MIB, MAX_MIB)
 
 
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory unknown
+
+
+@functools.cache
+def _row_format(entry: Any) -> struct.Struct:
+    """Unpacks (pid, usedGpuMemory) from one process-info struct, by its ctypes offsets."""
+    pid, used, size = entry.pid.offset, entry.usedGpuMemory.offset, ctypes.sizeof(entry)
+    return struct.Struct(f"={pid}xI{used - pid - 4}xQ{size - used - 8}x")
+
+
+@functools.cache
+def _sample_format(entry: Any) -> struct.Struct:
+    """Unpacks (pid, timeStamp, smUtil, memUtil) from one utilization sample."""
+    pid, stamp, sm, mem = (getattr(entry, f).offset for f in ("pid", "timeStamp", "smUtil",
+                                                             "memUtil"))  # fmt: skip
+    size = ctypes.sizeof(entry)
+    return struct.Struct(
+        f"={pid}xI{stamp - pid - 4}xQ{sm - stamp - 8}xI{mem - sm - 4}xI{size - mem - 4}x"
+    )
+
+
 def cuda_version(raw: int) -> str:
     """NVML's CUDA driver version integer (12040) as people write it (12.4)."""
     return f"{raw // 1000}.{(raw % 1000) // 10}"
@@ -87,6 +111,7 @@ class NvmlSource:
         # Process names by pid: asked of NVML once per process, kept while the pid stays listed.
         self._names: dict[int, str | None] = {}
         self._names_seen: dict[int, str | None] = {}
+        self._buffers: dict[str, Any] = {}  # reused ctypes arrays, by C symbol
 
     # -- library ---------------------------------------------------------------------------
     def _module(self) -> ModuleType:
@@ -292,23 +317,52 @@ class NvmlSource:
             )
         return devices
 
-    def _process_list(self, kind: str, handle: Any) -> list[Any]:
-        """One NVML process list, v3 with a one-time fallback to v2 on old drivers."""
+    def _process_list(self, kind: str, handle: Any) -> list[tuple[int, int | None]]:
+        """One NVML process list as (pid, used bytes or None), v3 with a one-time fallback to
+        v2 on old drivers."""
         nvml = self._module()
         base = {
             "compute": "nvmlDeviceGetComputeRunningProcesses",
             "graphics": "nvmlDeviceGetGraphicsRunningProcesses",
             "mps": "nvmlDeviceGetMPSComputeRunningProcesses",
         }[kind]
-        # The versioned names, never the bare one: pynvml turns a missing _v3 symbol behind the
-        # bare name into NVMLLibraryMismatchError, which is no NVMLError.
         if not self._use_v2.get(kind):
             try:
-                return list(self._try(getattr(nvml, f"{base}_v3"), handle))
+                rows: list[tuple[int, int | None]] = self._try(
+                    self._raw_processes, f"{base}_v3", handle
+                )
+                return rows
             except nvml.NVMLError_FunctionNotFound:
                 log.info("%s_v3 missing (driver older than R510); using _v2", base)
                 self._use_v2[kind] = True
-        return list(self._try(getattr(nvml, f"{base}_v2"), handle))
+        rows = self._try(self._raw_processes, f"{base}_v2", handle)
+        return rows
+
+    def _raw_processes(self, symbol: str, handle: Any) -> list[tuple[int, int | None]]:
+        """Call the C function into a reused ctypes array and unpack only pid and memory.
+
+        pynvml's wrappers turn every entry into a "friendly object" whose every attribute
+        read goes through Python code; at 8 GPUs x 64 processes that was the largest single
+        cost of a cycle. The array grows when NVML says it is too small, and is kept.
+        """
+        nvml = self._module()
+        fn = nvml._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound when absent
+        v2 = symbol.endswith("_v2")
+        entry = nvml.c_nvmlProcessInfo_v2_t if v2 else nvml.c_nvmlProcessInfo_v3_t
+        buffer = self._buffers.get(symbol)
+        if buffer is None:
+            buffer = self._buffers[symbol] = (entry * 64)()
+        count = ctypes.c_uint(len(buffer))
+        ret = fn(handle, ctypes.byref(count), buffer)
+        while ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            buffer = self._buffers[symbol] = (entry * (count.value * 2 + 16))()
+            count = ctypes.c_uint(len(buffer))
+            ret = fn(handle, ctypes.byref(count), buffer)
+        nvml._nvmlCheckReturn(ret)
+        rows = _row_format(entry).iter_unpack(
+            ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
+        )
+        return [(pid, None if used == NOT_AVAILABLE else used) for pid, used in rows]
 
     def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[Process]:
         nvml = self._module()
@@ -319,14 +373,13 @@ class NvmlSource:
                 entries = self._process_list(kind, handle)
             except nvml.NVMLError_NotSupported:
                 continue  # e.g. MPS on pre-Volta, graphics on compute-only boards
-            for entry in entries:
-                pid = int(entry.pid)
+            for pid, used_bytes in entries:
                 if not 1 <= pid <= MAX_PID:
                     self._errors["InvalidPid"] += 1
                     continue
                 slot = merged.setdefault(pid, {"types": [], "memory": None})
                 slot["types"].append(kind)
-                used = _mib(entry.usedGpuMemory)
+                used = _mib(used_bytes)
                 if used is not None:
                     slot["memory"] = max(used, slot["memory"] or 0)
         utilization = self._process_utilization(handle, uuid) if with_utilization else {}
@@ -350,12 +403,32 @@ class NvmlSource:
             )
         return processes
 
+    def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int]]:
+        """(pid, timestamp, SM %, memory %) samples newer than `since`, read as the process
+        lists are: straight from the C function into a reused array (pynvml's wrapper returns
+        structures whose every field read runs Python code)."""
+        nvml = self._module()
+        fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        entry = nvml.c_nvmlProcessUtilizationSample_t
+        buffer = self._buffers.get("utilization")
+        if buffer is None:
+            buffer = self._buffers["utilization"] = (entry * 64)()
+        count = ctypes.c_uint(len(buffer))
+        ret = fn(handle, buffer, ctypes.byref(count), ctypes.c_ulonglong(since))
+        while ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            buffer = self._buffers["utilization"] = (entry * (count.value * 2 + 16))()
+            count = ctypes.c_uint(len(buffer))
+            ret = fn(handle, buffer, ctypes.byref(count), ctypes.c_ulonglong(since))
+        nvml._nvmlCheckReturn(ret)
+        data = ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
+        return list(_sample_format(entry).iter_unpack(data))
+
     def _process_utilization(self, handle: Any, uuid: str) -> dict[int, tuple[int, int]]:
         nvml = self._module()
         if uuid in self._util_unsupported:
             return {}
         try:
-            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._util_since.get(uuid, 0))
+            samples = self._raw_samples(handle, self._util_since.get(uuid, 0))
         except nvml.NVMLError_NotSupported:
             self._util_unsupported.add(uuid)
             return {}
@@ -365,11 +438,9 @@ class NvmlSource:
             self._errors[error_reason(exc)] += 1
             return {}
         latest: dict[int, tuple[int, int, int]] = {}
-        for sample in samples:
-            stamp = int(sample.timeStamp)
-            if int(sample.pid) not in latest or stamp >= latest[int(sample.pid)][0]:
-                latest[int(sample.pid)] = (stamp, min(int(sample.smUtil), 100),
-                                           min(int(sample.memUtil), 100))  # fmt: skip
+        for pid, stamp, sm, mem in samples:
+            if pid not in latest or stamp >= latest[pid][0]:
+                latest[pid] = (stamp, min(sm, 100), min(mem, 100))
         if latest:
             self._util_since[uuid] = max(v[0] for v in latest.values())
         return {pid: (sm, mem) for pid, (_, sm, mem) in latest.items()}
