@@ -106,7 +106,9 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
         assert identity[100].endswith(f"/{standby.pid}")
 
         wait_for(lambda: _condition(setup) == "True", what="the active replica marks the pod")
-        assert _events(setup, api) == {"GPUUseStarted": identity[200]}
+        # The Event follows the condition write: wait for it rather than race it.
+        wait_for(lambda: _events(setup, api) == {"GPUUseStarted": identity[200]},
+                 what="the start Event, recorded by the active replica")  # fmt: skip
         time.sleep(2)  # the standby had its chance to do something wrong
         assert "this replica is active" not in (tmp_path / "standby.log").read_text()
         assert set(_events(setup, api).values()) == {identity[200]}, "only the active one wrote"
@@ -121,8 +123,9 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
                  what="the standby to take over and end the pod's GPU use")  # fmt: skip
         failover = time.monotonic() - killed
         assert failover <= LIFETIME + 15, f"failover took {failover:.1f} s"
-        assert _events(setup, api) == {"GPUUseStarted": identity[200],
-                                       "GPUUseEnded": identity[100]}  # fmt: skip
+        ended = {"GPUUseStarted": identity[200], "GPUUseEnded": identity[100]}
+        wait_for(lambda: _events(setup, api) == ended,
+                 what="the end Event, recorded by the former standby")  # fmt: skip
         assert "this replica is active" in (tmp_path / "standby.log").read_text()
         print(f"failover after SIGKILL of the active replica: {failover:.1f} s")
 

@@ -338,30 +338,37 @@ class NvmlSource:
         rows = self._try(self._raw_processes, f"{base}_v2", handle)
         return rows
 
-    def _raw_processes(self, symbol: str, handle: Any) -> list[tuple[int, int | None]]:
-        """Call the C function into a reused ctypes array and unpack only pid and memory.
+    def _into_array(self, symbol: str, entry: Any, call: Callable[[Any, Any, Any], int]) -> bytes:
+        """Call an NVML C function that fills an array of `entry` structs; the filled bytes.
 
-        pynvml's wrappers turn every entry into a "friendly object" whose every attribute
-        read goes through Python code; at 8 GPUs x 64 processes that was the largest single
-        cost of a cycle. The array grows when NVML says it is too small, and is kept.
+        pynvml's wrappers turn every entry into a structure whose every field read runs
+        Python code; at 8 GPUs x 64 processes that was the largest single cost of a cycle.
+        The array is kept per function and grows when NVML says it is too small.
+        call(fn, array, count) performs the call with the function's other arguments.
         """
         nvml = self._module()
         fn = nvml._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound when absent
-        v2 = symbol.endswith("_v2")
-        entry = nvml.c_nvmlProcessInfo_v2_t if v2 else nvml.c_nvmlProcessInfo_v3_t
         buffer = self._buffers.get(symbol)
         if buffer is None:
             buffer = self._buffers[symbol] = (entry * 64)()
         count = ctypes.c_uint(len(buffer))
-        ret = fn(handle, ctypes.byref(count), buffer)
+        ret = call(fn, buffer, count)
         while ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE:
             buffer = self._buffers[symbol] = (entry * (count.value * 2 + 16))()
             count = ctypes.c_uint(len(buffer))
-            ret = fn(handle, ctypes.byref(count), buffer)
+            ret = call(fn, buffer, count)
         nvml._nvmlCheckReturn(ret)
-        rows = _row_format(entry).iter_unpack(
-            ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
+        return ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
+
+    def _raw_processes(self, symbol: str, handle: Any) -> list[tuple[int, int | None]]:
+        """(pid, used bytes or None) of one process list."""
+        nvml = self._module()
+        v2 = symbol.endswith("_v2")
+        entry = nvml.c_nvmlProcessInfo_v2_t if v2 else nvml.c_nvmlProcessInfo_v3_t
+        data = self._into_array(
+            symbol, entry, lambda fn, array, count: fn(handle, ctypes.byref(count), array)
         )
+        rows = _row_format(entry).iter_unpack(data)
         return [(pid, None if used == NOT_AVAILABLE else used) for pid, used in rows]
 
     def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[Process]:
@@ -404,23 +411,14 @@ class NvmlSource:
         return processes
 
     def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int]]:
-        """(pid, timestamp, SM %, memory %) samples newer than `since`, read as the process
-        lists are: straight from the C function into a reused array (pynvml's wrapper returns
-        structures whose every field read runs Python code)."""
-        nvml = self._module()
-        fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
-        entry = nvml.c_nvmlProcessUtilizationSample_t
-        buffer = self._buffers.get("utilization")
-        if buffer is None:
-            buffer = self._buffers["utilization"] = (entry * 64)()
-        count = ctypes.c_uint(len(buffer))
-        ret = fn(handle, buffer, ctypes.byref(count), ctypes.c_ulonglong(since))
-        while ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE:
-            buffer = self._buffers["utilization"] = (entry * (count.value * 2 + 16))()
-            count = ctypes.c_uint(len(buffer))
-            ret = fn(handle, buffer, ctypes.byref(count), ctypes.c_ulonglong(since))
-        nvml._nvmlCheckReturn(ret)
-        data = ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
+        """(pid, timestamp, SM %, memory %) samples newer than `since`."""
+        entry = self._module().c_nvmlProcessUtilizationSample_t
+        stamp = ctypes.c_ulonglong(since)
+        data = self._into_array(
+            "nvmlDeviceGetProcessUtilization",
+            entry,
+            lambda fn, array, count: fn(handle, array, ctypes.byref(count), stamp),
+        )
         return list(_sample_format(entry).iter_unpack(data))
 
     def _process_utilization(self, handle: Any, uuid: str) -> dict[int, tuple[int, int]]:
