@@ -112,7 +112,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
 def _loop(settings: AgentSettings, observer: Observer, stop: threading.Event) -> int:
     metrics = AgentMetrics()
     if settings.metrics_port and not settings.once:
-        metrics.serve(settings.metrics_address, settings.metrics_port)
+        metrics.serve(settings.metrics_address, settings.metrics_port, settings.interval)
     api, source = RestClient.from_kubeconfig(settings.kubeconfig)
     log.info("API from %s (%s)", source.origin, source.detail)
     publisher = Publisher(
@@ -145,6 +145,7 @@ def _cycles(
         with metrics.cycle_seconds.time():
             spec, reading = observer.observe()
         _record(metrics, spec, reading)
+        metrics.cycle_done()
         try:
             decision = publisher.offer(spec, datetime.now(UTC), force=settings.once)
             failed = False

@@ -1,16 +1,28 @@
-"""The agent's own Prometheus metrics, on a registry of its own (no process-wide globals)."""
+"""The agent's own Prometheus metrics, on a registry of its own (no process-wide globals), and
+its health endpoint.
+
+`/healthz` answers 200 while cycles keep completing and 503 once none has completed for three
+intervals (plus a grace period): a liveness probe then restarts an agent whose loop is stuck,
+for example in a driver call that never returns, which serving `/metrics` alone would hide.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter as TallyCounter
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 
 class AgentMetrics:
     """Cycle duration, GPU library errors by kind, API writes and failures, what was seen."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.last_cycle: float | None = None
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.cycle_seconds = Histogram(
@@ -65,5 +77,47 @@ class AgentMetrics:
         self.api_writes.labels(verb=verb).inc()
         self.api_bytes.inc(size)
 
-    def serve(self, address: str, port: int) -> None:
-        start_http_server(port, addr=address, registry=self.registry)
+    def serve(self, address: str, port: int, interval: float = 10.0) -> None:
+        """/metrics and /healthz on one port, from a daemon thread."""
+        metrics = self
+        exposition = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            if environ.get("PATH_INFO") == "/healthz":
+                ok, text = healthy(metrics.last_cycle, time.monotonic(), interval)
+                start_response("200 OK" if ok else "503 Service Unavailable",
+                               [("Content-Type", "text/plain")])  # fmt: skip
+                return [text.encode()]
+            return exposition(environ, start_response)
+
+        server = make_server(address, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="agent-http", daemon=True).start()
+
+    def cycle_done(self) -> None:
+        """Record that a cycle completed (for /healthz)."""
+        self.last_cycle = time.monotonic()
+
+
+GRACE_SECONDS = 30.0
+
+
+def healthy(last_cycle: float | None, now: float, interval: float) -> tuple[bool, str]:
+    """Whether the agent's loop is alive: a cycle completed within 3 intervals + grace.
+
+    Before the first cycle (start-up, a slow first NVML initialisation) it counts as alive.
+    """
+    if last_cycle is None:
+        return True, "starting"
+    age = now - last_cycle
+    if age <= 3 * interval + GRACE_SECONDS:
+        return True, f"last cycle {age:.1f}s ago"
+    return False, f"no cycle completed for {age:.1f}s (interval {interval:g}s)"
+
+
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds are not worth a log line each."""

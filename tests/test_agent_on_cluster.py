@@ -216,6 +216,8 @@ def test_agent_process_serves_metrics_and_stops_on_sigterm(
             what="metrics",
         )
         assert "gpuusage_agent_cycle_duration_seconds_count" in text
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            assert (r.status, r.read().decode().startswith("last cycle ")) == (200, True)
         assert "gpuusage_agent_processes 3.0" in text
         assert "gpuusage_agent_nvml_available 1.0" in text
     finally:

@@ -15,6 +15,7 @@ from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
 from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, TransientApiError, call
 from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
 from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
+from gpuusage.nodeagent.metrics import healthy
 from gpuusage.nodeagent.resolver import Resolver, clean_name
 from gpuusage.simulation import write_process
 from tests.fakenvml import gpu_uuid
@@ -252,3 +253,12 @@ def test_permanent_errors_are_not_retried() -> None:
     with pytest.raises(Forbidden):
         call(forbidden, "test", backoff=(1.0, 2.0), sleep=sleeps.append)
     assert sleeps == []
+
+
+def test_health_follows_completed_cycles() -> None:
+    assert healthy(None, 1000.0, 10.0) == (True, "starting")
+    assert healthy(990.0, 1000.0, 10.0)[0]
+    assert healthy(940.0, 1000.0, 10.0)[0], "3 intervals + 30 s grace = 60 s"
+    ok, text = healthy(939.0, 1000.0, 10.0)
+    assert not ok
+    assert text == "no cycle completed for 61.0s (interval 10s)"
