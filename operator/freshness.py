@@ -7,10 +7,11 @@ rather than pretending their GPU use is current.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from gpuusage.api import names
 from gpuusage.api.models import Condition
+from gpuusage.api.times import format_time
 
 # Three of the agent's default 60 s heartbeats: one lost write is no reason to call a node stale.
 DEFAULT_STALE_AFTER = timedelta(minutes=3)
@@ -39,7 +40,7 @@ def stale_condition(
     """
     stale = is_stale(observed_at, now, stale_after)
     status = "True" if stale else "False"
-    when = observed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = format_time(observed_at)
     limit = int(stale_after.total_seconds())
     if stale:
         reason = "ReportOutdated"

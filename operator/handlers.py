@@ -35,6 +35,7 @@ import kopf
 from kubernetes import client
 
 from gpuusage.api import names
+from gpuusage.api.times import parse_time
 from gpuusage.kube.rest import load_rest_config
 from gpuusage.operator import peering as peers
 from gpuusage.operator.freshness import is_stale
@@ -43,15 +44,6 @@ from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -249,7 +241,7 @@ async def _watch_staleness(
             continue
         now = datetime.now(UTC)
         for name, (observed, was_stale) in list(freshness.items()):
-            when = _parse_time(observed)
+            when = parse_time(observed)
             if when is None or is_stale(when, now, reconciler.stale_after) == was_stale:
                 continue
             try:

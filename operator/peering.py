@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpuusage.api.times import parse_time
+
 PEERING_GROUP, PEERING_VERSION, PEERING_PLURAL = "kopf.dev", "v1", "clusterkopfpeerings"
 DEFAULT_PEERING = "gpuusage"
 MAX_PRIORITY = 2**31 - 1
@@ -33,22 +35,13 @@ def random_priority() -> int:
     return 1 + secrets.randbelow(MAX_PRIORITY - 1)
 
 
-def _parse(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def live_peers(status: Mapping[str, Any], now: datetime) -> dict[str, int]:
     """identity → priority of the peers whose record has not expired (kopf's `is_dead`)."""
     peers: dict[str, int] = {}
     for identity, record in status.items():
         if not isinstance(record, Mapping):
             continue
-        seen = _parse(record.get("lastseen"))
+        seen = parse_time(record.get("lastseen"))
         try:
             lifetime = timedelta(seconds=int(record.get("lifetime", 60)))
             priority = int(record.get("priority", 0))

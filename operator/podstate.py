@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from gpuusage.api import names
+from gpuusage.api.times import format_time
 from gpuusage.operator.podindex import PodRef
 from gpuusage.operator.resolution import Resolution
 
@@ -61,10 +62,6 @@ def pod_uses(
     }
 
 
-def _stamp(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
     """Compact JSON detail per container and device, at most max_bytes.
 
@@ -85,7 +82,7 @@ def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
     ]
     doc: dict[str, Any] = {
         "node": use.node,
-        "observedAt": _stamp(use.observed_at),
+        "observedAt": format_time(use.observed_at),
         "containers": containers,
         "requestedGPUs": use.pod.gpu_requests,
     }
@@ -208,7 +205,7 @@ def condition_patch(
     transition = (
         existing.get("lastTransitionTime")
         if existing is not None and existing.get("status") == desired["status"]
-        else _stamp(now)
+        else format_time(now)
     )
     return {**desired, "lastTransitionTime": transition}
 
