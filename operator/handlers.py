@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,23 +39,11 @@ from gpuusage.kube.rest import load_rest_config
 from gpuusage.operator import peering as peers
 from gpuusage.operator.freshness import is_stale
 from gpuusage.operator.metrics import OperatorMetrics
+from gpuusage.operator.peering import Peering
 from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Peering:
-    """This replica's place among its peers (absent when running standalone)."""
-
-    name: str
-    identity: str
-    priority: int
-    lifetime: int
-    settle: float = 3.0
-    """Seconds after start before the first decision: replicas started together touch the
-    peering object at once, so by then each sees the others."""
 
 
 class ActiveGate:
@@ -79,7 +66,7 @@ class ActiveGate:
     def _read(self) -> bool:
         assert self._peering is not None
         body = self._custom.get_cluster_custom_object(
-            peers.PEERING_GROUP, peers.PEERING_VERSION, peers.PEERING_PLURAL, self._peering.name
+            names.PEERING_GROUP, names.PEERING_VERSION, names.PEERING_PLURAL, self._peering.name
         )
         status = (body.get("status") or {}) if isinstance(body, dict) else {}
         return peers.is_active(
@@ -121,15 +108,16 @@ def report_freshness(body: Mapping[str, Any]) -> tuple[str | None, bool]:
     return (body.get("spec") or {}).get("observedAt"), stale
 
 
-def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
+def build_registry(
     reconciler: Reconciler,
     pods: PodWatch,
+    metrics: OperatorMetrics,
+    *,
     kubeconfig: Path | None,
     resync_seconds: float,
     scratch: Path,
-    peering: Peering | None = None,
-    metrics: OperatorMetrics | None = None,
-    reconcile_workers: int = 16,
+    peering: Peering | None,
+    reconcile_workers: int,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
@@ -137,7 +125,6 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
     # Reconciles spend most of their time waiting for the apiserver: with asyncio's default
     # pool (CPU count + 4 threads) a slower apiserver turned into a growing backlog.
     workers = ThreadPoolExecutor(max_workers=reconcile_workers, thread_name_prefix="reconcile")
-    metrics = metrics or OperatorMetrics(reconciler.counts, lambda: len(pods))
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -181,9 +168,9 @@ def build_registry(  # noqa: PLR0917 (one call site; the names say what each is)
             freshness[name] = report_freshness(body)
         if not await gate.active():
             return  # kopf re-lists everything when this replica's watches resume
+        while not pods.synced.is_set():  # no thread parked per waiting report
+            await asyncio.sleep(0.1)
         loop = asyncio.get_running_loop()
-        if not pods.synced.is_set():
-            await loop.run_in_executor(None, pods.synced.wait)
         lookup = pods.lookup()
         now = datetime.now(UTC)
         if kwargs["type"] == "DELETED":

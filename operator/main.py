@@ -16,9 +16,9 @@ from kubernetes import client
 
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import ensure_peering
-from gpuusage.operator.handlers import Peering, build_registry
+from gpuusage.operator.handlers import build_registry
 from gpuusage.operator.metrics import OperatorMetrics
-from gpuusage.operator.peering import own_identity, random_priority
+from gpuusage.operator.peering import Peering, own_identity, random_priority
 from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 from gpuusage.operator.settings import OperatorSettings
@@ -31,7 +31,6 @@ def run_operator(
     stop_flag: threading.Event | None = None,
     ready_flag: threading.Event | None = None,
     reconciler_out: list[Reconciler] | None = None,
-    pods_out: list[PodWatch] | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or stop_flag). reconciler_out receives the reconciler, so
     tests and benchmarks can read its write counts."""
@@ -55,16 +54,15 @@ def run_operator(
             log.warning("cannot create ClusterKopfPeering %s: %s", peering.name, exc)
     watch_api, _ = api_client(settings.kubeconfig)  # the pod watch holds its own connection
     pods = PodWatch(client.CoreV1Api(watch_api))
-    if pods_out is not None:
-        pods_out.append(pods)
     scratch = Path(tempfile.mkdtemp(prefix="gpuusage-operator-"))
     try:
         metrics = OperatorMetrics(reconciler.counts, lambda: len(pods))
         if settings.metrics_port:
             metrics.serve(settings.metrics_address, settings.metrics_port)
         registry = build_registry(
-            reconciler, pods, settings.kubeconfig, settings.resync, scratch, peering, metrics,
-            settings.workers,
+            reconciler, pods, metrics, kubeconfig=settings.kubeconfig,
+            resync_seconds=settings.resync, scratch=scratch, peering=peering,
+            reconcile_workers=settings.workers,
         )  # fmt: skip
         kopf.run(
             registry=registry,

@@ -16,14 +16,26 @@ import os
 import secrets
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from gpuusage.api.times import parse_time
 
-PEERING_GROUP, PEERING_VERSION, PEERING_PLURAL = "kopf.dev", "v1", "clusterkopfpeerings"
-DEFAULT_PEERING = "gpuusage"
 MAX_PRIORITY = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Peering:
+    """This replica's place among its peers (absent when running standalone)."""
+
+    name: str
+    identity: str
+    priority: int
+    lifetime: int
+    settle: float = 3.0
+    """Seconds after start before the first decision: replicas started together touch the
+    peering object at once, so by then each sees the others."""
 
 
 def own_identity() -> str:

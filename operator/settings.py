@@ -7,7 +7,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gpuusage.operator.peering import DEFAULT_PEERING, MAX_PRIORITY
+from gpuusage.api import names
+from gpuusage.operator.peering import MAX_PRIORITY
 from gpuusage.settings import CommandSettings
 
 
@@ -21,7 +22,7 @@ class OperatorSettings(CommandSettings):
     standalone: bool = False
     """Run without peering (one replica only, e.g. on a workstation). Otherwise replicas share
     the ClusterKopfPeering named by --peering and exactly one of them is active."""
-    peering: Annotated[str, Field(min_length=1, max_length=253)] = DEFAULT_PEERING
+    peering: Annotated[str, Field(min_length=1, max_length=253)] = names.DEFAULT_PEERING
     """Name of the ClusterKopfPeering object the replicas share (it must exist)."""
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
     """Peering priority: the live replica with the highest one is active. Default: random at

@@ -65,7 +65,7 @@ def setup(cluster: LocalCluster, api: client.ApiClient) -> dict[str, Any]:
 
 def _peers(api: client.ApiClient, peering: str) -> dict[str, int]:
     body = client.CustomObjectsApi(api).get_cluster_custom_object(
-        "kopf.dev", "v1", "clusterkopfpeerings", peering
+        names.PEERING_GROUP, names.PEERING_VERSION, names.PEERING_PLURAL, peering
     )
     assert isinstance(body, dict)
     return live_peers(body.get("status") or {}, datetime.now(UTC))

@@ -224,14 +224,14 @@ def render_peering_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "clusterkopfpeerings.kopf.dev"},
+        "metadata": {"name": names.PEERING_CRD_NAME},
         "spec": {
-            "group": "kopf.dev",
+            "group": names.PEERING_GROUP,
             "scope": "Cluster",
             "names": {
-                "kind": "ClusterKopfPeering",
-                "plural": "clusterkopfpeerings",
-                "singular": "clusterkopfpeering",
+                "kind": names.PEERING_KIND,
+                "plural": names.PEERING_PLURAL,
+                "singular": names.PEERING_KIND.lower(),
             },
             "versions": [
                 {

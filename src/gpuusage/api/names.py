@@ -27,3 +27,12 @@ POD_CONDITION_GPU_IN_USE: Final = f"{GROUP}/GPUInUse"
 # Conditions on GpuNodeUsage.status.
 CONDITION_READY: Final = "Ready"
 CONDITION_STALE: Final = "Stale"
+
+# kopf's ClusterKopfPeering, where the operator's replicas find each other (HA).
+PEERING_GROUP: Final = "kopf.dev"
+PEERING_VERSION: Final = "v1"
+PEERING_KIND: Final = "ClusterKopfPeering"
+PEERING_PLURAL: Final = "clusterkopfpeerings"
+PEERING_CRD_NAME: Final = f"{PEERING_PLURAL}.{PEERING_GROUP}"
+DEFAULT_PEERING: Final = "gpuusage"
+"""The ClusterKopfPeering the operator's replicas share unless --peering says otherwise."""

@@ -8,10 +8,8 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuusage.api import names
 from gpuusage.api.crd import render_crd, render_peering_crd
-
-PEERING_NAME = "gpuusage"
-"""The ClusterKopfPeering the operator replicas share by default (--peering)."""
 
 
 def _apply_crd(ext: client.ApiextensionsV1Api, body: dict[str, Any]) -> str:
@@ -39,12 +37,16 @@ def _wait_established(ext: client.ApiextensionsV1Api, name: str, deadline: float
     raise TimeoutError(f"CRD {name} not established in time")
 
 
-def ensure_peering(api: client.ApiClient, name: str = PEERING_NAME) -> None:
+def ensure_peering(api: client.ApiClient, name: str = names.DEFAULT_PEERING) -> None:
     """Create the ClusterKopfPeering object unless it exists (kopf does not create it)."""
-    body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+    body = {
+        "apiVersion": f"{names.PEERING_GROUP}/{names.PEERING_VERSION}",
+        "kind": names.PEERING_KIND,
+        "metadata": {"name": name},
+    }
     try:
         client.CustomObjectsApi(api).create_cluster_custom_object(
-            "kopf.dev", "v1", "clusterkopfpeerings", body
+            names.PEERING_GROUP, names.PEERING_VERSION, names.PEERING_PLURAL, body
         )
     except ApiException as exc:
         if exc.status != 409:
