@@ -74,21 +74,19 @@ NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory
 
 
 @functools.cache
-def _row_format(entry: Any) -> struct.Struct:
-    """Unpacks (pid, usedGpuMemory) from one process-info struct, by its ctypes offsets."""
-    pid, used, size = entry.pid.offset, entry.usedGpuMemory.offset, ctypes.sizeof(entry)
-    return struct.Struct(f"={pid}xI{used - pid - 4}xQ{size - used - 8}x")
+def _unpacker(entry: Any, fields: tuple[str, ...]) -> struct.Struct:
+    """Unpacks `fields` (32- or 64-bit unsigned) of one ctypes struct, located by the struct's
+    own offsets, skipping the rest: one layout for every NVML array the agent reads."""
+    layout, position = "=", 0
+    for name in fields:
+        offset, size = getattr(entry, name).offset, getattr(entry, name).size
+        layout += f"{offset - position}x" + {4: "I", 8: "Q"}[size]
+        position = offset + size
+    return struct.Struct(layout + f"{ctypes.sizeof(entry) - position}x")
 
 
-@functools.cache
-def _sample_format(entry: Any) -> struct.Struct:
-    """Unpacks (pid, timeStamp, smUtil, memUtil) from one utilization sample."""
-    pid, stamp, sm, mem = (getattr(entry, f).offset for f in ("pid", "timeStamp", "smUtil",
-                                                             "memUtil"))  # fmt: skip
-    size = ctypes.sizeof(entry)
-    return struct.Struct(
-        f"={pid}xI{stamp - pid - 4}xQ{sm - stamp - 8}xI{mem - sm - 4}xI{size - mem - 4}x"
-    )
+PROCESS_FIELDS = ("pid", "usedGpuMemory")
+SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil")
 
 
 def cuda_version(raw: int) -> str:
@@ -368,7 +366,7 @@ class NvmlSource:
         data = self._into_array(
             symbol, entry, lambda fn, array, count: fn(handle, ctypes.byref(count), array)
         )
-        rows = _row_format(entry).iter_unpack(data)
+        rows = _unpacker(entry, PROCESS_FIELDS).iter_unpack(data)
         return [(pid, None if used == NOT_AVAILABLE else used) for pid, used in rows]
 
     def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[Process]:
@@ -419,7 +417,7 @@ class NvmlSource:
             entry,
             lambda fn, array, count: fn(handle, array, ctypes.byref(count), stamp),
         )
-        return list(_sample_format(entry).iter_unpack(data))
+        return list(_unpacker(entry, SAMPLE_FIELDS).iter_unpack(data))
 
     def _process_utilization(self, handle: Any, uuid: str) -> dict[int, tuple[int, int]]:
         nvml = self._module()
