@@ -38,6 +38,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO)]
 from tests.fakenvml import gpu_uuid  # noqa: E402
 
 from gpuusage.api import names  # noqa: E402
+from gpuusage.kube import raw  # noqa: E402
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
 from gpuusage.localcluster.cluster import ClusterState, LocalCluster  # noqa: E402
@@ -142,14 +143,8 @@ class PodWatch(threading.Thread):
                 watch=True, allow_watch_bookmarks=True, resource_version=self.version,
                 timeout_seconds=300, _preload_content=False,
             )  # fmt: skip
-            raw = getattr(response, "response", response)  # RESTResponse wraps urllib3's
-            buffer = b""
-            for chunk in raw.stream(65536):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        self.version = self._event(json.loads(line), self.version)
+            for event in raw.json_lines(response):
+                self.version = self._event(event, self.version)
 
     def _event(self, event: dict[str, Any], version: str | None) -> str | None:
         if event["type"] == "ERROR":

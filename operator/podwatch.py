@@ -24,10 +24,11 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuusage.kube import raw
 from gpuusage.operator.podindex import PodLookup, PodRef, index_keys
 
 log = logging.getLogger(__name__)
@@ -121,9 +122,11 @@ class PodWatch:
         state = IndexState()
         token: str | None = None
         while True:
-            page = self._json(
-                self._core.list_pod_for_all_namespaces(
-                    limit=PAGE, _continue=token, _preload_content=False
+            page = json.loads(
+                raw.body(
+                    self._core.list_pod_for_all_namespaces(
+                        limit=PAGE, _continue=token, _preload_content=False
+                    )
                 )
             )
             for pod in page.get("items") or []:
@@ -144,7 +147,7 @@ class PodWatch:
             watch=True, resource_version=version, allow_watch_bookmarks=True,
             timeout_seconds=WATCH_SECONDS, _preload_content=False,
         )  # fmt: skip
-        for event in self._lines(response):
+        for event in raw.json_lines(response):
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 raise WatchExpired(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
@@ -154,29 +157,3 @@ class PodWatch:
             if self.stopped.is_set():
                 break
         return version
-
-    # -- raw I/O ---------------------------------------------------------------------------
-    @staticmethod
-    def _raw(response: Any) -> Any:
-        return getattr(response, "response", response)  # RESTResponse wraps urllib3's
-
-    def _json(self, response: Any) -> dict[str, Any]:
-        raw = self._raw(response)
-        try:
-            data = json.loads(raw.data)
-        finally:
-            raw.release_conn()
-        return data if isinstance(data, dict) else {}
-
-    def _lines(self, response: Any) -> Iterator[dict[str, Any]]:
-        raw = self._raw(response)
-        buffer = b""
-        try:
-            for chunk in raw.stream(65536, decode_content=True):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
-        finally:
-            raw.release_conn()

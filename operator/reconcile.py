@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
+from gpuusage.kube import raw
 from gpuusage.kube.errors import NotFound, call
 from gpuusage.operator.freshness import DEFAULT_STALE_AFTER
 from gpuusage.operator.podindex import PodLookup, PodRef
@@ -47,15 +48,6 @@ STRATEGIC = "application/strategic-merge-patch+json"
 COMPONENT = "gpuusage.io/operator"
 
 
-def _release(response: Any) -> bytes:
-    """The body of a raw (_preload_content=False) response; the connection goes back to the pool."""
-    raw = getattr(response, "response", response)
-    try:
-        return bytes(raw.data)
-    finally:
-        raw.release_conn()
-
-
 @dataclass
 class Counts:
     """Writes made; the benchmark and the zero-write tests read these."""
@@ -63,9 +55,12 @@ class Counts:
     status_writes: int = 0
     pod_writes: int = 0
     events: int = 0
-    pod_errors: int = 0
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
     """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
+
+    @property
+    def pod_errors(self) -> int:
+        return sum(self.api_errors.values())
 
 
 @dataclass
@@ -110,7 +105,7 @@ class Reconciler:
         wanted = status.to_api()
         if previous is None or previous.to_api() != wanted:
             call(
-                lambda: _release(
+                lambda: raw.body(
                     self._custom.patch_cluster_custom_object_status(
                         names.GROUP,
                         names.VERSION,
@@ -123,9 +118,7 @@ class Reconciler:
                 f"status of {name}",
             )
             self.counts.status_writes += 1
-        stale = any(
-            c.type == names.CONDITION_STALE and c.status == "True" for c in status.conditions
-        )
+        stale = status.stale
         uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
         for use in uses.values():
             self._pod(use.pod, "Unknown" if stale else "InUse", use, spec.node_name, now)
@@ -169,7 +162,6 @@ class Reconciler:
             self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
             return
         except Exception as exc:  # one pod must not stop the others
-            self.counts.pod_errors += 1
             self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             return
@@ -186,8 +178,8 @@ class Reconciler:
         # Raw responses: deserialising the returned V1Pod cost more CPU than the rest of the
         # reconcile; only its resourceVersion is needed.
         if status:
-            raw = call(
-                lambda: _release(
+            answer = call(
+                lambda: raw.body(
                     self._core.patch_namespaced_pod_status(
                         ref.name,
                         ref.namespace,
@@ -199,8 +191,8 @@ class Reconciler:
                 f"pods/status {ref.namespace}/{ref.name}",
             )
         else:
-            raw = call(
-                lambda: _release(
+            answer = call(
+                lambda: raw.body(
                     self._core.patch_namespaced_pod(
                         ref.name, ref.namespace, body, _preload_content=False
                     )
@@ -209,7 +201,7 @@ class Reconciler:
             )
         self.counts.pod_writes += 1
         try:
-            version = json.loads(raw)["metadata"]["resourceVersion"]
+            version = json.loads(answer)["metadata"]["resourceVersion"]
         except (ValueError, KeyError, TypeError):
             return None
         return str(version)

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 
@@ -22,6 +21,7 @@ from gpuusage.errors import GpuusageError
 from gpuusage.nodeagent.settings import AgentSettings
 from gpuusage.operator.settings import OperatorSettings
 from gpuusage.settings import CommandSettings, S, SettingsError, add_arguments, resolve
+from gpuusage.top import TopSettings
 
 log = logging.getLogger("gpuusage")
 
@@ -45,21 +45,6 @@ class LocalClusterSettings(CommandSettings):
 
 class BuildSettings(CommandSettings):
     """No options: versions are pinned in gpuusage.localcluster.binaries."""
-
-
-class TopSettings(CommandSettings):
-    namespace: str | None = Field(default=None, json_schema_extra={"short": "-n"})
-    """Only pods of this namespace (default: the kubeconfig context's, else "default")."""
-    all_namespaces: bool = Field(default=False, json_schema_extra={"short": "-A"})
-    """Pods of every namespace."""
-    node: str | None = None
-    """Only pods on this node."""
-    sort: Literal["memory", "gpus", "processes", "name", "namespace", "node"] = "memory"
-    """Order of the rows (quantities largest first)."""
-    output: Literal["table", "json"] = Field(default="table", json_schema_extra={"short": "-o"})
-    """Output format."""
-    kubeconfig: Path | None = None
-    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
 
 
 class DemoSettings(CommandSettings):
@@ -130,8 +115,7 @@ def _run_operator(settings: OperatorSettings) -> int:
 def _run_top(settings: TopSettings) -> int:
     from gpuusage.kube.top import run_top
 
-    return run_top(settings.kubeconfig, settings.namespace, settings.all_namespaces,
-                   settings.node, settings.sort, settings.output)  # fmt: skip
+    return run_top(settings)
 
 
 def _run_demo(settings: DemoSettings) -> int:

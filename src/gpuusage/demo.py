@@ -36,6 +36,7 @@ from gpuusage.simulation import (
     pod_cgroup,
     write_process,
 )
+from gpuusage.top import TopSettings
 
 DEMO_NODE = "gpu-node-a"
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
@@ -134,7 +135,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         _show(kubectl, detail=True)
         _step("who holds the GPU memory")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
-        run_top(cluster.kubeconfig, None, True, None, "memory", "table")
+        run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
 
         _step("the notebook's kernel exits (the scenario changes)")
         _scenario(scenario, notebook_running=False)

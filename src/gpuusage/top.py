@@ -10,16 +10,31 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
-from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageStatus
 from gpuusage.api.summary import format_mib
+from gpuusage.settings import CommandSettings
 
 SortKey = Literal["memory", "gpus", "processes", "name", "namespace", "node"]
-SORT_KEYS: tuple[SortKey, ...] = ("memory", "gpus", "processes", "name", "namespace", "node")
+
+
+class TopSettings(CommandSettings):
+    namespace: str | None = Field(default=None, json_schema_extra={"short": "-n"})
+    """Only pods of this namespace (default: the kubeconfig context's, else "default")."""
+    all_namespaces: bool = Field(default=False, json_schema_extra={"short": "-A"})
+    """Pods of every namespace."""
+    node: str | None = None
+    """Only pods on this node."""
+    sort: SortKey = "memory"
+    """Order of the rows (quantities largest first)."""
+    output: Literal["table", "json"] = Field(default="table", json_schema_extra={"short": "-o"})
+    """Output format."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
 
 
 @dataclass
@@ -35,10 +50,6 @@ class PodRow:
     requested_gpus: int = 0
     unrequested: bool = False
     stale: bool = False
-
-
-def _stale(status: GpuNodeUsageStatus) -> bool:
-    return any(c.type == names.CONDITION_STALE and c.status == "True" for c in status.conditions)
 
 
 def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[str]]:
@@ -59,7 +70,7 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
         except ValidationError as exc:
             warnings.append(f"GpuNodeUsage {node}: status unreadable ({exc.error_count()} errors)")
             continue
-        stale = _stale(status)
+        stale = status.stale
         for device in status.devices:
             for pod in device.pods:
                 row = rows.setdefault(

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from gpuusage.api import names
+
 _UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 GPU_UUID_PATTERN = f"^GPU-{_UUID}$"
 # R470+ drivers name MIG devices MIG-<uuid>; older ones MIG-GPU-<uuid>/<gi>/<ci>.
@@ -285,6 +287,11 @@ class GpuNodeUsageStatus(ApiModel):
     unattributed: Annotated[list[UnattributedProcess], Field(max_length=MAX_UNATTRIBUTED)] = Field(
         default_factory=list
     )
+
+    @property
+    def stale(self) -> bool:
+        """Whether the Stale condition is True: the node's report is outdated."""
+        return any(c.type == names.CONDITION_STALE and c.status == "True" for c in self.conditions)
 
 
 class ObjectMeta(ApiModel):

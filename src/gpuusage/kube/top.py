@@ -9,7 +9,7 @@ from typing import Any, cast
 from gpuusage.api import names
 from gpuusage.errors import GpuusageError
 from gpuusage.kube.config import api_client
-from gpuusage.top import SortKey, order, pod_rows, render_json, render_table, select
+from gpuusage.top import TopSettings, order, pod_rows, render_json, render_table, select
 
 
 def _context_namespace(kubeconfig: Path | None) -> str:
@@ -25,18 +25,12 @@ def _context_namespace(kubeconfig: Path | None) -> str:
     return str((current or {}).get("context", {}).get("namespace") or "default")
 
 
-def run_top(  # noqa: PLR0917 (the command's flags, passed through)
-    kubeconfig: Path | None,
-    namespace: str | None,
-    all_namespaces: bool,
-    node: str | None,
-    sort: SortKey,
-    output: str,
-) -> int:
+def run_top(settings: TopSettings) -> int:
+    """Print (or emit as JSON) the pods using GPUs, as the settings select and order them."""
     from kubernetes import client  # noqa: PLC0415
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
-    api, _source = api_client(kubeconfig)
+    api, _source = api_client(settings.kubeconfig)
     with api:
         try:
             listed = client.CustomObjectsApi(api).list_cluster_custom_object(
@@ -53,16 +47,18 @@ def run_top(  # noqa: PLR0917 (the command's flags, passed through)
     rows, warnings = pod_rows(items)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if not all_namespaces and namespace is None:
-        namespace = _context_namespace(kubeconfig)
-    chosen = order(select(rows, None if all_namespaces else namespace, node), sort)
-    if output == "json":
+    everywhere, node = settings.all_namespaces, settings.node
+    namespace = (
+        None if everywhere else settings.namespace or _context_namespace(settings.kubeconfig)
+    )
+    chosen = order(select(rows, namespace, node), settings.sort)
+    if settings.output == "json":
         print(render_json(chosen))
         return 0
     if not chosen:
-        where = "any namespace" if all_namespaces else f"namespace {namespace}"
+        where = "any namespace" if everywhere else f"namespace {namespace}"
         print(f"No pods use GPUs in {where}" + (f" on node {node}" if node else "") + ".",
               file=sys.stderr)  # fmt: skip
         return 0
-    print(render_table(chosen, all_namespaces))
+    print(render_table(chosen, everywhere))
     return 0

@@ -1,0 +1,42 @@
+"""Raw responses of the `kubernetes` client (`_preload_content=False`).
+
+The operator reads what it writes and watches as plain JSON: deserialising model objects
+(a whole V1Pod per patch, per watch event) cost more CPU than the rest of its work. These two
+helpers are the only place that knows how such a response is wrapped and when its connection
+goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+
+def _urllib3(response: Any) -> Any:
+    return getattr(response, "response", response)  # RESTResponse wraps urllib3's
+
+
+def body(response: Any) -> bytes:
+    """The whole body; the connection goes back to the pool."""
+    raw = _urllib3(response)
+    try:
+        return bytes(raw.data)
+    finally:
+        raw.release_conn()
+
+
+def json_lines(response: Any, chunk: int = 65536) -> Iterator[dict[str, Any]]:
+    """One JSON document per line, as a watch streams them; the connection goes back to the
+    pool when the stream ends or the reader stops."""
+    raw = _urllib3(response)
+    buffer = b""
+    try:
+        for data in raw.stream(chunk, decode_content=True):
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+    finally:
+        raw.release_conn()
