@@ -39,7 +39,10 @@ def run_operator(
     log.info("API from %s (%s)", source.origin, source.detail)
     identity = own_identity()
     reconciler = Reconciler(
-        api, stale_after=timedelta(seconds=settings.stale_after), instance=identity
+        api,
+        stale_after=timedelta(seconds=settings.stale_after),
+        idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
+        instance=identity,
     )
     if reconciler_out is not None:
         reconciler_out.append(reconciler)

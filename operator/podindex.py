@@ -19,6 +19,8 @@ UID_KEY = "uid:"
 CONTAINER_KEY = "cid:"
 MARKED_KEY = "marked:"
 """Pods carrying our annotations or condition, by node: clean-up needs them without a scan."""
+REQUESTING_KEY = "requesting:"
+"""Running pods that requested GPUs, by node: idle detection needs them without a scan."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class PodRef:
     """Tells the reconciler whether this entry already shows its own latest writes."""
     gpu_requests: int = 0
     """GPUs the pod asked the scheduler for (nvidia.com/gpu and MIG resources)."""
+    running: bool = False
+    """Phase Running and not being deleted: only such a pod can leave requested GPUs idle."""
+    started_at: str | None = None
+    """status.startTime (RFC 3339): when the kubelet accepted the pod."""
 
     @property
     def our_annotations(self) -> dict[str, str]:
@@ -120,6 +126,8 @@ def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
         condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
         resource_version=meta.get("resourceVersion"),
         gpu_requests=gpu_requests(body.get("spec") or {}),
+        running=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
+        started_at=status.get("startTime"),
     )
 
 
@@ -132,6 +140,8 @@ def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
     keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
     if ref.node and (ref.annotations or ref.condition):
         keys[MARKED_KEY + ref.node] = ref
+    if ref.node and ref.running and ref.gpu_requests > 0:
+        keys[REQUESTING_KEY + ref.node] = ref
     return keys
 
 
@@ -171,5 +181,12 @@ class PodLookup:
         Read from the node's own index key, so a reconcile costs the node's pods, not the
         cluster's (a pod leaves the key as soon as it loses our marks).
         """
-        found = {ref.uid: ref for ref in self._all(MARKED_KEY + node) if ref.node == node}
+        return self._on_node(MARKED_KEY, node)
+
+    def requesting_on_node(self, node: str) -> list[PodRef]:
+        """Running pods of a node that requested GPUs (for idle detection), from their own key."""
+        return self._on_node(REQUESTING_KEY, node)
+
+    def _on_node(self, prefix: str, node: str) -> list[PodRef]:
+        found = {ref.uid: ref for ref in self._all(prefix + node) if ref.node == node}
         return list(found.values())

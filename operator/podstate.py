@@ -3,10 +3,11 @@
 For every pod with processes on a node's GPUs: the annotations `gpuusage.io/gpus`,
 `gpuusage.io/gpu-memory-mib` and `gpuusage.io/usage` (compact JSON, bounded in size with an
 explicit truncation marker), and the pod condition `gpuusage.io/GPUInUse`. When use ends the
-annotations are removed and the condition turns False; when the node's report is stale the
-condition turns Unknown and the annotations stay (last known use). Patches are computed against
-what the pod shows now and are None when nothing would change: an unchanged report costs no pod
-write and no Event.
+annotations are removed and the condition turns False; when a pod that requested GPUs has left
+them idle long enough its False condition says so (reason RequestedGPUsIdle); when the node's
+report is stale the condition turns Unknown and the annotations stay (last known use). Patches
+are computed against what the pod shows now and are None when nothing would change: an unchanged
+report costs no pod write and no Event.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
+from gpuusage.operator.idle import Idle
 from gpuusage.operator.podindex import PodRef
 from gpuusage.operator.resolution import Resolution
 
 MAX_USAGE_BYTES = 4096
 OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
 
-UseState = Literal["InUse", "Stopped", "Unknown"]
+REASON_UNREQUESTED = "UsingUnrequestedGPU"
+REASON_IDLE = "RequestedGPUsIdle"
+
+UseState = Literal["InUse", "Stopped", "Unknown", "Idle"]
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,9 @@ def annotation_patch(
     return patch or None
 
 
-def desired_condition(state: UseState, use: PodUse | None, node: str) -> dict[str, str]:
+def desired_condition(
+    state: UseState, use: PodUse | None, node: str, idle: Idle | None = None
+) -> dict[str, str]:
     """The gpuusage.io/GPUInUse condition (without lastTransitionTime) for a state.
 
     The message names the devices but not the memory: memory changes often, lives in the
@@ -165,7 +172,7 @@ def desired_condition(state: UseState, use: PodUse | None, node: str) -> dict[st
             return {
                 "type": names.POD_CONDITION_GPU_IN_USE,
                 "status": "True",
-                "reason": "UsingUnrequestedGPU",
+                "reason": REASON_UNREQUESTED,
                 "message": message + "; the pod requests no GPU (nvidia.com/gpu or MIG), so the "
                 "scheduler and quotas do not count this use (NVIDIA_VISIBLE_DEVICES=all?)",
             }
@@ -182,6 +189,16 @@ def desired_condition(state: UseState, use: PodUse | None, node: str) -> dict[st
             "reason": "NodeReportStale",
             "message": f"the GPU report of node {node} is stale; last known use is kept in the "
             "annotations",
+        }
+    if state == "Idle" and idle is not None:
+        count = idle.pod.gpu_requests
+        return {
+            "type": names.POD_CONDITION_GPU_IN_USE,
+            "status": "False",
+            "reason": REASON_IDLE,
+            "message": f"the pod requests {count} GPU{'s' if count != 1 else ''} but none of its "
+            f"processes has used a GPU on node {node} since {format_time(idle.since)}; the "
+            "devices stay reserved for it and unavailable to other pods",
         }
     return {
         "type": names.POD_CONDITION_GPU_IN_USE,
@@ -210,12 +227,29 @@ def condition_patch(
     return {**desired, "lastTransitionTime": transition}
 
 
-def event_for(
-    previous_status: str | None, new_status: str
-) -> tuple[Literal["GPUUseStarted", "GPUUseEnded"], str] | None:
-    """The Event to record on a transition, or None: only starts and ends, never per cycle."""
-    if new_status == "True" and previous_status != "True":
-        return "GPUUseStarted", "started using GPUs"
-    if new_status == "False" and previous_status in ("True", "Unknown"):
-        return "GPUUseEnded", "stopped using GPUs"
+@dataclass(frozen=True)
+class PodEvent:
+    reason: str
+    note: str
+    type: Literal["Normal", "Warning"] = "Normal"
+
+
+def event_for(previous: Mapping[str, Any] | None, new: Mapping[str, str]) -> PodEvent | None:
+    """The Event to record on a condition change, or None: only transitions, never per cycle.
+
+    Use starting and ending are Normal; starting on a GPU the pod never requested, and
+    requested GPUs turning idle, are Warnings (what a person looking at the pod should act on).
+    """
+    before = (previous or {}).get("status")
+    before_reason = (previous or {}).get("reason")
+    if new["status"] == "True" and before != "True":
+        if new["reason"] == REASON_UNREQUESTED:
+            return PodEvent(REASON_UNREQUESTED, "started using GPUs it did not request", "Warning")
+        return PodEvent("GPUUseStarted", "started using GPUs")
+    if new["reason"] == REASON_UNREQUESTED and before_reason != REASON_UNREQUESTED:
+        return PodEvent(REASON_UNREQUESTED, "uses GPUs it did not request", "Warning")
+    if new["reason"] == REASON_IDLE and before_reason != REASON_IDLE:
+        return PodEvent(REASON_IDLE, "requested GPUs are idle", "Warning")
+    if new["status"] == "False" and before in ("True", "Unknown"):
+        return PodEvent("GPUUseEnded", "stopped using GPUs")
     return None

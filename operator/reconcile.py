@@ -28,9 +28,11 @@ from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
 from gpuusage.kube.errors import NotFound, call
-from gpuusage.operator.freshness import DEFAULT_STALE_AFTER
+from gpuusage.operator.freshness import DEFAULT_STALE_AFTER, is_stale
+from gpuusage.operator.idle import DEFAULT_IDLE_AFTER, Idle, idle_pods, report_is_complete
 from gpuusage.operator.podindex import PodLookup, PodRef
 from gpuusage.operator.podstate import (
+    PodEvent,
     PodUse,
     UseState,
     annotation_patch,
@@ -75,6 +77,8 @@ class Applied:
 class Reconciler:
     api: client.ApiClient
     stale_after: timedelta = DEFAULT_STALE_AFTER
+    idle_after: timedelta | None = DEFAULT_IDLE_AFTER
+    """How long requested GPUs may go unused before the pod is flagged; None: never."""
     instance: str = field(default_factory=socket.gethostname)
     """Names this replica in Events (reportingInstance)."""
     counts: Counts = field(default_factory=Counts)
@@ -98,9 +102,16 @@ class Reconciler:
             log.error("GpuNodeUsage %s cannot be read: %s", name, exc)
             return False
         resolutions = list(resolve_all(spec, lookup))
+        uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
+        fresh = not is_stale(spec.observed_at, now, self.stale_after)
+        idle = (
+            idle_pods(lookup.requesting_on_node(spec.node_name), uses, now, self.idle_after)
+            if fresh and report_is_complete(spec)
+            else []
+        )
         status = desired_status(
             spec, resolutions, now, generation=body["metadata"].get("generation"),
-            previous=previous, stale_after=self.stale_after,
+            previous=previous, stale_after=self.stale_after, idle=[i.entry() for i in idle],
         )  # fmt: skip
         wanted = status.to_api()
         if previous is None or previous.to_api() != wanted:
@@ -119,12 +130,14 @@ class Reconciler:
             )
             self.counts.status_writes += 1
         stale = status.stale
-        uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
         for use in uses.values():
             self._pod(use.pod, "Unknown" if stale else "InUse", use, spec.node_name, now)
+        idle_by_uid = {i.pod.uid: i for i in idle}
         for ref in lookup.on_node_with_our_marks(spec.node_name):
-            if ref.uid not in uses:
+            if ref.uid not in uses and ref.uid not in idle_by_uid:
                 self._pod(ref, "Unknown" if stale else "Stopped", None, spec.node_name, now)
+        for found in idle:
+            self._pod(found.pod, "Idle", None, spec.node_name, now, idle=found)
         return stale
 
     def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
@@ -134,7 +147,14 @@ class Reconciler:
 
     # -- pods ------------------------------------------------------------------------------
     def _pod(
-        self, ref: PodRef, state: UseState, use: PodUse | None, node: str, now: datetime
+        self,
+        ref: PodRef,
+        state: UseState,
+        use: PodUse | None,
+        node: str,
+        now: datetime,
+        *,
+        idle: Idle | None = None,
     ) -> None:
         applied = self._applied.get(ref.uid)
         if applied is None or ref.resource_version not in applied.versions:
@@ -146,18 +166,20 @@ class Reconciler:
             wanted = applied.annotations or None  # keep the last known use
         else:
             wanted = None
-        condition = desired_condition(state, use, node)
+        condition = desired_condition(state, use, node, idle)
         try:
             patch = annotation_patch(applied.annotations, wanted)
             if patch is not None:
                 versions.add(self._write_pod(ref, {"metadata": {"annotations": patch}}, False))
+            # An idle pod's condition dates from the start of its idleness, so that the time
+            # reads back as the same idle_since on the next reconcile.
             cpatch = condition_patch([applied.condition] if applied.condition else [],
-                                     condition, now)  # fmt: skip
+                                     condition, idle.since if idle else now)  # fmt: skip
             if cpatch is not None:
                 versions.add(self._write_pod(ref, {"status": {"conditions": [cpatch]}}, True))
-                event = event_for((applied.condition or {}).get("status"), condition["status"])
+                event = event_for(applied.condition, condition)
                 if event is not None:
-                    self._event(ref, event[0], f"{event[1]}: {condition['message']}", now)
+                    self._event(ref, event, f"{event.note}: {condition['message']}", now)
         except NotFound:
             self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
             return
@@ -206,7 +228,7 @@ class Reconciler:
             return None
         return str(version)
 
-    def _event(self, ref: PodRef, reason: str, note: str, now: datetime) -> None:
+    def _event(self, ref: PodRef, what: PodEvent, note: str, now: datetime) -> None:
         event = client.EventsV1Event(
             # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
             metadata=client.V1ObjectMeta(
@@ -214,9 +236,9 @@ class Reconciler:
             ),
             event_time=now.astimezone(UTC),
             action="GPUUse",
-            reason=reason,
+            reason=what.reason,
             note=note[:1024],
-            type="Normal",
+            type=what.type,
             regarding=client.V1ObjectReference(
                 api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
             ),

@@ -17,6 +17,10 @@ class OperatorSettings(CommandSettings):
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
     stale_after: float = Field(default=180.0, gt=0)
     """Seconds without a report after which a node's report is stale (three agent heartbeats)."""
+    idle_after: float = Field(default=1800.0, ge=0)
+    """Seconds a running pod may leave the GPUs it requested unused before it is flagged
+    (status.idlePods, pod condition reason RequestedGPUsIdle, a Warning Event); 0: never. Judged
+    at each report, so within one agent heartbeat of the threshold."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
     standalone: bool = False

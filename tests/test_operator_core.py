@@ -117,12 +117,23 @@ def test_desired_status_of_the_example_node() -> None:
         3, 4, 1,
     )  # fmt: skip
     gpu0 = status.devices[0]
-    assert [p.name for p in gpu0.pods] == ["notebook", "train-0"], "several pods on one GPU"
-    assert gpu0.pods[1].containers[0].name == "trainer"
-    assert gpu0.pods[1].containers[0].pids == [4242]
-    assert gpu0.pods[1].used_memory_mib == 30720
+    on_gpu0 = [p for p in status.pods if p.device_uuid == gpu0.uuid]
+    assert [p.name for p in on_gpu0] == ["notebook", "train-0"], "several pods on one GPU"
+    assert on_gpu0[1].containers[0].name == "trainer"
+    assert on_gpu0[1].containers[0].pids == [4242]
+    assert on_gpu0[1].used_memory_mib == 30720
+    assert (gpu0.index, gpu0.pods, gpu0.processes, gpu0.unattributed_processes) == (0, 2, 3, 1)
+    assert gpu0.unattributed_memory_mib == sum(
+        u.used_memory_mib or 0 for u in status.unattributed if u.device_uuid == gpu0.uuid
+    )
+    assert gpu0.total_memory_mib == spec.gpus[0].memory.total_mib  # type: ignore[union-attr]
     mig = next(d for d in status.devices if d.uuid.startswith("MIG-"))
-    assert mig.pods[0].name == "triton"
+    assert mig.parent_uuid is not None
+    assert mig.parent_uuid != mig.uuid
+    assert [p.name for p in status.pods if p.device_uuid == mig.uuid] == ["triton"]
+    assert len(status.devices) == len(spec.gpus) + sum(len(g.mig_devices) for g in spec.gpus), (
+        "every device is listed, idle ones included"
+    )
     assert [(u.pid, u.reason) for u in status.unattributed] == [(777, "HostProcess")]
     conditions = {c.type: c for c in status.conditions}
     assert conditions["Ready"].status == "True"
@@ -220,18 +231,29 @@ def test_patches_are_empty_when_nothing_changes() -> None:
 @pytest.mark.parametrize(
     ("before", "after", "event"),
     [
-        (None, "True", "GPUUseStarted"),
-        ("False", "True", "GPUUseStarted"),
-        ("True", "True", None),
-        ("True", "False", "GPUUseEnded"),
-        ("Unknown", "False", "GPUUseEnded"),
-        ("True", "Unknown", None),
-        (None, "False", None),
+        (None, "True ProcessesRunning", "GPUUseStarted Normal"),
+        ("False ProcessesEnded", "True ProcessesRunning", "GPUUseStarted Normal"),
+        ("True ProcessesRunning", "True ProcessesRunning", None),
+        ("True ProcessesRunning", "False ProcessesEnded", "GPUUseEnded Normal"),
+        ("Unknown NodeReportStale", "False ProcessesEnded", "GPUUseEnded Normal"),
+        ("True ProcessesRunning", "Unknown NodeReportStale", None),
+        (None, "False ProcessesEnded", None),
+        (None, "True UsingUnrequestedGPU", "UsingUnrequestedGPU Warning"),
+        ("True ProcessesRunning", "True UsingUnrequestedGPU", "UsingUnrequestedGPU Warning"),
+        ("True UsingUnrequestedGPU", "True UsingUnrequestedGPU", None),
+        ("False ProcessesEnded", "False RequestedGPUsIdle", "RequestedGPUsIdle Warning"),
+        (None, "False RequestedGPUsIdle", "RequestedGPUsIdle Warning"),
+        ("False RequestedGPUsIdle", "False RequestedGPUsIdle", None),
+        ("False RequestedGPUsIdle", "True ProcessesRunning", "GPUUseStarted Normal"),
     ],
 )
-def test_events_only_on_start_and_end(before: str | None, after: str, event: str | None) -> None:
-    found = event_for(before, after)
-    assert (found[0] if found else None) == event
+def test_events_only_on_transitions(before: str | None, after: str, event: str | None) -> None:
+    def condition(text: str) -> dict[str, str]:
+        status, reason = text.split()
+        return {"type": "gpuusage.io/GPUInUse", "status": status, "reason": reason}
+
+    found = event_for(condition(before) if before else None, condition(after))
+    assert (f"{found.reason} {found.type}" if found else None) == event
 
 
 def test_peering_rule_matches_kopf() -> None:
@@ -290,7 +312,7 @@ def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
     spec_ = example_spec("gpu-node-a", OBSERVED)
     status = desired_status(spec_, list(resolve_all(spec_, lookup(sneaky, honest))), NOW,
                             generation=1)  # fmt: skip
-    flags = {(p.name, p.requested_gpus, p.unrequested) for d in status.devices for p in d.pods}
+    flags = {(p.name, p.requested_gpus, p.unrequested) for p in status.pods}
     assert flags == {("sneaky", 0, True), ("notebook", 1, False)}
     assert status.totals is not None
     assert status.totals.unrequested_pods == 1

@@ -7,7 +7,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,53 +37,85 @@ pytestmark = pytest.mark.cluster
 GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
 
 
+WorldFactory = Callable[..., dict[str, Any]]
+
+
 @pytest.fixture
-def world(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    core = client.CoreV1Api(api)
-    ns = f"ml-{uuid.uuid4().hex[:6]}"
-    node = f"gpu-{uuid.uuid4().hex[:6]}"
-    ensure_namespace(core, ns)
-    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
-    train_uid, train_cid = create_running_pod(core, ns, "train", node, "trainer")
-    nb_uid, nb_cid = create_running_pod(core, ns, "notebook", node, "jupyter")
-    proc = tmp_path / "proc"
-    for pid, (uid, cid) in {4242: (train_uid, train_cid), 5151: (nb_uid, nb_cid)}.items():
-        write_process(proc, pid, pod_cgroup(uid, cid), comm="python3", start_ticks=pid)
-    write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")
-    scenario = tmp_path / "scenario.yaml"
+def make_world(
+    cluster: LocalCluster, api: client.ApiClient, tmp_path: Path
+) -> Iterator[WorldFactory]:
+    """Builds a simulated GPU node with running pods, its agent and a standalone operator.
 
-    def write(notebook: bool = True) -> None:
-        gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720}, {"pid": 777, "usedMemoryMiB": 512}]
-        gpus = [
-            {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpu0},
-            {"index": 1, "uuid": GPU1, "memoryTotalMiB": 81920, "processes":
-                [{"pid": 5151, "usedMemoryMiB": 10240}] if notebook else []},
-        ]  # fmt: skip
-        scenario.write_text(yaml.safe_dump({"gpus": gpus}))
+    Pods: name → GPUs requested; each gets a pid (train 4242, notebook 5151, others 6000+).
+    `write(notebook=True)` puts train on GPU0 (with Xorg) and the notebook on GPU1;
+    `scenario(gpus)` writes any other scenario.
+    """
+    started: list[dict[str, Any]] = []
 
-    write()
-    agent_settings = AgentSettings(
-        node_name=node, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario}",
-        proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
-    )  # fmt: skip
-    agent = Background(lambda stop: run_agent(agent_settings, stop))
-    reconcilers: list[Reconciler] = []
-    ready = threading.Event()
-    metrics_port = free_port()
-    op_settings = OperatorSettings(
-        kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True,
-        metrics_port=metrics_port, metrics_address="127.0.0.1",
-    )  # fmt: skip
-    operator = Background(lambda stop: run_operator(op_settings, stop, ready, reconcilers))
-    assert ready.wait(60), "operator did not become ready"
-    world: dict[str, Any] = {"core": core, "ns": ns, "node": node, "write": write, "agent": agent,
-             "operator": operator, "reconcilers": reconcilers, "train": train_uid,
-             "notebook": nb_uid, "api": api, "metrics_port": metrics_port}  # fmt: skip
+    def build(pods: dict[str, int] | None = None, *, idle_after: float = 1800.0) -> dict[str, Any]:
+        core = client.CoreV1Api(api)
+        ns = f"ml-{uuid.uuid4().hex[:6]}"
+        node = f"gpu-{uuid.uuid4().hex[:6]}"
+        ensure_namespace(core, ns)
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+        proc = tmp_path / f"proc-{node}"
+        write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")
+        pids: dict[str, int] = {}
+        uids: dict[str, str] = {}
+        for i, (name, gpus) in enumerate((pods or {"train": 1, "notebook": 1}).items()):
+            container = {"train": "trainer", "notebook": "jupyter"}.get(name, f"{name}-ctr")
+            uid, cid = create_running_pod(core, ns, name, node, container, gpus=gpus)
+            pids[name] = {"train": 4242, "notebook": 5151}.get(name, 6000 + i)
+            uids[name] = uid
+            write_process(proc, pids[name], pod_cgroup(uid, cid), comm="python3",
+                          start_ticks=pids[name])  # fmt: skip
+        scenario_file = tmp_path / f"scenario-{node}.yaml"
+
+        def scenario(gpus: list[dict[str, Any]]) -> None:
+            scenario_file.write_text(yaml.safe_dump({"gpus": gpus}))
+
+        def write(notebook: bool = True) -> None:
+            gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720}, {"pid": 777, "usedMemoryMiB": 512}]
+            scenario([
+                {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpu0},
+                {"index": 1, "uuid": GPU1, "memoryTotalMiB": 81920, "processes":
+                    [{"pid": 5151, "usedMemoryMiB": 10240}] if notebook else []},
+            ])  # fmt: skip
+
+        write()
+        agent_settings = AgentSettings(
+            node_name=node, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario_file}",
+            proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
+        )  # fmt: skip
+        agent = Background(lambda stop: run_agent(agent_settings, stop))
+        reconcilers: list[Reconciler] = []
+        ready = threading.Event()
+        metrics_port = free_port()
+        op_settings = OperatorSettings(
+            kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True,
+            metrics_port=metrics_port, metrics_address="127.0.0.1", idle_after=idle_after,
+        )  # fmt: skip
+        operator = Background(lambda stop: run_operator(op_settings, stop, ready, reconcilers))
+        world: dict[str, Any] = {
+            "core": core, "ns": ns, "node": node, "write": write, "scenario": scenario,
+            "agent": agent, "operator": operator, "reconcilers": reconcilers, "api": api,
+            "metrics_port": metrics_port, "pids": pids, **uids,
+        }  # fmt: skip
+        started.append(world)
+        assert ready.wait(60), "operator did not become ready"
+        return world
+
     try:
-        yield world
+        yield build
     finally:
-        world["agent"].halt()
-        operator.halt()
+        for world in started:
+            world["agent"].halt()
+            world["operator"].halt()
+
+
+@pytest.fixture
+def world(make_world: WorldFactory) -> dict[str, Any]:
+    return make_world()
 
 
 def _pod(world: dict[str, Any], name: str) -> client.V1Pod:
@@ -140,7 +172,7 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     assert status["totals"]["unattributedProcesses"] == 1
     assert status["totals"]["unrequestedPods"] == 0
     requested = {p["name"]: (p["requestedGPUs"], p["unrequested"])
-                 for d in status["devices"] for p in d["pods"]}  # fmt: skip
+                 for p in status["pods"]}  # fmt: skip
     assert requested == {"train": (1, False), "notebook": (1, False)}
     assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True",
                                                                       "Stale": "False"}  # fmt: skip
@@ -260,3 +292,44 @@ def test_annotation_removed_by_someone_else_is_restored(world: dict[str, Any]) -
     )
     assert restored[names.ANNOTATION_GPUS] == before[names.ANNOTATION_GPUS]
     assert world["reconcilers"][0].counts.pod_errors == 0
+
+
+def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
+    """A pod that never used its GPUs, and one whose use ended, both flagged after idle_after,
+    each once (no flip-flop between reasons), and unflagged when use starts again."""
+    world = make_world({"train": 1, "notebook": 1, "waiter": 2}, idle_after=3.0)
+
+    def idle_names() -> list[str]:
+        return [p["name"] for p in (_report(world).get("status") or {}).get("idlePods", [])]
+
+    def reason(name: str) -> str | None:
+        found = [c for c in _conditions(_pod(world, name))
+                 if c.type == names.POD_CONDITION_GPU_IN_USE]  # fmt: skip
+        return f"{found[0].status} {found[0].reason}" if found else None
+
+    wait_for(lambda: idle_names() == ["waiter"], timeout=30, what="waiter flagged idle")
+    assert reason("waiter") == "False RequestedGPUsIdle"
+    waiter = _condition(_pod(world, "waiter"))
+    pod_status = _pod(world, "waiter").status
+    assert pod_status is not None
+    assert waiter.last_transition_time == pod_status.start_time, "idle since the pod started"
+    assert "requests 2 GPUs" in str(waiter.message)
+    status = _report(world)["status"]
+    assert status["totals"]["idlePods"] == 1
+    assert status["idlePods"][0]["requestedGPUs"] == 2
+    assert wait_for(lambda: _events(world, "waiter") == ["RequestedGPUsIdle"], what="event")
+    assert reason("train") == "True ProcessesRunning", "pods in use are never idle"
+
+    world["write"](notebook=False)  # the notebook's use ends; it keeps its GPU
+    wait_for(lambda: reason("notebook") == "False ProcessesEnded", what="use ended")
+    wait_for(lambda: idle_names() == ["notebook", "waiter"], timeout=30, what="notebook idle")
+    assert reason("notebook") == "False RequestedGPUsIdle"
+    counts = world["reconcilers"][0].counts
+    before = (counts.pod_writes, counts.events)
+    time.sleep(3.0)  # several heartbeats: the idle pods stay flagged without a write
+    assert (counts.pod_writes, counts.events) == before
+    assert _events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted", "RequestedGPUsIdle"]
+
+    world["write"](notebook=True)  # back at work: no longer idle
+    wait_for(lambda: reason("notebook") == "True ProcessesRunning", what="notebook in use")
+    wait_for(lambda: idle_names() == ["waiter"], what="notebook unflagged")

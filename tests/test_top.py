@@ -30,7 +30,10 @@ def _pod(ns: str, name: str, mib: int, pids: list[int], requested: int = 1) -> d
 
 
 def _report(
-    node: str, devices: dict[str, list[dict[str, Any]]], stale: bool = False
+    node: str,
+    devices: dict[str, list[dict[str, Any]]],
+    stale: bool = False,
+    idle: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     conditions = [
         {"type": "Ready", "status": "False" if stale else "True", "reason": "Observed",
@@ -42,8 +45,8 @@ def _report(
         "metadata": {"name": node},
         "spec": {"nodeName": node, "observedAt": NOW, "gpus": [],
                  "source": {"kind": "fake", "available": True}},
-        "status": {"conditions": conditions,
-                   "devices": [{"uuid": u, "pods": p} for u, p in devices.items()]},
+        "status": {"conditions": conditions, "idlePods": idle or [],
+                   "pods": [{**p, "deviceUUID": u} for u, ps in devices.items() for p in ps]},
     }  # fmt: skip
 
 
@@ -55,17 +58,20 @@ REPORTS = [
     _report(NODE_1, {"GPU-aaa": [BIG, _pod(NS_B, "embed", 2048, [3], requested=0)],
                      "GPU-bbb": [{**BIG, "usedMemoryMiB": 20480}]}),
     _report(NODE_2, {"MIG-ccc": [_pod(NS_A, "notebook", 4096, [4])]}, stale=True),
+    _report(NODE_2 + "-b", {}, idle=[{"namespace": NS_B, "name": "waiting", "requestedGPUs": 4,
+                                      "uid": str(uuid.uuid4()), "idleSince": NOW}]),
 ]  # fmt: skip
 
 
 def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
-    rows, warnings = pod_rows([*REPORTS, {"metadata": {"name": "bad"}, "status": {"devices": 1}},
+    rows, warnings = pod_rows([*REPORTS, {"metadata": {"name": "bad"}, "status": {"pods": 1}},
                                {"metadata": {"name": "new"}}])  # fmt: skip
     assert warnings == ["GpuNodeUsage bad: status unreadable (1 errors)"]
     ordered = order(rows)
     assert [(r.pod, r.memory_mib, len(r.devices), r.processes) for r in ordered] == [
-        ("trainer", 81920, 2, 4), ("notebook", 4096, 1, 1), ("embed", 2048, 1, 1)]  # fmt: skip
-    assert [r.pod for r in order(rows, "name")] == ["embed", "notebook", "trainer"]
+        ("trainer", 81920, 2, 4), ("notebook", 4096, 1, 1), ("embed", 2048, 1, 1),
+        ("waiting", 0, 0, 0)]  # fmt: skip
+    assert [r.pod for r in order(rows, "name")] == ["embed", "notebook", "trainer", "waiting"]
     assert [r.pod for r in select(ordered, NS_A, NODE_2)] == ["notebook"]
     table = render_table(ordered, all_namespaces=True).splitlines()
     assert table[0].split() == ["NAMESPACE", "NAME", "NODE", "GPUS", "REQUESTED", "MEMORY",
@@ -73,6 +79,8 @@ def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
     assert table[1].split()[:6] == [NS_A, "trainer", NODE_1, "2", "2", "80Gi"]
     assert "4Gi (stale)" in table[2]
     assert table[3].split()[:6] == [NS_B, "embed", NODE_1, "1", "0", "(none!)"]
+    assert table[4].split()[:8] == [NS_B, "waiting", NODE_2 + "-b", "0", "4", "(idle", "since",
+                                    NOW + ")"]  # fmt: skip
 
 
 @pytest.mark.cluster
@@ -97,7 +105,9 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
 
     lines = [line.split() for line in top("-A").splitlines()]
     ours = [line for line in lines[1:] if line[0] in (NS_A, NS_B)]
-    assert [line[1] for line in ours] == ["trainer", "notebook", "embed"], "memory, largest first"
+    assert [line[1] for line in ours] == ["trainer", "notebook", "embed", "waiting"], (
+        "memory, largest first"
+    )
     in_a = [x.split()[0] for x in top("-n", NS_A).splitlines()[1:]]  # no NAMESPACE column
     assert in_a == ["trainer", "notebook"]
     only = json.loads(top("-A", "--node", NODE_2, "-o", "json"))["items"]

@@ -10,10 +10,13 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+
+from gpuusage.api.times import format_time
 
 
 class Background:
@@ -94,6 +97,7 @@ def create_running_pod(
     container_id = uuid.uuid4().hex + uuid.uuid4().hex
     status = {
         "phase": "Running",
+        "startTime": format_time(datetime.now(UTC)),
         "conditions": [{"type": "Ready", "status": "True"}],
         "containerStatuses": [
             {

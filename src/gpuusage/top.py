@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError
 
 from gpuusage.api.models import GpuNodeUsageStatus
 from gpuusage.api.summary import format_mib
+from gpuusage.api.times import format_time
 from gpuusage.settings import CommandSettings
 
 SortKey = Literal["memory", "gpus", "processes", "name", "namespace", "node"]
@@ -49,14 +50,17 @@ class PodRow:
     processes: int = 0
     requested_gpus: int = 0
     unrequested: bool = False
+    idle_since: str | None = None
+    """Set for a pod that requested GPUs and has used none since then (status.idlePods)."""
     stale: bool = False
 
 
 def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[str]]:
     """Rows from GpuNodeUsage objects, and a warning for each one that cannot be read.
 
-    A pod that uses several devices is one row; a report without status yet (the operator has
-    not seen it) contributes nothing.
+    A pod that uses several devices is one row; a pod that requested GPUs and leaves them idle
+    is a row with no devices; a report without status yet (the operator has not seen it)
+    contributes nothing.
     """
     rows: dict[tuple[str, str, str], PodRow] = {}
     warnings: list[str] = []
@@ -70,19 +74,23 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
         except ValidationError as exc:
             warnings.append(f"GpuNodeUsage {node}: status unreadable ({exc.error_count()} errors)")
             continue
-        stale = status.stale
-        for device in status.devices:
-            for pod in device.pods:
-                row = rows.setdefault(
-                    (node, pod.namespace, pod.name), PodRow(pod.namespace, pod.name, node)
-                )
-                if device.uuid not in row.devices:
-                    row.devices.append(device.uuid)
-                row.memory_mib += pod.used_memory_mib
-                row.processes += sum(len(c.pids) for c in pod.containers)
-                row.requested_gpus = pod.requested_gpus
-                row.unrequested = pod.unrequested
-                row.stale = stale
+        for pod in status.pods:
+            row = rows.setdefault(
+                (node, pod.namespace, pod.name), PodRow(pod.namespace, pod.name, node)
+            )
+            if pod.device_uuid not in row.devices:
+                row.devices.append(pod.device_uuid)
+            row.memory_mib += pod.used_memory_mib
+            row.processes += sum(len(c.pids) for c in pod.containers)
+            row.requested_gpus = pod.requested_gpus
+            row.unrequested = pod.unrequested
+            row.stale = status.stale
+        for idle in status.idle_pods:
+            rows.setdefault(
+                (node, idle.namespace, idle.name),
+                PodRow(idle.namespace, idle.name, node, requested_gpus=idle.requested_gpus,
+                       idle_since=format_time(idle.idle_since), stale=status.stale),
+            )  # fmt: skip
     return list(rows.values()), warnings
 
 
@@ -115,7 +123,8 @@ def order(rows: Iterable[PodRow], key: SortKey = "memory") -> list[PodRow]:
 
 def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
     """kubectl-style columns. GPUS is what the pod uses, REQUESTED what it asked for; a pod
-    using GPUs it never requested is marked, and so are a stale node's possibly old numbers."""
+    using GPUs it never requested is marked, and so are a pod leaving its requested GPUs idle
+    and a stale node's possibly old numbers."""
     header = ["NAMESPACE"] if all_namespaces else []
     header += ["NAME", "NODE", "GPUS", "REQUESTED", "MEMORY", "PROCESSES", "DEVICES"]
     lines = [header]
@@ -123,6 +132,8 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
         cells = [r.namespace] if all_namespaces else []
         requested = f"{r.requested_gpus}" + (" (none!)" if r.unrequested else "")
+        if r.idle_since:
+            requested += f" (idle since {r.idle_since})"
         cells += [r.pod, r.node, str(len(r.devices)), requested, memory, str(r.processes),
                   ",".join(r.devices)]  # fmt: skip
         lines.append(cells)

@@ -32,8 +32,10 @@ CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 MAX_GPUS = 64
 MAX_MIG_DEVICES = 16
 MAX_PROCESSES = 512
-MAX_PODS_PER_GPU = 256
+MAX_DEVICES = MAX_GPUS * (1 + MAX_MIG_DEVICES)
+MAX_POD_DEVICES = 2048
 MAX_UNATTRIBUTED = 256
+MAX_IDLE_PODS = 512
 MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux
 MAX_MIB = 16 * 1024 * 1024  # 16 TiB: far above any device, low enough to catch unit mistakes
 
@@ -215,13 +217,20 @@ class ContainerUsage(ApiModel):
 
 
 class PodUsage(ApiModel):
-    """A pod resolved from the processes on one device."""
+    """One pod's use of one GPU or MIG device.
+
+    One entry per (pod, device) in a flat list, so that tools which cannot walk nested lists
+    (kube-state-metrics' custom-resource metrics) get one series per pod and device.
+    """
 
     namespace: Annotated[str, Field(max_length=63)]
     name: Annotated[str, Field(max_length=253)]
     uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
+    device_uuid: Annotated[str, Field(max_length=128)] = Field(alias="deviceUUID")
+    """GPU or MIG device UUID."""
     containers: Annotated[list[ContainerUsage], Field(max_length=64)] = Field(default_factory=list)
     used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
+    """Memory the pod's processes use on this device."""
     requested_gpus: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, alias="requestedGPUs")
     """GPUs the pod requested (nvidia.com/gpu and MIG resources in its containers' limits)."""
     unrequested: bool = False
@@ -230,13 +239,41 @@ class PodUsage(ApiModel):
 
 
 class DeviceUsage(ApiModel):
-    """Pods resolved on one GPU or MIG device."""
+    """One GPU or MIG device: its memory, its processes, and how much of it no pod explains.
+
+    Every device of the report is listed, MIG devices beside their GPU, so that per-device
+    alerts (memory nearly full, memory held outside any pod) see MIG slices too.
+    """
 
     uuid: Annotated[str, Field(max_length=128)]
     """GPU or MIG device UUID."""
-    pods: Annotated[list[PodUsage], Field(max_length=MAX_PODS_PER_GPU)] = Field(
-        default_factory=list
+    index: Annotated[int, Field(ge=0, le=MAX_GPUS)] | None = None
+    """NVML index of the GPU (of the parent GPU for a MIG device)."""
+    parent_uuid: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, alias="parentUUID"
     )
+    """For a MIG device: the UUID of its GPU."""
+    total_memory_mib: MiB | None = Field(default=None, alias="totalMemoryMiB")
+    used_memory_mib: MiB | None = Field(default=None, alias="usedMemoryMiB")
+    """Memory in use on the device as NVML counts it (processes, driver and contexts)."""
+    processes: Annotated[int, Field(ge=0)] = 0
+    pods: Annotated[int, Field(ge=0)] = 0
+    unattributed_processes: Annotated[int, Field(ge=0)] = 0
+    """Processes on this device that belong to no known pod."""
+    unattributed_memory_mib: MiB = Field(default=0, alias="unattributedMemoryMiB")
+    """Memory those processes hold."""
+
+
+class IdlePod(ApiModel):
+    """A running pod that requested GPUs on this node and has used none of them for a while."""
+
+    namespace: Annotated[str, Field(max_length=63)]
+    name: Annotated[str, Field(max_length=253)]
+    uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
+    requested_gpus: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, alias="requestedGPUs")
+    idle_since: datetime
+    """Since when none of the pod's processes has used a GPU (its start, or the end of its last
+    use)."""
 
 
 UnattributedReason = Literal["HostProcess", "UnknownContainer", "PodNotFound", "Unresolved"]
@@ -263,8 +300,12 @@ class Totals(ApiModel):
     """Memory used by all GPU processes on the node."""
     total_memory_mib: MiB = Field(default=0, alias="totalMemoryMiB")
     unattributed_processes: Annotated[int, Field(ge=0)] = 0
+    unattributed_memory_mib: MiB = Field(default=0, alias="unattributedMemoryMiB")
+    """Memory held by processes that belong to no known pod."""
     unrequested_pods: Annotated[int, Field(ge=0)] = 0
     """Pods using a GPU without having requested one."""
+    idle_pods: Annotated[int, Field(ge=0)] = 0
+    """Running pods that requested GPUs and used none for the operator's --idle-after."""
     memory: Annotated[str, Field(max_length=64)] = ""
     """used/total in a form people read, e.g. "30720Mi/163840Mi"."""
 
@@ -281,12 +322,19 @@ class GpuNodeUsageStatus(ApiModel):
         },
     )
     totals: Totals | None = None
-    devices: Annotated[list[DeviceUsage], Field(max_length=MAX_GPUS * (1 + MAX_MIG_DEVICES))] = (
-        Field(default_factory=list)
+    devices: Annotated[list[DeviceUsage], Field(max_length=MAX_DEVICES)] = Field(
+        default_factory=list
     )
+    pods: Annotated[list[PodUsage], Field(max_length=MAX_POD_DEVICES)] = Field(default_factory=list)
+    """Pods resolved from the processes, one entry per pod and device."""
     unattributed: Annotated[list[UnattributedProcess], Field(max_length=MAX_UNATTRIBUTED)] = Field(
         default_factory=list
     )
+    idle_pods: Annotated[list[IdlePod], Field(max_length=MAX_IDLE_PODS)] = Field(
+        default_factory=list
+    )
+    """Running pods that requested GPUs on this node and used none for the operator's
+    --idle-after (only judged while the report is fresh and every device could be read)."""
 
     @property
     def stale(self) -> bool:

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuusage.api.models import GpuNodeUsageSpec, Process, Totals
+from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Process, Totals
+
+
+def device_uuid(gpu: Gpu) -> str:
+    """The GPU's UUID, or a stand-in for a GPU that failed before its UUID could be read."""
+    return gpu.uuid or f"gpu-index-{gpu.index}"
 
 
 def all_processes(spec: GpuNodeUsageSpec) -> Iterator[tuple[str, Process]]:
     """Every (device UUID, process) pair, MIG devices included."""
     for gpu in spec.gpus:
         for process in gpu.processes:
-            yield gpu.uuid or f"gpu-index-{gpu.index}", process
+            yield device_uuid(gpu), process
         for mig in gpu.mig_devices:
             for process in mig.processes:
                 yield mig.uuid, process

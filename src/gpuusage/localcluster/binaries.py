@@ -45,7 +45,7 @@ class Binaries:
     kubectl: Path
 
 
-def _stderr(message: str) -> None:
+def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
@@ -92,7 +92,7 @@ def from_assets(assets: Path) -> Binaries:
     return found
 
 
-def ensure_binaries(progress: Progress = _stderr) -> Binaries:
+def ensure_binaries(progress: Progress = stderr_progress) -> Binaries:
     """Return usable binaries, building any that are missing from the cache."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets:
@@ -101,8 +101,8 @@ def ensure_binaries(progress: Progress = _stderr) -> Binaries:
     wanted = cached_binaries(root)
     if not _missing(wanted):
         return wanted
-    go = _require_go()
-    with _lock(root / "locks" / "build.lock"):
+    go = require_go()
+    with file_lock(root / "locks" / "build.lock"):
         if wanted.kube_apiserver in _missing(wanted) or wanted.kubectl in _missing(wanted):
             build_kubernetes(go, _kubernetes_dir(root), root / "work", progress)
         if wanted.etcd in _missing(wanted):
@@ -113,14 +113,20 @@ def ensure_binaries(progress: Progress = _stderr) -> Binaries:
     return wanted
 
 
-def _require_go() -> str:
+CONTROL_PLANE_HINT = (
+    f"gpuusage builds kube-apiserver {KUBERNETES_VERSION}, kubectl and etcd {ETCD_VERSION} from "
+    "Go modules once (about 5 minutes on 2 cores), or set KUBEBUILDER_ASSETS to a folder holding "
+    "kube-apiserver, etcd and kubectl."
+)
+
+
+def require_go(hint: str = CONTROL_PLANE_HINT) -> str:
+    """The `go` command, checked for a usable version; the error says how to get one."""
     go = shutil.which("go")
     hint = (
-        f"gpuusage builds kube-apiserver {KUBERNETES_VERSION}, kubectl and etcd {ETCD_VERSION} "
-        f"from Go modules once (about 5 minutes on 2 cores, cached in {cache_root()}). "
-        f"Install Go >= {MIN_GO[0]}.{MIN_GO[1]} (https://go.dev/dl/, or your distribution's "
-        "golang package) and make sure it reaches a Go module proxy, or set KUBEBUILDER_ASSETS "
-        "to a folder holding kube-apiserver, etcd and kubectl."
+        f"{hint} Builds are cached in {cache_root()}. Install Go >= {MIN_GO[0]}.{MIN_GO[1]} "
+        "(https://go.dev/dl/, or your distribution's golang package) and make sure it reaches a "
+        "Go module proxy."
     )
     if go is None:
         raise BinariesError("Go toolchain not found on PATH. " + hint)
@@ -137,7 +143,7 @@ def _require_go() -> str:
 
 
 @contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -160,7 +166,7 @@ def staging_replaces(kubernetes_go_mod: str, version: str) -> list[str]:
     return [f"replace {module} => {module} {staging_version}" for module in sorted(set(found))]
 
 
-def _go_env() -> dict[str, str]:
+def go_env() -> dict[str, str]:
     """Static binaries, modules resolved from go.mod alone; Go's own caches stay where they are."""
     env = dict(os.environ)
     env.update({"CGO_ENABLED": "0", "GOFLAGS": "-mod=mod", "GOWORK": "off"})
@@ -171,7 +177,7 @@ def build_kubernetes(go: str, dest: Path, work: Path, progress: Progress) -> Non
     """Build kube-apiserver and kubectl of KUBERNETES_VERSION into dest."""
     module = work / f"kubernetes-{KUBERNETES_VERSION}"
     module.mkdir(parents=True, exist_ok=True)
-    env = _go_env()
+    env = go_env()
     progress(f"gpuusage: resolving k8s.io/kubernetes {KUBERNETES_VERSION} ...")
     info = _run_go(
         [go, "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"], module, env
@@ -191,7 +197,7 @@ def build_kubernetes(go: str, dest: Path, work: Path, progress: Progress) -> Non
         f"-X k8s.io/component-base/version.gitMajor=1 "
         f"-X k8s.io/component-base/version.gitMinor={minor}"
     )
-    _build(
+    go_build(
         go,
         module,
         env=env,
@@ -211,10 +217,10 @@ def build_etcd(go: str, dest: Path, work: Path, progress: Progress) -> None:
         "module gpuusage.local/etcdbuild\n\ngo 1.24.0\n\n"
         f"require go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
     )
-    _build(
+    go_build(
         go,
         module,
-        env=_go_env(),
+        env=go_env(),
         packages=["go.etcd.io/etcd/server/v3"],
         ldflags="-s -w",
         dest=dest,
@@ -231,7 +237,7 @@ def _run_go(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
     return proc.stdout
 
 
-def _build(
+def go_build(
     go: str,
     module: Path,
     *,

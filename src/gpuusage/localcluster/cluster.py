@@ -19,7 +19,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,7 +31,7 @@ import yaml
 
 from gpuusage import procfs
 from gpuusage.errors import GpuusageError
-from gpuusage.localcluster.binaries import Binaries, ensure_binaries
+from gpuusage.localcluster.binaries import Binaries, ensure_binaries, stderr_progress
 from gpuusage.localcluster.pki import Pki, create_pki
 
 STATE_FILE = "cluster.json"
@@ -119,10 +118,6 @@ def _stray_processes(directory: Path) -> list[ProcessRecord]:
     return found
 
 
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 class LocalCluster:
     """One local control plane rooted at a directory."""
 
@@ -133,7 +128,7 @@ class LocalCluster:
         binaries: Binaries | None = None,
         apiserver_args: Sequence[str] = (),
         tie_to_parent: bool = False,
-        progress: Callable[[str], None] = _stderr,
+        progress: Callable[[str], None] = stderr_progress,
     ) -> None:
         self.directory = directory.resolve()
         self._binaries = binaries

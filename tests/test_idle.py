@@ -1,0 +1,108 @@
+"""Idle detection of requested GPUs, the pure rules (on the cluster: test_operator_on_cluster)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
+from gpuusage.api.times import format_time
+from gpuusage.examples import example_spec
+from gpuusage.operator.idle import idle_pods, idle_since, report_is_complete
+from gpuusage.operator.podindex import REQUESTING_KEY, PodRef, index_keys, pod_ref
+from gpuusage.operator.podstate import condition_patch, desired_condition
+
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+STARTED = NOW - timedelta(hours=2)
+HOUR = timedelta(hours=1)
+
+
+def body(*, gpus: int = 2, phase: str = "Running", condition: dict[str, str] | None = None,
+         deleting: bool = False) -> dict[str, Any]:  # fmt: skip
+    meta: dict[str, Any] = {"name": "w", "namespace": "ml", "uid": "u-1", "resourceVersion": "9"}
+    if deleting:
+        meta["deletionTimestamp"] = format_time(NOW)
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": "n1", "containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+        "status": {"phase": phase, "startTime": format_time(STARTED),
+                   "conditions": [condition] if condition else []},
+    }  # fmt: skip
+
+
+def ref(**kwargs: Any) -> PodRef:
+    found = pod_ref(body(**kwargs))
+    assert found is not None
+    return found
+
+
+def cond(status: str, reason: str, when: datetime) -> dict[str, str]:
+    return {"type": "gpuusage.io/GPUInUse", "status": status, "reason": reason,
+            "lastTransitionTime": format_time(when), "message": ""}  # fmt: skip
+
+
+def test_only_running_pods_with_gpu_requests_are_indexed_as_candidates() -> None:
+    assert REQUESTING_KEY + "n1" in index_keys(body())
+    assert REQUESTING_KEY + "n1" not in index_keys(body(gpus=0))
+    assert REQUESTING_KEY + "n1" not in index_keys(body(phase="Pending"))
+    assert REQUESTING_KEY + "n1" not in index_keys(body(phase="Succeeded"))
+    assert REQUESTING_KEY + "n1" not in index_keys(body(deleting=True))
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [
+        (None, STARTED),  # never used: since the pod started
+        (cond("False", "ProcessesEnded", NOW - HOUR), NOW - HOUR),  # since its use ended
+        (cond("False", "RequestedGPUsIdle", STARTED), STARTED),  # a flagged pod stays flagged
+        (cond("True", "ProcessesRunning", NOW - HOUR), NOW),  # in use until this report
+        (cond("Unknown", "NodeReportStale", NOW - HOUR), NOW),  # nothing known meanwhile
+    ],
+)
+def test_idle_since(condition: dict[str, str] | None, expected: datetime) -> None:
+    assert idle_since(ref(condition=condition), NOW) == expected
+
+
+def test_not_candidates() -> None:
+    assert idle_since(ref(gpus=0), NOW) is None
+    assert idle_since(ref(phase="Pending"), NOW) is None
+
+
+def test_threshold_in_use_and_switch_off() -> None:
+    waiting, ended = ref(), ref(condition=cond("False", "ProcessesEnded", NOW - HOUR / 2))
+    found = idle_pods([waiting, ended], in_use=set(), now=NOW, idle_after=HOUR)
+    assert [(i.pod.uid, i.since) for i in found] == [("u-1", STARTED)], "30 min < 1 h"
+    assert idle_pods([waiting], in_use={"u-1"}, now=NOW, idle_after=HOUR) == []
+    assert idle_pods([waiting], in_use=set(), now=NOW, idle_after=None) == []
+    assert len(idle_pods([ended], in_use=set(), now=NOW, idle_after=HOUR / 2)) == 1, "boundary"
+
+
+def test_incomplete_reports_judge_nobody() -> None:
+    spec = example_spec("n1", NOW)
+    assert report_is_complete(spec)
+    broken = spec.gpus[0].model_copy(
+        update={"error": DeviceError(reason="GpuIsLost", message="fell off the bus")}
+    )
+    assert not report_is_complete(spec.model_copy(update={"gpus": [broken, *spec.gpus[1:]]}))
+    blind = GpuNodeUsageSpec(node_name="n1", observed_at=NOW,
+                             source=Source(kind="none", available=False))  # fmt: skip
+    assert not report_is_complete(blind)
+
+
+def test_flagging_is_stable_once_written() -> None:
+    """The condition written for an idle pod reads back as the same idleness: no flip-flop."""
+    waiting = ref()
+    (first,) = idle_pods([waiting], in_use=set(), now=NOW, idle_after=HOUR)
+    wanted = desired_condition("Idle", None, "n1", first)
+    assert (wanted["status"], wanted["reason"]) == ("False", "RequestedGPUsIdle")
+    assert "requests 2 GPUs" in wanted["message"]
+    assert format_time(STARTED) in wanted["message"]
+    written = condition_patch([], wanted, first.since)
+    assert written is not None
+    later = NOW + timedelta(minutes=5)
+    (again,) = idle_pods([ref(condition=written)], in_use=set(), now=later, idle_after=HOUR)
+    assert again.since == first.since
+    assert condition_patch([written], desired_condition("Idle", None, "n1", again), later) is None
