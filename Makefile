@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint binaries crd clean
+.PHONY: demo test lint binaries crd monitoring clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -12,9 +12,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
-# The control-plane binaries, built from Go modules once and cached outside the repository.
+# The control-plane binaries and the monitoring tools (kube-state-metrics, promtool), built
+# from Go modules once and cached outside the repository.
 binaries: $(VENV)/.installed
-	$(VENV)/bin/gpuusage local-cluster build
+	$(VENV)/bin/gpuusage local-cluster build --monitoring
 
 ## The main job: the product on a local control plane, no GPU or cluster needed.
 demo: binaries
@@ -32,6 +33,10 @@ lint: $(VENV)/.installed
 crd: $(VENV)/.installed
 	$(VENV)/bin/gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml
 	$(VENV)/bin/gpuusage crd --peering --output crds/kopf.dev_clusterkopfpeerings.yaml
+
+# The PrometheusRule, rendered from the plain rules file.
+monitoring: $(VENV)/.installed
+	$(PY) -m gpuusage.rules manifests/monitoring/gpuusage.rules.yaml > manifests/monitoring/prometheusrule.yaml
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

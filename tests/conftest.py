@@ -10,18 +10,36 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
-from gpuusage.localcluster.cluster import LocalCluster
+from gpuusage.localcluster.cluster import LocalCluster, free_port
+from gpuusage.nodeagent.main import run_agent
+from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.operator.main import run_operator
+from gpuusage.operator.reconcile import Reconciler
+from gpuusage.operator.settings import OperatorSettings
+from gpuusage.simulation import (
+    Background,
+    create_running_pod,
+    ensure_namespace,
+    pod_cgroup,
+    write_process,
+)
+from tests.fakenvml import gpu_uuid
+
+GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
 
 # Child processes (the CLI under test) must import the same gpuusage as this test run.
 CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -80,3 +98,120 @@ def api(cluster: LocalCluster) -> Iterator[client.ApiClient]:
 @pytest.fixture
 def kubectl(cluster: LocalCluster) -> Kubectl:
     return Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
+
+
+def token_kubeconfig(
+    cluster: LocalCluster,
+    core: client.CoreV1Api,
+    namespace: str,
+    sa: str,
+    pod: client.V1Pod | None,
+    *,
+    path: Path,
+) -> Path:
+    """Mint a token for a ServiceAccount (bound to pod when given) and write a kubeconfig that
+    uses it: the program under test then has exactly the rights the manifests grant."""
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 3600}
+    if pod is not None:
+        assert pod.metadata is not None
+        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1",
+                                  "name": pod.metadata.name, "uid": pod.metadata.uid}  # fmt: skip
+    issued = core.create_namespaced_service_account_token(
+        sa, namespace, client.AuthenticationV1TokenRequest(spec=spec)
+    )
+    assert issued.status is not None
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": cluster.server,
+            "certificate-authority": str(cluster.directory / "pki" / "ca.crt")}}],
+        "users": [{"name": sa, "user": {"token": issued.status.token}}],
+        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
+        "current-context": sa,
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+WorldFactory = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def make_world(
+    cluster: LocalCluster, api: client.ApiClient, tmp_path: Path
+) -> Iterator[WorldFactory]:
+    """Builds a simulated GPU node with running pods, its agent and a standalone operator.
+
+    Pods: name → GPUs requested; each gets a pid (train 4242, notebook 5151, others 6000+).
+    `write(notebook=True)` puts train on GPU0 (with Xorg) and the notebook on GPU1;
+    `scenario(gpus)` writes any other scenario. operator=False: no operator of its own (a second
+    node beside a world that has one).
+    """
+    started: list[dict[str, Any]] = []
+
+    def build(
+        pods: dict[str, int] | None = None, *, idle_after: float = 1800.0, operator: bool = True
+    ) -> dict[str, Any]:
+        core = client.CoreV1Api(api)
+        ns = f"ml-{uuid.uuid4().hex[:6]}"
+        node = f"gpu-{uuid.uuid4().hex[:6]}"
+        ensure_namespace(core, ns)
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+        proc = tmp_path / f"proc-{node}"
+        write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")
+        pids: dict[str, int] = {}
+        uids: dict[str, str] = {}
+        for i, (name, gpus) in enumerate((pods or {"train": 1, "notebook": 1}).items()):
+            container = {"train": "trainer", "notebook": "jupyter"}.get(name, f"{name}-ctr")
+            uid, cid = create_running_pod(core, ns, name, node, container, gpus=gpus)
+            pids[name] = {"train": 4242, "notebook": 5151}.get(name, 6000 + i)
+            uids[name] = uid
+            write_process(proc, pids[name], pod_cgroup(uid, cid), comm="python3",
+                          start_ticks=pids[name])  # fmt: skip
+        scenario_file = tmp_path / f"scenario-{node}.yaml"
+
+        def scenario(gpus: list[dict[str, Any]]) -> None:
+            scenario_file.write_text(yaml.safe_dump({"gpus": gpus}))
+
+        def write(notebook: bool = True) -> None:
+            gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720}, {"pid": 777, "usedMemoryMiB": 512}]
+            scenario([
+                {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpu0},
+                {"index": 1, "uuid": GPU1, "memoryTotalMiB": 81920, "processes":
+                    [{"pid": 5151, "usedMemoryMiB": 10240}] if notebook else []},
+            ])  # fmt: skip
+
+        write()
+        agent_settings = AgentSettings(
+            node_name=node, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario_file}",
+            proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
+        )  # fmt: skip
+        agent = Background(lambda stop: run_agent(agent_settings, stop))
+        world: dict[str, Any] = {
+            "core": core, "ns": ns, "node": node, "write": write, "scenario": scenario,
+            "agent": agent, "api": api, "pids": pids, **uids,
+        }  # fmt: skip
+        started.append(world)
+        if operator:
+            reconcilers: list[Reconciler] = []
+            ready = threading.Event()
+            metrics_port = free_port()
+            op_settings = OperatorSettings(
+                kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True,
+                metrics_port=metrics_port, metrics_address="127.0.0.1", idle_after=idle_after,
+            )  # fmt: skip
+            world["operator"] = Background(
+                lambda stop: run_operator(op_settings, stop, ready, reconcilers)
+            )
+            world.update(reconcilers=reconcilers, metrics_port=metrics_port)
+            assert ready.wait(60), "operator did not become ready"
+        return world
+
+    try:
+        yield build
+    finally:
+        for world in started:
+            world["agent"].halt()
+            if "operator" in world:
+                world["operator"].halt()

@@ -33,7 +33,7 @@ from gpuusage.simulation import (
     pod_cgroup,
     write_process,
 )
-from tests.conftest import Kubectl, wait_for
+from tests.conftest import Kubectl, token_kubeconfig, wait_for
 from tests.fakenvml import gpu_uuid
 
 pytestmark = pytest.mark.cluster
@@ -65,33 +65,6 @@ def _identity_pod(core: client.CoreV1Api, sa: str, node: str) -> client.V1Pod:
     )
     created: client.V1Pod = core.create_namespaced_pod(NS, pod)
     return created
-
-
-def _token_kubeconfig(
-    cluster: LocalCluster, core: client.CoreV1Api, sa: str, pod: client.V1Pod | None, path: Path
-) -> Path:
-    """Mint a token for sa (bound to pod when given) and write a kubeconfig that uses it."""
-    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 3600}
-    if pod is not None:
-        assert pod.metadata is not None
-        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1",
-                                  "name": pod.metadata.name, "uid": pod.metadata.uid}  # fmt: skip
-    issued = core.create_namespaced_service_account_token(
-        sa, NS, client.AuthenticationV1TokenRequest(spec=spec)
-    )
-    assert issued.status is not None
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {
-            "server": cluster.server,
-            "certificate-authority": str(cluster.directory / "pki" / "ca.crt")}}],
-        "users": [{"name": sa, "user": {"token": issued.status.token}}],
-        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
-        "current-context": sa,
-    }  # fmt: skip
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _denied(call: Callable[[], Any], *fragments: str) -> str:
@@ -133,10 +106,15 @@ def world(
     scenario.write_text(yaml.safe_dump({"gpus": [gpu]}))
     agent_pod = _identity_pod(core, AGENT_SA, node_a)
     operator_pod = _identity_pod(core, OPERATOR_SA, node_b)
-    agent_kc = _token_kubeconfig(cluster, core, AGENT_SA, agent_pod, tmp / "agent.kubeconfig")
-    operator_kc = _token_kubeconfig(cluster, core, OPERATOR_SA, operator_pod,
-                                    tmp / "operator.kubeconfig")  # fmt: skip
-    unbound_kc = _token_kubeconfig(cluster, core, AGENT_SA, None, tmp / "unbound.kubeconfig")
+    agent_kc = token_kubeconfig(
+        cluster, core, NS, AGENT_SA, agent_pod, path=tmp / "agent.kubeconfig"
+    )
+    operator_kc = token_kubeconfig(
+        cluster, core, NS, OPERATOR_SA, operator_pod, path=tmp / "operator.kubeconfig"
+    )
+    unbound_kc = token_kubeconfig(
+        cluster, core, NS, AGENT_SA, None, path=tmp / "unbound.kubeconfig"
+    )
     agent_settings = AgentSettings(
         node_name=node_a, interval=0.5, heartbeat=2.0, gpu_source=f"fake:{scenario}",
         proc_root=proc, kubeconfig=agent_kc, metrics_port=0,

@@ -44,7 +44,11 @@ class LocalClusterSettings(CommandSettings):
 
 
 class BuildSettings(CommandSettings):
-    """No options: versions are pinned in gpuusage.localcluster.binaries."""
+    """Versions are pinned in gpuusage.localcluster.binaries and .tools."""
+
+    monitoring: bool = False
+    """Also build kube-state-metrics and promtool and fetch the Prometheus Operator's CRDs (the
+    monitoring tests use them)."""
 
 
 class DemoSettings(CommandSettings):
@@ -93,10 +97,16 @@ def _run_local_cluster(action: str, settings: LocalClusterSettings) -> int:
 def _run_build(settings: BuildSettings) -> int:
     from gpuusage.localcluster.binaries import ensure_binaries
 
-    del settings
     found = ensure_binaries()
     for path in (found.kube_apiserver, found.etcd, found.kubectl):
         print(path)
+    if settings.monitoring:
+        from gpuusage.localcluster.tools import TOOLS, ensure_tool, monitoring_crds
+
+        for tool in TOOLS:
+            print(ensure_tool(tool))
+        for crd in monitoring_crds():
+            print(crd)
     return 0
 
 
@@ -174,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     for action, text in (("up", "start and wait until ready"), ("down", "stop everything")):
         _command(actions, action, text, LocalClusterSettings, partial(_run_local_cluster, action))
     _command(actions, "build",
-             "build (or find) kube-apiserver, etcd and kubectl; print their paths",
+             "build (or find) kube-apiserver, etcd and kubectl (and with --monitoring "
+             "kube-state-metrics and promtool); print their paths",
              BuildSettings, _run_build)  # fmt: skip
     _command(commands, "agent",
              "observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)",

@@ -8,7 +8,10 @@ be named instead with $GPUUSAGE_KUBE_STATE_METRICS or $GPUUSAGE_PROMTOOL.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,3 +119,46 @@ def build_tool(go: str, tool: Tool, dest: Path, work: Path, progress: Progress) 
         progress=progress,
         rename={"v2": tool.name},  # go may name a /v2 module's binary after its last element
     )
+
+
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+
+
+def monitoring_crds(progress: Progress = stderr_progress) -> list[Path]:
+    """The Prometheus Operator's CRDs for the kinds gpuusage ships (ServiceMonitor, PodMonitor,
+    PrometheusRule), from its Go module at a pinned version.
+
+    Installing the real CRDs lets the apiserver validate the shipped monitoring objects against
+    the real schemas; the module's source archive carries them under example/.
+    """
+    root = cache_root()
+    folder = root / "bin" / f"prometheus-operator-crds-{PROMETHEUS_OPERATOR_VERSION}"
+    wanted = [folder / f"monitoring.coreos.com_{kind}.yaml" for kind in MONITORING_CRDS]
+    if all(p.is_file() for p in wanted):
+        return wanted
+    go = require_go(
+        f"gpuusage reads the Prometheus Operator's CRDs from its Go module "
+        f"{PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION} once."
+    )
+    with file_lock(root / "locks" / "build.lock"):
+        progress(f"gpuusage: fetching {PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION} CRDs ...")
+        work = root / "work" / "prometheus-operator"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "go.mod").write_text("module gpuusage.local/crds\n\ngo 1.24.0\n")
+        module = f"{PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION}"
+        proc = subprocess.run(
+            [go, "mod", "download", "-json", module],
+            cwd=work, env=go_env(), capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        try:
+            source = Path(json.loads(proc.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
+        except (ValueError, KeyError) as exc:
+            raise BinariesError(
+                f"`go mod download {module}` failed:\n{(proc.stdout + proc.stderr)[-2000:]}"
+            ) from exc
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in wanted:
+            shutil.copyfile(source / path.name, path)
+    return wanted

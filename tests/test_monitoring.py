@@ -1,0 +1,321 @@
+"""The shipped monitoring, exercised by the real tools.
+
+kube-state-metrics (built from Go modules, run under the ServiceAccount token the shipped RBAC
+grants) exports the shipped CustomResourceStateMetrics config while the operator reconciles a
+scenario on the local control plane. The scrape is checked series by series, and the series
+taken from it, a healthy scrape and a troubled one, become the input of a `promtool test
+rules` run that proves each shipped alert fires on the trouble and resolves after it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuusage.localcluster.cluster import LocalCluster, free_port
+from gpuusage.localcluster.tools import KUBE_STATE_METRICS, PROMTOOL, ensure_tool, monitoring_crds
+from gpuusage.rules import RulesError, render, rule_groups
+from gpuusage.simulation import ensure_namespace
+from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, token_kubeconfig, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+MONITORING = REPO / "manifests" / "monitoring"
+RULES = MONITORING / "gpuusage.rules.yaml"
+NS = "gpuusage-system"
+SA = "gpuusage-state-metrics"
+ALERTS = ("GpuNodeReportStale", "GpuMemoryNearlyFull", "GpuMemoryHeldOutsidePods",
+          "GpuUsedWithoutRequest", "GpuRequestedButIdle")  # fmt: skip
+
+Sample = tuple[str, frozenset[tuple[str, str]]]
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    return ensure_tool(PROMTOOL)
+
+
+def _promtool(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
+
+
+# -- the rules as files ----------------------------------------------------------------------
+def test_prometheus_rule_is_rendered_from_the_rules_file() -> None:
+    assert render(RULES) == (MONITORING / "prometheusrule.yaml").read_text(), (
+        "manifests/monitoring/prometheusrule.yaml is out of date: run `make monitoring`"
+    )
+    names = [r["alert"] for g in rule_groups(RULES.read_text()) for r in g["rules"]]
+    assert names == list(ALERTS)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("groups: [", "not YAML"), ("rules: []", "non-empty `groups`"),
+     ("groups: [{name: x}]", "groups[0] needs a name and rules")],
+)  # fmt: skip
+def test_a_broken_rules_file_is_named(text: str, message: str) -> None:
+    with pytest.raises(RulesError, match=re.escape(message)):
+        rule_groups(text, "broken.yaml")
+
+
+def test_promtool_checks_the_rules(promtool: Path, tmp_path: Path) -> None:
+    checked = _promtool(promtool, "check", "rules", str(RULES))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 5 rules found" in checked.stdout
+    # The same check rejects a broken expression, so its success above means something.
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(RULES.read_text().replace("max by (node) (", "max by (node) ((", 1))
+    assert _promtool(promtool, "check", "rules", str(broken)).returncode != 0
+
+
+# -- kube-state-metrics on the local control plane -------------------------------------------
+def _scrape(port: int) -> dict[Sample, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[Sample, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def _serving(port: int) -> bool:
+    try:
+        _scrape(port)
+    except OSError:  # not listening yet
+        return False
+    return True
+
+
+def _value(samples: Mapping[Sample, float], name: str, **labels: str) -> float | None:
+    """The value of the one series of `name` that has these labels; None when there is none."""
+    matching = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls]
+    assert len(matching) <= 1, f"{name}{labels} matches {len(matching)} series"
+    return matching[0] if matching else None
+
+
+@pytest.fixture
+def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Iterator[int]:
+    """kube-state-metrics with the shipped config, as the shipped ServiceAccount; its port."""
+    core = client.CoreV1Api(api)
+    try:
+        ensure_namespace(core, NS)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    docs = list(yaml.safe_load_all((MONITORING / "kube-state-metrics.yaml").read_text()))
+    access = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole",
+                                               "ClusterRoleBinding")]  # fmt: skip
+    kubectl = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all(access))
+    kubeconfig = token_kubeconfig(cluster, core, NS, SA, None, path=tmp_path / "ksm.kubeconfig")
+    port = free_port()
+    log = (tmp_path / "ksm.log").open("w")
+    proc = subprocess.Popen(
+        [str(ensure_tool(KUBE_STATE_METRICS)), f"--kubeconfig={kubeconfig}",
+         "--custom-resource-state-only",
+         f"--custom-resource-state-config-file={MONITORING / 'gpunodeusage-metrics.yaml'}",
+         "--host=127.0.0.1", f"--port={port}", "--telemetry-host=127.0.0.1",
+         f"--telemetry-port={free_port()}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: _serving(port), what="kube-state-metrics to serve")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    output = (tmp_path / "ksm.log").read_text()
+    assert "forbidden" not in output, f"kube-state-metrics was refused access:\n{output[-3000:]}"
+
+
+def _gpu(index: int, uuid: str, used: int, processes: list[tuple[int, int]]) -> dict[str, Any]:
+    listed = [{"pid": pid, "usedMemoryMiB": mib} for pid, mib in processes]
+    return {"index": index, "uuid": uuid, "memoryTotalMiB": 81920, "memoryUsedMiB": used,
+            "processes": listed}  # fmt: skip
+
+
+def _render(template: str, labels: Mapping[str, str]) -> str:
+    """Prometheus' templating, for the only form the shipped annotations use: {{ $labels.x }}."""
+    text = re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels[m[1]], template)
+    assert "{{" not in text, f"the test renders only {{{{ $labels.x }}}}; extend it for: {text}"
+    return text
+
+
+def _series_text(name: str, labels: frozenset[tuple[str, str]]) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels))
+    return f"{name}{{{inner}}}"
+
+
+def _promtool_test(
+    healthy: Mapping[Sample, float],
+    trouble: Mapping[Sample, float],
+    expected: Mapping[str, list[dict[str, str]]],
+) -> dict[str, Any]:
+    """A promtool unit test: the healthy scrape for 20 minutes, the troubled one for 60, the
+    healthy one again for 20 (one sample a minute; `_` where a series is absent); alerts are
+    checked before, during and after the trouble."""
+    phases = [(healthy, 20), (trouble, 60), (healthy, 20)]
+    series = []
+    for key in sorted(set(healthy) | set(trouble)):
+        values = []
+        for samples, minutes in phases:
+            value = samples.get(key)
+            values += [("_" if value is None else repr(value))] * minutes
+        series.append({"series": _series_text(*key), "values": " ".join(values)})
+    rules = {r["alert"]: r for g in rule_groups(RULES.read_text()) for r in g["rules"]}
+
+    def alerts(at: str, firing: bool) -> list[dict[str, Any]]:
+        tests = []
+        for alert in ALERTS:
+            exp = []
+            for labels in expected[alert] if firing else []:
+                full = {**labels, **rules[alert]["labels"]}
+                notes = {k: _render(v, full) for k, v in rules[alert]["annotations"].items()}
+                exp.append({"exp_labels": full, "exp_annotations": notes})
+            tests.append({"eval_time": at, "alertname": alert, "exp_alerts": exp})
+        return tests
+
+    return {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            # healthy; trouble too short for any `for:`; all five firing; resolved after.
+            "alert_rule_test": [*alerts("10m", False), *alerts("23m", False),
+                                *alerts("55m", True), *alerts("95m", False)],
+        }],
+    }  # fmt: skip
+
+
+@pytest.mark.cluster
+def test_kube_state_metrics_series_and_the_alerts_they_fire(
+    make_world: WorldFactory, state_metrics: int, promtool: Path, tmp_path: Path
+) -> None:
+    a = make_world({"train": 1, "waiter": 1, "sneaky": 0}, idle_after=3.0)
+    b = make_world({"train": 1}, operator=False)  # reconciled by a's operator
+    train, waiter, sneaky = (a["pids"][n] for n in ("train", "waiter", "sneaky"))
+    host = 777  # Xorg, outside any pod
+    a["scenario"]([_gpu(0, GPU0, 20480, [(train, 20480)]), _gpu(1, GPU1, 8192, [(waiter, 8192)])])
+    b["scenario"]([_gpu(0, GPU0, 10240, [(b["pids"]["train"], 10240)])])
+    ours = {a["node"], b["node"]}
+
+    def scrape() -> dict[Sample, float]:
+        return {k: v for k, v in _scrape(state_metrics).items() if dict(k[1]).get("node") in ours}
+
+    def healthy_now() -> dict[Sample, float] | None:
+        s = scrape()
+        ok = (_value(s, "gpuusage_pod_gpu_memory_used_mib", node=a["node"], pod="waiter") == 8192
+              and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
+              and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
+              and _value(s, "gpuusage_node_condition", node=b["node"], condition="Stale",
+                         status="False") == 1)  # fmt: skip
+        return s if ok else None
+
+    healthy = wait_for(healthy_now, timeout=60, what="the healthy state in kube-state-metrics")
+    node_a = {"node": a["node"]}
+    assert _value(healthy, "gpuusage_node_gpus", **node_a) == 2
+    assert _value(healthy, "gpuusage_node_pods", **node_a) == 2
+    assert _value(healthy, "gpuusage_node_memory_used_mib", **node_a) == 28672
+    assert _value(healthy, "gpuusage_node_memory_total_mib", **node_a) == 163840
+    assert _value(healthy, "gpuusage_node_condition", **node_a, condition="Ready",
+                  status="True") == 1  # fmt: skip
+    assert (
+        _value(healthy, "gpuusage_gpu_memory_used_mib", **node_a, gpu=GPU0, gpu_index="0") == 20480
+    )
+    assert _value(healthy, "gpuusage_gpu_memory_total_mib", **node_a, gpu=GPU1) == 81920
+    assert _value(healthy, "gpuusage_gpu_pods", **node_a, gpu=GPU1) == 1
+    assert _value(healthy, "gpuusage_pod_gpu_memory_used_mib", **node_a, namespace=a["ns"],
+                  pod="train", uid=a["train"], gpu=GPU0) == 20480  # fmt: skip
+    assert _value(healthy, "gpuusage_pod_requested_gpus", **node_a, pod="train") == 1
+    assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="train") == 0
+    observed = _value(healthy, "gpuusage_node_observed_timestamp_seconds", **node_a)
+    assert observed is not None
+    assert abs(observed - time.time()) < 60
+
+    # Trouble: GPU0 nearly full, a host process holds 4 GiB of GPU1 next to a pod that never
+    # requested a GPU, the waiter's work ends (idle after 3 s), and node b's agent dies.
+    a["scenario"]([_gpu(0, GPU0, 80896, [(train, 80896)]),
+                   _gpu(1, GPU1, 6144, [(sneaky, 2048), (host, 4096)])])  # fmt: skip
+    b["agent"].halt()
+
+    def trouble_now() -> dict[Sample, float] | None:
+        s = scrape()
+        ok = (_value(s, "gpuusage_gpu_memory_used_mib", node=a["node"], gpu=GPU0) == 80896
+              and _value(s, "gpuusage_pod_gpu_unrequested", node=a["node"], pod="sneaky") == 1
+              and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
+              and _value(s, "gpuusage_node_condition", node=b["node"], condition="Stale",
+                         status="True") == 1)  # fmt: skip
+        return s if ok else None
+
+    trouble = wait_for(trouble_now, timeout=60, what="the troubled state in kube-state-metrics")
+    assert _value(trouble, "gpuusage_gpu_unattributed_memory_mib", **node_a, gpu=GPU1) == 4096
+    assert _value(trouble, "gpuusage_gpu_unattributed_processes", **node_a, gpu=GPU1) == 1
+    assert _value(trouble, "gpuusage_unattributed_process_memory_mib", **node_a, gpu=GPU1,
+                  pid=str(host), reason="HostProcess", process="Xorg") == 4096  # fmt: skip
+    assert _value(trouble, "gpuusage_node_unrequested_pods", **node_a) == 1
+    assert _value(trouble, "gpuusage_node_idle_pods", **node_a) == 1
+    assert _value(trouble, "gpuusage_pod_requested_gpus", **node_a, pod="sneaky") == 0
+    since = _value(trouble, "gpuusage_pod_gpu_idle_since_timestamp_seconds", **node_a,
+                   pod="waiter")  # fmt: skip
+    assert since is not None
+    assert since <= time.time()
+    assert _value(trouble, "gpuusage_node_condition", node=b["node"], condition="Ready",
+                  status="False") == 1  # fmt: skip
+
+    # The alerts, on exactly these series.
+    expected = {
+        "GpuNodeReportStale": [{"node": b["node"]}],
+        "GpuMemoryNearlyFull": [{"node": a["node"], "gpu": GPU0}],
+        "GpuMemoryHeldOutsidePods": [{"node": a["node"], "gpu": GPU1}],
+        "GpuUsedWithoutRequest": [{"namespace": a["ns"], "pod": "sneaky", "node": a["node"]}],
+        "GpuRequestedButIdle": [{"namespace": a["ns"], "pod": "waiter", "node": a["node"]}],
+    }
+    test_file = tmp_path / "alerts_test.yaml"
+    test_file.write_text(yaml.safe_dump(_promtool_test(healthy, trouble, expected)))
+    result = _promtool(promtool, "test", "rules", str(test_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    # Without the trouble nothing fires, so the same expectations must fail.
+    calm = tmp_path / "calm_test.yaml"
+    calm.write_text(yaml.safe_dump(_promtool_test(healthy, healthy, expected)))
+    failed = _promtool(promtool, "test", "rules", str(calm))
+    assert failed.returncode != 0
+    for alert in ALERTS:
+        assert f"alertname: {alert}" in failed.stdout + failed.stderr
+
+
+@pytest.mark.cluster
+def test_the_monitoring_overlay_validates_against_the_real_crds(kubectl: Kubectl) -> None:
+    """ServiceMonitor, PodMonitor and PrometheusRule against the Prometheus Operator's own CRD
+    schemas, and everything else of the overlay, by a server-side dry run."""
+    for path in monitoring_crds():
+        kubectl.run("apply", "--server-side", "-f", str(path))
+    for plural in ("servicemonitors", "podmonitors", "prometheusrules"):
+        kubectl.run("wait", "--for=condition=Established", "--timeout=60s",
+                    f"crd/{plural}.monitoring.coreos.com")  # fmt: skip
+    out = kubectl.run("apply", "-k", str(REPO / "manifests" / "overlays" / "monitoring"),
+                      "--dry-run=server")  # fmt: skip
+    for created in ("servicemonitor.monitoring.coreos.com/gpuusage-state-metrics",
+                    "servicemonitor.monitoring.coreos.com/gpuusage-operator",
+                    "podmonitor.monitoring.coreos.com/gpuusage-agent",
+                    "prometheusrule.monitoring.coreos.com/gpuusage",
+                    "deployment.apps/gpuusage-state-metrics"):  # fmt: skip
+        assert created in out, out
+    # The schema is enforced: a misspelt field is refused, not ignored.
+    bad = (MONITORING / "monitors.yaml").read_text().replace("honorLabels", "honourLabels")
+    refused = kubectl.run("apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                          stdin=bad, check=False)  # fmt: skip
+    assert 'unknown field "spec.endpoints[0].honourLabels"' in refused, refused
