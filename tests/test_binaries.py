@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuusage.localcluster import binaries
+from gpuusage.localcluster import binaries, tools
 from gpuusage.localcluster.binaries import BinariesError
 
 KUBERNETES_GO_MOD_EXCERPT = """
@@ -96,3 +96,32 @@ def test_cache_is_keyed_by_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert paths.kube_apiserver.parent.name == f"kubernetes-{binaries.KUBERNETES_VERSION}"
     assert paths.etcd.parent.name == f"etcd-{binaries.ETCD_VERSION}"
     assert str(paths.kubectl).startswith(str(tmp_path))
+
+
+def test_monitoring_tools_prefer_an_explicit_binary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = tmp_path / "promtool"
+    _executable(mine)
+    monkeypatch.setenv(tools.PROMTOOL.env, str(mine))
+    assert tools.ensure_tool(tools.PROMTOOL, progress=lambda _: None) == mine
+    monkeypatch.setenv(tools.PROMTOOL.env, str(tmp_path / "nowhere"))
+    with pytest.raises(BinariesError, match=r"GPUUSAGE_PROMTOOL=.* is not an executable file"):
+        tools.ensure_tool(tools.PROMTOOL, progress=lambda _: None)
+
+
+def test_monitoring_tools_come_from_the_version_keyed_cache_without_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(tools.KUBE_STATE_METRICS.env, raising=False)
+    monkeypatch.setenv("GPUUSAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-go-here"))
+    cached = tools.KUBE_STATE_METRICS.cached()
+    assert cached.parent.name == "kube-state-metrics-v2.13.0"
+    with pytest.raises(BinariesError) as caught:  # not cached yet, and no go to build it
+        tools.ensure_tool(tools.KUBE_STATE_METRICS, progress=lambda _: None)
+    assert "kube-state-metrics v2.13.0" in str(caught.value)
+    assert "GPUUSAGE_KUBE_STATE_METRICS" in str(caught.value)
+    cached.parent.mkdir(parents=True)
+    _executable(cached)
+    assert tools.ensure_tool(tools.KUBE_STATE_METRICS, progress=lambda _: None) == cached
