@@ -134,8 +134,7 @@ def main() -> None:
             now = datetime(2026, 11, 21, tzinfo=UTC)
             for _ in range(CYCLES):
                 scenario(path, 8, rng)  # jitter and utilization change every cycle
-                spec, _ = observer.observe()
-                publisher.offer(spec, now)
+                publisher.offer(observer.observe(), now)
                 now += timedelta(seconds=DEFAULTS.interval)
             writes = sum(publisher.stats.writes.values())
             per_hour_bytes = publisher.stats.bytes_written

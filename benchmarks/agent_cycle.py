@@ -30,9 +30,9 @@ sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from tests.fakenvml import dgx_h100  # noqa: E402
 
-from gpuusage.nodeagent.change import decide, fingerprint  # noqa: E402
+from gpuusage.nodeagent.change import decide  # noqa: E402
 from gpuusage.nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
-from gpuusage.nodeagent.main import Observer  # noqa: E402
+from gpuusage.nodeagent.main import Observer, settle_memory  # noqa: E402
 from gpuusage.nodeagent.metrics import AgentMetrics  # noqa: E402
 from gpuusage.nodeagent.resolver import Resolver  # noqa: E402
 from gpuusage.simulation import write_process  # noqa: E402
@@ -72,18 +72,20 @@ def main() -> None:
         now = datetime(2026, 11, 21, tzinfo=UTC)
         cpu: list[float] = []
         rng = random.Random(1)
+        settle_memory()  # as the agent does before its first cycle
         for cycle in range(args.cycles + 20):
             for gpu in machine.gpus:  # allocator jitter of a few MiB on every process
                 for p in gpu.processes:
                     p.used_mib = 4096 + rng.randint(-8, 8)
             start = time.process_time()
             with metrics.cycle_seconds.time():
-                spec, _ = observer.observe()
-            new = fingerprint(spec)
+                observation = observer.observe()
+            new = observation.fingerprint()
             decision = decide(
                 published, published_at, new, now, heartbeat=timedelta(seconds=60), threshold_mib=64
             )
-            if decision.write:
+            if decision.write:  # the spec is built only for a write, as the publisher does
+                spec = observation.spec()
                 published, published_at = new, now
             elapsed = time.process_time() - start
             now += timedelta(seconds=10)

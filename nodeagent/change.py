@@ -21,11 +21,12 @@ makes this decision every cycle.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process
+from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process, Source
 
 Exact = tuple[Any, ...]
 Memories = tuple[int | None, ...]
@@ -45,7 +46,11 @@ class Decision:
     reason: str
 
 
-def _process_key(p: Process) -> Exact:
+ProcessKey = Callable[[Process], Exact]
+
+
+def own_key(p: Process) -> Exact:
+    """What the rule compares of an attributed process."""
     return (p.pid, p.name, p.container_id, p.pod_uid, tuple(p.types), p.resolve_error)
 
 
@@ -54,16 +59,25 @@ def _memory_key(m: Memory | None) -> Exact:
 
 
 def fingerprint(spec: GpuNodeUsageSpec) -> Fingerprint:
-    exact: list[Any] = [spec.node_name, spec.source]
+    return devices_fingerprint(spec.node_name, spec.source, spec.gpus, own_key)
+
+
+def devices_fingerprint(
+    node_name: str, source: Source | None, gpus: Iterable[Gpu], key: ProcessKey
+) -> Fingerprint:
+    """The fingerprint of a report's devices; `key` gives each process's attributed identity
+    (own_key for a built spec; a reading's processes get theirs from the resolver, so that
+    a cycle that writes nothing never builds the spec)."""
+    exact: list[Any] = [node_name, source]
     memories: list[int | None] = []
 
     def device(kind: str, d: Gpu | Any) -> None:
         exact.append((kind, d.index, d.uuid, d.name, d.error, *_memory_key(d.memory)))
         memories.append(d.memory.used_mib if d.memory is not None else None)
-        exact.extend(_process_key(p) for p in d.processes)
+        exact.extend(key(p) for p in d.processes)
         memories.extend(p.used_memory_mib for p in d.processes)
 
-    for gpu in spec.gpus:
+    for gpu in gpus:
         device("gpu", gpu)
         exact.append((gpu.pci_bus_id, gpu.mig_enabled, len(gpu.processes), len(gpu.mig_devices)))
         for mig in gpu.mig_devices:

@@ -6,6 +6,7 @@ cycle offers its newer observation, so once the API is back the latest state is 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import signal
@@ -22,13 +23,13 @@ from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.errors import GpuusageError
 from gpuusage.kube.errors import ApiError
 from gpuusage.kube.rest import RestClient
-from gpuusage.nodeagent.gpusource.base import GpuSource, Reading
+from gpuusage.nodeagent.gpusource.base import GpuSource
 from gpuusage.nodeagent.gpusource.fake import FakeSource
 from gpuusage.nodeagent.gpusource.null import NullSource
 from gpuusage.nodeagent.gpusource.nvml import NvmlSource
 from gpuusage.nodeagent.metrics import AgentMetrics
 from gpuusage.nodeagent.publisher import Publisher
-from gpuusage.nodeagent.report import build_spec, reading_pids
+from gpuusage.nodeagent.report import Observation, reading_pids, reading_processes
 from gpuusage.nodeagent.resolver import Resolver
 from gpuusage.nodeagent.settings import AgentSettings
 
@@ -58,11 +59,23 @@ class Observer:
         self.resolver = resolver
         self.clock = clock
 
-    def observe(self) -> tuple[GpuNodeUsageSpec, Reading]:
+    def observe(self) -> Observation:
         reading = self.source.read()
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
-        return build_spec(self.node_name, self.clock(), reading, found), reading
+        return Observation(self.node_name, self.clock(), reading, found)
+
+
+def settle_memory() -> None:
+    """Move everything alive at start (modules, pydantic's schemas, NVML handles) out of the
+    garbage collector's sight.
+
+    The cycle allocates many short-lived objects, which triggers collections; a full
+    collection then walked every long-lived object too, which showed as cycles several times
+    slower than the median (p99 43 ms against 19 ms frozen, at 512 processes).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def object_for(spec: GpuNodeUsageSpec) -> dict[str, Any]:
@@ -75,16 +88,12 @@ def object_for(spec: GpuNodeUsageSpec) -> dict[str, Any]:
     }
 
 
-def _record(metrics: AgentMetrics, spec: GpuNodeUsageSpec, reading: Reading) -> None:
+def _record(metrics: AgentMetrics, observation: Observation) -> None:
+    reading = observation.reading
     metrics.count_errors(reading.errors)
-    metrics.gpus.set(len(spec.gpus))
-    procs = [
-        p
-        for g in spec.gpus
-        for p in [*g.processes, *(q for m in g.mig_devices for q in m.processes)]
-    ]
-    metrics.processes.set(len(procs))
-    metrics.unresolved.set(sum(1 for p in procs if p.resolve_error))
+    metrics.gpus.set(len(reading.gpus))
+    metrics.processes.set(sum(1 for _ in reading_processes(reading)))
+    metrics.unresolved.set(observation.unresolved())
     metrics.nvml_available.set(1 if reading.source.available else 0)
 
 
@@ -98,10 +107,10 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         log.error("%s", exc)
         return 2
     observer = Observer(settings.node_name, source, Resolver(settings.proc_root))
+    settle_memory()
     try:
         if settings.output == "json":
-            spec, _ = observer.observe()
-            json.dump(object_for(spec), sys.stdout, indent=2)
+            json.dump(object_for(observer.observe().spec()), sys.stdout, indent=2)
             sys.stdout.write("\n")
             return 0
         return _loop(settings, observer, stop)
@@ -143,11 +152,11 @@ def _cycles(
     while not stop.is_set():
         started = time.monotonic()
         with metrics.cycle_seconds.time():
-            spec, reading = observer.observe()
-        _record(metrics, spec, reading)
+            observation = observer.observe()
+        _record(metrics, observation)
         metrics.cycle_done()
         try:
-            decision = publisher.offer(spec, datetime.now(UTC), force=settings.once)
+            decision = publisher.offer(observation, datetime.now(UTC), force=settings.once)
             failed = False
             if decision.write:
                 metrics.last_publish.set(time.time())

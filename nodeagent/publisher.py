@@ -25,6 +25,7 @@ from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.kube.errors import ApiError, Conflict, NotFound, call
 from gpuusage.kube.rest import RestClient
 from gpuusage.nodeagent.change import Decision, Fingerprint, decide, fingerprint
+from gpuusage.nodeagent.report import Observation
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +84,16 @@ class Publisher:
     def published(self) -> GpuNodeUsageSpec | None:
         return self._published
 
-    def offer(self, spec: GpuNodeUsageSpec, now: datetime, force: bool = False) -> Decision:
-        """Write spec if the rule says so. Raises ApiError when the write failed after retries;
-        the caller offers its next observation later, so nothing is lost."""
-        new_fp = fingerprint(spec)
+    def offer(
+        self, observed: GpuNodeUsageSpec | Observation, now: datetime, force: bool = False
+    ) -> Decision:
+        """Write the observation if the rule says so (an Observation's spec is built only
+        then). Raises ApiError when the write failed after retries; the caller offers its
+        next observation later, so nothing is lost."""
+        if isinstance(observed, Observation):
+            new_fp = observed.fingerprint()
+        else:
+            new_fp = fingerprint(observed)
         decision = decide(
             self._published_fp,
             self._published_at,
@@ -100,6 +107,7 @@ class Publisher:
         if not decision.write:
             self.stats.skipped += 1
             return decision
+        spec = observed.spec() if isinstance(observed, Observation) else observed
         try:
             self._write(spec)
         except ApiError as exc:

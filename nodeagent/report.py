@@ -6,22 +6,19 @@ without a proc tree, and so that the benchmark measures the real code path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Process
+from gpuusage.nodeagent.change import Exact, Fingerprint, ProcessKey, devices_fingerprint, own_key
 from gpuusage.nodeagent.gpusource.base import Reading
 from gpuusage.nodeagent.resolver import Resolved
 
 
 def reading_pids(reading: Reading) -> set[int]:
     """Every pid the reading lists, on GPUs and MIG devices."""
-    pids: set[int] = set()
-    for gpu in reading.gpus:
-        pids.update(p.pid for p in gpu.processes)
-        for mig in gpu.mig_devices:
-            pids.update(p.pid for p in mig.processes)
-    return pids
+    return {p.pid for p in reading_processes(reading)}
 
 
 def attribute(process: Process, resolved: Resolved | None) -> Process:
@@ -60,3 +57,54 @@ def build_spec(
     return GpuNodeUsageSpec(
         node_name=node_name, observed_at=observed_at, source=reading.source, gpus=gpus
     )
+
+
+def attributed_key(found: Mapping[int, Resolved]) -> ProcessKey:
+    """own_key of attribute(process, found[pid]), without building the attributed process."""
+
+    def key(p: Process) -> Exact:
+        r = found.get(p.pid)
+        if r is None:
+            return own_key(p)
+        a = r.attribution
+        return (p.pid, p.name or r.comm, a.container_id, a.pod_uid, tuple(p.types), r.error)
+
+    return key
+
+
+def reading_processes(reading: Reading) -> Iterator[Process]:
+    for gpu in reading.gpus:
+        yield from gpu.processes
+        for mig in gpu.mig_devices:
+            yield from mig.processes
+
+
+@dataclass
+class Observation:
+    """One cycle's reading with its attributions; the spec is built only when asked for.
+
+    Most cycles publish nothing (the write rule needs only the fingerprint), and building the
+    spec, a validated model per process, was the largest cost of a cycle at hundreds of
+    processes.
+    """
+
+    node_name: str
+    observed_at: datetime
+    reading: Reading
+    found: Mapping[int, Resolved]
+    _spec: GpuNodeUsageSpec | None = field(default=None, repr=False)
+
+    def spec(self) -> GpuNodeUsageSpec:
+        if self._spec is None:
+            self._spec = build_spec(self.node_name, self.observed_at, self.reading, self.found)
+        return self._spec
+
+    def fingerprint(self) -> Fingerprint:
+        return devices_fingerprint(
+            self.node_name, self.reading.source, self.reading.gpus, attributed_key(self.found)
+        )
+
+    def unresolved(self) -> int:
+        """Processes the resolver could not attribute (for the agent's metrics)."""
+        return sum(1 for p in reading_processes(self.reading)
+                   if (r := self.found.get(p.pid)) is not None and r.error)  # fmt: skip

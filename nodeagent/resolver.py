@@ -8,6 +8,7 @@ so the cache never grows beyond the processes currently on the GPUs. Only the co
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,16 +41,44 @@ def clean_name(raw: str | bytes | None) -> str | None:
     return name[:MAX_NAME] or None
 
 
+FileId = tuple[int, int]
+
+
+def _file_id(path: str) -> FileId | None:
+    """(inode, mtime) of a file; None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 class Resolver:
-    """pid → Resolved, with a cache keyed by (pid, start time)."""
+    """pid → Resolved, with a cache keyed by (pid, start time).
+
+    Reading a start time costs an open and a read per process per cycle, the largest part of a
+    cycle at hundreds of GPU processes. A cheaper stat of the same file tells whether it is
+    still the file the start time was read from: procfs creates a new inode (new number, new
+    time) for a new process under a reused pid, so an unchanged (inode, mtime) is the same
+    process, and anything else falls back to reading the start time.
+    """
 
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
         self._cache: dict[tuple[int, int], Resolved] = {}
         self._seen: set[tuple[int, int]] = set()
+        self._identity: dict[int, tuple[tuple[int, int], FileId]] = {}
+        """pid → (cache key, identity of its stat file when the key was read)."""
         self.reads = 0  # cgroup files read; lets tests and metrics see the cache working
 
     def resolve(self, pid: int) -> Resolved:
+        identity = _file_id(f"{self.proc_root}/{pid}/stat")
+        known = self._identity.get(pid)
+        if identity is not None and known is not None and known[1] == identity:
+            cached = self._cache.get(known[0])
+            if cached is not None:  # the same process as when its start time was read
+                self._seen.add(known[0])
+                return cached
         ticks = procfs.start_ticks(pid, self.proc_root)
         if ticks is None:
             return Resolved(
@@ -79,11 +108,14 @@ class Resolver:
             return Resolved(CgroupAttribution(), None, f"pid {pid} exited during the observation")
         resolved = Resolved(parse_cgroup_file(text), comm)
         self._cache[key] = resolved
+        if identity is not None:
+            self._identity[pid] = (key, identity)
         return resolved
 
     def end_cycle(self) -> None:
         """Forget processes not seen since the previous call."""
         self._cache = {k: v for k, v in self._cache.items() if k in self._seen}
+        self._identity = {pid: v for pid, v in self._identity.items() if v[0] in self._seen}
         self._seen = set()
 
     def __len__(self) -> int:

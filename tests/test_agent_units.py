@@ -10,13 +10,17 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage import procfs
+from gpuusage.api.models import GpuNodeUsageSpec, Source
 from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
 from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, TransientApiError, call
+from gpuusage.nodeagent.cgroup import CgroupAttribution
 from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
+from gpuusage.nodeagent.gpusource.base import Reading
 from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage.nodeagent.metrics import healthy
-from gpuusage.nodeagent.resolver import Resolver, clean_name
+from gpuusage.nodeagent.report import Observation, reading_pids
+from gpuusage.nodeagent.resolver import Resolved, Resolver, clean_name
 from gpuusage.simulation import write_process
 from tests.fakenvml import gpu_uuid
 
@@ -42,6 +46,30 @@ def test_resolver_caches_by_pid_and_start_time(tmp_path: Path) -> None:
     assert reused.attribution.container_id is None
     assert reused.comm == "sshd"
     assert resolver.reads == 2
+
+
+def test_resolver_reads_start_times_only_when_the_stat_file_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_process(tmp_path, 42, CGROUP, start_ticks=500)
+    resolver = Resolver(tmp_path)
+    calls: list[int] = []
+    real = procfs.start_ticks
+
+    def counted(pid: int, root: Path) -> int | None:
+        calls.append(pid)
+        return real(pid, root)
+
+    monkeypatch.setattr(procfs, "start_ticks", counted)
+    resolver.resolve(42)
+    resolver.end_cycle()
+    assert (resolver.resolve(42).attribution.pod_uid, len(calls)) == (POD_TRAIN, 2), (
+        "first cycle: start time read (and re-checked after the cgroup read); second: stat only"
+    )
+    # procfs dropped and re-created the inode of the same process: read again, same process.
+    write_process(tmp_path, 42, CGROUP, start_ticks=500)
+    assert resolver.resolve(42).attribution.pod_uid == POD_TRAIN
+    assert (len(calls), resolver.reads) == (3, 1)
 
 
 def test_resolver_forgets_processes_not_seen_in_a_cycle(tmp_path: Path) -> None:
@@ -262,3 +290,34 @@ def test_health_follows_completed_cycles() -> None:
     ok, text = healthy(939.0, 1000.0, 10.0)
     assert not ok
     assert text == "no cycle completed for 61.0s (interval 10s)"
+
+
+def test_an_observation_fingerprints_exactly_as_its_built_spec() -> None:
+    """The write rule looks at a reading's fingerprint and builds the spec only to write it;
+    both must describe the same report, or a change could go unpublished."""
+    spec = example_spec("gpu-node-a", NOW)  # GPUs, a MIG device, named and unnamed processes
+    bare = [
+        g.model_copy(update={
+            "processes": [p.model_copy(update={"container_id": None, "pod_uid": None,
+                                               "name": None if i % 2 else p.name})
+                          for i, p in enumerate(g.processes)],
+            "mig_devices": [m.model_copy(update={"processes": [
+                q.model_copy(update={"container_id": None, "pod_uid": None})
+                for q in m.processes]}) for m in g.mig_devices]})
+        for g in spec.gpus
+    ]  # fmt: skip
+    reading = Reading(source=spec.source or Source(kind="fake", available=True), gpus=bare)
+    pids = sorted(reading_pids(reading))
+    found = {
+        pids[0]: Resolved(CgroupAttribution(CTR_TRAIN, POD_TRAIN), "trainer"),
+        pids[1]: Resolved(CgroupAttribution(), None, f"pid {pids[1]} exited"),
+        pids[2]: Resolved(CgroupAttribution(None, POD_TRAIN), "python3"),
+    }  # the rest: not resolved at all
+    observation = Observation("gpu-node-a", NOW, reading, found)
+    built = observation.spec()
+    assert observation.fingerprint() == fingerprint(built)
+    assert observation.spec() is built, "built once"
+    assert observation.unresolved() == 1
+    # And the fingerprint does see an attribution change.
+    moved = {**found, pids[0]: Resolved(CgroupAttribution("f" * 64, POD_TRAIN), "trainer")}
+    assert Observation("gpu-node-a", NOW, reading, moved).fingerprint() != fingerprint(built)

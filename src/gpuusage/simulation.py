@@ -7,6 +7,7 @@ proc tree is what the agent reads with --proc-root: stat, cgroup, comm and cmdli
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -45,7 +46,11 @@ def write_process(
     directory = root / str(pid)
     directory.mkdir(parents=True, exist_ok=True)
     after_name = ["S", *(["0"] * 18), str(start_ticks), *(["0"] * 30)]
-    (directory / "stat").write_text(f"{pid} ({comm}) {' '.join(after_name)}\n")
+    # A new file, not a rewrite: procfs gives a new process a new inode, and the agent relies
+    # on that to notice a reused pid without reading the start time every cycle.
+    fresh = directory / ".stat.new"
+    fresh.write_text(f"{pid} ({comm}) {' '.join(after_name)}\n")
+    os.replace(fresh, directory / "stat")
     (directory / "cgroup").write_text(cgroup if cgroup.endswith("\n") else cgroup + "\n")
     (directory / "comm").write_text(comm[:15] + "\n")
     (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
