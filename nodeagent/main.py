@@ -107,7 +107,6 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         log.error("%s", exc)
         return 2
     observer = Observer(settings.node_name, source, Resolver(settings.proc_root))
-    settle_memory()
     try:
         if settings.output == "json":
             json.dump(object_for(observer.observe().spec()), sys.stdout, indent=2)
@@ -134,6 +133,8 @@ def _loop(settings: AgentSettings, observer: Observer, stop: threading.Event) ->
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+    if not settings.once:  # only a long-running loop gains from it
+        settle_memory()
     with api:
         failed = _cycles(settings, observer, publisher, metrics, stop)
     log.info("agent stopped")

@@ -21,18 +21,21 @@ def reading_pids(reading: Reading) -> set[int]:
     return {p.pid for p in reading_processes(reading)}
 
 
+def _attribution(process: Process, resolved: Resolved) -> dict[str, str | None]:
+    """The fields the resolver decides: one rule for the spec and for the write rule's key."""
+    return {
+        "container_id": resolved.attribution.container_id,
+        "pod_uid": resolved.attribution.pod_uid,
+        "name": process.name or resolved.comm,
+        "resolve_error": resolved.error,
+    }
+
+
 def attribute(process: Process, resolved: Resolved | None) -> Process:
     """A process with its container, pod and name filled in from what the proc root said."""
     if resolved is None:
         return process
-    return process.model_copy(
-        update={
-            "container_id": resolved.attribution.container_id,
-            "pod_uid": resolved.attribution.pod_uid,
-            "name": process.name or resolved.comm,
-            "resolve_error": resolved.error,
-        }
-    )
+    return process.model_copy(update=_attribution(process, resolved))
 
 
 def _attribute_all(processes: Iterable[Process], found: Mapping[int, Resolved]) -> list[Process]:
@@ -66,8 +69,9 @@ def attributed_key(found: Mapping[int, Resolved]) -> ProcessKey:
         r = found.get(p.pid)
         if r is None:
             return own_key(p)
-        a = r.attribution
-        return (p.pid, p.name or r.comm, a.container_id, a.pod_uid, tuple(p.types), r.error)
+        f = _attribution(p, r)
+        return (p.pid, f["name"], f["container_id"], f["pod_uid"], tuple(p.types),
+                f["resolve_error"])  # fmt: skip
 
     return key
 
