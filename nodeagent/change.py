@@ -21,12 +21,12 @@ makes this decision every cycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process, Source
+from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, MigDevice, Process, Source
 
 Exact = tuple[Any, ...]
 Memories = tuple[int | None, ...]
@@ -46,7 +46,17 @@ class Decision:
     reason: str
 
 
-ProcessKey = Callable[[Process], Exact]
+class Measured(Protocol):
+    """What the rule reads of any process: an API Process or a reading's Observed."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def used_memory_mib(self) -> int | None: ...
+
+
+P = TypeVar("P", bound=Measured)
 
 
 def own_key(p: Process) -> Exact:
@@ -59,30 +69,39 @@ def _memory_key(m: Memory | None) -> Exact:
 
 
 def fingerprint(spec: GpuNodeUsageSpec) -> Fingerprint:
-    return devices_fingerprint(spec.node_name, spec.source, spec.gpus, own_key)
+    return devices_fingerprint(
+        spec.node_name, spec.source, spec.gpus, lambda d: d.processes, own_key
+    )
 
 
 def devices_fingerprint(
-    node_name: str, source: Source | None, gpus: Iterable[Gpu], key: ProcessKey
+    node_name: str,
+    source: Source | None,
+    gpus: Iterable[Gpu],
+    processes_of: Callable[[Gpu | MigDevice], Sequence[P]],
+    key: Callable[[P], Exact],
 ) -> Fingerprint:
-    """The fingerprint of a report's devices; `key` gives each process's attributed identity
-    (own_key for a built spec; a reading's processes get theirs from the resolver, so that
-    a cycle that writes nothing never builds the spec)."""
+    """The fingerprint of a report's devices. `processes_of` lists a device's processes and
+    `key` gives each one's attributed identity: own_key over a built spec's processes, or, for
+    a reading, the resolver's answers over its plain tuples, so that a cycle that writes
+    nothing never builds the spec."""
     exact: list[Any] = [node_name, source]
     memories: list[int | None] = []
 
-    def device(kind: str, d: Gpu | Any) -> None:
+    def device(kind: str, d: Gpu | MigDevice) -> int:
+        processes = processes_of(d)
         exact.append((kind, d.index, d.uuid, d.name, d.error, *_memory_key(d.memory)))
         memories.append(d.memory.used_mib if d.memory is not None else None)
-        exact.extend(key(p) for p in d.processes)
-        memories.extend(p.used_memory_mib for p in d.processes)
+        exact.extend(map(key, processes))
+        memories.extend(p.used_memory_mib for p in processes)
+        return len(processes)
 
     for gpu in gpus:
-        device("gpu", gpu)
-        exact.append((gpu.pci_bus_id, gpu.mig_enabled, len(gpu.processes), len(gpu.mig_devices)))
+        listed = device("gpu", gpu)
+        exact.append((gpu.pci_bus_id, gpu.mig_enabled, listed, len(gpu.mig_devices)))
         for mig in gpu.mig_devices:
-            device("mig", mig)
-            exact.append((mig.gpu_instance_id, mig.compute_instance_id, len(mig.processes)))
+            listed = device("mig", mig)
+            exact.append((mig.gpu_instance_id, mig.compute_instance_id, listed))
     return Fingerprint(tuple(exact), tuple(memories))
 
 

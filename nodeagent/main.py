@@ -29,7 +29,7 @@ from gpuusage.nodeagent.gpusource.null import NullSource
 from gpuusage.nodeagent.gpusource.nvml import NvmlSource
 from gpuusage.nodeagent.metrics import AgentMetrics
 from gpuusage.nodeagent.publisher import Publisher
-from gpuusage.nodeagent.report import Observation, reading_pids, reading_processes
+from gpuusage.nodeagent.report import Observation, reading_pids
 from gpuusage.nodeagent.resolver import Resolver
 from gpuusage.nodeagent.settings import AgentSettings
 
@@ -92,7 +92,7 @@ def _record(metrics: AgentMetrics, observation: Observation) -> None:
     reading = observation.reading
     metrics.count_errors(reading.errors)
     metrics.gpus.set(len(reading.gpus))
-    metrics.processes.set(sum(1 for _ in reading_processes(reading)))
+    metrics.processes.set(sum(map(len, reading.processes.values())))
     metrics.unresolved.set(observation.unresolved())
     metrics.nvml_available.set(1 if reading.source.available else 0)
 

@@ -6,39 +6,51 @@ without a proc tree, and so that the benchmark measures the real code path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Process
-from gpuusage.nodeagent.change import Exact, Fingerprint, ProcessKey, devices_fingerprint, own_key
-from gpuusage.nodeagent.gpusource.base import Reading
+from gpuusage.nodeagent.change import Exact, Fingerprint, devices_fingerprint
+from gpuusage.nodeagent.gpusource.base import Observed, Reading
 from gpuusage.nodeagent.resolver import Resolved
 
 
 def reading_pids(reading: Reading) -> set[int]:
     """Every pid the reading lists, on GPUs and MIG devices."""
-    return {p.pid for p in reading_processes(reading)}
+    return {p.pid for listed in reading.processes.values() for p in listed}
 
 
-def _attribution(process: Process, resolved: Resolved) -> dict[str, str | None]:
+Attributed = tuple[str | None, str | None, str | None, str | None]
+"""(name, container ID, pod UID, resolve error)."""
+
+
+def _attribution(process: Observed, resolved: Resolved | None) -> Attributed:
     """The fields the resolver decides: one rule for the spec and for the write rule's key."""
-    return {
-        "container_id": resolved.attribution.container_id,
-        "pod_uid": resolved.attribution.pod_uid,
-        "name": process.name or resolved.comm,
-        "resolve_error": resolved.error,
-    }
+    if resolved is None:  # not looked up at all: nothing is known beyond the reading
+        return process.name, None, None, None
+    found = resolved.attribution
+    return process.name or resolved.comm, found.container_id, found.pod_uid, resolved.error
 
 
-def attribute(process: Process, resolved: Resolved | None) -> Process:
-    """A process with its container, pod and name filled in from what the proc root said."""
-    if resolved is None:
-        return process
-    return process.model_copy(update=_attribution(process, resolved))
+def attribute(process: Observed, resolved: Resolved | None) -> Process:
+    """The published process: what the GPU library said, with its container, pod and name
+    filled in from what the proc root said. Validated here, once per write."""
+    name, container_id, pod_uid, error = _attribution(process, resolved)
+    return Process(
+        pid=process.pid,
+        name=name,
+        used_memory_mib=process.used_memory_mib,
+        container_id=container_id,
+        pod_uid=pod_uid,
+        types=list(process.types),
+        sm_util_percent=process.sm_util_percent,
+        memory_util_percent=process.memory_util_percent,
+        resolve_error=error,
+    )
 
 
-def _attribute_all(processes: Iterable[Process], found: Mapping[int, Resolved]) -> list[Process]:
+def _attribute_all(processes: Sequence[Observed], found: Mapping[int, Resolved]) -> list[Process]:
     return [attribute(p, found.get(p.pid)) for p in processes]
 
 
@@ -49,38 +61,24 @@ def build_spec(
     gpus: list[Gpu] = []
     for gpu in reading.gpus:
         migs = [
-            mig.model_copy(update={"processes": _attribute_all(mig.processes, found)})
+            mig.model_copy(update={"processes": _attribute_all(reading.processes_of(mig), found)})
             for mig in gpu.mig_devices
         ]
-        gpus.append(
-            gpu.model_copy(
-                update={"processes": _attribute_all(gpu.processes, found), "mig_devices": migs}
-            )
-        )
+        processes = _attribute_all(reading.processes_of(gpu), found)
+        gpus.append(gpu.model_copy(update={"processes": processes, "mig_devices": migs}))
     return GpuNodeUsageSpec(
         node_name=node_name, observed_at=observed_at, source=reading.source, gpus=gpus
     )
 
 
-def attributed_key(found: Mapping[int, Resolved]) -> ProcessKey:
+def attributed_key(found: Mapping[int, Resolved]) -> Callable[[Observed], Exact]:
     """own_key of attribute(process, found[pid]), without building the attributed process."""
 
-    def key(p: Process) -> Exact:
-        r = found.get(p.pid)
-        if r is None:
-            return own_key(p)
-        f = _attribution(p, r)
-        return (p.pid, f["name"], f["container_id"], f["pod_uid"], tuple(p.types),
-                f["resolve_error"])  # fmt: skip
+    def key(p: Observed) -> Exact:
+        name, container_id, pod_uid, error = _attribution(p, found.get(p.pid))
+        return p.pid, name, container_id, pod_uid, p.types, error
 
     return key
-
-
-def reading_processes(reading: Reading) -> Iterator[Process]:
-    for gpu in reading.gpus:
-        yield from gpu.processes
-        for mig in gpu.mig_devices:
-            yield from mig.processes
 
 
 @dataclass
@@ -105,10 +103,14 @@ class Observation:
 
     def fingerprint(self) -> Fingerprint:
         return devices_fingerprint(
-            self.node_name, self.reading.source, self.reading.gpus, attributed_key(self.found)
+            self.node_name,
+            self.reading.source,
+            self.reading.gpus,
+            self.reading.processes_of,
+            attributed_key(self.found),
         )
 
     def unresolved(self) -> int:
         """Processes the resolver could not attribute (for the agent's metrics)."""
-        return sum(1 for p in reading_processes(self.reading)
+        return sum(1 for p in self.reading.all_processes()
                    if (r := self.found.get(p.pid)) is not None and r.error)  # fmt: skip

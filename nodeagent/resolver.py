@@ -44,15 +44,6 @@ def clean_name(raw: str | bytes | None) -> str | None:
 FileId = tuple[int, int]
 
 
-def _file_id(path: str) -> FileId | None:
-    """(inode, mtime) of a file; None when it cannot be stat'ed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
 class Resolver:
     """pid → Resolved, with a cache keyed by (pid, start time).
 
@@ -65,6 +56,7 @@ class Resolver:
 
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
+        self._prefix = f"{proc_root}/"
         self._cache: dict[tuple[int, int], Resolved] = {}
         self._seen: set[tuple[int, int]] = set()
         self._identity: dict[int, tuple[tuple[int, int], FileId]] = {}
@@ -72,7 +64,11 @@ class Resolver:
         self.reads = 0  # cgroup files read; lets tests and metrics see the cache working
 
     def resolve(self, pid: int) -> Resolved:
-        identity = _file_id(f"{self.proc_root}/{pid}/stat")
+        try:  # (inode, mtime) of the stat file: its identity, see the class docstring
+            st = os.stat(f"{self._prefix}{pid}/stat")
+            identity: FileId | None = (st.st_ino, st.st_mtime_ns)
+        except OSError:
+            identity = None
         known = self._identity.get(pid)
         if identity is not None and known is not None and known[1] == identity:
             cached = self._cache.get(known[0])

@@ -133,18 +133,20 @@ class FakeMachine:
             if array is None or count.value < len(procs):
                 count.value = len(procs)
                 return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else pynvml.NVML_SUCCESS)
+            view = memoryview(array).cast("B")
+            mig = self._mig(handle) if handle.mig is not None else None
             for index, proc in enumerate(procs):
-                self._pack_proc(array, index, handle, proc)
+                self._pack_proc(view, index, mig, proc)
             count.value = len(procs)
             return int(pynvml.NVML_SUCCESS)
 
         return fn
 
-    def _pack_proc(self, array: Array[Any], index: int, handle: Handle, proc: FakeProcess) -> None:
+    @staticmethod
+    def _pack_proc(view: memoryview, index: int, mig: FakeMig | None, proc: FakeProcess) -> None:
         """Write one process-info struct into the caller's array, as the driver does."""
-        mig = self._mig(handle) if handle.mig is not None else None
         used = NOT_AVAILABLE if proc.used_mib is None else proc.used_mib * MIB
-        PROC_INFO.pack_into(memoryview(array).cast("B"), index * PROC_INFO.size, proc.pid, used,
+        PROC_INFO.pack_into(view, index * PROC_INFO.size, proc.pid, used,
                             mig.gi if mig else NO_MIG, mig.ci if mig else NO_MIG)  # fmt: skip
 
     def _c_utilization(

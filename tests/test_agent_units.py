@@ -11,12 +11,12 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage import procfs
-from gpuusage.api.models import GpuNodeUsageSpec, Source
+from gpuusage.api.models import GpuNodeUsageSpec, Process, Source
 from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
 from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, TransientApiError, call
 from gpuusage.nodeagent.cgroup import CgroupAttribution
 from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
-from gpuusage.nodeagent.gpusource.base import Reading
+from gpuusage.nodeagent.gpusource.base import Observed, Reading
 from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage.nodeagent.metrics import healthy
 from gpuusage.nodeagent.report import Observation, reading_pids
@@ -176,16 +176,20 @@ def _scenario(path: Path, used: int) -> None:
         "memoryTotalMiB": 1000, "processes": [{"pid": 5, "usedMemoryMiB": used}]}]}))  # fmt: skip
 
 
+def _first_process(reading: Reading) -> Observed:
+    return reading.processes_of(reading.gpus[0])[0]
+
+
 def test_fake_source_follows_edits_and_keeps_the_last_good_scenario(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     _scenario(path, 100)
     source = FakeSource(path)
-    assert source.read().gpus[0].processes[0].used_memory_mib == 100
+    assert _first_process(source.read()).used_memory_mib == 100
     _scenario(path, 300)
-    assert source.read().gpus[0].processes[0].used_memory_mib == 300
+    assert _first_process(source.read()).used_memory_mib == 300
     path.write_text("gpus: [ {index: 0, uuid: nope")  # a half-saved edit
     reading = source.read()
-    assert reading.gpus[0].processes[0].used_memory_mib == 300
+    assert _first_process(reading).used_memory_mib == 300
     assert reading.source.message is not None
     assert "not valid YAML" in reading.source.message
     assert reading.errors["ScenarioInvalid"] == 1
@@ -208,13 +212,14 @@ def test_fake_source_injects_nvml_errors(tmp_path: Path) -> None:
          "processes": [{"pid": 9}]},
         {"index": 2, "uuid": gpu_uuid(2), "memoryTotalMiB": 10, "processes": [{"pid": 8}]},
     ]}))  # fmt: skip
-    gpus = FakeSource(path).read().gpus
+    reading = FakeSource(path).read()
+    gpus = reading.gpus
     assert gpus[0].error is not None
     assert gpus[0].error.reason == "GpuIsLost"
     assert gpus[1].error is not None
     assert gpus[1].error.reason == "NoPermission"
-    assert gpus[1].processes == []
-    assert [p.pid for p in gpus[2].processes] == [8]
+    assert reading.processes_of(gpus[1]) == ()
+    assert [p.pid for p in reading.processes_of(gpus[2])] == [8]
     path.write_text(yaml.safe_dump({"nvmlError": "DriverNotLoaded"}))
     reading = FakeSource(path).read()
     assert reading.source.available is False
@@ -296,17 +301,27 @@ def test_an_observation_fingerprints_exactly_as_its_built_spec() -> None:
     """The write rule looks at a reading's fingerprint and builds the spec only to write it;
     both must describe the same report, or a change could go unpublished."""
     spec = example_spec("gpu-node-a", NOW)  # GPUs, a MIG device, named and unnamed processes
+
+    def observed(processes: list[Process]) -> list[Observed]:
+        return [Observed(p.pid, None if i % 2 else p.name, p.used_memory_mib, tuple(p.types),
+                         p.sm_util_percent, p.memory_util_percent)
+                for i, p in enumerate(processes)]  # fmt: skip
+
+    listed = {g.uuid: observed(g.processes) for g in spec.gpus if g.uuid}
+    listed |= {m.uuid: observed(m.processes) for g in spec.gpus for m in g.mig_devices}
     bare = [
-        g.model_copy(update={
-            "processes": [p.model_copy(update={"container_id": None, "pod_uid": None,
-                                               "name": None if i % 2 else p.name})
-                          for i, p in enumerate(g.processes)],
-            "mig_devices": [m.model_copy(update={"processes": [
-                q.model_copy(update={"container_id": None, "pod_uid": None})
-                for q in m.processes]}) for m in g.mig_devices]})
+        g.model_copy(
+            update={
+                "processes": [],
+                "mig_devices": [m.model_copy(update={"processes": []}) for m in g.mig_devices],
+            }
+        )
         for g in spec.gpus
-    ]  # fmt: skip
-    reading = Reading(source=spec.source or Source(kind="fake", available=True), gpus=bare)
+    ]
+    reading = Reading(spec.source or Source(kind="fake", available=True), bare, processes=listed)
+    assert len(reading.all_processes()) == sum(
+        len(g.processes) + sum(len(m.processes) for m in g.mig_devices) for g in spec.gpus
+    )
     pids = sorted(reading_pids(reading))
     found = {
         pids[0]: Resolved(CgroupAttribution(CTR_TRAIN, POD_TRAIN), "trainer"),

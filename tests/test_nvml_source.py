@@ -38,15 +38,18 @@ def test_full_dgx_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     assert first.utilization.gpu_percent == 87
     assert first.pci_bus_id == "00000000:18:00.0"
     assert first.mig_enabled is False
-    assert len(first.processes) == 8
-    proc = first.processes[0]
+    listed = reading.processes_of(first)
+    assert len(listed) == 8
+    assert first.processes == [], "a reading keeps processes apart from the device models"
+    proc = listed[0]
     assert proc.pid == 10_000
     assert proc.name == "python3.11"
     assert proc.used_memory_mib == 2048 + 10_000 % 7 * 512
-    assert proc.types == ["compute"]
+    assert proc.types == ("compute",)
     assert (proc.sm_util_percent, proc.memory_util_percent) == (0, 0)
-    assert first.processes[1].sm_util_percent == 1
-    assert sum(len(g.processes) for g in reading.gpus) == 64
+    assert listed[1].sm_util_percent == 1
+    assert sum(len(reading.processes_of(g)) for g in reading.gpus) == 64
+    assert len(reading.all_processes()) == 64
     assert not reading.errors
 
 
@@ -60,10 +63,10 @@ def test_process_lists_are_merged_by_pid(monkeypatch: pytest.MonkeyPatch) -> Non
         ],
     )
     reading = _source(FakeMachine([gpu]), monkeypatch).read()
-    procs = {p.pid: p for p in reading.gpus[0].processes}
-    assert procs[300].types == ["compute", "graphics"]
+    procs = {p.pid: p for p in reading.processes_of(reading.gpus[0])}
+    assert procs[300].types == ("compute", "graphics")
     assert procs[300].used_memory_mib == 900
-    assert procs[301].types == ["mps"]
+    assert procs[301].types == ("mps",)
     assert procs[301].used_memory_mib is None, "NVML 'not available' stays null, never 0"
     assert procs[302].name == "Xorg"
 
@@ -90,7 +93,7 @@ def test_mig_devices_are_queried_per_handle(monkeypatch: pytest.MonkeyPatch) -> 
     reading = _source(machine, monkeypatch).read()
     gpu = reading.gpus[0]
     assert gpu.mig_enabled is True
-    assert gpu.processes == [], "processes live on the MIG devices"
+    assert reading.processes_of(gpu) == (), "processes live on the MIG devices"
     assert gpu.error is None
     assert [m.index for m in gpu.mig_devices] == [0, 3]
     slice3 = gpu.mig_devices[1]
@@ -99,8 +102,9 @@ def test_mig_devices_are_queried_per_handle(monkeypatch: pytest.MonkeyPatch) -> 
     assert (slice3.gpu_instance_id, slice3.compute_instance_id) == (2, 0)
     assert slice3.memory is not None
     assert slice3.memory.total_mib == 19968
-    assert [p.pid for p in slice3.processes] == [401]
-    assert slice3.processes[0].sm_util_percent is None, "no per-process utilization on MIG"
+    assert [p.pid for p in reading.processes_of(slice3)] == [401]
+    assert reading.processes_of(slice3)[0].sm_util_percent is None, "none per process on MIG"
+    assert [p.pid for p in reading.processes_of(gpu.mig_devices[0])] == [400]
     assert not any("Handle(gpu=0, mig=None)" in c for c in machine.calls)
     assert reading.gpus[1].mig_enabled is False
 
@@ -120,7 +124,7 @@ def test_lost_gpu_is_reported_and_the_others_still_read(monkeypatch: pytest.Monk
     assert reading.gpus[5].uuid == gpu_uuid(5)
     healthy = [g for g in reading.gpus if g.error is None]
     assert len(healthy) == 6
-    assert all(len(g.processes) == 2 for g in healthy)
+    assert all(len(reading.processes_of(g)) == 2 for g in healthy)
     assert reading.errors["GpuIsLost"] == 2
 
 
@@ -150,12 +154,12 @@ def test_process_errors_stay_on_their_gpu(
     if reason == "NotSupported":
         # Not supported process lists are an answer (no such processes), not a failure.
         assert broken.error is None
-        assert broken.processes == []
+        assert reading.processes_of(broken) == []
     else:
         assert broken.error is not None
         assert broken.error.reason == reason
         assert broken.memory is not None, "what could be read is still reported"
-    assert all(len(g.processes) == 1 for i, g in enumerate(reading.gpus) if i != 1)
+    assert all(len(reading.processes_of(g)) == 1 for i, g in enumerate(reading.gpus) if i != 1)
 
 
 def test_v3_process_call_missing_falls_back_to_v2(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,10 +179,11 @@ def test_v3_process_call_missing_falls_back_to_v2(monkeypatch: pytest.MonkeyPatc
     )
     source = _source(machine, monkeypatch)
     for _ in range(2):
-        procs = {p.pid: p for p in source.read().gpus[0].processes}
+        reading = source.read()
+        procs = {p.pid: p for p in reading.processes_of(reading.gpus[0])}
         assert procs[700].used_memory_mib == 5000
         assert procs[701].used_memory_mib is None
-        assert procs[701].types == ["graphics"]
+        assert procs[701].types == ("graphics",)
     assert source.read().source.driver_version == "470.223.02"
 
 
@@ -223,7 +228,7 @@ def test_invalid_pids_from_struct_mismatch_are_dropped(monkeypatch: pytest.Monke
         [FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=0), FakeProcess(pid=4242)])]
     )
     reading = _source(machine, monkeypatch).read()
-    assert [p.pid for p in reading.gpus[0].processes] == [4242]
+    assert [p.pid for p in reading.processes_of(reading.gpus[0])] == [4242]
     assert reading.errors["InvalidPid"] == 1
 
 
@@ -238,7 +243,8 @@ def test_process_utilization_unsupported_is_not_asked_again(
     assert [c for c in machine.calls if c.startswith("utilization:")] == [
         "utilization:Handle(gpu=0, mig=None)"
     ], "asked once, then remembered as unsupported"
-    assert source.read().gpus[0].processes[0].sm_util_percent is None
+    reading = source.read()
+    assert reading.processes_of(reading.gpus[0])[0].sm_util_percent is None
 
 
 def test_cuda_version_format() -> None:

@@ -30,13 +30,12 @@ from gpuusage.api.models import (
     Gpu,
     Memory,
     MigDevice,
-    Process,
     ProcessType,
     Source,
     Utilization,
 )
 from gpuusage.errors import GpuusageError
-from gpuusage.nodeagent.gpusource.base import Reading
+from gpuusage.nodeagent.gpusource.base import Observed, Reading
 
 log = logging.getLogger(__name__)
 
@@ -132,23 +131,29 @@ def load_scenario(path: Path) -> Scenario:
         raise ScenarioError(f"GPU scenario {path} is invalid: {problems}") from exc
 
 
-def _process(proc: FakeProcess, with_utilization: bool) -> Process:
-    return Process(
-        pid=proc.pid,
-        name=proc.name,
-        used_memory_mib=proc.usedMemoryMiB,
-        types=list(dict.fromkeys(proc.types)),
-        sm_util_percent=proc.smUtil if with_utilization else None,
-        memory_util_percent=proc.memUtil if with_utilization else None,
-    )
+def _processes(procs: list[FakeProcess], with_utilization: bool) -> list[Observed]:
+    return [
+        Observed(
+            pid=proc.pid,
+            name=proc.name,
+            used_memory_mib=proc.usedMemoryMiB,
+            types=tuple(dict.fromkeys(proc.types)),
+            sm_util_percent=proc.smUtil if with_utilization else None,
+            memory_util_percent=proc.memUtil if with_utilization else None,
+        )
+        for proc in procs
+    ]
 
 
 def _used(procs: list[FakeProcess]) -> int:
     return sum(p.usedMemoryMiB or 0 for p in procs)
 
 
-def scenario_gpus(scenario: Scenario, errors: Counter[str]) -> list[Gpu]:
-    """The GPUs a scenario describes, as NvmlSource would report them."""
+def scenario_gpus(
+    scenario: Scenario, errors: Counter[str], processes: dict[str, list[Observed]]
+) -> list[Gpu]:
+    """The GPUs a scenario describes, as NvmlSource would report them; their processes, and
+    their MIG devices', go into `processes` by device UUID."""
     gpus = []
     for spec in scenario.gpus:
         if spec.error:
@@ -162,7 +167,6 @@ def scenario_gpus(scenario: Scenario, errors: Counter[str]) -> list[Gpu]:
             )
             continue
         error = None
-        processes: list[Process] = []
         migs: list[MigDevice] = []
         if spec.processesError and spec.processesError != "NotSupported":
             errors[spec.processesError] += 1
@@ -170,6 +174,8 @@ def scenario_gpus(scenario: Scenario, errors: Counter[str]) -> list[Gpu]:
                 reason=spec.processesError, message=f"reading processes: {spec.processesError}"
             )
         elif spec.migDevices is not None:
+            for m in spec.migDevices:
+                processes[m.uuid] = _processes(m.processes, with_utilization=False)
             migs = [
                 MigDevice(
                     index=m.index,
@@ -182,12 +188,11 @@ def scenario_gpus(scenario: Scenario, errors: Counter[str]) -> list[Gpu]:
                         if m.memoryTotalMiB is not None
                         else None
                     ),
-                    processes=[_process(p, with_utilization=False) for p in m.processes],
                 )
                 for m in spec.migDevices
             ]
         elif not spec.processesError:
-            processes = [_process(p, with_utilization=True) for p in spec.processes]
+            processes[spec.uuid] = _processes(spec.processes, with_utilization=True)
         used = spec.memoryUsedMiB
         if used is None:
             used = _used(spec.processes) + sum(_used(m.processes) for m in spec.migDevices or [])
@@ -208,7 +213,6 @@ def scenario_gpus(scenario: Scenario, errors: Counter[str]) -> list[Gpu]:
                 ),
                 mig_enabled=spec.migDevices is not None,
                 mig_devices=migs,
-                processes=processes,
                 error=error,
             )
         )
@@ -253,7 +257,9 @@ class FakeSource:
             cuda_version=scenario.cudaVersion,
             agent_version=__version__,
         )
-        return Reading(source, scenario_gpus(scenario, errors), errors)
+        processes: dict[str, list[Observed]] = {}
+        gpus = scenario_gpus(scenario, errors, processes)
+        return Reading(source, gpus, errors, processes)
 
     def close(self) -> None:
         """Nothing to release."""

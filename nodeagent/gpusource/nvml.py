@@ -38,12 +38,11 @@ from gpuusage.api.models import (
     Gpu,
     Memory,
     MigDevice,
-    Process,
     ProcessType,
     Source,
     Utilization,
 )
-from gpuusage.nodeagent.gpusource.base import Reading, error_reason
+from gpuusage.nodeagent.gpusource.base import Observed, Reading, error_reason
 from gpuusage.nodeagent.resolver import clean_name
 
 log = logging.getLogger(__name__)
@@ -71,6 +70,7 @@ def _mib(value: int | None) -> int | None:
 
 
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory unknown
+MAX_BYTES = MAX_MIB * MIB
 
 
 @functools.cache
@@ -202,8 +202,9 @@ class NvmlSource:
             if error_reason(exc) in _LIBRARY_ERRORS:
                 self.close()
             return Reading(failed, [], self._errors)
-        gpus = [self._gpu(index) for index in range(count)]
-        return Reading(source, gpus, self._errors)
+        processes: dict[str, list[Observed]] = {}
+        gpus = [self._gpu(index, processes) for index in range(count)]
+        return Reading(source, gpus, self._errors, processes)
 
     def _optional_text(self, fn: Callable[..., Any], *args: Any) -> str | None:
         value = self._optional(fn, *args)
@@ -217,7 +218,8 @@ class NvmlSource:
         raw = self._optional(getter) if getter else None
         return cuda_version(int(raw)) if raw else None
 
-    def _gpu(self, index: int) -> Gpu:
+    def _gpu(self, index: int, processes_by_uuid: dict[str, list[Observed]]) -> Gpu:
+        """One GPU; its processes, and its MIG devices', go into processes_by_uuid."""
         nvml = self._module()
         uuid = self._known_uuid.get(index)
         try:
@@ -229,12 +231,11 @@ class NvmlSource:
         error: DeviceError | None = None
         mig_enabled = self._mig_enabled(handle)
         mig_devices: list[MigDevice] = []
-        processes: list[Process] = []
         try:
             if mig_enabled:
-                mig_devices = self._mig_devices(handle)
+                mig_devices = self._mig_devices(handle, processes_by_uuid)
             else:
-                processes = self._processes(handle, uuid, with_utilization=True)
+                processes_by_uuid[uuid] = self._processes(handle, uuid, with_utilization=True)
         except nvml.NVMLError as exc:
             error = self._device_error(exc, "processes")
         pci = self._optional(nvml.nvmlDeviceGetPciInfo, handle)
@@ -247,7 +248,6 @@ class NvmlSource:
             utilization=self._utilization(handle),
             mig_enabled=mig_enabled,
             mig_devices=mig_devices,
-            processes=processes,
             error=error,
         )
 
@@ -282,7 +282,9 @@ class NvmlSource:
             return None
         return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
 
-    def _mig_devices(self, parent: Any) -> list[MigDevice]:
+    def _mig_devices(
+        self, parent: Any, processes_by_uuid: dict[str, list[Observed]]
+    ) -> list[MigDevice]:
         nvml = self._module()
         count = int(self._try(nvml.nvmlDeviceGetMaxMigDeviceCount, parent))
         devices: list[MigDevice] = []
@@ -298,9 +300,9 @@ class NvmlSource:
                 continue
             error = None
             try:
-                processes = self._processes(handle, uuid, with_utilization=False)
+                processes_by_uuid[uuid] = self._processes(handle, uuid, with_utilization=False)
             except nvml.NVMLError as exc:
-                processes, error = [], self._device_error(exc, "processes")
+                error = self._device_error(exc, "processes")
             devices.append(
                 MigDevice(
                     index=index,
@@ -309,15 +311,14 @@ class NvmlSource:
                     gpu_instance_id=self._optional(nvml.nvmlDeviceGetGpuInstanceId, handle),
                     compute_instance_id=self._optional(nvml.nvmlDeviceGetComputeInstanceId, handle),
                     memory=self._memory(handle),
-                    processes=processes,
                     error=error,
                 )
             )
         return devices
 
-    def _process_list(self, kind: str, handle: Any) -> list[tuple[int, int | None]]:
-        """One NVML process list as (pid, used bytes or None), v3 with a one-time fallback to
-        v2 on old drivers."""
+    def _process_list(self, kind: str, handle: Any) -> list[tuple[int, int]]:
+        """One NVML process list as (pid, used bytes or NOT_AVAILABLE), v3 with a one-time
+        fallback to v2 on old drivers."""
         nvml = self._module()
         base = {
             "compute": "nvmlDeviceGetComputeRunningProcesses",
@@ -326,9 +327,7 @@ class NvmlSource:
         }[kind]
         if not self._use_v2.get(kind):
             try:
-                rows: list[tuple[int, int | None]] = self._try(
-                    self._raw_processes, f"{base}_v3", handle
-                )
+                rows: list[tuple[int, int]] = self._try(self._raw_processes, f"{base}_v3", handle)
                 return rows
             except nvml.NVMLError_FunctionNotFound:
                 log.info("%s_v3 missing (driver older than R510); using _v2", base)
@@ -358,21 +357,20 @@ class NvmlSource:
         nvml._nvmlCheckReturn(ret)
         return ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
 
-    def _raw_processes(self, symbol: str, handle: Any) -> list[tuple[int, int | None]]:
-        """(pid, used bytes or None) of one process list."""
+    def _raw_processes(self, symbol: str, handle: Any) -> list[tuple[int, int]]:
+        """(pid, used bytes or NOT_AVAILABLE) of one process list."""
         nvml = self._module()
         v2 = symbol.endswith("_v2")
         entry = nvml.c_nvmlProcessInfo_v2_t if v2 else nvml.c_nvmlProcessInfo_v3_t
         data = self._into_array(
             symbol, entry, lambda fn, array, count: fn(handle, ctypes.byref(count), array)
         )
-        rows = _unpacker(entry, PROCESS_FIELDS).iter_unpack(data)
-        return [(pid, None if used == NOT_AVAILABLE else used) for pid, used in rows]
+        return list(_unpacker(entry, PROCESS_FIELDS).iter_unpack(data))
 
-    def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[Process]:
+    def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[Observed]:
         nvml = self._module()
-        merged: dict[int, dict[str, Any]] = {}
-        kinds: list[ProcessType] = ["compute", "graphics", "mps"]
+        merged: dict[int, tuple[tuple[ProcessType, ...], int | None]] = {}
+        kinds: tuple[ProcessType, ...] = ("compute", "graphics", "mps")
         for kind in kinds:
             try:
                 entries = self._process_list(kind, handle)
@@ -382,30 +380,30 @@ class NvmlSource:
                 if not 1 <= pid <= MAX_PID:
                     self._errors["InvalidPid"] += 1
                     continue
-                slot = merged.setdefault(pid, {"types": [], "memory": None})
-                slot["types"].append(kind)
-                used = _mib(used_bytes)
-                if used is not None:
-                    slot["memory"] = max(used, slot["memory"] or 0)
+                if used_bytes == NOT_AVAILABLE:
+                    used = None
+                else:
+                    used = used_bytes // MIB if used_bytes < MAX_BYTES else MAX_MIB
+                known = merged.get(pid)
+                if known is None:
+                    merged[pid] = ((kind,), used)
+                else:  # listed by another kind too: one process, the larger figure
+                    types, before = known
+                    if kind not in types:
+                        types += (kind,)
+                    merged[pid] = (types, before if used is None else max(used, before or 0))
         utilization = self._process_utilization(handle, uuid) if with_utilization else {}
+        names, seen = self._names, self._names_seen
         processes = []
-        for pid, slot in sorted(merged.items()):
+        for pid in sorted(merged):
+            types, used = merged[pid]
             sm, mem = utilization.get(pid, (None, None))
-            if pid in self._names:
-                name = self._names[pid]
+            if pid in names:
+                name = names[pid]
             else:
                 name = clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid))
-            self._names_seen[pid] = name
-            processes.append(
-                Process(
-                    pid=pid,
-                    name=name,
-                    used_memory_mib=slot["memory"],
-                    types=slot["types"],
-                    sm_util_percent=sm,
-                    memory_util_percent=mem,
-                )
-            )
+            seen[pid] = name
+            processes.append(Observed(pid, name, used, types, sm, mem))
         return processes
 
     def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int]]:
@@ -434,9 +432,12 @@ class NvmlSource:
             self._errors[error_reason(exc)] += 1
             return {}
         latest: dict[int, tuple[int, int, int]] = {}
+        newest = 0
         for pid, stamp, sm, mem in samples:
-            if pid not in latest or stamp >= latest[pid][0]:
-                latest[pid] = (stamp, min(sm, 100), min(mem, 100))
+            known = latest.get(pid)
+            if known is None or stamp >= known[0]:
+                latest[pid] = (stamp, sm if sm <= 100 else 100, mem if mem <= 100 else 100)
+                newest = stamp if stamp > newest else newest
         if latest:
-            self._util_since[uuid] = max(v[0] for v in latest.values())
+            self._util_since[uuid] = newest
         return {pid: (sm, mem) for pid, (_, sm, mem) in latest.items()}
