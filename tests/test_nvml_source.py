@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import pynvml
 import pytest
 
@@ -245,6 +248,43 @@ def test_process_utilization_unsupported_is_not_asked_again(
     ], "asked once, then remembered as unsupported"
     reading = source.read()
     assert reading.processes_of(reading.gpus[0])[0].sm_util_percent is None
+
+
+def test_static_facts_are_read_once_per_nvml_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Versions, names and PCI bus IDs cannot change while NVML stays initialised; a failed
+    read is not kept, so it is retried on the next reading."""
+    source = _source(dgx_h100(processes_per_gpu=1), monkeypatch)
+    asked: Counter[str] = Counter()
+    failing = {"nvmlDeviceGetName": 1}  # the first call fails, as under a transient error
+
+    def counted(name: str) -> Any:
+        original = getattr(pynvml, name)
+
+        def call(*args: Any) -> Any:
+            asked[name] += 1
+            if failing.get(name, 0) > 0:
+                failing[name] -= 1
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+            return original(*args)
+
+        return call
+
+    for name in ("nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlSystemGetDriverVersion"):
+        monkeypatch.setattr(pynvml, name, counted(name))
+    first = source.read()
+    assert first.gpus[0].name is None, "the failed read leaves the field empty"
+    assert first.gpus[1].name == "NVIDIA H100 80GB HBM3"
+    for _ in range(3):
+        later = source.read()
+    assert [g.name for g in later.gpus] == ["NVIDIA H100 80GB HBM3"] * 8
+    assert [g.pci_bus_id for g in later.gpus] == [g.pci_bus_id for g in first.gpus]
+    assert later.source.driver_version == "550.54.15"
+    assert asked == {"nvmlDeviceGetName": 9, "nvmlDeviceGetPciInfo": 9,
+                     "nvmlSystemGetDriverVersion": 1}  # fmt: skip
+    source.close()  # a new session (e.g. after a driver reload) reads them again
+    source.read()
+    assert asked["nvmlSystemGetDriverVersion"] == 2
+    assert asked["nvmlDeviceGetName"] == 17
 
 
 def test_cuda_version_format() -> None:

@@ -110,6 +110,11 @@ class NvmlSource:
         self._names: dict[int, str | None] = {}
         self._names_seen: dict[int, str | None] = {}
         self._buffers: dict[str, Any] = {}  # reused ctypes arrays, by C symbol
+        # Facts that cannot change while NVML stays initialised, read once (each read goes
+        # through pynvml's wrappers): the versions, and each GPU's name and PCI bus ID by UUID.
+        # Kept only when read completely, so a transient failure is retried next cycle.
+        self._source: Source | None = None
+        self._static: dict[str, tuple[str | None, str | None]] = {}
 
     # -- library ---------------------------------------------------------------------------
     def _module(self) -> ModuleType:
@@ -137,6 +142,7 @@ class NvmlSource:
         if self._init_error:
             log.info("NVML initialised after earlier failure: %s", self._init_error)
         self._initialised, self._init_error = True, None
+        self._source, self._static = None, {}
         return True
 
     def close(self) -> None:
@@ -181,14 +187,7 @@ class NvmlSource:
             )
             return Reading(source, [], self._errors)
         nvml = self._module()
-        source = Source(
-            kind="nvml",
-            available=True,
-            driver_version=self._optional_text(nvml.nvmlSystemGetDriverVersion),
-            nvml_version=self._optional_text(nvml.nvmlSystemGetNVMLVersion),
-            cuda_version=self._cuda(),
-            agent_version=__version__,
-        )
+        source = self._source or self._read_source()
         try:
             count = int(self._try(nvml.nvmlDeviceGetCount))
         except nvml.NVMLError as exc:
@@ -205,6 +204,33 @@ class NvmlSource:
         processes: dict[str, list[Observed]] = {}
         gpus = [self._gpu(index, processes) for index in range(count)]
         return Reading(source, gpus, self._errors, processes)
+
+    def _read_source(self) -> Source:
+        nvml = self._module()
+        source = Source(
+            kind="nvml",
+            available=True,
+            driver_version=self._optional_text(nvml.nvmlSystemGetDriverVersion),
+            nvml_version=self._optional_text(nvml.nvmlSystemGetNVMLVersion),
+            cuda_version=self._cuda(),
+            agent_version=__version__,
+        )
+        if source.driver_version and source.nvml_version and source.cuda_version:
+            self._source = source
+        return source
+
+    def _gpu_static(self, handle: Any, uuid: str) -> tuple[str | None, str | None]:
+        """(name, PCI bus ID) of a GPU."""
+        known = self._static.get(uuid)
+        if known is not None:
+            return known
+        nvml = self._module()
+        pci = self._optional(nvml.nvmlDeviceGetPciInfo, handle)
+        name = self._optional_text(nvml.nvmlDeviceGetName, handle)
+        bus_id = _text(pci.busId)[:32] if pci is not None else None
+        if name is not None and bus_id is not None:
+            self._static[uuid] = (name, bus_id)
+        return name, bus_id
 
     def _optional_text(self, fn: Callable[..., Any], *args: Any) -> str | None:
         value = self._optional(fn, *args)
@@ -238,12 +264,12 @@ class NvmlSource:
                 processes_by_uuid[uuid] = self._processes(handle, uuid, with_utilization=True)
         except nvml.NVMLError as exc:
             error = self._device_error(exc, "processes")
-        pci = self._optional(nvml.nvmlDeviceGetPciInfo, handle)
+        name, bus_id = self._gpu_static(handle, uuid)
         return Gpu(
             index=index,
             uuid=uuid,
-            name=self._optional_text(nvml.nvmlDeviceGetName, handle),
-            pci_bus_id=_text(pci.busId)[:32] if pci is not None else None,
+            name=name,
+            pci_bus_id=bus_id,
             memory=self._memory(handle),
             utilization=self._utilization(handle),
             mig_enabled=mig_enabled,
