@@ -173,18 +173,25 @@ class PodWatch(threading.Thread):
             return len(self.values)
 
 
-def apiserver_writes(api: client.ApiClient) -> dict[str, float]:
-    """PATCH requests the apiserver served so far, by resource/subresource."""
+def apiserver_requests(api: client.ApiClient) -> dict[str, float]:
+    """Requests the apiserver served so far, by "VERB resource[/subresource]"."""
     response = api.call_api("GET", f"{api.configuration.host}/metrics")
     counts: dict[str, float] = {}
     for line in response.read().decode().splitlines():
-        if not line.startswith("apiserver_request_total{") or 'verb="PATCH"' not in line:
+        if not line.startswith("apiserver_request_total{"):
             continue
         labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")]
                       .replace('"', "").split(","))  # fmt: skip
         key = labels["resource"] + ("/" + labels["subresource"] if labels["subresource"] else "")
+        key = f"{labels['verb']} {key}"
         counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return counts
+
+
+def apiserver_writes(api: client.ApiClient) -> dict[str, float]:
+    """PATCH requests the apiserver served so far, by resource/subresource."""
+    return {k.split(" ", 1)[1]: v for k, v in apiserver_requests(api).items()
+            if k.startswith("PATCH ")}  # fmt: skip
 
 
 def _delta(after: dict[str, float], before: dict[str, float], key: str) -> int:
@@ -326,6 +333,7 @@ def main() -> None:
             pids = {p.name: p.pid for p in state.processes}
             pids["operator"], pids["benchmark"] = operator.pid, os.getpid()
             for rate in (float(r) for r in args.rates.split(",")):
+                requests_before = apiserver_requests(api)
                 before = apiserver_writes(api)
                 cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 started = time.monotonic()
@@ -343,6 +351,12 @@ def main() -> None:
                 measured["pod_writes"] = _delta(after, before, "pods") + _delta(
                     after, before, "pods/status"
                 )
+                requests_after = apiserver_requests(api)
+                measured["requests_per_update"] = {
+                    key: round((count - requests_before.get(key, 0)) / measured["updates"], 2)
+                    for key, count in sorted(requests_after.items())
+                    if count - requests_before.get(key, 0) >= measured["updates"] * 0.01
+                }
                 result["rates"].append(measured)
                 print(json.dumps(measured), file=sys.stderr)
             result["operator_memory_end_mib"] = memory_of(operator.pid)

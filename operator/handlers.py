@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,6 +108,30 @@ def report_freshness(body: Mapping[str, Any]) -> tuple[str | None, bool]:
     return (body.get("spec") or {}).get("observedAt"), stale
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: this operator has event handlers only, which need none.
+
+    kopf builds the diff base (a deep copy of the whole object, status included) for every
+    event before it looks at the handlers; with our own status writes echoing back, that was
+    about a sixth of the operator's CPU per report update. Nothing is stored on the objects
+    either.
+    """
+
+    def build(
+        self,
+        *,
+        body: kopf.Body,
+        extra_fields: Iterable[Any] | None = None,
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to keep."""
+
+
 def build_registry(
     reconciler: Reconciler,
     pods: PodWatch,
@@ -133,7 +157,7 @@ def build_registry(
             settings.peering.lifetime = peering.lifetime
             settings.peering.stealth = True  # keep-alives are not worth a log line each
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.watching.server_timeout = 300
 
     @kopf.on.login(registry=registry)
@@ -176,6 +200,9 @@ def build_registry(
         if kwargs["type"] == "DELETED":
             node = (body.get("spec") or {}).get("nodeName") or name
             await loop.run_in_executor(workers, reconciler.forget_node, node, lookup, now)
+            return
+        if reconciler.is_echo(body):
+            metrics.echoes_skipped.inc()
             return
         started = time.monotonic()
         try:

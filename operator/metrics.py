@@ -59,6 +59,11 @@ class OperatorMetrics:
             "Reconciles that failed as a whole (e.g. the status write), by kind.",
             ["kind"], registry=r,
         )  # fmt: skip
+        self.echoes_skipped = Counter(
+            "gpuusage_operator_echoes_skipped_total",
+            "Report events skipped because they only echo this replica's own status write.",
+            registry=r,
+        )
         self.active = Gauge(
             "gpuusage_operator_active", "1 when this replica is the active one.", registry=r
         )

@@ -123,6 +123,9 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
         if line.startswith("gpuusage_operator_reconcile_duration_seconds_count")
     )
     assert float(reconciles.split()[-1]) >= 3, "every report event is timed"  # fmt: skip
+    echoes = next(line for line in text.splitlines()
+                  if line.startswith("gpuusage_operator_echoes_skipped_total "))  # fmt: skip
+    assert float(echoes.split()[-1]) >= 1, "our own status writes came back and were skipped"
 
 
 def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
@@ -235,11 +238,14 @@ def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
     wait_for(lambda: reason("notebook") == "False ProcessesEnded", what="use ended")
     wait_for(lambda: idle_names() == ["notebook", "waiter"], timeout=30, what="notebook idle")
     assert reason("notebook") == "False RequestedGPUsIdle"
+    # The Event follows the condition write: wait for it before counting.
+    flagged = ["GPUUseEnded", "GPUUseStarted", "RequestedGPUsIdle"]
+    assert wait_for(lambda: _events(world, "notebook") == flagged, what="idle event")
     counts = world["reconcilers"][0].counts
     before = (counts.pod_writes, counts.events)
     time.sleep(3.0)  # several heartbeats: the idle pods stay flagged without a write
     assert (counts.pod_writes, counts.events) == before
-    assert _events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted", "RequestedGPUsIdle"]
+    assert _events(world, "notebook") == flagged
 
     world["write"](notebook=True)  # back at work: no longer idle
     wait_for(lambda: reason("notebook") == "True ProcessesRunning", what="notebook in use")
