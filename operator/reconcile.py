@@ -132,6 +132,17 @@ class Reconciler:
             spec, resolutions, now, generation=body["metadata"].get("generation"),
             previous=previous, stale_after=self.stale_after, idle=[i.entry() for i in idle],
         )  # fmt: skip
+        # Pods first: their annotations and condition are what people read, and each write
+        # waits on the apiserver; the status follows.
+        stale = status.stale
+        for use in uses.values():
+            self._pod(use.pod, "Unknown" if stale else "InUse", use, spec.node_name, now)
+        idle_by_uid = {i.pod.uid: i for i in idle}
+        for ref in lookup.on_node_with_our_marks(spec.node_name):
+            if ref.uid not in uses and ref.uid not in idle_by_uid:
+                self._pod(ref, "Unknown" if stale else "Stopped", None, spec.node_name, now)
+        for found in idle:
+            self._pod(found.pod, "Idle", None, spec.node_name, now, idle=found)
         wanted = status.to_api()
         if previous is None or previous.to_api() != wanted:
             response = call(
@@ -149,15 +160,6 @@ class Reconciler:
             )
             self.counts.status_writes += 1
             written = _echo_version(response, body["metadata"].get("generation"))
-        stale = status.stale
-        for use in uses.values():
-            self._pod(use.pod, "Unknown" if stale else "InUse", use, spec.node_name, now)
-        idle_by_uid = {i.pod.uid: i for i in idle}
-        for ref in lookup.on_node_with_our_marks(spec.node_name):
-            if ref.uid not in uses and ref.uid not in idle_by_uid:
-                self._pod(ref, "Unknown" if stale else "Stopped", None, spec.node_name, now)
-        for found in idle:
-            self._pod(found.pod, "Idle", None, spec.node_name, now, idle=found)
         if written is not None and self.counts.pod_errors == failures:
             self._echoes[name] = written  # a failed pod write is retried on the echo instead
         return stale
