@@ -13,7 +13,6 @@ never stops the rest.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections import Counter as TallyCounter
@@ -247,11 +246,8 @@ class Reconciler:
                 f"pod {ref.namespace}/{ref.name}",
             )
         self.counts.pod_writes += 1
-        try:
-            version = json.loads(answer)["metadata"]["resourceVersion"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        return str(version)
+        version = raw.written_metadata(answer).get("resourceVersion")
+        return None if version is None else str(version)
 
     def _event(self, ref: PodRef, what: PodEvent, note: str, now: datetime) -> None:
         event = client.EventsV1Event(
@@ -282,10 +278,7 @@ def _echo_version(response: bytes, generation: int | None) -> str | None:
     """The resourceVersion our status write produced, if that version shows the spec we
     reconciled: an agent write that landed between our read and our write raised the
     generation, and then the event of that version must be reconciled, not skipped."""
-    try:
-        meta = json.loads(response)["metadata"]
-    except (ValueError, KeyError, TypeError):
-        return None
+    meta = raw.written_metadata(response)
     version = meta.get("resourceVersion")
     if not isinstance(version, str) or generation is None or meta.get("generation") != generation:
         return None

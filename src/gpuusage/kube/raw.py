@@ -1,9 +1,9 @@
 """Raw responses of the `kubernetes` client (`_preload_content=False`).
 
 The operator reads what it writes and watches as plain JSON: deserialising model objects
-(a whole V1Pod per patch, per watch event) cost more CPU than the rest of its work. These two
-helpers are the only place that knows how such a response is wrapped and when its connection
-goes back to the pool.
+(a whole V1Pod per patch, per watch event) cost more CPU than the rest of its work. `body` and
+`json_lines` are the only place that knows how such a response is wrapped and when its
+connection goes back to the pool; `written_metadata` reads what a write answered.
 """
 
 from __future__ import annotations
@@ -24,6 +24,16 @@ def body(response: Any) -> bytes:
         return bytes(raw.data)
     finally:
         raw.release_conn()
+
+
+def written_metadata(data: bytes) -> dict[str, Any]:
+    """metadata of the object a write returned; empty when the answer is not such an object
+    (the write itself succeeded: what it returned only adds detail)."""
+    try:
+        meta = json.loads(data)["metadata"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def json_lines(response: Any, chunk: int = 65536) -> Iterator[dict[str, Any]]:
