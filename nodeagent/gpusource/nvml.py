@@ -70,7 +70,6 @@ def _mib(value: int | None) -> int | None:
 
 
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory unknown
-MAX_BYTES = MAX_MIB * MIB
 
 
 @functools.cache
@@ -406,10 +405,7 @@ class NvmlSource:
                 if not 1 <= pid <= MAX_PID:
                     self._errors["InvalidPid"] += 1
                     continue
-                if used_bytes == NOT_AVAILABLE:
-                    used = None
-                else:
-                    used = used_bytes // MIB if used_bytes < MAX_BYTES else MAX_MIB
+                used = None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
                 known = merged.get(pid)
                 if known is None:
                     merged[pid] = ((kind,), used)
