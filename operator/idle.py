@@ -23,7 +23,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuusage.api.models import GpuNodeUsageSpec, IdlePod
+from gpuusage.api.models import MAX_REQUESTED_GPUS, GpuNodeUsageSpec, IdlePod
 from gpuusage.api.times import parse_time
 from gpuusage.operator.podindex import PodRef
 
@@ -42,7 +42,7 @@ class Idle:
             namespace=self.pod.namespace,
             name=self.pod.name,
             uid=self.pod.uid,
-            requested_gpus=min(self.pod.gpu_requests, 1024),
+            requested_gpus=min(self.pod.gpu_requests, MAX_REQUESTED_GPUS),
             idle_since=self.since,
         )
 

@@ -20,6 +20,7 @@ from gpuusage.api.models import (
     MAX_DEVICES,
     MAX_IDLE_PODS,
     MAX_POD_DEVICES,
+    MAX_REQUESTED_GPUS,
     MAX_UNATTRIBUTED,
     Condition,
     ContainerUsage,
@@ -78,7 +79,7 @@ def pod_usages(resolutions: Iterable[Resolution]) -> list[PodUsage]:
                 device_uuid=uuid,
                 containers=containers,
                 used_memory_mib=sum(c.used_memory_mib for c in containers),
-                requested_gpus=min(pod.gpu_requests, 1024),
+                requested_gpus=min(pod.gpu_requests, MAX_REQUESTED_GPUS),
                 unrequested=pod.gpu_requests == 0,
             )
         )

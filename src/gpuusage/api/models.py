@@ -36,6 +36,7 @@ MAX_DEVICES = MAX_GPUS * (1 + MAX_MIG_DEVICES)
 MAX_POD_DEVICES = 2048
 MAX_UNATTRIBUTED = 256
 MAX_IDLE_PODS = 512
+MAX_REQUESTED_GPUS = 1024  # what a pod's request is shown as, at most
 MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux
 MAX_MIB = 16 * 1024 * 1024  # 16 TiB: far above any device, low enough to catch unit mistakes
 
@@ -63,6 +64,7 @@ Percent = Annotated[int, Field(ge=0, le=100)]
 MiB = Annotated[int, Field(ge=0, le=MAX_MIB)]
 ShortText = Annotated[str, Field(max_length=256)]
 Message = Annotated[str, Field(max_length=1024)]
+RequestedGpus = Annotated[int, Field(ge=0, le=MAX_REQUESTED_GPUS)]
 
 ProcessType = Literal["compute", "graphics", "mps"]
 
@@ -231,7 +233,7 @@ class PodUsage(ApiModel):
     containers: Annotated[list[ContainerUsage], Field(max_length=64)] = Field(default_factory=list)
     used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
     """Memory the pod's processes use on this device."""
-    requested_gpus: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, alias="requestedGPUs")
+    requested_gpus: RequestedGpus = Field(default=0, alias="requestedGPUs")
     """GPUs the pod requested (nvidia.com/gpu and MIG resources in its containers' limits)."""
     unrequested: bool = False
     """True when the pod uses a GPU although it requested none (e.g. through
@@ -270,7 +272,7 @@ class IdlePod(ApiModel):
     namespace: Annotated[str, Field(max_length=63)]
     name: Annotated[str, Field(max_length=253)]
     uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
-    requested_gpus: Annotated[int, Field(ge=0, le=1024)] = Field(default=0, alias="requestedGPUs")
+    requested_gpus: RequestedGpus = Field(default=0, alias="requestedGPUs")
     idle_since: datetime
     """Since when none of the pod's processes has used a GPU (its start, or the end of its last
     use)."""
