@@ -153,6 +153,11 @@ def annotation_patch(
     return patch or None
 
 
+def _gpu_in_use(status: str, reason: str, message: str) -> dict[str, str]:
+    return {"type": names.POD_CONDITION_GPU_IN_USE, "status": status, "reason": reason,
+            "message": message}  # fmt: skip
+
+
 def desired_condition(
     state: UseState, use: PodUse | None, node: str, idle: Idle | None = None
 ) -> dict[str, str]:
@@ -169,43 +174,25 @@ def desired_condition(
             f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation"
         )
         if use.pod.gpu_requests == 0:
-            return {
-                "type": names.POD_CONDITION_GPU_IN_USE,
-                "status": "True",
-                "reason": REASON_UNREQUESTED,
-                "message": message + "; the pod requests no GPU (nvidia.com/gpu or MIG), so the "
-                "scheduler and quotas do not count this use (NVIDIA_VISIBLE_DEVICES=all?)",
-            }
-        return {
-            "type": names.POD_CONDITION_GPU_IN_USE,
-            "status": "True",
-            "reason": "ProcessesRunning",
-            "message": message,
-        }
+            return _gpu_in_use("True", REASON_UNREQUESTED, message + "; the pod requests no GPU "
+                               "(nvidia.com/gpu or MIG), so the scheduler and quotas do not count "
+                               "this use (NVIDIA_VISIBLE_DEVICES=all?)")  # fmt: skip
+        return _gpu_in_use("True", "ProcessesRunning", message)
     if state == "Unknown":
-        return {
-            "type": names.POD_CONDITION_GPU_IN_USE,
-            "status": "Unknown",
-            "reason": "NodeReportStale",
-            "message": f"the GPU report of node {node} is stale; last known use is kept in the "
-            "annotations",
-        }
+        return _gpu_in_use("Unknown", "NodeReportStale", f"the GPU report of node {node} is "
+                           "stale; last known use is kept in the annotations")  # fmt: skip
     if state == "Idle" and idle is not None:
         count = idle.pod.gpu_requests
-        return {
-            "type": names.POD_CONDITION_GPU_IN_USE,
-            "status": "False",
-            "reason": REASON_IDLE,
-            "message": f"the pod requests {count} GPU{'s' if count != 1 else ''} but none of its "
-            f"processes has used a GPU on node {node} since {format_time(idle.since)}; the "
-            "devices stay reserved for it and unavailable to other pods",
-        }
-    return {
-        "type": names.POD_CONDITION_GPU_IN_USE,
-        "status": "False",
-        "reason": "ProcessesEnded",
-        "message": f"no process of this pod uses a GPU on node {node}",
-    }
+        return _gpu_in_use(
+            "False",
+            REASON_IDLE,
+            f"the pod requests {count} GPU{'s' if count != 1 else ''} but none of its processes "
+            f"has used a GPU on node {node} since {format_time(idle.since)}; the devices stay "
+            "reserved for it and unavailable to other pods",
+        )
+    return _gpu_in_use(
+        "False", "ProcessesEnded", f"no process of this pod uses a GPU on node {node}"
+    )
 
 
 def condition_patch(
