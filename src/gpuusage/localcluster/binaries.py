@@ -10,6 +10,7 @@ file lock so that parallel callers build once. The envtest convention `KUBEBUILD
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -179,13 +180,9 @@ def build_kubernetes(go: str, dest: Path, work: Path, progress: Progress) -> Non
     module.mkdir(parents=True, exist_ok=True)
     env = go_env()
     progress(f"gpuusage: resolving k8s.io/kubernetes {KUBERNETES_VERSION} ...")
-    info = _run_go(
-        [go, "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"], module, env
-    )
-    go_mod_path = re.search(r'"GoMod":\s*"([^"]+)"', info)
-    if not go_mod_path:
-        raise BinariesError(f"`go mod download` gave no go.mod path:\n{info[-2000:]}")
-    replaces = staging_replaces(Path(go_mod_path[1]).read_text(), KUBERNETES_VERSION)
+    go_mod_path = module_download(go, f"k8s.io/kubernetes@{KUBERNETES_VERSION}", module, env,
+                                  "GoMod")  # fmt: skip
+    replaces = staging_replaces(go_mod_path.read_text(), KUBERNETES_VERSION)
     (module / "go.mod").write_text(
         "module gpuusage.local/kubebuild\n\ngo 1.24.0\n\n"
         f"require k8s.io/kubernetes {KUBERNETES_VERSION}\n\n" + "\n".join(replaces) + "\n"
@@ -230,11 +227,20 @@ def build_etcd(go: str, dest: Path, work: Path, progress: Progress) -> None:
     )
 
 
-def _run_go(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+def module_download(go: str, module: str, cwd: Path, env: dict[str, str], field: str) -> Path:
+    """`go mod download -json MODULE@VERSION`: the path Go reports in `field` (Dir: the
+    module's source, GoMod: its go.mod). A failure says what Go said (it reports download
+    errors in its JSON on stdout)."""
+    cmd = [go, "mod", "download", "-json", module]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise BinariesError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout
+    try:
+        found = json.loads(proc.stdout)[field] if proc.returncode == 0 else None
+    except (ValueError, KeyError, TypeError):
+        found = None
+    if not isinstance(found, str) or not found:
+        said = (proc.stdout + proc.stderr)[-2000:]
+        raise BinariesError(f"`go mod download -json {module}` gave no {field} path:\n{said}")
+    return Path(found)
 
 
 def go_build(

@@ -8,10 +8,8 @@ be named instead with $GPUUSAGE_KUBE_STATE_METRICS or $GPUUSAGE_PROMTOOL.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from gpuusage.localcluster.binaries import (
     file_lock,
     go_build,
     go_env,
+    module_download,
     require_go,
     stderr_progress,
 )
@@ -148,16 +147,8 @@ def monitoring_crds(progress: Progress = stderr_progress) -> list[Path]:
         work.mkdir(parents=True, exist_ok=True)
         (work / "go.mod").write_text("module gpuusage.local/crds\n\ngo 1.24.0\n")
         module = f"{PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION}"
-        proc = subprocess.run(
-            [go, "mod", "download", "-json", module],
-            cwd=work, env=go_env(), capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        try:
-            source = Path(json.loads(proc.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
-        except (ValueError, KeyError) as exc:
-            raise BinariesError(
-                f"`go mod download {module}` failed:\n{(proc.stdout + proc.stderr)[-2000:]}"
-            ) from exc
+        source = module_download(go, module, work, go_env(), "Dir")
+        source = source / "example" / "prometheus-operator-crd"
         folder.mkdir(parents=True, exist_ok=True)
         for path in wanted:
             shutil.copyfile(source / path.name, path)
