@@ -20,6 +20,10 @@ What makes this hard, and how each case is handled:
   and possibly nothing left to see: `..` is skipped, and an empty answer is reported as such.
 * Static pods are keyed by a 32-hex config hash instead of a UUID; that is not the API's pod UID,
   so only the container ID is reported for them.
+* A file with no line of the kernel's form `<hierarchy>:<controllers>:/<path>` (empty, cut
+  short, garbage) says nothing, not "host process": it raises UnparseableCgroup, and the agent
+  reports the process as unresolved with that reason. Single lines of another form beside good
+  ones are skipped.
 """
 
 from __future__ import annotations
@@ -66,6 +70,12 @@ class CgroupAttribution:
 
 NO_ATTRIBUTION = CgroupAttribution()
 
+_LINE = re.compile(r"^[0-9]+:[^:]*:/")
+
+
+class UnparseableCgroup(ValueError):
+    """The text is not a /proc/<pid>/cgroup file: it names no cgroup at all."""
+
 
 def _normalise_uid(raw: str) -> str | None:
     if len(raw) == 32:  # static pod config hash: not an API pod UID
@@ -98,13 +108,17 @@ def parse_path(path: str) -> CgroupAttribution:
 
 
 def parse_cgroup_file(text: str) -> CgroupAttribution:
-    """Attribute a process from the whole content of its /proc/<pid>/cgroup file."""
+    """Attribute a process from the whole content of its /proc/<pid>/cgroup file.
+
+    Raises UnparseableCgroup when no line has the kernel's form.
+    """
     best: tuple[int, int, CgroupAttribution] | None = None
-    for line in text.splitlines():
-        fields = line.split(":", 2)
-        if len(fields) != 3:
-            continue
-        _, controllers, path = fields
+    lines = [line for line in text.splitlines() if _LINE.match(line)]
+    if not lines:
+        shown = text[:40].encode("unicode_escape").decode("ascii")
+        raise UnparseableCgroup(f"no line of the form hierarchy:controllers:/path in {shown!r}")
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
         found = parse_path(path)
         if found.completeness == 0:
             continue

@@ -106,7 +106,8 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
     except GpuusageError as exc:
         log.error("%s", exc)
         return 2
-    observer = Observer(settings.node_name, source, Resolver(settings.proc_root))
+    resolver = Resolver(settings.proc_root, grace=settings.attribution_grace)
+    observer = Observer(settings.node_name, source, resolver)
     try:
         if settings.output == "json":
             json.dump(object_for(observer.observe().spec()), sys.stdout, indent=2)

@@ -25,6 +25,10 @@ class AgentSettings(CommandSettings):
     """nvml (the driver), none (no GPUs), or fake:PATH (a scenario file)."""
     proc_root: Path = Path("/proc")
     """Where the host's processes are visible (the host's /proc when not using hostPID)."""
+    attribution_grace: float = Field(default=120.0, ge=0)
+    """Seconds a process the GPU library still lists keeps the pod last read for it while its
+    /proc files cannot be read; after that its pod's use is reported as unknown (never as
+    ended)."""
     kubeconfig: Path | None = None
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
     once: bool = False

@@ -1,33 +1,105 @@
 """Is a node's report fresh? The pure decision behind the Stale condition.
 
-A report is stale when the agent's latest observation is older than the threshold: the agent
-is gone, stuck, or cannot reach the API. The operator then marks the node's pods `Unknown`
-rather than pretending their GPU use is current.
+A report is stale when the operator has not seen it change for longer than the threshold: the
+agent is gone, stuck, or cannot reach the API. The operator then marks the node's pods
+`Unknown` rather than pretending their GPU use is current.
+
+Freshness is judged by the operator's own clock: when it saw the report's current generation
+appear (`Sighting.seen_at`), never by `spec.observedAt`, which the node's clock wrote. The node
+lifecycle controller judges kubelet Leases the same way. A report dated in the year 2100 is
+therefore fresh only while it keeps changing, and an agent whose clock is far off is said to be
+so (the Stale condition's message, and a metric), since its `observedAt` misleads people.
+
+What the operator saw is kept in the report's status (`reportSeenAt` with
+`observedGeneration`), so a restarted or newly active replica reaches the same answer: a report
+that was already stale stays stale, without a moment of false freshness.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gpuusage.api import names
-from gpuusage.api.models import Condition
+from gpuusage.api.models import Condition, GpuNodeUsageStatus
 from gpuusage.api.times import format_time
 
 # Three of the agent's default 60 s heartbeats: one lost write is no reason to call a node stale.
 DEFAULT_STALE_AFTER = timedelta(minutes=3)
+# Beyond this, observedAt and the operator's clock disagree by more than a write's delay.
+MAX_CLOCK_SKEW = timedelta(seconds=60)
 
 
-def is_stale(observed_at: datetime, now: datetime, stale_after: timedelta) -> bool:
-    """True when the observation is older than stale_after.
+@dataclass(frozen=True)
+class Sighting:
+    """What the operator knows of a report's changes, by its own clock."""
 
-    An observation from the future (clock skew between node and operator) counts as fresh:
-    skew is not the agent's absence.
+    generation: int | None
+    seen_at: datetime
+    """When the operator first saw this generation (or the status says a replica did)."""
+    skew: timedelta | None = None
+    """observedAt minus seen_at, measured when a new generation was seen as it happened: how
+    far the agent's clock is ahead (negative: behind), plus the write's delay."""
+    stale: bool = False
+    """Staleness as the report's status shows it now (what the staleness watch compares to)."""
+
+
+def sight(
+    previous: Sighting | None,
+    generation: int | None,
+    observed_at: datetime,
+    status: GpuNodeUsageStatus | None,
+    now: datetime,
+    *,
+    stale_after: timedelta = DEFAULT_STALE_AFTER,
+) -> Sighting:
+    """The sighting after seeing the report at `generation` at `now`.
+
+    A generation already seen keeps its time. A new generation is seen now; it measures the
+    skew when the one before was seen recently too (the operator was watching, so the change
+    is only a write's delay old). At first sight (operator start, takeover), the status tells
+    when a replica saw this generation; without that (a status from an older operator) a
+    report that status calls stale stays stale, and any other counts from now on.
     """
-    return now - observed_at > stale_after
+    now = now.replace(microsecond=0)  # as the status keeps it, so a re-read gives the same
+    if previous is not None:
+        if previous.generation == generation:
+            return previous
+        watching = now - previous.seen_at <= stale_after
+        return Sighting(generation, now, observed_at - now if watching else None, previous.stale)
+    stale = status.stale if status is not None else False
+    if status is not None and status.observed_generation == generation:
+        if status.report_seen_at is not None:
+            return Sighting(generation, min(status.report_seen_at, now), None, stale)
+        if stale:
+            return Sighting(generation, min(observed_at, now), None, stale)
+    return Sighting(generation, now, None, stale)
+
+
+def is_stale(seen_at: datetime, now: datetime, stale_after: timedelta) -> bool:
+    """True when the report has not changed for longer than stale_after."""
+    return now - seen_at > stale_after
+
+
+def skew_text(skew: timedelta | None) -> str | None:
+    """How far the agent's clock is off, in words, when that is beyond MAX_CLOCK_SKEW.
+
+    In whole minutes (at least one), so that the message, and with it the status, does not
+    change with every report.
+    """
+    if skew is None or abs(skew) <= MAX_CLOCK_SKEW:
+        return None
+    minutes = max(1, round(abs(skew).total_seconds() / 60))
+    direction = "ahead of" if skew > timedelta(0) else "behind"
+    return (
+        f"the node agent's clock is about {minutes} minute{'s' if minutes != 1 else ''} "
+        f"{direction} the operator's (spec.observedAt is the node's clock; freshness is judged "
+        "by the operator's)"
+    )
 
 
 def stale_condition(
-    observed_at: datetime,
+    sighting: Sighting,
     now: datetime,
     stale_after: timedelta = DEFAULT_STALE_AFTER,
     previous: Condition | None = None,
@@ -35,23 +107,25 @@ def stale_condition(
 ) -> Condition:
     """The Stale condition, keeping lastTransitionTime when the status did not change.
 
-    The message names the observation time, not its age: an age would change on every
-    reconcile and turn every reconcile into a status write.
+    The message names when the report last changed, not how long ago: an age would change on
+    every reconcile and turn every reconcile into a status write.
     """
-    stale = is_stale(observed_at, now, stale_after)
+    stale = is_stale(sighting.seen_at, now, stale_after)
     status = "True" if stale else "False"
-    when = format_time(observed_at)
     limit = int(stale_after.total_seconds())
     if stale:
         reason = "ReportOutdated"
         message = (
-            f"no report from the node agent since {when} (threshold {limit}s); "
-            "is the node agent running?"
+            f"no report from the node agent since {format_time(sighting.seen_at)} by the "
+            f"operator's clock (threshold {limit}s); is the node agent running?"
         )
     else:
         reason = "ReportFresh"
         # No time here: every heartbeat would change the message and cost a status write.
         message = f"the node agent reports within the {limit}s threshold"
+    skewed = skew_text(sighting.skew)
+    if skewed:
+        message += f"; {skewed}"
     transition = (
         previous.last_transition_time
         if previous is not None and previous.status == status

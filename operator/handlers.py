@@ -1,12 +1,14 @@
-"""The kopf operator: a pod index, one reconcile per report event, and a staleness watch.
+"""The kopf operator: a pod index, one reconcile per report event, and housekeeping.
 
 Choices, each for a reason:
 
 * Reports are handled with `on.event`, not `on.create/update`: no diff-base annotation (which
   would copy the whole spec into metadata) and no finalizer on objects the agent owns.
 * Staleness needs a clock, not an event (a dead agent sends none). Timers and daemons would put
-  a finalizer on every report, so one background task checks a small table of observation
-  times instead, and fetches and reconciles a report only when its freshness flips.
+  a finalizer on every report, so one background task (housekeeping) checks the reconciler's
+  small table of sightings instead, and fetches and reconciles a report only when its freshness
+  flips, when a pod it lists was deleted, or when pods carry our marks for a node without a
+  report. It also probes the API, so that an outage is logged once and its end once.
 * kopf's own per-handler Events are off (they would land on every report every cycle); the
   operator records its own Events on pods, at the start and end of GPU use only.
 * The pod index keeps a few fields per pod (see podindex), never whole bodies, and is kept by
@@ -24,7 +26,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,16 +36,17 @@ import kopf
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.api.times import parse_time
+from gpuusage.kube.errors import NotFound, translate
 from gpuusage.kube.rest import load_rest_config
 from gpuusage.operator import peering as peers
-from gpuusage.operator.freshness import is_stale
+from gpuusage.operator.apihealth import ApiHealth
 from gpuusage.operator.metrics import OperatorMetrics
 from gpuusage.operator.peering import Peering
 from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
+PROBE_TIMEOUT = 5.0
 
 
 class ActiveGate:
@@ -100,14 +103,6 @@ class ActiveGate:
         return bool(self._last)
 
 
-def report_freshness(body: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """(observedAt, whether the report's last status said Stale)."""
-    conditions = (body.get("status") or {}).get("conditions") or []
-    stale = any(c.get("type") == names.CONDITION_STALE and c.get("status") == "True"
-                for c in conditions)  # fmt: skip
-    return (body.get("spec") or {}).get("observedAt"), stale
-
-
 class NoDiffBase(kopf.DiffBaseStorage):
     """No diff base: this operator has event handlers only, which need none.
 
@@ -142,6 +137,7 @@ def build_registry(
     scratch: Path,
     peering: Peering | None,
     reconcile_workers: int,
+    health: ApiHealth,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
@@ -177,19 +173,18 @@ def build_registry(
             scheme="Bearer" if token else None,
         )
 
-    # name → (observedAt, whether the last status said Stale), for the staleness watch.
-    freshness: dict[str, tuple[str | None, bool]] = {}
+    known: set[str] = set()  # report names, for the metric
     metrics.active.set_function(lambda: float(gate.last))
-    metrics.reports.set_function(lambda: len(freshness))
+    metrics.reports.set_function(lambda: len(known))
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     async def on_report(**kwargs: Any) -> None:
         body: kopf.Body = kwargs["body"]
         name = body["metadata"]["name"]
         if kwargs["type"] == "DELETED":
-            freshness.pop(name, None)
+            known.discard(name)
         else:
-            freshness[name] = report_freshness(body)
+            known.add(name)
         if not await gate.active():
             return  # kopf re-lists everything when this replica's watches resume
         while not pods.synced.is_set():  # no thread parked per waiting report
@@ -199,7 +194,7 @@ def build_registry(
         now = datetime.now(UTC)
         if kwargs["type"] == "DELETED":
             node = (body.get("spec") or {}).get("nodeName") or name
-            await loop.run_in_executor(workers, reconciler.forget_node, node, lookup, now)
+            await loop.run_in_executor(workers, reconciler.forget_node, node, lookup)
             return
         if reconciler.is_echo(body):
             metrics.echoes_skipped.inc()
@@ -218,47 +213,68 @@ def build_registry(
         memo: kopf.Memo = kwargs["memo"]
         memo["pod_watch"] = threading.Thread(target=pods.run, name="pod-watch", daemon=True)
         memo["pod_watch"].start()
-        memo["staleness"] = asyncio.create_task(
-            _watch_staleness(reconciler, pods, freshness, resync_seconds, gate)
+        memo["housekeeping"] = asyncio.create_task(
+            _housekeeping(reconciler, pods, resync_seconds, gate, health)
         )
 
     @kopf.on.cleanup(registry=registry)
     async def stop_tasks(**kwargs: Any) -> None:
         pods.stop()
         workers.shutdown(wait=False, cancel_futures=True)
-        task = kwargs["memo"].get("staleness")
+        task = kwargs["memo"].get("housekeeping")
         if task is not None:
             task.cancel()
 
     return registry
 
 
-async def _watch_staleness(
+async def _housekeeping(
     reconciler: Reconciler,
     pods: PodWatch,
-    freshness: dict[str, tuple[str | None, bool]],
     interval: float,
     gate: ActiveGate,
+    health: ApiHealth,
 ) -> None:
-    """Reconcile a report when its freshness flips; the report itself sends no event then."""
+    """Every `interval`: check that the API answers, then revisit the reports that send no
+    event of their own but need a reconcile: those whose freshness flipped (a dead agent writes
+    nothing), those listing a pod that was deleted, and nodes whose pods carry our marks while
+    this replica knows no report for them (a report deleted while no replica watched)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
 
-    def fetch_and_reconcile(name: str, now: datetime) -> None:
-        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
+    def probe() -> bool:
+        """A read that needs etcd (a consistent list), so that its outage is noticed too."""
+        try:
+            custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, limit=1,
+                                              _request_timeout=PROBE_TIMEOUT)  # fmt: skip
+        except Exception as exc:
+            health.failed("probe", translate(exc))
+            return False
+        health.succeeded()
+        return True
+
+    def revisit(name: str, now: datetime) -> None:
+        try:
+            body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
+        except Exception as exc:
+            if isinstance(translate(exc), NotFound):
+                reconciler.forget_node(name, pods.lookup())
+                return
+            raise
         assert isinstance(body, dict)
         reconciler.reconcile(body, pods.lookup(), now)
 
     while True:
         await asyncio.sleep(interval)
+        if not await loop.run_in_executor(None, probe):
+            continue
         if not pods.synced.is_set() or not await gate.active():
             continue
         now = datetime.now(UTC)
-        for name, (observed, was_stale) in list(freshness.items()):
-            when = parse_time(observed)
-            if when is None or is_stale(when, now, reconciler.stale_after) == was_stale:
-                continue
+        due = set(reconciler.staleness_flipped(now)) | reconciler.take_due()
+        due |= {n for n in pods.lookup().nodes_with_our_marks() if not reconciler.known(n)}
+        for name in sorted(due):
             try:
-                await loop.run_in_executor(None, fetch_and_reconcile, name, now)
-            except Exception as exc:  # keep watching the other reports
-                log.warning("staleness check of %s: %s", name, exc)
+                await loop.run_in_executor(None, revisit, name, now)
+            except Exception as exc:  # keep going with the other reports
+                log.warning("revisiting report %s: %s", name, exc)

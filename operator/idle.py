@@ -13,8 +13,9 @@ the same answer), so the time comes from the pod itself:
   stale, so nothing is known about the meantime): from now on;
 * no condition: the pod never used a GPU, so since `status.startTime`.
 
-Only a complete, fresh report can show that nothing runs: when the node's report is stale, the
-GPU library is unavailable, or a device could not be read, no pod is judged idle.
+Only a complete, fresh report can show that nothing runs: when the node's report is stale or
+blind anywhere (the GPU library unavailable, a device unreadable, a process not attributable;
+see certainty), no pod is judged idle.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuusage.api.models import MAX_REQUESTED_GPUS, GpuNodeUsageSpec, IdlePod
+from gpuusage.api.models import MAX_REQUESTED_GPUS, IdlePod
 from gpuusage.api.times import parse_time
 from gpuusage.operator.podindex import PodRef
 
@@ -45,16 +46,6 @@ class Idle:
             requested_gpus=min(self.pod.gpu_requests, MAX_REQUESTED_GPUS),
             idle_since=self.since,
         )
-
-
-def report_is_complete(spec: GpuNodeUsageSpec) -> bool:
-    """Whether the report could show every process: NVML worked and every device was read."""
-    if spec.source is not None and not spec.source.available:
-        return False
-    for gpu in spec.gpus:
-        if gpu.error is not None or any(m.error is not None for m in gpu.mig_devices):
-            return False
-    return True
 
 
 def idle_since(pod: PodRef, now: datetime) -> datetime | None:

@@ -16,6 +16,7 @@ from kubernetes import client
 
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import ensure_peering
+from gpuusage.operator.apihealth import ApiHealth
 from gpuusage.operator.handlers import build_registry
 from gpuusage.operator.metrics import OperatorMetrics
 from gpuusage.operator.peering import Peering, own_identity, random_priority
@@ -35,15 +36,22 @@ def run_operator(
     """Run until SIGTERM/SIGINT (or stop_flag). reconciler_out receives the reconciler, so
     tests and benchmarks can read its write counts."""
     log.info("operator settings: %s", json.dumps(settings.redacted(), sort_keys=True))
-    api, source = api_client(settings.kubeconfig, pool_size=settings.workers + 4)
+    # Every call retries with its own bounded backoff (kube.errors.call, the pod watch's
+    # relist, the next report): urllib3's own retries would only multiply the waits.
+    api, source = api_client(settings.kubeconfig, pool_size=settings.workers + 4, retries=0)
     log.info("API from %s (%s)", source.origin, source.detail)
     identity = own_identity()
+    watch_api, _ = api_client(settings.kubeconfig, retries=0)  # the pod watch's own connection
+    health = ApiHealth()
     reconciler = Reconciler(
         api,
         stale_after=timedelta(seconds=settings.stale_after),
         idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
         instance=identity,
     )
+    pods = PodWatch(client.CoreV1Api(watch_api), health=health,
+                    on_deleted=reconciler.pods_deleted)  # fmt: skip
+    reconciler.refresh = pods.refresh  # the two know each other: each tells the other of a pod
     if reconciler_out is not None:
         reconciler_out.append(reconciler)
     peering = None
@@ -55,17 +63,15 @@ def run_operator(
             ensure_peering(api, peering.name)
         except Exception as exc:  # kopf then says clearly that the peering is missing
             log.warning("cannot create ClusterKopfPeering %s: %s", peering.name, exc)
-    watch_api, _ = api_client(settings.kubeconfig)  # the pod watch holds its own connection
-    pods = PodWatch(client.CoreV1Api(watch_api))
     scratch = Path(tempfile.mkdtemp(prefix="gpuusage-operator-"))
     try:
-        metrics = OperatorMetrics(reconciler.counts, lambda: len(pods))
+        metrics = OperatorMetrics(reconciler, lambda: len(pods), health)
         if settings.metrics_port:
             metrics.serve(settings.metrics_address, settings.metrics_port)
         registry = build_registry(
             reconciler, pods, metrics, kubeconfig=settings.kubeconfig,
             resync_seconds=settings.resync, scratch=scratch, peering=peering,
-            reconcile_workers=settings.workers,
+            reconcile_workers=settings.workers, health=health,
         )  # fmt: skip
         kopf.run(
             registry=registry,

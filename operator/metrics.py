@@ -1,28 +1,37 @@
 """The operator's own Prometheus metrics, on a registry of its own (no process-wide globals).
 
-Write counts are read from the Reconciler's Counts at scrape time rather than counted twice;
-what only the kopf wiring sees (reconcile duration, errors that escape a reconcile, whether
-this replica is active) is recorded here.
+Write counts, unattributed processes and clock skews are read from the Reconciler at scrape
+time rather than counted twice; what only the kopf wiring sees (reconcile duration, errors that
+escape a reconcile, whether this replica is active) is recorded here.
 """
 
 from __future__ import annotations
 
+from collections import Counter as TallyCounter
 from collections.abc import Callable, Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuusage.operator.reconcile import Counts
+from gpuusage.api.models import UnattributedReason
+from gpuusage.operator.apihealth import ApiHealth
+from gpuusage.operator.reconcile import Reconciler
+
+UNATTRIBUTED_REASONS: tuple[str, ...] = get_args(UnattributedReason)
 
 
-class _CountsCollector(Collector):
-    def __init__(self, counts: Counts, index_size: Callable[[], int]) -> None:
-        self._counts = counts
+class _ReconcilerCollector(Collector):
+    def __init__(
+        self, reconciler: Reconciler, index_size: Callable[[], int], health: ApiHealth
+    ) -> None:
+        self._reconciler = reconciler
         self._index_size = index_size
+        self._health = health
 
     def collect(self) -> Iterator[Metric]:
-        c = self._counts
+        c = self._reconciler.counts
         writes = CounterMetricFamily(
             "gpuusage_operator_writes", "Writes made by this replica, by target.", labels=["target"]
         )
@@ -36,16 +45,55 @@ class _CountsCollector(Collector):
         for kind, n in sorted(c.api_errors.items()):
             errors.add_metric([kind], n)
         yield errors
+        yield CounterMetricFamily(
+            "gpuusage_operator_pod_writes_refused_for_uid",
+            "Pod writes the apiserver refused because the pod of that name had been replaced by "
+            "another (its UID differed from the one the write was decided for).",
+            value=c.uid_refusals,
+        )
         yield GaugeMetricFamily(
             "gpuusage_operator_pod_index_size", "Pods in the operator's index.",
             value=self._index_size(),
         )  # fmt: skip
+        outside = GaugeMetricFamily(
+            "gpuusage_operator_unattributed_processes",
+            "Processes in the reports this replica reconciled that belong to no pod, by reason "
+            "(PodOnOtherNode: a report named a pod of another node, which is never touched).",
+            labels=["reason"],
+        )
+        by_reason: TallyCounter[str] = TallyCounter()
+        for counted in list(self._reconciler.unattributed.values()):
+            by_reason.update(counted)
+        for reason in UNATTRIBUTED_REASONS:
+            outside.add_metric([reason], by_reason[reason])
+        yield outside
+        skew = GaugeMetricFamily(
+            "gpuusage_operator_report_clock_skew_seconds",
+            "For reports whose agent's clock is off by more than a minute: spec.observedAt minus "
+            "the time this replica saw the report change (positive: the node's clock is ahead).",
+            labels=["node"],
+        )
+        for node, seconds in sorted(self._reconciler.clock_skews().items()):
+            skew.add_metric([node], seconds)
+        yield skew
+        yield GaugeMetricFamily(
+            "gpuusage_operator_api_available",
+            "0 while the Kubernetes API (or its etcd) does not answer this replica.",
+            value=1.0 if self._health.available else 0.0,
+        )
+        yield CounterMetricFamily(
+            "gpuusage_operator_api_failed_calls",
+            "Calls to the Kubernetes API that found it unavailable (pod watch, probe).",
+            value=self._health.failures,
+        )
 
 
 class OperatorMetrics:
     """Reconcile duration and failures, activity, and the reconciler's write counts."""
 
-    def __init__(self, counts: Counts, index_size: Callable[[], int]) -> None:
+    def __init__(
+        self, reconciler: Reconciler, index_size: Callable[[], int], health: ApiHealth
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.reconcile_seconds = Histogram(
@@ -70,7 +118,7 @@ class OperatorMetrics:
         self.reports = Gauge(
             "gpuusage_operator_reports", "GpuNodeUsage objects this replica knows.", registry=r
         )
-        r.register(_CountsCollector(counts, index_size))
+        r.register(_ReconcilerCollector(reconciler, index_size, health))
 
     def serve(self, address: str, port: int) -> None:
         start_http_server(port, addr=address, registry=self.registry)

@@ -183,6 +183,10 @@ class PodLookup:
         """
         return self._on_node(MARKED_KEY, node)
 
+    def nodes_with_our_marks(self) -> set[str]:
+        """Every node with a pod that carries our marks (one pass over the index's keys)."""
+        return {key[len(MARKED_KEY) :] for key in list(self._index) if key.startswith(MARKED_KEY)}
+
     def requesting_on_node(self, node: str) -> list[PodRef]:
         """Running pods of a node that requested GPUs (for idle detection), from their own key."""
         return self._on_node(REQUESTING_KEY, node)

@@ -5,9 +5,10 @@ For every pod with processes on a node's GPUs: the annotations `gpuusage.io/gpus
 explicit truncation marker), and the pod condition `gpuusage.io/GPUInUse`. When use ends the
 annotations are removed and the condition turns False; when a pod that requested GPUs has left
 them idle long enough its False condition says so (reason RequestedGPUsIdle); when the node's
-report is stale the condition turns Unknown and the annotations stay (last known use). Patches
-are computed against what the pod shows now and are None when nothing would change: an unchanged
-report costs no pod write and no Event.
+report is stale, or cannot see a device the pod was using (see certainty), the condition turns
+Unknown and the annotations stay (last known use). Patches are computed against what the pod
+shows now and are None when nothing would change: an unchanged report costs no pod write and no
+Event.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
+from gpuusage.operator.certainty import Cause
 from gpuusage.operator.idle import Idle
 from gpuusage.operator.podindex import PodRef
 from gpuusage.operator.resolution import Resolution
@@ -159,12 +161,17 @@ def _gpu_in_use(status: str, reason: str, message: str) -> dict[str, str]:
 
 
 def desired_condition(
-    state: UseState, use: PodUse | None, node: str, idle: Idle | None = None
+    state: UseState,
+    use: PodUse | None,
+    node: str,
+    idle: Idle | None = None,
+    unknown: Cause | None = None,
 ) -> dict[str, str]:
     """The gpuusage.io/GPUInUse condition (without lastTransitionTime) for a state.
 
     The message names the devices but not the memory: memory changes often, lives in the
-    annotations, and putting it here would turn each change into a second pod write.
+    annotations, and putting it here would turn each change into a second pod write. An
+    Unknown state says why (`unknown`; without one: the node's report is stale).
     """
     if state == "InUse" and use is not None:
         count = len(use.resolutions)
@@ -178,6 +185,10 @@ def desired_condition(
                                "(nvidia.com/gpu or MIG), so the scheduler and quotas do not count "
                                "this use (NVIDIA_VISIBLE_DEVICES=all?)")  # fmt: skip
         return _gpu_in_use("True", "ProcessesRunning", message)
+    if state == "Unknown" and unknown is not None:
+        return _gpu_in_use("Unknown", unknown.reason, f"{unknown.message}; whether the pod "
+                           "still uses it is unknown, last known use is kept in the "
+                           "annotations")  # fmt: skip
     if state == "Unknown":
         return _gpu_in_use("Unknown", "NodeReportStale", f"the GPU report of node {node} is "
                            "stale; last known use is kept in the annotations")  # fmt: skip
@@ -226,9 +237,12 @@ def event_for(previous: Mapping[str, Any] | None, new: Mapping[str, str]) -> Pod
 
     Use starting and ending are Normal; starting on a GPU the pod never requested, and
     requested GPUs turning idle, are Warnings (what a person looking at the pod should act on).
+    Use seen again after a spell of Unknown went on rather than started: no Event.
     """
     before = (previous or {}).get("status")
     before_reason = (previous or {}).get("reason")
+    if new["status"] == "True" and before == "Unknown" and new["reason"] != REASON_UNREQUESTED:
+        return None  # use seen again after a spell of not knowing: it went on, it did not start
     if new["status"] == "True" and before != "True":
         if new["reason"] == REASON_UNREQUESTED:
             return PodEvent(REASON_UNREQUESTED, "started using GPUs it did not request", "Warning")

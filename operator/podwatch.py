@@ -9,13 +9,20 @@ each line parsed as plain JSON (no model objects) and reduced to a PodRef at onc
 
 Semantics, as an informer's:
 
-* `synced` is set once the first full list is in; reconciles wait for it, so no report is ever
-  resolved against a half-built index.
-* A broken stream resumes from the last resourceVersion (bookmarks keep it fresh); a 410 Gone
-  or any other watch error lists again, and the new index replaces the old one at once, which
-  drops pods deleted while the watch was down.
+* `synced` is set once a full list is in; reconciles wait for it, so no report is ever
+  resolved against a half-built or outdated index.
+* A watch that ends cleanly (its server-side timeout) resumes from the last resourceVersion
+  (bookmarks keep it fresh). Any interruption (the API away, a 410 Gone, a broken stream)
+  clears `synced` and lists again, as client-go's reflector does: while the watch was down,
+  pods may have been deleted and recreated under the same name, and until the new list is in,
+  reports wait rather than being resolved against what the index showed before. The new index
+  replaces the old one at once, which drops pods deleted meanwhile.
+* Retries back off (1, 2, 4 s, at most `MAX_RETRY`, with jitter) and the backoff starts over
+  after every successful list, so once the API is back the index is whole again within one
+  short retry, however long the outage was.
 * Readers get consistent snapshots without locks: every change replaces the small per-key
   mapping instead of mutating it, and a relist swaps the whole state in one assignment.
+  Writers (the watch thread, and `refresh` from the reconcilers) take a lock.
 """
 
 from __future__ import annotations
@@ -24,17 +31,19 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuusage.kube import raw
+from gpuusage.operator.apihealth import ApiHealth
 from gpuusage.operator.podindex import PodLookup, PodRef, index_keys
 
 log = logging.getLogger(__name__)
 
 PAGE = 500
 WATCH_SECONDS = 300
+MAX_RETRY = 5.0
 
 
 @dataclass
@@ -73,20 +82,43 @@ class IndexState:
         return len(self.keys_of)
 
 
+def retry_delay(base: float, failures: int) -> float:
+    """The pause before the next list: base, 2x, 4x ... up to MAX_RETRY, with jitter."""
+    delay: float = min(MAX_RETRY, base * 2**failures) * random.uniform(0.5, 1)
+    return delay
+
+
 class WatchExpired(Exception):
     """The watch cannot resume from its resourceVersion (410 Gone, or another watch error)."""
 
 
 class PodWatch:
-    """Keeps an IndexState current from the API; run() blocks, so it runs in a thread."""
+    """Keeps an IndexState current from the API; run() blocks, so it runs in a thread.
 
-    def __init__(self, core: Any, retry_seconds: float = 1.0) -> None:
+    `wait(seconds)` pauses between retries and returns True when the watch should stop; tests
+    inject one to see the backoff without sleeping.
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        retry_seconds: float = 1.0,
+        wait: Callable[[float], bool] | None = None,
+        *,
+        health: ApiHealth | None = None,
+        on_deleted: Callable[[set[str]], None] = lambda uids: None,
+    ) -> None:
         self._core = core  # kubernetes.client.CoreV1Api
+        self._health = health or ApiHealth()
+        self._on_deleted = on_deleted
         self._state = IndexState()
         self._retry = retry_seconds
+        self._writing = threading.Lock()
         self.synced = threading.Event()
         self.stopped = threading.Event()
+        self._wait = wait or self.stopped.wait
         self.relists = 0
+        self.refreshes = 0
 
     def lookup(self) -> PodLookup:
         return PodLookup(self._state.by_key)
@@ -101,24 +133,47 @@ class PodWatch:
         while not self.stopped.is_set():
             try:
                 if version is None:
-                    version = self._list()
+                    version = self.list_all()
+                    failures = 0  # reconnected: the next outage starts its backoff afresh
                 version = self._watch(version)
-                failures = 0
-            except WatchExpired as exc:
-                log.info("pod watch expired (%s); listing again", exc)
-                version = None
-            except Exception as exc:  # the API is away: resume from where we were
+            except Exception as exc:  # the API is away, or the watch cannot resume: list again
                 if self.stopped.is_set():
                     break  # shutting down, perhaps with the control plane: nothing to report
+                self.synced.clear()  # reports wait for the new list
+                version = None
+                if isinstance(exc, WatchExpired):
+                    log.info("pod watch expired (%s); listing again", exc)
+                    continue
+                delay = retry_delay(self._retry, failures)
                 failures += 1
-                delay = min(30.0, self._retry * 2 ** min(failures, 5)) * random.uniform(0.5, 1)
-                log.warning("pod watch interrupted: %s (retry in %.1fs)", exc, delay)
-                self.stopped.wait(delay)
+                self._health.failed("pod watch", exc)
+                log.warning("pod watch interrupted: %s (listing again in %.1fs)", exc, delay)
+                if self._wait(delay):
+                    break
 
     def stop(self) -> None:
         self.stopped.set()
 
-    def _list(self) -> str:
+    def refresh(self, namespace: str, name: str, stale_uid: str) -> None:
+        """Read one pod again, after a write for `stale_uid` was refused because the pod of
+        that name now has another UID: the entry of the old pod goes, the new pod's comes in.
+        One LIST by name (the operator may list pods, not get them); errors are the caller's."""
+        page = json.loads(
+            raw.body(
+                self._core.list_namespaced_pod(
+                    namespace, field_selector=f"metadata.name={name}", _preload_content=False
+                )
+            )
+        )
+        with self._writing:
+            self._state.remove(stale_uid)
+            for found in page.get("items") or []:
+                self._state.apply("ADDED", found)
+        self.refreshes += 1
+
+    def list_all(self) -> str:
+        """List every pod (paginated) into a new index that replaces the old one; the list's
+        resourceVersion, for the watch to resume from."""
         state = IndexState()
         token: str | None = None
         while True:
@@ -135,10 +190,15 @@ class PodWatch:
             token = meta.get("continue")
             if not token:
                 break
-        self._state = state  # one assignment: readers see the old index or the new one
+        with self._writing:
+            gone = set(self._state.keys_of) - set(state.keys_of)
+            self._state = state  # one assignment: readers see the old index or the new one
         self.relists += 1
-        if not self.synced.is_set():
-            log.info("pod index synced: %d pods", len(state))
+        self._health.succeeded()
+        if gone and self.relists > 1:
+            self._on_deleted(gone)
+        log.info("pod index %s: %d pods", "synced" if self.relists == 1 else "listed again",
+                 len(state))  # fmt: skip
         self.synced.set()
         return str(meta.get("resourceVersion") or "")
 
@@ -153,7 +213,11 @@ class PodWatch:
                 raise WatchExpired(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
             version = (obj.get("metadata") or {}).get("resourceVersion") or version
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self._state.apply(str(kind), obj)
+                with self._writing:
+                    self._state.apply(str(kind), obj)
+                uid = (obj.get("metadata") or {}).get("uid")
+                if kind == "DELETED" and uid:
+                    self._on_deleted({str(uid)})
             if self.stopped.is_set():
                 break
         return version

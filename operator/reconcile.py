@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections import Counter as TallyCounter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,9 +28,16 @@ from pydantic import ValidationError
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
-from gpuusage.kube.errors import NotFound, call
-from gpuusage.operator.freshness import DEFAULT_STALE_AFTER, is_stale
-from gpuusage.operator.idle import DEFAULT_IDLE_AFTER, Idle, idle_pods, report_is_complete
+from gpuusage.kube.errors import Invalid, NotFound, call, is_other_object
+from gpuusage.operator.certainty import Cause, blind_spots, why_unknown
+from gpuusage.operator.freshness import (
+    DEFAULT_STALE_AFTER,
+    MAX_CLOCK_SKEW,
+    Sighting,
+    is_stale,
+    sight,
+)
+from gpuusage.operator.idle import DEFAULT_IDLE_AFTER, Idle, idle_pods
 from gpuusage.operator.podindex import PodLookup, PodRef
 from gpuusage.operator.podstate import (
     PodEvent,
@@ -57,6 +65,8 @@ class Counts:
     status_writes: int = 0
     pod_writes: int = 0
     events: int = 0
+    uid_refusals: int = 0
+    """Pod writes the apiserver refused because the pod of that name had another UID."""
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
     """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
 
@@ -82,10 +92,23 @@ class Reconciler:
     instance: str = field(default_factory=socket.gethostname)
     """Names this replica in Events (reportingInstance)."""
     counts: Counts = field(default_factory=Counts)
+    refresh: Callable[[str, str, str], None] = lambda namespace, name, stale_uid: None
+    """Reads one pod into the index again (PodWatch.refresh): called when a write for a pod was
+    refused because the pod of that name is now another one."""
     _applied: dict[str, Applied] = field(default_factory=dict)
+    unattributed: dict[str, TallyCounter[str]] = field(default_factory=dict)
+    """Report name → its processes that belong to no pod, by reason (for the metrics)."""
+    _sightings: dict[str, Sighting] = field(default_factory=dict)
+    """Report name → when this replica saw its current generation appear (see freshness)."""
     _echoes: dict[str, str] = field(default_factory=dict)
     """Report name → the resourceVersion our last status write gave it, when that reconcile
     wrote everything it wanted: the watch event of that version only echoes our own write."""
+    _listing: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Report name → the UIDs of the pods its status lists."""
+    _due: set[str] = field(default_factory=set)
+    """Reports to reconcile again without waiting for an event of their own (a pod they list
+    was deleted). Filled by the pod watch's thread, taken by the staleness watch."""
+    _due_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._core = client.CoreV1Api(self.api)
@@ -109,7 +132,7 @@ class Reconciler:
         """Bring status and pods in line with one report; True when the report is stale."""
         name = body["metadata"]["name"]
         self._echoes.pop(name, None)
-        failures = self.counts.pod_errors
+        failures = self.counts.pod_errors + self.counts.uid_refusals
         written: str | None = None
         try:
             spec = GpuNodeUsageSpec.model_validate(body.get("spec") or {})
@@ -119,16 +142,22 @@ class Reconciler:
         except ValidationError as exc:
             log.error("GpuNodeUsage %s cannot be read: %s", name, exc)
             return False
+        generation = body["metadata"].get("generation")
+        sighting = sight(self._sightings.get(name), generation, spec.observed_at, previous, now,
+                         stale_after=self.stale_after)  # fmt: skip
+        self._sightings[name] = sighting
         resolutions = list(resolve_all(spec, lookup))
+        self.unattributed[name] = TallyCounter(r.reason for r in resolutions if r.reason)
         uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
-        fresh = not is_stale(spec.observed_at, now, self.stale_after)
+        fresh = not is_stale(sighting.seen_at, now, self.stale_after)
+        blind = blind_spots(spec, resolutions)
         idle = (
             idle_pods(lookup.requesting_on_node(spec.node_name), uses, now, self.idle_after)
-            if fresh and report_is_complete(spec)
+            if fresh and not blind
             else []
         )
         status = desired_status(
-            spec, resolutions, now, generation=body["metadata"].get("generation"),
+            spec, resolutions, now, generation=generation, sighting=sighting,
             previous=previous, stale_after=self.stale_after, idle=[i.entry() for i in idle],
         )  # fmt: skip
         # Pods first: their annotations and condition are what people read, and each write
@@ -139,7 +168,9 @@ class Reconciler:
         idle_by_uid = {i.pod.uid: i for i in idle}
         for ref in lookup.on_node_with_our_marks(spec.node_name):
             if ref.uid not in uses and ref.uid not in idle_by_uid:
-                self._pod(ref, "Unknown" if stale else "Stopped", None, spec.node_name, now)
+                unknown = None if stale else why_unknown(ref, blind)
+                state: UseState = "Unknown" if stale or unknown else "Stopped"
+                self._pod(ref, state, None, spec.node_name, now, unknown=unknown)
         for found in idle:
             self._pod(found.pod, "Idle", None, spec.node_name, now, idle=found)
         wanted = status.to_api()
@@ -159,15 +190,53 @@ class Reconciler:
             )
             self.counts.status_writes += 1
             written = _echo_version(response, body["metadata"].get("generation"))
-        if written is not None and self.counts.pod_errors == failures:
+        self._listing[name] = frozenset(uses) | frozenset(i.pod.uid for i in idle)
+        if written is not None and self.counts.pod_errors + self.counts.uid_refusals == failures:
             self._echoes[name] = written  # a failed pod write is retried on the echo instead
+        self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
         return stale
 
-    def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
-        """The node's report was deleted: its pods no longer use GPUs as far as we know."""
-        self._echoes.pop(node, None)
+    def staleness_flipped(self, now: datetime) -> list[str]:
+        """Reports whose freshness by `now` differs from what their status says: they send no
+        event when their agent stops, so the staleness watch reconciles them."""
+        return [
+            name
+            for name, seen in list(self._sightings.items())
+            if is_stale(seen.seen_at, now, self.stale_after) != seen.stale
+        ]
+
+    def clock_skews(self) -> dict[str, float]:
+        """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
+        return {
+            name: seen.skew.total_seconds()
+            for name, seen in list(self._sightings.items())
+            if seen.skew is not None and abs(seen.skew) > MAX_CLOCK_SKEW
+        }
+
+    def pods_deleted(self, uids: set[str]) -> None:
+        """Pods went away: the reports that list them are due, so that no status keeps naming
+        a deleted pod until its report's next event. Called from the pod watch's thread."""
+        due = {name for name, listed in list(self._listing.items()) if listed & uids}
+        if due:
+            with self._due_lock:
+                self._due |= due
+
+    def take_due(self) -> set[str]:
+        with self._due_lock:
+            due, self._due = self._due, set()
+        return due
+
+    def known(self, name: str) -> bool:
+        """Whether this replica has reconciled the report `name` (and not seen it deleted)."""
+        return name in self._sightings
+
+    def forget_node(self, node: str, lookup: PodLookup) -> None:
+        """The node's report was deleted: nothing is known about its GPUs any more, so its
+        pods lose every mark gpuusage put on them (annotations and condition), at once."""
+        for table in (self._echoes, self._sightings, self.unattributed, self._listing):
+            table.pop(node, None)
         for ref in lookup.on_node_with_our_marks(node):
-            self._pod(ref, "Stopped", None, node, now)
+            self._clear(ref)
 
     # -- pods ------------------------------------------------------------------------------
     def _pod(
@@ -179,6 +248,7 @@ class Reconciler:
         now: datetime,
         *,
         idle: Idle | None = None,
+        unknown: Cause | None = None,
     ) -> None:
         applied = self._applied.get(ref.uid)
         if applied is None or ref.resource_version not in applied.versions:
@@ -190,7 +260,7 @@ class Reconciler:
             wanted = applied.annotations or None  # keep the last known use
         else:
             wanted = None
-        condition = desired_condition(state, use, node, idle)
+        condition = desired_condition(state, use, node, idle, unknown)
         try:
             patch = annotation_patch(applied.annotations, wanted)
             if patch is not None:
@@ -207,6 +277,24 @@ class Reconciler:
         except NotFound:
             self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
             return
+        except Invalid as exc:
+            if not is_other_object(exc):
+                self.counts.api_errors[type(exc).__name__] += 1
+                log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+                return
+            # The pod of this name is not the one decided for (deleted and recreated under
+            # the same name while the index lagged): nothing was written to it. Read it again
+            # and leave it to the next report, instead of retrying what was meant for another.
+            self._applied.pop(ref.uid, None)
+            self.counts.uid_refusals += 1
+            log.info("pod %s/%s is no longer %s; reading it again", ref.namespace, ref.name,
+                     ref.uid)  # fmt: skip
+            try:
+                self.refresh(ref.namespace, ref.name, ref.uid)
+            except Exception as error:  # the watch's next list brings it in all the same
+                log.warning("pod %s/%s: cannot read it again: %s", ref.namespace, ref.name,
+                            error)  # fmt: skip
+            return
         except Exception as exc:  # one pod must not stop the others
             self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
@@ -219,8 +307,30 @@ class Reconciler:
             frozenset(versions),
         )
 
+    def _clear(self, ref: PodRef) -> None:
+        """Remove our annotations and condition from a pod (no Event: nothing was observed)."""
+        try:
+            patch = annotation_patch(ref.our_annotations, None)
+            if patch is not None:
+                self._write_pod(ref, {"metadata": {"annotations": patch}}, False)
+            if ref.our_condition is not None:
+                gone = {"type": names.POD_CONDITION_GPU_IN_USE, "$patch": "delete"}
+                self._write_pod(ref, {"status": {"conditions": [gone]}}, True)
+        except (NotFound, Invalid):
+            pass  # deleted, or replaced by another pod of that name: nothing of ours on it
+        except Exception as exc:  # one pod must not stop the others
+            self.counts.api_errors[type(exc).__name__] += 1
+            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+        self._applied.pop(ref.uid, None)
+
     def _write_pod(self, ref: PodRef, body: dict[str, Any], status: bool) -> str | None:
-        """Patch the pod (or its status); the resourceVersion the write produced."""
+        """Patch the pod (or its status); the resourceVersion the write produced.
+
+        The patch carries the UID the decision was made for: the apiserver refuses a patch
+        whose metadata.uid differs from the stored pod's (422, the field is immutable), so a
+        pod recreated under the same name never receives its predecessor's marks.
+        """
+        body = {**body, "metadata": {**body.get("metadata", {}), "uid": ref.uid}}
         # Raw responses: deserialising the returned V1Pod cost more CPU than the rest of the
         # reconcile; only its resourceVersion is needed.
         if status:

@@ -9,6 +9,12 @@ The order of evidence, strongest first:
 4. A container ID without a pod: `UnknownContainer` (docker run on the host, a kind node).
 5. The agent could not attribute the pid: `Unresolved`, with the agent's reason.
 6. Nothing at all: `HostProcess` (Xorg, a monitoring daemon, a job outside Kubernetes).
+
+A pod found by either key is taken only when its `spec.nodeName` is the report's node: a
+report speaks for its own node alone (the admission policy lets an agent write only its own
+node's report), so a container ID or pod UID of a pod elsewhere, or of a pod not scheduled yet,
+is `PodOnOtherNode` and that pod is never touched. Otherwise a compromised or confused agent
+could mark any pod in the cluster.
 """
 
 from __future__ import annotations
@@ -33,14 +39,26 @@ class Resolution:
     message: str = ""
 
 
-def resolve_process(device_uuid: str, process: Process, lookup: PodLookup) -> Resolution:
+def _elsewhere(node: str, device_uuid: str, process: Process, pod: PodRef) -> Resolution:
+    where = f"on node {pod.node}" if pod.node else "not scheduled to any node"
+    return Resolution(device_uuid, process, None, reason="PodOnOtherNode",
+                      message=f"the process's pod is {where}, not on {node}; "
+                      "a report can attribute processes only to its own node's pods")  # fmt: skip
+
+
+def resolve_process(node: str, device_uuid: str, process: Process, lookup: PodLookup) -> Resolution:
+    """The pod of one process of node's report, or the reason it has none."""
     if process.container_id:
         pod = lookup.by_container(process.container_id)
         if pod is not None:
+            if pod.node != node:
+                return _elsewhere(node, device_uuid, process, pod)
             return Resolution(device_uuid, process, pod, pod.container_name(process.container_id))
     if process.pod_uid:
         pod = lookup.by_uid(process.pod_uid)
         if pod is not None:
+            if pod.node != node:
+                return _elsewhere(node, device_uuid, process, pod)
             return Resolution(device_uuid, process, pod)
         return Resolution(device_uuid, process, None, reason="PodNotFound",
                           message=f"no pod with UID {process.pod_uid}")  # fmt: skip
@@ -58,4 +76,4 @@ def resolve_process(device_uuid: str, process: Process, lookup: PodLookup) -> Re
 
 def resolve_all(spec: GpuNodeUsageSpec, lookup: PodLookup) -> Iterator[Resolution]:
     for device_uuid, process in all_processes(spec):
-        yield resolve_process(device_uuid, process, lookup)
+        yield resolve_process(spec.node_name, device_uuid, process, lookup)

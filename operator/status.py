@@ -33,7 +33,7 @@ from gpuusage.api.models import (
     UnattributedProcess,
 )
 from gpuusage.api.summary import device_uuid, totals
-from gpuusage.operator.freshness import DEFAULT_STALE_AFTER, stale_condition
+from gpuusage.operator.freshness import DEFAULT_STALE_AFTER, Sighting, stale_condition
 from gpuusage.operator.resolution import Resolution
 
 MAX_PIDS_LISTED = 64
@@ -139,14 +139,16 @@ def desired_status(
     now: datetime,
     *,
     generation: int | None,
+    sighting: Sighting,
     previous: GpuNodeUsageStatus | None = None,
     stale_after: timedelta = DEFAULT_STALE_AFTER,
     idle: Sequence[IdlePod] = (),
 ) -> GpuNodeUsageStatus:
-    """The status for this report; `idle` are the pods the caller judged idle (see idle)."""
+    """The status for this report; `sighting` says when the operator saw it change, `idle`
+    are the pods the caller judged idle (see idle)."""
     old_conditions = previous.conditions if previous else []
     stale = stale_condition(
-        spec.observed_at,
+        sighting,
         now,
         stale_after,
         previous=next((c for c in old_conditions if c.type == names.CONDITION_STALE), None),
@@ -170,6 +172,7 @@ def desired_status(
     node_totals = totals(spec, pods=len({u.uid for u in usages}), unattributed=len(outside))
     return GpuNodeUsageStatus(
         observed_generation=generation,
+        report_seen_at=sighting.seen_at.replace(microsecond=0),
         conditions=[ready, stale],
         totals=node_totals.model_copy(
             update={

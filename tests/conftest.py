@@ -151,7 +151,12 @@ def make_world(
     started: list[dict[str, Any]] = []
 
     def build(
-        pods: dict[str, int] | None = None, *, idle_after: float = 1800.0, operator: bool = True
+        pods: dict[str, int] | None = None,
+        *,
+        idle_after: float = 1800.0,
+        operator: bool = True,
+        attribution_grace: float = 120.0,
+        stale_after: float = 4.0,
     ) -> dict[str, Any]:
         core = client.CoreV1Api(api)
         ns = f"ml-{uuid.uuid4().hex[:6]}"
@@ -186,11 +191,12 @@ def make_world(
         agent_settings = AgentSettings(
             node_name=node, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario_file}",
             proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
+            attribution_grace=attribution_grace,
         )  # fmt: skip
         agent = Background(lambda stop: run_agent(agent_settings, stop))
         world: dict[str, Any] = {
             "core": core, "ns": ns, "node": node, "write": write, "scenario": scenario,
-            "agent": agent, "api": api, "pids": pids, **uids,
+            "agent": agent, "api": api, "pids": pids, "proc": proc, **uids,
         }  # fmt: skip
         started.append(world)
         if operator:
@@ -198,8 +204,9 @@ def make_world(
             ready = threading.Event()
             metrics_port = free_port()
             op_settings = OperatorSettings(
-                kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True,
-                metrics_port=metrics_port, metrics_address="127.0.0.1", idle_after=idle_after,
+                kubeconfig=cluster.kubeconfig, stale_after=stale_after, resync=0.5,
+                standalone=True, metrics_port=metrics_port, metrics_address="127.0.0.1",
+                idle_after=idle_after,
             )  # fmt: skip
             world["operator"] = Background(
                 lambda stop: run_operator(op_settings, stop, ready, reconcilers)

@@ -120,11 +120,26 @@ def test_node_name_from_downward_api_variable(tmp_path: Path) -> None:
     assert spec["gpus"] == []
 
 
-def test_invalid_scenario_is_a_clear_error(tmp_path: Path) -> None:
+LONG_NAME = f"gpus: [{{index: 0, uuid: {gpu_uuid(0)}, memoryTotalMiB: 1, name: {'n' * 300}}}]"
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"gpus:\n  - index: 0\n    uuid: GPU-nope\n    memoryTotalMiB: 10\n", "gpus.0.uuid"),
+        (b"driverVersion: caf\xe9\n", "is not UTF-8 text"),
+        (b"", "is empty"),
+        (LONG_NAME.encode(), "gpus.0.name"),
+        (f"driverVersion: '{'9' * 70}'".encode(), "driverVersion"),
+    ],
+)
+def test_invalid_scenario_is_a_clear_error(tmp_path: Path, content: bytes, said: str) -> None:
+    """At start, every invalid scenario ends the agent with exit code 2 and a message."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("gpus:\n  - index: 0\n    uuid: GPU-nope\n    memoryTotalMiB: 10\n")
-    result = _agent("--once", "--output", "json", "--node-name", "n1",
-                    "--gpu-source", f"fake:{bad}")  # fmt: skip
-    assert result.returncode == 2
-    assert "gpus.0.uuid" in result.stderr
-    assert "Traceback" not in result.stderr
+    bad.write_bytes(content)
+    for mode in (["--output", "json"], []):
+        result = _agent("--once", *mode, "--node-name", "n1", "--gpu-source", f"fake:{bad}",
+                        "--kubeconfig", str(tmp_path / "none"))  # fmt: skip
+        assert result.returncode == 2
+        assert said in result.stderr
+        assert "Traceback" not in result.stderr

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import urllib3
 import yaml
+from kubernetes.client import exceptions
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage import procfs
 from gpuusage.api.models import GpuNodeUsageSpec, Process, Source
 from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
-from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, TransientApiError, call
+from gpuusage.kube.errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    TransientApiError,
+    call,
+)
 from gpuusage.nodeagent.cgroup import CgroupAttribution
 from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
 from gpuusage.nodeagent.gpusource.base import Observed, Reading
@@ -90,6 +102,109 @@ def test_vanished_pid_is_reported_not_raised(tmp_path: Path) -> None:
     assert found.error is not None
     assert "not found under" in found.error
     assert "hostPID" in found.error
+
+
+def _unreadable(path: Path) -> None:
+    if not path.is_dir():
+        path.unlink()
+        path.mkdir()  # unreadable even for root: EISDIR
+
+
+def _break_cgroup(root: Path, pid: int) -> None:
+    _unreadable(root / str(pid) / "cgroup")
+
+
+def _break_stat(root: Path, pid: int) -> None:
+    _unreadable(root / str(pid) / "stat")
+
+
+def _hide(root: Path, pid: int) -> None:
+    if (root / str(pid)).exists():  # as hidepid= or a lost hostPID shows it
+        (root / str(pid)).rename(root / f".hidden-{pid}")
+
+
+def _unparseable(root: Path, pid: int) -> None:
+    (root / str(pid) / "cgroup").write_text("\x00garbage\n")
+
+
+def _stat_then(cgroup_fault: Callable[[Path, int], None]) -> Callable[[Path, int], None]:
+    """The stat file unreadable for a cycle (the cache forgets the process), then readable
+    again with its cgroup file broken: the cgroup file is read, and fails."""
+
+    def fault(root: Path, pid: int) -> None:
+        if (root / str(pid) / "stat").is_dir():
+            (root / str(pid) / "stat").rmdir()
+            write_process(root, pid, CGROUP, start_ticks=500)
+            cgroup_fault(root, pid)
+        else:
+            _break_stat(root, pid)
+
+    return fault
+
+
+@pytest.mark.parametrize(
+    "fault", [_break_stat, _hide, _stat_then(_break_cgroup), _stat_then(_unparseable)]
+)
+def test_could_not_read_keeps_the_last_attribution_for_the_grace_period(
+    tmp_path: Path, fault: Callable[[Path, int], None]
+) -> None:
+    """A process the GPU library still lists is not taken for ended because its /proc files
+    cannot be read: its pod stays for `grace`, then is given up with the reason, never dropped
+    silently."""
+    clock = [1000.0]
+    write_process(tmp_path, 42, CGROUP, start_ticks=500)
+    resolver = Resolver(tmp_path, grace=120, clock=lambda: clock[0])
+    assert resolver.resolve(42).attribution.pod_uid == POD_TRAIN
+    resolver.end_cycle()
+    fault(tmp_path, 42)
+    within = resolver.resolve(42)
+    assert (within.attribution.container_id, within.attribution.pod_uid) == (CTR_TRAIN, POD_TRAIN)
+    assert within.error is not None
+    assert within.error.endswith("showing the attribution last read")
+    resolver.end_cycle()
+    clock[0] += 120
+    fault(tmp_path, 42)  # (a second step for the faults that take two)
+    again = resolver.resolve(42)
+    assert again.attribution == within.attribution
+    assert again.error is not None
+    assert again.error.endswith("showing the attribution last read")
+    assert resolver.resolve(42) == again, "the same text every cycle: no write of its own"
+    resolver.end_cycle()
+    clock[0] += 1
+    expired = resolver.resolve(42)
+    assert expired.attribution == CgroupAttribution()
+    assert expired.error is not None
+    assert f"for more than 120s; last known pod {POD_TRAIN}" in expired.error
+    resolver.end_cycle()
+    # Readable again: a fresh attribution, and a later failure gets a new grace period.
+    if (tmp_path / ".hidden-42").exists():
+        (tmp_path / ".hidden-42").rename(tmp_path / "42")
+    for name in ("stat", "cgroup"):
+        if (tmp_path / "42" / name).is_dir():
+            (tmp_path / "42" / name).rmdir()
+    write_process(tmp_path, 42, CGROUP, start_ticks=500)
+    assert resolver.resolve(42).error is None
+    resolver.end_cycle()
+    fault(tmp_path, 42)
+    assert resolver.resolve(42).attribution.pod_uid == POD_TRAIN
+
+
+def test_a_reused_pid_never_inherits_the_last_attribution(tmp_path: Path) -> None:
+    write_process(tmp_path, 42, CGROUP, start_ticks=500)
+    resolver = Resolver(tmp_path, grace=120, clock=lambda: 0.0)
+    assert resolver.resolve(42).attribution.pod_uid == POD_TRAIN
+    resolver.end_cycle()
+    write_process(tmp_path, 42, CGROUP, start_ticks=900)  # another process, same pid
+    _break_cgroup(tmp_path, 42)
+    other = resolver.resolve(42)
+    assert other.attribution == CgroupAttribution()
+    assert other.error is not None
+    assert "cannot read" in other.error
+    # And a process that leaves the GPUs is forgotten: back under its pid, it starts afresh.
+    resolver.end_cycle()
+    resolver.end_cycle()
+    _hide(tmp_path, 42)
+    assert resolver.resolve(42).attribution == CgroupAttribution()
 
 
 @pytest.mark.parametrize(
@@ -253,6 +368,32 @@ def test_errors_map_to_our_hierarchy(status: int, kind: type[Exception]) -> None
         call(fail, "test", backoff=(0.0,), sleep=lambda _: None)
 
 
+@pytest.mark.parametrize(
+    ("raised", "kind"),
+    [
+        (exceptions.NotFoundException, NotFound),
+        (exceptions.ConflictException, Conflict),
+        (exceptions.ForbiddenException, Forbidden),
+        (exceptions.UnprocessableEntityException, Invalid),
+        (exceptions.ServiceException, TransientApiError),
+    ],
+)
+def test_the_clients_own_subclasses_map_to_our_hierarchy_too(
+    raised: type[ApiException], kind: type[ApiError]
+) -> None:
+    """The client raises NotFoundException and friends, not ApiException itself: a 404 that
+    escapes `except NotFound` would count a deleted pod as an API failure."""
+    status = {NotFound: 404, Conflict: 409, Forbidden: 403, Invalid: 422}.get(kind, 503)
+
+    def fail() -> None:
+        exc = raised(status=status, reason="R")
+        exc.body = '{"kind":"Status","message":"the server said so","reason":"X"}'
+        raise exc
+
+    with pytest.raises(kind, match="the server said so"):
+        call(fail, "test", backoff=(0.0,), sleep=lambda _: None)
+
+
 def test_transient_errors_are_retried_with_bounded_backoff() -> None:
     attempts: list[int] = []
     sleeps: list[float] = []
@@ -336,3 +477,45 @@ def test_an_observation_fingerprints_exactly_as_its_built_spec() -> None:
     # And the fingerprint does see an attribution change.
     moved = {**found, pids[0]: Resolved(CgroupAttribution("f" * 64, POD_TRAIN), "trainer")}
     assert Observation("gpu-node-a", NOW, reading, moved).fingerprint() != fingerprint(built)
+
+
+def _gpu(index: int, **fields: Any) -> dict[str, Any]:
+    return {"index": index, "uuid": gpu_uuid(index), "memoryTotalMiB": 9, **fields}
+
+
+def _gpus(*gpus: dict[str, Any]) -> bytes:
+    return yaml.safe_dump({"gpus": list(gpus)}).encode()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"gpus:\n  - name: caf\xe9\n", "is not UTF-8 text (byte 19"),
+        (b"", "is empty; a node without GPUs is written `gpus: []`"),
+        (b"# nothing but a comment\n", "is empty"),
+        (b"- a list\n", "must be a mapping with `gpus:`, not list"),
+        (_gpus(_gpu(0, name="x" * 257)), "gpus.0.name: String should have at most 256 characters"),
+        (yaml.safe_dump({"driverVersion": "5" * 65}).encode(), "driverVersion: String should"),
+        (_gpus(_gpu(0, processes=[{"pid": 7}, {"pid": 7}])), "listed more than once: 7"),
+        (_gpus(_gpu(0), _gpu(1, uuid=gpu_uuid(0))), "device UUID listed more than once: GPU-"),
+        (_gpus(_gpu(0), _gpu(0, uuid=gpu_uuid(1))), "GPU index listed more than once: 0"),
+    ],
+)
+def test_every_invalid_scenario_is_refused_with_a_message_and_the_last_valid_one_kept(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    """At start: a clear error. While running: the last valid scenario, and the reason said in
+    the published source, so a bad edit never ends a pod's use or counts a process twice."""
+    path = tmp_path / "s.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        FakeSource(path)
+    _scenario(path, 100)
+    source = FakeSource(path)
+    path.write_bytes(content)
+    reading = source.read()
+    assert _first_process(reading).used_memory_mib == 100, "the last valid scenario is kept"
+    assert reading.source.message is not None
+    assert message in reading.source.message
+    assert reading.source.message.endswith("showing the last valid scenario")
+    assert reading.errors["ScenarioInvalid"] == 1

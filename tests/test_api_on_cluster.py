@@ -28,6 +28,7 @@ from gpuusage.examples import (
     POD_TRAIN,
     example_spec,
 )
+from gpuusage.operator.freshness import Sighting
 from gpuusage.operator.podindex import PodLookup, PodRef
 from gpuusage.operator.resolution import resolve_all
 from gpuusage.operator.status import desired_status
@@ -38,21 +39,24 @@ pytestmark = pytest.mark.cluster
 OBSERVED = datetime(2026, 11, 21, 17, 0, 0, 123456, tzinfo=UTC)
 
 
-EXAMPLE_PODS = PodLookup(
-    {
-        key: ref
-        for uid, cid, name in ((POD_TRAIN, CTR_TRAIN, "train-0"),
-                               (POD_NOTEBOOK, CTR_NOTEBOOK, "notebook"),
-                               (POD_INFER, CTR_INFER, "triton"))
-        for ref in [PodRef("ml", name, uid, "n", ((cid, "main"),))]
-        for key in (f"uid:{uid}", f"cid:{cid}")
-    }
-)  # fmt: skip
+def example_pods(node: str) -> PodLookup:
+    """The example report's pods, running on `node`."""
+    return PodLookup(
+        {
+            key: ref
+            for uid, cid, name in ((POD_TRAIN, CTR_TRAIN, "train-0"),
+                                   (POD_NOTEBOOK, CTR_NOTEBOOK, "notebook"),
+                                   (POD_INFER, CTR_INFER, "triton"))
+            for ref in [PodRef("ml", name, uid, node, ((cid, "main"),))]
+            for key in (f"uid:{uid}", f"cid:{cid}")
+        }
+    )  # fmt: skip
 
 
 def spec_only_status(spec: GpuNodeUsageSpec, now: datetime) -> Status:
     """The operator's status for the example report, as if its pods existed."""
-    return desired_status(spec, list(resolve_all(spec, EXAMPLE_PODS)), now, generation=1)
+    resolutions = list(resolve_all(spec, example_pods(spec.node_name)))
+    return desired_status(spec, resolutions, now, generation=1, sighting=Sighting(1, now))
 
 
 def _node_name() -> str:

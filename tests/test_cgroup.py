@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuusage.api.models import CONTAINER_ID_PATTERN, POD_UID_PATTERN
-from gpuusage.nodeagent.cgroup import CgroupAttribution, parse_cgroup_file, parse_path
+from gpuusage.nodeagent.cgroup import (
+    CgroupAttribution,
+    UnparseableCgroup,
+    parse_cgroup_file,
+    parse_path,
+)
 
 CORPUS: list[dict[str, Any]] = yaml.safe_load(
     (Path(__file__).parent / "data" / "cgroup_corpus.yaml").read_text()
@@ -74,7 +80,11 @@ def test_generated_layouts_are_attributed(layout: tuple[str, str, str]) -> None:
 @given(st.text(max_size=400))
 @settings(max_examples=500)
 def test_arbitrary_text_never_crashes_and_yields_valid_ids(text: str) -> None:
-    found = parse_cgroup_file(text)
+    """Either valid IDs (possibly none) or UnparseableCgroup, never anything else."""
+    try:
+        found = parse_cgroup_file(text)
+    except UnparseableCgroup:
+        return
     _assert_valid(found)
 
 
@@ -104,8 +114,18 @@ def test_arbitrary_text_never_crashes_and_yields_valid_ids(text: str) -> None:
 )
 @settings(max_examples=500)
 def test_near_miss_inputs_never_crash(text: str) -> None:
-    _assert_valid(parse_cgroup_file(text))
+    with contextlib.suppress(UnparseableCgroup):
+        _assert_valid(parse_cgroup_file(text))
     _assert_valid(parse_path(text))
+
+
+@pytest.mark.parametrize("text", ["", "\n", "garbage", "\x00\x01\x02", "1:cpu", "x::/kubepods"])
+def test_a_file_that_names_no_cgroup_is_unparseable_not_a_host_process(text: str) -> None:
+    with pytest.raises(UnparseableCgroup, match="no line of the form"):
+        parse_cgroup_file(text)
+    # One bad line beside a good one is skipped.
+    found = parse_cgroup_file(f"{text}\n0::/kubepods/pod{'1' * 8}-1111-1111-1111-{'1' * 12}\n")
+    assert found.pod_uid is not None
 
 
 def _assert_valid(found: CgroupAttribution) -> None:

@@ -1,44 +1,99 @@
-"""The Stale condition's pure decision."""
+"""The Stale condition's pure decision: the operator's clock, never the agent's."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gpuusage.operator.freshness import is_stale, stale_condition
+from gpuusage.api import names
+from gpuusage.api.models import Condition, GpuNodeUsageStatus
+from gpuusage.operator.freshness import Sighting, is_stale, sight, stale_condition
 
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 LIMIT = timedelta(seconds=120)
+SECOND = timedelta(seconds=1)
 
 
 def test_fresh_until_the_threshold_then_stale() -> None:
     assert not is_stale(OBSERVED, OBSERVED + LIMIT, LIMIT)
-    assert is_stale(OBSERVED, OBSERVED + LIMIT + timedelta(seconds=1), LIMIT)
+    assert is_stale(OBSERVED, OBSERVED + LIMIT + SECOND, LIMIT)
 
 
-def test_future_observations_count_as_fresh() -> None:
-    assert not is_stale(OBSERVED, OBSERVED - timedelta(minutes=5), LIMIT)
+def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing() -> None:
+    """observedAt in 2100 is the agent's clock: the report is fresh while it changes, and
+    stale once the operator has not seen it change for the threshold."""
+    future = datetime(2100, 1, 1, tzinfo=UTC)
+    first = sight(None, 1, future, None, OBSERVED, stale_after=LIMIT)
+    assert first.seen_at == OBSERVED
+    assert not is_stale(first.seen_at, OBSERVED + LIMIT, LIMIT)
+    again = sight(first, 1, future, None, OBSERVED + LIMIT, stale_after=LIMIT)
+    assert again is first, "an unchanged generation keeps its time"
+    assert is_stale(again.seen_at, OBSERVED + LIMIT + SECOND, LIMIT)
+    changed = sight(first, 2, future, None, OBSERVED + 10 * SECOND, stale_after=LIMIT)
+    assert changed.seen_at == OBSERVED + 10 * SECOND
+    assert changed.skew is not None
+    assert changed.skew > timedelta(days=365 * 70)
+    condition = stale_condition(changed, OBSERVED + 11 * SECOND, LIMIT)
+    assert condition.status == "False"
+    assert "clock is about" in condition.message
+    assert "ahead of the operator's" in condition.message
+
+
+def test_skew_is_measured_only_on_changes_seen_as_they_happen() -> None:
+    behind = OBSERVED - timedelta(minutes=10)
+    first = sight(None, 1, behind, None, OBSERVED, stale_after=LIMIT)
+    assert first.skew is None, "at first sight the report may simply be old"
+    live = sight(first, 2, behind + 30 * SECOND, None, OBSERVED + 30 * SECOND, stale_after=LIMIT)
+    assert live.skew == -timedelta(minutes=10)
+    text = stale_condition(live, OBSERVED + 31 * SECOND, LIMIT).message
+    assert "about 10 minutes behind the operator's" in text
+    late = sight(
+        live, 3, OBSERVED, None, OBSERVED + 30 * SECOND + LIMIT + SECOND, stale_after=LIMIT
+    )
+    assert late.skew is None, "after a pause the change may be old: no skew claimed"
+    close = sight(live, 3, OBSERVED + 40 * SECOND, None, OBSERVED + 41 * SECOND, stale_after=LIMIT)
+    assert close.skew == -SECOND
+    assert "clock" not in stale_condition(close, OBSERVED + 42 * SECOND, LIMIT).message
+
+
+def _status(generation: int, seen: datetime | None, stale: bool) -> GpuNodeUsageStatus:
+    condition = Condition(type=names.CONDITION_STALE, status="True" if stale else "False",
+                          last_transition_time=OBSERVED, reason="X")  # fmt: skip
+    return GpuNodeUsageStatus(observed_generation=generation, report_seen_at=seen,
+                              conditions=[condition])  # fmt: skip
+
+
+def test_a_new_replica_reads_when_the_report_was_seen_from_its_status() -> None:
+    now = OBSERVED + timedelta(hours=1)
+    seen = OBSERVED + timedelta(minutes=5)
+    kept = sight(None, 7, OBSERVED, _status(7, seen, stale=True), now, stale_after=LIMIT)
+    assert (kept.seen_at, kept.stale) == (seen, True)
+    assert is_stale(kept.seen_at, now, LIMIT), "a dead agent stays stale across a restart"
+    newer = sight(None, 8, OBSERVED, _status(7, seen, stale=True), now, stale_after=LIMIT)
+    assert newer.seen_at == now, "a generation the status has not seen is seen now"
+    # A status of an older operator (no reportSeenAt): stale stays stale, fresh counts from now.
+    old_stale = sight(None, 7, OBSERVED, _status(7, None, stale=True), now, stale_after=LIMIT)
+    assert is_stale(old_stale.seen_at, now, LIMIT)
+    old_fresh = sight(None, 7, OBSERVED, _status(7, None, stale=False), now, stale_after=LIMIT)
+    assert old_fresh.seen_at == now
 
 
 def test_condition_reads_well_and_keeps_transition_time() -> None:
-    fresh = stale_condition(OBSERVED, OBSERVED + timedelta(seconds=5), LIMIT)
+    seen = Sighting(4, OBSERVED)
+    fresh = stale_condition(seen, OBSERVED + timedelta(seconds=5), LIMIT)
     assert (fresh.type, fresh.status, fresh.reason) == ("Stale", "False", "ReportFresh")
     assert fresh.message == "the node agent reports within the 120s threshold"
 
     later = OBSERVED + timedelta(seconds=30)
-    still = stale_condition(OBSERVED, later, LIMIT, previous=fresh)
+    still = stale_condition(seen, later, LIMIT, previous=fresh)
     assert still.last_transition_time == fresh.last_transition_time
 
     much_later = OBSERVED + timedelta(minutes=3, seconds=7)
-    stale = stale_condition(OBSERVED, much_later, LIMIT, previous=still, generation=4)
+    stale = stale_condition(seen, much_later, LIMIT, previous=still, generation=4)
     assert (stale.status, stale.reason) == ("True", "ReportOutdated")
     assert stale.last_transition_time == much_later
-    assert "no report from the node agent since 2026-11-21T12:00:00Z (threshold 120s)" in (
+    assert "no report from the node agent since 2026-11-21T12:00:00Z by the operator's clock" in (
         stale.message
     )
-    again = stale_condition(
-        OBSERVED, much_later + timedelta(seconds=9), LIMIT, previous=stale, generation=4
-    )
-    assert again == (stale), (
-        "an unchanged situation yields an identical condition (no status write)"
-    )
+    again = stale_condition(seen, much_later + 9 * SECOND, LIMIT, previous=stale, generation=4)
+    assert again == stale, "an unchanged situation yields an identical condition (no status write)"
     assert stale.observed_generation == 4

@@ -10,7 +10,8 @@ import pytest
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
 from gpuusage.examples import example_spec
-from gpuusage.operator.idle import idle_pods, idle_since, report_is_complete
+from gpuusage.operator.certainty import blind_spots
+from gpuusage.operator.idle import idle_pods, idle_since
 from gpuusage.operator.podindex import REQUESTING_KEY, PodRef, index_keys, pod_ref
 from gpuusage.operator.podstate import condition_patch, desired_condition
 
@@ -81,15 +82,16 @@ def test_threshold_in_use_and_switch_off() -> None:
 
 
 def test_incomplete_reports_judge_nobody() -> None:
+    """Idle is judged only on a report blind nowhere (the reconciler asks blind_spots)."""
     spec = example_spec("n1", NOW)
-    assert report_is_complete(spec)
+    assert not blind_spots(spec, [])
     broken = spec.gpus[0].model_copy(
         update={"error": DeviceError(reason="GpuIsLost", message="fell off the bus")}
     )
-    assert not report_is_complete(spec.model_copy(update={"gpus": [broken, *spec.gpus[1:]]}))
+    assert blind_spots(spec.model_copy(update={"gpus": [broken, *spec.gpus[1:]]}), [])
     blind = GpuNodeUsageSpec(node_name="n1", observed_at=NOW,
                              source=Source(kind="none", available=False))  # fmt: skip
-    assert not report_is_complete(blind)
+    assert blind_spots(blind, [])
 
 
 def test_flagging_is_stable_once_written() -> None:

@@ -128,7 +128,8 @@ def world(
             (("agent", agent_kc), ("operator", operator_kc), ("unbound", unbound_kc))}  # fmt: skip
     try:
         assert ready.wait(60), "the operator did not start under its own identity"
-        yield {"admin": admin, "core": core, "ns": ns, "a": node_a, "b": node_b, **apis}
+        yield {"admin": admin, "core": core, "ns": ns, "a": node_a, "b": node_b, **apis,
+               "cluster": cluster, "tmp": tmp}  # fmt: skip
     finally:
         agent.halt()
         operator.halt()
@@ -197,6 +198,66 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
             "token bound to a pod on a node")  # fmt: skip
     # What it may do, it still can: its own spec.
     agent.patch_cluster_custom_object(*group, a, {"spec": {"gpus": []}})
+
+
+def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, Any]) -> None:
+    """The whole promise end to end: an agent of node B, under its real pod-bound token, writes
+    the report it may write (its own node's) and names in it the pod of node A by container ID
+    and pod UID. The operator, under its own token, lists those processes as PodOnOtherNode and
+    leaves A's pod exactly as it was."""
+    core = world["core"]
+    train = core.read_namespaced_pod("train", world["ns"])
+    cid = train.status.container_statuses[0].container_id.split("://", 1)[1]
+
+    def in_use() -> bool:  # (an earlier test wiped the report's GPUs for a moment)
+        pod = core.read_namespaced_pod("train", world["ns"])
+        ours = [c for c in pod.status.conditions or [] if c.type == names.POD_CONDITION_GPU_IN_USE]
+        return [(c.status, c.reason) for c in ours] == [("True", "ProcessesRunning")]
+
+    group = (names.GROUP, names.VERSION, names.PLURAL)
+    admin = client.CustomObjectsApi(world["admin"])
+
+    def rewritten() -> bool:
+        body = admin.get_cluster_custom_object(*group, world["a"])
+        assert isinstance(body, dict)
+        return bool(body["spec"]["gpus"])
+
+    wait_for(rewritten, what="node A's agent to have rewritten its report")
+    wait_for(in_use, what="train in use")
+    before = core.read_namespaced_pod("train", world["ns"]).metadata.annotations
+    events = client.EventsV1Api(world["admin"])
+
+    def event_reasons() -> list[str]:
+        return sorted(str(e.reason) for e in events.list_namespaced_event(world["ns"]).items)
+
+    seen = event_reasons()
+    b = world["b"]
+    kubeconfig = token_kubeconfig(world["cluster"], core, NS, AGENT_SA,
+                                  _identity_pod(core, AGENT_SA, b),
+                                  path=world["tmp"] / "agent-b.kubeconfig")  # fmt: skip
+    agent_b, _ = api_client(kubeconfig)
+    forged = _report(b)
+    processes = [{"pid": 7, "usedMemoryMiB": 999, "containerID": cid},
+                 {"pid": 8, "usedMemoryMiB": 1, "podUID": train.metadata.uid}]  # fmt: skip
+    forged["spec"]["gpus"] = [{"index": 0, "uuid": gpu_uuid(1), "memory": {"totalMiB": 81920},
+                               "processes": processes}]  # fmt: skip
+    try:
+        client.CustomObjectsApi(agent_b).create_cluster_custom_object(*group, forged)
+
+        def reasons() -> dict[int, str]:
+            body = admin.get_cluster_custom_object(*group, b)
+            assert isinstance(body, dict)
+            found = (body.get("status") or {}).get("unattributed") or []
+            return {u["pid"]: u["reason"] for u in found}
+
+        wait_for(lambda: reasons() == {7: "PodOnOtherNode", 8: "PodOnOtherNode"},
+                 what="the forged processes refused by the operator")  # fmt: skip
+        assert core.read_namespaced_pod("train", world["ns"]).metadata.annotations == before
+        assert in_use()
+        assert event_reasons() == seen, "no Event either"
+    finally:
+        admin.delete_cluster_custom_object(*group, b)
+        agent_b.close()  # type: ignore[no-untyped-call]
 
 
 def test_operator_token_cannot_write_spec_or_delete(world: dict[str, Any]) -> None:

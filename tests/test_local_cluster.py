@@ -127,3 +127,33 @@ def test_apiserver_restart_keeps_data(tmp_path: Path) -> None:
         )
         assert "kept" in again.stdout
     assert _live_processes_using(tmp_path) == []
+
+
+def test_restart_command_brings_back_the_same_control_plane(tmp_path: Path) -> None:
+    """`local-cluster restart`: same ports, certificates and data; each component and both."""
+    _gpuusage("local-cluster", "up", "--dir", str(tmp_path))
+    try:
+        kubectl = [str(ensure_binaries().kubectl), f"--kubeconfig={tmp_path / 'kubeconfig'}"]
+        subprocess.run([*kubectl, "create", "namespace", "kept"], check=True, capture_output=True)
+        before = json.loads((tmp_path / STATE_FILE).read_text())
+        kubeconfig = (tmp_path / "kubeconfig").read_text()
+        pids = {p["name"]: p["pid"] for p in before["processes"]}
+        for component, replaced in (("etcd", {"etcd"}), ("apiserver", {"kube-apiserver"}),
+                                    (None, {"etcd", "kube-apiserver"})):  # fmt: skip
+            args = ["--component", component] if component else []
+            out = _gpuusage("local-cluster", "restart", "--dir", str(tmp_path), *args).stdout
+            assert "ready at" in out
+            after = json.loads((tmp_path / STATE_FILE).read_text())
+            now = {p["name"]: p["pid"] for p in after["processes"]}
+            assert {name for name in now if now[name] != pids[name]} == replaced
+            pids = now
+            ports = ("etcd_client_port", "etcd_peer_port", "apiserver_port")
+            assert [after[k] for k in ports] == [before[k] for k in ports]
+            assert (tmp_path / "kubeconfig").read_text() == kubeconfig, "same certificates"
+            got = subprocess.run([*kubectl, "get", "ns", "kept"], capture_output=True, text=True,
+                                 check=True)  # fmt: skip
+            assert "kept" in got.stdout, "etcd's data survived"
+        assert len(_live_processes_using(tmp_path)) == 2
+    finally:
+        _gpuusage("local-cluster", "down", "--dir", str(tmp_path))
+    assert _live_processes_using(tmp_path) == []

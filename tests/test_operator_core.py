@@ -19,6 +19,7 @@ from gpuusage.examples import (
     POD_TRAIN,
     example_spec,
 )
+from gpuusage.operator.freshness import Sighting
 from gpuusage.operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
 from gpuusage.operator.podindex import PodLookup, gpu_requests, index_keys, pod_ref
 from gpuusage.operator.podstate import (
@@ -35,6 +36,8 @@ from gpuusage.operator.status import desired_status
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
+NODE = "gpu-node-a"
+SEEN = Sighting(3, OBSERVED)
 
 
 def pod(
@@ -88,29 +91,52 @@ def test_index_entry_is_small_and_strips_the_runtime_scheme() -> None:
 
 def test_resolution_order_of_evidence() -> None:
     pods = lookup(*PODS)
-    by_container = resolve_process("GPU-x", Process(pid=1, container_id=CTR_TRAIN), pods)
+    by_container = resolve_process(NODE, "GPU-x", Process(pid=1, container_id=CTR_TRAIN), pods)
     assert by_container.pod is not None
     assert (by_container.pod.name, by_container.container_name) == ("train-0", "trainer")
     # After a container restart the new ID is not in the pod's status yet: matched by UID.
     restarted = Process(pid=2, container_id="f" * 64, pod_uid=POD_TRAIN)
-    by_uid = resolve_process("GPU-x", restarted, pods)
+    by_uid = resolve_process(NODE, "GPU-x", restarted, pods)
     assert by_uid.pod is not None
     assert by_uid.container_name is None
     gone = resolve_process(
-        "GPU-x", Process(pid=3, pod_uid="11111111-2222-4333-8444-555555555555"), pods
+        NODE, "GPU-x", Process(pid=3, pod_uid="11111111-2222-4333-8444-555555555555"), pods
     )
     assert (gone.pod, gone.reason) == (None, "PodNotFound")
-    stray = resolve_process("GPU-x", Process(pid=4, container_id="e" * 64), pods)
+    stray = resolve_process(NODE, "GPU-x", Process(pid=4, container_id="e" * 64), pods)
     assert stray.reason == "UnknownContainer"
-    lost = resolve_process("GPU-x", Process(pid=5, resolve_error="pid 5 not found"), pods)
+    lost = resolve_process(NODE, "GPU-x", Process(pid=5, resolve_error="pid 5 not found"), pods)
     assert (lost.reason, lost.message) == ("Unresolved", "pid 5 not found")
-    assert resolve_process("GPU-x", Process(pid=6), pods).reason == "HostProcess"
+    assert resolve_process(NODE, "GPU-x", Process(pid=6), pods).reason == "HostProcess"
+
+
+def test_a_report_attributes_processes_only_to_pods_of_its_own_node() -> None:
+    """A report of node B naming a pod of node A (by container ID or by UID) leaves it alone."""
+    elsewhere = pod("web", POD_INFER, {"server": CTR_INFER}, ns="serving")
+    pending = pod("queued", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK})
+    del pending["spec"]["nodeName"]
+    pods = lookup(pod("train-0", POD_TRAIN, {"trainer": CTR_TRAIN}), elsewhere, pending)
+    for process in (
+        Process(pid=1, container_id=CTR_INFER),
+        Process(pid=2, pod_uid=POD_INFER),
+        Process(pid=3, container_id=CTR_INFER, pod_uid=POD_INFER),
+    ):
+        found = resolve_process("gpu-node-b", "GPU-x", process, pods)
+        assert (found.pod, found.reason) == (None, "PodOnOtherNode")
+        assert "on node gpu-node-a, not on gpu-node-b" in found.message
+        assert "web" not in found.message, "nothing about another node's pod leaks"
+    unscheduled = resolve_process(NODE, "GPU-x", Process(pid=4, pod_uid=POD_NOTEBOOK), pods)
+    assert (unscheduled.pod, unscheduled.reason) == (None, "PodOnOtherNode")
+    assert "not scheduled" in unscheduled.message
+    own = resolve_process(NODE, "GPU-x", Process(pid=5, container_id=CTR_TRAIN), pods)
+    assert own.pod is not None
+    assert own.pod.name == "train-0"
 
 
 def test_desired_status_of_the_example_node() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
     resolutions = list(resolve_all(spec, lookup(*PODS)))
-    status = desired_status(spec, resolutions, NOW, generation=3)
+    status = desired_status(spec, resolutions, NOW, generation=3, sighting=SEEN)
     assert status.observed_generation == 3
     assert status.totals is not None
     assert (status.totals.pods, status.totals.processes, status.totals.unattributed_processes) == (
@@ -143,15 +169,16 @@ def test_desired_status_of_the_example_node() -> None:
 def test_status_is_identical_for_an_unchanged_report() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
     resolutions = list(resolve_all(spec, lookup(*PODS)))
-    first = desired_status(spec, resolutions, NOW, generation=3)
+    first = desired_status(spec, resolutions, NOW, generation=3, sighting=SEEN)
     again = desired_status(spec, list(reversed(resolutions)), NOW + timedelta(seconds=40),
-                           generation=3, previous=first)  # fmt: skip
+                           generation=3, sighting=SEEN, previous=first)  # fmt: skip
     assert again == first
 
 
 def test_stale_report_makes_the_node_not_ready() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
-    status = desired_status(spec, [], OBSERVED + timedelta(minutes=10), generation=1)
+    status = desired_status(spec, [], OBSERVED + timedelta(minutes=10), generation=1,
+                            sighting=Sighting(1, OBSERVED))  # fmt: skip
     conditions = {c.type: c for c in status.conditions}
     assert (conditions["Stale"].status, conditions["Ready"].status) == ("True", "False")
     assert conditions["Ready"].reason == "ReportStale"
@@ -311,7 +338,7 @@ def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
     honest = pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice")
     spec_ = example_spec("gpu-node-a", OBSERVED)
     status = desired_status(spec_, list(resolve_all(spec_, lookup(sneaky, honest))), NOW,
-                            generation=1)  # fmt: skip
+                            generation=1, sighting=SEEN)  # fmt: skip
     flags = {(p.name, p.requested_gpus, p.unrequested) for p in status.pods}
     assert flags == {("sneaky", 0, True), ("notebook", 1, False)}
     assert status.totals is not None

@@ -77,7 +77,7 @@ def test_list_is_paginated_then_watch_resumes_from_its_version() -> None:
     ]
     core = FakeCore(pages, events)
     watch = PodWatch(core)
-    version = watch._list()
+    version = watch.list_all()
     assert (version, len(watch), watch.synced.is_set()) == ("100", 2, True)
     assert core.calls[1]["_continue"] == "next"
     assert watch._watch(version) == "106"
@@ -99,14 +99,81 @@ def test_watch_error_means_list_again_and_the_new_list_replaces_the_index() -> N
     original = watch._state
 
     def stop_after_relist() -> str:
-        version = PodWatch._list(watch)
+        version = PodWatch.list_all(watch)
         if watch.relists == 2:
             watch.stop()
         return version
 
-    watch._list = stop_after_relist  # type: ignore[method-assign]
+    watch.list_all = stop_after_relist  # type: ignore[method-assign]
     watch.run()
     assert watch.relists == 2
     assert watch._state is not original, "swapped in one assignment"
     assert watch.lookup().by_uid(UID_1) is None, "a pod deleted while expired is dropped"
     assert watch.lookup().by_uid(UID_2) is not None
+
+
+class Outage(Exception):
+    """The API is away."""
+
+
+class FlakyCore:
+    """Lists and watches that fail while `down` says so, as an apiserver being restarted."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script  # per call: "list", "list-fails", "watch-breaks", "watch-ends"
+        self.version = 0
+
+    def _next(self, expected: str) -> str:
+        step = self.script.pop(0)
+        assert step.startswith(expected), f"expected a {expected}, the loop made a {step}"
+        return step
+
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> FakeRaw:
+        if kwargs.get("watch"):
+            if self._next("watch") == "watch-breaks":
+                raise Outage("connection reset")
+            return FakeRaw(b"")
+        if self._next("list") == "list-fails":
+            raise Outage("connection refused")
+        self.version += 1
+        page = {"metadata": {"resourceVersion": str(self.version)}, "items": []}
+        return FakeRaw(json.dumps(page).encode())
+
+
+def test_interruptions_list_again_and_the_backoff_starts_over_after_each_list() -> None:
+    """A broken watch is never resumed from its old version: the index is listed again, and
+    reports wait (synced cleared) until it is; a long outage's backoff does not carry over."""
+    script = [
+        "list", "watch-breaks",                      # first outage: 4 failed lists
+        "list-fails", "list-fails", "list-fails", "list-fails", "list", "watch-ends",
+        "watch-breaks", "list", "watch-breaks",      # two more, each after a good list
+        "list",
+    ]  # fmt: skip
+    core = FlakyCore(script)
+    pauses: list[float] = []
+    synced_during_pause: list[bool] = []
+
+    def wait(seconds: float) -> bool:
+        pauses.append(seconds)
+        synced_during_pause.append(watch.synced.is_set())
+        return False
+
+    watch = PodWatch(core, retry_seconds=1.0, wait=wait)
+    original_watch = watch._watch
+
+    def watch_until_script_ends(version: str) -> str:
+        if not core.script:
+            watch.stop()
+            return version
+        return original_watch(version)
+
+    watch._watch = watch_until_script_ends  # type: ignore[method-assign]
+    watch.run()
+    assert core.script == []
+    assert watch.relists == 4, "every interruption was followed by a list"
+    assert synced_during_pause == [False] * len(pauses), "reports wait while the index is old"
+    # First outage: 1, 2, 4, 5 (capped), then the good list: the next ones start at 1 again.
+    first, later = pauses[:5], pauses[5:]
+    assert [0.5 <= p / b <= 1.0 for p, b in zip(first, (1, 2, 4, 5, 5), strict=True)] == [True] * 5
+    assert [0.5 <= p <= 1.0 for p in later] == [True, True], "backoff reset after each list"
+    assert watch.synced.is_set()

@@ -4,7 +4,10 @@ The format is DESIGN.md's, extended: MIG devices, utilization, per-process names
 and injected NVML errors (on the library, on a GPU, on its process list). The file is read on
 every reading, so editing it changes what the agent reports, as a process starting or ending
 would. A file that becomes invalid is reported in the log and in the published object while the
-last good reading is kept, so a typo loses nothing.
+last good reading is kept, so a typo loses nothing. Invalid means anything the agent could not
+report faithfully: not UTF-8, not YAML, empty (an empty file would say "no GPUs" and end every
+pod's use; a node without GPUs is written `gpus: []`), a value beyond the API's bounds, or a
+GPU UUID, MIG UUID, index or pid listed twice (which would be counted twice).
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuusage import __version__
 from gpuusage.api.models import (
@@ -59,6 +62,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _once(what: str, values: list[Any]) -> None:
+    """Refuse a list in which a key appears twice: it would be counted twice."""
+    twice = sorted(str(value) for value, n in Counter(values).items() if n > 1)
+    if twice:
+        raise ValueError(f"{what} listed more than once: {', '.join(twice)}")
+
+
 class FakeProcess(_Strict):
     pid: Annotated[int, Field(ge=1, le=MAX_PID)]
     usedMemoryMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
@@ -76,7 +86,7 @@ class FakeUtilization(_Strict):
 class FakeMig(_Strict):
     index: Annotated[int, Field(ge=0, le=MAX_MIG_DEVICES)]
     uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN)]
-    name: str | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
     gpuInstanceId: int | None = None
     computeInstanceId: int | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
@@ -84,11 +94,16 @@ class FakeMig(_Strict):
         default_factory=list
     )
 
+    @model_validator(mode="after")
+    def _pids_once(self) -> FakeMig:
+        _once(f"pid on {self.uuid}", [p.pid for p in self.processes])
+        return self
+
 
 class FakeGpu(_Strict):
     index: Annotated[int, Field(ge=0, le=MAX_GPUS)]
     uuid: Annotated[str, Field(pattern=GPU_UUID_PATTERN)]
-    name: str | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)]
     memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
     """Defaults to the sum of the processes' memory."""
@@ -103,32 +118,69 @@ class FakeGpu(_Strict):
     migDevices: Annotated[list[FakeMig], Field(max_length=MAX_MIG_DEVICES)] | None = None
     """When present, MIG mode is on and processes belong to the MIG devices."""
 
+    @model_validator(mode="after")
+    def _listed_once(self) -> FakeGpu:
+        _once(f"pid on {self.uuid}", [p.pid for p in self.processes])
+        _once(f"MIG index on {self.uuid}", [m.index for m in self.migDevices or []])
+        return self
+
+
+Version = Annotated[str, Field(min_length=1, max_length=64)]
+
 
 class Scenario(_Strict):
     """A fake node: what NVML would report."""
 
-    driverVersion: str = "550.54.15"
-    cudaVersion: str | None = "12.4"
+    driverVersion: Version = "550.54.15"
+    cudaVersion: Version | None = "12.4"
     nvmlError: NvmlErrorName | None = None
     """The library itself fails with this error: the node has no usable NVML."""
     gpus: Annotated[list[FakeGpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _devices_once(self) -> Scenario:
+        _once("GPU index", [g.index for g in self.gpus])
+        migs = [m.uuid for g in self.gpus for m in g.migDevices or []]
+        _once("device UUID", [g.uuid for g in self.gpus] + migs)
+        return self
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}" for e in exc.errors()
+    )
 
 
 def load_scenario(path: Path) -> Scenario:
     """Parse a scenario file; errors name the file and the offending field."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(f"cannot read GPU scenario {path}: {exc.strerror}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            f"GPU scenario {path} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from exc
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ScenarioError(f"GPU scenario {path} is not valid YAML: {exc}") from exc
-    try:
-        return Scenario.model_validate(raw or {})
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+    if raw is None:
+        raise ScenarioError(
+            f"GPU scenario {path} is empty; a node without GPUs is written `gpus: []`"
         )
-        raise ScenarioError(f"GPU scenario {path} is invalid: {problems}") from exc
+    if not isinstance(raw, dict):
+        raise ScenarioError(
+            f"GPU scenario {path} must be a mapping with `gpus:`, not {type(raw).__name__}"
+        )
+    try:
+        scenario = Scenario.model_validate(raw)
+        scenario_gpus(scenario, Counter(), {})  # what a reading builds must be valid too
+    except ValidationError as exc:
+        raise ScenarioError(f"GPU scenario {path} is invalid: {_problems(exc)}") from exc
+    return scenario
 
 
 def _processes(procs: list[FakeProcess], with_utilization: bool) -> list[Observed]:

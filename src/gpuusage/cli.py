@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -41,6 +42,15 @@ class LocalClusterSettings(CommandSettings):
     peering object, and wait until they are established."""
     timeout: float = Field(default=120.0, gt=0)
     """Seconds to wait for the apiserver's /readyz."""
+
+
+class RestartSettings(CommandSettings):
+    dir: Path
+    """Folder of a running local cluster (as given to `up`)."""
+    component: Literal["apiserver", "etcd"] | None = None
+    """Restart only this component; default both (the apiserver stops first, starts last)."""
+    timeout: float = Field(default=120.0, gt=0)
+    """Seconds to wait for the apiserver's /readyz afterwards."""
 
 
 class BuildSettings(CommandSettings):
@@ -91,6 +101,16 @@ def _run_local_cluster(action: str, settings: LocalClusterSettings) -> int:
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     print(f"kubectl: {cluster.binaries.kubectl}")
     print(f"stop it with: gpuusage local-cluster down --dir {settings.dir}")
+    return 0
+
+
+def _run_restart(settings: RestartSettings) -> int:
+    from gpuusage.localcluster.cluster import LocalCluster
+
+    cluster = LocalCluster(settings.dir)
+    cluster.restart(settings.component, timeout=settings.timeout)
+    what = settings.component or "etcd and kube-apiserver"
+    print(f"restarted {what}; local control plane ready at {cluster.server}")
     return 0
 
 
@@ -183,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     actions = local.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, text in (("up", "start and wait until ready"), ("down", "stop everything")):
         _command(actions, action, text, LocalClusterSettings, partial(_run_local_cluster, action))
+    _command(actions, "restart",
+             "stop and start again on the same ports, certificates and data",
+             RestartSettings, _run_restart)  # fmt: skip
     _command(actions, "build",
              "build (or find) kube-apiserver, etcd and kubectl (and with --monitoring "
              "kube-state-metrics and promtool); print their paths",

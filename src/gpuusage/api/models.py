@@ -278,7 +278,9 @@ class IdlePod(ApiModel):
     use)."""
 
 
-UnattributedReason = Literal["HostProcess", "UnknownContainer", "PodNotFound", "Unresolved"]
+UnattributedReason = Literal[
+    "HostProcess", "UnknownContainer", "PodNotFound", "PodOnOtherNode", "Unresolved"
+]
 
 
 class UnattributedProcess(ApiModel):
@@ -316,6 +318,10 @@ class GpuNodeUsageStatus(ApiModel):
     """The operator's interpretation of the report. Written by the operator only."""
 
     observed_generation: Annotated[int, Field(ge=0)] | None = None
+    report_seen_at: datetime | None = None
+    """When the operator first saw the report's observedGeneration, by its own clock. Freshness
+    (the Stale condition) is judged from this, never from spec.observedAt, which the node's
+    clock wrote."""
     conditions: Annotated[list[Condition], Field(max_length=16)] = Field(
         default_factory=list,
         json_schema_extra={

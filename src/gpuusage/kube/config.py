@@ -58,10 +58,12 @@ def choose_source(
 
 
 def api_client(
-    kubeconfig: Path | None = None, pool_size: int | None = None
+    kubeconfig: Path | None = None, pool_size: int | None = None, *, retries: int | None = None
 ) -> tuple[client.ApiClient, ApiSource]:
     """A fresh ApiClient of the `kubernetes` package for the chosen source; pool_size sets how
-    many connections it keeps (the default suits one thread at a time).
+    many connections it keeps (the default suits one thread at a time); retries, how often
+    urllib3 itself retries a failed request (its default 3; 0 for callers that retry with
+    their own backoff, so that an outage is seen within one request's timeout).
 
     Imported here, not at module level: the node agent resolves the same sources without that
     package (see gpuusage.kube.rest).
@@ -86,4 +88,6 @@ def api_client(
         raise KubeConfigError(f"cannot load {source.origin} config {source.detail}: {exc}") from exc
     if pool_size is not None:
         configuration.connection_pool_maxsize = pool_size
+    if retries is not None:
+        configuration.retries = retries
     return client.ApiClient(configuration), source

@@ -52,6 +52,12 @@ class Invalid(ApiError):
     """422 or 400: the object was refused; the message says which field."""
 
 
+def is_other_object(error: ApiError) -> bool:
+    """Whether a write was refused because the object under that name has another UID than
+    the one the write carried: it was deleted and recreated meanwhile."""
+    return isinstance(error, Invalid) and "metadata.uid" in str(error)
+
+
 _KINDS: dict[int, type[ApiError]] = {
     404: NotFound, 409: Conflict, 401: Forbidden, 403: Forbidden, 422: Invalid, 400: Invalid,
 }  # fmt: skip
@@ -74,8 +80,10 @@ def from_status(status: int | None, body: bytes | str | None, fallback: str = ""
 
 
 def _is_api_exception(exc: BaseException) -> bool:
-    """The kubernetes client's ApiException, recognised without importing the package."""
-    return type(exc).__name__ == "ApiException" and hasattr(exc, "status")
+    """The kubernetes client's ApiException or one of its subclasses (NotFoundException,
+    UnprocessableEntityException, ...), recognised without importing the package."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return "ApiException" in names and hasattr(exc, "status")
 
 
 def translate(exc: BaseException) -> ApiError:

@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -39,6 +39,8 @@ KUBECONFIG_FILE = "kubeconfig"
 CONTEXT = "gpuusage-local"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 _OUR_PROGRAMS = ("etcd", "kube-apiserver")
+Component = Literal["apiserver", "etcd"]
+COMPONENTS: dict[Component, str] = {"apiserver": "kube-apiserver", "etcd": "etcd"}
 
 
 class ClusterError(GpuusageError):
@@ -230,21 +232,46 @@ class LocalCluster:
         ):
             self._terminate(record, 20.0)
 
-    def stop_apiserver(self, timeout: float = 20.0) -> None:
-        """Stop only kube-apiserver (etcd keeps the data), e.g. to test clients' resilience."""
+    def stop(self, component: Component, timeout: float = 20.0) -> None:
+        """Stop one component and keep everything else (ports, certificates, etcd's data), so
+        that `start` brings the same control plane back: how tests cut the API."""
         state = self._require_state()
-        for record in [p for p in state.processes if p.name == "kube-apiserver"]:
+        program = COMPONENTS[component]
+        for record in [p for p in state.processes if p.name == program]:
             self._terminate(record, timeout)
             state.processes.remove(record)
         state.save(self.state_path)
 
-    def start_apiserver(self, timeout: float = 90.0) -> None:
-        """Start kube-apiserver again on the same port and wait until it is ready."""
-        self._require_state()
+    def start(self, component: Component, timeout: float = 90.0) -> None:
+        """Start a stopped component again on its ports, with its certificates and data, and
+        wait until the apiserver is ready (which needs etcd)."""
+        state = self._require_state()
+        program = COMPONENTS[component]
+        if any(p.name == program and _is_running(p) for p in state.processes):
+            raise ClusterError(f"{program} of {self.directory} is already running")
         if self._pki is None:
             self._pki = self._existing_pki()
-        self._start("kube-apiserver", self._apiserver_argv(self.binaries))
-        self.wait_ready(timeout)
+        argv = self._etcd_argv if component == "etcd" else self._apiserver_argv
+        self._start(program, argv(self.binaries))
+        if any(p.name == "kube-apiserver" and _is_running(p) for p in state.processes):
+            self.wait_ready(timeout)
+
+    def restart(self, component: Component | None = None, timeout: float = 90.0) -> None:
+        """Stop and start one component, or both (the apiserver stops first and starts last),
+        on the same ports, certificates and data; returns once the apiserver is ready."""
+        chosen: list[Component] = ["apiserver", "etcd"] if component is None else [component]
+        for name in chosen:
+            self.stop(name)
+        for name in reversed(chosen):
+            self.start(name, timeout)
+
+    def stop_apiserver(self, timeout: float = 20.0) -> None:
+        """Stop only kube-apiserver (etcd keeps the data), e.g. to test clients' resilience."""
+        self.stop("apiserver", timeout)
+
+    def start_apiserver(self, timeout: float = 90.0) -> None:
+        """Start kube-apiserver again on the same port and wait until it is ready."""
+        self.start("apiserver", timeout)
 
     def _existing_pki(self) -> Pki:
         d = self.directory / "pki"

@@ -1,0 +1,302 @@
+"""What gpuusage writes on a pod stays true under hostile reports, races and faults.
+
+Each test drives the real agent and operator against the real local control plane and checks
+what a person would read on the pods afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.api.times import format_time
+from gpuusage.localcluster.cluster import LocalCluster
+from gpuusage.nodeagent.main import run_agent
+from gpuusage.nodeagent.settings import AgentSettings
+from gpuusage.operator.main import run_operator
+from gpuusage.operator.podwatch import PodWatch
+from gpuusage.operator.reconcile import Reconciler
+from gpuusage.operator.settings import OperatorSettings
+from gpuusage.simulation import Background, create_running_pod, pod_cgroup, write_process
+from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
+from tests.worldview import condition, conditions, events, pod, pod_annotations, report, scrape
+
+pytestmark = pytest.mark.cluster
+
+
+def container_id(world: dict[str, Any], name: str) -> str:
+    status = pod(world, name).status
+    assert status is not None
+    assert status.container_statuses
+    return str(status.container_statuses[0].container_id).split("://", 1)[1]
+
+
+def in_use(world: dict[str, Any], name: str) -> bool:
+    return bool(condition(pod(world, name)).status == "True")
+
+
+def unattributed(world: dict[str, Any], node: str) -> dict[int, str]:
+    status = report(world, node).get("status") or {}
+    return {u["pid"]: u["reason"] for u in status.get("unattributed") or []}
+
+
+def stale(world: dict[str, Any], node: str) -> bool:
+    found = (report(world, node).get("status") or {}).get("conditions") or []
+    return any(c["type"] == names.CONDITION_STALE and c["status"] == "True" for c in found)
+
+
+def test_reports_never_mark_pods_of_other_nodes(
+    make_world: WorldFactory, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Node B's agent, and a report named after no Node at all, name a pod of node A by its
+    container ID and by its UID: A's pod keeps exactly its own marks, and stays True when those
+    reports go stale."""
+    world = make_world()
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="start Event")
+    before = pod_annotations(world, "train")
+    cid, uid = container_id(world, "train"), world["train"]
+
+    node_b = f"gpu-{uuid.uuid4().hex[:6]}"
+    world["core"].create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node_b)))
+    proc = tmp_path / "proc-b"
+    write_process(proc, 9001, pod_cgroup(uid, cid))
+    write_process(proc, 9002, f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice\n")
+    scenario = tmp_path / "scenario-b.yaml"
+    scenario.write_text(yaml.safe_dump({"gpus": [{
+        "index": 0, "uuid": GPU1, "memoryTotalMiB": 81920,
+        "processes": [{"pid": 9001, "usedMemoryMiB": 5000}, {"pid": 9002, "usedMemoryMiB": 7}],
+    }]}))  # fmt: skip
+    agent_b = Background(lambda stop: run_agent(AgentSettings(
+        node_name=node_b, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario}",
+        proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
+    ), stop))  # fmt: skip
+    ghost = f"no-such-node-{uuid.uuid4().hex[:6]}"
+    client.CustomObjectsApi(world["api"]).create_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL,
+        {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": ghost},
+         "spec": {"nodeName": ghost, "observedAt": format_time(datetime.now(UTC)), "gpus": [{
+             "index": 0, "uuid": GPU0, "memory": {"totalMiB": 81920},
+             "processes": [{"pid": 31, "usedMemoryMiB": 100, "containerID": cid}]}]}},
+    )  # fmt: skip
+    try:
+        wait_for(lambda: unattributed(world, node_b) == {9001: "PodOnOtherNode",
+                                                         9002: "PodOnOtherNode"},
+                 what="node B's processes said to be on another node")  # fmt: skip
+        wait_for(lambda: unattributed(world, ghost) == {31: "PodOnOtherNode"},
+                 what="the ghost report's process said to be on another node")  # fmt: skip
+        status_b = report(world, node_b)["status"]
+        assert status_b["pods"] == []
+        assert status_b["totals"]["pods"] == 0
+        text = scrape(world["metrics_port"])
+        assert 'gpuusage_operator_unattributed_processes{reason="PodOnOtherNode"} 3.0' in text
+        assert pod_annotations(world, "train") == before
+        agent_b.halt()
+        wait_for(lambda: stale(world, node_b) and stale(world, ghost), timeout=30,
+                 what="both foreign reports stale")  # fmt: skip
+        found = condition(pod(world, "train"))
+        assert (found.status, found.reason) == ("True", "ProcessesRunning")
+        assert pod_annotations(world, "train") == before
+        assert events(world, "train") == ["GPUUseStarted"]
+    finally:
+        agent_b.halt()
+        client.CustomObjectsApi(world["api"]).delete_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL, ghost
+        )
+
+
+def test_a_pod_recreated_under_the_same_name_never_gets_its_predecessors_marks(
+    make_world: WorldFactory, api: client.ApiClient
+) -> None:
+    """The index still shows train-0's predecessor (the watch lagged): the write carries the
+    old UID, the apiserver refuses it, the index reads the pod again, and the new pod stays
+    unmarked while the other pod of the report is marked as usual."""
+    world = make_world(operator=False)
+    wait_for(lambda: report(world).get("spec"), what="the agent's report")
+    core = world["core"]
+    watch = PodWatch(client.CoreV1Api(api))
+    watch.list_all()  # the index as it stood before the pod was replaced
+    old_uid = world["train"]
+    core.delete_namespaced_pod("train", world["ns"], grace_period_seconds=0)
+    new_uid, _ = create_running_pod(core, world["ns"], "train", world["node"], "trainer")
+    reconciler = Reconciler(api, refresh=watch.refresh)
+    reconciler.reconcile(report(world), watch.lookup(), datetime.now(UTC))
+
+    assert reconciler.counts.uid_refusals == 1
+    assert reconciler.counts.pod_errors == 0
+    assert not any(k.startswith(names.GROUP) for k in pod_annotations(world, "train"))
+    assert [c.type for c in conditions(pod(world, "train"))] == ["Ready"]
+    assert events(world, "train") == []
+    assert watch.refreshes == 1
+    refreshed = watch.lookup().by_uid(new_uid)
+    assert refreshed is not None
+    assert refreshed.name == "train"
+    assert watch.lookup().by_uid(old_uid) is None
+    assert in_use(world, "notebook"), "the rest of the report was applied"
+    # The next reconcile resolves against the refreshed index: the report's process names the
+    # old pod, which is gone, so nothing is written and nothing is refused.
+    reconciler.reconcile(report(world), watch.lookup(), datetime.now(UTC))
+    assert reconciler.counts.uid_refusals == 1
+    assert unattributed(world, world["node"]).get(world["pids"]["train"]) == "PodNotFound"
+
+
+def _stale_condition(world: dict[str, Any]) -> dict[str, Any]:
+    found = report(world)["status"]["conditions"]
+    return next(c for c in found if c["type"] == names.CONDITION_STALE)
+
+
+def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing(
+    make_world: WorldFactory,
+) -> None:
+    """observedAt in the year 2100 is the node's clock: the operator judges freshness by when
+    it saw the report change, says the clock is off, and marks the pods Unknown once the
+    report stops changing."""
+    world = make_world()
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    world["agent"].halt()  # from now on the report changes only when the test writes it
+    custom = client.CustomObjectsApi(world["api"])
+
+    def reconciled() -> bool:
+        got = report(world)
+        return bool(got["status"].get("observedGeneration") == got["metadata"]["generation"])
+
+    for second in (0, 1):  # two changes, so the operator sees one happen and measures the skew
+        when = {"spec": {"observedAt": f"2100-01-01T00:00:0{second}Z"}}
+        custom.patch_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL,
+                                           world["node"], when)  # fmt: skip
+        wait_for(reconciled, what="the change reconciled")
+    fresh = wait_for(lambda: (c := _stale_condition(world)) and "clock is about" in c["message"]
+                     and c, what="the skew said")  # fmt: skip
+    assert fresh["status"] == "False"
+    assert "ahead of the operator's" in fresh["message"]
+    series = f'gpuusage_operator_report_clock_skew_seconds{{node="{world["node"]}"}}'
+    skew = next(line for line in scrape(world["metrics_port"]).splitlines()
+                if line.startswith(series))  # fmt: skip
+    assert float(skew.split()[-1]) > 60 * 60 * 24 * 365 * 70
+    stale = wait_for(lambda: (c := _stale_condition(world))["status"] == "True" and c,
+                     timeout=30, what="the report stale although dated in the future")  # fmt: skip
+    assert "by the operator's clock" in stale["message"]
+    unknown = wait_for(lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
+                       timeout=30, what="train Unknown")  # fmt: skip
+    assert unknown.reason == "NodeReportStale"
+    seen = report(world)["status"]["reportSeenAt"]
+    assert seen.startswith(str(datetime.now(UTC).year)), "reportSeenAt is the operator's clock"
+
+
+def _process(world: dict[str, Any], pid: int) -> dict[str, Any]:
+    gpus = report(world)["spec"]["gpus"]
+    return next(p for g in gpus for p in g["processes"] if p["pid"] == pid)
+
+
+def test_a_process_whose_proc_files_cannot_be_read_has_not_ended(
+    make_world: WorldFactory,
+) -> None:
+    """/proc/<pid> hidden (hidepid, a lost hostPID): the pod keeps its use for the grace
+    period, then its condition turns Unknown with the reason, never False, and no Event pair."""
+    world = make_world(attribution_grace=3.0)
+    pid = world["pids"]["train"]
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="start Event")
+    marks = pod_annotations(world, "train")
+    hidden = world["proc"] / f".hidden-{pid}"
+    (world["proc"] / str(pid)).rename(hidden)
+    carried = wait_for(lambda: (p := _process(world, pid)).get("resolveError") and p,
+                       what="the agent says it cannot read the process")  # fmt: skip
+    assert carried["podUID"] == world["train"], "the last attribution is kept"
+    assert "showing the attribution last read" in carried["resolveError"]
+    found = condition(pod(world, "train"))
+    assert (found.status, found.reason) == ("True", "ProcessesRunning")
+    unknown = wait_for(lambda: (c := condition(pod(world, "train"))).status != "True" and c,
+                       timeout=30, what="the grace period to end")  # fmt: skip
+    assert (unknown.status, unknown.reason) == ("Unknown", "ProcessesUnresolved")
+    assert f"process {pid}" in str(unknown.message)
+    assert pod_annotations(world, "train") == marks, "last known use kept"
+    assert unattributed(world, world["node"])[pid] == "Unresolved"
+    hidden.rename(world["proc"] / str(pid))
+    wait_for(lambda: in_use(world, "train"), what="train in use again")
+    assert events(world, "train") == ["GPUUseStarted"], "no GPUUseEnded/GPUUseStarted pair"
+    assert in_use(world, "notebook"), "the other pod was never affected"
+
+
+def test_a_deleted_pod_leaves_the_status_without_waiting_for_the_report(
+    make_world: WorldFactory,
+) -> None:
+    """The agent is gone (its report sends no event); a pod the status lists is deleted: the
+    status stops naming it at once, long before the report would go stale."""
+    world = make_world(stale_after=60.0)
+    wait_for(lambda: in_use(world, "notebook"), what="notebook in use")
+    world["agent"].halt()
+    listed = {p["name"] for p in report(world)["status"]["pods"]}
+    assert listed == {"train", "notebook"}
+    world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
+    wait_for(lambda: {p["name"] for p in report(world)["status"]["pods"]} == {"train"},
+             timeout=20, what="the deleted pod dropped from the status")  # fmt: skip
+    assert unattributed(world, world["node"])[world["pids"]["notebook"]] == "PodNotFound"
+    assert not stale(world, world["node"]), "not the staleness reconcile: the deletion's"
+
+
+def test_marks_of_a_report_deleted_while_no_operator_ran_are_cleared(
+    make_world: WorldFactory, cluster: LocalCluster
+) -> None:
+    world = make_world()
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    world["operator"].halt()
+    world["agent"].halt()
+    client.CustomObjectsApi(world["api"]).delete_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, world["node"]
+    )
+    assert in_use(world, "train"), "nobody has cleared it yet"
+    settings = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5,
+                                standalone=True)  # fmt: skip
+    ready = threading.Event()
+    again = Background(lambda stop: run_operator(settings, stop, ready))
+    try:
+        assert ready.wait(60)
+
+        def unmarked(name: str) -> bool:
+            ours = [c.type for c in conditions(pod(world, name)) if c.type != "Ready"]
+            return ours == [] and not any(k.startswith(names.GROUP)
+                                          for k in pod_annotations(world, name))  # fmt: skip
+
+        wait_for(lambda: unmarked("train") and unmarked("notebook"), timeout=30,
+                 what="the orphaned marks cleared")  # fmt: skip
+    finally:
+        again.halt()
+
+
+def _metric(world: dict[str, Any], name: str) -> float:
+    line = next(x for x in scrape(world["metrics_port"]).splitlines() if x.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+def test_an_etcd_outage_is_logged_once_and_its_end_once(
+    make_world: WorldFactory, cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = make_world()
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    caplog.set_level(logging.WARNING, logger="gpuusage.operator.apihealth")
+    cluster.stop("etcd")
+    try:
+        wait_for(lambda: any("API unavailable" in r.getMessage() for r in caplog.records),
+                 timeout=30, what="the outage logged")  # fmt: skip
+        wait_for(lambda: _metric(world, "gpuusage_operator_api_failed_calls_total") >= 3,
+                 timeout=30, what="several failed calls during the outage")  # fmt: skip
+        assert _metric(world, "gpuusage_operator_api_available") == 0
+    finally:
+        cluster.start("etcd")
+    wait_for(lambda: any("available again after" in r.getMessage() for r in caplog.records),
+             timeout=30, what="the recovery logged")  # fmt: skip
+    said = [r.getMessage().split(" (")[0].split(" after")[0] for r in caplog.records
+            if r.name == "gpuusage.operator.apihealth"]  # fmt: skip
+    assert said == ["Kubernetes API unavailable", "Kubernetes API available again"]
+    assert _metric(world, "gpuusage_operator_api_available") == 1
+    wait_for(lambda: in_use(world, "train"), what="train still in use after the outage")

@@ -1,0 +1,49 @@
+"""What a person would read off a simulated world: pods, their marks, reports and Events."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+from kubernetes import client
+
+from gpuusage.api import names
+
+
+def pod(world: dict[str, Any], name: str) -> client.V1Pod:
+    found: client.V1Pod = world["core"].read_namespaced_pod(name, world["ns"])
+    return found
+
+
+def conditions(found: client.V1Pod) -> list[client.V1PodCondition]:
+    return list((found.status.conditions if found.status else None) or [])
+
+
+def condition(found: client.V1Pod) -> client.V1PodCondition:
+    """Our GPUInUse condition; StopIteration (which wait_for takes as "not yet") without it."""
+    return next(c for c in conditions(found) if c.type == names.POD_CONDITION_GPU_IN_USE)
+
+
+def pod_annotations(world: dict[str, Any], name: str) -> dict[str, str]:
+    meta = pod(world, name).metadata
+    return dict((meta.annotations if meta else None) or {})
+
+
+def report(world: dict[str, Any], node: str | None = None) -> dict[str, Any]:
+    found = client.CustomObjectsApi(world["api"]).get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, node or world["node"]
+    )
+    assert isinstance(found, dict)
+    return found
+
+
+def events(world: dict[str, Any], name: str) -> list[str]:
+    listed = client.EventsV1Api(world["api"]).list_namespaced_event(world["ns"])
+    return sorted(str(e.reason) for e in listed.items if e.regarding and e.regarding.name == name)
+
+
+def scrape(port: int) -> str:
+    """The text of a /metrics endpoint on loopback."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    return text
