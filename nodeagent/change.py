@@ -90,8 +90,10 @@ def devices_fingerprint(
 
     def device(kind: str, d: Gpu | MigDevice) -> int:
         processes = processes_of(d)
-        exact.append((kind, d.index, d.uuid, d.name, d.error, *_memory_key(d.memory)))
+        exact.append((kind, d.index, d.uuid, d.name, d.error, d.omitted_processes,
+                      *_memory_key(d.memory)))  # fmt: skip
         memories.append(d.memory.used_mib if d.memory is not None else None)
+        memories.append(d.omitted_memory_mib)
         exact.extend(map(key, processes))
         memories.extend(p.used_memory_mib for p in processes)
         return len(processes)

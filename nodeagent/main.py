@@ -23,6 +23,7 @@ from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.errors import GpuusageError
 from gpuusage.kube.errors import ApiError
 from gpuusage.kube.rest import RestClient
+from gpuusage.nodeagent.caps import capped
 from gpuusage.nodeagent.gpusource.base import GpuSource
 from gpuusage.nodeagent.gpusource.fake import FakeSource
 from gpuusage.nodeagent.gpusource.null import NullSource
@@ -60,7 +61,7 @@ class Observer:
         self.clock = clock
 
     def observe(self) -> Observation:
-        reading = self.source.read()
+        reading = capped(self.source.read())
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
         return Observation(self.node_name, self.clock(), reading, found)

@@ -9,6 +9,11 @@
   If the Node was recreated (new uid), the owner reference is corrected.
 * Whether to write at all is `change.decide`'s call; this module only performs writes and
   counts them.
+* A body the API refuses for good (413, etcd's "request is too large", 422) is never sent
+  again: the refusal is logged once and counted, and the same observation is published
+  without its processes, the refusal said in `spec.source.message` and on every device (the
+  operator then marks the node's pods Unknown, not ended). The full report is tried again once
+  the observation changes.
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ from typing import Any
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
-from gpuusage.kube.errors import ApiError, Conflict, NotFound, call
+from gpuusage.kube.errors import ApiError, Conflict, NotFound, call, is_permanent_for_body
 from gpuusage.kube.rest import RestClient
 from gpuusage.nodeagent.change import Decision, Fingerprint, decide, fingerprint
-from gpuusage.nodeagent.report import Observation
+from gpuusage.nodeagent.report import Observation, without_processes
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,9 @@ class Publisher:
         self._published_at: datetime | None = None
         self._owner_checked = False
         self._node_uid: str | None = None
+        self._refused: tuple[Fingerprint, str] | None = None
+        """The fingerprint of the last observation whose full report was refused for good,
+        and the refusal."""
 
     @property
     def published(self) -> GpuNodeUsageSpec | None:
@@ -108,11 +116,23 @@ class Publisher:
             self.stats.skipped += 1
             return decision
         spec = observed.spec() if isinstance(observed, Observation) else observed
+        if self._refused is not None and self._refused[0] == new_fp:
+            spec = without_processes(spec, self._refused[1])  # never the refused body again
         try:
             self._write(spec)
         except ApiError as exc:
             self.stats.count_failure(type(exc).__name__)
-            raise
+            if not is_permanent_for_body(exc) or (
+                self._refused is not None and (self._refused[0] == new_fp)
+            ):
+                raise  # transient, or even the report without processes was refused
+            log.error("the API refused the report of %s for good: %s; publishing it without "
+                      "processes until the observation changes", self.node_name, exc)  # fmt: skip
+            self._refused = (new_fp, str(exc))
+            spec = without_processes(spec, str(exc))
+            self._write(spec)
+        if self._refused is not None and self._refused[0] != new_fp:
+            self._refused = None  # a new observation went through in full
         self._published, self._published_fp, self._published_at = spec, new_fp, now
         log.debug("published %s (%s)", self.node_name, decision.reason)
         return decision

@@ -10,10 +10,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Process
+from gpuusage.api.models import (
+    MAX_DETAIL,
+    DeviceError,
+    Gpu,
+    GpuNodeUsageSpec,
+    Process,
+    Source,
+    safe_text,
+)
 from gpuusage.nodeagent.change import Exact, Fingerprint, devices_fingerprint
 from gpuusage.nodeagent.gpusource.base import Observed, Reading
-from gpuusage.nodeagent.resolver import Resolved
+from gpuusage.nodeagent.resolver import MAX_NAME, Resolved
 
 
 def reading_pids(reading: Reading) -> set[int]:
@@ -39,14 +47,14 @@ def attribute(process: Observed, resolved: Resolved | None) -> Process:
     name, container_id, pod_uid, error = _attribution(process, resolved)
     return Process(
         pid=process.pid,
-        name=name,
+        name=None if name is None else safe_text(name, MAX_NAME),
         used_memory_mib=process.used_memory_mib,
         container_id=container_id,
         pod_uid=pod_uid,
         types=list(process.types),
         sm_util_percent=process.sm_util_percent,
         memory_util_percent=process.memory_util_percent,
-        resolve_error=error,
+        resolve_error=None if error is None else safe_text(error, MAX_DETAIL),
     )
 
 
@@ -79,6 +87,38 @@ def attributed_key(found: Mapping[int, Resolved]) -> Callable[[Observed], Exact]
         return p.pid, name, container_id, pod_uid, p.types, error
 
     return key
+
+
+REFUSED_REASON = "ReportRefused"
+
+
+def without_processes(spec: GpuNodeUsageSpec, refusal: str) -> GpuNodeUsageSpec:
+    """What to publish when the API refused `spec` for good (too large, invalid): every device
+    without its processes and with an error saying why, and the refusal in `source.message`.
+
+    The operator reads a device with an error as one it cannot see: the node's pods become
+    Unknown, never "ended", and the node is not left stale for a reason nobody can read.
+    """
+    why = safe_text(f"the API refused this node's full report: {refusal}", 200)
+    error = DeviceError(reason=REFUSED_REASON, message=safe_text(why, MAX_DETAIL))
+    note = f"{why}; devices are reported without their processes until the observation changes"
+    gpus = [
+        gpu.model_copy(
+            update={
+                "processes": [],
+                "error": gpu.error or error,
+                "mig_devices": [
+                    m.model_copy(update={"processes": [], "error": m.error or error})
+                    for m in gpu.mig_devices
+                ],
+            }
+        )
+        for gpu in spec.gpus
+    ]
+    source = (spec.source or Source(kind="none", available=True)).model_copy(
+        update={"message": safe_text(note, 1024)}
+    )
+    return spec.model_copy(update={"gpus": gpus, "source": source})
 
 
 @dataclass

@@ -7,7 +7,8 @@ where the report could see: "could not read" is not "exited". A report is blind
 * on a device with an error (lost GPU, no permission), and on the MIG devices of such a GPU;
 * on a device that is no longer reported at all;
 * on a device with processes the agent could not attribute to any container (its /proc files
-  unreadable, hidden or unparseable): one of them may be the pod's.
+  unreadable, hidden or unparseable): one of them may be the pod's;
+* on a device whose processes the agent did not all list (more than a report may hold).
 
 A pod the operator last knew to use GPUs, whose processes this report does not show, is then
 `Unknown` (with the reason) when the report is blind on a device the pod was using; only a
@@ -22,13 +23,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuusage.api import names
-from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage.api.models import MAX_PROCESSES, GpuNodeUsageSpec
 from gpuusage.api.summary import device_uuid
 from gpuusage.operator.podindex import PodRef
 from gpuusage.operator.resolution import Resolution
 
 REASON_DEVICE = "DeviceNotReadable"
 REASON_UNRESOLVED = "ProcessesUnresolved"
+REASON_OMITTED = "ProcessesOmitted"
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,15 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
                           f"({gpu.error.reason}: {gpu.error.message})")  # fmt: skip
             devices[uuid] = cause
             devices.update({m.uuid: cause for m in gpu.mig_devices})
+        counted: list[tuple[str, int | None]] = [(uuid, gpu.omitted_processes)]
+        counted += [(m.uuid, m.omitted_processes) for m in gpu.mig_devices]
+        for device, omitted in counted:
+            if omitted and device not in devices:
+                devices[device] = Cause(
+                    REASON_OMITTED,
+                    f"{omitted} processes on device {device} of node {node} were left out of "
+                    f"its report (it lists at most {MAX_PROCESSES})",
+                )
         for mig in gpu.mig_devices:
             if mig.error is not None:
                 devices[mig.uuid] = Cause(

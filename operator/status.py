@@ -17,26 +17,28 @@ from datetime import datetime, timedelta
 
 from gpuusage.api import names
 from gpuusage.api.models import (
+    MAX_DETAIL,
     MAX_DEVICES,
     MAX_IDLE_PODS,
+    MAX_PIDS_LISTED,
     MAX_POD_DEVICES,
     MAX_REQUESTED_GPUS,
     MAX_UNATTRIBUTED,
     Condition,
     ContainerUsage,
     DeviceUsage,
+    Gpu,
     GpuNodeUsageSpec,
     GpuNodeUsageStatus,
     IdlePod,
-    Memory,
+    MigDevice,
     PodUsage,
     UnattributedProcess,
+    safe_text,
 )
 from gpuusage.api.summary import device_uuid, totals
 from gpuusage.operator.freshness import DEFAULT_STALE_AFTER, Sighting, stale_condition
 from gpuusage.operator.resolution import Resolution
-
-MAX_PIDS_LISTED = 64
 
 
 def _condition(previous: Iterable[Condition], new: Condition) -> Condition:
@@ -93,8 +95,9 @@ def device_usages(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> 
     for r in resolutions:
         on[r.device_uuid].append(r)
 
-    def summary(uuid: str, index: int, parent: str | None, memory: Memory | None) -> DeviceUsage:
+    def summary(uuid: str, index: int, parent: str | None, device: Gpu | MigDevice) -> DeviceUsage:
         found = on.get(uuid, [])
+        memory = device.memory
         outside = [r for r in found if r.pod is None]
         return DeviceUsage(
             uuid=uuid,
@@ -106,13 +109,15 @@ def device_usages(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> 
             pods=len({r.pod.uid for r in found if r.pod is not None}),
             unattributed_processes=len(outside),
             unattributed_memory_mib=sum(r.process.used_memory_mib or 0 for r in outside),
+            omitted_processes=device.omitted_processes,
+            omitted_memory_mib=device.omitted_memory_mib,
         )
 
     devices = []
     for gpu in spec.gpus:
         uuid = device_uuid(gpu)
-        devices.append(summary(uuid, gpu.index, None, gpu.memory))
-        devices += [summary(m.uuid, gpu.index, uuid, m.memory) for m in gpu.mig_devices]
+        devices.append(summary(uuid, gpu.index, None, gpu))
+        devices += [summary(m.uuid, gpu.index, uuid, m) for m in gpu.mig_devices]
     return devices[:MAX_DEVICES]
 
 
@@ -124,7 +129,7 @@ def unattributed(resolutions: Iterable[Resolution]) -> list[UnattributedProcess]
             device_uuid=r.device_uuid,
             used_memory_mib=r.process.used_memory_mib,
             reason=r.reason,
-            message=r.message[:1024],
+            message=safe_text(r.message, MAX_DETAIL),
         )
         for r in resolutions
         if r.pod is None and r.reason is not None

@@ -177,7 +177,10 @@ def make_world(
         scenario_file = tmp_path / f"scenario-{node}.yaml"
 
         def scenario(gpus: list[dict[str, Any]]) -> None:
-            scenario_file.write_text(yaml.safe_dump({"gpus": gpus}))
+            # Atomically, as an editor saves: the agent reads the file while it is written.
+            fresh = scenario_file.with_suffix(".new")
+            fresh.write_text(yaml.safe_dump({"gpus": gpus}))
+            fresh.replace(scenario_file)
 
         def write(notebook: bool = True) -> None:
             gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720}, {"pid": 777, "usedMemoryMiB": 512}]

@@ -23,14 +23,18 @@ from gpuusage.kube.errors import (
     Forbidden,
     Invalid,
     NotFound,
+    TooLarge,
     TransientApiError,
     call,
+    from_status,
 )
 from gpuusage.nodeagent.cgroup import CgroupAttribution
 from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
 from gpuusage.nodeagent.gpusource.base import Observed, Reading
 from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
+from gpuusage.nodeagent.main import Observer
 from gpuusage.nodeagent.metrics import healthy
+from gpuusage.nodeagent.publisher import Publisher
 from gpuusage.nodeagent.report import Observation, reading_pids
 from gpuusage.nodeagent.resolver import Resolved, Resolver, clean_name
 from gpuusage.simulation import write_process
@@ -494,7 +498,7 @@ def _gpus(*gpus: dict[str, Any]) -> bytes:
         (b"", "is empty; a node without GPUs is written `gpus: []`"),
         (b"# nothing but a comment\n", "is empty"),
         (b"- a list\n", "must be a mapping with `gpus:`, not list"),
-        (_gpus(_gpu(0, name="x" * 257)), "gpus.0.name: String should have at most 256 characters"),
+        (_gpus(_gpu(0, name="x" * 97)), "gpus.0.name: String should have at most 96 characters"),
         (yaml.safe_dump({"driverVersion": "5" * 65}).encode(), "driverVersion: String should"),
         (_gpus(_gpu(0, processes=[{"pid": 7}, {"pid": 7}])), "listed more than once: 7"),
         (_gpus(_gpu(0), _gpu(1, uuid=gpu_uuid(0))), "device UUID listed more than once: GPU-"),
@@ -519,3 +523,67 @@ def test_every_invalid_scenario_is_refused_with_a_message_and_the_last_valid_one
     assert message in reading.source.message
     assert reading.source.message.endswith("showing the last valid scenario")
     assert reading.errors["ScenarioInvalid"] == 1
+
+
+# -- bodies refused for good -------------------------------------------------------------------
+class RefusingApi:
+    """The agent's REST client against an API that refuses any report listing processes, as
+    etcd refuses a request over its limit."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.refused = 0
+
+    def post(self, path: str, body: Any) -> dict[str, Any]:
+        return {}  # no SelfSubjectReview answer: the Node is read instead
+
+    def get(self, path: str) -> dict[str, Any]:
+        return {"metadata": {"uid": "node-uid"}}
+
+    def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+        listed = [p for g in body["spec"]["gpus"] for p in g["processes"]]
+        if listed:
+            self.refused += 1
+            raise from_status(500, '{"message":"etcdserver: request is too large"}')
+        self.bodies.append(body)
+        return {}
+
+
+def test_a_body_refused_for_good_is_never_sent_again_and_the_refusal_is_published(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "s.yaml"
+    _scenario(path, 100)
+    api = RefusingApi()
+    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64)  # type: ignore[arg-type]
+    observer = Observer("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: NOW)
+    for later in (0, 1, 60):  # the same observation: first write, unchanged, heartbeat
+        publisher.offer(observer.observe(), NOW + timedelta(seconds=later))
+    assert api.refused == 1, "the refused body was sent once, not retried, not re-sent"
+    assert len(api.bodies) == 2, "the report without processes, then its heartbeat"
+    spec = api.bodies[-1]["spec"]
+    assert "the API refused this node's full report" in spec["source"]["message"]
+    assert "request is too large" in spec["source"]["message"]
+    assert spec["gpus"][0]["error"]["reason"] == "ReportRefused"
+    assert publisher.stats.failures == {"TooLarge": 1}
+    assert sum("refused the report" in r.getMessage() for r in caplog.records) == 1
+    # The observation changes: the full report is tried again (and refused again, once).
+    _scenario(path, 900)
+    publisher.offer(observer.observe(), NOW + 3 * BEAT)
+    assert api.refused == 2
+
+
+def test_etcds_and_the_apiservers_size_refusals_are_permanent() -> None:
+    assert isinstance(from_status(500, '{"message":"etcdserver: request is too large"}'), TooLarge)
+    assert isinstance(from_status(413, "{}"), TooLarge)
+    assert isinstance(from_status(500, '{"message":"etcdserver: leader changed"}'),
+                      TransientApiError)  # fmt: skip
+    attempts: list[int] = []
+
+    def refused() -> None:
+        attempts.append(1)
+        raise from_status(413, '{"message":"Request entity too large"}')
+
+    with pytest.raises(TooLarge):
+        call(refused, "test", backoff=(0.0, 0.0), sleep=lambda _: None)
+    assert attempts == [1], "not retried"

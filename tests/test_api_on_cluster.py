@@ -13,10 +13,36 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.api.models import (
+    MAX_DETAIL,
+    MAX_DEVICES,
+    MAX_GPUS,
+    MAX_IDLE_PODS,
+    MAX_MIB,
+    MAX_MIG_DEVICES,
+    MAX_PID,
+    MAX_PIDS_LISTED,
+    MAX_POD_DEVICES,
+    MAX_PROCESSES,
+    MAX_REQUESTED_GPUS,
+    MAX_UNATTRIBUTED,
+    Condition,
+    ContainerUsage,
+    DeviceError,
+    DeviceUsage,
+    Gpu,
     GpuNodeUsage,
     GpuNodeUsageSpec,
     GpuNodeUsageStatus,
+    IdlePod,
+    Memory,
+    MigDevice,
     ObjectMeta,
+    PodUsage,
+    Process,
+    Source,
+    Totals,
+    UnattributedProcess,
+    Utilization,
 )
 from gpuusage.api.models import GpuNodeUsageStatus as Status
 from gpuusage.examples import (
@@ -196,8 +222,19 @@ def test_status_subresource_does_not_touch_spec(custom: client.CustomObjectsApi)
             "spec.gpus[1].migDevices[0].uuid in body should match",
         ),
         (
-            lambda s: s.update(gpus=[s["gpus"][0]] * 65),
-            "spec.gpus: Too many: 65: must have at most 64 items",
+            lambda s: s.update(gpus=[s["gpus"][0]] * 33),
+            "spec.gpus: Too many: 33: must have at most 32 items",
+        ),
+        (
+            lambda s: [
+                g.update(processes=[s["gpus"][0]["processes"][0]] * n)
+                for g, n in zip(s["gpus"], (257, 256), strict=True)
+            ],
+            "a report lists at most 512 processes in all",
+        ),
+        (
+            lambda s: s["gpus"][0]["processes"][0].update(name="<script>"),
+            "spec.gpus[0].processes[0].name in body should match",
         ),
     ],
 )
@@ -249,3 +286,184 @@ def test_object_meta_model_reads_api_metadata(custom: client.CustomObjectsApi) -
     assert meta.name == name
     assert meta.uid
     assert meta.resource_version
+
+
+ETCD_REQUEST_LIMIT = 1_572_864  # etcd's default --max-request-bytes (1.5 MiB)
+
+
+def _worst_case(name: str) -> GpuNodeUsage:
+    """The largest object the schema admits: every list at its bound, every field at its
+    longest, spec and status together."""
+    safe = "~"  # free text admits printable ASCII only (one byte a character on the wire)
+    now = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+    error = DeviceError(reason="E" * 64, message=safe * MAX_DETAIL)
+
+    def process(pid: int) -> Process:
+        return Process(
+            pid=MAX_PID - pid,
+            name=safe * 64,
+            used_memory_mib=MAX_MIB,
+            container_id=f"{pid:064x}",
+            pod_uid=f"{pid:08x}-0000-4000-8000-000000000000",
+            types=["compute", "graphics", "mps"],
+            sm_util_percent=100,
+            memory_util_percent=100,
+            resolve_error=safe * MAX_DETAIL,
+        )
+
+    per_gpu = MAX_PROCESSES // MAX_GPUS
+    gpus = []
+    for g in range(MAX_GPUS):
+        uuid = f"GPU-{g:08x}-1111-2222-3333-444444444444"
+        migs = [
+            MigDevice(
+                index=m,
+                uuid=f"MIG-{uuid}/{10**40 + m}/{10**40}"[:96],
+                name=safe * 96,
+                gpu_instance_id=2**62,
+                compute_instance_id=2**62,
+                memory=Memory(total_mib=MAX_MIB, used_mib=MAX_MIB),
+                omitted_processes=2**62,
+                omitted_memory_mib=MAX_MIB,
+                error=error,
+            )
+            for m in range(MAX_MIG_DEVICES)
+        ]
+        gpus.append(
+            Gpu(
+                index=g,
+                uuid=uuid,
+                name=safe * 96,
+                pci_bus_id=safe * 32,
+                memory=Memory(total_mib=MAX_MIB, used_mib=MAX_MIB),
+                utilization=Utilization(gpu_percent=100, memory_percent=100),
+                mig_enabled=True,
+                mig_devices=migs,
+                error=error,
+                processes=[process(g * per_gpu + i) for i in range(per_gpu)],
+                omitted_processes=2**62,
+                omitted_memory_mib=MAX_MIB,
+            )
+        )
+    spec = GpuNodeUsageSpec(
+        node_name=name,
+        observed_at=now,
+        gpus=gpus,
+        source=Source(
+            kind="nvml",
+            available=True,
+            message=safe * 1024,
+            driver_version=safe * 64,
+            cuda_version=safe * 64,
+            nvml_version=safe * 64,
+            agent_version=safe * 64,
+        ),
+    )
+    long_name = ".".join(["p" * 63] * 4)[:253]
+    device = "D" * 128
+
+    def condition(kind: str) -> Condition:
+        return Condition(
+            type=kind,
+            status="Unknown",
+            observed_generation=2**62,
+            last_transition_time=now,
+            reason="R" * 1024,
+            message="<" * 1024,
+        )
+
+    status = GpuNodeUsageStatus(
+        observed_generation=2**62,
+        report_seen_at=now,
+        conditions=[condition("Ready"), condition("Stale")],
+        totals=Totals(
+            gpus=2**62,
+            pods=2**62,
+            processes=2**62,
+            used_memory_mib=MAX_MIB,
+            total_memory_mib=MAX_MIB,
+            unattributed_processes=2**62,
+            unattributed_memory_mib=MAX_MIB,
+            unrequested_pods=2**62,
+            idle_pods=2**62,
+            memory=safe * 64,
+        ),
+        devices=[
+            DeviceUsage(
+                uuid=device,
+                index=MAX_GPUS,
+                parent_uuid=device,
+                total_memory_mib=MAX_MIB,
+                used_memory_mib=MAX_MIB,
+                processes=2**62,
+                pods=2**62,
+                unattributed_processes=2**62,
+                unattributed_memory_mib=MAX_MIB,
+                omitted_processes=2**62,
+                omitted_memory_mib=MAX_MIB,
+            )
+            for _ in range(MAX_DEVICES)
+        ],
+        pods=[
+            PodUsage(
+                namespace="n" * 63,
+                name=long_name,
+                uid=f"{i:08x}-0000-4000-8000-000000000000",
+                device_uuid=device,
+                containers=[
+                    ContainerUsage(
+                        name="c" * 63,
+                        container_id="f" * 64,
+                        pids=[MAX_PID] * MAX_PIDS_LISTED,
+                        used_memory_mib=MAX_MIB,
+                    )
+                ],
+                used_memory_mib=MAX_MIB,
+                requested_gpus=MAX_REQUESTED_GPUS,
+                unrequested=True,
+            )
+            for i in range(MAX_POD_DEVICES)
+        ],
+        unattributed=[
+            UnattributedProcess(
+                pid=MAX_PID,
+                name=safe * 64,
+                device_uuid=device,
+                used_memory_mib=MAX_MIB,
+                reason="UnknownContainer",
+                message=safe * MAX_DETAIL,
+            )
+            for _ in range(MAX_UNATTRIBUTED)
+        ],
+        idle_pods=[
+            IdlePod(
+                namespace="n" * 63,
+                name=long_name,
+                uid=f"{i:08x}-0000-4000-8000-000000000000",
+                requested_gpus=MAX_REQUESTED_GPUS,
+                idle_since=now,
+            )
+            for i in range(MAX_IDLE_PODS)
+        ],
+    )
+    return GpuNodeUsage(metadata=ObjectMeta(name=name), spec=spec, status=status)
+
+
+def test_the_largest_object_the_schema_admits_is_stored(custom: client.CustomObjectsApi) -> None:
+    """Every bound at once, spec and status: etcd takes it (it refuses requests over 1.5 MiB),
+    so no report the agent and the operator may write can freeze a node."""
+    name = ".".join(["w" * 63] * 4)[:253]
+    worst = _worst_case(name)
+    body = worst.to_api()
+    status = body.pop("status")
+    _create(custom, body)
+    try:
+        custom.patch_cluster_custom_object_status(names.GROUP, names.VERSION, names.PLURAL, name,
+                                                  {"status": status})  # fmt: skip
+        stored = _get(custom, name)
+        size = len(json.dumps(stored, separators=(",", ":")))
+        assert stored["status"]["pods"][-1]["uid"] == status["pods"][-1]["uid"]
+        assert len(stored["spec"]["gpus"]) == MAX_GPUS
+        assert size < ETCD_REQUEST_LIMIT * 0.9, f"{size} bytes: too close to etcd's limit"
+    finally:
+        custom.delete_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)

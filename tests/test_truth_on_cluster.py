@@ -235,11 +235,13 @@ def test_a_deleted_pod_leaves_the_status_without_waiting_for_the_report(
     world = make_world(stale_after=60.0)
     wait_for(lambda: in_use(world, "notebook"), what="notebook in use")
     world["agent"].halt()
-    listed = {p["name"] for p in report(world)["status"]["pods"]}
-    assert listed == {"train", "notebook"}
+
+    def listed() -> set[str]:
+        return {p["name"] for p in report(world)["status"]["pods"]}
+
+    wait_for(lambda: listed() == {"train", "notebook"}, what="both pods in the status")
     world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
-    wait_for(lambda: {p["name"] for p in report(world)["status"]["pods"]} == {"train"},
-             timeout=20, what="the deleted pod dropped from the status")  # fmt: skip
+    wait_for(lambda: listed() == {"train"}, timeout=20, what="the deleted pod dropped")
     assert unattributed(world, world["node"])[world["pids"]["notebook"]] == "PodNotFound"
     assert not stale(world, world["node"]), "not the staleness reconcile: the deletion's"
 

@@ -27,15 +27,17 @@ from gpuusage.api.models import (
     MAX_MIB,
     MAX_MIG_DEVICES,
     MAX_PID,
-    MAX_PROCESSES,
     MIG_UUID_PATTERN,
+    SAFE_TEXT_PATTERN,
     DeviceError,
     Gpu,
     Memory,
     MigDevice,
     ProcessType,
+    ProductName,
     Source,
     Utilization,
+    safe_text,
 )
 from gpuusage.errors import GpuusageError
 from gpuusage.nodeagent.gpusource.base import Observed, Reading
@@ -52,6 +54,10 @@ NvmlErrorName = Literal[
     "LibRmVersionMismatch",
     "FunctionNotFound",
 ]
+
+
+MAX_SCENARIO_PROCESSES = 8 * MAX_GPUS * 64
+"""More than a report may list (a busy node): the agent keeps the largest (see caps)."""
 
 
 class ScenarioError(GpuusageError):
@@ -86,11 +92,11 @@ class FakeUtilization(_Strict):
 class FakeMig(_Strict):
     index: Annotated[int, Field(ge=0, le=MAX_MIG_DEVICES)]
     uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN)]
-    name: Annotated[str, Field(max_length=256)] | None = None
+    name: ProductName | None = None
     gpuInstanceId: int | None = None
     computeInstanceId: int | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
-    processes: Annotated[list[FakeProcess], Field(max_length=MAX_PROCESSES)] = Field(
+    processes: Annotated[list[FakeProcess], Field(max_length=MAX_SCENARIO_PROCESSES)] = Field(
         default_factory=list
     )
 
@@ -103,7 +109,7 @@ class FakeMig(_Strict):
 class FakeGpu(_Strict):
     index: Annotated[int, Field(ge=0, le=MAX_GPUS)]
     uuid: Annotated[str, Field(pattern=GPU_UUID_PATTERN)]
-    name: Annotated[str, Field(max_length=256)] | None = None
+    name: ProductName | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)]
     memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
     """Defaults to the sum of the processes' memory."""
@@ -112,7 +118,7 @@ class FakeGpu(_Strict):
     """The whole GPU fails with this NVML error (e.g. GpuIsLost)."""
     processesError: NvmlErrorName | None = None
     """Reading this GPU's processes fails with this NVML error."""
-    processes: Annotated[list[FakeProcess], Field(max_length=MAX_PROCESSES)] = Field(
+    processes: Annotated[list[FakeProcess], Field(max_length=MAX_SCENARIO_PROCESSES)] = Field(
         default_factory=list
     )
     migDevices: Annotated[list[FakeMig], Field(max_length=MAX_MIG_DEVICES)] | None = None
@@ -125,7 +131,7 @@ class FakeGpu(_Strict):
         return self
 
 
-Version = Annotated[str, Field(min_length=1, max_length=64)]
+Version = Annotated[str, Field(min_length=1, max_length=64, pattern=SAFE_TEXT_PATTERN)]
 
 
 class Scenario(_Strict):
@@ -290,7 +296,7 @@ class FakeSource:
                 log.error("%s; keeping the last valid scenario", exc)
             self._last_error = str(exc)
             scenario = self._last_good
-            note = f"{exc}"[:900] + "; showing the last valid scenario"
+            note = safe_text(f"{exc}", 900) + "; showing the last valid scenario"
             errors["ScenarioInvalid"] += 1
         if scenario.nvmlError:
             errors[scenario.nvmlError] += 1

@@ -31,6 +31,8 @@ from typing import Any
 
 from gpuusage import __version__
 from gpuusage.api.models import (
+    MAX_DETAIL,
+    MAX_GPUS,
     MAX_MIB,
     MAX_MIG_DEVICES,
     MAX_PID,
@@ -41,6 +43,7 @@ from gpuusage.api.models import (
     ProcessType,
     Source,
     Utilization,
+    safe_text,
 )
 from gpuusage.nodeagent.gpusource.base import Observed, Reading, error_reason
 from gpuusage.nodeagent.resolver import clean_name
@@ -128,14 +131,16 @@ class NvmlSource:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
-            message = f"NVML unavailable ({error_reason(exc)}: {exc}); idling, will retry"
+            message = safe_text(
+                f"NVML unavailable ({error_reason(exc)}: {exc}); idling, will retry", 1024
+            )
             if message != self._init_error:
                 log.warning("%s", message)
             self._init_error = message
             self._errors[error_reason(exc)] += 1
             return False
         except OSError as exc:  # pynvml surfaces some loader failures as OSError
-            self._init_error = f"NVML unavailable ({exc}); idling, will retry"
+            self._init_error = safe_text(f"NVML unavailable ({exc}); idling, will retry", 1024)
             self._errors["LibraryNotFound"] += 1
             return False
         if self._init_error:
@@ -193,7 +198,7 @@ class NvmlSource:
             failed = Source(
                 kind="nvml",
                 available=False,
-                message=f"cannot count GPUs ({error_reason(exc)}: {exc})",
+                message=safe_text(f"cannot count GPUs ({error_reason(exc)}: {exc})", 1024),
                 driver_version=source.driver_version,
                 agent_version=__version__,
             )
@@ -201,7 +206,10 @@ class NvmlSource:
                 self.close()
             return Reading(failed, [], self._errors)
         processes: dict[str, list[Observed]] = {}
-        gpus = [self._gpu(index, processes) for index in range(count)]
+        gpus = [self._gpu(index, processes) for index in range(min(count, MAX_GPUS))]
+        if count > MAX_GPUS:  # a report holds so many (see api.models); say what is left out
+            note = f"{count - MAX_GPUS} GPUs beyond the first {MAX_GPUS} are not reported"
+            source = source.model_copy(update={"message": note})
         return Reading(source, gpus, self._errors, processes)
 
     def _read_source(self) -> Source:
@@ -226,14 +234,14 @@ class NvmlSource:
         nvml = self._module()
         pci = self._optional(nvml.nvmlDeviceGetPciInfo, handle)
         name = self._optional_text(nvml.nvmlDeviceGetName, handle)
-        bus_id = _text(pci.busId)[:32] if pci is not None else None
+        bus_id = safe_text(_text(pci.busId), 32) if pci is not None else None
         if name is not None and bus_id is not None:
             self._static[uuid] = (name, bus_id)
         return name, bus_id
 
     def _optional_text(self, fn: Callable[..., Any], *args: Any) -> str | None:
         value = self._optional(fn, *args)
-        return None if value is None else _text(value)[:64]
+        return None if value is None else safe_text(_text(value), 64)
 
     def _cuda(self) -> str | None:
         nvml = self._module()
@@ -278,7 +286,8 @@ class NvmlSource:
 
     @staticmethod
     def _device_error(exc: BaseException, what: str) -> DeviceError:
-        return DeviceError(reason=error_reason(exc), message=f"reading {what}: {exc}"[:1024])
+        return DeviceError(reason=error_reason(exc), message=safe_text(f"reading {what}: {exc}",
+                                                                        MAX_DETAIL))  # fmt: skip
 
     def _memory(self, handle: Any) -> Memory | None:
         info = self._optional(self._module().nvmlDeviceGetMemoryInfo, handle)

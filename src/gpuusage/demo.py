@@ -72,7 +72,9 @@ def _scenario(path: Path, notebook_running: bool) -> None:
                              "processes": [{"pid": 6262, "usedMemoryMiB": 20480}]}]},
         ],
     }  # fmt: skip
-    path.write_text(yaml.safe_dump(scenario, sort_keys=False))
+    fresh = path.with_suffix(".new")  # atomically: the agent re-reads the file every cycle
+    fresh.write_text(yaml.safe_dump(scenario, sort_keys=False))
+    fresh.replace(path)
 
 
 def _wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> None:

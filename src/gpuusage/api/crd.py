@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from gpuusage.api import names
-from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
+from gpuusage.api.models import MAX_PROCESSES, GpuNodeUsageSpec, GpuNodeUsageStatus
 
 JsonSchema = dict[str, Any]
 
@@ -147,11 +147,31 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 def render_crd() -> dict[str, Any]:
     """The GpuNodeUsage CRD as a dict, ready for the API or for YAML."""
     spec_schema = _schema_of(GpuNodeUsageSpec)
-    spec_schema.setdefault("x-kubernetes-validations", []).append(
+    spec_schema.setdefault("x-kubernetes-validations", []).extend(
+        [
+            {
+                "rule": "self.gpus.all(g, !has(g.memory) || !has(g.memory.usedMiB) || "
+                "g.memory.usedMiB <= g.memory.totalMiB)",
+                "message": "gpus[].memory.usedMiB must not exceed gpus[].memory.totalMiB",
+            },
+            {
+                # Per-list bounds multiply; the size of the object needs one on the whole node.
+                "rule": "!has(self.gpus) || self.gpus.map(g, "
+                "(has(g.processes) ? size(g.processes) : 0) + (has(g.migDevices) ? "
+                "g.migDevices.map(m, has(m.processes) ? size(m.processes) : 0).sum() : 0)"
+                f").sum() <= {MAX_PROCESSES}",
+                "message": f"a report lists at most {MAX_PROCESSES} processes in all "
+                "(the agent counts the rest per device as omitted)",
+            },
+        ]
+    )
+    status_schema = _schema_of(GpuNodeUsageStatus)
+    status_schema.setdefault("x-kubernetes-validations", []).append(
         {
-            "rule": "self.gpus.all(g, !has(g.memory) || !has(g.memory.usedMiB) || "
-            "g.memory.usedMiB <= g.memory.totalMiB)",
-            "message": "gpus[].memory.usedMiB must not exceed gpus[].memory.totalMiB",
+            "rule": "!has(self.pods) || self.pods.map(p, has(p.containers) ? "
+            f"size(p.containers) : 0).sum() <= {MAX_PROCESSES}",
+            "message": f"status.pods lists at most {MAX_PROCESSES} container entries in all "
+            "(each stands for at least one process of the report)",
         }
     )
     root: JsonSchema = {
@@ -164,7 +184,7 @@ def render_crd() -> dict[str, Any]:
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
             "spec": spec_schema,
-            "status": _schema_of(GpuNodeUsageStatus),
+            "status": status_schema,
         },
         "x-kubernetes-validations": [
             {

@@ -8,10 +8,11 @@ so that one object can never grow past etcd's object size limit.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuusage.api import names
@@ -28,14 +29,26 @@ CONDITION_TYPE_PATTERN = (
     r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
 )
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# Free text the agent writes: printable ASCII without the characters JSON encoders escape to six
+# bytes (" & < > \\), so that a field's bytes equal its characters and the size bound holds.
+SAFE_TEXT_PATTERN = r"^[ !#-%'-;=?-\[\]-~]*$"
+_UNSAFE = re.compile(r"[^ !#-%'-;=?-\[\]-~]")
+DEVICE_ID_PATTERN = r"^[A-Za-z0-9/-]+$"  # GPU-…, MIG-…, or a stand-in such as gpu-index-3
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
-MAX_GPUS = 64
-MAX_MIG_DEVICES = 16
-MAX_PROCESSES = 512
+# Bounds, chosen so that the largest object the schema admits, spec and status together, stays
+# well under etcd's default request limit of 1.5 MiB (tests/test_api_on_cluster.py writes it):
+# the agent publishes at most MAX_PROCESSES processes per node (the largest by memory; the rest
+# are counted per device as omitted), and every list of the status is bounded by that.
+MAX_GPUS = 32
+MAX_MIG_DEVICES = 8  # NVIDIA GPUs offer at most 7 MIG devices
+MAX_PROCESSES = 512  # per device, and on the whole node
 MAX_DEVICES = MAX_GPUS * (1 + MAX_MIG_DEVICES)
-MAX_POD_DEVICES = 2048
-MAX_UNATTRIBUTED = 256
-MAX_IDLE_PODS = 512
+MAX_POD_DEVICES = MAX_PROCESSES  # each (pod, device) entry stands for at least one process
+MAX_UNATTRIBUTED = 128
+MAX_IDLE_PODS = 128
+MAX_PIDS_LISTED = 16  # per container entry of the status
 MAX_REQUESTED_GPUS = 1024  # what a pod's request is shown as, at most
 MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux
 MAX_MIB = 16 * 1024 * 1024  # 16 TiB: far above any device, low enough to catch unit mistakes
@@ -60,10 +73,23 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+def safe_text(text: str, limit: int) -> str:
+    """`text` made fit for a SAFE_TEXT_PATTERN field of `limit` characters: every other
+    character becomes "?" (names and messages from /proc, NVML or paths can hold anything)."""
+    return _UNSAFE.sub("?", text[:limit])
+
+
 Percent = Annotated[int, Field(ge=0, le=100)]
 MiB = Annotated[int, Field(ge=0, le=MAX_MIB)]
-ShortText = Annotated[str, Field(max_length=256)]
-Message = Annotated[str, Field(max_length=1024)]
+ProductName = Annotated[str, Field(max_length=96, pattern=SAFE_TEXT_PATTERN)]  # NVML's buffer
+ProcessName = Annotated[str, Field(max_length=64, pattern=SAFE_TEXT_PATTERN)]
+ShortText = Annotated[str, Field(max_length=64, pattern=SAFE_TEXT_PATTERN)]
+MAX_DETAIL = 256
+Detail = Annotated[str, Field(max_length=MAX_DETAIL, pattern=SAFE_TEXT_PATTERN)]
+Message = Annotated[str, Field(max_length=1024, pattern=SAFE_TEXT_PATTERN)]
+DeviceId = Annotated[str, Field(max_length=128, pattern=DEVICE_ID_PATTERN)]
+Namespace = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
+PodName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
 RequestedGpus = Annotated[int, Field(ge=0, le=MAX_REQUESTED_GPUS)]
 
 ProcessType = Literal["compute", "graphics", "mps"]
@@ -92,7 +118,7 @@ class DeviceError(ApiModel):
 
     reason: Annotated[str, Field(pattern=CONDITION_REASON_PATTERN, max_length=64)]
     """NVML's error class without the prefix, e.g. GpuIsLost, NoPermission, NotSupported."""
-    message: Message
+    message: Detail
     """Human-readable detail."""
 
 
@@ -101,7 +127,7 @@ class Process(ApiModel):
 
     pid: Annotated[int, Field(ge=1, le=MAX_PID)]
     """Process ID in the host's PID namespace (NVML always reports host PIDs)."""
-    name: Annotated[str, Field(max_length=64)] | None = None
+    name: ProcessName | None = None
     """Executable name (NVML's process name or /proc/<pid>/comm); never the command line."""
     used_memory_mib: MiB | None = Field(default=None, alias="usedMemoryMiB")
     """Device memory used by this process; null when NVML cannot tell (e.g. on Windows WDDM or
@@ -120,7 +146,7 @@ class Process(ApiModel):
     """Streaming-multiprocessor utilization by this process, when the device reports it."""
     memory_util_percent: Percent | None = None
     """Memory-controller utilization by this process, when the device reports it."""
-    resolve_error: Message | None = None
+    resolve_error: Detail | None = None
     """Why the process could not be attributed (e.g. it exited during the observation)."""
 
 
@@ -129,9 +155,9 @@ class MigDevice(ApiModel):
 
     index: Annotated[int, Field(ge=0, le=MAX_MIG_DEVICES)]
     """Index of the MIG device on its parent GPU."""
-    uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN)]
+    uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN, max_length=96)]
     """MIG device UUID, as device plugins and NVIDIA_VISIBLE_DEVICES name it."""
-    name: ShortText | None = None
+    name: ProductName | None = None
     """Product name including the profile, e.g. "NVIDIA A100-SXM4-40GB MIG 1g.5gb"."""
     gpu_instance_id: Annotated[int, Field(ge=0)] | None = None
     compute_instance_id: Annotated[int, Field(ge=0)] | None = None
@@ -139,6 +165,11 @@ class MigDevice(ApiModel):
     processes: Annotated[list[Process], Field(max_length=MAX_PROCESSES)] = Field(
         default_factory=list
     )
+    omitted_processes: Annotated[int, Field(ge=0)] | None = None
+    """Processes left out of `processes` to keep the report within its bounds (the smallest by
+    memory); null when none was."""
+    omitted_memory_mib: MiB | None = Field(default=None, alias="omittedMemoryMiB")
+    """Memory the omitted processes use."""
     error: DeviceError | None = None
 
 
@@ -150,9 +181,9 @@ class Gpu(ApiModel):
     uuid: Annotated[str, Field(pattern=GPU_UUID_PATTERN)] | None
     """GPU UUID, as device plugins and NVIDIA_VISIBLE_DEVICES name it; null only when the GPU
     failed before its UUID could ever be read (see error)."""
-    name: ShortText | None = None
+    name: ProductName | None = None
     """Product name, e.g. "NVIDIA H100 80GB HBM3"."""
-    pci_bus_id: Annotated[str, Field(max_length=32)] | None = Field(default=None, alias="pciBusID")
+    pci_bus_id: ShortText | None = Field(default=None, alias="pciBusID")
     memory: Memory | None = None
     utilization: Utilization | None = None
     mig_enabled: bool | None = None
@@ -163,6 +194,11 @@ class Gpu(ApiModel):
     processes: Annotated[list[Process], Field(max_length=MAX_PROCESSES)] = Field(
         default_factory=list
     )
+    omitted_processes: Annotated[int, Field(ge=0)] | None = None
+    """Processes left out of `processes` to keep the report within its bounds (the smallest by
+    memory); null when none was."""
+    omitted_memory_mib: MiB | None = Field(default=None, alias="omittedMemoryMiB")
+    """Memory the omitted processes use."""
     error: DeviceError | None = None
     """Set when this GPU could not be read completely (lost, no permission, ...)."""
 
@@ -176,21 +212,30 @@ class Source(ApiModel):
     """False when the node has no usable NVML; the report then lists no GPUs."""
     message: Message | None = None
     """Why the library is unavailable, or other notes from the agent."""
-    driver_version: Annotated[str, Field(max_length=64)] | None = None
-    cuda_version: Annotated[str, Field(max_length=64)] | None = None
-    nvml_version: Annotated[str, Field(max_length=64)] | None = None
-    agent_version: Annotated[str, Field(max_length=64)] | None = None
+    driver_version: ShortText | None = None
+    cuda_version: ShortText | None = None
+    nvml_version: ShortText | None = None
+    agent_version: ShortText | None = None
 
 
 class GpuNodeUsageSpec(ApiModel):
     """What the node agent observed on its node. Written by the agent only."""
 
-    node_name: Annotated[str, Field(min_length=1, max_length=253)]
+    node_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
     """The node this report describes; equals metadata.name."""
     observed_at: datetime
     """When the observation was taken (RFC 3339)."""
     source: Source | None = None
     gpus: Annotated[list[Gpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _processes_bounded(self) -> GpuNodeUsageSpec:
+        """The same bound as the CRD's rule on the whole node (see api.crd)."""
+        listed = sum(len(g.processes) + sum(len(m.processes) for m in g.mig_devices)
+                     for g in self.gpus)  # fmt: skip
+        if listed > MAX_PROCESSES:
+            raise ValueError(f"{listed} processes listed; a report lists at most {MAX_PROCESSES}")
+        return self
 
 
 class Condition(ApiModel):
@@ -201,20 +246,22 @@ class Condition(ApiModel):
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     last_transition_time: datetime
     reason: Annotated[str, Field(pattern=CONDITION_REASON_PATTERN, min_length=1, max_length=1024)]
-    message: Annotated[str, Field(max_length=32768)] = ""
+    message: Annotated[str, Field(max_length=1024)] = ""
+    """At most 1024 characters (metav1.Condition allows 32768): the object must stay small."""
 
 
 class ContainerUsage(ApiModel):
     """GPU use of one container of a pod on one device."""
 
-    name: Annotated[str, Field(max_length=253)] | None = None
+    name: Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)] | None = None
     """Container name; null when the process matched the pod by UID only."""
     container_id: Annotated[str, Field(pattern=CONTAINER_ID_PATTERN)] | None = Field(
         default=None, alias="containerID"
     )
-    pids: Annotated[list[Annotated[int, Field(ge=1, le=MAX_PID)]], Field(max_length=64)] = Field(
-        default_factory=list
-    )
+    pids: Annotated[
+        list[Annotated[int, Field(ge=1, le=MAX_PID)]], Field(max_length=MAX_PIDS_LISTED)
+    ] = Field(default_factory=list)
+    """The container's processes on the device (the lowest pids, when there are more)."""
     used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
 
 
@@ -225,10 +272,10 @@ class PodUsage(ApiModel):
     (kube-state-metrics' custom-resource metrics) get one series per pod and device.
     """
 
-    namespace: Annotated[str, Field(max_length=63)]
-    name: Annotated[str, Field(max_length=253)]
+    namespace: Namespace
+    name: PodName
     uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
-    device_uuid: Annotated[str, Field(max_length=128)] = Field(alias="deviceUUID")
+    device_uuid: DeviceId = Field(alias="deviceUUID")
     """GPU or MIG device UUID."""
     containers: Annotated[list[ContainerUsage], Field(max_length=64)] = Field(default_factory=list)
     used_memory_mib: MiB = Field(default=0, alias="usedMemoryMiB")
@@ -247,13 +294,11 @@ class DeviceUsage(ApiModel):
     alerts (memory nearly full, memory held outside any pod) see MIG slices too.
     """
 
-    uuid: Annotated[str, Field(max_length=128)]
+    uuid: DeviceId
     """GPU or MIG device UUID."""
     index: Annotated[int, Field(ge=0, le=MAX_GPUS)] | None = None
     """NVML index of the GPU (of the parent GPU for a MIG device)."""
-    parent_uuid: Annotated[str, Field(max_length=128)] | None = Field(
-        default=None, alias="parentUUID"
-    )
+    parent_uuid: DeviceId | None = Field(default=None, alias="parentUUID")
     """For a MIG device: the UUID of its GPU."""
     total_memory_mib: MiB | None = Field(default=None, alias="totalMemoryMiB")
     used_memory_mib: MiB | None = Field(default=None, alias="usedMemoryMiB")
@@ -264,13 +309,18 @@ class DeviceUsage(ApiModel):
     """Processes on this device that belong to no known pod."""
     unattributed_memory_mib: MiB = Field(default=0, alias="unattributedMemoryMiB")
     """Memory those processes hold."""
+    omitted_processes: Annotated[int, Field(ge=0)] | None = None
+    """Processes the agent left out of its report for this device (the smallest by memory, when
+    the node runs more than a report may list)."""
+    omitted_memory_mib: MiB | None = Field(default=None, alias="omittedMemoryMiB")
+    """Memory the omitted processes use."""
 
 
 class IdlePod(ApiModel):
     """A running pod that requested GPUs on this node and has used none of them for a while."""
 
-    namespace: Annotated[str, Field(max_length=63)]
-    name: Annotated[str, Field(max_length=253)]
+    namespace: Namespace
+    name: PodName
     uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
     requested_gpus: RequestedGpus = Field(default=0, alias="requestedGPUs")
     idle_since: datetime
@@ -287,11 +337,11 @@ class UnattributedProcess(ApiModel):
     """A process on a GPU that belongs to no known pod, with the reason."""
 
     pid: Annotated[int, Field(ge=1, le=MAX_PID)]
-    name: Annotated[str, Field(max_length=64)] | None = None
-    device_uuid: Annotated[str, Field(max_length=128)] = Field(alias="deviceUUID")
+    name: ProcessName | None = None
+    device_uuid: DeviceId = Field(alias="deviceUUID")
     used_memory_mib: MiB | None = Field(default=None, alias="usedMemoryMiB")
     reason: UnattributedReason
-    message: Message = ""
+    message: Detail = ""
 
 
 class Totals(ApiModel):
@@ -310,7 +360,7 @@ class Totals(ApiModel):
     """Pods using a GPU without having requested one."""
     idle_pods: Annotated[int, Field(ge=0)] = 0
     """Running pods that requested GPUs and used none for the operator's --idle-after."""
-    memory: Annotated[str, Field(max_length=64)] = ""
+    memory: ShortText = ""
     """used/total in a form people read, e.g. "30720Mi/163840Mi"."""
 
 

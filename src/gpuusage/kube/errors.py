@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_BACKOFF = (0.2, 0.5, 1.0, 2.0)
+TOO_LARGE = "request is too large"  # etcd's words, as the apiserver passes them on
 
 
 class ApiError(Exception):
@@ -52,6 +53,17 @@ class Invalid(ApiError):
     """422 or 400: the object was refused; the message says which field."""
 
 
+class TooLarge(ApiError):
+    """413 (the apiserver's 3 MiB body limit) or etcd's "request is too large" (its 1.5 MiB
+    limit, which the apiserver passes on as a 500): this body will never be stored, so it is
+    not retried."""
+
+
+def is_permanent_for_body(error: ApiError) -> bool:
+    """Whether sending the same body again can only fail the same way."""
+    return isinstance(error, Invalid | TooLarge)
+
+
 def is_other_object(error: ApiError) -> bool:
     """Whether a write was refused because the object under that name has another UID than
     the one the write carried: it was deleted and recreated meanwhile."""
@@ -74,6 +86,8 @@ def from_status(status: int | None, body: bytes | str | None, fallback: str = ""
     message = str(parsed.get("message") or fallback)
     reason = str(parsed.get("reason") or "")
     text = f"{status} {reason or fallback}: {message}".strip()
+    if status == 413 or (status is not None and status >= 500 and TOO_LARGE in message):
+        return TooLarge(text, status, reason)
     if status is None or status in {0, 429} or status >= 500:
         return TransientApiError(text, status, reason)
     return _KINDS.get(status, ApiError)(text, status, reason)

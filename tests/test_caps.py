@@ -1,0 +1,92 @@
+"""A busy node's report stays within the API's bounds: the largest processes listed, the rest
+counted per device. Through the real NVML code path, with pynvml's functions faked."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from gpuusage.api import names
+from gpuusage.api.models import MAX_GPUS, MAX_PROCESSES, Gpu, Memory, Source
+from gpuusage.nodeagent.caps import capped
+from gpuusage.nodeagent.gpusource.base import Observed, Reading
+from gpuusage.nodeagent.gpusource.nvml import NvmlSource
+from gpuusage.nodeagent.main import Observer
+from gpuusage.nodeagent.resolver import Resolver
+from gpuusage.operator.certainty import REASON_OMITTED, blind_spots, why_unknown
+from gpuusage.operator.podindex import PodLookup, PodRef
+from gpuusage.operator.resolution import resolve_all
+from tests.fakenvml import FakeGpu, FakeMachine, dgx_h100, gpu_uuid
+
+SOURCE = Source(kind="fake", available=True)
+
+
+def _reading(per_gpu: list[int]) -> Reading:
+    gpus, processes, pid = [], {}, 1
+    for index, count in enumerate(per_gpu):
+        uuid = gpu_uuid(index)
+        gpus.append(Gpu(index=index, uuid=uuid, memory=Memory(total_mib=81920)))
+        listed = []
+        for _ in range(count):
+            listed.append(Observed(pid, None, pid % 1000, ("compute",)))
+            pid += 1
+        processes[uuid] = listed
+    return Reading(SOURCE, gpus, processes=processes)
+
+
+def test_a_reading_within_bounds_is_left_as_it_is() -> None:
+    reading = _reading([100, 100])
+    assert capped(reading) is reading
+
+
+def test_the_largest_processes_are_kept_and_the_rest_counted_per_device() -> None:
+    reading = _reading([400, 300])  # 700 processes, 512 may be listed
+    out = capped(reading)
+    listed = [(u, p) for u, procs in out.processes.items() for p in procs]
+    assert len(listed) == MAX_PROCESSES
+    smallest_kept = min(p.used_memory_mib or 0 for _, p in listed)
+    dropped = {(u, p.pid) for u, procs in reading.processes.items() for p in procs} - {
+        (u, p.pid) for u, p in listed
+    }
+    assert len(dropped) == 700 - MAX_PROCESSES
+    every = {(u, p.pid): p for u, procs in reading.processes.items() for p in procs}
+    assert all((every[k].used_memory_mib or 0) <= smallest_kept for k in dropped)
+    for gpu in out.gpus:
+        gone = [every[k] for k in dropped if k[0] == gpu.uuid]
+        assert gpu.omitted_processes == (len(gone) or None)
+        assert gpu.omitted_memory_mib == (sum(p.used_memory_mib or 0 for p in gone) or None)
+    assert sum(g.omitted_processes or 0 for g in out.gpus) == 700 - MAX_PROCESSES
+
+
+def test_gpus_beyond_the_bound_are_left_out_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = [FakeGpu(uuid=gpu_uuid(i), used_mib=1024, util=(1, 1), processes=[]) for i in range(40)]
+    FakeMachine(gpus).install(monkeypatch)
+    reading = NvmlSource(pynvml).read()
+    assert len(reading.gpus) == MAX_GPUS
+    assert reading.source.message == f"{40 - MAX_GPUS} GPUs beyond the first 32 are not reported"
+
+
+def test_a_busy_nvml_node_publishes_a_valid_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """8 GPUs x 100 processes through NVML: the spec validates (it used to fail with 422 on
+    every write), lists 512 processes and counts the rest on their GPUs."""
+    dgx_h100(processes_per_gpu=100).install(monkeypatch)
+    observer = Observer("n1", NvmlSource(pynvml), Resolver(tmp_path),
+                        clock=lambda: datetime(2026, 11, 23, tzinfo=UTC))  # fmt: skip
+    spec = observer.observe().spec()
+    listed = sum(len(g.processes) for g in spec.gpus)
+    assert listed == MAX_PROCESSES
+    assert sum(g.omitted_processes or 0 for g in spec.gpus) == 800 - MAX_PROCESSES
+    # The operator takes a device with omitted processes as one it cannot fully see.
+    blind = blind_spots(spec, resolve_all(spec, PodLookup({})))
+    omitted = next(g for g in spec.gpus if g.omitted_processes)
+    pod = PodRef("ml", "p", "u", "n1",
+                 annotations=((names.ANNOTATION_GPUS, str(omitted.uuid)),),
+                 condition=(("status", "True"),))  # fmt: skip
+    cause = why_unknown(pod, blind)
+    assert cause is not None
+    assert cause.reason == REASON_OMITTED
