@@ -23,10 +23,11 @@ Choices, each for a reason:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,6 +104,19 @@ class ActiveGate:
         return bool(self._last)
 
 
+class RetryForever:
+    """Backoffs for kopf's API requests that never run out: 1, 1, 2, 3, 5, then every 10 s.
+
+    Iterated afresh for every request, and not Sized, so that kopf counts no last attempt.
+    """
+
+    def __init__(self, steps: tuple[float, ...] = (1, 1, 2, 3, 5), then: float = 10) -> None:
+        self.steps, self.then = steps, then
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.steps, itertools.repeat(self.then))
+
+
 class NoDiffBase(kopf.DiffBaseStorage):
     """No diff base: this operator has event handlers only, which need none.
 
@@ -155,6 +169,10 @@ def build_registry(
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
         settings.persistence.diffbase_storage = NoDiffBase()
         settings.watching.server_timeout = 300
+        # kopf gives up a request after its backoffs (54 s in all) and then stops watching
+        # reports for good: an apiserver outage of a minute, or several short ones in a row,
+        # left the operator deaf until it was restarted. Retry for as long as it takes.
+        settings.networking.error_backoffs = RetryForever()
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

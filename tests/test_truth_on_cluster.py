@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -302,3 +303,22 @@ def test_an_etcd_outage_is_logged_once_and_its_end_once(
     assert said == ["Kubernetes API unavailable", "Kubernetes API available again"]
     assert _metric(world, "gpuusage_operator_api_available") == 1
     wait_for(lambda: in_use(world, "train"), what="train still in use after the outage")
+
+
+@pytest.mark.slow
+def test_the_operator_keeps_watching_reports_after_a_long_apiserver_outage(
+    make_world: WorldFactory, cluster: LocalCluster
+) -> None:
+    """kopf gives a request up after 54 s of backoffs and then stops watching for good; the
+    operator retries for as long as it takes, so a change after a long outage still lands."""
+    world = make_world()
+    wait_for(lambda: in_use(world, "notebook"), what="notebook in use")
+    cluster.stop("apiserver")
+    try:
+        time.sleep(65)  # the fault itself: longer than all of kopf's default backoffs
+    finally:
+        cluster.start("apiserver")
+    world["write"](notebook=False)
+    ended = wait_for(lambda: (c := condition(pod(world, "notebook"))).status == "False" and c,
+                     timeout=60, what="the notebook's end seen after the outage")  # fmt: skip
+    assert ended.reason == "ProcessesEnded"
