@@ -141,6 +141,21 @@ class NoDiffBase(kopf.DiffBaseStorage):
         """Nothing to keep."""
 
 
+def configure_kopf(settings: kopf.OperatorSettings, peering: Peering | None) -> None:
+    """kopf's settings for this operator (the startup handler applies them)."""
+    settings.posting.enabled = False
+    if peering is not None:
+        settings.peering.lifetime = peering.lifetime
+        settings.peering.stealth = True  # keep-alives are not worth a log line each
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
+    settings.persistence.diffbase_storage = NoDiffBase()
+    settings.watching.server_timeout = 300
+    # kopf gives up a request after its backoffs (54 s in all) and then stops watching reports
+    # for good: several apiserver restarts in a row left the operator deaf until it was
+    # restarted (benchmarks/README.md, fault soak). Retry for as long as it takes.
+    settings.networking.error_backoffs = RetryForever()
+
+
 def build_registry(
     reconciler: Reconciler,
     pods: PodWatch,
@@ -162,17 +177,7 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.enabled = False
-        if peering is not None:
-            settings.peering.lifetime = peering.lifetime
-            settings.peering.stealth = True  # keep-alives are not worth a log line each
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
-        settings.persistence.diffbase_storage = NoDiffBase()
-        settings.watching.server_timeout = 300
-        # kopf gives up a request after its backoffs (54 s in all) and then stops watching
-        # reports for good: an apiserver outage of a minute, or several short ones in a row,
-        # left the operator deaf until it was restarted. Retry for as long as it takes.
-        settings.networking.error_backoffs = RetryForever()
+        configure_kopf(settings, peering)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

@@ -199,7 +199,8 @@ def make_world(
         agent = Background(lambda stop: run_agent(agent_settings, stop))
         world: dict[str, Any] = {
             "core": core, "ns": ns, "node": node, "write": write, "scenario": scenario,
-            "agent": agent, "api": api, "pids": pids, "proc": proc, **uids,
+            "agent": agent, "api": api, "pids": pids, "proc": proc,
+            "scenario_file": scenario_file, **uids,
         }  # fmt: skip
         started.append(world)
         if operator:
