@@ -138,12 +138,12 @@ def _loop(settings: AgentSettings, observer: Observer, stop: threading.Event) ->
     if not settings.once:  # only a long-running loop gains from it
         settle_memory()
     with api:
-        failed = _cycles(settings, observer, publisher, metrics, stop)
+        failed = run_cycles(settings, observer, publisher, metrics, stop)
     log.info("agent stopped")
     return 1 if failed else 0
 
 
-def _cycles(
+def run_cycles(
     settings: AgentSettings,
     observer: Observer,
     publisher: Publisher,
@@ -152,10 +152,22 @@ def _cycles(
 ) -> bool:
     """Observe and publish until stopped; True when the last write failed."""
     failed = False
+    said: set[str] = set()
     while not stop.is_set():
         started = time.monotonic()
-        with metrics.cycle_seconds.time():
-            observation = observer.observe()
+        try:
+            with metrics.cycle_seconds.time():
+                observation = observer.observe()
+        except Exception as exc:  # a bug or bad input must not end the node's agent
+            metrics.cycle_failures.labels(kind=type(exc).__name__).inc()
+            if str(exc) not in said:  # once per distinct failure, with its traceback
+                said.add(str(exc))
+                log.exception("observing %s failed; the next cycle tries again", settings.node_name)
+            failed = True
+            if settings.once:
+                break
+            stop.wait(settings.interval)
+            continue
         _record(metrics, observation)
         metrics.cycle_done()
         try:

@@ -50,6 +50,11 @@ class AgentMetrics:
             "Cycles whose observation did not differ enough from the published one.",
             registry=r,
         )
+        self.cycle_failures = Counter(
+            "gpuusage_agent_cycle_failures_total",
+            "Cycles that failed with an unexpected error (logged; the loop goes on), by kind.",
+            ["kind"], registry=r,
+        )  # fmt: skip
         self.gpus = Gauge("gpuusage_agent_gpus", "GPUs in the latest observation.", registry=r)
         self.processes = Gauge(
             "gpuusage_agent_processes", "GPU processes in the latest observation.", registry=r

@@ -19,6 +19,8 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
+from gpuusage.kube.config import api_client
+from gpuusage.kube.crds import install_crds
 from gpuusage.localcluster.cluster import LocalCluster
 from gpuusage.nodeagent.main import run_agent
 from gpuusage.nodeagent.settings import AgentSettings
@@ -26,7 +28,13 @@ from gpuusage.operator.main import run_operator
 from gpuusage.operator.podwatch import PodWatch
 from gpuusage.operator.reconcile import Reconciler
 from gpuusage.operator.settings import OperatorSettings
-from gpuusage.simulation import Background, create_running_pod, pod_cgroup, write_process
+from gpuusage.simulation import (
+    Background,
+    create_running_pod,
+    ensure_namespace,
+    pod_cgroup,
+    write_process,
+)
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.worldview import condition, conditions, events, pod, pod_annotations, report, scrape
 
@@ -341,3 +349,65 @@ def test_a_node_with_more_processes_than_a_report_holds_stays_fresh(
     device = wait_for(lambda: next(d for d in report(world)["status"]["devices"]
                                    if d.get("omittedProcesses")), what="the status")  # fmt: skip
     assert device["omittedProcesses"] == 88
+
+
+def test_a_report_etcd_refuses_is_published_without_processes(tmp_path: Path) -> None:
+    """etcd refuses requests over its --max-request-bytes ("request is too large", a 500 from
+    the apiserver). Here its limit is 64 KiB, so a report of 300 processes is too large: the
+    agent sends it once, then publishes the observation without processes, the refusal said in
+    spec.source and on each device; the operator then marks the pod Unknown, not ended."""
+    small = LocalCluster(tmp_path / "small-etcd", tie_to_parent=True,
+                         etcd_args=["--max-request-bytes=65536"])  # fmt: skip
+    small.up()
+    try:
+        api, _ = api_client(small.kubeconfig)
+        with api:
+            install_crds(api)
+            core = client.CoreV1Api(api)
+            ensure_namespace(core, "ml")
+            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="busy")))
+            uid, cid = create_running_pod(core, "ml", "train", "busy", "trainer")
+            proc = tmp_path / "proc"
+            write_process(proc, 4242, pod_cgroup(uid, cid))
+            scenario = tmp_path / "gpus.yaml"
+
+            def gpus(extra: int) -> None:
+                procs: list[dict[str, Any]] = [{"pid": 4242, "usedMemoryMiB": 30000}]
+                procs += [{"pid": 50_000 + i, "usedMemoryMiB": 1, "name": "x" * 60}
+                          for i in range(extra)]  # fmt: skip
+                fresh = scenario.with_suffix(".new")
+                fresh.write_text(yaml.safe_dump({"gpus": [{"index": 0, "uuid": GPU0,
+                                                           "memoryTotalMiB": 81920,
+                                                           "processes": procs}]}))  # fmt: skip
+                fresh.replace(scenario)
+
+            gpus(0)
+            agent = Background(lambda stop: run_agent(AgentSettings(
+                node_name="busy", interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario}",
+                proc_root=proc, kubeconfig=small.kubeconfig, metrics_port=0), stop))  # fmt: skip
+            ready = threading.Event()
+            operator = Background(lambda stop: run_operator(OperatorSettings(
+                kubeconfig=small.kubeconfig, stale_after=30.0, resync=0.5, standalone=True),
+                stop, ready))  # fmt: skip
+            world = {"core": core, "ns": "ml", "api": api, "node": "busy"}
+            try:
+                assert ready.wait(60)
+                wait_for(lambda: in_use(world, "train"), what="train in use")
+                gpus(300)  # about 100 kB of report: over etcd's 64 KiB
+                spec = wait_for(lambda: (s := report(world)["spec"])["source"].get("message")
+                                and s, what="the refusal published")  # fmt: skip
+                assert "the API refused this node's full report" in spec["source"]["message"]
+                assert "request is too large" in spec["source"]["message"]
+                assert spec["gpus"][0]["processes"] == []
+                assert spec["gpus"][0]["error"]["reason"] == "ReportRefused"
+                unknown = wait_for(lambda: (c := condition(pod(world, "train"))).status
+                                   == "Unknown" and c, what="train Unknown")  # fmt: skip
+                assert unknown.reason == "DeviceNotReadable"
+                assert not stale(world, "busy"), "the node keeps reporting"
+                gpus(0)  # the observation changes: the full report goes through again
+                wait_for(lambda: in_use(world, "train"), what="train in use again")
+            finally:
+                agent.halt()
+                operator.halt()
+    finally:
+        small.down()

@@ -23,6 +23,7 @@ import ctypes
 import functools
 import importlib
 import logging
+import re
 import struct
 from collections import Counter
 from collections.abc import Callable
@@ -31,11 +32,14 @@ from typing import Any
 
 from gpuusage import __version__
 from gpuusage.api.models import (
+    GPU_UUID_PATTERN,
     MAX_DETAIL,
     MAX_GPUS,
     MAX_MIB,
     MAX_MIG_DEVICES,
+    MAX_MIG_UUID,
     MAX_PID,
+    MIG_UUID_PATTERN,
     DeviceError,
     Gpu,
     Memory,
@@ -72,6 +76,8 @@ def _mib(value: int | None) -> int | None:
     return min(int(value) // MIB, MAX_MIB)
 
 
+_GPU_UUID = re.compile(GPU_UUID_PATTERN)
+_MIG_UUID = re.compile(MIG_UUID_PATTERN)
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory unknown
 
 
@@ -258,9 +264,14 @@ class NvmlSource:
         try:
             handle = self._try(nvml.nvmlDeviceGetHandleByIndex, index)
             uuid = _text(self._try(nvml.nvmlDeviceGetUUID, handle))
-            self._known_uuid[index] = uuid
         except nvml.NVMLError as exc:
             return Gpu(index=index, uuid=uuid, error=self._device_error(exc, "GPU"))
+        if not _GPU_UUID.match(uuid):  # a binding/driver mismatch reads garbage
+            self._errors["InvalidUUID"] += 1
+            message = safe_text(f"NVML gave the GPU UUID {uuid!r}, which is no GPU UUID", 256)
+            return Gpu(index=index, uuid=self._known_uuid.get(index),
+                       error=DeviceError(reason="InvalidUUID", message=message))  # fmt: skip
+        self._known_uuid[index] = uuid
         error: DeviceError | None = None
         mig_enabled = self._mig_enabled(handle)
         mig_devices: list[MigDevice] = []
@@ -331,6 +342,10 @@ class NvmlSource:
                 uuid = _text(self._try(nvml.nvmlDeviceGetUUID, handle))
             except nvml.NVMLError as exc:
                 log.warning("MIG device %d: cannot read UUID: %s", index, exc)
+                continue
+            if not _MIG_UUID.match(uuid) or len(uuid) > MAX_MIG_UUID:
+                self._errors["InvalidUUID"] += 1
+                log.warning("MIG device %d: NVML gave %r, which is no MIG UUID", index, uuid)
                 continue
             error = None
             try:

@@ -49,6 +49,7 @@ MAX_POD_DEVICES = MAX_PROCESSES  # each (pod, device) entry stands for at least 
 MAX_UNATTRIBUTED = 128
 MAX_IDLE_PODS = 128
 MAX_PIDS_LISTED = 16  # per container entry of the status
+MAX_MIG_UUID = 96
 MAX_REQUESTED_GPUS = 1024  # what a pod's request is shown as, at most
 MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux
 MAX_MIB = 16 * 1024 * 1024  # 16 TiB: far above any device, low enough to catch unit mistakes
@@ -155,7 +156,7 @@ class MigDevice(ApiModel):
 
     index: Annotated[int, Field(ge=0, le=MAX_MIG_DEVICES)]
     """Index of the MIG device on its parent GPU."""
-    uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN, max_length=96)]
+    uuid: Annotated[str, Field(pattern=MIG_UUID_PATTERN, max_length=MAX_MIG_UUID)]
     """MIG device UUID, as device plugins and NVIDIA_VISIBLE_DEVICES name it."""
     name: ProductName | None = None
     """Product name including the profile, e.g. "NVIDIA A100-SXM4-40GB MIG 1g.5gb"."""

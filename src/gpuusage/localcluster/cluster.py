@@ -129,12 +129,14 @@ class LocalCluster:
         *,
         binaries: Binaries | None = None,
         apiserver_args: Sequence[str] = (),
+        etcd_args: Sequence[str] = (),
         tie_to_parent: bool = False,
         progress: Callable[[str], None] = stderr_progress,
     ) -> None:
         self.directory = directory.resolve()
         self._binaries = binaries
         self._apiserver_args = list(apiserver_args)
+        self._etcd_args = list(etcd_args)
         self._tie_to_parent = tie_to_parent
         self._progress = progress
         self._children: dict[str, subprocess.Popen[bytes]] = {}
@@ -346,6 +348,7 @@ class LocalCluster:
             f"--initial-cluster=default={peer}",
             "--unsafe-no-fsync",
             "--log-level=warn",
+            *self._etcd_args,
         ]
 
     def _apiserver_argv(self, binaries: Binaries) -> list[str]:

@@ -1,10 +1,14 @@
-"""A busy node's report stays within the API's bounds: the largest processes listed, the rest
-counted per device. Through the real NVML code path, with pynvml's functions faked."""
+"""The agent on a busy or misbehaving node: its report stays within the API's bounds (the largest
+processes listed, the rest counted per device), garbage from NVML is an error on that GPU, and
+an unexpected failure costs one cycle, never the agent. Through the real NVML code path, with
+pynvml's functions faked."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -12,10 +16,13 @@ import pytest
 from gpuusage.api import names
 from gpuusage.api.models import MAX_GPUS, MAX_PROCESSES, Gpu, Memory, Source
 from gpuusage.nodeagent.caps import capped
+from gpuusage.nodeagent.change import Decision
 from gpuusage.nodeagent.gpusource.base import Observed, Reading
 from gpuusage.nodeagent.gpusource.nvml import NvmlSource
-from gpuusage.nodeagent.main import Observer
+from gpuusage.nodeagent.main import Observer, run_cycles
+from gpuusage.nodeagent.metrics import AgentMetrics
 from gpuusage.nodeagent.resolver import Resolver
+from gpuusage.nodeagent.settings import AgentSettings
 from gpuusage.operator.certainty import REASON_OMITTED, blind_spots, why_unknown
 from gpuusage.operator.podindex import PodLookup, PodRef
 from gpuusage.operator.resolution import resolve_all
@@ -90,3 +97,57 @@ def test_a_busy_nvml_node_publishes_a_valid_report(
     cause = why_unknown(pod, blind)
     assert cause is not None
     assert cause.reason == REASON_OMITTED
+
+
+def test_a_garbage_gpu_uuid_is_an_error_on_that_gpu_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A binding/driver mismatch can read garbage; the spec must still validate."""
+    machine = dgx_h100(processes_per_gpu=2)
+    machine.gpus[3].uuid = "GPU-\x00\x01garbage"
+    machine.install(monkeypatch)
+    observer = Observer("n1", NvmlSource(pynvml), Resolver(tmp_path),
+                        clock=lambda: datetime(2026, 11, 23, tzinfo=UTC))  # fmt: skip
+    observation = observer.observe()
+    spec = observation.spec()
+    broken = spec.gpus[3]
+    assert broken.uuid is None
+    assert broken.error is not None
+    assert broken.error.reason == "InvalidUUID"
+    assert [g.error for g in spec.gpus if g.index != 3] == [None] * 7
+    assert observation.reading.errors["InvalidUUID"] == 1
+
+
+def test_an_unexpected_failure_costs_a_cycle_not_the_agent(tmp_path: Path) -> None:
+    class Flaky:
+        calls = 0
+
+        def read(self) -> Reading:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("a bug in a source")
+            return Reading(SOURCE, [])
+
+        def close(self) -> None:
+            """Nothing to release."""
+
+    stop = threading.Event()
+    offered: list[int] = []
+
+    class Recorder:
+        def offer(self, observation: Any, now: datetime, force: bool = False) -> Decision:
+            offered.append(1)
+            stop.set()
+            return Decision(True, "first report")
+
+    source = Flaky()
+    metrics = AgentMetrics()
+    settings = AgentSettings(node_name="n1", interval=0.01, metrics_port=0)
+    run_cycles(settings, Observer("n1", source, Resolver(tmp_path)), Recorder(),  # type: ignore[arg-type]
+               metrics, stop)  # fmt: skip
+    assert source.calls == 2, "the loop went on after the failure"
+    assert offered == [1]
+    failures = metrics.registry.get_sample_value(
+        "gpuusage_agent_cycle_failures_total", {"kind": "RuntimeError"}
+    )
+    assert failures == 1
