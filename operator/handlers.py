@@ -196,7 +196,7 @@ def build_registry(
             scheme="Bearer" if token else None,
         )
 
-    known: set[str] = set()  # report names, for the metric
+    known: set[str] = set()  # report names kopf's watch has shown: the metric, housekeeping
     metrics.active.set_function(lambda: float(gate.last))
     metrics.reports.set_function(lambda: len(known))
 
@@ -237,7 +237,7 @@ def build_registry(
         memo["pod_watch"] = threading.Thread(target=pods.run, name="pod-watch", daemon=True)
         memo["pod_watch"].start()
         memo["housekeeping"] = asyncio.create_task(
-            _housekeeping(reconciler, pods, resync_seconds, gate, health)
+            _housekeeping(reconciler, pods, resync_seconds, gate, health=health, known=known)
         )
 
     @kopf.on.cleanup(registry=registry)
@@ -256,12 +256,15 @@ async def _housekeeping(
     pods: PodWatch,
     interval: float,
     gate: ActiveGate,
+    *,
     health: ApiHealth,
+    known: set[str],
 ) -> None:
     """Every `interval`: check that the API answers, then revisit the reports that send no
     event of their own but need a reconcile: those whose freshness flipped (a dead agent writes
     nothing), those listing a pod that was deleted, and nodes whose pods carry our marks while
-    this replica knows no report for them (a report deleted while no replica watched)."""
+    kopf has delivered no report for them (a report deleted while no replica watched; `known`
+    holds the names of the reports kopf's watch has shown, and a GET confirms the absence)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
 
@@ -295,7 +298,7 @@ async def _housekeeping(
             continue
         now = datetime.now(UTC)
         due = set(reconciler.staleness_flipped(now)) | reconciler.take_due()
-        due |= {n for n in pods.lookup().nodes_with_our_marks() if not reconciler.known(n)}
+        due |= {n for n in pods.lookup().nodes_with_our_marks() if n not in known}
         for name in sorted(due):
             try:
                 await loop.run_in_executor(None, revisit, name, now)

@@ -226,10 +226,6 @@ class Reconciler:
             due, self._due = self._due, set()
         return due
 
-    def known(self, name: str) -> bool:
-        """Whether this replica has reconciled the report `name` (and not seen it deleted)."""
-        return name in self._sightings
-
     def forget_node(self, node: str, lookup: PodLookup) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
         pods lose every mark gpuusage put on them (annotations and condition), at once."""

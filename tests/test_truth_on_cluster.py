@@ -228,7 +228,8 @@ def test_a_process_whose_proc_files_cannot_be_read_has_not_ended(
     assert (unknown.status, unknown.reason) == ("Unknown", "ProcessesUnresolved")
     assert f"process {pid}" in str(unknown.message)
     assert pod_annotations(world, "train") == marks, "last known use kept"
-    assert unattributed(world, world["node"])[pid] == "Unresolved"
+    wait_for(lambda: unattributed(world, world["node"]).get(pid) == "Unresolved",
+             what="the status, written after the pods")  # fmt: skip
     hidden.rename(world["proc"] / str(pid))
     wait_for(lambda: in_use(world, "train"), what="train in use again")
     assert events(world, "train") == ["GPUUseStarted"], "no GPUUseEnded/GPUUseStarted pair"
