@@ -119,6 +119,9 @@ class PodWatch:
         self._wait = wait or self.stopped.wait
         self.relists = 0
         self.refreshes = 0
+        self._stream: Any = None  # the watch response being read, for stop()
+        self.watching = threading.Event()
+        """Set while a watch stream is open (after each list, until it ends)."""
 
     def lookup(self) -> PodLookup:
         return PodLookup(self._state.by_key)
@@ -152,7 +155,12 @@ class PodWatch:
                     break
 
     def stop(self) -> None:
+        """Stop the loop, and end the watch it may be blocked in: an open watch would keep the
+        thread, and the apiserver's shutdown, waiting for up to WATCH_SECONDS."""
         self.stopped.set()
+        stream = self._stream
+        if stream is not None:
+            raw.shutdown(stream)
 
     def refresh(self, namespace: str, name: str, stale_uid: str) -> None:
         """Read one pod again, after a write for `stale_uid` was refused because the pod of
@@ -207,6 +215,10 @@ class PodWatch:
             watch=True, resource_version=version, allow_watch_bookmarks=True,
             timeout_seconds=WATCH_SECONDS, _preload_content=False,
         )  # fmt: skip
+        self._stream = response
+        self.watching.set()
+        if self.stopped.is_set():  # stop() came between the check and the request
+            raw.shutdown(response)
         for event in raw.json_lines(response):
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
@@ -220,4 +232,5 @@ class PodWatch:
                     self._on_deleted({str(uid)})
             if self.stopped.is_set():
                 break
+        self.watching.clear()
         return version

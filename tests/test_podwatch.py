@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
+
+import pytest
+from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.operator.podwatch import IndexState, PodWatch
@@ -177,3 +181,17 @@ def test_interruptions_list_again_and_the_backoff_starts_over_after_each_list() 
     assert [0.5 <= p / b <= 1.0 for p, b in zip(first, (1, 2, 4, 5, 5), strict=True)] == [True] * 5
     assert [0.5 <= p <= 1.0 for p in later] == [True, True], "backoff reset after each list"
     assert watch.synced.is_set()
+
+
+@pytest.mark.cluster
+def test_stop_ends_the_watch_it_is_blocked_in(api: client.ApiClient) -> None:
+    """An open watch used to keep the thread (and the apiserver's shutdown) waiting for up to
+    300 s after stop()."""
+    watch = PodWatch(client.CoreV1Api(api))
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    assert watch.synced.wait(30)
+    assert watch.watching.wait(10)
+    watch.stop()
+    thread.join(timeout=5)
+    assert not thread.is_alive()

@@ -36,6 +36,17 @@ def written_metadata(data: bytes) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def shutdown(response: Any) -> None:
+    """End a streaming response from another thread: the reader's next read ends."""
+    raw = _urllib3(response)
+    for name in ("shutdown", "close"):  # shutdown interrupts a read under way (urllib3 >= 2.3)
+        try:
+            getattr(raw, name)()
+        except (AttributeError, ValueError, OSError):
+            continue  # not there, or the connection is already gone back to the pool
+        return
+
+
 def json_lines(response: Any, chunk: int = 65536) -> Iterator[dict[str, Any]]:
     """One JSON document per line, as a watch streams them; the connection goes back to the
     pool when the stream ends or the reader stops."""
