@@ -9,6 +9,8 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,10 @@ def _scenario(path: Path, used: list[int]) -> None:
             }
         )
     )
+
+
+def _at_least(read: Callable[[], float], value: float) -> bool:
+    return read() >= value
 
 
 class RunningAgent:
@@ -121,13 +127,26 @@ def test_agent_publishes_with_owner_reference_and_follows_changes(
 
 def test_jitter_causes_no_write(api: client.ApiClient, setup: dict[str, Any]) -> None:
     name = setup["node"].metadata.name
-    agent = RunningAgent(setup["settings"])
+    port = free_port()
+    settings = setup["settings"].model_copy(
+        update={"metrics_port": port, "metrics_address": "127.0.0.1"}
+    )
+    agent = RunningAgent(settings)
+
+    def skipped() -> float:
+        """Cycles the agent ran and decided not to write: the signal that it looked."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        line = next(x for x in text.splitlines()
+                    if x.startswith("gpuusage_agent_writes_skipped_total "))  # fmt: skip
+        return float(line.split()[-1])
+
     try:
         first = wait_for(lambda: _get(api, name), what="the CR")
         version = first["metadata"]["resourceVersion"]
         for used in ([1003, 1998, 3010], [1010, 2005, 2990], [995, 2030, 3001]):
             _scenario(setup["scenario"], used)
-            time.sleep(0.6)  # three cycles each
+            wait_for(partial(_at_least, skipped, skipped() + 3), what="three cycles")
         assert _get(api, name)["metadata"]["resourceVersion"] == version
         _scenario(setup["scenario"], [1000, 2000, 4000])  # a real change
         wait_for(

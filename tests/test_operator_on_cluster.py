@@ -116,8 +116,11 @@ def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
                     timeout=30, what="Unknown")  # fmt: skip
     assert unknown.reason == "NodeReportStale"
     assert names.ANNOTATION_GPUS in pod_annotations(world, "train"), "last use kept"
-    got = {c["type"]: c["status"] for c in report(world)["status"]["conditions"]}
-    assert got == {"Ready": "False", "Stale": "True"}
+
+    def said() -> dict[str, str]:  # the status is written after the pods
+        return {c["type"]: c["status"] for c in report(world)["status"]["conditions"]}
+
+    wait_for(lambda: said() == {"Ready": "False", "Stale": "True"}, what="the report Stale")
 
 
 def test_deleted_report_clears_its_pods(world: dict[str, Any]) -> None:
