@@ -37,8 +37,8 @@ import kopf
 from kubernetes import client
 
 from gpuusage.api import names
+from gpuusage.kube.config import api_client
 from gpuusage.kube.errors import NotFound, translate
-from gpuusage.kube.rest import load_rest_config
 from gpuusage.operator import peering as peers
 from gpuusage.operator.apihealth import ApiHealth
 from gpuusage.operator.metrics import OperatorMetrics
@@ -156,6 +156,31 @@ def configure_kopf(settings: kopf.OperatorSettings, peering: Peering | None) -> 
     settings.networking.error_backoffs = RetryForever()
 
 
+def connection_info(kubeconfig: Path | None) -> kopf.ConnectionInfo:
+    """kopf's credentials from the loader every other client of the operator uses (the
+    `kubernetes` package's, found as kube.config finds it): kubeconfig users with client
+    certificates, tokens, token files or exec credential plugins (what EKS, GKE and AKS
+    write), or the in-cluster service account."""
+    api, _source = api_client(kubeconfig)
+    try:
+        config = api.configuration
+        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
+            "authorization"
+        )
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl or None,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+        scheme=scheme or ("Bearer" if token else None),
+        token=token or None,
+    )
+
+
 def build_registry(
     reconciler: Reconciler,
     pods: PodWatch,
@@ -163,7 +188,6 @@ def build_registry(
     *,
     kubeconfig: Path | None,
     resync_seconds: float,
-    scratch: Path,
     peering: Peering | None,
     reconcile_workers: int,
     health: ApiHealth,
@@ -181,20 +205,9 @@ def build_registry(
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        """Same resolution as the agent's (flag, $KUBECONFIG, in-cluster, ~/.kube/config)."""
-        rest, _source = load_rest_config(kubeconfig, scratch)
-        token = rest.token
-        if rest.token_file is not None:
-            token = rest.token_file.read_text().strip()
-        return kopf.ConnectionInfo(
-            server=rest.server,
-            ca_path=str(rest.ca_file) if rest.ca_file else None,
-            insecure=rest.insecure or None,
-            certificate_path=str(rest.cert_file) if rest.cert_file else None,
-            private_key_path=str(rest.key_file) if rest.key_file else None,
-            token=token,
-            scheme="Bearer" if token else None,
-        )
+        """kopf asks again after a 401, so an expiring token (exec plugin, bound token) is
+        fetched afresh."""
+        return connection_info(kubeconfig)
 
     known: set[str] = set()  # report names kopf's watch has shown: the metric, housekeeping
     metrics.active.set_function(lambda: float(gate.last))

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 import threading
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import kopf
@@ -63,14 +60,13 @@ def run_operator(
             ensure_peering(api, peering.name)
         except Exception as exc:  # kopf then says clearly that the peering is missing
             log.warning("cannot create ClusterKopfPeering %s: %s", peering.name, exc)
-    scratch = Path(tempfile.mkdtemp(prefix="gpuusage-operator-"))
     try:
         metrics = OperatorMetrics(reconciler, lambda: len(pods), health)
         if settings.metrics_port:
             metrics.serve(settings.metrics_address, settings.metrics_port)
         registry = build_registry(
             reconciler, pods, metrics, kubeconfig=settings.kubeconfig,
-            resync_seconds=settings.resync, scratch=scratch, peering=peering,
+            resync_seconds=settings.resync, peering=peering,
             reconcile_workers=settings.workers, health=health,
         )  # fmt: skip
         kopf.run(
@@ -88,7 +84,6 @@ def run_operator(
         )
     finally:
         pods.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
         watch_api.close()  # type: ignore[no-untyped-call]
         api.close()  # type: ignore[no-untyped-call]
     return 0
