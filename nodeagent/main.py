@@ -152,7 +152,7 @@ def run_cycles(
 ) -> bool:
     """Observe and publish until stopped; True when the last write failed."""
     failed = False
-    said: set[str] = set()
+    last_failure: str | None = None
     while not stop.is_set():
         started = time.monotonic()
         try:
@@ -160,14 +160,15 @@ def run_cycles(
                 observation = observer.observe()
         except Exception as exc:  # a bug or bad input must not end the node's agent
             metrics.cycle_failures.labels(kind=type(exc).__name__).inc()
-            if str(exc) not in said:  # once per distinct failure, with its traceback
-                said.add(str(exc))
+            if str(exc) != last_failure:  # a lasting failure once, with its traceback
+                last_failure = str(exc)
                 log.exception("observing %s failed; the next cycle tries again", settings.node_name)
             failed = True
             if settings.once:
                 break
             stop.wait(settings.interval)
             continue
+        last_failure = None
         _record(metrics, observation)
         metrics.cycle_done()
         try:

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from gpuusage.api.models import (
     MAX_DETAIL,
+    MAX_MESSAGE,
     DeviceError,
     Gpu,
     GpuNodeUsageSpec,
@@ -99,8 +100,8 @@ def without_processes(spec: GpuNodeUsageSpec, refusal: str) -> GpuNodeUsageSpec:
     The operator reads a device with an error as one it cannot see: the node's pods become
     Unknown, never "ended", and the node is not left stale for a reason nobody can read.
     """
-    why = safe_text(f"the API refused this node's full report: {refusal}", 200)
-    error = DeviceError(reason=REFUSED_REASON, message=safe_text(why, MAX_DETAIL))
+    why = safe_text(f"the API refused this node's full report: {refusal}", MAX_DETAIL)
+    error = DeviceError(reason=REFUSED_REASON, message=why)
     note = f"{why}; devices are reported without their processes until the observation changes"
     gpus = [
         gpu.model_copy(
@@ -116,7 +117,7 @@ def without_processes(spec: GpuNodeUsageSpec, refusal: str) -> GpuNodeUsageSpec:
         for gpu in spec.gpus
     ]
     source = (spec.source or Source(kind="none", available=True)).model_copy(
-        update={"message": safe_text(note, 1024)}
+        update={"message": safe_text(note, MAX_MESSAGE)}
     )
     return spec.model_copy(update={"gpus": gpus, "source": source})
 

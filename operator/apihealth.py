@@ -23,7 +23,6 @@ class ApiHealth:
         self._clock = clock
         self._lock = threading.Lock()
         self._down_since: float | None = None
-        self.outages = 0
         self.failures = 0
 
     @property
@@ -36,7 +35,6 @@ class ApiHealth:
             if self._down_since is not None:
                 return
             self._down_since = self._clock()
-            self.outages += 1
         log.warning("Kubernetes API unavailable (%s: %s); retrying until it is back", what, error)
 
     def succeeded(self) -> None:

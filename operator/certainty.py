@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuusage.api import names
-from gpuusage.api.models import MAX_PROCESSES, GpuNodeUsageSpec
+from gpuusage.api.models import MAX_PROCESSES, DeviceError, Gpu, GpuNodeUsageSpec, MigDevice
 from gpuusage.api.summary import device_uuid
 from gpuusage.operator.podindex import PodRef
 from gpuusage.operator.resolution import Resolution
@@ -71,29 +71,21 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
     devices: dict[str, Cause] = {}
     reported: set[str] = set()
     for gpu in spec.gpus:
-        uuid = device_uuid(gpu)
-        reported.add(uuid)
-        reported.update(m.uuid for m in gpu.mig_devices)
-        if gpu.error is not None:
-            cause = Cause(REASON_DEVICE, f"device {uuid} on node {node} could not be read "
-                          f"({gpu.error.reason}: {gpu.error.message})")  # fmt: skip
-            devices[uuid] = cause
-            devices.update({m.uuid: cause for m in gpu.mig_devices})
-        counted: list[tuple[str, int | None]] = [(uuid, gpu.omitted_processes)]
-        counted += [(m.uuid, m.omitted_processes) for m in gpu.mig_devices]
-        for device, omitted in counted:
-            if omitted and device not in devices:
-                devices[device] = Cause(
+        parent = device_uuid(gpu)
+        # A MIG device of a GPU that could not be read could not be read either.
+        listed: list[tuple[str, Gpu | MigDevice, DeviceError | None]] = [(parent, gpu, None)]
+        listed += [(m.uuid, m, gpu.error) for m in gpu.mig_devices]
+        for uuid, device, inherited in listed:
+            reported.add(uuid)
+            error = device.error or inherited
+            if error is not None:
+                devices[uuid] = Cause(REASON_DEVICE, f"device {uuid} on node {node} could not "
+                                      f"be read ({error.reason}: {error.message})")  # fmt: skip
+            elif device.omitted_processes:
+                devices[uuid] = Cause(
                     REASON_OMITTED,
-                    f"{omitted} processes on device {device} of node {node} were left out of "
-                    f"its report (it lists at most {MAX_PROCESSES})",
-                )
-        for mig in gpu.mig_devices:
-            if mig.error is not None:
-                devices[mig.uuid] = Cause(
-                    REASON_DEVICE,
-                    f"device {mig.uuid} on node {node} could not be read "
-                    f"({mig.error.reason}: {mig.error.message})",
+                    f"{device.omitted_processes} processes on device {uuid} of node {node} were "
+                    f"left out of its report (it lists at most {MAX_PROCESSES})",
                 )
     for r in resolutions:
         if r.reason == "Unresolved" and r.device_uuid not in devices:

@@ -74,6 +74,11 @@ class Counts:
     def pod_errors(self) -> int:
         return sum(self.api_errors.values())
 
+    @property
+    def pod_writes_missed(self) -> int:
+        """Pod writes that did not land: failures and refusals for another UID."""
+        return self.pod_errors + self.uid_refusals
+
 
 @dataclass
 class Applied:
@@ -107,7 +112,7 @@ class Reconciler:
     """Report name → the UIDs of the pods its status lists."""
     _due: set[str] = field(default_factory=set)
     """Reports to reconcile again without waiting for an event of their own (a pod they list
-    was deleted). Filled by the pod watch's thread, taken by the staleness watch."""
+    was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
     _due_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -132,7 +137,7 @@ class Reconciler:
         """Bring status and pods in line with one report; True when the report is stale."""
         name = body["metadata"]["name"]
         self._echoes.pop(name, None)
-        failures = self.counts.pod_errors + self.counts.uid_refusals
+        missed = self.counts.pod_writes_missed
         written: str | None = None
         try:
             spec = GpuNodeUsageSpec.model_validate(body.get("spec") or {})
@@ -191,14 +196,14 @@ class Reconciler:
             self.counts.status_writes += 1
             written = _echo_version(response, body["metadata"].get("generation"))
         self._listing[name] = frozenset(uses) | frozenset(i.pod.uid for i in idle)
-        if written is not None and self.counts.pod_errors + self.counts.uid_refusals == failures:
+        if written is not None and self.counts.pod_writes_missed == missed:
             self._echoes[name] = written  # a failed pod write is retried on the echo instead
         self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
         return stale
 
     def staleness_flipped(self, now: datetime) -> list[str]:
         """Reports whose freshness by `now` differs from what their status says: they send no
-        event when their agent stops, so the staleness watch reconciles them."""
+        event when their agent stops, so the housekeeping pass reconciles them."""
         return [
             name
             for name, seen in list(self._sightings.items())

@@ -182,11 +182,24 @@ def load_scenario(path: Path) -> Scenario:
             f"GPU scenario {path} must be a mapping with `gpus:`, not {type(raw).__name__}"
         )
     try:
-        scenario = Scenario.model_validate(raw)
-        scenario_gpus(scenario, Counter(), {})  # what a reading builds must be valid too
+        return Scenario.model_validate(raw)
     except ValidationError as exc:
         raise ScenarioError(f"GPU scenario {path} is invalid: {_problems(exc)}") from exc
-    return scenario
+
+
+Built = tuple[list[Gpu], Counter[str], dict[str, list[Observed]]]
+"""What a reading holds of a scenario: GPUs, errors by kind, processes by device UUID."""
+
+
+def built(scenario: Scenario, path: Path) -> Built:
+    """The reading's parts for a scenario; ScenarioError when what they describe is beyond the
+    API's bounds (the file is then as invalid as a file with a bad field)."""
+    errors: Counter[str] = Counter()
+    processes: dict[str, list[Observed]] = {}
+    try:
+        return scenario_gpus(scenario, errors, processes), errors, processes
+    except ValidationError as exc:
+        raise ScenarioError(f"GPU scenario {path} is invalid: {_problems(exc)}") from exc
 
 
 def _processes(procs: list[FakeProcess], with_utilization: bool) -> list[Observed]:
@@ -283,23 +296,25 @@ class FakeSource:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._last_good: Scenario = load_scenario(path)  # fail fast on a bad file at start
+        built(self._last_good, path)
         self._last_error: str | None = None
 
     def read(self) -> Reading:
-        errors: Counter[str] = Counter()
         note = None
         try:
             scenario = load_scenario(self.path)
+            gpus, errors, processes = built(scenario, self.path)
             self._last_good, self._last_error = scenario, None
         except ScenarioError as exc:
             if str(exc) != self._last_error:
                 log.error("%s; keeping the last valid scenario", exc)
             self._last_error = str(exc)
             scenario = self._last_good
+            gpus, errors, processes = built(scenario, self.path)  # valid: it was before
             note = safe_text(f"{exc}", 900) + "; showing the last valid scenario"
             errors["ScenarioInvalid"] += 1
-        if scenario.nvmlError:
-            errors[scenario.nvmlError] += 1
+        if scenario.nvmlError:  # the library fails: no GPU was read, so none of their errors
+            errors = Counter([scenario.nvmlError, *(["ScenarioInvalid"] if note else [])])
             source = Source(
                 kind="fake",
                 available=False,
@@ -315,8 +330,6 @@ class FakeSource:
             cuda_version=scenario.cudaVersion,
             agent_version=__version__,
         )
-        processes: dict[str, list[Observed]] = {}
-        gpus = scenario_gpus(scenario, errors, processes)
         return Reading(source, gpus, errors, processes)
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from gpuusage.api.models import (
     GPU_UUID_PATTERN,
     MAX_DETAIL,
     MAX_GPUS,
+    MAX_MESSAGE,
     MAX_MIB,
     MAX_MIG_DEVICES,
     MAX_MIG_UUID,
@@ -138,7 +139,7 @@ class NvmlSource:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
             message = safe_text(
-                f"NVML unavailable ({error_reason(exc)}: {exc}); idling, will retry", 1024
+                f"NVML unavailable ({error_reason(exc)}: {exc}); idling, will retry", MAX_MESSAGE
             )
             if message != self._init_error:
                 log.warning("%s", message)
@@ -146,7 +147,9 @@ class NvmlSource:
             self._errors[error_reason(exc)] += 1
             return False
         except OSError as exc:  # pynvml surfaces some loader failures as OSError
-            self._init_error = safe_text(f"NVML unavailable ({exc}); idling, will retry", 1024)
+            self._init_error = safe_text(
+                f"NVML unavailable ({exc}); idling, will retry", MAX_MESSAGE
+            )
             self._errors["LibraryNotFound"] += 1
             return False
         if self._init_error:
@@ -204,7 +207,7 @@ class NvmlSource:
             failed = Source(
                 kind="nvml",
                 available=False,
-                message=safe_text(f"cannot count GPUs ({error_reason(exc)}: {exc})", 1024),
+                message=safe_text(f"cannot count GPUs ({error_reason(exc)}: {exc})", MAX_MESSAGE),
                 driver_version=source.driver_version,
                 agent_version=__version__,
             )

@@ -87,7 +87,8 @@ ProcessName = Annotated[str, Field(max_length=64, pattern=SAFE_TEXT_PATTERN)]
 ShortText = Annotated[str, Field(max_length=64, pattern=SAFE_TEXT_PATTERN)]
 MAX_DETAIL = 256
 Detail = Annotated[str, Field(max_length=MAX_DETAIL, pattern=SAFE_TEXT_PATTERN)]
-Message = Annotated[str, Field(max_length=1024, pattern=SAFE_TEXT_PATTERN)]
+MAX_MESSAGE = 1024
+Message = Annotated[str, Field(max_length=MAX_MESSAGE, pattern=SAFE_TEXT_PATTERN)]
 DeviceId = Annotated[str, Field(max_length=128, pattern=DEVICE_ID_PATTERN)]
 Namespace = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
 PodName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
@@ -247,7 +248,7 @@ class Condition(ApiModel):
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     last_transition_time: datetime
     reason: Annotated[str, Field(pattern=CONDITION_REASON_PATTERN, min_length=1, max_length=1024)]
-    message: Annotated[str, Field(max_length=1024)] = ""
+    message: Annotated[str, Field(max_length=MAX_MESSAGE)] = ""
     """At most 1024 characters (metav1.Condition allows 32768): the object must stay small."""
 
 
