@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test lint binaries crd monitoring clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -26,8 +26,8 @@ test: binaries
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests operator nodeagent benchmarks
-	$(VENV)/bin/ruff format --check src tests operator nodeagent benchmarks
+	$(VENV)/bin/ruff check src operator nodeagent commands devtools tests benchmarks
+	$(VENV)/bin/ruff format --check src operator nodeagent commands devtools tests benchmarks
 	$(VENV)/bin/mypy
 
 crd: $(VENV)/.installed
@@ -36,7 +36,7 @@ crd: $(VENV)/.installed
 
 # The PrometheusRule, rendered from the plain rules file.
 monitoring: $(VENV)/.installed
-	$(PY) -m gpuusage.rules manifests/monitoring/gpuusage.rules.yaml > manifests/monitoring/prometheusrule.yaml
+	$(PY) -m gpuusage_dev.rules manifests/monitoring/gpuusage.rules.yaml > manifests/monitoring/prometheusrule.yaml
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -25,20 +25,20 @@ import yaml
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO)]
-
-from tests.fakenvml import gpu_uuid  # noqa: E402
+sys.path.insert(0, str(REPO))  # the tests package (fake machines); gpuusage is installed
 
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
 from gpuusage.kube.rest import RestClient  # noqa: E402
-from gpuusage.localcluster.cluster import LocalCluster  # noqa: E402
-from gpuusage.nodeagent.gpusource.fake import FakeSource  # noqa: E402
-from gpuusage.nodeagent.main import Observer  # noqa: E402
-from gpuusage.nodeagent.publisher import Publisher  # noqa: E402
-from gpuusage.nodeagent.resolver import Resolver  # noqa: E402
-from gpuusage.nodeagent.settings import AgentSettings  # noqa: E402
-from gpuusage.simulation import write_process  # noqa: E402
+from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: E402
+from gpuusage_dev.simulation import write_process  # noqa: E402
+from gpuusage_nodeagent.gpusource.fake import FakeSource  # noqa: E402
+from gpuusage_nodeagent.main import NodeReader  # noqa: E402
+from gpuusage_nodeagent.metrics import AgentMetrics  # noqa: E402
+from gpuusage_nodeagent.publisher import Publisher  # noqa: E402
+from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
+from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
+from tests.fakenvml import gpu_uuid  # noqa: E402
 
 DEFAULTS = AgentSettings(node_name="x")
 CYCLES = int(3600 / DEFAULTS.interval)
@@ -82,11 +82,27 @@ def agent_rss(cluster: LocalCluster, work: Path, node: str) -> dict[str, float]:
     proc_tree(proc, 512)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "gpuusage.cli", "agent", "--node-name", node, "--interval", "1",
-         "--gpu-source", f"fake:{path}", "--proc-root", str(proc),
-         "--kubeconfig", str(cluster.kubeconfig), "--metrics-port", "0"],
-        env=env, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gpuusage.cli",
+            "agent",
+            "--node-name",
+            node,
+            "--interval",
+            "1",
+            "--gpu-source",
+            f"fake:{path}",
+            "--proc-root",
+            str(proc),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--metrics-port",
+            "0",
+        ],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(20)
         status = Path(f"/proc/{agent.pid}/status").read_text()
@@ -123,21 +139,27 @@ def main() -> None:
             scenario(path, 8, rng)
             proc = work / "proc"
             proc_tree(proc, 64)
-            observer = Observer("bench-node", FakeSource(path), Resolver(proc))
+            now = datetime(2026, 11, 21, tzinfo=UTC)
+            reader = NodeReader("bench-node", FakeSource(path), Resolver(proc), clock=lambda: now)
+            metrics = AgentMetrics()
             rest, _ = RestClient.from_kubeconfig(cluster.kubeconfig)
             publisher = Publisher(
                 rest,
                 "bench-node",
                 heartbeat=timedelta(seconds=DEFAULTS.heartbeat),
                 threshold_mib=DEFAULTS.memory_threshold_mib,
+                metrics=metrics,
             )
-            now = datetime(2026, 11, 21, tzinfo=UTC)
             for _ in range(CYCLES):
                 scenario(path, 8, rng)  # jitter and utilization change every cycle
-                publisher.offer(observer.observe(), now)
+                publisher.offer(reader.read())
                 now += timedelta(seconds=DEFAULTS.interval)
-            writes = sum(publisher.stats.writes.values())
-            per_hour_bytes = publisher.stats.bytes_written
+            registry = metrics.registry
+            writes = sum(
+                registry.get_sample_value("gpuusage_agent_api_writes_total", {"verb": verb}) or 0
+                for verb in ("create", "patch")
+            )
+            per_hour_bytes = registry.get_sample_value("gpuusage_agent_api_write_bytes_total")
             rss = agent_rss(cluster, work, "bench-node-big")
         finally:
             cluster.down()

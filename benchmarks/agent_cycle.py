@@ -28,16 +28,15 @@ import pynvml
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO)]
+sys.path.insert(0, str(REPO))  # the tests package (fake machines); gpuusage is installed
 
+from gpuusage_dev.simulation import write_process  # noqa: E402
+from gpuusage_nodeagent.change import decide  # noqa: E402
+from gpuusage_nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
+from gpuusage_nodeagent.main import NodeReader, settle_memory  # noqa: E402
+from gpuusage_nodeagent.metrics import AgentMetrics  # noqa: E402
+from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
 from tests.fakenvml import FakeMachine, dgx_h100  # noqa: E402
-
-from gpuusage.nodeagent.change import decide  # noqa: E402
-from gpuusage.nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
-from gpuusage.nodeagent.main import Observer, settle_memory  # noqa: E402
-from gpuusage.nodeagent.metrics import AgentMetrics  # noqa: E402
-from gpuusage.nodeagent.resolver import Resolver  # noqa: E402
-from gpuusage.simulation import write_process  # noqa: E402
 
 GPUS, OTHER_PROCESSES = 8, 3000
 
@@ -96,7 +95,7 @@ def main() -> None:
         machine.install(patch)
         emulation = EmulationClock(machine)
         emulation.install(patch)
-        observer = Observer("gpu-node-1", NvmlSource(pynvml), Resolver(proc))
+        reader = NodeReader("gpu-node-1", NvmlSource(pynvml), Resolver(proc))
         metrics = AgentMetrics()
         published, published_at = None, None
         now = datetime(2026, 11, 21, tzinfo=UTC)
@@ -110,13 +109,13 @@ def main() -> None:
                     p.used_mib = 4096 + rng.randint(-8, 8)
             start, emulated = time.process_time(), emulation.seconds
             with metrics.cycle_seconds.time():
-                observation = observer.observe()
-            new = observation.fingerprint()
+                attributed = reader.read()
+            new = attributed.fingerprint()
             decision = decide(
                 published, published_at, new, now, heartbeat=timedelta(seconds=60), threshold_mib=64
             )
             if decision.write:  # the spec is built only for a write, as the publisher does
-                spec = observation.spec()
+                spec = attributed.spec()
                 published, published_at = new, now
             elapsed = time.process_time() - start
             now += timedelta(seconds=10)

@@ -32,24 +32,24 @@ import yaml
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "src") not in sys.path:
-    sys.path[:0] = [str(REPO / "src"), str(REPO)]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the tests package; gpuusage is installed
 
 from gpuusage.api import names  # noqa: E402
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
-from gpuusage.localcluster.cluster import LocalCluster  # noqa: E402
-from gpuusage.nodeagent.main import run_agent  # noqa: E402
-from gpuusage.nodeagent.settings import AgentSettings  # noqa: E402
-from gpuusage.operator.main import run_operator  # noqa: E402
-from gpuusage.operator.settings import OperatorSettings  # noqa: E402
-from gpuusage.simulation import (  # noqa: E402
+from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: E402
+from gpuusage_dev.simulation import (  # noqa: E402
     Background,
     create_running_pod,
     ensure_namespace,
     pod_cgroup,
     write_process,
 )
+from gpuusage_nodeagent.main import run_agent  # noqa: E402
+from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
+from gpuusage_operator.main import run_operator  # noqa: E402
+from gpuusage_operator.settings import OperatorSettings  # noqa: E402
 
 GPUS = ("GPU-50a4c0de-0000-4000-8000-000000000000", "GPU-50a4c0de-0000-4000-8000-000000000001")
 PODS = ("train-0", "train-1", "train-2", "notebook", "infer-0", "infer-1")
@@ -97,8 +97,11 @@ class Node:
     def write_scenario(self) -> None:
         gpus = []
         for index, gpu in enumerate(GPUS):
-            procs = [{"pid": u.pid, "usedMemoryMiB": u.mib} for u in self.uses.values()
-                     if u.gpu == gpu and u.mib is not None]  # fmt: skip
+            procs = [
+                {"pid": u.pid, "usedMemoryMiB": u.mib}
+                for u in self.uses.values()
+                if u.gpu == gpu and u.mib is not None
+            ]
             gpus.append({"index": index, "uuid": gpu, "memoryTotalMiB": 81920, "processes": procs})
         fresh = self.scenario.with_suffix(".new")
         fresh.write_text(yaml.safe_dump({"gpus": gpus}))
@@ -113,8 +116,7 @@ def wrong_marks(node: Node, custom: client.CustomObjectsApi) -> list[str]:
         annotations = (pod.metadata.annotations if pod.metadata else None) or {}
         ours = {k: v for k, v in annotations.items() if k.startswith(names.GROUP)}
         conditions = (pod.status.conditions if pod.status else None) or []
-        condition = next((c for c in conditions if c.type == names.POD_CONDITION_GPU_IN_USE),
-                         None)  # fmt: skip
+        condition = next((c for c in conditions if c.type == names.POD_CONDITION_GPU_IN_USE), None)
         state = f"{condition.status} {condition.reason}" if condition else "none"
         if use.mib is not None:
             want = {names.ANNOTATION_GPUS: use.gpu, names.ANNOTATION_GPU_MEMORY_MIB: str(use.mib)}
@@ -164,13 +166,30 @@ def run_soak(
     for index, pod in enumerate(PODS):
         node.create(pod, GPUS[index % 2], 1024 * (index + 1))
     node.write_scenario()
-    agent = Background(lambda stop: run_agent(AgentSettings(
-        node_name=node.name, interval=0.5, heartbeat=2.0, gpu_source=f"fake:{node.scenario}",
-        proc_root=node.proc, kubeconfig=cluster.kubeconfig, metrics_port=0), stop))  # fmt: skip
+    agent = Background(
+        lambda stop: run_agent(
+            AgentSettings(
+                node_name=node.name,
+                interval=0.5,
+                heartbeat=2.0,
+                gpu_source=f"fake:{node.scenario}",
+                proc_root=node.proc,
+                kubeconfig=cluster.kubeconfig,
+                metrics_port=0,
+            ),
+            stop,
+        )
+    )
     ready = threading.Event()
-    operator = Background(lambda stop: run_operator(OperatorSettings(
-        kubeconfig=cluster.kubeconfig, standalone=True, stale_after=60.0, resync=1.0),
-        stop, ready))  # fmt: skip
+    operator = Background(
+        lambda stop: run_operator(
+            OperatorSettings(
+                kubeconfig=cluster.kubeconfig, standalone=True, stale_after=60.0, resync=1.0
+            ),
+            stop,
+            ready,
+        )
+    )
     results: list[Round] = []
     try:
         if not ready.wait(60):
@@ -201,8 +220,9 @@ def run_soak(
             took, wrong = _converge(node, custom, timeout)
             results.append(Round(took, wrong, len(recreated), changes))
     finally:
-        crashed = [n for n, b in (("agent", agent), ("operator", operator))
-                   if not b.thread.is_alive()]  # fmt: skip
+        crashed = [
+            n for n, b in (("agent", agent), ("operator", operator)) if not b.thread.is_alive()
+        ]
         agent.halt()
         operator.halt()
         admin.close()  # type: ignore[no-untyped-call]

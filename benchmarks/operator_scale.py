@@ -33,16 +33,15 @@ from typing import Any
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "src"), str(REPO)]
-
-from tests.fakenvml import gpu_uuid  # noqa: E402
+sys.path.insert(0, str(REPO))  # the tests package (fake machines); gpuusage is installed
 
 from gpuusage.api import names  # noqa: E402
 from gpuusage.kube import raw  # noqa: E402
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
-from gpuusage.localcluster.cluster import ClusterState, LocalCluster  # noqa: E402
-from gpuusage.simulation import create_running_pod, ensure_namespace  # noqa: E402
+from gpuusage_dev.localcluster.cluster import ClusterState, LocalCluster  # noqa: E402
+from gpuusage_dev.simulation import create_running_pod, ensure_namespace  # noqa: E402
+from tests.fakenvml import gpu_uuid  # noqa: E402
 
 NAMESPACES = 10
 STEP_MIB = 64
@@ -77,20 +76,37 @@ class World:
             self.pod_of[(node, slot)] = key
             self.memory[key] = 4096
             processes[slot % 8].append(
-                {"pid": 10_000 + slot, "name": "python3", "usedMemoryMiB": 4096,
-                 "containerID": cid, "types": ["compute"]}
-            )  # fmt: skip
+                {
+                    "pid": 10_000 + slot,
+                    "name": "python3",
+                    "usedMemoryMiB": 4096,
+                    "containerID": cid,
+                    "types": ["compute"],
+                }
+            )
         gpus = [
-            {"index": i, "uuid": gpu_uuid(i), "name": "NVIDIA H100 80GB HBM3",
-             "memory": {"totalMiB": 81559, "usedMiB": sum(p["usedMemoryMiB"] for p in procs)},
-             "processes": procs}
+            {
+                "index": i,
+                "uuid": gpu_uuid(i),
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory": {"totalMiB": 81559, "usedMiB": sum(p["usedMemoryMiB"] for p in procs)},
+                "processes": procs,
+            }
             for i, procs in enumerate(processes)
-        ]  # fmt: skip
-        spec = {"nodeName": node, "observedAt": _now(), "gpus": gpus,
-                "source": {"kind": "fake", "available": True}}  # fmt: skip
+        ]
+        spec = {
+            "nodeName": node,
+            "observedAt": _now(),
+            "gpus": gpus,
+            "source": {"kind": "fake", "available": True},
+        }
         self.specs[node] = spec
-        body = {"apiVersion": names.API_VERSION, "kind": names.KIND,
-                "metadata": {"name": node}, "spec": spec}  # fmt: skip
+        body = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": node},
+            "spec": spec,
+        }
         self.custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
 
     def publish(self, node: str) -> None:
@@ -140,9 +156,12 @@ class PodWatch(threading.Thread):
         from the last resourceVersion: starting over would make the apiserver send all pods."""
         while True:
             response = self.core.list_pod_for_all_namespaces(
-                watch=True, allow_watch_bookmarks=True, resource_version=self.version,
-                timeout_seconds=300, _preload_content=False,
-            )  # fmt: skip
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=self.version,
+                timeout_seconds=300,
+                _preload_content=False,
+            )
             for event in raw.json_lines(response):
                 self.version = self._event(event, self.version)
 
@@ -180,8 +199,10 @@ def apiserver_requests(api: client.ApiClient) -> dict[str, float]:
     for line in response.read().decode().splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
-        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")]
-                      .replace('"', "").split(","))  # fmt: skip
+        labels = dict(
+            part.split("=", 1)
+            for part in line[line.index("{") + 1 : line.index("}")].replace('"', "").split(",")
+        )
         key = labels["resource"] + ("/" + labels["subresource"] if labels["subresource"] else "")
         key = f"{labels['verb']} {key}"
         counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
@@ -190,8 +211,9 @@ def apiserver_requests(api: client.ApiClient) -> dict[str, float]:
 
 def apiserver_writes(api: client.ApiClient) -> dict[str, float]:
     """PATCH requests the apiserver served so far, by resource/subresource."""
-    return {k.split(" ", 1)[1]: v for k, v in apiserver_requests(api).items()
-            if k.startswith("PATCH ")}  # fmt: skip
+    return {
+        k.split(" ", 1)[1]: v for k, v in apiserver_requests(api).items() if k.startswith("PATCH ")
+    }
 
 
 def _delta(after: dict[str, float], before: dict[str, float], key: str) -> int:
@@ -218,8 +240,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def run_rate(world: World, watcher: PodWatch, pool: ThreadPoolExecutor, rate: float,
-             seconds: float) -> dict[str, Any]:  # fmt: skip
+def run_rate(
+    world: World, watcher: PodWatch, pool: ThreadPoolExecutor, rate: float, seconds: float
+) -> dict[str, Any]:
     """Change reports at `rate` per second for `seconds`; latency of each change to its pod."""
     with watcher.lock:
         watcher.latencies.clear()
@@ -301,11 +324,21 @@ def main() -> None:
             log = (Path(tmp) / "operator.log").open("w")
             started = time.monotonic()
             operator = subprocess.Popen(
-                [sys.executable, "-m", "gpuusage.cli", "operator", "--standalone",
-                 "--kubeconfig", str(cluster.kubeconfig), "--stale-after", "3600"],
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuusage.cli",
+                    "operator",
+                    "--standalone",
+                    "--kubeconfig",
+                    str(cluster.kubeconfig),
+                    "--stale-after",
+                    "3600",
+                ],
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-                stdout=subprocess.DEVNULL, stderr=log,
-            )  # fmt: skip
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
             pods = args.nodes * args.pods_per_node
             while watcher.annotated() < pods:
                 if time.monotonic() - started > 900 or operator.poll() is not None:

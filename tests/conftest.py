@@ -24,19 +24,19 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
-from gpuusage.localcluster.cluster import LocalCluster, free_port
-from gpuusage.nodeagent.main import run_agent
-from gpuusage.nodeagent.settings import AgentSettings
-from gpuusage.operator.main import run_operator
-from gpuusage.operator.reconcile import Reconciler
-from gpuusage.operator.settings import OperatorSettings
-from gpuusage.simulation import (
+from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
+from gpuusage_dev.simulation import (
     Background,
     create_running_pod,
     ensure_namespace,
     pod_cgroup,
     write_process,
 )
+from gpuusage_nodeagent.main import run_agent
+from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_operator.main import run_operator
+from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.settings import OperatorSettings
 from tests.fakenvml import gpu_uuid
 
 GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
@@ -114,8 +114,12 @@ def token_kubeconfig(
     spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 3600}
     if pod is not None:
         assert pod.metadata is not None
-        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1",
-                                  "name": pod.metadata.name, "uid": pod.metadata.uid}  # fmt: skip
+        spec["boundObjectRef"] = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "name": pod.metadata.name,
+            "uid": pod.metadata.uid,
+        }
     issued = core.create_namespaced_service_account_token(
         sa, namespace, client.AuthenticationV1TokenRequest(spec=spec)
     )
@@ -123,13 +127,19 @@ def token_kubeconfig(
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {
-            "server": cluster.server,
-            "certificate-authority": str(cluster.directory / "pki" / "ca.crt")}}],
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.directory / "pki" / "ca.crt"),
+                },
+            }
+        ],
         "users": [{"name": sa, "user": {"token": issued.status.token}}],
         "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
         "current-context": sa,
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -172,8 +182,9 @@ def make_world(
             uid, cid = create_running_pod(core, ns, name, node, container, gpus=gpus)
             pids[name] = {"train": 4242, "notebook": 5151}.get(name, 6000 + i)
             uids[name] = uid
-            write_process(proc, pids[name], pod_cgroup(uid, cid), comm="python3",
-                          start_ticks=pids[name])  # fmt: skip
+            write_process(
+                proc, pids[name], pod_cgroup(uid, cid), comm="python3", start_ticks=pids[name]
+            )
         scenario_file = tmp_path / f"scenario-{node}.yaml"
 
         def scenario(gpus: list[dict[str, Any]]) -> None:
@@ -184,34 +195,57 @@ def make_world(
 
         def write(notebook: bool = True) -> None:
             gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720}, {"pid": 777, "usedMemoryMiB": 512}]
-            scenario([
-                {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpu0},
-                {"index": 1, "uuid": GPU1, "memoryTotalMiB": 81920, "processes":
-                    [{"pid": 5151, "usedMemoryMiB": 10240}] if notebook else []},
-            ])  # fmt: skip
+            scenario(
+                [
+                    {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpu0},
+                    {
+                        "index": 1,
+                        "uuid": GPU1,
+                        "memoryTotalMiB": 81920,
+                        "processes": [{"pid": 5151, "usedMemoryMiB": 10240}] if notebook else [],
+                    },
+                ]
+            )
 
         write()
         agent_settings = AgentSettings(
-            node_name=node, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario_file}",
-            proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
+            node_name=node,
+            interval=0.3,
+            heartbeat=1.0,
+            gpu_source=f"fake:{scenario_file}",
+            proc_root=proc,
+            kubeconfig=cluster.kubeconfig,
+            metrics_port=0,
             attribution_grace=attribution_grace,
-        )  # fmt: skip
+        )
         agent = Background(lambda stop: run_agent(agent_settings, stop))
         world: dict[str, Any] = {
-            "core": core, "ns": ns, "node": node, "write": write, "scenario": scenario,
-            "agent": agent, "api": api, "pids": pids, "proc": proc,
-            "scenario_file": scenario_file, **uids,
-        }  # fmt: skip
+            "core": core,
+            "ns": ns,
+            "node": node,
+            "write": write,
+            "scenario": scenario,
+            "agent": agent,
+            "api": api,
+            "pids": pids,
+            "proc": proc,
+            "scenario_file": scenario_file,
+            **uids,
+        }
         started.append(world)
         if operator:
             reconcilers: list[Reconciler] = []
             ready = threading.Event()
             metrics_port = free_port()
             op_settings = OperatorSettings(
-                kubeconfig=cluster.kubeconfig, stale_after=stale_after, resync=0.5,
-                standalone=True, metrics_port=metrics_port, metrics_address="127.0.0.1",
+                kubeconfig=cluster.kubeconfig,
+                stale_after=stale_after,
+                resync=0.5,
+                standalone=True,
+                metrics_port=metrics_port,
+                metrics_address="127.0.0.1",
                 idle_after=idle_after,
-            )  # fmt: skip
+            )
             world["operator"] = Background(
                 lambda stop: run_operator(op_settings, stop, ready, reconcilers)
             )

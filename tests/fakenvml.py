@@ -146,8 +146,14 @@ class FakeMachine:
     def _pack_proc(view: memoryview, index: int, mig: FakeMig | None, proc: FakeProcess) -> None:
         """Write one process-info struct into the caller's array, as the driver does."""
         used = NOT_AVAILABLE if proc.used_mib is None else proc.used_mib * MIB
-        PROC_INFO.pack_into(view, index * PROC_INFO.size, proc.pid, used,
-                            mig.gi if mig else NO_MIG, mig.ci if mig else NO_MIG)  # fmt: skip
+        PROC_INFO.pack_into(
+            view,
+            index * PROC_INFO.size,
+            proc.pid,
+            used,
+            mig.gi if mig else NO_MIG,
+            mig.ci if mig else NO_MIG,
+        )
 
     def _c_utilization(
         self, handle: Handle, array: Array[Any] | None, count_ref: Any, since: Any
@@ -299,8 +305,9 @@ def dgx_h100(processes_per_gpu: int = 8, first_pid: int = 10_000) -> FakeMachine
     for index in range(8):
         procs = []
         for _ in range(processes_per_gpu):
-            procs.append(FakeProcess(pid=pid, used_mib=2048 + pid % 7 * 512, sm=pid % 100,
-                                     mem=pid % 50))  # fmt: skip
+            procs.append(
+                FakeProcess(pid=pid, used_mib=2048 + pid % 7 * 512, sm=pid % 100, mem=pid % 50)
+            )
             pid += 1
         used = sum(p.used_mib or 0 for p in procs) + 512
         gpus.append(FakeGpu(uuid=gpu_uuid(index), used_mib=used, util=(87, 41), processes=procs))

@@ -19,12 +19,12 @@ import yaml
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.examples import CTR_TRAIN, POD_TRAIN
-from gpuusage.localcluster.cluster import LocalCluster, free_port
-from gpuusage.nodeagent.main import run_agent
-from gpuusage.nodeagent.settings import AgentSettings
-from gpuusage.simulation import write_process
+from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
+from gpuusage_dev.simulation import write_process
+from gpuusage_nodeagent.main import run_agent
+from gpuusage_nodeagent.settings import AgentSettings
 from tests.conftest import CHILD_ENV, wait_for
+from tests.examples import CTR_TRAIN, POD_TRAIN
 from tests.fakenvml import gpu_uuid
 
 pytestmark = pytest.mark.cluster
@@ -137,8 +137,9 @@ def test_jitter_causes_no_write(api: client.ApiClient, setup: dict[str, Any]) ->
         """Cycles the agent ran and decided not to write: the signal that it looked."""
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
-        line = next(x for x in text.splitlines()
-                    if x.startswith("gpuusage_agent_writes_skipped_total "))  # fmt: skip
+        line = next(
+            x for x in text.splitlines() if x.startswith("gpuusage_agent_writes_skipped_total ")
+        )
         return float(line.split()[-1])
 
     try:
@@ -215,12 +216,29 @@ def test_agent_process_serves_metrics_and_stops_on_sigterm(
     port = free_port()
     env = {**CHILD_ENV, "NODE_NAME": settings.node_name}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuusage.cli", "agent", "--interval", "0.2",
-         "--gpu-source", settings.gpu_source, "--proc-root", str(settings.proc_root),
-         "--kubeconfig", str(settings.kubeconfig), "--metrics-port", str(port),
-         "--metrics-address", "127.0.0.1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gpuusage.cli",
+            "agent",
+            "--interval",
+            "0.2",
+            "--gpu-source",
+            settings.gpu_source,
+            "--proc-root",
+            str(settings.proc_root),
+            "--kubeconfig",
+            str(settings.kubeconfig),
+            "--metrics-port",
+            str(port),
+            "--metrics-address",
+            "127.0.0.1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: _get(api, settings.node_name), what="the CR")
 

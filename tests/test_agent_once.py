@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpuusage.api.models import GpuNodeUsage
-from gpuusage.simulation import write_process
+from gpuusage_dev.simulation import write_process
 from tests.conftest import CHILD_ENV
 from tests.fakenvml import gpu_uuid, mig_uuid
 
@@ -37,12 +37,18 @@ def node(tmp_path: Path) -> tuple[Path, Path]:
     """A proc tree with one process per corpus layout, spread over 4 GPUs and a MIG slice."""
     proc = tmp_path / "proc"
     gpus: list[dict[str, Any]] = [
-        {"index": i, "uuid": gpu_uuid(i), "name": "NVIDIA A100-SXM4-80GB",
-         "memoryTotalMiB": 81920, "processes": []}
+        {
+            "index": i,
+            "uuid": gpu_uuid(i),
+            "name": "NVIDIA A100-SXM4-80GB",
+            "memoryTotalMiB": 81920,
+            "processes": [],
+        }
         for i in range(4)
-    ]  # fmt: skip
-    gpus[3]["migDevices"] = [{"index": 0, "uuid": mig_uuid(0), "memoryTotalMiB": 40192,
-                              "processes": []}]  # fmt: skip
+    ]
+    gpus[3]["migDevices"] = [
+        {"index": 0, "uuid": mig_uuid(0), "memoryTotalMiB": 40192, "processes": []}
+    ]
     for n, case in enumerate(CORPUS):
         pid = 1000 + n
         write_process(proc, pid, case["cgroup"], comm=f"worker-{n}")
@@ -65,8 +71,17 @@ def node(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_once_json_attributes_every_process_of_the_corpus(node: tuple[Path, Path]) -> None:
     scenario, proc = node
-    result = _agent("--once", "--output", "json", "--node-name", "gpu-7",
-                    "--gpu-source", f"fake:{scenario}", "--proc-root", str(proc))  # fmt: skip
+    result = _agent(
+        "--once",
+        "--output",
+        "json",
+        "--node-name",
+        "gpu-7",
+        "--gpu-source",
+        f"fake:{scenario}",
+        "--proc-root",
+        str(proc),
+    )
     assert result.returncode == 0, result.stderr
     obj = GpuNodeUsage.model_validate(json.loads(result.stdout))
     assert obj.metadata.name == "gpu-7"
@@ -109,10 +124,23 @@ def test_output_json_needs_once() -> None:
 def test_node_name_from_downward_api_variable(tmp_path: Path) -> None:
     env = {**CHILD_ENV, "NODE_NAME": "from-downward-api"}
     result = subprocess.run(
-        [sys.executable, "-m", "gpuusage.cli", "agent", "--once", "--output", "json",
-         "--gpu-source", "none"],
-        capture_output=True, text=True, check=False, env=env, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gpuusage.cli",
+            "agent",
+            "--once",
+            "--output",
+            "json",
+            "--gpu-source",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     spec = json.loads(result.stdout)["spec"]
     assert spec["nodeName"] == "from-downward-api"
@@ -138,8 +166,16 @@ def test_invalid_scenario_is_a_clear_error(tmp_path: Path, content: bytes, said:
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(content)
     for mode in (["--output", "json"], []):
-        result = _agent("--once", *mode, "--node-name", "n1", "--gpu-source", f"fake:{bad}",
-                        "--kubeconfig", str(tmp_path / "none"))  # fmt: skip
+        result = _agent(
+            "--once",
+            *mode,
+            "--node-name",
+            "n1",
+            "--gpu-source",
+            f"fake:{bad}",
+            "--kubeconfig",
+            str(tmp_path / "none"),
+        )
         assert result.returncode == 2
         assert said in result.stderr
         assert "Traceback" not in result.stderr

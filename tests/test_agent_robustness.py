@@ -15,17 +15,17 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.models import MAX_GPUS, MAX_PROCESSES, Gpu, Memory, Source
-from gpuusage.nodeagent.caps import capped
-from gpuusage.nodeagent.change import Decision
-from gpuusage.nodeagent.gpusource.base import Observed, Reading
-from gpuusage.nodeagent.gpusource.nvml import NvmlSource
-from gpuusage.nodeagent.main import Observer, run_cycles
-from gpuusage.nodeagent.metrics import AgentMetrics
-from gpuusage.nodeagent.resolver import Resolver
-from gpuusage.nodeagent.settings import AgentSettings
-from gpuusage.operator.certainty import REASON_OMITTED, blind_spots, why_unknown
-from gpuusage.operator.podindex import PodLookup, PodRef
-from gpuusage.operator.resolution import resolve_all
+from gpuusage_nodeagent.caps import capped
+from gpuusage_nodeagent.change import Decision
+from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
+from gpuusage_nodeagent.gpusource.nvml import NvmlSource
+from gpuusage_nodeagent.main import NodeReader, run_cycles
+from gpuusage_nodeagent.metrics import AgentMetrics
+from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_operator.certainty import REASON_OMITTED, blind_spots, why_unknown
+from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.resolution import resolve_all
 from tests.fakenvml import FakeGpu, FakeMachine, dgx_h100, gpu_uuid
 
 SOURCE = Source(kind="fake", available=True)
@@ -38,7 +38,7 @@ def _reading(per_gpu: list[int]) -> Reading:
         gpus.append(Gpu(index=index, uuid=uuid, memory=Memory(total_mib=81920)))
         listed = []
         for _ in range(count):
-            listed.append(Observed(pid, None, pid % 1000, ("compute",)))
+            listed.append(RawProcess(pid, None, pid % 1000, ("compute",)))
             pid += 1
         processes[uuid] = listed
     return Reading(SOURCE, gpus, processes=processes)
@@ -82,18 +82,27 @@ def test_a_busy_nvml_node_publishes_a_valid_report(
     """8 GPUs x 100 processes through NVML: the spec validates (it used to fail with 422 on
     every write), lists 512 processes and counts the rest on their GPUs."""
     dgx_h100(processes_per_gpu=100).install(monkeypatch)
-    observer = Observer("n1", NvmlSource(pynvml), Resolver(tmp_path),
-                        clock=lambda: datetime(2026, 11, 23, tzinfo=UTC))  # fmt: skip
-    spec = observer.observe().spec()
+    reader = NodeReader(
+        "n1",
+        NvmlSource(pynvml),
+        Resolver(tmp_path),
+        clock=lambda: datetime(2026, 11, 23, tzinfo=UTC),
+    )
+    spec = reader.read().spec()
     listed = sum(len(g.processes) for g in spec.gpus)
     assert listed == MAX_PROCESSES
     assert sum(g.omitted_processes or 0 for g in spec.gpus) == 800 - MAX_PROCESSES
     # The operator takes a device with omitted processes as one it cannot fully see.
     blind = blind_spots(spec, resolve_all(spec, PodLookup({})))
     omitted = next(g for g in spec.gpus if g.omitted_processes)
-    pod = PodRef("ml", "p", "u", "n1",
-                 annotations=((names.ANNOTATION_GPUS, str(omitted.uuid)),),
-                 condition=(("status", "True"),))  # fmt: skip
+    pod = PodRef(
+        "ml",
+        "p",
+        "u",
+        "n1",
+        annotations=((names.ANNOTATION_GPUS, str(omitted.uuid)),),
+        condition=(("status", "True"),),
+    )
     cause = why_unknown(pod, blind)
     assert cause is not None
     assert cause.reason == REASON_OMITTED
@@ -106,16 +115,20 @@ def test_a_garbage_gpu_uuid_is_an_error_on_that_gpu_not_a_crash(
     machine = dgx_h100(processes_per_gpu=2)
     machine.gpus[3].uuid = "GPU-\x00\x01garbage"
     machine.install(monkeypatch)
-    observer = Observer("n1", NvmlSource(pynvml), Resolver(tmp_path),
-                        clock=lambda: datetime(2026, 11, 23, tzinfo=UTC))  # fmt: skip
-    observation = observer.observe()
-    spec = observation.spec()
+    reader = NodeReader(
+        "n1",
+        NvmlSource(pynvml),
+        Resolver(tmp_path),
+        clock=lambda: datetime(2026, 11, 23, tzinfo=UTC),
+    )
+    attributed = reader.read()
+    spec = attributed.spec()
     broken = spec.gpus[3]
     assert broken.uuid is None
     assert broken.error is not None
     assert broken.error.reason == "InvalidUUID"
     assert [g.error for g in spec.gpus if g.index != 3] == [None] * 7
-    assert observation.reading.errors["InvalidUUID"] == 1
+    assert attributed.reading.errors["InvalidUUID"] == 1
 
 
 def test_an_unexpected_failure_costs_a_cycle_not_the_agent(tmp_path: Path) -> None:
@@ -135,7 +148,7 @@ def test_an_unexpected_failure_costs_a_cycle_not_the_agent(tmp_path: Path) -> No
     offered: list[int] = []
 
     class Recorder:
-        def offer(self, observation: Any, now: datetime, force: bool = False) -> Decision:
+        def offer(self, attributed: Any, force: bool = False) -> Decision:
             offered.append(1)
             stop.set()
             return Decision(True, "first report")
@@ -143,8 +156,13 @@ def test_an_unexpected_failure_costs_a_cycle_not_the_agent(tmp_path: Path) -> No
     source = Flaky()
     metrics = AgentMetrics()
     settings = AgentSettings(node_name="n1", interval=0.01, metrics_port=0)
-    run_cycles(settings, Observer("n1", source, Resolver(tmp_path)), Recorder(),  # type: ignore[arg-type]
-               metrics, stop)  # fmt: skip
+    run_cycles(
+        settings,
+        NodeReader("n1", source, Resolver(tmp_path)),
+        Recorder(),  # type: ignore[arg-type]
+        metrics,
+        stop,
+    )
     assert source.calls == 2, "the loop went on after the failure"
     assert offered == [1]
     failures = metrics.registry.get_sample_value(

@@ -15,8 +15,7 @@ from kubernetes.client import exceptions
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage import procfs
-from gpuusage.api.models import GpuNodeUsageSpec, Process, Source
-from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
+from gpuusage.api.models import Gpu, GpuNodeUsageSpec, MigDevice, Source
 from gpuusage.kube.errors import (
     ApiError,
     Conflict,
@@ -28,16 +27,17 @@ from gpuusage.kube.errors import (
     call,
     from_status,
 )
-from gpuusage.nodeagent.cgroup import CgroupAttribution
-from gpuusage.nodeagent.change import decide, fingerprint, meaningful_change
-from gpuusage.nodeagent.gpusource.base import Observed, Reading
-from gpuusage.nodeagent.gpusource.fake import FakeSource, ScenarioError
-from gpuusage.nodeagent.main import Observer
-from gpuusage.nodeagent.metrics import healthy
-from gpuusage.nodeagent.publisher import Publisher
-from gpuusage.nodeagent.report import Observation, reading_pids
-from gpuusage.nodeagent.resolver import Resolved, Resolver, clean_name
-from gpuusage.simulation import write_process
+from gpuusage_dev.simulation import write_process
+from gpuusage_nodeagent.cgroup import CgroupAttribution
+from gpuusage_nodeagent.change import Fingerprint, decide, meaningful_change
+from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
+from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
+from gpuusage_nodeagent.main import NodeReader
+from gpuusage_nodeagent.metrics import AgentMetrics, healthy
+from gpuusage_nodeagent.publisher import Publisher
+from gpuusage_nodeagent.report import AttributedReading, reading_pids
+from gpuusage_nodeagent.resolver import Resolved, Resolver, clean_name
+from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 from tests.fakenvml import gpu_uuid
 
 CGROUP = (
@@ -239,6 +239,49 @@ def _with_memory(delta: int, pid_index: int = 0) -> GpuNodeUsageSpec:
     return spec.model_copy(update={"gpus": gpus})
 
 
+def attributed_from(spec: GpuNodeUsageSpec) -> AttributedReading:
+    """The reading and resolver answers that publish `spec` (every other name left to the
+    resolver's comm, so both ways of naming a process are covered)."""
+    raw: dict[str, list[RawProcess]] = {}
+    found: dict[int, Resolved] = {}
+    devices: list[Gpu | MigDevice] = [*spec.gpus, *(m for g in spec.gpus for m in g.mig_devices)]
+    for device in devices:
+        assert device.uuid is not None
+        raw[device.uuid] = []
+        for i, p in enumerate(device.processes):
+            name = None if i % 2 else p.name
+            raw[device.uuid].append(
+                RawProcess(
+                    p.pid,
+                    name,
+                    p.used_memory_mib,
+                    tuple(p.types),
+                    p.sm_util_percent,
+                    p.memory_util_percent,
+                )
+            )
+            found[p.pid] = Resolved(CgroupAttribution(p.container_id, p.pod_uid), p.name)
+    bare = [
+        g.model_copy(
+            update={
+                "processes": [],
+                "mig_devices": [m.model_copy(update={"processes": []}) for m in g.mig_devices],
+            }
+        )
+        for g in spec.gpus
+    ]
+    source = spec.source or Source(kind="fake", available=True)
+    return AttributedReading(
+        spec.node_name, spec.observed_at, Reading(source, bare, processes=raw), found
+    )
+
+
+def fingerprint(spec: GpuNodeUsageSpec) -> Fingerprint:
+    built = attributed_from(spec)
+    assert built.spec().to_api()["gpus"] == spec.to_api()["gpus"], "the reading publishes spec"
+    return built.fingerprint()
+
+
 def test_jitter_below_threshold_is_not_a_change() -> None:
     base = example_spec("n", NOW)
     later = example_spec("n", NOW + timedelta(seconds=10))
@@ -258,9 +301,13 @@ def test_new_process_or_attribution_is_a_change() -> None:
     assert meaningful_change(fingerprint(base), fingerprint(fewer), 64)
     moved = gpu.processes[0].model_copy(update={"pod_uid": None})
     changed = base.model_copy(
-        update={"gpus": [gpu.model_copy(update={"processes": [moved, *gpu.processes[1:]]}),
-                         base.gpus[1]]}
-    )  # fmt: skip
+        update={
+            "gpus": [
+                gpu.model_copy(update={"processes": [moved, *gpu.processes[1:]]}),
+                base.gpus[1],
+            ]
+        }
+    )
     assert meaningful_change(fingerprint(base), fingerprint(changed), 64)
 
 
@@ -291,11 +338,23 @@ def test_slow_drift_is_published_once_it_adds_up() -> None:
 
 # -- fake source -------------------------------------------------------------------------------
 def _scenario(path: Path, used: int) -> None:
-    path.write_text(yaml.safe_dump({"gpus": [{"index": 0, "uuid": gpu_uuid(0),
-        "memoryTotalMiB": 1000, "processes": [{"pid": 5, "usedMemoryMiB": used}]}]}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {
+                        "index": 0,
+                        "uuid": gpu_uuid(0),
+                        "memoryTotalMiB": 1000,
+                        "processes": [{"pid": 5, "usedMemoryMiB": used}],
+                    }
+                ]
+            }
+        )
+    )
 
 
-def _first_process(reading: Reading) -> Observed:
+def _first_process(reading: Reading) -> RawProcess:
     return reading.processes_of(reading.gpus[0])[0]
 
 
@@ -325,12 +384,28 @@ def test_fake_source_rejects_a_bad_file_at_start(tmp_path: Path) -> None:
 
 def test_fake_source_injects_nvml_errors(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({"gpus": [
-        {"index": 0, "uuid": gpu_uuid(0), "memoryTotalMiB": 10, "error": "GpuIsLost"},
-        {"index": 1, "uuid": gpu_uuid(1), "memoryTotalMiB": 10, "processesError": "NoPermission",
-         "processes": [{"pid": 9}]},
-        {"index": 2, "uuid": gpu_uuid(2), "memoryTotalMiB": 10, "processes": [{"pid": 8}]},
-    ]}))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {"index": 0, "uuid": gpu_uuid(0), "memoryTotalMiB": 10, "error": "GpuIsLost"},
+                    {
+                        "index": 1,
+                        "uuid": gpu_uuid(1),
+                        "memoryTotalMiB": 10,
+                        "processesError": "NoPermission",
+                        "processes": [{"pid": 9}],
+                    },
+                    {
+                        "index": 2,
+                        "uuid": gpu_uuid(2),
+                        "memoryTotalMiB": 10,
+                        "processes": [{"pid": 8}],
+                    },
+                ]
+            }
+        )
+    )
     reading = FakeSource(path).read()
     gpus = reading.gpus
     assert gpus[0].error is not None
@@ -442,45 +517,30 @@ def test_health_follows_completed_cycles() -> None:
     assert text == "no cycle completed for 61.0s (interval 10s)"
 
 
-def test_an_observation_fingerprints_exactly_as_its_built_spec() -> None:
-    """The write rule looks at a reading's fingerprint and builds the spec only to write it;
-    both must describe the same report, or a change could go unpublished."""
+def test_the_spec_is_built_once_and_the_fingerprint_sees_every_attribution() -> None:
+    """The write rule compares a reading's fingerprint and builds the spec only to write it."""
     spec = example_spec("gpu-node-a", NOW)  # GPUs, a MIG device, named and unnamed processes
-
-    def observed(processes: list[Process]) -> list[Observed]:
-        return [Observed(p.pid, None if i % 2 else p.name, p.used_memory_mib, tuple(p.types),
-                         p.sm_util_percent, p.memory_util_percent)
-                for i, p in enumerate(processes)]  # fmt: skip
-
-    listed = {g.uuid: observed(g.processes) for g in spec.gpus if g.uuid}
-    listed |= {m.uuid: observed(m.processes) for g in spec.gpus for m in g.mig_devices}
-    bare = [
-        g.model_copy(
-            update={
-                "processes": [],
-                "mig_devices": [m.model_copy(update={"processes": []}) for m in g.mig_devices],
-            }
-        )
-        for g in spec.gpus
-    ]
-    reading = Reading(spec.source or Source(kind="fake", available=True), bare, processes=listed)
-    assert len(reading.all_processes()) == sum(
-        len(g.processes) + sum(len(m.processes) for m in g.mig_devices) for g in spec.gpus
-    )
+    attributed = attributed_from(spec)
+    reading, found = attributed.reading, dict(attributed.found)
     pids = sorted(reading_pids(reading))
-    found = {
-        pids[0]: Resolved(CgroupAttribution(CTR_TRAIN, POD_TRAIN), "trainer"),
-        pids[1]: Resolved(CgroupAttribution(), None, f"pid {pids[1]} exited"),
-        pids[2]: Resolved(CgroupAttribution(None, POD_TRAIN), "python3"),
-    }  # the rest: not resolved at all
-    observation = Observation("gpu-node-a", NOW, reading, found)
-    built = observation.spec()
-    assert observation.fingerprint() == fingerprint(built)
-    assert observation.spec() is built, "built once"
-    assert observation.unresolved() == 1
-    # And the fingerprint does see an attribution change.
-    moved = {**found, pids[0]: Resolved(CgroupAttribution("f" * 64, POD_TRAIN), "trainer")}
-    assert Observation("gpu-node-a", NOW, reading, moved).fingerprint() != fingerprint(built)
+    found[pids[1]] = Resolved(CgroupAttribution(), None, f"pid {pids[1]} exited")
+    observed = AttributedReading("gpu-node-a", NOW, reading, found)
+    built = observed.spec()
+    assert observed.spec() is built, "built once"
+    assert observed.unresolved() == 1
+    assert [p.resolve_error for g in built.gpus for p in g.processes if p.pid == pids[1]] == [
+        f"pid {pids[1]} exited"
+    ]
+    before = observed.fingerprint()
+    assert before != attributed.fingerprint(), "a resolve error is a change"
+    for pid, change in (
+        (pids[0], Resolved(CgroupAttribution("f" * 64, POD_TRAIN), "trainer")),
+        (pids[2], Resolved(CgroupAttribution(None, None), "python3")),
+    ):
+        moved = AttributedReading("gpu-node-a", NOW, reading, {**found, pid: change})
+        assert moved.fingerprint() != before
+    later = AttributedReading("gpu-node-a", NOW + timedelta(seconds=9), reading, found)
+    assert later.fingerprint() == before, "the time of the reading is no change"
 
 
 def _gpu(index: int, **fields: Any) -> dict[str, Any]:
@@ -555,29 +615,38 @@ def test_a_body_refused_for_good_is_never_sent_again_and_the_refusal_is_publishe
     path = tmp_path / "s.yaml"
     _scenario(path, 100)
     api = RefusingApi()
-    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64)  # type: ignore[arg-type]
-    observer = Observer("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: NOW)
+    metrics = AgentMetrics()
+    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64, metrics=metrics)  # type: ignore[arg-type]
+    now = [NOW]
+    reader = NodeReader("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: now[0])
     for later in (0, 1, 60):  # the same observation: first write, unchanged, heartbeat
-        publisher.offer(observer.observe(), NOW + timedelta(seconds=later))
+        now[0] = NOW + timedelta(seconds=later)
+        publisher.offer(reader.read())
     assert api.refused == 1, "the refused body was sent once, not retried, not re-sent"
     assert len(api.bodies) == 2, "the report without processes, then its heartbeat"
     spec = api.bodies[-1]["spec"]
     assert "the API refused this node's full report" in spec["source"]["message"]
     assert "request is too large" in spec["source"]["message"]
     assert spec["gpus"][0]["error"]["reason"] == "ReportRefused"
-    assert publisher.stats.failures == {"TooLarge": 1}
+    failures = metrics.registry.get_sample_value(
+        "gpuusage_agent_api_failures_total", {"kind": "TooLarge"}
+    )
+    assert failures == 1
+    assert metrics.registry.get_sample_value("gpuusage_agent_writes_skipped_total") == 1
     assert sum("refused the report" in r.getMessage() for r in caplog.records) == 1
     # The observation changes: the full report is tried again (and refused again, once).
     _scenario(path, 900)
-    publisher.offer(observer.observe(), NOW + 3 * BEAT)
+    now[0] = NOW + 3 * BEAT
+    publisher.offer(reader.read())
     assert api.refused == 2
 
 
 def test_etcds_and_the_apiservers_size_refusals_are_permanent() -> None:
     assert isinstance(from_status(500, '{"message":"etcdserver: request is too large"}'), TooLarge)
     assert isinstance(from_status(413, "{}"), TooLarge)
-    assert isinstance(from_status(500, '{"message":"etcdserver: leader changed"}'),
-                      TransientApiError)  # fmt: skip
+    assert isinstance(
+        from_status(500, '{"message":"etcdserver: leader changed"}'), TransientApiError
+    )
     attempts: list[int] = []
 
     def refused() -> None:

@@ -45,7 +45,12 @@ from gpuusage.api.models import (
     Utilization,
 )
 from gpuusage.api.models import GpuNodeUsageStatus as Status
-from gpuusage.examples import (
+from gpuusage_operator.freshness import Sighting
+from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.resolution import resolve_all
+from gpuusage_operator.status import desired_status
+from tests.conftest import Kubectl
+from tests.examples import (
     CTR_INFER,
     CTR_NOTEBOOK,
     CTR_TRAIN,
@@ -54,11 +59,6 @@ from gpuusage.examples import (
     POD_TRAIN,
     example_spec,
 )
-from gpuusage.operator.freshness import Sighting
-from gpuusage.operator.podindex import PodLookup, PodRef
-from gpuusage.operator.resolution import resolve_all
-from gpuusage.operator.status import desired_status
-from tests.conftest import Kubectl
 
 pytestmark = pytest.mark.cluster
 
@@ -70,13 +70,15 @@ def example_pods(node: str) -> PodLookup:
     return PodLookup(
         {
             key: ref
-            for uid, cid, name in ((POD_TRAIN, CTR_TRAIN, "train-0"),
-                                   (POD_NOTEBOOK, CTR_NOTEBOOK, "notebook"),
-                                   (POD_INFER, CTR_INFER, "triton"))
+            for uid, cid, name in (
+                (POD_TRAIN, CTR_TRAIN, "train-0"),
+                (POD_NOTEBOOK, CTR_NOTEBOOK, "notebook"),
+                (POD_INFER, CTR_INFER, "triton"),
+            )
             for ref in [PodRef("ml", name, uid, node, ((cid, "main"),))]
             for key in (f"uid:{uid}", f"cid:{cid}")
         }
-    )  # fmt: skip
+    )
 
 
 def spec_only_status(spec: GpuNodeUsageSpec, now: datetime) -> Status:
@@ -263,9 +265,17 @@ def test_kubectl_get_prints_the_printer_columns(
     out = kubectl.run("get", "gpunodeusage", name, "-o", "wide")
     header, row = out.strip().splitlines()
     assert header.split() == [
-        "NAME", "GPUS", "PODS", "PROCESSES", "MEMORY", "STALE",
-        "OBSERVED", "UNATTRIBUTED", "DRIVER", "AGE",
-    ]  # fmt: skip
+        "NAME",
+        "GPUS",
+        "PODS",
+        "PROCESSES",
+        "MEMORY",
+        "STALE",
+        "OBSERVED",
+        "UNATTRIBUTED",
+        "DRIVER",
+        "AGE",
+    ]
     cells = row.split()
     assert cells[:6] == [name, "2", "3", "4", "60.5Gi/160Gi", "False"]
     assert cells[7:9] == ["1", "550.54.15"]
@@ -458,8 +468,9 @@ def test_the_largest_object_the_schema_admits_is_stored(custom: client.CustomObj
     status = body.pop("status")
     _create(custom, body)
     try:
-        custom.patch_cluster_custom_object_status(names.GROUP, names.VERSION, names.PLURAL, name,
-                                                  {"status": status})  # fmt: skip
+        custom.patch_cluster_custom_object_status(
+            names.GROUP, names.VERSION, names.PLURAL, name, {"status": status}
+        )
         stored = _get(custom, name)
         size = len(json.dumps(stored, separators=(",", ":")))
         assert stored["status"]["pods"][-1]["uid"] == status["pods"][-1]["uid"]

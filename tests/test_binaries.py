@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuusage.localcluster import binaries, tools
-from gpuusage.localcluster.binaries import BinariesError
+from gpuusage_dev.localcluster import binaries, tools
+from gpuusage_dev.localcluster.binaries import BinariesError
 
 KUBERNETES_GO_MOD_EXCERPT = """
 module k8s.io/kubernetes

@@ -6,16 +6,16 @@ from datetime import UTC, datetime
 
 from gpuusage.api import names
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Process, Source
-from gpuusage.examples import CTR_TRAIN, POD_TRAIN, example_spec
-from gpuusage.operator.certainty import (
+from gpuusage_operator.certainty import (
     REASON_DEVICE,
     REASON_UNRESOLVED,
     blind_spots,
     why_unknown,
 )
-from gpuusage.operator.podindex import PodLookup, PodRef
-from gpuusage.operator.podstate import desired_condition, event_for
-from gpuusage.operator.resolution import resolve_all
+from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.podstate import desired_condition, event_for
+from gpuusage_operator.resolution import resolve_all
+from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 SPEC = example_spec("n1", NOW)
@@ -27,8 +27,11 @@ NOBODY = PodLookup({})
 
 def marked(devices: str | None, status: str = "True") -> PodRef:
     annotations = ((names.ANNOTATION_GPUS, devices),) if devices else ()
-    condition = (("reason", "ProcessesRunning"), ("status", status),
-                 ("type", names.POD_CONDITION_GPU_IN_USE))  # fmt: skip
+    condition = (
+        ("reason", "ProcessesRunning"),
+        ("status", status),
+        ("type", names.POD_CONDITION_GPU_IN_USE),
+    )
     return PodRef("ml", "p", "u-1", "n1", annotations=annotations, condition=condition)
 
 
@@ -55,8 +58,11 @@ def test_an_unreadable_device_makes_the_use_of_its_pods_unknown() -> None:
 
 
 def test_no_gpu_library_means_nothing_is_known() -> None:
-    spec = GpuNodeUsageSpec(node_name="n1", observed_at=NOW, source=Source(
-        kind="nvml", available=False, message="NVML unavailable (DriverNotLoaded)"))  # fmt: skip
+    spec = GpuNodeUsageSpec(
+        node_name="n1",
+        observed_at=NOW,
+        source=Source(kind="nvml", available=False, message="NVML unavailable (DriverNotLoaded)"),
+    )
     cause = why_unknown(marked(GPU0), blind_spots(spec, []))
     assert cause is not None
     assert "DriverNotLoaded" in cause.message
@@ -90,14 +96,23 @@ def test_an_unattributable_process_hides_whose_it_is() -> None:
 
 
 def test_unknown_reads_well_and_use_seen_again_is_no_new_start() -> None:
-    cause = why_unknown(marked(None), blind_spots(
-        GpuNodeUsageSpec(node_name="n1", observed_at=NOW,
-                         source=Source(kind="nvml", available=False)), []))  # fmt: skip
+    cause = why_unknown(
+        marked(None),
+        blind_spots(
+            GpuNodeUsageSpec(
+                node_name="n1", observed_at=NOW, source=Source(kind="nvml", available=False)
+            ),
+            [],
+        ),
+    )
     unknown = desired_condition("Unknown", None, "n1", unknown=cause)
     assert (unknown["status"], unknown["reason"]) == ("Unknown", REASON_DEVICE)
     assert unknown["message"].endswith("last known use is kept in the annotations")
-    running = {"type": names.POD_CONDITION_GPU_IN_USE, "status": "True",
-               "reason": "ProcessesRunning"}  # fmt: skip
+    running = {
+        "type": names.POD_CONDITION_GPU_IN_USE,
+        "status": "True",
+        "reason": "ProcessesRunning",
+    }
     assert event_for(unknown, running) is None
     ended = {**running, "status": "False", "reason": "ProcessesEnded"}
     assert event_for(unknown, ended) is not None

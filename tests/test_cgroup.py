@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuusage.api.models import CONTAINER_ID_PATTERN, POD_UID_PATTERN
-from gpuusage.nodeagent.cgroup import (
+from gpuusage_nodeagent.cgroup import (
     CgroupAttribution,
     UnparseableCgroup,
     parse_cgroup_file,
@@ -36,9 +36,24 @@ def test_corpus(case: dict[str, Any]) -> None:
 
 def test_corpus_covers_the_layouts_the_issue_names() -> None:
     names = " ".join(c["name"] for c in CORPUS).lower()
-    for needed in ("docker", "containerd", "cri-o", "cgroup v1", "cgroup v2", "hybrid",
-                   "systemd", "cgroupfs", "guaranteed", "burstable", "besteffort", "kind",
-                   "k3d", "sub-cgroup", "private cgroup namespace", "host process"):  # fmt: skip
+    for needed in (
+        "docker",
+        "containerd",
+        "cri-o",
+        "cgroup v1",
+        "cgroup v2",
+        "hybrid",
+        "systemd",
+        "cgroupfs",
+        "guaranteed",
+        "burstable",
+        "besteffort",
+        "kind",
+        "k3d",
+        "sub-cgroup",
+        "private cgroup namespace",
+        "host process",
+    ):
         assert needed in names, needed
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuusage.examples import example_spec
-from gpuusage.operator.podindex import PodLookup
-from gpuusage.operator.reconcile import Reconciler
+from gpuusage_operator.podindex import PodLookup
+from gpuusage_operator.reconcile import Reconciler
+from tests.examples import example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 NODE = "gpu-node-a"

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from benchmarks.fault_soak import run_soak
 
-from gpuusage.localcluster.cluster import LocalCluster
+from benchmarks.fault_soak import run_soak
+from gpuusage_dev.localcluster.cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpuusage.api import names
 from gpuusage.api.models import Condition, GpuNodeUsageStatus
-from gpuusage.operator.freshness import Sighting, is_stale, sight, stale_condition
+from gpuusage_operator.freshness import Sighting, is_stale, sight, stale_condition
 
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 LIMIT = timedelta(seconds=120)
@@ -56,10 +56,15 @@ def test_skew_is_measured_only_on_changes_seen_as_they_happen() -> None:
 
 
 def _status(generation: int, seen: datetime | None, stale: bool) -> GpuNodeUsageStatus:
-    condition = Condition(type=names.CONDITION_STALE, status="True" if stale else "False",
-                          last_transition_time=OBSERVED, reason="X")  # fmt: skip
-    return GpuNodeUsageStatus(observed_generation=generation, report_seen_at=seen,
-                              conditions=[condition])  # fmt: skip
+    condition = Condition(
+        type=names.CONDITION_STALE,
+        status="True" if stale else "False",
+        last_transition_time=OBSERVED,
+        reason="X",
+    )
+    return GpuNodeUsageStatus(
+        observed_generation=generation, report_seen_at=seen, conditions=[condition]
+    )
 
 
 def test_a_new_replica_reads_when_the_report_was_seen_from_its_status() -> None:

@@ -9,29 +9,39 @@ import pytest
 
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
-from gpuusage.examples import example_spec
-from gpuusage.operator.certainty import blind_spots
-from gpuusage.operator.idle import idle_pods, idle_since
-from gpuusage.operator.podindex import REQUESTING_KEY, PodRef, index_keys, pod_ref
-from gpuusage.operator.podstate import condition_patch, desired_condition
+from gpuusage_operator.certainty import blind_spots
+from gpuusage_operator.idle import idle_pods, idle_since
+from gpuusage_operator.podindex import REQUESTING_KEY, PodRef, index_keys, pod_ref
+from gpuusage_operator.podstate import condition_patch, desired_condition
+from tests.examples import example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 STARTED = NOW - timedelta(hours=2)
 HOUR = timedelta(hours=1)
 
 
-def body(*, gpus: int = 2, phase: str = "Running", condition: dict[str, str] | None = None,
-         deleting: bool = False) -> dict[str, Any]:  # fmt: skip
+def body(
+    *,
+    gpus: int = 2,
+    phase: str = "Running",
+    condition: dict[str, str] | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "w", "namespace": "ml", "uid": "u-1", "resourceVersion": "9"}
     if deleting:
         meta["deletionTimestamp"] = format_time(NOW)
     return {
         "metadata": meta,
-        "spec": {"nodeName": "n1", "containers": [
-            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
-        "status": {"phase": phase, "startTime": format_time(STARTED),
-                   "conditions": [condition] if condition else []},
-    }  # fmt: skip
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+        "status": {
+            "phase": phase,
+            "startTime": format_time(STARTED),
+            "conditions": [condition] if condition else [],
+        },
+    }
 
 
 def ref(**kwargs: Any) -> PodRef:
@@ -41,8 +51,13 @@ def ref(**kwargs: Any) -> PodRef:
 
 
 def cond(status: str, reason: str, when: datetime) -> dict[str, str]:
-    return {"type": "gpuusage.io/GPUInUse", "status": status, "reason": reason,
-            "lastTransitionTime": format_time(when), "message": ""}  # fmt: skip
+    return {
+        "type": "gpuusage.io/GPUInUse",
+        "status": status,
+        "reason": reason,
+        "lastTransitionTime": format_time(when),
+        "message": "",
+    }
 
 
 def test_only_running_pods_with_gpu_requests_are_indexed_as_candidates() -> None:
@@ -89,8 +104,9 @@ def test_incomplete_reports_judge_nobody() -> None:
         update={"error": DeviceError(reason="GpuIsLost", message="fell off the bus")}
     )
     assert blind_spots(spec.model_copy(update={"gpus": [broken, *spec.gpus[1:]]}), [])
-    blind = GpuNodeUsageSpec(node_name="n1", observed_at=NOW,
-                             source=Source(kind="none", available=False))  # fmt: skip
+    blind = GpuNodeUsageSpec(
+        node_name="n1", observed_at=NOW, source=Source(kind="none", available=False)
+    )
     assert blind_spots(blind, [])
 
 

@@ -21,18 +21,18 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
-from gpuusage.localcluster.cluster import LocalCluster
-from gpuusage.nodeagent.main import run_agent
-from gpuusage.nodeagent.settings import AgentSettings
-from gpuusage.operator.main import run_operator
-from gpuusage.operator.settings import OperatorSettings
-from gpuusage.simulation import (
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.simulation import (
     Background,
     create_running_pod,
     ensure_namespace,
     pod_cgroup,
     write_process,
 )
+from gpuusage_nodeagent.main import run_agent
+from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_operator.main import run_operator
+from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import Kubectl, token_kubeconfig, wait_for
 from tests.fakenvml import gpu_uuid
 
@@ -78,9 +78,17 @@ def _denied(call: Callable[[], Any], *fragments: str) -> str:
 
 
 def _report(node: str) -> dict[str, Any]:
-    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": node},
-            "spec": {"nodeName": node, "observedAt": "2026-11-21T12:00:00Z", "gpus": [],
-                     "source": {"kind": "fake", "available": True}}}  # fmt: skip
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": node},
+        "spec": {
+            "nodeName": node,
+            "observedAt": "2026-11-21T12:00:00Z",
+            "gpus": [],
+            "source": {"kind": "fake", "available": True},
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +109,12 @@ def world(
     proc = tmp / "proc"
     write_process(proc, 4242, pod_cgroup(uid, cid), comm="python3", start_ticks=4242)
     scenario = tmp / "scenario.yaml"
-    gpu = {"index": 0, "uuid": gpu_uuid(0), "memoryTotalMiB": 81920,
-           "processes": [{"pid": 4242, "usedMemoryMiB": 20480}]}  # fmt: skip
+    gpu = {
+        "index": 0,
+        "uuid": gpu_uuid(0),
+        "memoryTotalMiB": 81920,
+        "processes": [{"pid": 4242, "usedMemoryMiB": 20480}],
+    }
     scenario.write_text(yaml.safe_dump({"gpus": [gpu]}))
     agent_pod = _identity_pod(core, AGENT_SA, node_a)
     operator_pod = _identity_pod(core, OPERATOR_SA, node_b)
@@ -116,20 +128,36 @@ def world(
         cluster, core, NS, AGENT_SA, None, path=tmp / "unbound.kubeconfig"
     )
     agent_settings = AgentSettings(
-        node_name=node_a, interval=0.5, heartbeat=2.0, gpu_source=f"fake:{scenario}",
-        proc_root=proc, kubeconfig=agent_kc, metrics_port=0,
-    )  # fmt: skip
+        node_name=node_a,
+        interval=0.5,
+        heartbeat=2.0,
+        gpu_source=f"fake:{scenario}",
+        proc_root=proc,
+        kubeconfig=agent_kc,
+        metrics_port=0,
+    )
     ready = threading.Event()
-    operator_settings = OperatorSettings(kubeconfig=operator_kc, resync=0.5,
-                                         peering=f"install-{suffix}")  # fmt: skip
+    operator_settings = OperatorSettings(
+        kubeconfig=operator_kc, resync=0.5, peering=f"install-{suffix}"
+    )
     agent = Background(lambda stop: run_agent(agent_settings, stop))
     operator = Background(lambda stop: run_operator(operator_settings, stop, ready))
-    apis = {name: api_client(path)[0] for name, path in
-            (("agent", agent_kc), ("operator", operator_kc), ("unbound", unbound_kc))}  # fmt: skip
+    apis = {
+        name: api_client(path)[0]
+        for name, path in (("agent", agent_kc), ("operator", operator_kc), ("unbound", unbound_kc))
+    }
     try:
         assert ready.wait(60), "the operator did not start under its own identity"
-        yield {"admin": admin, "core": core, "ns": ns, "a": node_a, "b": node_b, **apis,
-               "cluster": cluster, "tmp": tmp}  # fmt: skip
+        yield {
+            "admin": admin,
+            "core": core,
+            "ns": ns,
+            "a": node_a,
+            "b": node_b,
+            **apis,
+            "cluster": cluster,
+            "tmp": tmp,
+        }
     finally:
         agent.halt()
         operator.halt()
@@ -142,13 +170,16 @@ def test_agent_and_operator_work_under_their_own_service_accounts(world: dict[st
     custom = client.CustomObjectsApi(world["admin"])
 
     def report() -> dict[str, Any]:
-        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL,
-                                                world["a"])  # fmt: skip
+        body = custom.get_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL, world["a"]
+        )
         assert isinstance(body, dict)
         return body
 
-    body = wait_for(lambda: (r := report()).get("status", {}).get("totals") and r,
-                    what="the agent's report and the operator's status")  # fmt: skip
+    body = wait_for(
+        lambda: (r := report()).get("status", {}).get("totals") and r,
+        what="the agent's report and the operator's status",
+    )
     owner = body["metadata"]["ownerReferences"][0]
     node = world["core"].read_node(world["a"])
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", world["a"], node.metadata.uid)
@@ -165,8 +196,10 @@ def test_agent_and_operator_work_under_their_own_service_accounts(world: dict[st
     condition = next(c for c in pod.status.conditions if c.type == names.POD_CONDITION_GPU_IN_USE)
     assert condition.status == "True"
     events = client.EventsV1Api(world["admin"])
-    reasons = wait_for(lambda: [e.reason for e in events.list_namespaced_event(world["ns"]).items],
-                       what="the operator's Event")  # fmt: skip
+    reasons = wait_for(
+        lambda: [e.reason for e in events.list_namespaced_event(world["ns"]).items],
+        what="the operator's Event",
+    )
     assert reasons == ["GPUUseStarted"]
 
 
@@ -174,10 +207,14 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
     agent = client.CustomObjectsApi(world["agent"])
     a, b = world["a"], world["b"]
     group = (names.GROUP, names.VERSION, names.PLURAL)
-    _denied(lambda: agent.create_cluster_custom_object(*group, _report(b)),
-            f"may only write the GpuNodeUsage named {a}, not {b}")  # fmt: skip
-    _denied(lambda: agent.patch_cluster_custom_object_status(*group, a, {"status": {}}),
-            "gpunodeusages/status")  # fmt: skip
+    _denied(
+        lambda: agent.create_cluster_custom_object(*group, _report(b)),
+        f"may only write the GpuNodeUsage named {a}, not {b}",
+    )
+    _denied(
+        lambda: agent.patch_cluster_custom_object_status(*group, a, {"status": {}}),
+        "gpunodeusages/status",
+    )
     _denied(lambda: agent.delete_cluster_custom_object(*group, a), "cannot delete")
     _denied(
         lambda: agent.patch_cluster_custom_object(
@@ -185,17 +222,28 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
         ),
         "labels, annotations",
     )
-    _denied(lambda: agent.patch_cluster_custom_object(*group, a, {"metadata": {
-        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": b, "uid": "x"}]}}),
-        "only be owned by the agent's own Node")  # fmt: skip
+    _denied(
+        lambda: agent.patch_cluster_custom_object(
+            *group,
+            a,
+            {
+                "metadata": {
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": b, "uid": "x"}]
+                }
+            },
+        ),
+        "only be owned by the agent's own Node",
+    )
     core = client.CoreV1Api(world["agent"])
     patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: "forged"}}}
     _denied(lambda: core.patch_namespaced_pod("train", world["ns"], patch), "cannot patch")
     _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
     _denied(lambda: core.read_node(a), 'cannot get resource \\"nodes\\"')
     unbound = client.CustomObjectsApi(world["unbound"])
-    _denied(lambda: unbound.patch_cluster_custom_object(*group, a, {"spec": {}}),
-            "token bound to a pod on a node")  # fmt: skip
+    _denied(
+        lambda: unbound.patch_cluster_custom_object(*group, a, {"spec": {}}),
+        "token bound to a pod on a node",
+    )
     # What it may do, it still can: its own spec.
     agent.patch_cluster_custom_object(*group, a, {"spec": {"gpus": []}})
 
@@ -232,15 +280,23 @@ def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, A
 
     seen = event_reasons()
     b = world["b"]
-    kubeconfig = token_kubeconfig(world["cluster"], core, NS, AGENT_SA,
-                                  _identity_pod(core, AGENT_SA, b),
-                                  path=world["tmp"] / "agent-b.kubeconfig")  # fmt: skip
+    kubeconfig = token_kubeconfig(
+        world["cluster"],
+        core,
+        NS,
+        AGENT_SA,
+        _identity_pod(core, AGENT_SA, b),
+        path=world["tmp"] / "agent-b.kubeconfig",
+    )
     agent_b, _ = api_client(kubeconfig)
     forged = _report(b)
-    processes = [{"pid": 7, "usedMemoryMiB": 999, "containerID": cid},
-                 {"pid": 8, "usedMemoryMiB": 1, "podUID": train.metadata.uid}]  # fmt: skip
-    forged["spec"]["gpus"] = [{"index": 0, "uuid": gpu_uuid(1), "memory": {"totalMiB": 81920},
-                               "processes": processes}]  # fmt: skip
+    processes = [
+        {"pid": 7, "usedMemoryMiB": 999, "containerID": cid},
+        {"pid": 8, "usedMemoryMiB": 1, "podUID": train.metadata.uid},
+    ]
+    forged["spec"]["gpus"] = [
+        {"index": 0, "uuid": gpu_uuid(1), "memory": {"totalMiB": 81920}, "processes": processes}
+    ]
     try:
         client.CustomObjectsApi(agent_b).create_cluster_custom_object(*group, forged)
 
@@ -250,8 +306,10 @@ def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, A
             found = (body.get("status") or {}).get("unattributed") or []
             return {u["pid"]: u["reason"] for u in found}
 
-        wait_for(lambda: reasons() == {7: "PodOnOtherNode", 8: "PodOnOtherNode"},
-                 what="the forged processes refused by the operator")  # fmt: skip
+        wait_for(
+            lambda: reasons() == {7: "PodOnOtherNode", 8: "PodOnOtherNode"},
+            what="the forged processes refused by the operator",
+        )
         assert core.read_namespaced_pod("train", world["ns"]).metadata.annotations == before
         assert in_use()
         assert event_reasons() == seen, "no Event either"
@@ -263,20 +321,31 @@ def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, A
 def test_operator_token_cannot_write_spec_or_delete(world: dict[str, Any]) -> None:
     operator = client.CustomObjectsApi(world["operator"])
     group = (names.GROUP, names.VERSION, names.PLURAL)
-    _denied(lambda: operator.patch_cluster_custom_object(*group, world["a"], {"spec": {}}),
-            "cannot patch resource \\\"gpunodeusages\\\"")  # fmt: skip
-    _denied(lambda: operator.create_cluster_custom_object(*group, _report(world["b"])),
-            "cannot create")  # fmt: skip
+    _denied(
+        lambda: operator.patch_cluster_custom_object(*group, world["a"], {"spec": {}}),
+        'cannot patch resource \\"gpunodeusages\\"',
+    )
+    _denied(
+        lambda: operator.create_cluster_custom_object(*group, _report(world["b"])), "cannot create"
+    )
     core = client.CoreV1Api(world["operator"])
     _denied(lambda: core.delete_namespaced_pod("train", world["ns"]), "cannot delete")
     _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
-    _denied(lambda: core.create_namespaced_pod(world["ns"], client.V1Pod(
-        metadata=client.V1ObjectMeta(name="x"), spec=client.V1PodSpec(containers=[
-            client.V1Container(name="x", image="x")]))), "cannot create")  # fmt: skip
+    _denied(
+        lambda: core.create_namespaced_pod(
+            world["ns"],
+            client.V1Pod(
+                metadata=client.V1ObjectMeta(name="x"),
+                spec=client.V1PodSpec(containers=[client.V1Container(name="x", image="x")]),
+            ),
+        ),
+        "cannot create",
+    )
 
 
-@pytest.mark.parametrize("overlay", ["manifests", "manifests/overlays/host-proc",
-                                     "manifests/overlays/namespace"])  # fmt: skip
+@pytest.mark.parametrize(
+    "overlay", ["manifests", "manifests/overlays/host-proc", "manifests/overlays/namespace"]
+)
 def test_every_manifest_validates_server_side(
     installed: LocalCluster, kubectl: Kubectl, api: client.ApiClient, overlay: str
 ) -> None:

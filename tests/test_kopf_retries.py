@@ -17,7 +17,7 @@ import pytest
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
-from gpuusage.operator.handlers import configure_kopf
+from gpuusage_operator.handlers import configure_kopf
 
 
 class Answer:
@@ -28,8 +28,12 @@ class Answer:
         self.headers: dict[str, str] = {}
 
     async def json(self) -> dict[str, Any]:
-        return {"kind": "Status", "message": "the request has been made before all known HTTP "
-                "paths have been installed, please try again", "code": self.status}  # fmt: skip
+        return {
+            "kind": "Status",
+            "message": "the request has been made before all known HTTP "
+            "paths have been installed, please try again",
+            "code": self.status,
+        }
 
     async def text(self) -> str:
         return ""
@@ -53,11 +57,18 @@ class Session:
 def _request(backoffs: Any, session: Session) -> Any:
     settings = kopf.OperatorSettings()
     settings.networking.error_backoffs = backoffs
-    context: Any = SimpleNamespace(server="https://127.0.0.1:1", session=session,
-                                   add_response=lambda response: None)  # fmt: skip
-    return asyncio.run(kopf_api.request(
-        method="get", url="/apis/gpuusage.io/v1alpha1/gpunodeusages", settings=settings,
-        logger=logging.getLogger("test"), context=context))  # fmt: skip
+    context: Any = SimpleNamespace(
+        server="https://127.0.0.1:1", session=session, add_response=lambda response: None
+    )
+    return asyncio.run(
+        kopf_api.request(
+            method="get",
+            url="/apis/gpuusage.io/v1alpha1/gpunodeusages",
+            settings=settings,
+            logger=logging.getLogger("test"),
+            context=context,
+        )
+    )
 
 
 def test_the_operators_backoffs_outlast_any_outage(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpuusage import procfs
-from gpuusage.localcluster.binaries import ensure_binaries
-from gpuusage.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, _is_running
+from gpuusage_dev.localcluster.binaries import ensure_binaries
+from gpuusage_dev.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, _is_running
 from tests.conftest import CHILD_ENV
 
 pytestmark = pytest.mark.cluster
@@ -138,8 +138,11 @@ def test_restart_command_brings_back_the_same_control_plane(tmp_path: Path) -> N
         before = json.loads((tmp_path / STATE_FILE).read_text())
         kubeconfig = (tmp_path / "kubeconfig").read_text()
         pids = {p["name"]: p["pid"] for p in before["processes"]}
-        for component, replaced in (("etcd", {"etcd"}), ("apiserver", {"kube-apiserver"}),
-                                    (None, {"etcd", "kube-apiserver"})):  # fmt: skip
+        for component, replaced in (
+            ("etcd", {"etcd"}),
+            ("apiserver", {"kube-apiserver"}),
+            (None, {"etcd", "kube-apiserver"}),
+        ):
             args = ["--component", component] if component else []
             out = _gpuusage("local-cluster", "restart", "--dir", str(tmp_path), *args).stdout
             assert "ready at" in out
@@ -150,8 +153,9 @@ def test_restart_command_brings_back_the_same_control_plane(tmp_path: Path) -> N
             ports = ("etcd_client_port", "etcd_peer_port", "apiserver_port")
             assert [after[k] for k in ports] == [before[k] for k in ports]
             assert (tmp_path / "kubeconfig").read_text() == kubeconfig, "same certificates"
-            got = subprocess.run([*kubectl, "get", "ns", "kept"], capture_output=True, text=True,
-                                 check=True)  # fmt: skip
+            got = subprocess.run(
+                [*kubectl, "get", "ns", "kept"], capture_output=True, text=True, check=True
+            )
             assert "kept" in got.stdout, "etcd's data survived"
         assert len(_live_processes_using(tmp_path)) == 2
     finally:

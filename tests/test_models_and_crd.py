@@ -14,7 +14,7 @@ from gpuusage.api import names
 from gpuusage.api.crd import render_crd, render_crd_yaml, render_peering_crd_yaml, to_structural
 from gpuusage.api.models import GpuNodeUsage, GpuNodeUsageSpec, Process
 from gpuusage.api.summary import format_mib, totals
-from gpuusage.examples import example_spec
+from tests.examples import example_spec
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_FILE = REPO / "crds" / "gpuusage.io_gpunodeusages.yaml"

@@ -23,10 +23,15 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuusage.localcluster.cluster import LocalCluster, free_port
-from gpuusage.localcluster.tools import KUBE_STATE_METRICS, PROMTOOL, ensure_tool, monitoring_crds
-from gpuusage.rules import RulesError, render, rule_groups
-from gpuusage.simulation import ensure_namespace
+from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
+from gpuusage_dev.localcluster.tools import (
+    KUBE_STATE_METRICS,
+    PROMTOOL,
+    ensure_tool,
+    monitoring_crds,
+)
+from gpuusage_dev.rules import RulesError, render, rule_groups
+from gpuusage_dev.simulation import ensure_namespace
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, token_kubeconfig, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,8 +39,13 @@ MONITORING = REPO / "manifests" / "monitoring"
 RULES = MONITORING / "gpuusage.rules.yaml"
 NS = "gpuusage-system"
 SA = "gpuusage-state-metrics"
-ALERTS = ("GpuNodeReportStale", "GpuMemoryNearlyFull", "GpuMemoryHeldOutsidePods",
-          "GpuUsedWithoutRequest", "GpuRequestedButIdle")  # fmt: skip
+ALERTS = (
+    "GpuNodeReportStale",
+    "GpuMemoryNearlyFull",
+    "GpuMemoryHeldOutsidePods",
+    "GpuUsedWithoutRequest",
+    "GpuRequestedButIdle",
+)
 
 Sample = tuple[str, frozenset[tuple[str, str]]]
 
@@ -60,9 +70,12 @@ def test_prometheus_rule_is_rendered_from_the_rules_file() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("groups: [", "not YAML"), ("rules: []", "non-empty `groups`"),
-     ("groups: [{name: x}]", "groups[0] needs a name and rules")],
-)  # fmt: skip
+    [
+        ("groups: [", "not YAML"),
+        ("rules: []", "non-empty `groups`"),
+        ("groups: [{name: x}]", "groups[0] needs a name and rules"),
+    ],
+)
 def test_a_broken_rules_file_is_named(text: str, message: str) -> None:
     with pytest.raises(RulesError, match=re.escape(message)):
         rule_groups(text, "broken.yaml")
@@ -114,21 +127,28 @@ def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) 
         if exc.status != 409:
             raise
     docs = list(yaml.safe_load_all((MONITORING / "kube-state-metrics.yaml").read_text()))
-    access = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole",
-                                               "ClusterRoleBinding")]  # fmt: skip
+    access = [
+        d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    ]
     kubectl = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
     kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all(access))
     kubeconfig = token_kubeconfig(cluster, core, NS, SA, None, path=tmp_path / "ksm.kubeconfig")
     port = free_port()
     log = (tmp_path / "ksm.log").open("w")
     proc = subprocess.Popen(
-        [str(ensure_tool(KUBE_STATE_METRICS)), f"--kubeconfig={kubeconfig}",
-         "--custom-resource-state-only",
-         f"--custom-resource-state-config-file={MONITORING / 'gpunodeusage-metrics.yaml'}",
-         "--host=127.0.0.1", f"--port={port}", "--telemetry-host=127.0.0.1",
-         f"--telemetry-port={free_port()}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(ensure_tool(KUBE_STATE_METRICS)),
+            f"--kubeconfig={kubeconfig}",
+            "--custom-resource-state-only",
+            f"--custom-resource-state-config-file={MONITORING / 'gpunodeusage-metrics.yaml'}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--telemetry-host=127.0.0.1",
+            f"--telemetry-port={free_port()}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for(lambda: _serving(port), what="kube-state-metrics to serve")
         yield port
@@ -142,8 +162,13 @@ def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) 
 
 def _gpu(index: int, uuid: str, used: int, processes: list[tuple[int, int]]) -> dict[str, Any]:
     listed = [{"pid": pid, "usedMemoryMiB": mib} for pid, mib in processes]
-    return {"index": index, "uuid": uuid, "memoryTotalMiB": 81920, "memoryUsedMiB": used,
-            "processes": listed}  # fmt: skip
+    return {
+        "index": index,
+        "uuid": uuid,
+        "memoryTotalMiB": 81920,
+        "memoryUsedMiB": used,
+        "processes": listed,
+    }
 
 
 def _render(template: str, labels: Mapping[str, str]) -> str:
@@ -190,14 +215,20 @@ def _promtool_test(
     return {
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": series,
-            # healthy; trouble too short for any `for:`; all five firing; resolved after.
-            "alert_rule_test": [*alerts("10m", False), *alerts("23m", False),
-                                *alerts("55m", True), *alerts("95m", False)],
-        }],
-    }  # fmt: skip
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                # healthy; trouble too short for any `for:`; all five firing; resolved after.
+                "alert_rule_test": [
+                    *alerts("10m", False),
+                    *alerts("23m", False),
+                    *alerts("55m", True),
+                    *alerts("95m", False),
+                ],
+            }
+        ],
+    }
 
 
 @pytest.mark.cluster
@@ -217,11 +248,15 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
 
     def healthy_now() -> dict[Sample, float] | None:
         s = scrape()
-        ok = (_value(s, "gpuusage_pod_gpu_memory_used_mib", node=a["node"], pod="waiter") == 8192
-              and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
-              and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
-              and _value(s, "gpuusage_node_condition", node=b["node"], condition="Stale",
-                         status="False") == 1)  # fmt: skip
+        ok = (
+            _value(s, "gpuusage_pod_gpu_memory_used_mib", node=a["node"], pod="waiter") == 8192
+            and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
+            and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
+            and _value(
+                s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="False"
+            )
+            == 1
+        )
         return s if ok else None
 
     healthy = wait_for(healthy_now, timeout=60, what="the healthy state in kube-state-metrics")
@@ -230,15 +265,26 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert _value(healthy, "gpuusage_node_pods", **node_a) == 2
     assert _value(healthy, "gpuusage_node_memory_used_mib", **node_a) == 28672
     assert _value(healthy, "gpuusage_node_memory_total_mib", **node_a) == 163840
-    assert _value(healthy, "gpuusage_node_condition", **node_a, condition="Ready",
-                  status="True") == 1  # fmt: skip
+    assert (
+        _value(healthy, "gpuusage_node_condition", **node_a, condition="Ready", status="True") == 1
+    )
     assert (
         _value(healthy, "gpuusage_gpu_memory_used_mib", **node_a, gpu=GPU0, gpu_index="0") == 20480
     )
     assert _value(healthy, "gpuusage_gpu_memory_total_mib", **node_a, gpu=GPU1) == 81920
     assert _value(healthy, "gpuusage_gpu_pods", **node_a, gpu=GPU1) == 1
-    assert _value(healthy, "gpuusage_pod_gpu_memory_used_mib", **node_a, namespace=a["ns"],
-                  pod="train", uid=a["train"], gpu=GPU0) == 20480  # fmt: skip
+    assert (
+        _value(
+            healthy,
+            "gpuusage_pod_gpu_memory_used_mib",
+            **node_a,
+            namespace=a["ns"],
+            pod="train",
+            uid=a["train"],
+            gpu=GPU0,
+        )
+        == 20480
+    )
     assert _value(healthy, "gpuusage_pod_requested_gpus", **node_a, pod="train") == 1
     assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="train") == 0
     observed = _value(healthy, "gpuusage_node_observed_timestamp_seconds", **node_a)
@@ -247,33 +293,54 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
 
     # Trouble: GPU0 nearly full, a host process holds 4 GiB of GPU1 next to a pod that never
     # requested a GPU, the waiter's work ends (idle after 3 s), and node b's agent dies.
-    a["scenario"]([_gpu(0, GPU0, 80896, [(train, 80896)]),
-                   _gpu(1, GPU1, 6144, [(sneaky, 2048), (host, 4096)])])  # fmt: skip
+    a["scenario"](
+        [
+            _gpu(0, GPU0, 80896, [(train, 80896)]),
+            _gpu(1, GPU1, 6144, [(sneaky, 2048), (host, 4096)]),
+        ]
+    )
     b["agent"].halt()
 
     def trouble_now() -> dict[Sample, float] | None:
         s = scrape()
-        ok = (_value(s, "gpuusage_gpu_memory_used_mib", node=a["node"], gpu=GPU0) == 80896
-              and _value(s, "gpuusage_pod_gpu_unrequested", node=a["node"], pod="sneaky") == 1
-              and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
-              and _value(s, "gpuusage_node_condition", node=b["node"], condition="Stale",
-                         status="True") == 1)  # fmt: skip
+        ok = (
+            _value(s, "gpuusage_gpu_memory_used_mib", node=a["node"], gpu=GPU0) == 80896
+            and _value(s, "gpuusage_pod_gpu_unrequested", node=a["node"], pod="sneaky") == 1
+            and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
+            and _value(
+                s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="True"
+            )
+            == 1
+        )
         return s if ok else None
 
     trouble = wait_for(trouble_now, timeout=60, what="the troubled state in kube-state-metrics")
     assert _value(trouble, "gpuusage_gpu_unattributed_memory_mib", **node_a, gpu=GPU1) == 4096
     assert _value(trouble, "gpuusage_gpu_unattributed_processes", **node_a, gpu=GPU1) == 1
-    assert _value(trouble, "gpuusage_unattributed_process_memory_mib", **node_a, gpu=GPU1,
-                  pid=str(host), reason="HostProcess", process="Xorg") == 4096  # fmt: skip
+    assert (
+        _value(
+            trouble,
+            "gpuusage_unattributed_process_memory_mib",
+            **node_a,
+            gpu=GPU1,
+            pid=str(host),
+            reason="HostProcess",
+            process="Xorg",
+        )
+        == 4096
+    )
     assert _value(trouble, "gpuusage_node_unrequested_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_idle_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_pod_requested_gpus", **node_a, pod="sneaky") == 0
-    since = _value(trouble, "gpuusage_pod_gpu_idle_since_timestamp_seconds", **node_a,
-                   pod="waiter")  # fmt: skip
+    since = _value(trouble, "gpuusage_pod_gpu_idle_since_timestamp_seconds", **node_a, pod="waiter")
     assert since is not None
     assert since <= time.time()
-    assert _value(trouble, "gpuusage_node_condition", node=b["node"], condition="Ready",
-                  status="False") == 1  # fmt: skip
+    assert (
+        _value(
+            trouble, "gpuusage_node_condition", node=b["node"], condition="Ready", status="False"
+        )
+        == 1
+    )
 
     # The alerts, on exactly these series.
     expected = {
@@ -304,18 +371,26 @@ def test_the_monitoring_overlay_validates_against_the_real_crds(kubectl: Kubectl
     for path in monitoring_crds():
         kubectl.run("apply", "--server-side", "-f", str(path))
     for plural in ("servicemonitors", "podmonitors", "prometheusrules"):
-        kubectl.run("wait", "--for=condition=Established", "--timeout=60s",
-                    f"crd/{plural}.monitoring.coreos.com")  # fmt: skip
-    out = kubectl.run("apply", "-k", str(REPO / "manifests" / "overlays" / "monitoring"),
-                      "--dry-run=server")  # fmt: skip
-    for created in ("servicemonitor.monitoring.coreos.com/gpuusage-state-metrics",
-                    "servicemonitor.monitoring.coreos.com/gpuusage-operator",
-                    "podmonitor.monitoring.coreos.com/gpuusage-agent",
-                    "prometheusrule.monitoring.coreos.com/gpuusage",
-                    "deployment.apps/gpuusage-state-metrics"):  # fmt: skip
+        kubectl.run(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            f"crd/{plural}.monitoring.coreos.com",
+        )
+    out = kubectl.run(
+        "apply", "-k", str(REPO / "manifests" / "overlays" / "monitoring"), "--dry-run=server"
+    )
+    for created in (
+        "servicemonitor.monitoring.coreos.com/gpuusage-state-metrics",
+        "servicemonitor.monitoring.coreos.com/gpuusage-operator",
+        "podmonitor.monitoring.coreos.com/gpuusage-agent",
+        "prometheusrule.monitoring.coreos.com/gpuusage",
+        "deployment.apps/gpuusage-state-metrics",
+    ):
         assert created in out, out
     # The schema is enforced: a misspelt field is refused, not ignored.
     bad = (MONITORING / "monitors.yaml").read_text().replace("honorLabels", "honourLabels")
-    refused = kubectl.run("apply", "--dry-run=server", "--validate=strict", "-f", "-",
-                          stdin=bad, check=False)  # fmt: skip
+    refused = kubectl.run(
+        "apply", "--dry-run=server", "--validate=strict", "-f", "-", stdin=bad, check=False
+    )
     assert 'unknown field "spec.endpoints[0].honourLabels"' in refused, refused

@@ -8,7 +8,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpuusage.nodeagent.gpusource.nvml import NvmlSource, cuda_version
+from gpuusage_nodeagent.gpusource.nvml import NvmlSource, cuda_version
 from tests.fakenvml import (
     FakeGpu,
     FakeMachine,
@@ -279,8 +279,11 @@ def test_static_facts_are_read_once_per_nvml_session(monkeypatch: pytest.MonkeyP
     assert [g.name for g in later.gpus] == ["NVIDIA H100 80GB HBM3"] * 8
     assert [g.pci_bus_id for g in later.gpus] == [g.pci_bus_id for g in first.gpus]
     assert later.source.driver_version == "550.54.15"
-    assert asked == {"nvmlDeviceGetName": 9, "nvmlDeviceGetPciInfo": 9,
-                     "nvmlSystemGetDriverVersion": 1}  # fmt: skip
+    assert asked == {
+        "nvmlDeviceGetName": 9,
+        "nvmlDeviceGetPciInfo": 9,
+        "nvmlSystemGetDriverVersion": 1,
+    }
     source.close()  # a new session (e.g. after a driver reload) reads them again
     source.read()
     assert asked["nvmlSystemGetDriverVersion"] == 2

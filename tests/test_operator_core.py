@@ -10,19 +10,10 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.models import Process
-from gpuusage.examples import (
-    CTR_INFER,
-    CTR_NOTEBOOK,
-    CTR_TRAIN,
-    POD_INFER,
-    POD_NOTEBOOK,
-    POD_TRAIN,
-    example_spec,
-)
-from gpuusage.operator.freshness import Sighting
-from gpuusage.operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
-from gpuusage.operator.podindex import PodLookup, gpu_requests, index_keys, pod_ref
-from gpuusage.operator.podstate import (
+from gpuusage_operator.freshness import Sighting
+from gpuusage_operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
+from gpuusage_operator.podindex import PodLookup, gpu_requests, index_keys, pod_ref
+from gpuusage_operator.podstate import (
     annotation_patch,
     condition_patch,
     desired_annotations,
@@ -31,8 +22,17 @@ from gpuusage.operator.podstate import (
     pod_uses,
     usage_json,
 )
-from gpuusage.operator.resolution import resolve_all, resolve_process
-from gpuusage.operator.status import desired_status
+from gpuusage_operator.resolution import resolve_all, resolve_process
+from gpuusage_operator.status import desired_status
+from tests.examples import (
+    CTR_INFER,
+    CTR_NOTEBOOK,
+    CTR_TRAIN,
+    POD_INFER,
+    POD_NOTEBOOK,
+    POD_TRAIN,
+    example_spec,
+)
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
@@ -140,8 +140,10 @@ def test_desired_status_of_the_example_node() -> None:
     assert status.observed_generation == 3
     assert status.totals is not None
     assert (status.totals.pods, status.totals.processes, status.totals.unattributed_processes) == (
-        3, 4, 1,
-    )  # fmt: skip
+        3,
+        4,
+        1,
+    )
     gpu0 = status.devices[0]
     on_gpu0 = [p for p in status.pods if p.device_uuid == gpu0.uuid]
     assert [p.name for p in on_gpu0] == ["notebook", "train-0"], "several pods on one GPU"
@@ -170,15 +172,22 @@ def test_status_is_identical_for_an_unchanged_report() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
     resolutions = list(resolve_all(spec, lookup(*PODS)))
     first = desired_status(spec, resolutions, NOW, generation=3, sighting=SEEN)
-    again = desired_status(spec, list(reversed(resolutions)), NOW + timedelta(seconds=40),
-                           generation=3, sighting=SEEN, previous=first)  # fmt: skip
+    again = desired_status(
+        spec,
+        list(reversed(resolutions)),
+        NOW + timedelta(seconds=40),
+        generation=3,
+        sighting=SEEN,
+        previous=first,
+    )
     assert again == first
 
 
 def test_stale_report_makes_the_node_not_ready() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
-    status = desired_status(spec, [], OBSERVED + timedelta(minutes=10), generation=1,
-                            sighting=Sighting(1, OBSERVED))  # fmt: skip
+    status = desired_status(
+        spec, [], OBSERVED + timedelta(minutes=10), generation=1, sighting=Sighting(1, OBSERVED)
+    )
     conditions = {c.type: c for c in status.conditions}
     assert (conditions["Stale"].status, conditions["Ready"].status) == ("True", "False")
     assert conditions["Ready"].reason == "ReportStale"
@@ -198,10 +207,20 @@ def test_pod_annotations_follow_the_design() -> None:
     assert usage == {
         "node": "gpu-node-a",
         "observedAt": "2026-11-21T12:00:00Z",
-        "containers": [{"name": "trainer", "devices": [
-            {"uuid": "GPU-11111111-2222-3333-4444-555555555555", "mib": 30720, "pids": [4242]}]}],
+        "containers": [
+            {
+                "name": "trainer",
+                "devices": [
+                    {
+                        "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+                        "mib": 30720,
+                        "pids": [4242],
+                    }
+                ],
+            }
+        ],
         "requestedGPUs": 1,
-    }  # fmt: skip
+    }
 
 
 def test_usage_annotation_is_bounded_with_a_marker() -> None:
@@ -236,10 +255,17 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     condition = desired_condition("InUse", use, "gpu-node-a")
     assert condition["status"] == "True"
     assert "1 process on node gpu-node-a uses GPU-11111111" in condition["message"]
-    grown = type(use)(use.pod, use.node, use.observed_at, tuple(
-        type(r)(**{**r.__dict__, "process": r.process.model_copy(update={"used_memory_mib": 1})})
-        for r in use.resolutions
-    ))  # fmt: skip
+    grown = type(use)(
+        use.pod,
+        use.node,
+        use.observed_at,
+        tuple(
+            type(r)(
+                **{**r.__dict__, "process": r.process.model_copy(update={"used_memory_mib": 1})}
+            )
+            for r in use.resolutions
+        ),
+    )
     assert desired_annotations(grown) != wanted
     assert desired_condition("InUse", grown, "gpu-node-a") == condition, (
         "a memory change alone is one pod write (annotations), not two"
@@ -248,8 +274,9 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     assert first is not None
     assert first["lastTransitionTime"] == "2026-11-21T12:00:30Z"
     assert condition_patch([first], condition, NOW + timedelta(minutes=1)) is None
-    ended = condition_patch([first], desired_condition("Stopped", None, "gpu-node-a"),
-                            NOW + timedelta(minutes=2))  # fmt: skip
+    ended = condition_patch(
+        [first], desired_condition("Stopped", None, "gpu-node-a"), NOW + timedelta(minutes=2)
+    )
     assert ended is not None
     assert (ended["status"], ended["reason"]) == ("False", "ProcessesEnded")
     assert ended["lastTransitionTime"] == "2026-11-21T12:02:30Z"
@@ -337,8 +364,9 @@ def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
     sneaky = pod("sneaky", POD_TRAIN, {"trainer": CTR_TRAIN}, gpus=0)
     honest = pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice")
     spec_ = example_spec("gpu-node-a", OBSERVED)
-    status = desired_status(spec_, list(resolve_all(spec_, lookup(sneaky, honest))), NOW,
-                            generation=1, sighting=SEEN)  # fmt: skip
+    status = desired_status(
+        spec_, list(resolve_all(spec_, lookup(sneaky, honest))), NOW, generation=1, sighting=SEEN
+    )
     flags = {(p.name, p.requested_gpus, p.unrequested) for p in status.pods}
     assert flags == {("sneaky", 0, True), ("notebook", 1, False)}
     assert status.totals is not None

@@ -18,9 +18,9 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process, Source
 from gpuusage.kube.crds import ensure_peering
-from gpuusage.localcluster.cluster import LocalCluster
-from gpuusage.operator.peering import live_peers
-from gpuusage.simulation import create_running_pod, ensure_namespace
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.simulation import create_running_pod, ensure_namespace
+from gpuusage_operator.peering import live_peers
 from tests.conftest import CHILD_ENV, wait_for
 from tests.fakenvml import gpu_uuid
 
@@ -29,13 +29,23 @@ LIFETIME = 10
 
 
 def _spec(node: str, container_id: str | None) -> dict[str, Any]:
-    processes = [] if container_id is None else [
-        Process(pid=4242, name="python3", used_memory_mib=4096, container_id=container_id)
-    ]  # fmt: skip
-    gpu = Gpu(index=0, uuid=gpu_uuid(0), memory=Memory(total_mib=81920, used_mib=4096),
-              processes=processes)  # fmt: skip
-    spec = GpuNodeUsageSpec(node_name=node, observed_at=datetime.now(UTC),
-                            source=Source(kind="fake", available=True), gpus=[gpu])  # fmt: skip
+    processes = (
+        []
+        if container_id is None
+        else [Process(pid=4242, name="python3", used_memory_mib=4096, container_id=container_id)]
+    )
+    gpu = Gpu(
+        index=0,
+        uuid=gpu_uuid(0),
+        memory=Memory(total_mib=81920, used_mib=4096),
+        processes=processes,
+    )
+    spec = GpuNodeUsageSpec(
+        node_name=node,
+        observed_at=datetime.now(UTC),
+        source=Source(kind="fake", available=True),
+        gpus=[gpu],
+    )
     return spec.to_api()
 
 
@@ -43,12 +53,31 @@ def _replica(
     cluster: LocalCluster, peering: str, priority: int, log: Path
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gpuusage.cli", "--log-level", "info", "operator",
-         "--kubeconfig", str(cluster.kubeconfig), "--peering", peering,
-         "--priority", str(priority), "--peering-lifetime", str(LIFETIME),
-         "--stale-after", "600", "--resync", "0.5"],
-        env=CHILD_ENV, stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gpuusage.cli",
+            "--log-level",
+            "info",
+            "operator",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--peering",
+            peering,
+            "--priority",
+            str(priority),
+            "--peering-lifetime",
+            str(LIFETIME),
+            "--stale-after",
+            "600",
+            "--resync",
+            "0.5",
+        ],
+        env=CHILD_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        text=True,
+    )
 
 
 @pytest.fixture
@@ -99,16 +128,20 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
     active = _replica(cluster, setup["peering"], 200, tmp_path / "active.log")
     standby = _replica(cluster, setup["peering"], 100, tmp_path / "standby.log")
     try:
-        peers = wait_for(lambda: len(p := _peers(api, setup["peering"])) == 2 and p,
-                         what="both replicas in the peering")  # fmt: skip
+        peers = wait_for(
+            lambda: len(p := _peers(api, setup["peering"])) == 2 and p,
+            what="both replicas in the peering",
+        )
         identity = {prio: ident for ident, prio in peers.items()}
         assert identity[200].endswith(f"/{active.pid}")
         assert identity[100].endswith(f"/{standby.pid}")
 
         wait_for(lambda: _condition(setup) == "True", what="the active replica marks the pod")
         # The Event follows the condition write: wait for it rather than race it.
-        wait_for(lambda: _events(setup, api) == {"GPUUseStarted": identity[200]},
-                 what="the start Event, recorded by the active replica")  # fmt: skip
+        wait_for(
+            lambda: _events(setup, api) == {"GPUUseStarted": identity[200]},
+            what="the start Event, recorded by the active replica",
+        )
         time.sleep(2)  # the standby had its chance to do something wrong
         assert "this replica is active" not in (tmp_path / "standby.log").read_text()
         assert set(_events(setup, api).values()) == {identity[200]}, "only the active one wrote"
@@ -117,15 +150,21 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
         active.wait(10)
         killed = time.monotonic()
         spec = _spec(setup["node"], None)  # the process ended meanwhile
-        custom.patch_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL,
-                                           setup["node"], {"spec": spec})  # fmt: skip
-        wait_for(lambda: _condition(setup) == "False", timeout=LIFETIME + 30,
-                 what="the standby to take over and end the pod's GPU use")  # fmt: skip
+        custom.patch_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL, setup["node"], {"spec": spec}
+        )
+        wait_for(
+            lambda: _condition(setup) == "False",
+            timeout=LIFETIME + 30,
+            what="the standby to take over and end the pod's GPU use",
+        )
         failover = time.monotonic() - killed
         assert failover <= LIFETIME + 15, f"failover took {failover:.1f} s"
         ended = {"GPUUseStarted": identity[200], "GPUUseEnded": identity[100]}
-        wait_for(lambda: _events(setup, api) == ended,
-                 what="the end Event, recorded by the former standby")  # fmt: skip
+        wait_for(
+            lambda: _events(setup, api) == ended,
+            what="the end Event, recorded by the former standby",
+        )
         assert "this replica is active" in (tmp_path / "standby.log").read_text()
         print(f"failover after SIGKILL of the active replica: {failover:.1f} s")
 

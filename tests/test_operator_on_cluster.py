@@ -12,13 +12,13 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.localcluster.cluster import LocalCluster
-from gpuusage.operator.main import run_operator
-from gpuusage.operator.reconcile import Reconciler
-from gpuusage.operator.settings import OperatorSettings
-from gpuusage.simulation import (
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.simulation import (
     Background,
 )
+from gpuusage_operator.main import run_operator
+from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import GPU0, WorldFactory, wait_for
 from tests.worldview import condition, conditions, events, pod, pod_annotations, report
 
@@ -52,27 +52,31 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     assert status["totals"]["pods"] == 2
     assert status["totals"]["unattributedProcesses"] == 1
     assert status["totals"]["unrequestedPods"] == 0
-    requested = {p["name"]: (p["requestedGPUs"], p["unrequested"])
-                 for p in status["pods"]}  # fmt: skip
+    requested = {p["name"]: (p["requestedGPUs"], p["unrequested"]) for p in status["pods"]}
     assert requested == {"train": (1, False), "notebook": (1, False)}
-    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True",
-                                                                      "Stale": "False"}  # fmt: skip
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True",
+        "Stale": "False",
+    }
 
     # Zero pod writes and no Event for unchanged reports, while the agent keeps writing
     # heartbeats (each a new report generation, which status.observedGeneration follows).
     # (The operator also reconciles other tests' reports on the shared cluster: what is counted
     # here is this world's pods and report.)
     def versions() -> dict[str, str]:
-        return {n: str(getattr(pod(world, n).metadata, "resource_version", None))
-                for n in ("train", "notebook")}  # fmt: skip
+        return {
+            n: str(getattr(pod(world, n).metadata, "resource_version", None))
+            for n in ("train", "notebook")
+        }
 
     before, seen = versions(), (events(world, "train"), events(world, "notebook"))
     generation = report(world)["metadata"]["generation"]
 
     def reconciled(at_least: int) -> bool:
         got = report(world)
-        return bool(got["status"]["observedGeneration"] == got["metadata"]["generation"]
-                    >= at_least)  # fmt: skip
+        return bool(
+            got["status"]["observedGeneration"] == got["metadata"]["generation"] >= at_least
+        )
 
     wait_for(lambda: reconciled(generation + 3), what="three heartbeats reconciled")
     assert versions() == before, "no write to the pods"
@@ -80,13 +84,18 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
 
     # The notebook's process ends: annotations go, the condition turns False, one Event.
     world["write"](notebook=False)
-    wait_for(lambda: names.ANNOTATION_GPUS not in pod_annotations(world, "notebook"),
-          what="notebook annotations removed")  # fmt: skip
-    ended = wait_for(lambda: (c := condition(pod(world, "notebook"))).status == "False" and c,
-                  what="condition False")  # fmt: skip
+    wait_for(
+        lambda: names.ANNOTATION_GPUS not in pod_annotations(world, "notebook"),
+        what="notebook annotations removed",
+    )
+    ended = wait_for(
+        lambda: (c := condition(pod(world, "notebook"))).status == "False" and c,
+        what="condition False",
+    )
     assert ended.reason == "ProcessesEnded"
-    assert wait_for(lambda: events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted"],
-                 what="end event")  # fmt: skip
+    assert wait_for(
+        lambda: events(world, "notebook") == ["GPUUseEnded", "GPUUseStarted"], what="end event"
+    )
     assert events(world, "train") == ["GPUUseStarted"], "no Event per cycle"
 
     url = f"http://127.0.0.1:{world['metrics_port']}/metrics"
@@ -103,17 +112,23 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
         for line in text.splitlines()
         if line.startswith("gpuusage_operator_reconcile_duration_seconds_count")
     )
-    assert float(reconciles.split()[-1]) >= 3, "every report event is timed"  # fmt: skip
-    echoes = next(line for line in text.splitlines()
-                  if line.startswith("gpuusage_operator_echoes_skipped_total "))  # fmt: skip
+    assert float(reconciles.split()[-1]) >= 3, "every report event is timed"
+    echoes = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("gpuusage_operator_echoes_skipped_total ")
+    )
     assert float(echoes.split()[-1]) >= 1, "our own status writes came back and were skipped"
 
 
 def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
     wait_for(lambda: condition(pod(world, "train")).status == "True", what="in use")
     world["agent"].halt()  # the agent dies: no more reports
-    unknown = wait_for(lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
-                    timeout=30, what="Unknown")  # fmt: skip
+    unknown = wait_for(
+        lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
+        timeout=30,
+        what="Unknown",
+    )
     assert unknown.reason == "NodeReportStale"
     assert names.ANNOTATION_GPUS in pod_annotations(world, "train"), "last use kept"
 
@@ -201,8 +216,9 @@ def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
         return [p["name"] for p in (report(world).get("status") or {}).get("idlePods", [])]
 
     def reason(name: str) -> str | None:
-        found = [c for c in conditions(pod(world, name))
-                 if c.type == names.POD_CONDITION_GPU_IN_USE]  # fmt: skip
+        found = [
+            c for c in conditions(pod(world, name)) if c.type == names.POD_CONDITION_GPU_IN_USE
+        ]
         return f"{found[0].status} {found[0].reason}" if found else None
 
     wait_for(lambda: idle_names() == ["waiter"], timeout=30, what="waiter flagged idle")

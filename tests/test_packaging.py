@@ -1,55 +1,61 @@
-"""A non-editable install in a fresh virtualenv imports every module.
+"""What people install and what the images carry, each built the way it really is.
 
-This is what proves the folder mapping (operator/ -> gpuusage.operator, nodeagent/ ->
-gpuusage.nodeagent) works for users, not only through the source tree's symbolic links.
+A non-editable install in a fresh virtualenv imports every module of every source root, each
+under one name; each image's recipe (its Dockerfile's requirements and COPY lines) is rebuilt in
+a virtualenv, runs its command, and holds no other part.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+ROOTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"][
+    "find"
+]["where"]
+PARTS = ("gpuusage_nodeagent", "gpuusage_operator", "gpuusage_commands", "gpuusage_dev")
 
 pytestmark = pytest.mark.slow
 
-# Walks files, not pkgutil: gpuusage.operator is a namespace subpackage (see operator/README.md),
-# which pkgutil.walk_packages does not descend into.
 IMPORT_ALL = r"""
-import importlib, json, pathlib
-import gpuusage
-root = pathlib.Path(gpuusage.__file__).parent
+import importlib, json, sys
 mods = {}
-for path in sorted(root.rglob("*.py")):
-    rel = path.relative_to(root).with_suffix("")
-    if rel.name == "__main__":
-        continue
-    name = ".".join(["gpuusage", *[p for p in rel.parts if p != "__init__"]])
-    mods[name] = str(importlib.import_module(name).__file__ or path.parent)
-print(json.dumps({"root": gpuusage.__file__, "version": gpuusage.__version__, "modules": mods}))
+for name in sys.argv[1:]:
+    mods[name] = str(importlib.import_module(name).__file__)
+import gpuusage
+print(json.dumps({"version": gpuusage.__version__, "modules": mods}))
 """
 
 
-def _source_modules() -> set[str]:
+def source_modules() -> set[str]:
+    """Every module under the source roots, named as the interpreter imports it."""
     found = set()
-    for base, package in ((REPO / "src" / "gpuusage", "gpuusage"),
-                          (REPO / "operator", "gpuusage.operator"),
-                          (REPO / "nodeagent", "gpuusage.nodeagent")):  # fmt: skip
-        for path in base.rglob("*.py"):
-            rel = path.relative_to(base).with_suffix("")
-            if any(part in ("operator", "nodeagent") for part in rel.parts[:1]) and (
-                package == "gpuusage"
-            ):
-                continue  # reached through the symbolic links; counted under their own name
-            parts = [p for p in rel.parts if p != "__init__"]
-            found.add(".".join([package, *parts]))
+    for root in ROOTS:
+        for path in (REPO / root).rglob("*.py"):
+            parts = [p for p in path.relative_to(REPO / root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.add(".".join(parts))
     found.discard("gpuusage.__main__")
     return found
+
+
+def test_each_module_has_one_name_and_no_link_exists() -> None:
+    links = [p for p in REPO.rglob("*") if p.is_symlink() and ".venv" not in p.parts]
+    assert not links
+    assert {name.partition(".")[0] for name in source_modules()} == {"gpuusage", *PARTS}
+    for root in ROOTS:
+        assert len(list((REPO / root).glob("*/__init__.py"))) == 1, root
 
 
 @pytest.fixture(scope="module")
@@ -70,46 +76,63 @@ def test_wheel_in_a_fresh_virtualenv_imports_every_module(tmp_path: Path, wheel:
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-compile", str(wheel)], check=True, cwd=tmp_path
     )
+    wanted = sorted(source_modules())
     out = subprocess.run(
-        [python, "-c", IMPORT_ALL], check=True, capture_output=True, text=True, cwd=tmp_path
+        [python, "-c", IMPORT_ALL, *wanted],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     ).stdout
     report = json.loads(out)
-    assert report["root"].startswith(str(env_dir)), "gpuusage must come from the fresh venv"
-    assert report["version"] != "0.0.0+source"
-    imported = set(report["modules"])
-    missing = _source_modules() - imported - {"gpuusage"}
-    assert not missing, f"modules not installed: {sorted(missing)}"
-    assert any(name.startswith("gpuusage.operator.") for name in imported)
-    assert any(name.startswith("gpuusage.nodeagent") for name in imported)
+    from gpuusage import __version__  # noqa: PLC0415
+
+    assert report["version"] == __version__
     for name, path in report["modules"].items():
         assert path.startswith(str(env_dir)), f"{name} imported from {path}"
-    console = subprocess.run(
-        [env_dir / "bin" / "gpuusage", "--version"], capture_output=True, text=True, check=True
-    )
-    assert console.stdout.startswith("gpuusage ")
+    gpuusage = env_dir / "bin" / "gpuusage"
+    console = subprocess.run([gpuusage, "--version"], capture_output=True, text=True, check=True)
+    assert console.stdout == f"gpuusage {__version__}\n"
+    for command in (["demo"], ["local-cluster", "restart"], ["top"], ["operator"]):
+        shown = subprocess.run(
+            [gpuusage, *command, "--help"], capture_output=True, text=True, check=True
+        ).stdout
+        assert "--log-level" in shown
 
 
-def test_agent_image_recipe_runs_the_agent_without_kubernetes_or_kopf(
-    tmp_path: Path, wheel: Path
-) -> None:
-    """What nodeagent/Dockerfile installs (the wheel without dependencies, plus
-    nodeagent/requirements.txt) is enough for the agent, and holds no operator packages."""
+def _image(tmp_path: Path, part: str) -> tuple[Path, dict[str, str]]:
+    """The image's recipe in a virtualenv: its requirements installed, its COPY lines copied."""
+    recipe = (REPO / part / "Dockerfile").read_text()
+    requirements = re.findall(r"^COPY (\S+requirements\.txt) ", recipe, re.MULTILINE)
+    copied = re.findall(r"^COPY (?!--)(\S+) /app/(\S+)$", recipe, re.MULTILINE)
+    assert requirements
+    assert copied
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    requirements = REPO / "nodeagent" / "requirements.txt"
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-compile", "--no-deps", str(wheel)],
-                   check=True, cwd=tmp_path)  # fmt: skip
-    subprocess.run([python, "-m", "pip", "install", "-q", "-r", str(requirements)],
-                   check=True, cwd=tmp_path)  # fmt: skip
-    absent = subprocess.run([python, "-c", "import kubernetes"], capture_output=True, check=False)
-    assert absent.returncode != 0
-    absent = subprocess.run([python, "-c", "import kopf"], capture_output=True, check=False)
-    assert absent.returncode != 0
+    args = [arg for file in requirements for arg in ("-r", str(REPO / file))]
+    subprocess.run([python, "-m", "pip", "install", "-q", *args], check=True, cwd=tmp_path)
+    app = tmp_path / "app"
+    for source, target in copied:
+        shutil.copytree(REPO / source, app / target)
+    env = {**os.environ, "PYTHONPATH": str(app), "PYTHONDONTWRITEBYTECODE": "1"}
+    return python, env
+
+
+def _absent(python: Path, env: dict[str, str], module: str) -> bool:
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", probe], env=env, check=False).returncode == 1
+
+
+def test_agent_image_recipe_runs_the_agent_and_holds_nothing_else(tmp_path: Path) -> None:
+    python, env = _image(tmp_path, "nodeagent")
+    for module in ("kubernetes", "kopf", *[p for p in PARTS if p != "gpuusage_nodeagent"]):
+        assert _absent(python, env, module), module
     proc = tmp_path / "proc"
     uid, cid = "11111111-2222-4333-8444-555555555555", "ab" * 32
-    cgroup = (f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/"
-              f"cri-containerd-{cid}.scope\n")  # fmt: skip
+    cgroup = (
+        f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+    )
     (proc / "4242").mkdir(parents=True)
     (proc / "4242" / "cgroup").write_text(cgroup)
     (proc / "4242" / "comm").write_text("python3\n")
@@ -121,9 +144,62 @@ def test_agent_image_recipe_runs_the_agent_without_kubernetes_or_kopf(
         "        usedMemoryMiB: 1024\n"
     )
     out = subprocess.run(
-        [env_dir / "bin" / "gpuusage", "agent", "--once", "--output", "json", "--node-name",
-         "gpu-1", "--gpu-source", f"fake:{scenario}", "--proc-root", str(proc)],
-        capture_output=True, text=True, check=True, cwd=tmp_path,
-    ).stdout  # fmt: skip
-    process = json.loads(out)["spec"]["gpus"][0]["processes"][0]
+        [
+            python,
+            "-m",
+            "gpuusage",
+            "agent",
+            "--once",
+            "--output",
+            "json",
+            "--node-name",
+            "gpu-1",
+            "--gpu-source",
+            f"fake:{scenario}",
+            "--proc-root",
+            str(proc),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env=env,
+    ).stdout
+    spec = json.loads(out)["spec"]
+    process = spec["gpus"][0]["processes"][0]
     assert (process["podUID"], process["containerID"]) == (uid, cid)
+    from gpuusage import __version__  # noqa: PLC0415
+
+    assert spec["source"]["agentVersion"] == __version__
+    demo = subprocess.run(
+        [python, "-m", "gpuusage", "demo"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert demo.returncode == 1
+    assert "`gpuusage demo` is not in this installation (its part gpuusage_dev" in demo.stderr
+
+
+def test_operator_image_recipe_holds_the_operator_and_nothing_else(tmp_path: Path) -> None:
+    python, env = _image(tmp_path, "operator")
+    for module in ("pynvml", *[p for p in PARTS if p != "gpuusage_operator"]):
+        assert _absent(python, env, module), module
+    imported = subprocess.run(
+        [python, "-c", "import gpuusage_operator.main, gpuusage_operator.handlers"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert imported.returncode == 0, imported.stderr
+    shown = subprocess.run(
+        [python, "-m", "gpuusage", "operator", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    assert "--stale-after" in shown or "--kubeconfig" in shown

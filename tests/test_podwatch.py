@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.operator.podwatch import IndexState, PodWatch
+from gpuusage_operator.podwatch import IndexState, PodWatch
 
 CID_A, CID_B = "a" * 64, "b" * 64
 UID_1, UID_2 = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
@@ -32,8 +32,13 @@ def test_events_add_change_and_remove_keys() -> None:
     assert state.by_key.keys() == {f"uid:{UID_1}"}
     state.apply("MODIFIED", pod(UID_1, "p1", CID_A, marked=True, rv="2"))
     state.apply("ADDED", pod(UID_2, "p2", CID_B))
-    assert set(state.by_key) == {f"uid:{UID_1}", f"cid:{CID_A}", "marked:n1", f"uid:{UID_2}",
-                                 f"cid:{CID_B}"}  # fmt: skip
+    assert set(state.by_key) == {
+        f"uid:{UID_1}",
+        f"cid:{CID_A}",
+        "marked:n1",
+        f"uid:{UID_2}",
+        f"cid:{CID_B}",
+    }
     # A container restart: the new ID replaces the old one, the old key is gone.
     state.apply("MODIFIED", pod(UID_1, "p1", CID_B.replace("b", "c"), rv="3"))
     assert f"cid:{CID_A}" not in state.by_key
@@ -148,11 +153,19 @@ def test_interruptions_list_again_and_the_backoff_starts_over_after_each_list() 
     """A broken watch is never resumed from its old version: the index is listed again, and
     reports wait (synced cleared) until it is; a long outage's backoff does not carry over."""
     script = [
-        "list", "watch-breaks",                      # first outage: 4 failed lists
-        "list-fails", "list-fails", "list-fails", "list-fails", "list", "watch-ends",
-        "watch-breaks", "list", "watch-breaks",      # two more, each after a good list
         "list",
-    ]  # fmt: skip
+        "watch-breaks",  # first outage: 4 failed lists
+        "list-fails",
+        "list-fails",
+        "list-fails",
+        "list-fails",
+        "list",
+        "watch-ends",
+        "watch-breaks",
+        "list",
+        "watch-breaks",  # two more, each after a good list
+        "list",
+    ]
     core = FlakyCore(script)
     pauses: list[float] = []
     synced_during_pause: list[bool] = []

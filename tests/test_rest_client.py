@@ -13,11 +13,15 @@ from kubernetes import client
 from gpuusage.kube.config import KubeConfigError
 from gpuusage.kube.errors import Forbidden, NotFound, TransientApiError
 from gpuusage.kube.rest import RestClient, RestConfig, config_from_kubeconfig, in_cluster_config
-from gpuusage.localcluster.cluster import LocalCluster, free_port
+from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
 
 
-def _kubeconfig(path: Path, context: str | None, clusters: dict[str, dict[str, object]],
-                users: dict[str, dict[str, object]]) -> Path:  # fmt: skip
+def _kubeconfig(
+    path: Path,
+    context: str | None,
+    clusters: dict[str, dict[str, object]],
+    users: dict[str, dict[str, object]],
+) -> Path:
     path.write_text(
         yaml.safe_dump(
             {
@@ -33,12 +37,18 @@ def _kubeconfig(path: Path, context: str | None, clusters: dict[str, dict[str, o
 
 def test_kubeconfig_files_merge_first_wins_and_paths_are_relative(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
-    first = _kubeconfig(tmp_path / "a" / "config", "one",
-                        {"one": {"server": "https://one:6443", "certificate-authority": "ca.pem"}},
-                        {"one": {"token": "t1", "client-certificate": "/abs/c.pem"}})  # fmt: skip
-    second = _kubeconfig(tmp_path / "config2", "two",
-                         {"one": {"server": "https://ignored"}, "two": {"server": "https://two/"}},
-                         {"two": {"tokenFile": "tok"}})  # fmt: skip
+    first = _kubeconfig(
+        tmp_path / "a" / "config",
+        "one",
+        {"one": {"server": "https://one:6443", "certificate-authority": "ca.pem"}},
+        {"one": {"token": "t1", "client-certificate": "/abs/c.pem"}},
+    )
+    second = _kubeconfig(
+        tmp_path / "config2",
+        "two",
+        {"one": {"server": "https://ignored"}, "two": {"server": "https://two/"}},
+        {"two": {"tokenFile": "tok"}},
+    )
     merged = config_from_kubeconfig([first, second], tmp_path)
     assert merged == RestConfig(
         server="https://one:6443",
@@ -52,8 +62,12 @@ def test_kubeconfig_files_merge_first_wins_and_paths_are_relative(tmp_path: Path
 
 
 def test_exec_credentials_are_refused_with_a_clear_message(tmp_path: Path) -> None:
-    path = _kubeconfig(tmp_path / "c", "eks", {"eks": {"server": "https://x"}},
-                       {"eks": {"exec": {"command": "aws"}}})  # fmt: skip
+    path = _kubeconfig(
+        tmp_path / "c",
+        "eks",
+        {"eks": {"server": "https://x"}},
+        {"eks": {"exec": {"command": "aws"}}},
+    )
     with pytest.raises(KubeConfigError, match="exec/auth-provider credentials"):
         config_from_kubeconfig([path], tmp_path)
 
@@ -74,7 +88,7 @@ def test_in_cluster_config_handles_ipv6() -> None:
 
 def test_agent_does_not_load_the_kubernetes_package() -> None:
     code = (
-        "import sys, gpuusage.nodeagent.main; "
+        "import sys, gpuusage_nodeagent.main; "
         "sys.exit(any(m.split('.')[0] == 'kubernetes' for m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from gpuusage.cli import LocalClusterSettings, build_parser, main
+from gpuusage.cli import build_parser, main
 from gpuusage.kube.config import KubeConfigError, choose_source
 from gpuusage.procfs import cmdline, start_ticks
 from gpuusage.settings import CommandSettings, SettingsError, add_arguments, resolve
+from gpuusage_dev.commands import LocalClusterSettings
 
 
 class Example(CommandSettings):

@@ -15,8 +15,8 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.localcluster.cluster import LocalCluster
-from gpuusage.top import order, pod_rows, render_table, select
+from gpuusage_commands.toptable import order, pod_rows, render_table, select
+from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.conftest import CHILD_ENV
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).isoformat().replace("+00:00", "Z")
@@ -24,9 +24,15 @@ NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).isoformat().replace("+00:00", "Z
 
 def _pod(ns: str, name: str, mib: int, pids: list[int], requested: int = 1) -> dict[str, Any]:
     uid = str(uuid.uuid4())
-    return {"namespace": ns, "name": name, "uid": uid, "usedMemoryMiB": mib,
-            "requestedGPUs": requested, "unrequested": requested == 0,
-            "containers": [{"name": "main", "pids": pids, "usedMemoryMiB": mib}]}  # fmt: skip
+    return {
+        "namespace": ns,
+        "name": name,
+        "uid": uid,
+        "usedMemoryMiB": mib,
+        "requestedGPUs": requested,
+        "unrequested": requested == 0,
+        "containers": [{"name": "main", "pids": pids, "usedMemoryMiB": mib}],
+    }
 
 
 def _report(
@@ -36,18 +42,33 @@ def _report(
     idle: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     conditions = [
-        {"type": "Ready", "status": "False" if stale else "True", "reason": "Observed",
-         "lastTransitionTime": NOW},
-        {"type": "Stale", "status": "True" if stale else "False", "reason": "Observed",
-         "lastTransitionTime": NOW},
-    ]  # fmt: skip
+        {
+            "type": "Ready",
+            "status": "False" if stale else "True",
+            "reason": "Observed",
+            "lastTransitionTime": NOW,
+        },
+        {
+            "type": "Stale",
+            "status": "True" if stale else "False",
+            "reason": "Observed",
+            "lastTransitionTime": NOW,
+        },
+    ]
     return {
         "metadata": {"name": node},
-        "spec": {"nodeName": node, "observedAt": NOW, "gpus": [],
-                 "source": {"kind": "fake", "available": True}},
-        "status": {"conditions": conditions, "idlePods": idle or [],
-                   "pods": [{**p, "deviceUUID": u} for u, ps in devices.items() for p in ps]},
-    }  # fmt: skip
+        "spec": {
+            "nodeName": node,
+            "observedAt": NOW,
+            "gpus": [],
+            "source": {"kind": "fake", "available": True},
+        },
+        "status": {
+            "conditions": conditions,
+            "idlePods": idle or [],
+            "pods": [{**p, "deviceUUID": u} for u, ps in devices.items() for p in ps],
+        },
+    }
 
 
 SUFFIX = uuid.uuid4().hex[:5]
@@ -55,32 +76,72 @@ NS_A, NS_B = f"ml-{SUFFIX}", f"web-{SUFFIX}"
 NODE_1, NODE_2 = f"gpu-1-{SUFFIX}", f"gpu-2-{SUFFIX}"
 BIG = _pod(NS_A, "trainer", 61440, [1, 2], requested=2)
 REPORTS = [
-    _report(NODE_1, {"GPU-aaa": [BIG, _pod(NS_B, "embed", 2048, [3], requested=0)],
-                     "GPU-bbb": [{**BIG, "usedMemoryMiB": 20480}]}),
+    _report(
+        NODE_1,
+        {
+            "GPU-aaa": [BIG, _pod(NS_B, "embed", 2048, [3], requested=0)],
+            "GPU-bbb": [{**BIG, "usedMemoryMiB": 20480}],
+        },
+    ),
     _report(NODE_2, {"MIG-ccc": [_pod(NS_A, "notebook", 4096, [4])]}, stale=True),
-    _report(NODE_2 + "-b", {}, idle=[{"namespace": NS_B, "name": "waiting", "requestedGPUs": 4,
-                                      "uid": str(uuid.uuid4()), "idleSince": NOW}]),
-]  # fmt: skip
+    _report(
+        NODE_2 + "-b",
+        {},
+        idle=[
+            {
+                "namespace": NS_B,
+                "name": "waiting",
+                "requestedGPUs": 4,
+                "uid": str(uuid.uuid4()),
+                "idleSince": NOW,
+            }
+        ],
+    ),
+]
 
 
 def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
-    rows, warnings = pod_rows([*REPORTS, {"metadata": {"name": "bad"}, "status": {"pods": 1}},
-                               {"metadata": {"name": "new"}}])  # fmt: skip
+    rows, warnings = pod_rows(
+        [
+            *REPORTS,
+            {"metadata": {"name": "bad"}, "status": {"pods": 1}},
+            {"metadata": {"name": "new"}},
+        ]
+    )
     assert warnings == ["GpuNodeUsage bad: status unreadable (1 errors)"]
     ordered = order(rows)
     assert [(r.pod, r.memory_mib, len(r.devices), r.processes) for r in ordered] == [
-        ("trainer", 81920, 2, 4), ("notebook", 4096, 1, 1), ("embed", 2048, 1, 1),
-        ("waiting", 0, 0, 0)]  # fmt: skip
+        ("trainer", 81920, 2, 4),
+        ("notebook", 4096, 1, 1),
+        ("embed", 2048, 1, 1),
+        ("waiting", 0, 0, 0),
+    ]
     assert [r.pod for r in order(rows, "name")] == ["embed", "notebook", "trainer", "waiting"]
     assert [r.pod for r in select(ordered, NS_A, NODE_2)] == ["notebook"]
     table = render_table(ordered, all_namespaces=True).splitlines()
-    assert table[0].split() == ["NAMESPACE", "NAME", "NODE", "GPUS", "REQUESTED", "MEMORY",
-                                "PROCESSES", "DEVICES"]  # fmt: skip
+    assert table[0].split() == [
+        "NAMESPACE",
+        "NAME",
+        "NODE",
+        "GPUS",
+        "REQUESTED",
+        "MEMORY",
+        "PROCESSES",
+        "DEVICES",
+    ]
     assert table[1].split()[:6] == [NS_A, "trainer", NODE_1, "2", "2", "80Gi"]
     assert "4Gi (stale)" in table[2]
     assert table[3].split()[:6] == [NS_B, "embed", NODE_1, "1", "0", "(none!)"]
-    assert table[4].split()[:8] == [NS_B, "waiting", NODE_2 + "-b", "0", "4", "(idle", "since",
-                                    NOW + ")"]  # fmt: skip
+    assert table[4].split()[:8] == [
+        NS_B,
+        "waiting",
+        NODE_2 + "-b",
+        "0",
+        "4",
+        "(idle",
+        "since",
+        NOW + ")",
+    ]
 
 
 @pytest.mark.cluster
@@ -89,19 +150,30 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
 ) -> None:
     custom = client.CustomObjectsApi(api)
     for report in REPORTS:
-        body = {"apiVersion": names.API_VERSION, "kind": names.KIND,
-                "metadata": report["metadata"], "spec": report["spec"]}  # fmt: skip
+        body = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": report["metadata"],
+            "spec": report["spec"],
+        }
         custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
         custom.patch_cluster_custom_object_status(
-            names.GROUP, names.VERSION, names.PLURAL, report["metadata"]["name"],
+            names.GROUP,
+            names.VERSION,
+            names.PLURAL,
+            report["metadata"]["name"],
             {"status": report["status"]},
-        )  # fmt: skip
+        )
     kc = str(cluster.kubeconfig)
 
     def top(*args: str) -> str:
-        return subprocess.run([sys.executable, "-m", "gpuusage.cli", "top", "--kubeconfig", kc,
-                               *args], capture_output=True, text=True, check=True,
-                              env=CHILD_ENV).stdout  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "gpuusage.cli", "top", "--kubeconfig", kc, *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=CHILD_ENV,
+        ).stdout
 
     lines = [line.split() for line in top("-A").splitlines()]
     ours = [line for line in lines[1:] if line[0] in (NS_A, NS_B)]
@@ -112,12 +184,17 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
     assert in_a == ["trainer", "notebook"]
     only = json.loads(top("-A", "--node", NODE_2, "-o", "json"))["items"]
     assert [(i["pod"], i["gpus"], i["requested_gpus"], i["stale"]) for i in only] == [
-        ("notebook", 1, 1, True)]  # fmt: skip
+        ("notebook", 1, 1, True)
+    ]
     # kubectl finds the plugin on PATH as kubectl-gpuusage, as users install it.
     plugin = Path(sys.executable).parent / "kubectl-gpuusage"
     assert plugin.exists(), "installed with the package (project.scripts)"
     env = {**CHILD_ENV, "PATH": f"{plugin.parent}{os.pathsep}{os.environ['PATH']}"}
-    out = subprocess.run([str(cluster.binaries.kubectl), "gpuusage", "top", "-n", NS_B,
-                          "--kubeconfig", kc], capture_output=True, text=True, check=True,
-                         env=env).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(cluster.binaries.kubectl), "gpuusage", "top", "-n", NS_B, "--kubeconfig", kc],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
     assert out.splitlines()[1].split()[:6] == ["embed", NODE_1, "1", "0", "(none!)", "2Gi"]

@@ -21,20 +21,20 @@ from gpuusage.api import names
 from gpuusage.api.times import format_time
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
-from gpuusage.localcluster.cluster import LocalCluster
-from gpuusage.nodeagent.main import run_agent
-from gpuusage.nodeagent.settings import AgentSettings
-from gpuusage.operator.main import run_operator
-from gpuusage.operator.podwatch import PodWatch
-from gpuusage.operator.reconcile import Reconciler
-from gpuusage.operator.settings import OperatorSettings
-from gpuusage.simulation import (
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.simulation import (
     Background,
     create_running_pod,
     ensure_namespace,
     pod_cgroup,
     write_process,
 )
+from gpuusage_nodeagent.main import run_agent
+from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_operator.main import run_operator
+from gpuusage_operator.podwatch import PodWatch
+from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.worldview import condition, conditions, events, pod, pod_annotations, report, scrape
 
@@ -80,28 +80,69 @@ def test_reports_never_mark_pods_of_other_nodes(
     write_process(proc, 9001, pod_cgroup(uid, cid))
     write_process(proc, 9002, f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice\n")
     scenario = tmp_path / "scenario-b.yaml"
-    scenario.write_text(yaml.safe_dump({"gpus": [{
-        "index": 0, "uuid": GPU1, "memoryTotalMiB": 81920,
-        "processes": [{"pid": 9001, "usedMemoryMiB": 5000}, {"pid": 9002, "usedMemoryMiB": 7}],
-    }]}))  # fmt: skip
-    agent_b = Background(lambda stop: run_agent(AgentSettings(
-        node_name=node_b, interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario}",
-        proc_root=proc, kubeconfig=cluster.kubeconfig, metrics_port=0,
-    ), stop))  # fmt: skip
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {
+                        "index": 0,
+                        "uuid": GPU1,
+                        "memoryTotalMiB": 81920,
+                        "processes": [
+                            {"pid": 9001, "usedMemoryMiB": 5000},
+                            {"pid": 9002, "usedMemoryMiB": 7},
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    agent_b = Background(
+        lambda stop: run_agent(
+            AgentSettings(
+                node_name=node_b,
+                interval=0.3,
+                heartbeat=1.0,
+                gpu_source=f"fake:{scenario}",
+                proc_root=proc,
+                kubeconfig=cluster.kubeconfig,
+                metrics_port=0,
+            ),
+            stop,
+        )
+    )
     ghost = f"no-such-node-{uuid.uuid4().hex[:6]}"
     client.CustomObjectsApi(world["api"]).create_cluster_custom_object(
-        names.GROUP, names.VERSION, names.PLURAL,
-        {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": ghost},
-         "spec": {"nodeName": ghost, "observedAt": format_time(datetime.now(UTC)), "gpus": [{
-             "index": 0, "uuid": GPU0, "memory": {"totalMiB": 81920},
-             "processes": [{"pid": 31, "usedMemoryMiB": 100, "containerID": cid}]}]}},
-    )  # fmt: skip
+        names.GROUP,
+        names.VERSION,
+        names.PLURAL,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": ghost},
+            "spec": {
+                "nodeName": ghost,
+                "observedAt": format_time(datetime.now(UTC)),
+                "gpus": [
+                    {
+                        "index": 0,
+                        "uuid": GPU0,
+                        "memory": {"totalMiB": 81920},
+                        "processes": [{"pid": 31, "usedMemoryMiB": 100, "containerID": cid}],
+                    }
+                ],
+            },
+        },
+    )
     try:
-        wait_for(lambda: unattributed(world, node_b) == {9001: "PodOnOtherNode",
-                                                         9002: "PodOnOtherNode"},
-                 what="node B's processes said to be on another node")  # fmt: skip
-        wait_for(lambda: unattributed(world, ghost) == {31: "PodOnOtherNode"},
-                 what="the ghost report's process said to be on another node")  # fmt: skip
+        wait_for(
+            lambda: unattributed(world, node_b) == {9001: "PodOnOtherNode", 9002: "PodOnOtherNode"},
+            what="node B's processes said to be on another node",
+        )
+        wait_for(
+            lambda: unattributed(world, ghost) == {31: "PodOnOtherNode"},
+            what="the ghost report's process said to be on another node",
+        )
         status_b = report(world, node_b)["status"]
         assert status_b["pods"] == []
         assert status_b["totals"]["pods"] == 0
@@ -109,8 +150,11 @@ def test_reports_never_mark_pods_of_other_nodes(
         assert 'gpuusage_operator_unattributed_processes{reason="PodOnOtherNode"} 3.0' in text
         assert pod_annotations(world, "train") == before
         agent_b.halt()
-        wait_for(lambda: stale(world, node_b) and stale(world, ghost), timeout=30,
-                 what="both foreign reports stale")  # fmt: skip
+        wait_for(
+            lambda: stale(world, node_b) and stale(world, ghost),
+            timeout=30,
+            what="both foreign reports stale",
+        )
         found = condition(pod(world, "train"))
         assert (found.status, found.reason) == ("True", "ProcessesRunning")
         assert pod_annotations(world, "train") == before
@@ -179,22 +223,32 @@ def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing(
 
     for second in (0, 1):  # two changes, so the operator sees one happen and measures the skew
         when = {"spec": {"observedAt": f"2100-01-01T00:00:0{second}Z"}}
-        custom.patch_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL,
-                                           world["node"], when)  # fmt: skip
+        custom.patch_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL, world["node"], when
+        )
         wait_for(reconciled, what="the change reconciled")
-    fresh = wait_for(lambda: (c := _stale_condition(world)) and "clock is about" in c["message"]
-                     and c, what="the skew said")  # fmt: skip
+    fresh = wait_for(
+        lambda: (c := _stale_condition(world)) and "clock is about" in c["message"] and c,
+        what="the skew said",
+    )
     assert fresh["status"] == "False"
     assert "ahead of the operator's" in fresh["message"]
     series = f'gpuusage_operator_report_clock_skew_seconds{{node="{world["node"]}"}}'
-    skew = next(line for line in scrape(world["metrics_port"]).splitlines()
-                if line.startswith(series))  # fmt: skip
+    skew = next(
+        line for line in scrape(world["metrics_port"]).splitlines() if line.startswith(series)
+    )
     assert float(skew.split()[-1]) > 60 * 60 * 24 * 365 * 70
-    stale = wait_for(lambda: (c := _stale_condition(world))["status"] == "True" and c,
-                     timeout=30, what="the report stale although dated in the future")  # fmt: skip
+    stale = wait_for(
+        lambda: (c := _stale_condition(world))["status"] == "True" and c,
+        timeout=30,
+        what="the report stale although dated in the future",
+    )
     assert "by the operator's clock" in stale["message"]
-    unknown = wait_for(lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
-                       timeout=30, what="train Unknown")  # fmt: skip
+    unknown = wait_for(
+        lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
+        timeout=30,
+        what="train Unknown",
+    )
     assert unknown.reason == "NodeReportStale"
     seen = report(world)["status"]["reportSeenAt"]
     assert seen.startswith(str(datetime.now(UTC).year)), "reportSeenAt is the operator's clock"
@@ -217,19 +271,26 @@ def test_a_process_whose_proc_files_cannot_be_read_has_not_ended(
     marks = pod_annotations(world, "train")
     hidden = world["proc"] / f".hidden-{pid}"
     (world["proc"] / str(pid)).rename(hidden)
-    carried = wait_for(lambda: (p := _process(world, pid)).get("resolveError") and p,
-                       what="the agent says it cannot read the process")  # fmt: skip
+    carried = wait_for(
+        lambda: (p := _process(world, pid)).get("resolveError") and p,
+        what="the agent says it cannot read the process",
+    )
     assert carried["podUID"] == world["train"], "the last attribution is kept"
     assert "showing the attribution last read" in carried["resolveError"]
     found = condition(pod(world, "train"))
     assert (found.status, found.reason) == ("True", "ProcessesRunning")
-    unknown = wait_for(lambda: (c := condition(pod(world, "train"))).status != "True" and c,
-                       timeout=30, what="the grace period to end")  # fmt: skip
+    unknown = wait_for(
+        lambda: (c := condition(pod(world, "train"))).status != "True" and c,
+        timeout=30,
+        what="the grace period to end",
+    )
     assert (unknown.status, unknown.reason) == ("Unknown", "ProcessesUnresolved")
     assert f"process {pid}" in str(unknown.message)
     assert pod_annotations(world, "train") == marks, "last known use kept"
-    wait_for(lambda: unattributed(world, world["node"]).get(pid) == "Unresolved",
-             what="the status, written after the pods")  # fmt: skip
+    wait_for(
+        lambda: unattributed(world, world["node"]).get(pid) == "Unresolved",
+        what="the status, written after the pods",
+    )
     hidden.rename(world["proc"] / str(pid))
     wait_for(lambda: in_use(world, "train"), what="train in use again")
     assert events(world, "train") == ["GPUUseStarted"], "no GPUUseEnded/GPUUseStarted pair"
@@ -266,8 +327,9 @@ def test_marks_of_a_report_deleted_while_no_operator_ran_are_cleared(
         names.GROUP, names.VERSION, names.PLURAL, world["node"]
     )
     assert in_use(world, "train"), "nobody has cleared it yet"
-    settings = OperatorSettings(kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5,
-                                standalone=True)  # fmt: skip
+    settings = OperatorSettings(
+        kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True
+    )
     ready = threading.Event()
     again = Background(lambda stop: run_operator(settings, stop, ready))
     try:
@@ -275,11 +337,15 @@ def test_marks_of_a_report_deleted_while_no_operator_ran_are_cleared(
 
         def unmarked(name: str) -> bool:
             ours = [c.type for c in conditions(pod(world, name)) if c.type != "Ready"]
-            return ours == [] and not any(k.startswith(names.GROUP)
-                                          for k in pod_annotations(world, name))  # fmt: skip
+            return ours == [] and not any(
+                k.startswith(names.GROUP) for k in pod_annotations(world, name)
+            )
 
-        wait_for(lambda: unmarked("train") and unmarked("notebook"), timeout=30,
-                 what="the orphaned marks cleared")  # fmt: skip
+        wait_for(
+            lambda: unmarked("train") and unmarked("notebook"),
+            timeout=30,
+            what="the orphaned marks cleared",
+        )
     finally:
         again.halt()
 
@@ -294,20 +360,32 @@ def test_an_etcd_outage_is_logged_once_and_its_end_once(
 ) -> None:
     world = make_world()
     wait_for(lambda: in_use(world, "train"), what="train in use")
-    caplog.set_level(logging.WARNING, logger="gpuusage.operator.apihealth")
+    caplog.set_level(logging.WARNING, logger="gpuusage_operator.apihealth")
     cluster.stop("etcd")
     try:
-        wait_for(lambda: any("API unavailable" in r.getMessage() for r in caplog.records),
-                 timeout=30, what="the outage logged")  # fmt: skip
-        wait_for(lambda: _metric(world, "gpuusage_operator_api_failed_calls_total") >= 3,
-                 timeout=30, what="several failed calls during the outage")  # fmt: skip
+        wait_for(
+            lambda: any("API unavailable" in r.getMessage() for r in caplog.records),
+            timeout=30,
+            what="the outage logged",
+        )
+        wait_for(
+            lambda: _metric(world, "gpuusage_operator_api_failed_calls_total") >= 3,
+            timeout=30,
+            what="several failed calls during the outage",
+        )
         assert _metric(world, "gpuusage_operator_api_available") == 0
     finally:
         cluster.start("etcd")
-    wait_for(lambda: any("available again after" in r.getMessage() for r in caplog.records),
-             timeout=30, what="the recovery logged")  # fmt: skip
-    said = [r.getMessage().split(" (")[0].split(" after")[0] for r in caplog.records
-            if r.name == "gpuusage.operator.apihealth"]  # fmt: skip
+    wait_for(
+        lambda: any("available again after" in r.getMessage() for r in caplog.records),
+        timeout=30,
+        what="the recovery logged",
+    )
+    said = [
+        r.getMessage().split(" (")[0].split(" after")[0]
+        for r in caplog.records
+        if r.name == "gpuusage_operator.apihealth"
+    ]
     assert said == ["Kubernetes API unavailable", "Kubernetes API available again"]
     assert _metric(world, "gpuusage_operator_api_available") == 1
     wait_for(lambda: in_use(world, "train"), what="train still in use after the outage")
@@ -320,8 +398,10 @@ def test_an_invalid_scenario_edit_loses_nothing(make_world: WorldFactory) -> Non
     wait_for(lambda: in_use(world, "train"), what="train in use")
     wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="the start Event")
     world["scenario_file"].write_bytes(b"")
-    said = wait_for(lambda: "is empty" in (m := report(world)["spec"]["source"].get("message")
-                                           or "") and m, what="the invalid edit said")  # fmt: skip
+    said = wait_for(
+        lambda: "is empty" in (m := report(world)["spec"]["source"].get("message") or "") and m,
+        what="the invalid edit said",
+    )
     assert "showing the last valid scenario" in said
     assert in_use(world, "train")
     assert in_use(world, "notebook")
@@ -347,8 +427,10 @@ def test_a_node_with_more_processes_than_a_report_holds_stays_fresh(
     assert gpu["omittedProcesses"] == 88
     assert gpu["omittedMemoryMiB"] == sum(range(88)), "the smallest were left out"
     assert not stale(world, world["node"])
-    device = wait_for(lambda: next(d for d in report(world)["status"]["devices"]
-                                   if d.get("omittedProcesses")), what="the status")  # fmt: skip
+    device = wait_for(
+        lambda: next(d for d in report(world)["status"]["devices"] if d.get("omittedProcesses")),
+        what="the status",
+    )
     assert device["omittedProcesses"] == 88
 
 
@@ -357,8 +439,9 @@ def test_a_report_etcd_refuses_is_published_without_processes(tmp_path: Path) ->
     the apiserver). Here its limit is 64 KiB, so a report of 300 processes is too large: the
     agent sends it once, then publishes the observation without processes, the refusal said in
     spec.source and on each device; the operator then marks the pod Unknown, not ended."""
-    small = LocalCluster(tmp_path / "small-etcd", tie_to_parent=True,
-                         etcd_args=["--max-request-bytes=65536"])  # fmt: skip
+    small = LocalCluster(
+        tmp_path / "small-etcd", tie_to_parent=True, etcd_args=["--max-request-bytes=65536"]
+    )
     small.up()
     try:
         api, _ = api_client(small.kubeconfig)
@@ -374,35 +457,68 @@ def test_a_report_etcd_refuses_is_published_without_processes(tmp_path: Path) ->
 
             def gpus(extra: int) -> None:
                 procs: list[dict[str, Any]] = [{"pid": 4242, "usedMemoryMiB": 30000}]
-                procs += [{"pid": 50_000 + i, "usedMemoryMiB": 1, "name": "x" * 60}
-                          for i in range(extra)]  # fmt: skip
+                procs += [
+                    {"pid": 50_000 + i, "usedMemoryMiB": 1, "name": "x" * 60} for i in range(extra)
+                ]
                 fresh = scenario.with_suffix(".new")
-                fresh.write_text(yaml.safe_dump({"gpus": [{"index": 0, "uuid": GPU0,
-                                                           "memoryTotalMiB": 81920,
-                                                           "processes": procs}]}))  # fmt: skip
+                fresh.write_text(
+                    yaml.safe_dump(
+                        {
+                            "gpus": [
+                                {
+                                    "index": 0,
+                                    "uuid": GPU0,
+                                    "memoryTotalMiB": 81920,
+                                    "processes": procs,
+                                }
+                            ]
+                        }
+                    )
+                )
                 fresh.replace(scenario)
 
             gpus(0)
-            agent = Background(lambda stop: run_agent(AgentSettings(
-                node_name="busy", interval=0.3, heartbeat=1.0, gpu_source=f"fake:{scenario}",
-                proc_root=proc, kubeconfig=small.kubeconfig, metrics_port=0), stop))  # fmt: skip
+            agent = Background(
+                lambda stop: run_agent(
+                    AgentSettings(
+                        node_name="busy",
+                        interval=0.3,
+                        heartbeat=1.0,
+                        gpu_source=f"fake:{scenario}",
+                        proc_root=proc,
+                        kubeconfig=small.kubeconfig,
+                        metrics_port=0,
+                    ),
+                    stop,
+                )
+            )
             ready = threading.Event()
-            operator = Background(lambda stop: run_operator(OperatorSettings(
-                kubeconfig=small.kubeconfig, stale_after=30.0, resync=0.5, standalone=True),
-                stop, ready))  # fmt: skip
+            operator = Background(
+                lambda stop: run_operator(
+                    OperatorSettings(
+                        kubeconfig=small.kubeconfig, stale_after=30.0, resync=0.5, standalone=True
+                    ),
+                    stop,
+                    ready,
+                )
+            )
             world = {"core": core, "ns": "ml", "api": api, "node": "busy"}
             try:
                 assert ready.wait(60)
                 wait_for(lambda: in_use(world, "train"), what="train in use")
                 gpus(300)  # about 100 kB of report: over etcd's 64 KiB
-                spec = wait_for(lambda: (s := report(world)["spec"])["source"].get("message")
-                                and s, what="the refusal published")  # fmt: skip
+                spec = wait_for(
+                    lambda: (s := report(world)["spec"])["source"].get("message") and s,
+                    what="the refusal published",
+                )
                 assert "the API refused this node's full report" in spec["source"]["message"]
                 assert "request is too large" in spec["source"]["message"]
                 assert spec["gpus"][0]["processes"] == []
                 assert spec["gpus"][0]["error"]["reason"] == "ReportRefused"
-                unknown = wait_for(lambda: (c := condition(pod(world, "train"))).status
-                                   == "Unknown" and c, what="train Unknown")  # fmt: skip
+                unknown = wait_for(
+                    lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
+                    what="train Unknown",
+                )
                 assert unknown.reason == "DeviceNotReadable"
                 assert not stale(world, "busy"), "the node keeps reporting"
                 gpus(0)  # the observation changes: the full report goes through again

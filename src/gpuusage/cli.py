@@ -1,157 +1,109 @@
-"""The `gpuusage` command: parses flags, logs the effective settings, hands off.
+"""The `gpuusage` command: a table of contents that parses flags and hands off to a part.
 
-Each subcommand has one settings model (see gpuusage.settings); the work lives in the modules
-named after it, so this file stays a table of contents.
+Each command names its settings model and its entry function by import path, inside the part
+that owns it (the agent, the operator, the people's commands, the development tools). Parts are
+imported on use, so `gpuusage --help` stays fast, and an image that carries one part runs its
+command while the others say plainly that they are not installed there.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from functools import partial
-from pathlib import Path
-from typing import Literal
-
-from pydantic import Field
+from dataclasses import dataclass
+from typing import Any
 
 from gpuusage import __version__
 from gpuusage.errors import GpuusageError
-from gpuusage.nodeagent.settings import AgentSettings
-from gpuusage.operator.settings import OperatorSettings
-from gpuusage.settings import CommandSettings, S, SettingsError, add_arguments, resolve
-from gpuusage.top import TopSettings
+from gpuusage.settings import CommandSettings, SettingsError, add_arguments, resolve
 
 log = logging.getLogger("gpuusage")
 
 
-class CrdSettings(CommandSettings):
-    output: Path | None = None
-    """Write the CRD YAML to this file instead of standard output."""
-    peering: bool = False
-    """Render kopf's ClusterKopfPeering CRD instead (the operator replicas' meeting point)."""
+@dataclass(frozen=True)
+class Command:
+    """One command: where its settings and its entry function live."""
+
+    words: tuple[str, ...]
+    help: str
+    settings: str
+    """`module:Class` of its settings model."""
+    run: str
+    """`module:function` taking the settings and returning the exit code."""
 
 
-class LocalClusterSettings(CommandSettings):
-    dir: Path
-    """Folder for the cluster's state, certificates, logs and kubeconfig."""
-    install_crds: bool = False
-    """After start, install the CRDs (GpuNodeUsage, ClusterKopfPeering) and the operators'
-    peering object, and wait until they are established."""
-    timeout: float = Field(default=120.0, gt=0)
-    """Seconds to wait for the apiserver's /readyz."""
+DEV = "gpuusage_dev.commands"
+COMMANDS = (
+    Command(
+        ("agent",),
+        "observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)",
+        "gpuusage_nodeagent.settings:AgentSettings",
+        "gpuusage_nodeagent.main:run_agent",
+    ),
+    Command(
+        ("operator",),
+        "resolve reports to pods; write status, pod annotations, conditions and Events",
+        "gpuusage_operator.settings:OperatorSettings",
+        "gpuusage_operator.main:run_operator",
+    ),
+    Command(
+        ("top",),
+        "pods using GPUs, largest GPU memory first (also: kubectl gpuusage top)",
+        "gpuusage_commands.top:TopSettings",
+        "gpuusage_commands.top:run_top",
+    ),
+    Command(
+        ("crd",),
+        "print the GpuNodeUsage CRD rendered from the models",
+        "gpuusage_commands.crd:CrdSettings",
+        "gpuusage_commands.crd:run_crd",
+    ),
+    Command(
+        ("demo",),
+        "run the whole product on a local control plane, no GPU or cluster needed",
+        f"{DEV}:DemoSettings",
+        f"{DEV}:run_demo",
+    ),
+    Command(
+        ("local-cluster", "up"),
+        "start and wait until ready",
+        f"{DEV}:LocalClusterSettings",
+        f"{DEV}:run_up",
+    ),
+    Command(
+        ("local-cluster", "down"),
+        "stop everything",
+        f"{DEV}:LocalClusterSettings",
+        f"{DEV}:run_down",
+    ),
+    Command(
+        ("local-cluster", "restart"),
+        "stop and start again on the same ports, certificates and data",
+        f"{DEV}:RestartSettings",
+        f"{DEV}:run_restart",
+    ),
+    Command(
+        ("local-cluster", "build"),
+        "build (or find) kube-apiserver, etcd and kubectl (and with --monitoring "
+        "kube-state-metrics and promtool); print their paths",
+        f"{DEV}:BuildSettings",
+        f"{DEV}:run_build",
+    ),
+)
+GROUPS = {"local-cluster": "start or stop a local etcd + kube-apiserver on loopback"}
 
 
-class RestartSettings(CommandSettings):
-    dir: Path
-    """Folder of a running local cluster (as given to `up`)."""
-    component: Literal["apiserver", "etcd"] | None = None
-    """Restart only this component; default both (the apiserver stops first, starts last)."""
-    timeout: float = Field(default=120.0, gt=0)
-    """Seconds to wait for the apiserver's /readyz afterwards."""
+def _load(target: str) -> Any:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
-class BuildSettings(CommandSettings):
-    """Versions are pinned in gpuusage.localcluster.binaries and .tools."""
-
-    monitoring: bool = False
-    """Also build kube-state-metrics and promtool and fetch the Prometheus Operator's CRDs (the
-    monitoring tests use them)."""
-
-
-class DemoSettings(CommandSettings):
-    dir: Path | None = None
-    """Folder for the demo cluster; a temporary one by default."""
-    keep: bool = False
-    """Leave the demo cluster running at the end (stop it with `local-cluster down`)."""
-
-
-def _run_crd(settings: CrdSettings) -> int:
-    from gpuusage.api.crd import render_crd_yaml, render_peering_crd_yaml
-
-    text = render_peering_crd_yaml() if settings.peering else render_crd_yaml()
-    if settings.output is None:
-        sys.stdout.write(text)
-    else:
-        settings.output.parent.mkdir(parents=True, exist_ok=True)
-        settings.output.write_text(text)
-    return 0
-
-
-def _run_local_cluster(action: str, settings: LocalClusterSettings) -> int:
-    from gpuusage.localcluster.cluster import LocalCluster
-
-    cluster = LocalCluster(settings.dir)
-    if action == "down":
-        stopped = cluster.down()
-        names = ", ".join(f"{p.name} (pid {p.pid})" for p in stopped) or "nothing was running"
-        print(f"stopped: {names}")
-        return 0
-    cluster.up(timeout=settings.timeout)
-    if settings.install_crds:
-        from gpuusage.kube.config import api_client
-        from gpuusage.kube.crds import install_crds
-
-        api, _ = api_client(cluster.kubeconfig)
-        with api:
-            install_crds(api)
-    print(f"local control plane ready at {cluster.server}")
-    print(f"export KUBECONFIG={cluster.kubeconfig}")
-    print(f"kubectl: {cluster.binaries.kubectl}")
-    print(f"stop it with: gpuusage local-cluster down --dir {settings.dir}")
-    return 0
-
-
-def _run_restart(settings: RestartSettings) -> int:
-    from gpuusage.localcluster.cluster import LocalCluster
-
-    cluster = LocalCluster(settings.dir)
-    cluster.restart(settings.component, timeout=settings.timeout)
-    what = settings.component or "etcd and kube-apiserver"
-    print(f"restarted {what}; local control plane ready at {cluster.server}")
-    return 0
-
-
-def _run_build(settings: BuildSettings) -> int:
-    from gpuusage.localcluster.binaries import ensure_binaries
-
-    found = ensure_binaries()
-    for path in (found.kube_apiserver, found.etcd, found.kubectl):
-        print(path)
-    if settings.monitoring:
-        from gpuusage.localcluster.tools import TOOLS, ensure_tool, monitoring_crds
-
-        for tool in TOOLS:
-            print(ensure_tool(tool))
-        for crd in monitoring_crds():
-            print(crd)
-    return 0
-
-
-def _run_agent(settings: AgentSettings) -> int:
-    from gpuusage.nodeagent.main import run_agent
-
-    return run_agent(settings)
-
-
-def _run_operator(settings: OperatorSettings) -> int:
-    from gpuusage.operator.main import run_operator
-
-    return run_operator(settings)
-
-
-def _run_top(settings: TopSettings) -> int:
-    from gpuusage.kube.top import run_top
-
-    return run_top(settings)
-
-
-def _run_demo(settings: DemoSettings) -> int:
-    from gpuusage.demo import run_demo
-
-    return run_demo(settings.dir, keep=settings.keep)
+def _part(target: str) -> str:
+    return target.partition(":")[0].partition(".")[0]
 
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -170,17 +122,38 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
-def _command(
+def _missing(command: Command) -> Callable[[argparse.Namespace], int]:
+    def run(_namespace: argparse.Namespace) -> int:
+        raise GpuusageError(
+            f"`gpuusage {' '.join(command.words)}` is not in this installation (its part "
+            f"{_part(command.run)} is absent: each image carries only its own part); "
+            "`pip install gpuusage` installs every command"
+        )
+
+    return run
+
+
+def _register(
     parent: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    text: str,
-    model: type[S],
-    run: Callable[[S], int],
+    command: Command,
+    common: argparse.ArgumentParser,
 ) -> None:
-    """Register a command whose flags come from `model` and which runs `run(settings)`."""
-    sub = parent.add_parser(name, help=text, parents=[_common()])
+    """One subcommand whose flags come from its settings model, or a stub naming what is absent."""
+    sub = parent.add_parser(command.words[-1], help=command.help, parents=[common])
+    try:
+        model: type[CommandSettings] = _load(command.settings)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != _part(command.settings):
+            raise
+        sub.set_defaults(run=_missing(command))
+        return
+
+    def run(namespace: argparse.Namespace) -> int:
+        entry: Callable[[CommandSettings], int] = _load(command.run)
+        return entry(resolve(model, namespace))
+
     add_arguments(sub, model)
-    sub.set_defaults(run=lambda ns: run(resolve(model, ns)))
+    sub.set_defaults(run=run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,37 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     parser.add_argument("--version", action="version", version=f"gpuusage {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    _command(commands, "crd", "print the GpuNodeUsage CRD rendered from the models",
-             CrdSettings, _run_crd)  # fmt: skip
-    local = commands.add_parser(
-        "local-cluster",
-        help="start or stop a local etcd + kube-apiserver on loopback",
-        parents=[common],
-    )
-    actions = local.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for action, text in (("up", "start and wait until ready"), ("down", "stop everything")):
-        _command(actions, action, text, LocalClusterSettings, partial(_run_local_cluster, action))
-    _command(actions, "restart",
-             "stop and start again on the same ports, certificates and data",
-             RestartSettings, _run_restart)  # fmt: skip
-    _command(actions, "build",
-             "build (or find) kube-apiserver, etcd and kubectl (and with --monitoring "
-             "kube-state-metrics and promtool); print their paths",
-             BuildSettings, _run_build)  # fmt: skip
-    _command(commands, "agent",
-             "observe this node's GPUs and publish its GpuNodeUsage (the DaemonSet)",
-             AgentSettings, _run_agent)  # fmt: skip
-    _command(commands, "operator",
-             "resolve reports to pods; write status, pod annotations, conditions and Events",
-             OperatorSettings, _run_operator)  # fmt: skip
-    _command(commands, "top",
-             "pods using GPUs, largest GPU memory first (also: kubectl gpuusage top)",
-             TopSettings, _run_top)  # fmt: skip
-    _command(commands, "demo",
-             "run the whole product on a local control plane, no GPU or cluster needed",
-             DemoSettings, _run_demo)  # fmt: skip
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    for command in COMMANDS:
+        parent = top
+        if len(command.words) == 2:
+            group = command.words[0]
+            if group not in groups:
+                holder = top.add_parser(group, help=GROUPS[group], parents=[common])
+                groups[group] = holder.add_subparsers(
+                    dest="action", required=True, metavar="ACTION"
+                )
+            parent = groups[group]
+        _register(parent, command, common)
     return parser
 
 

@@ -233,8 +233,9 @@ class GpuNodeUsageSpec(ApiModel):
     @model_validator(mode="after")
     def _processes_bounded(self) -> GpuNodeUsageSpec:
         """The same bound as the CRD's rule on the whole node (see api.crd)."""
-        listed = sum(len(g.processes) + sum(len(m.processes) for m in g.mig_devices)
-                     for g in self.gpus)  # fmt: skip
+        listed = sum(
+            len(g.processes) + sum(len(m.processes) for m in g.mig_devices) for g in self.gpus
+        )
         if listed > MAX_PROCESSES:
             raise ValueError(f"{listed} processes listed; a report lists at most {MAX_PROCESSES}")
         return self

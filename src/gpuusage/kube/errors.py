@@ -71,8 +71,13 @@ def is_other_object(error: ApiError) -> bool:
 
 
 _KINDS: dict[int, type[ApiError]] = {
-    404: NotFound, 409: Conflict, 401: Forbidden, 403: Forbidden, 422: Invalid, 400: Invalid,
-}  # fmt: skip
+    404: NotFound,
+    409: Conflict,
+    401: Forbidden,
+    403: Forbidden,
+    422: Invalid,
+    400: Invalid,
+}
 
 
 def from_status(status: int | None, body: bytes | str | None, fallback: str = "") -> ApiError:
@@ -105,8 +110,11 @@ def translate(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if _is_api_exception(exc):
-        return from_status(getattr(exc, "status", None), getattr(exc, "body", None),
-                           str(getattr(exc, "reason", "") or ""))  # fmt: skip
+        return from_status(
+            getattr(exc, "status", None),
+            getattr(exc, "body", None),
+            str(getattr(exc, "reason", "") or ""),
+        )
     if isinstance(exc, OSError | TimeoutError) or type(exc).__module__.startswith("urllib3"):
         return TransientApiError(f"no answer from the API: {exc}")
     return ApiError(str(exc))
@@ -140,7 +148,8 @@ def call(
                     raise
                 raise error from exc
             delay = backoff[attempt - 1] * random.uniform(0.8, 1.2)
-            log.warning("%s: %s (attempt %d/%d, retrying in %.1fs)", what, error, attempt,
-                        attempts, delay)  # fmt: skip
+            log.warning(
+                "%s: %s (attempt %d/%d, retrying in %.1fs)", what, error, attempt, attempts, delay
+            )
             sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover

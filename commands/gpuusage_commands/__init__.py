@@ -1,0 +1,1 @@
+"""The commands people run against a cluster (besides the agent and the operator)."""

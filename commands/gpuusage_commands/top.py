@@ -1,0 +1,86 @@
+"""`gpuusage top` (and `kubectl gpuusage top`): one LIST of GpuNodeUsage objects, then print.
+
+The rows are built, chosen and rendered by the pure `toptable`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from pydantic import Field
+
+from gpuusage.api import names
+from gpuusage.errors import GpuusageError
+from gpuusage.kube.config import api_client
+from gpuusage.settings import CommandSettings
+from gpuusage_commands.toptable import SortKey, order, pod_rows, render_json, render_table, select
+
+
+class TopSettings(CommandSettings):
+    namespace: str | None = Field(default=None, json_schema_extra={"short": "-n"})
+    """Only pods of this namespace (default: the kubeconfig context's, else "default")."""
+    all_namespaces: bool = Field(default=False, json_schema_extra={"short": "-A"})
+    """Pods of every namespace."""
+    node: str | None = None
+    """Only pods on this node."""
+    sort: SortKey = "memory"
+    """Order of the rows (quantities largest first)."""
+    output: Literal["table", "json"] = Field(default="table", json_schema_extra={"short": "-o"})
+    """Output format."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
+
+
+def _context_namespace(kubeconfig: Path | None) -> str:
+    """The current context's namespace, as kubectl would use it; "default" without one."""
+    from kubernetes import config  # noqa: PLC0415
+
+    try:
+        _contexts, current = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig) if kubeconfig else None
+        )
+    except Exception:  # in-cluster, or no kubeconfig: kubectl's default
+        return "default"
+    return str((current or {}).get("context", {}).get("namespace") or "default")
+
+
+def run_top(settings: TopSettings) -> int:
+    """Print (or emit as JSON) the pods using GPUs, as the settings select and order them."""
+    from kubernetes import client  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    api, _source = api_client(settings.kubeconfig)
+    with api:
+        try:
+            listed = client.CustomObjectsApi(api).list_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise GpuusageError(
+                    "no GpuNodeUsage API on this cluster: is gpuusage installed? "
+                    "(kubectl apply -k manifests/)"
+                ) from exc
+            raise GpuusageError(f"cannot list {names.PLURAL}: {exc.status} {exc.reason}") from exc
+    items = cast(list[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+    rows, warnings = pod_rows(items)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    everywhere, node = settings.all_namespaces, settings.node
+    namespace = (
+        None if everywhere else settings.namespace or _context_namespace(settings.kubeconfig)
+    )
+    chosen = order(select(rows, namespace, node), settings.sort)
+    if settings.output == "json":
+        print(render_json(chosen))
+        return 0
+    if not chosen:
+        where = "any namespace" if everywhere else f"namespace {namespace}"
+        print(
+            f"No pods use GPUs in {where}" + (f" on node {node}" if node else "") + ".",
+            file=sys.stderr,
+        )
+        return 0
+    print(render_table(chosen, everywhere))
+    return 0

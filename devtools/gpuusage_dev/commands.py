@@ -1,0 +1,102 @@
+"""The development commands: `gpuusage demo` and `gpuusage local-cluster up|down|restart|build`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from gpuusage.settings import CommandSettings
+
+
+class LocalClusterSettings(CommandSettings):
+    dir: Path
+    """Folder for the cluster's state, certificates, logs and kubeconfig."""
+    install_crds: bool = False
+    """After start, install the CRDs (GpuNodeUsage, ClusterKopfPeering) and the operators'
+    peering object, and wait until they are established."""
+    timeout: float = Field(default=120.0, gt=0)
+    """Seconds to wait for the apiserver's /readyz."""
+
+
+class RestartSettings(CommandSettings):
+    dir: Path
+    """Folder of a running local cluster (as given to `up`)."""
+    component: Literal["apiserver", "etcd"] | None = None
+    """Restart only this component; default both (the apiserver stops first, starts last)."""
+    timeout: float = Field(default=120.0, gt=0)
+    """Seconds to wait for the apiserver's /readyz afterwards."""
+
+
+class BuildSettings(CommandSettings):
+    """Versions are pinned in gpuusage_dev.localcluster.binaries and .tools."""
+
+    monitoring: bool = False
+    """Also build kube-state-metrics and promtool and fetch the Prometheus Operator's CRDs (the
+    monitoring tests use them)."""
+
+
+class DemoSettings(CommandSettings):
+    dir: Path | None = None
+    """Folder for the demo cluster; a temporary one by default."""
+    keep: bool = False
+    """Leave the demo cluster running at the end (stop it with `local-cluster down`)."""
+
+
+def run_up(settings: LocalClusterSettings) -> int:
+    from gpuusage.kube.config import api_client  # noqa: PLC0415
+    from gpuusage.kube.crds import install_crds  # noqa: PLC0415
+    from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
+
+    cluster = LocalCluster(settings.dir)
+    cluster.up(timeout=settings.timeout)
+    if settings.install_crds:
+        api, _ = api_client(cluster.kubeconfig)
+        with api:
+            install_crds(api)
+    print(f"local control plane ready at {cluster.server}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"kubectl: {cluster.binaries.kubectl}")
+    print(f"stop it with: gpuusage local-cluster down --dir {settings.dir}")
+    return 0
+
+
+def run_down(settings: LocalClusterSettings) -> int:
+    from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
+
+    stopped = LocalCluster(settings.dir).down()
+    names = ", ".join(f"{p.name} (pid {p.pid})" for p in stopped) or "nothing was running"
+    print(f"stopped: {names}")
+    return 0
+
+
+def run_restart(settings: RestartSettings) -> int:
+    from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
+
+    cluster = LocalCluster(settings.dir)
+    cluster.restart(settings.component, timeout=settings.timeout)
+    what = settings.component or "etcd and kube-apiserver"
+    print(f"restarted {what}; local control plane ready at {cluster.server}")
+    return 0
+
+
+def run_build(settings: BuildSettings) -> int:
+    from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
+    from gpuusage_dev.localcluster.tools import TOOLS, ensure_tool, monitoring_crds  # noqa: PLC0415
+
+    found = ensure_binaries()
+    for path in (found.kube_apiserver, found.etcd, found.kubectl):
+        print(path)
+    if settings.monitoring:
+        for tool in TOOLS:
+            print(ensure_tool(tool))
+        for crd in monitoring_crds():
+            print(crd)
+    return 0
+
+
+def run_demo(settings: DemoSettings) -> int:
+    from gpuusage_dev.demo import run_demo as demo  # noqa: PLC0415
+
+    return demo(settings.dir, keep=settings.keep)

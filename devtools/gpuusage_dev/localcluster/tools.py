@@ -1,0 +1,155 @@
+"""kube-state-metrics and promtool at pinned versions, built from Go modules like the apiserver.
+
+The monitoring configuration ships as data (a CustomResourceStateMetrics config, alert rules);
+the only proof that it works is running the real programs on it. Both are built once into the
+same cache as the control plane, keyed by version, under the same lock. A prebuilt binary can
+be named instead with $GPUUSAGE_KUBE_STATE_METRICS or $GPUUSAGE_PROMTOOL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuusage_dev.localcluster.binaries import (
+    BinariesError,
+    Progress,
+    cache_root,
+    file_lock,
+    go_build,
+    go_env,
+    module_download,
+    require_go,
+    stderr_progress,
+)
+
+VERSION_PACKAGE = "github.com/prometheus/common/version"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A Go program built from a throwaway module that requires its module at one version."""
+
+    name: str
+    module: str
+    version: str
+    package: str
+    shown_version: str
+    """What `--version` prints (both read it from prometheus/common/version)."""
+    env: str
+    """Environment variable naming a prebuilt binary to use instead."""
+
+    @property
+    def folder(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    def cached(self, root: Path | None = None) -> Path:
+        return (root or cache_root()) / "bin" / self.folder / self.name
+
+
+# Newer versions of both are refused by the Go module proxy this project builds against.
+KUBE_STATE_METRICS = Tool(
+    name="kube-state-metrics",
+    module="k8s.io/kube-state-metrics/v2",
+    version="v2.13.0",
+    package="k8s.io/kube-state-metrics/v2",
+    shown_version="v2.13.0",
+    env="GPUUSAGE_KUBE_STATE_METRICS",
+)
+PROMTOOL = Tool(
+    name="promtool",
+    module="github.com/prometheus/prometheus",
+    version="v0.305.0",  # Prometheus 3.5.0, the current long-term-support release line
+    package="github.com/prometheus/prometheus/cmd/promtool",
+    shown_version="3.5.0",
+    env="GPUUSAGE_PROMTOOL",
+)
+TOOLS = (KUBE_STATE_METRICS, PROMTOOL)
+
+
+def _usable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def ensure_tool(tool: Tool, progress: Progress = stderr_progress) -> Path:
+    """The tool's binary: $<env> if set, else the cache, built first when missing."""
+    explicit = os.environ.get(tool.env)
+    if explicit:
+        path = Path(explicit)
+        if not _usable(path):
+            raise BinariesError(
+                f"{tool.env}={explicit} is not an executable file; point it at a {tool.name} "
+                f"binary ({tool.version} is tested) or unset it to let gpuusage build one"
+            )
+        return path
+    root = cache_root()
+    wanted = tool.cached(root)
+    if _usable(wanted):
+        return wanted
+    go = require_go(
+        f"gpuusage builds {tool.name} {tool.version} from Go modules once (a few minutes), or "
+        f"set {tool.env} to a prebuilt {tool.name}."
+    )
+    with file_lock(root / "locks" / "build.lock"):
+        if not _usable(wanted):
+            build_tool(go, tool, wanted.parent, root / "work", progress)
+    if not _usable(wanted):
+        raise BinariesError(f"build finished but {wanted} is missing")
+    return wanted
+
+
+def build_tool(go: str, tool: Tool, dest: Path, work: Path, progress: Progress) -> None:
+    module = work / tool.folder
+    module.mkdir(parents=True, exist_ok=True)
+    (module / "go.mod").write_text(
+        f"module gpuusage.local/{tool.name}build\n\ngo 1.24.0\n\n"
+        f"require {tool.module} {tool.version}\n"
+    )
+    go_build(
+        go,
+        module,
+        env=go_env(),
+        packages=[tool.package],
+        ldflags=f"-s -w -X {VERSION_PACKAGE}.Version={tool.shown_version}",
+        dest=dest,
+        what=f"{tool.name} {tool.version}",
+        progress=progress,
+        rename={"v2": tool.name},  # go may name a /v2 module's binary after its last element
+    )
+
+
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+
+
+def monitoring_crds(progress: Progress = stderr_progress) -> list[Path]:
+    """The Prometheus Operator's CRDs for the kinds gpuusage ships (ServiceMonitor, PodMonitor,
+    PrometheusRule), from its Go module at a pinned version.
+
+    Installing the real CRDs lets the apiserver validate the shipped monitoring objects against
+    the real schemas; the module's source archive carries them under example/.
+    """
+    root = cache_root()
+    folder = root / "bin" / f"prometheus-operator-crds-{PROMETHEUS_OPERATOR_VERSION}"
+    wanted = [folder / f"monitoring.coreos.com_{kind}.yaml" for kind in MONITORING_CRDS]
+    if all(p.is_file() for p in wanted):
+        return wanted
+    go = require_go(
+        f"gpuusage reads the Prometheus Operator's CRDs from its Go module "
+        f"{PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION} once."
+    )
+    with file_lock(root / "locks" / "build.lock"):
+        progress(f"gpuusage: fetching {PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION} CRDs ...")
+        work = root / "work" / "prometheus-operator"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "go.mod").write_text("module gpuusage.local/crds\n\ngo 1.24.0\n")
+        module = f"{PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION}"
+        source = module_download(go, module, work, go_env(), "Dir")
+        source = source / "example" / "prometheus-operator-crd"
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in wanted:
+            shutil.copyfile(source / path.name, path)
+    return wanted

@@ -1,1 +1,0 @@
-"""The gpuusage node agent (installed as gpuusage.nodeagent)."""

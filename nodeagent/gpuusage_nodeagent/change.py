@@ -1,0 +1,135 @@
+"""When is a new observation worth a write? Pure.
+
+The rule, chosen so that a steady node costs one write per heartbeat and nothing in between:
+
+* Any change in *what* is on the node is meaningful: GPUs and MIG devices, their errors, the
+  set of processes, any process's container, pod, name or types, the source (driver, NVML
+  availability).
+* Memory is meaningful only when it moved by at least `memory_threshold_mib` compared with the
+  *last published* report (not the last observation), per process and per device. A process
+  that grows slowly therefore still gets published once the drift adds up, while allocator
+  jitter of a few MiB never causes a write.
+* Utilization percentages are never a reason to write by themselves: they change every second.
+  They are refreshed with every write, and at least once per heartbeat.
+* The heartbeat (a write even without change) keeps `observedAt` fresh, which is how the
+  operator tells a live agent from a dead one.
+
+What a process contributes (its attributed identity) is decided by report.attribution, the
+same function that fills the published process, so the two can never disagree.
+
+A spec is reduced once to a fingerprint, (everything compared exactly, memory values in a fixed
+order), so the comparison is two tuple walks instead of a diff of nested documents: the agent
+makes this decision every cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+from gpuusage.api.models import Gpu, Memory, MigDevice, Source
+
+Exact = tuple[Any, ...]
+Memories = tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What the rule compares: the exact part and the memory values, in matching order."""
+
+    exact: Exact
+    memories: Memories
+
+
+@dataclass(frozen=True)
+class Decision:
+    write: bool
+    reason: str
+
+
+class Measured(Protocol):
+    """What the rule reads of any process: its pid and its memory."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def used_memory_mib(self) -> int | None: ...
+
+
+P = TypeVar("P", bound=Measured)
+
+
+def _memory_key(m: Memory | None) -> Exact:
+    return (None,) if m is None else (m.total_mib,)
+
+
+def fingerprint(
+    node_name: str,
+    source: Source | None,
+    gpus: Iterable[Gpu],
+    processes_of: Callable[[Gpu | MigDevice], Sequence[P]],
+    key: Callable[[P], Exact],
+) -> Fingerprint:
+    """The fingerprint of a report's devices: `processes_of` lists a device's processes and
+    `key` gives each one's attributed identity (report.AttributedReading passes the same rule
+    the published spec is built by, so a cycle that writes nothing never builds the spec)."""
+    exact: list[Any] = [node_name, source]
+    memories: list[int | None] = []
+
+    def device(kind: str, d: Gpu | MigDevice) -> int:
+        processes = processes_of(d)
+        exact.append(
+            (kind, d.index, d.uuid, d.name, d.error, d.omitted_processes, *_memory_key(d.memory))
+        )
+        memories.append(d.memory.used_mib if d.memory is not None else None)
+        memories.append(d.omitted_memory_mib)
+        exact.extend(map(key, processes))
+        memories.extend(p.used_memory_mib for p in processes)
+        return len(processes)
+
+    for gpu in gpus:
+        listed = device("gpu", gpu)
+        exact.append((gpu.pci_bus_id, gpu.mig_enabled, listed, len(gpu.mig_devices)))
+        for mig in gpu.mig_devices:
+            listed = device("mig", mig)
+            exact.append((mig.gpu_instance_id, mig.compute_instance_id, listed))
+    return Fingerprint(tuple(exact), tuple(memories))
+
+
+def _moved(old: Memories, new: Memories, threshold: int) -> bool:
+    for a, b in zip(old, new, strict=True):
+        if a is None or b is None:
+            if a is not b:
+                return True
+        elif abs(a - b) >= threshold:
+            return True
+    return False
+
+
+def meaningful_change(old: Fingerprint, new: Fingerprint, threshold_mib: int) -> bool:
+    """True when new differs from old by more than volatile fields and memory jitter."""
+    if old.exact != new.exact or len(old.memories) != len(new.memories):
+        return True
+    return _moved(old.memories, new.memories, threshold_mib)
+
+
+def decide(
+    published: Fingerprint | None,
+    published_at: datetime | None,
+    new: Fingerprint,
+    now: datetime,
+    *,
+    heartbeat: timedelta,
+    threshold_mib: int,
+) -> Decision:
+    """Whether to write the report fingerprinted as `new`, given the last published one."""
+    if published is None or published_at is None:
+        return Decision(True, "first report")
+    if meaningful_change(published, new, threshold_mib):
+        return Decision(True, "changed")
+    if now - published_at >= heartbeat:
+        return Decision(True, "heartbeat")
+    return Decision(False, "unchanged")

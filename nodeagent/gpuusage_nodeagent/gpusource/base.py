@@ -1,0 +1,78 @@
+"""The interface every GPU source implements, and what it returns.
+
+A reading describes devices with the API models (Gpu, MigDevice) but keeps their processes
+apart, as plain tuples: a node can run hundreds of GPU processes, the agent reads them every
+cycle, and most cycles publish nothing. A validated model per process cost more than reading
+NVML itself, so the validated Process is built only for a write (report.build_spec), after the
+resolver has filled in containers and pods, the same way for every source.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from gpuusage.api.models import Gpu, MigDevice, ProcessType, Source
+
+
+class RawProcess(NamedTuple):
+    """One process as the GPU library reported it on one device, not yet attributed.
+
+    Field names match the API's Process, whose validation it meets by construction (sources
+    bound every value), so the two are interchangeable wherever only these fields are read.
+    """
+
+    pid: int
+    name: str | None
+    used_memory_mib: int | None
+    types: tuple[ProcessType, ...]
+    sm_util_percent: int | None = None
+    memory_util_percent: int | None = None
+
+
+NO_PROCESSES: tuple[RawProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One observation of the node's GPUs.
+
+    `gpus` carry no processes (their `processes` lists are empty); `processes` lists them per
+    device UUID, GPU or MIG device alike (UUIDs are unique on a node).
+    """
+
+    source: Source
+    gpus: list[Gpu]
+    errors: Counter[str] = field(default_factory=Counter)
+    """GPU library errors during this reading, by kind (e.g. GpuIsLost), for metrics."""
+    processes: Mapping[str, Sequence[RawProcess]] = field(default_factory=dict)
+
+    def processes_of(self, device: Gpu | MigDevice) -> Sequence[RawProcess]:
+        """The processes the reading lists on `device` (none for a device without a UUID:
+        it failed before anything could be read)."""
+        if device.uuid is None:
+            return NO_PROCESSES
+        return self.processes.get(device.uuid, NO_PROCESSES)
+
+    def all_processes(self) -> list[RawProcess]:
+        """Every process of the reading, on GPUs and MIG devices."""
+        return [p for listed in self.processes.values() for p in listed]
+
+
+class GpuSource(Protocol):
+    """Reads the node's GPUs. Must not raise for a broken GPU or a missing library: it reports
+    them in the reading instead, so one bad device never hides the others."""
+
+    def read(self) -> Reading: ...
+
+    def close(self) -> None: ...
+
+
+def error_reason(exc: BaseException) -> str:
+    """NVML's error class name without its prefix: NVMLError_GpuIsLost → GpuIsLost."""
+    name = type(exc).__name__
+    if name.startswith("NVMLError_"):
+        return name.removeprefix("NVMLError_")
+    return "Unknown" if name == "NVMLError" else name

@@ -1,0 +1,496 @@
+"""The real GPU source: NVML through pynvml (package nvidia-ml-py).
+
+Policies, each from an observed failure mode:
+
+* A node without a usable NVML (library missing, driver not loaded, library/driver mismatch)
+  idles and says so in the report instead of crash-looping; initialisation is retried on
+  later readings, so a driver installed after the agent started is picked up.
+* One failing GPU (lost, no permission, not supported) is reported on that GPU with the
+  reason; the other GPUs are read as usual. A GPU whose UUID was read before keeps it.
+* Compute, graphics and MPS-client process lists are merged by pid. The v3 process call is
+  missing on drivers older than R510: the v2 call is used instead, once detected.
+* MIG: processes are queried per MIG device handle; the parent handle only gives aggregates.
+  Per-process utilization does not exist on MIG devices.
+* Process-utilization samples are read incrementally (from the last seen timestamp); a device
+  that does not support them is not asked again.
+* Pids outside the valid range (seen with binding/driver struct mismatches) are dropped and
+  counted as errors; every other pid is validated later against the proc root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import logging
+import re
+import struct
+from collections import Counter
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from gpuusage import __version__
+from gpuusage.api.models import (
+    GPU_UUID_PATTERN,
+    MAX_DETAIL,
+    MAX_GPUS,
+    MAX_MESSAGE,
+    MAX_MIB,
+    MAX_MIG_DEVICES,
+    MAX_MIG_UUID,
+    MAX_PID,
+    MIG_UUID_PATTERN,
+    DeviceError,
+    Gpu,
+    Memory,
+    MigDevice,
+    ProcessType,
+    Source,
+    Utilization,
+    safe_text,
+)
+from gpuusage_nodeagent.gpusource.base import RawProcess, Reading, error_reason
+from gpuusage_nodeagent.resolver import clean_name
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+# Errors that mean "no usable NVML on this node" rather than "a GPU misbehaves".
+_LIBRARY_ERRORS = (
+    "LibraryNotFound",
+    "DriverNotLoaded",
+    "LibRmVersionMismatch",
+    "NoPermission",
+    "Uninitialized",
+    "FunctionNotFound",
+)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _mib(value: int | None) -> int | None:
+    if value is None:
+        return None
+    return min(int(value) // MIB, MAX_MIB)
+
+
+_GPU_UUID = re.compile(GPU_UUID_PATTERN)
+_MIG_UUID = re.compile(MIG_UUID_PATTERN)
+NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory unknown
+
+
+@functools.cache
+def _unpacker(entry: Any, fields: tuple[str, ...]) -> struct.Struct:
+    """Unpacks `fields` (32- or 64-bit unsigned) of one ctypes struct, located by the struct's
+    own offsets, skipping the rest: one layout for every NVML array the agent reads."""
+    layout, position = "=", 0
+    for name in fields:
+        offset, size = getattr(entry, name).offset, getattr(entry, name).size
+        layout += f"{offset - position}x" + {4: "I", 8: "Q"}[size]
+        position = offset + size
+    return struct.Struct(layout + f"{ctypes.sizeof(entry) - position}x")
+
+
+PROCESS_FIELDS = ("pid", "usedGpuMemory")
+SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil")
+
+
+def cuda_version(raw: int) -> str:
+    """NVML's CUDA driver version integer (12040) as people write it (12.4)."""
+    return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+class NvmlSource:
+    """GpuSource over pynvml. `nvml` is the pynvml module (tests pass it with faked functions)."""
+
+    def __init__(self, nvml: ModuleType | None = None) -> None:
+        self._nvml = nvml
+        self._initialised = False
+        self._init_error: str | None = None
+        self._use_v2: dict[str, bool] = {}
+        self._known_uuid: dict[int, str] = {}
+        self._util_since: dict[str, int] = {}
+        self._util_unsupported: set[str] = set()
+        self._errors: Counter[str] = Counter()
+        # Process names by pid: asked of NVML once per process, kept while the pid stays listed.
+        self._names: dict[int, str | None] = {}
+        self._names_seen: dict[int, str | None] = {}
+        self._buffers: dict[str, Any] = {}  # reused ctypes arrays, by C symbol
+        # Facts that cannot change while NVML stays initialised, read once (each read goes
+        # through pynvml's wrappers): the versions, and each GPU's name and PCI bus ID by UUID.
+        # Kept only when read completely, so a transient failure is retried next cycle.
+        self._source: Source | None = None
+        self._static: dict[str, tuple[str | None, str | None]] = {}
+
+    # -- library ---------------------------------------------------------------------------
+    def _module(self) -> ModuleType:
+        if self._nvml is None:
+            self._nvml = importlib.import_module("pynvml")
+        return self._nvml
+
+    def _init(self) -> bool:
+        if self._initialised:
+            return True
+        nvml = self._module()
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            message = safe_text(
+                f"NVML unavailable ({error_reason(exc)}: {exc}); idling, will retry", MAX_MESSAGE
+            )
+            if message != self._init_error:
+                log.warning("%s", message)
+            self._init_error = message
+            self._errors[error_reason(exc)] += 1
+            return False
+        except OSError as exc:  # pynvml surfaces some loader failures as OSError
+            self._init_error = safe_text(
+                f"NVML unavailable ({exc}); idling, will retry", MAX_MESSAGE
+            )
+            self._errors["LibraryNotFound"] += 1
+            return False
+        if self._init_error:
+            log.info("NVML initialised after earlier failure: %s", self._init_error)
+        self._initialised, self._init_error = True, None
+        self._source, self._static = None, {}
+        return True
+
+    def close(self) -> None:
+        if self._initialised:
+            nvml = self._module()
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                log.debug("nvmlShutdown: %s", exc)
+            self._initialised = False
+
+    def _try(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call an NVML function; count and re-raise errors."""
+        nvml = self._module()
+        try:
+            return fn(*args)
+        except nvml.NVMLError as exc:
+            self._errors[error_reason(exc)] += 1
+            raise
+
+    def _optional(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call an NVML function whose failure only leaves a field empty."""
+        nvml = self._module()
+        try:
+            return self._try(fn, *args)
+        except nvml.NVMLError:
+            return None
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self) -> Reading:
+        self._errors = Counter()
+        self._names_seen = {}
+        try:
+            return self._read()
+        finally:
+            self._names = self._names_seen
+
+    def _read(self) -> Reading:
+        if not self._init():
+            source = Source(
+                kind="nvml", available=False, message=self._init_error, agent_version=__version__
+            )
+            return Reading(source, [], self._errors)
+        nvml = self._module()
+        source = self._source or self._read_source()
+        try:
+            count = int(self._try(nvml.nvmlDeviceGetCount))
+        except nvml.NVMLError as exc:
+            failed = Source(
+                kind="nvml",
+                available=False,
+                message=safe_text(f"cannot count GPUs ({error_reason(exc)}: {exc})", MAX_MESSAGE),
+                driver_version=source.driver_version,
+                agent_version=__version__,
+            )
+            if error_reason(exc) in _LIBRARY_ERRORS:
+                self.close()
+            return Reading(failed, [], self._errors)
+        processes: dict[str, list[RawProcess]] = {}
+        gpus = [self._gpu(index, processes) for index in range(min(count, MAX_GPUS))]
+        if count > MAX_GPUS:  # a report holds so many (see api.models); say what is left out
+            note = f"{count - MAX_GPUS} GPUs beyond the first {MAX_GPUS} are not reported"
+            source = source.model_copy(update={"message": note})
+        return Reading(source, gpus, self._errors, processes)
+
+    def _read_source(self) -> Source:
+        nvml = self._module()
+        source = Source(
+            kind="nvml",
+            available=True,
+            driver_version=self._optional_text(nvml.nvmlSystemGetDriverVersion),
+            nvml_version=self._optional_text(nvml.nvmlSystemGetNVMLVersion),
+            cuda_version=self._cuda(),
+            agent_version=__version__,
+        )
+        if source.driver_version and source.nvml_version and source.cuda_version:
+            self._source = source
+        return source
+
+    def _gpu_static(self, handle: Any, uuid: str) -> tuple[str | None, str | None]:
+        """(name, PCI bus ID) of a GPU."""
+        known = self._static.get(uuid)
+        if known is not None:
+            return known
+        nvml = self._module()
+        pci = self._optional(nvml.nvmlDeviceGetPciInfo, handle)
+        name = self._optional_text(nvml.nvmlDeviceGetName, handle)
+        bus_id = safe_text(_text(pci.busId), 32) if pci is not None else None
+        if name is not None and bus_id is not None:
+            self._static[uuid] = (name, bus_id)
+        return name, bus_id
+
+    def _optional_text(self, fn: Callable[..., Any], *args: Any) -> str | None:
+        value = self._optional(fn, *args)
+        return None if value is None else safe_text(_text(value), 64)
+
+    def _cuda(self) -> str | None:
+        nvml = self._module()
+        getter = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None) or getattr(
+            nvml, "nvmlSystemGetCudaDriverVersion", None
+        )
+        raw = self._optional(getter) if getter else None
+        return cuda_version(int(raw)) if raw else None
+
+    def _gpu(self, index: int, processes_by_uuid: dict[str, list[RawProcess]]) -> Gpu:
+        """One GPU; its processes, and its MIG devices', go into processes_by_uuid."""
+        nvml = self._module()
+        uuid = self._known_uuid.get(index)
+        try:
+            handle = self._try(nvml.nvmlDeviceGetHandleByIndex, index)
+            uuid = _text(self._try(nvml.nvmlDeviceGetUUID, handle))
+        except nvml.NVMLError as exc:
+            return Gpu(index=index, uuid=uuid, error=self._device_error(exc, "GPU"))
+        if not _GPU_UUID.match(uuid):  # a binding/driver mismatch reads garbage
+            self._errors["InvalidUUID"] += 1
+            message = safe_text(f"NVML gave the GPU UUID {uuid!r}, which is no GPU UUID", 256)
+            return Gpu(
+                index=index,
+                uuid=self._known_uuid.get(index),
+                error=DeviceError(reason="InvalidUUID", message=message),
+            )
+        self._known_uuid[index] = uuid
+        error: DeviceError | None = None
+        mig_enabled = self._mig_enabled(handle)
+        mig_devices: list[MigDevice] = []
+        try:
+            if mig_enabled:
+                mig_devices = self._mig_devices(handle, processes_by_uuid)
+            else:
+                processes_by_uuid[uuid] = self._processes(handle, uuid, with_utilization=True)
+        except nvml.NVMLError as exc:
+            error = self._device_error(exc, "processes")
+        name, bus_id = self._gpu_static(handle, uuid)
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=bus_id,
+            memory=self._memory(handle),
+            utilization=self._utilization(handle),
+            mig_enabled=mig_enabled,
+            mig_devices=mig_devices,
+            error=error,
+        )
+
+    @staticmethod
+    def _device_error(exc: BaseException, what: str) -> DeviceError:
+        return DeviceError(
+            reason=error_reason(exc), message=safe_text(f"reading {what}: {exc}", MAX_DETAIL)
+        )
+
+    def _memory(self, handle: Any) -> Memory | None:
+        info = self._optional(self._module().nvmlDeviceGetMemoryInfo, handle)
+        if info is None:
+            return None
+        total = _mib(info.total) or 0
+        used = _mib(info.used)
+        return Memory(total_mib=total, used_mib=None if used is None else min(used, total))
+
+    def _utilization(self, handle: Any) -> Utilization | None:
+        rates = self._optional(self._module().nvmlDeviceGetUtilizationRates, handle)
+        if rates is None:
+            return None
+        return Utilization(
+            gpu_percent=min(int(rates.gpu), 100), memory_percent=min(int(rates.memory), 100)
+        )
+
+    def _mig_enabled(self, handle: Any) -> bool | None:
+        nvml = self._module()
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError_NotSupported:
+            return False  # not a MIG-capable GPU: an answer, not an error
+        except nvml.NVMLError as exc:
+            self._errors[error_reason(exc)] += 1
+            return None
+        return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+
+    def _mig_devices(
+        self, parent: Any, processes_by_uuid: dict[str, list[RawProcess]]
+    ) -> list[MigDevice]:
+        nvml = self._module()
+        count = int(self._try(nvml.nvmlDeviceGetMaxMigDeviceCount, parent))
+        devices: list[MigDevice] = []
+        for index in range(min(count, MAX_MIG_DEVICES)):
+            try:
+                handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, index)
+            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+                continue  # empty slot
+            try:
+                uuid = _text(self._try(nvml.nvmlDeviceGetUUID, handle))
+            except nvml.NVMLError as exc:
+                log.warning("MIG device %d: cannot read UUID: %s", index, exc)
+                continue
+            if not _MIG_UUID.match(uuid) or len(uuid) > MAX_MIG_UUID:
+                self._errors["InvalidUUID"] += 1
+                log.warning("MIG device %d: NVML gave %r, which is no MIG UUID", index, uuid)
+                continue
+            error = None
+            try:
+                processes_by_uuid[uuid] = self._processes(handle, uuid, with_utilization=False)
+            except nvml.NVMLError as exc:
+                error = self._device_error(exc, "processes")
+            devices.append(
+                MigDevice(
+                    index=index,
+                    uuid=uuid,
+                    name=self._optional_text(nvml.nvmlDeviceGetName, handle),
+                    gpu_instance_id=self._optional(nvml.nvmlDeviceGetGpuInstanceId, handle),
+                    compute_instance_id=self._optional(nvml.nvmlDeviceGetComputeInstanceId, handle),
+                    memory=self._memory(handle),
+                    error=error,
+                )
+            )
+        return devices
+
+    def _process_list(self, kind: str, handle: Any) -> list[tuple[int, int]]:
+        """One NVML process list as (pid, used bytes or NOT_AVAILABLE), v3 with a one-time
+        fallback to v2 on old drivers."""
+        nvml = self._module()
+        base = {
+            "compute": "nvmlDeviceGetComputeRunningProcesses",
+            "graphics": "nvmlDeviceGetGraphicsRunningProcesses",
+            "mps": "nvmlDeviceGetMPSComputeRunningProcesses",
+        }[kind]
+        if not self._use_v2.get(kind):
+            try:
+                rows: list[tuple[int, int]] = self._try(self._raw_processes, f"{base}_v3", handle)
+                return rows
+            except nvml.NVMLError_FunctionNotFound:
+                log.info("%s_v3 missing (driver older than R510); using _v2", base)
+                self._use_v2[kind] = True
+        rows = self._try(self._raw_processes, f"{base}_v2", handle)
+        return rows
+
+    def _into_array(self, symbol: str, entry: Any, call: Callable[[Any, Any, Any], int]) -> bytes:
+        """Call an NVML C function that fills an array of `entry` structs; the filled bytes.
+
+        pynvml's wrappers turn every entry into a structure whose every field read runs
+        Python code; at 8 GPUs x 64 processes that was the largest single cost of a cycle.
+        The array is kept per function and grows when NVML says it is too small.
+        call(fn, array, count) performs the call with the function's other arguments.
+        """
+        nvml = self._module()
+        fn = nvml._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound when absent
+        buffer = self._buffers.get(symbol)
+        if buffer is None:
+            buffer = self._buffers[symbol] = (entry * 64)()
+        count = ctypes.c_uint(len(buffer))
+        ret = call(fn, buffer, count)
+        while ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            buffer = self._buffers[symbol] = (entry * (count.value * 2 + 16))()
+            count = ctypes.c_uint(len(buffer))
+            ret = call(fn, buffer, count)
+        nvml._nvmlCheckReturn(ret)
+        return ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
+
+    def _raw_processes(self, symbol: str, handle: Any) -> list[tuple[int, int]]:
+        """(pid, used bytes or NOT_AVAILABLE) of one process list."""
+        nvml = self._module()
+        v2 = symbol.endswith("_v2")
+        entry = nvml.c_nvmlProcessInfo_v2_t if v2 else nvml.c_nvmlProcessInfo_v3_t
+        data = self._into_array(
+            symbol, entry, lambda fn, array, count: fn(handle, ctypes.byref(count), array)
+        )
+        return list(_unpacker(entry, PROCESS_FIELDS).iter_unpack(data))
+
+    def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[RawProcess]:
+        nvml = self._module()
+        merged: dict[int, tuple[tuple[ProcessType, ...], int | None]] = {}
+        kinds: tuple[ProcessType, ...] = ("compute", "graphics", "mps")
+        for kind in kinds:
+            try:
+                entries = self._process_list(kind, handle)
+            except nvml.NVMLError_NotSupported:
+                continue  # e.g. MPS on pre-Volta, graphics on compute-only boards
+            for pid, used_bytes in entries:
+                if not 1 <= pid <= MAX_PID:
+                    self._errors["InvalidPid"] += 1
+                    continue
+                used = None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
+                known = merged.get(pid)
+                if known is None:
+                    merged[pid] = ((kind,), used)
+                else:  # listed by another kind too: one process, the larger figure
+                    types, before = known
+                    if kind not in types:
+                        types += (kind,)
+                    merged[pid] = (types, before if used is None else max(used, before or 0))
+        utilization = self._process_utilization(handle, uuid) if with_utilization else {}
+        names, seen = self._names, self._names_seen
+        processes = []
+        for pid in sorted(merged):
+            types, used = merged[pid]
+            sm, mem = utilization.get(pid, (None, None))
+            if pid in names:
+                name = names[pid]
+            else:
+                name = clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid))
+            seen[pid] = name
+            processes.append(RawProcess(pid, name, used, types, sm, mem))
+        return processes
+
+    def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int]]:
+        """(pid, timestamp, SM %, memory %) samples newer than `since`."""
+        entry = self._module().c_nvmlProcessUtilizationSample_t
+        stamp = ctypes.c_ulonglong(since)
+        data = self._into_array(
+            "nvmlDeviceGetProcessUtilization",
+            entry,
+            lambda fn, array, count: fn(handle, array, ctypes.byref(count), stamp),
+        )
+        return list(_unpacker(entry, SAMPLE_FIELDS).iter_unpack(data))
+
+    def _process_utilization(self, handle: Any, uuid: str) -> dict[int, tuple[int, int]]:
+        nvml = self._module()
+        if uuid in self._util_unsupported:
+            return {}
+        try:
+            samples = self._raw_samples(handle, self._util_since.get(uuid, 0))
+        except nvml.NVMLError_NotSupported:
+            self._util_unsupported.add(uuid)
+            return {}
+        except nvml.NVMLError_NotFound:
+            return {}  # no samples since the last reading
+        except nvml.NVMLError as exc:
+            self._errors[error_reason(exc)] += 1
+            return {}
+        latest: dict[int, tuple[int, int, int]] = {}
+        newest = 0
+        for pid, stamp, sm, mem in samples:
+            known = latest.get(pid)
+            if known is None or stamp >= known[0]:
+                latest[pid] = (stamp, sm if sm <= 100 else 100, mem if mem <= 100 else 100)
+                newest = stamp if stamp > newest else newest
+        if latest:
+            self._util_since[uuid] = newest
+        return {pid: (sm, mem) for pid, (_, sm, mem) in latest.items()}

@@ -1,0 +1,188 @@
+"""`gpuusage agent`: observe, attribute, publish; every --interval until SIGTERM.
+
+The loop never exits on an API error: a failed write is counted and logged, and the next
+cycle offers its newer observation, so once the API is back the latest state is published.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from gpuusage.api import names
+from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage.errors import GpuusageError
+from gpuusage.kube.errors import ApiError
+from gpuusage.kube.rest import RestClient
+from gpuusage_nodeagent.caps import capped
+from gpuusage_nodeagent.gpusource.base import GpuSource
+from gpuusage_nodeagent.gpusource.fake import FakeSource
+from gpuusage_nodeagent.gpusource.null import NullSource
+from gpuusage_nodeagent.gpusource.nvml import NvmlSource
+from gpuusage_nodeagent.metrics import AgentMetrics
+from gpuusage_nodeagent.publisher import Publisher
+from gpuusage_nodeagent.report import AttributedReading, reading_pids
+from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+
+def make_source(spec: str) -> GpuSource:
+    if spec == "nvml":
+        return NvmlSource()
+    if spec == "none":
+        return NullSource("started with --gpu-source none")
+    return FakeSource(Path(spec.removeprefix("fake:")))
+
+
+class NodeReader:
+    """Reads the node once per cycle: the GPUs, then each listed pid's container and pod."""
+
+    def __init__(
+        self,
+        node_name: str,
+        source: GpuSource,
+        resolver: Resolver,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.node_name = node_name
+        self.source = source
+        self.resolver = resolver
+        self.clock = clock
+
+    def read(self) -> AttributedReading:
+        reading = capped(self.source.read())
+        found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
+        self.resolver.end_cycle()
+        return AttributedReading(self.node_name, self.clock(), reading, found)
+
+
+def settle_memory() -> None:
+    """Move everything alive at start (modules, pydantic's schemas, NVML handles) out of the
+    garbage collector's sight.
+
+    The cycle allocates many short-lived objects, which triggers collections; a full
+    collection then walked every long-lived object too, which showed as cycles several times
+    slower than the median (p99 43 ms against 19 ms frozen, at 512 processes).
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def object_for(spec: GpuNodeUsageSpec) -> dict[str, Any]:
+    """The GpuNodeUsage object as --output json prints it."""
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": spec.node_name},
+        "spec": spec.to_api(),
+    }
+
+
+def _record(metrics: AgentMetrics, attributed: AttributedReading) -> None:
+    reading = attributed.reading
+    metrics.count_errors(reading.errors)
+    metrics.gpus.set(len(reading.gpus))
+    metrics.processes.set(sum(map(len, reading.processes.values())))
+    metrics.unresolved.set(attributed.unresolved())
+    metrics.nvml_available.set(1 if reading.source.available else 0)
+
+
+def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> int:
+    """Run until stop is set (SIGTERM/SIGINT) or after one cycle with --once."""
+    stop = stop or threading.Event()
+    log.info("agent settings: %s", json.dumps(settings.redacted(), sort_keys=True))
+    try:
+        source = make_source(settings.gpu_source)
+    except GpuusageError as exc:
+        log.error("%s", exc)
+        return 2
+    resolver = Resolver(settings.proc_root, grace=settings.attribution_grace)
+    reader = NodeReader(settings.node_name, source, resolver)
+    try:
+        if settings.output == "json":
+            json.dump(object_for(reader.read().spec()), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0
+        return _loop(settings, reader, stop)
+    finally:
+        source.close()
+
+
+def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) -> int:
+    metrics = AgentMetrics()
+    if settings.metrics_port and not settings.once:
+        metrics.serve(settings.metrics_address, settings.metrics_port, settings.interval)
+    api, source = RestClient.from_kubeconfig(settings.kubeconfig)
+    log.info("API from %s (%s)", source.origin, source.detail)
+    publisher = Publisher(
+        api,
+        settings.node_name,
+        heartbeat=timedelta(seconds=settings.heartbeat),
+        threshold_mib=settings.memory_threshold_mib,
+        metrics=metrics,
+    )
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    if not settings.once:  # only a long-running loop gains from it
+        settle_memory()
+    with api:
+        failed = run_cycles(settings, reader, publisher, metrics, stop)
+    log.info("agent stopped")
+    return 1 if failed else 0
+
+
+def run_cycles(
+    settings: AgentSettings,
+    reader: NodeReader,
+    publisher: Publisher,
+    metrics: AgentMetrics,
+    stop: threading.Event,
+) -> bool:
+    """Observe and publish until stopped; True when the last write failed."""
+    failed = False
+    last_failure: str | None = None
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            with metrics.cycle_seconds.time():
+                attributed = reader.read()
+        except Exception as exc:  # a bug or bad input must not end the node's agent
+            metrics.cycle_failures.labels(kind=type(exc).__name__).inc()
+            if str(exc) != last_failure:  # a lasting failure once, with its traceback
+                last_failure = str(exc)
+                log.exception("observing %s failed; the next cycle tries again", settings.node_name)
+            failed = True
+            if settings.once:
+                break
+            stop.wait(settings.interval)
+            continue
+        last_failure = None
+        _record(metrics, attributed)
+        metrics.cycle_done()
+        try:
+            publisher.offer(attributed, force=settings.once)
+            failed = False
+        except ApiError as exc:
+            failed = True
+            log.error(
+                "publishing %s failed: %s (next try in %.0fs)",
+                settings.node_name,
+                exc,
+                settings.interval,
+            )
+        if settings.once:
+            break
+        stop.wait(max(0.0, settings.interval - (time.monotonic() - started)))
+    return failed

@@ -1,0 +1,199 @@
+"""Write the node's GpuNodeUsage: create it once, then patch `spec` only.
+
+* The object is named after the node and owned by the Node (apiVersion v1, kind Node, name,
+  uid; no blockOwnerDeletion), so it goes when the node goes.
+* Writes are JSON merge patches of `{"spec": ...}` against the main resource: the status
+  subresource is the operator's and is never sent. The agent is the only writer of spec, so
+  the last write wins without resourceVersion preconditions.
+* 404 on patch → create; 409 on create (someone created it meanwhile) → re-read and patch.
+  If the Node was recreated (new uid), the owner reference is corrected.
+* Whether to write at all is `change.decide`'s call; this module performs the writes and
+  counts them, the skipped ones and the failed ones in the agent's metrics (one count each).
+* A body the API refuses for good (413, etcd's "request is too large", 422) is never sent
+  again: the refusal is logged once and counted, and the same observation is published
+  without its processes, the refusal said in `spec.source.message` and on every device (the
+  operator then marks the node's pods Unknown, not ended). The full report is tried again once
+  the observation changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpuusage.api import names
+from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage.kube.errors import ApiError, Conflict, NotFound, call, is_permanent_for_body
+from gpuusage.kube.rest import RestClient
+from gpuusage_nodeagent.change import Decision, Fingerprint, decide
+from gpuusage_nodeagent.metrics import AgentMetrics
+from gpuusage_nodeagent.report import AttributedReading, without_processes
+
+log = logging.getLogger(__name__)
+
+
+SELF_REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+NODE_UID_CLAIM = "authentication.kubernetes.io/node-uid"
+
+
+class Publisher:
+    """Keeps one node's GpuNodeUsage in step with the agent's observations."""
+
+    def __init__(
+        self,
+        api: RestClient,
+        node_name: str,
+        *,
+        heartbeat: timedelta,
+        threshold_mib: int,
+        metrics: AgentMetrics,
+        backoff: tuple[float, ...] = (0.2, 0.5, 1.0),
+    ) -> None:
+        self._api = api
+        self._path = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
+        self.node_name = node_name
+        self.heartbeat = heartbeat
+        self.threshold_mib = threshold_mib
+        self.backoff = backoff
+        self.metrics = metrics
+        self._published: GpuNodeUsageSpec | None = None
+        self._published_fp: Fingerprint | None = None
+        self._published_at: datetime | None = None
+        self._owner_checked = False
+        self._node_uid: str | None = None
+        self._refused: tuple[Fingerprint, str] | None = None
+        """The fingerprint of the last observation whose full report was refused for good,
+        and the refusal."""
+
+    @property
+    def published(self) -> GpuNodeUsageSpec | None:
+        return self._published
+
+    def offer(self, reading: AttributedReading, force: bool = False) -> Decision:
+        """Write the reading's report if the rule says so (its spec is built only then), as of
+        the time it was observed. Raises ApiError when the write failed after retries (counted
+        here); the caller offers its next reading later, so nothing is lost."""
+        new_fp = reading.fingerprint()
+        now = reading.observed_at
+        decision = decide(
+            self._published_fp,
+            self._published_at,
+            new_fp,
+            now,
+            heartbeat=self.heartbeat,
+            threshold_mib=self.threshold_mib,
+        )
+        if force and not decision.write:
+            decision = Decision(True, "forced")
+        if not decision.write:
+            self.metrics.skipped.inc()
+            return decision
+        spec = reading.spec()
+        if self._refused is not None and self._refused[0] == new_fp:
+            spec = without_processes(spec, self._refused[1])  # never the refused body again
+        try:
+            self._write_counted(spec)
+        except ApiError as exc:
+            if not is_permanent_for_body(exc) or (
+                self._refused is not None and (self._refused[0] == new_fp)
+            ):
+                raise  # transient, or even the report without processes was refused
+            log.error(
+                "the API refused the report of %s for good: %s; publishing it without "
+                "processes until the observation changes",
+                self.node_name,
+                exc,
+            )
+            self._refused = (new_fp, str(exc))
+            spec = without_processes(spec, str(exc))
+            self._write_counted(spec)
+        if self._refused is not None and self._refused[0] != new_fp:
+            self._refused = None  # a new observation went through in full
+        self._published, self._published_fp, self._published_at = spec, new_fp, now
+        self.metrics.last_publish.set(now.timestamp())
+        log.debug("published %s (%s)", self.node_name, decision.reason)
+        return decision
+
+    def _write_counted(self, spec: GpuNodeUsageSpec) -> None:
+        try:
+            self._write(spec)
+        except ApiError as exc:
+            self.metrics.api_failures.labels(kind=type(exc).__name__).inc()
+            raise
+
+    # -- API -------------------------------------------------------------------------------
+    def _owner(self) -> dict[str, Any]:
+        uid = self._node_uid_from_token() or self._node_uid_from_node()
+        self._node_uid = uid
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
+
+    def _node_uid_from_token(self) -> str | None:
+        """The Node's UID as the apiserver put it in our pod-bound token (SelfSubjectReview).
+
+        In a cluster the agent's token is bound to its pod, and since Kubernetes 1.32 the
+        apiserver records the pod's node name and UID in it; asking "who am I" needs no
+        permission, so the agent needs none on Nodes at all. Elsewhere (a kubeconfig) the
+        answer has no node and the Node is read instead.
+        """
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        try:
+            answer = call(lambda: self._api.post(SELF_REVIEW, review), "who am I", self.backoff)
+        except ApiError as exc:
+            log.debug("SelfSubjectReview unavailable (%s); reading the Node", exc)
+            return None
+        extra = ((answer.get("status") or {}).get("userInfo") or {}).get("extra") or {}
+        node_names = extra.get(NODE_NAME_CLAIM) or []
+        uids = extra.get(NODE_UID_CLAIM) or []
+        if node_names == [self.node_name] and len(uids) == 1 and uids[0]:
+            return str(uids[0])
+        return None
+
+    def _node_uid_from_node(self) -> str:
+        path = f"/api/v1/nodes/{self.node_name}"
+        node = call(lambda: self._api.get(path), "read node", self.backoff)
+        uid = (node.get("metadata") or {}).get("uid")
+        if not uid:
+            raise NotFound(f"node {self.node_name} has no uid", 404)
+        return str(uid)
+
+    def _write(self, spec: GpuNodeUsageSpec) -> None:
+        body: dict[str, Any] = {"spec": spec.to_api()}
+        if not self._owner_checked:
+            body["metadata"] = {"ownerReferences": [self._owner()]}
+        try:
+            self._patch(body)
+        except NotFound:
+            self._create(body)
+        self._owner_checked = True
+
+    def _patch(self, body: dict[str, Any]) -> None:
+        call(
+            lambda: self._api.merge_patch(f"{self._path}/{self.node_name}", body),
+            f"patch {names.KIND} {self.node_name}",
+            self.backoff,
+        )
+        self.metrics.count_write("patch", len(json.dumps(body)))
+
+    def _create(self, body: dict[str, Any]) -> None:
+        full = {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": self.node_name, "ownerReferences": [self._owner()]},
+            "spec": body["spec"],
+        }
+        try:
+            call(
+                lambda: self._api.post(self._path, full),
+                f"create {names.KIND} {self.node_name}",
+                self.backoff,
+            )
+        except Conflict:
+            # Created meanwhile (another agent start, a restore): patch what is there.
+            self._patch(
+                {**body, "metadata": {"ownerReferences": full["metadata"]["ownerReferences"]}}
+            )
+            return
+        self.metrics.count_write("create", len(json.dumps(full)))

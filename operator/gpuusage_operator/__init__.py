@@ -1,0 +1,1 @@
+"""The gpuusage operator: resolves node reports to pods and writes what it found."""

@@ -1,0 +1,125 @@
+"""What a report cannot tell. Pure.
+
+A pod's GPU use ends when the report shows none of its processes. That conclusion holds only
+where the report could see: "could not read" is not "exited". A report is blind
+
+* everywhere, when the node has no usable GPU library (NVML unavailable);
+* on a device with an error (lost GPU, no permission), and on the MIG devices of such a GPU;
+* on a device that is no longer reported at all;
+* on a device with processes the agent could not attribute to any container (its /proc files
+  unreadable, hidden or unparseable): one of them may be the pod's;
+* on a device whose processes the agent did not all list (more than a report may hold).
+
+A pod the operator last knew to use GPUs, whose processes this report does not show, is then
+`Unknown` (with the reason) when the report is blind on a device the pod was using; only a
+report that could see all of them says its use ended. A pod already marked as not using GPUs
+stays so: nothing in a blind spot says it started. Idle detection asks the same question: only
+a report blind nowhere can show that a requested GPU is unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpuusage.api import names
+from gpuusage.api.models import MAX_PROCESSES, DeviceError, Gpu, GpuNodeUsageSpec, MigDevice
+from gpuusage.api.summary import device_uuid
+from gpuusage_operator.podindex import PodRef
+from gpuusage_operator.resolution import Resolution
+
+REASON_DEVICE = "DeviceNotReadable"
+REASON_UNRESOLVED = "ProcessesUnresolved"
+REASON_OMITTED = "ProcessesOmitted"
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why the use of a pod is unknown: a pod condition reason and a sentence."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class BlindSpots:
+    """Where one report cannot see."""
+
+    everywhere: Cause | None = None
+    devices: dict[str, Cause] = field(default_factory=dict)
+    reported: frozenset[str] = frozenset()
+    """Every device UUID the report lists."""
+
+    def __bool__(self) -> bool:
+        return self.everywhere is not None or bool(self.devices)
+
+    def on(self, uuid: str) -> Cause | None:
+        """Why the report cannot see device `uuid`, if it cannot."""
+        if self.everywhere is not None:
+            return self.everywhere
+        if uuid not in self.reported:
+            return Cause(REASON_DEVICE, f"device {uuid} is no longer reported by the node agent")
+        return self.devices.get(uuid)
+
+
+def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> BlindSpots:
+    """Where the report `spec`, resolved to `resolutions`, cannot see."""
+    node = spec.node_name
+    if spec.source is not None and not spec.source.available:
+        why = spec.source.message or "the GPU library is unavailable"
+        return BlindSpots(Cause(REASON_DEVICE, f"node {node} cannot read its GPUs: {why}"))
+    devices: dict[str, Cause] = {}
+    reported: set[str] = set()
+    for gpu in spec.gpus:
+        parent = device_uuid(gpu)
+        # A MIG device of a GPU that could not be read could not be read either.
+        listed: list[tuple[str, Gpu | MigDevice, DeviceError | None]] = [(parent, gpu, None)]
+        listed += [(m.uuid, m, gpu.error) for m in gpu.mig_devices]
+        for uuid, device, inherited in listed:
+            reported.add(uuid)
+            error = device.error or inherited
+            if error is not None:
+                devices[uuid] = Cause(
+                    REASON_DEVICE,
+                    f"device {uuid} on node {node} could not "
+                    f"be read ({error.reason}: {error.message})",
+                )
+            elif device.omitted_processes:
+                devices[uuid] = Cause(
+                    REASON_OMITTED,
+                    f"{device.omitted_processes} processes on device {uuid} of node {node} were "
+                    f"left out of its report (it lists at most {MAX_PROCESSES})",
+                )
+    for r in resolutions:
+        if r.reason == "Unresolved" and r.device_uuid not in devices:
+            devices[r.device_uuid] = Cause(
+                REASON_UNRESOLVED,
+                f"process {r.process.pid} on device {r.device_uuid} of node {node} could not be "
+                f"attributed to a pod ({r.message})",
+            )
+    return BlindSpots(None, devices, frozenset(reported))
+
+
+def last_devices(pod: PodRef) -> list[str] | None:
+    """The devices the pod's annotation last named; None when it names none."""
+    listed = pod.our_annotations.get(names.ANNOTATION_GPUS)
+    devices = [d for d in (listed or "").split(",") if d]
+    return devices or None
+
+
+def why_unknown(pod: PodRef, blind: BlindSpots) -> Cause | None:
+    """Why this report cannot say that the pod's GPU use ended, or None when it can.
+
+    Asked of pods with our marks whose processes the report does not show.
+    """
+    condition = pod.our_condition
+    if condition is None or condition.get("status") == "False":
+        return None  # not known to be using GPUs
+    devices = last_devices(pod)
+    if devices is None:  # in use, but on which device is not known: any blind spot counts
+        return blind.everywhere or next(iter(blind.devices.values()), None)
+    for uuid in devices:
+        cause = blind.on(uuid)
+        if cause is not None:
+            return cause
+    return None

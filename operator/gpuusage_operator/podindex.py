@@ -1,0 +1,198 @@
+"""What the operator remembers about pods: a few fields, keyed by container ID and pod UID.
+
+The index keeps an entry for every pod in the cluster, so the entry is deliberately small (no
+specs, no full statuses): on a 5,000-pod cluster the index must stay a few megabytes. One pod
+is indexed under several keys: its UID and each container ID it has had reported in its status
+(init, regular and ephemeral containers), with the runtime scheme (`containerd://`) stripped,
+as the agent reports bare IDs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuusage.api import names
+
+UID_KEY = "uid:"
+CONTAINER_KEY = "cid:"
+MARKED_KEY = "marked:"
+"""Pods carrying our annotations or condition, by node: clean-up needs them without a scan."""
+REQUESTING_KEY = "requesting:"
+"""Running pods that requested GPUs, by node: idle detection needs them without a scan."""
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod as the operator needs it: who it is and which container IDs are its own."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    containers: tuple[tuple[str, str], ...] = ()
+    """(container ID, container name) pairs from the pod's status."""
+    annotations: tuple[tuple[str, str], ...] = ()
+    """Our annotations only (gpuusage.io/...), to compute patches without reading the pod."""
+    condition: tuple[tuple[str, str], ...] = ()
+    """Our pod condition's fields, if the pod has it."""
+    resource_version: str | None = None
+    """Tells the reconciler whether this entry already shows its own latest writes."""
+    gpu_requests: int = 0
+    """GPUs the pod asked the scheduler for (nvidia.com/gpu and MIG resources)."""
+    running: bool = False
+    """Phase Running and not being deleted: only such a pod can leave requested GPUs idle."""
+    started_at: str | None = None
+    """status.startTime (RFC 3339): when the kubelet accepted the pod."""
+
+    @property
+    def our_annotations(self) -> dict[str, str]:
+        return dict(self.annotations)
+
+    @property
+    def our_condition(self) -> dict[str, str] | None:
+        return dict(self.condition) if self.condition else None
+
+    def container_name(self, container_id: str) -> str | None:
+        return next((name for cid, name in self.containers if cid == container_id), None)
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def _gpus_in(resources: Mapping[str, Any] | None) -> int:
+    """GPUs in one container's limits (extended resources: requests equal limits)."""
+    limits = (resources or {}).get("limits") or (resources or {}).get("requests") or {}
+    total = 0
+    for name, value in limits.items():
+        if name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
+            try:
+                total += int(str(value))
+            except ValueError:
+                continue  # not a whole number: not something a device plugin hands out
+    return total
+
+
+def gpu_requests(spec: Mapping[str, Any]) -> int:
+    """The pod's effective GPU request, as the scheduler counts it: the larger of the sum over
+    its containers and the largest init container."""
+    regular = sum(_gpus_in(c.get("resources")) for c in spec.get("containers") or [])
+    init = max((_gpus_in(c.get("resources")) for c in spec.get("initContainers") or []), default=0)
+    return max(regular, init)
+
+
+def bare_container_id(raw: str | None) -> str | None:
+    """`containerd://abc…` → `abc…`; None or empty stays None."""
+    if not raw:
+        return None
+    return raw.split("://", 1)[-1].lower() or None
+
+
+def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
+    """The PodRef of a pod object (a dict as the API returns it); None without a UID."""
+    meta = body.get("metadata") or {}
+    uid = meta.get("uid")
+    if not uid:
+        return None
+    status = body.get("status") or {}
+    containers: list[tuple[str, str]] = []
+    for field in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for item in status.get(field) or []:
+            cid = bare_container_id(item.get("containerID"))
+            if cid:
+                containers.append((cid, str(item.get("name", ""))))
+    ours = tuple(
+        sorted(
+            (k, str(v))
+            for k, v in (meta.get("annotations") or {}).items()
+            if k.startswith(names.GROUP + "/")
+        )
+    )
+    condition = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if c.get("type") == names.POD_CONDITION_GPU_IN_USE
+        ),
+        None,
+    )
+    return PodRef(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(uid),
+        node=(body.get("spec") or {}).get("nodeName"),
+        containers=tuple(containers),
+        annotations=ours,
+        condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
+        resource_version=meta.get("resourceVersion"),
+        gpu_requests=gpu_requests(body.get("spec") or {}),
+        running=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
+        started_at=status.get("startTime"),
+    )
+
+
+def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
+    """The keys one pod is indexed under, each with the same small PodRef."""
+    ref = pod_ref(body)
+    if ref is None:
+        return {}
+    keys = {UID_KEY + ref.uid: ref}
+    keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
+    if ref.node and (ref.annotations or ref.condition):
+        keys[MARKED_KEY + ref.node] = ref
+    if ref.node and ref.running and ref.gpu_requests > 0:
+        keys[REQUESTING_KEY + ref.node] = ref
+    return keys
+
+
+class PodLookup:
+    """Read access to the index, by container ID or pod UID.
+
+    The index maps each key to the pods under it (a mapping uid → PodRef, or any collection of
+    PodRefs); several pods could in theory claim one key: the last one is taken, and such
+    ambiguity is rare enough to ignore.
+    """
+
+    def __init__(self, index: Mapping[str, Any]) -> None:
+        self._index = index
+
+    def _all(self, key: str) -> list[PodRef]:
+        found = self._index.get(key)
+        if found is None:
+            return []
+        if isinstance(found, PodRef):
+            return [found]
+        values = found.values() if isinstance(found, Mapping) else found
+        return [ref for ref in values if isinstance(ref, PodRef)]
+
+    def _one(self, key: str) -> PodRef | None:
+        refs = self._all(key)
+        return refs[-1] if refs else None
+
+    def by_container(self, container_id: str) -> PodRef | None:
+        return self._one(CONTAINER_KEY + container_id)
+
+    def by_uid(self, uid: str) -> PodRef | None:
+        return self._one(UID_KEY + uid)
+
+    def on_node_with_our_marks(self, node: str) -> list[PodRef]:
+        """Pods of a node that carry our annotations or condition (for clean-up).
+
+        Read from the node's own index key, so a reconcile costs the node's pods, not the
+        cluster's (a pod leaves the key as soon as it loses our marks).
+        """
+        return self._on_node(MARKED_KEY, node)
+
+    def nodes_with_our_marks(self) -> set[str]:
+        """Every node with a pod that carries our marks (one pass over the index's keys)."""
+        return {key[len(MARKED_KEY) :] for key in list(self._index) if key.startswith(MARKED_KEY)}
+
+    def requesting_on_node(self, node: str) -> list[PodRef]:
+        """Running pods of a node that requested GPUs (for idle detection), from their own key."""
+        return self._on_node(REQUESTING_KEY, node)
+
+    def _on_node(self, prefix: str, node: str) -> list[PodRef]:
+        found = {ref.uid: ref for ref in self._all(prefix + node) if ref.node == node}
+        return list(found.values())

@@ -1,0 +1,272 @@
+"""What each pod should show about its GPU use, and the smallest patch to get there. Pure.
+
+For every pod with processes on a node's GPUs: the annotations `gpuusage.io/gpus`,
+`gpuusage.io/gpu-memory-mib` and `gpuusage.io/usage` (compact JSON, bounded in size with an
+explicit truncation marker), and the pod condition `gpuusage.io/GPUInUse`. When use ends the
+annotations are removed and the condition turns False; when a pod that requested GPUs has left
+them idle long enough its False condition says so (reason RequestedGPUsIdle); when the node's
+report is stale, or cannot see a device the pod was using (see certainty), the condition turns
+Unknown and the annotations stay (last known use). Patches are computed against what the pod
+shows now and are None when nothing would change: an unchanged report costs no pod write and no
+Event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from gpuusage.api import names
+from gpuusage.api.times import format_time
+from gpuusage_operator.certainty import Cause
+from gpuusage_operator.idle import Idle
+from gpuusage_operator.podindex import PodRef
+from gpuusage_operator.resolution import Resolution
+
+MAX_USAGE_BYTES = 4096
+OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
+
+REASON_UNREQUESTED = "UsingUnrequestedGPU"
+REASON_IDLE = "RequestedGPUsIdle"
+
+UseState = Literal["InUse", "Stopped", "Unknown", "Idle"]
+
+
+@dataclass(frozen=True)
+class PodUse:
+    """One pod's processes on one node's GPUs."""
+
+    pod: PodRef
+    node: str
+    observed_at: datetime
+    resolutions: tuple[Resolution, ...]
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({r.device_uuid for r in self.resolutions})
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(r.process.used_memory_mib or 0 for r in self.resolutions)
+
+
+def pod_uses(
+    node: str, observed_at: datetime, resolutions: Iterable[Resolution]
+) -> dict[str, PodUse]:
+    """Resolutions grouped by pod UID."""
+    grouped: dict[str, list[Resolution]] = defaultdict(list)
+    refs: dict[str, PodRef] = {}
+    for r in resolutions:
+        if r.pod is not None:
+            grouped[r.pod.uid].append(r)
+            refs[r.pod.uid] = r.pod
+    return {
+        uid: PodUse(refs[uid], node, observed_at, tuple(items)) for uid, items in grouped.items()
+    }
+
+
+def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
+    """Compact JSON detail per container and device, at most max_bytes.
+
+    Shape: {"node", "observedAt", "containers": [{"name", "devices": [{"uuid", "mib", "pids"}]}]}.
+    Too large: pids are dropped first, then containers from the end, and "truncated": true says
+    so, so that a reader never mistakes a shortened list for the whole.
+    """
+    per_container: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in sorted(use.resolutions, key=lambda r: (r.container_name or "", r.device_uuid)):
+        key = r.container_name or (r.process.container_id or "")[:12] or "?"
+        slot = per_container[key].setdefault(
+            r.device_uuid, {"uuid": r.device_uuid, "mib": 0, "pids": []}
+        )
+        slot["mib"] += r.process.used_memory_mib or 0
+        slot["pids"].append(r.process.pid)
+    containers: list[dict[str, Any]] = [
+        {"name": name, "devices": [{**d, "pids": sorted(d["pids"])} for d in devs.values()]}
+        for name, devs in per_container.items()
+    ]
+    doc: dict[str, Any] = {
+        "node": use.node,
+        "observedAt": format_time(use.observed_at),
+        "containers": containers,
+        "requestedGPUs": use.pod.gpu_requests,
+    }
+
+    def encoded() -> str:
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+    text = encoded()
+    if len(text) <= max_bytes:
+        return text
+    doc["truncated"] = True
+    for container in containers:
+        for device in container["devices"]:
+            device.pop("pids", None)
+    while len(text := encoded()) > max_bytes and containers:
+        containers.pop()
+    return text
+
+
+def desired_annotations(use: PodUse) -> dict[str, str]:
+    return {
+        names.ANNOTATION_GPUS: ",".join(use.devices),
+        names.ANNOTATION_GPU_MEMORY_MIB: str(use.memory_mib),
+        names.ANNOTATION_USAGE: usage_json(use),
+    }
+
+
+def _same_use(current: str | None, wanted: str | None) -> bool:
+    """Usage documents that differ only in observedAt describe the same use.
+
+    Every agent heartbeat carries a new observation time; rewriting every GPU pod for it would
+    turn each heartbeat into a pod write. The annotation therefore keeps the time at which the
+    use was first observed in its current form.
+    """
+    if current is None or wanted is None:
+        return current == wanted
+    try:
+        old, new = json.loads(current), json.loads(wanted)
+    except ValueError:
+        return False
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    old.pop("observedAt", None)
+    new.pop("observedAt", None)
+    return bool(old == new)
+
+
+def annotation_patch(
+    current: Mapping[str, str], desired: Mapping[str, str] | None
+) -> dict[str, str | None] | None:
+    """The metadata.annotations merge patch from current to desired (None: remove ours).
+
+    Returns None when nothing would change.
+    """
+    patch: dict[str, str | None] = {}
+    for key in OUR_ANNOTATIONS:
+        want = None if desired is None else desired.get(key)
+        have = current.get(key)
+        if key == names.ANNOTATION_USAGE and _same_use(have, want):
+            continue
+        if have != want:
+            patch[key] = want
+    return patch or None
+
+
+def _gpu_in_use(status: str, reason: str, message: str) -> dict[str, str]:
+    return {
+        "type": names.POD_CONDITION_GPU_IN_USE,
+        "status": status,
+        "reason": reason,
+        "message": message,
+    }
+
+
+def desired_condition(
+    state: UseState,
+    use: PodUse | None,
+    node: str,
+    idle: Idle | None = None,
+    unknown: Cause | None = None,
+) -> dict[str, str]:
+    """The gpuusage.io/GPUInUse condition (without lastTransitionTime) for a state.
+
+    The message names the devices but not the memory: memory changes often, lives in the
+    annotations, and putting it here would turn each change into a second pod write. An
+    Unknown state says why (`unknown`; without one: the node's report is stale).
+    """
+    if state == "InUse" and use is not None:
+        count = len(use.resolutions)
+        message = (
+            f"{count} process{'es' if count != 1 else ''} on node {node} "
+            f"{'use' if count != 1 else 'uses'} {', '.join(use.devices)}; memory in the "
+            f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation"
+        )
+        if use.pod.gpu_requests == 0:
+            return _gpu_in_use(
+                "True",
+                REASON_UNREQUESTED,
+                message + "; the pod requests no GPU "
+                "(nvidia.com/gpu or MIG), so the scheduler and quotas do not count "
+                "this use (NVIDIA_VISIBLE_DEVICES=all?)",
+            )
+        return _gpu_in_use("True", "ProcessesRunning", message)
+    if state == "Unknown" and unknown is not None:
+        return _gpu_in_use(
+            "Unknown",
+            unknown.reason,
+            f"{unknown.message}; whether the pod "
+            "still uses it is unknown, last known use is kept in the "
+            "annotations",
+        )
+    if state == "Unknown":
+        return _gpu_in_use(
+            "Unknown",
+            "NodeReportStale",
+            f"the GPU report of node {node} is stale; last known use is kept in the annotations",
+        )
+    if state == "Idle" and idle is not None:
+        count = idle.pod.gpu_requests
+        return _gpu_in_use(
+            "False",
+            REASON_IDLE,
+            f"the pod requests {count} GPU{'s' if count != 1 else ''} but none of its processes "
+            f"has used a GPU on node {node} since {format_time(idle.since)}; the devices stay "
+            "reserved for it and unavailable to other pods",
+        )
+    return _gpu_in_use(
+        "False", "ProcessesEnded", f"no process of this pod uses a GPU on node {node}"
+    )
+
+
+def condition_patch(
+    current: Iterable[Mapping[str, Any]], desired: Mapping[str, str], now: datetime
+) -> dict[str, Any] | None:
+    """The condition to send through a strategic-merge patch of pods/status, or None.
+
+    lastTransitionTime changes only when the status does; a new message alone is an update
+    without a transition.
+    """
+    existing = next((c for c in current if c.get("type") == desired["type"]), None)
+    if existing is not None and all(existing.get(k) == v for k, v in desired.items()):
+        return None
+    transition = (
+        existing.get("lastTransitionTime")
+        if existing is not None and existing.get("status") == desired["status"]
+        else format_time(now)
+    )
+    return {**desired, "lastTransitionTime": transition}
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    reason: str
+    note: str
+    type: Literal["Normal", "Warning"] = "Normal"
+
+
+def event_for(previous: Mapping[str, Any] | None, new: Mapping[str, str]) -> PodEvent | None:
+    """The Event to record on a condition change, or None: only transitions, never per cycle.
+
+    Use starting and ending are Normal; starting on a GPU the pod never requested, and
+    requested GPUs turning idle, are Warnings (what a person looking at the pod should act on).
+    Use seen again after a spell of Unknown went on rather than started: no Event.
+    """
+    before = (previous or {}).get("status")
+    before_reason = (previous or {}).get("reason")
+    if new["status"] == "True" and before == "Unknown" and new["reason"] != REASON_UNREQUESTED:
+        return None  # use seen again after a spell of not knowing: it went on, it did not start
+    if new["status"] == "True" and before != "True":
+        if new["reason"] == REASON_UNREQUESTED:
+            return PodEvent(REASON_UNREQUESTED, "started using GPUs it did not request", "Warning")
+        return PodEvent("GPUUseStarted", "started using GPUs")
+    if new["reason"] == REASON_UNREQUESTED and before_reason != REASON_UNREQUESTED:
+        return PodEvent(REASON_UNREQUESTED, "uses GPUs it did not request", "Warning")
+    if new["reason"] == REASON_IDLE and before_reason != REASON_IDLE:
+        return PodEvent(REASON_IDLE, "requested GPUs are idle", "Warning")
+    if new["status"] == "False" and before in ("True", "Unknown"):
+        return PodEvent("GPUUseEnded", "stopped using GPUs")
+    return None

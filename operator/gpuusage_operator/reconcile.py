@@ -1,0 +1,413 @@
+"""Apply what the pure core wants: GpuNodeUsage status, pod annotations, pod condition, Events.
+
+One idempotent reconcile per report, run in kopf's executor (the `kubernetes` client is
+synchronous). Writes happen only where the desired state differs from what is known: the pod
+index (our annotations and condition are part of each entry) or, after our own writes, a
+last-applied cache that covers the moment before the watch delivers them. The cache is trusted
+only while the index shows a resourceVersion this replica produced or saw before writing: once
+anyone else changes the pod (another replica after a failover, a person removing an
+annotation) the index wins. An unchanged report therefore costs no write at all, and nothing a
+replica remembers can mask what is really on the pod. One pod failing (deleted meanwhile: 404)
+never stops the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections import Counter as TallyCounter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubernetes import client
+from pydantic import ValidationError
+
+from gpuusage.api import names
+from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
+from gpuusage.kube import raw
+from gpuusage.kube.errors import Invalid, NotFound, call, is_other_object
+from gpuusage_operator.certainty import Cause, blind_spots, why_unknown
+from gpuusage_operator.freshness import (
+    DEFAULT_STALE_AFTER,
+    MAX_CLOCK_SKEW,
+    Sighting,
+    is_stale,
+    sight,
+)
+from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, Idle, idle_pods
+from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.podstate import (
+    PodEvent,
+    PodUse,
+    UseState,
+    annotation_patch,
+    condition_patch,
+    desired_annotations,
+    desired_condition,
+    event_for,
+    pod_uses,
+)
+from gpuusage_operator.resolution import resolve_all
+from gpuusage_operator.status import desired_status
+
+log = logging.getLogger(__name__)
+STRATEGIC = "application/strategic-merge-patch+json"
+COMPONENT = "gpuusage.io/operator"
+
+
+@dataclass
+class Counts:
+    """Writes made; the benchmark and the zero-write tests read these."""
+
+    status_writes: int = 0
+    pod_writes: int = 0
+    events: int = 0
+    uid_refusals: int = 0
+    """Pod writes the apiserver refused because the pod of that name had another UID."""
+    api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
+    """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
+
+    @property
+    def pod_errors(self) -> int:
+        return sum(self.api_errors.values())
+
+    @property
+    def pod_writes_missed(self) -> int:
+        """Pod writes that did not land: failures and refusals for another UID."""
+        return self.pod_errors + self.uid_refusals
+
+
+@dataclass
+class Applied:
+    annotations: dict[str, str]
+    condition: dict[str, str] | None
+    versions: frozenset[str | None] = frozenset()
+    """resourceVersions of the pod from just before our writes up to the last of them."""
+
+
+@dataclass
+class Reconciler:
+    api: client.ApiClient
+    stale_after: timedelta = DEFAULT_STALE_AFTER
+    idle_after: timedelta | None = DEFAULT_IDLE_AFTER
+    """How long requested GPUs may go unused before the pod is flagged; None: never."""
+    instance: str = field(default_factory=socket.gethostname)
+    """Names this replica in Events (reportingInstance)."""
+    counts: Counts = field(default_factory=Counts)
+    refresh: Callable[[str, str, str], None] = lambda namespace, name, stale_uid: None
+    """Reads one pod into the index again (PodWatch.refresh): called when a write for a pod was
+    refused because the pod of that name is now another one."""
+    _applied: dict[str, Applied] = field(default_factory=dict)
+    unattributed: dict[str, TallyCounter[str]] = field(default_factory=dict)
+    """Report name → its processes that belong to no pod, by reason (for the metrics)."""
+    _sightings: dict[str, Sighting] = field(default_factory=dict)
+    """Report name → when this replica saw its current generation appear (see freshness)."""
+    _echoes: dict[str, str] = field(default_factory=dict)
+    """Report name → the resourceVersion our last status write gave it, when that reconcile
+    wrote everything it wanted: the watch event of that version only echoes our own write."""
+    _listing: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Report name → the UIDs of the pods its status lists."""
+    _due: set[str] = field(default_factory=set)
+    """Reports to reconcile again without waiting for an event of their own (a pod they list
+    was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
+    _due_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._core = client.CoreV1Api(self.api)
+        self._custom = client.CustomObjectsApi(self.api)
+        self._events = client.EventsV1Api(self.api)
+
+    # -- reports ---------------------------------------------------------------------------
+    def is_echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a watch event shows the report exactly as our last reconcile left it.
+
+        Every status write comes back as a watch event. Reconciling it again would find nothing
+        to do at the price of a full reconcile (about half the operator's CPU per report
+        update). Only watch events may be skipped so: a reconcile for a later time (staleness)
+        must run even on the same version.
+        """
+        meta = body["metadata"]
+        version = meta.get("resourceVersion")
+        return version is not None and self._echoes.get(meta["name"]) == version
+
+    def reconcile(self, body: dict[str, Any], lookup: PodLookup, now: datetime) -> bool:
+        """Bring status and pods in line with one report; True when the report is stale."""
+        name = body["metadata"]["name"]
+        self._echoes.pop(name, None)
+        missed = self.counts.pod_writes_missed
+        written: str | None = None
+        try:
+            spec = GpuNodeUsageSpec.model_validate(body.get("spec") or {})
+            previous = (
+                GpuNodeUsageStatus.model_validate(body["status"]) if body.get("status") else None
+            )
+        except ValidationError as exc:
+            log.error("GpuNodeUsage %s cannot be read: %s", name, exc)
+            return False
+        generation = body["metadata"].get("generation")
+        sighting = sight(
+            self._sightings.get(name),
+            generation,
+            spec.observed_at,
+            previous,
+            now,
+            stale_after=self.stale_after,
+        )
+        self._sightings[name] = sighting
+        resolutions = list(resolve_all(spec, lookup))
+        self.unattributed[name] = TallyCounter(r.reason for r in resolutions if r.reason)
+        uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
+        fresh = not is_stale(sighting.seen_at, now, self.stale_after)
+        blind = blind_spots(spec, resolutions)
+        idle = (
+            idle_pods(lookup.requesting_on_node(spec.node_name), uses, now, self.idle_after)
+            if fresh and not blind
+            else []
+        )
+        status = desired_status(
+            spec,
+            resolutions,
+            now,
+            generation=generation,
+            sighting=sighting,
+            previous=previous,
+            stale_after=self.stale_after,
+            idle=[i.entry() for i in idle],
+        )
+        # Pods first: their annotations and condition are what people read, and each write
+        # waits on the apiserver; the status follows.
+        stale = status.stale
+        for use in uses.values():
+            self._pod(use.pod, "Unknown" if stale else "InUse", use, spec.node_name, now)
+        idle_by_uid = {i.pod.uid: i for i in idle}
+        for ref in lookup.on_node_with_our_marks(spec.node_name):
+            if ref.uid not in uses and ref.uid not in idle_by_uid:
+                unknown = None if stale else why_unknown(ref, blind)
+                state: UseState = "Unknown" if stale or unknown else "Stopped"
+                self._pod(ref, state, None, spec.node_name, now, unknown=unknown)
+        for found in idle:
+            self._pod(found.pod, "Idle", None, spec.node_name, now, idle=found)
+        wanted = status.to_api()
+        if previous is None or previous.to_api() != wanted:
+            response = call(
+                lambda: raw.body(
+                    self._custom.patch_cluster_custom_object_status(
+                        names.GROUP,
+                        names.VERSION,
+                        names.PLURAL,
+                        name,
+                        {"status": wanted},
+                        _preload_content=False,
+                    )
+                ),
+                f"status of {name}",
+            )
+            self.counts.status_writes += 1
+            written = _echo_version(response, body["metadata"].get("generation"))
+        self._listing[name] = frozenset(uses) | frozenset(i.pod.uid for i in idle)
+        if written is not None and self.counts.pod_writes_missed == missed:
+            self._echoes[name] = written  # a failed pod write is retried on the echo instead
+        self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
+        return stale
+
+    def staleness_flipped(self, now: datetime) -> list[str]:
+        """Reports whose freshness by `now` differs from what their status says: they send no
+        event when their agent stops, so the housekeeping pass reconciles them."""
+        return [
+            name
+            for name, seen in list(self._sightings.items())
+            if is_stale(seen.seen_at, now, self.stale_after) != seen.stale
+        ]
+
+    def clock_skews(self) -> dict[str, float]:
+        """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
+        return {
+            name: seen.skew.total_seconds()
+            for name, seen in list(self._sightings.items())
+            if seen.skew is not None and abs(seen.skew) > MAX_CLOCK_SKEW
+        }
+
+    def pods_deleted(self, uids: set[str]) -> None:
+        """Pods went away: the reports that list them are due, so that no status keeps naming
+        a deleted pod until its report's next event. Called from the pod watch's thread."""
+        due = {name for name, listed in list(self._listing.items()) if listed & uids}
+        if due:
+            with self._due_lock:
+                self._due |= due
+
+    def take_due(self) -> set[str]:
+        with self._due_lock:
+            due, self._due = self._due, set()
+        return due
+
+    def forget_node(self, node: str, lookup: PodLookup) -> None:
+        """The node's report was deleted: nothing is known about its GPUs any more, so its
+        pods lose every mark gpuusage put on them (annotations and condition), at once."""
+        for table in (self._echoes, self._sightings, self.unattributed, self._listing):
+            table.pop(node, None)
+        for ref in lookup.on_node_with_our_marks(node):
+            self._clear(ref)
+
+    # -- pods ------------------------------------------------------------------------------
+    def _pod(
+        self,
+        ref: PodRef,
+        state: UseState,
+        use: PodUse | None,
+        node: str,
+        now: datetime,
+        *,
+        idle: Idle | None = None,
+        unknown: Cause | None = None,
+    ) -> None:
+        applied = self._applied.get(ref.uid)
+        if applied is None or ref.resource_version not in applied.versions:
+            applied = Applied(ref.our_annotations, ref.our_condition)
+        versions = {ref.resource_version}
+        if state == "InUse" and use is not None:
+            wanted: dict[str, str] | None = desired_annotations(use)
+        elif state == "Unknown":
+            wanted = applied.annotations or None  # keep the last known use
+        else:
+            wanted = None
+        condition = desired_condition(state, use, node, idle, unknown)
+        try:
+            patch = annotation_patch(applied.annotations, wanted)
+            if patch is not None:
+                versions.add(self._write_pod(ref, {"metadata": {"annotations": patch}}, False))
+            # An idle pod's condition dates from the start of its idleness, so that the time
+            # reads back as the same idle_since on the next reconcile.
+            cpatch = condition_patch(
+                [applied.condition] if applied.condition else [],
+                condition,
+                idle.since if idle else now,
+            )
+            if cpatch is not None:
+                versions.add(self._write_pod(ref, {"status": {"conditions": [cpatch]}}, True))
+                event = event_for(applied.condition, condition)
+                if event is not None:
+                    self._event(ref, event, f"{event.note}: {condition['message']}", now)
+        except NotFound:
+            self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
+            return
+        except Invalid as exc:
+            if not is_other_object(exc):
+                self.counts.api_errors[type(exc).__name__] += 1
+                log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+                return
+            # The pod of this name is not the one decided for (deleted and recreated under
+            # the same name while the index lagged): nothing was written to it. Read it again
+            # and leave it to the next report, instead of retrying what was meant for another.
+            self._applied.pop(ref.uid, None)
+            self.counts.uid_refusals += 1
+            log.info(
+                "pod %s/%s is no longer %s; reading it again", ref.namespace, ref.name, ref.uid
+            )
+            try:
+                self.refresh(ref.namespace, ref.name, ref.uid)
+            except Exception as error:  # the watch's next list brings it in all the same
+                log.warning("pod %s/%s: cannot read it again: %s", ref.namespace, ref.name, error)
+            return
+        except Exception as exc:  # one pod must not stop the others
+            self.counts.api_errors[type(exc).__name__] += 1
+            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+            return
+        if patch is None and cpatch is None:
+            return  # nothing written: what the index shows stays the truth
+        self._applied[ref.uid] = Applied(
+            dict(wanted or {}),
+            {**condition, **(cpatch or {})} if cpatch else applied.condition,
+            frozenset(versions),
+        )
+
+    def _clear(self, ref: PodRef) -> None:
+        """Remove our annotations and condition from a pod (no Event: nothing was observed)."""
+        try:
+            patch = annotation_patch(ref.our_annotations, None)
+            if patch is not None:
+                self._write_pod(ref, {"metadata": {"annotations": patch}}, False)
+            if ref.our_condition is not None:
+                gone = {"type": names.POD_CONDITION_GPU_IN_USE, "$patch": "delete"}
+                self._write_pod(ref, {"status": {"conditions": [gone]}}, True)
+        except (NotFound, Invalid):
+            pass  # deleted, or replaced by another pod of that name: nothing of ours on it
+        except Exception as exc:  # one pod must not stop the others
+            self.counts.api_errors[type(exc).__name__] += 1
+            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+        self._applied.pop(ref.uid, None)
+
+    def _write_pod(self, ref: PodRef, body: dict[str, Any], status: bool) -> str | None:
+        """Patch the pod (or its status); the resourceVersion the write produced.
+
+        The patch carries the UID the decision was made for: the apiserver refuses a patch
+        whose metadata.uid differs from the stored pod's (422, the field is immutable), so a
+        pod recreated under the same name never receives its predecessor's marks.
+        """
+        body = {**body, "metadata": {**body.get("metadata", {}), "uid": ref.uid}}
+        # Raw responses: deserialising the returned V1Pod cost more CPU than the rest of the
+        # reconcile; only its resourceVersion is needed.
+        if status:
+            answer = call(
+                lambda: raw.body(
+                    self._core.patch_namespaced_pod_status(
+                        ref.name,
+                        ref.namespace,
+                        body,
+                        _content_type=STRATEGIC,
+                        _preload_content=False,
+                    )
+                ),
+                f"pods/status {ref.namespace}/{ref.name}",
+            )
+        else:
+            answer = call(
+                lambda: raw.body(
+                    self._core.patch_namespaced_pod(
+                        ref.name, ref.namespace, body, _preload_content=False
+                    )
+                ),
+                f"pod {ref.namespace}/{ref.name}",
+            )
+        self.counts.pod_writes += 1
+        version = raw.written_metadata(answer).get("resourceVersion")
+        return None if version is None else str(version)
+
+    def _event(self, ref: PodRef, what: PodEvent, note: str, now: datetime) -> None:
+        event = client.EventsV1Event(
+            # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
+            metadata=client.V1ObjectMeta(
+                name=f"{ref.name}.{int(now.timestamp() * 1e9):x}"[:253], namespace=ref.namespace
+            ),
+            event_time=now.astimezone(UTC),
+            action="GPUUse",
+            reason=what.reason,
+            note=note[:1024],
+            type=what.type,
+            regarding=client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
+            ),
+            reporting_controller=COMPONENT,
+            reporting_instance=self.instance[:128],
+        )
+        try:
+            call(
+                lambda: self._events.create_namespaced_event(ref.namespace, event),
+                f"event on {ref.namespace}/{ref.name}",
+            )
+            self.counts.events += 1
+        except Exception as exc:  # an Event is best effort
+            log.warning("event on pod %s/%s not recorded: %s", ref.namespace, ref.name, exc)
+
+
+def _echo_version(response: bytes, generation: int | None) -> str | None:
+    """The resourceVersion our status write produced, if that version shows the spec we
+    reconciled: an agent write that landed between our read and our write raised the
+    generation, and then the event of that version must be reconciled, not skipped."""
+    meta = raw.written_metadata(response)
+    version = meta.get("resourceVersion")
+    if not isinstance(version, str) or generation is None or meta.get("generation") != generation:
+        return None
+    return version

@@ -1,0 +1,98 @@
+"""Which pod does each reported process belong to? Pure.
+
+The order of evidence, strongest first:
+
+1. The container ID is in a pod's status: that pod and that container.
+2. The pod UID is known (the container ID is not in the pod's status yet, e.g. right after a
+   container restart): that pod, container unknown.
+3. A pod UID no pod in the cluster has: `PodNotFound` (deleted, or not yet seen by the watch).
+4. A container ID without a pod: `UnknownContainer` (docker run on the host, a kind node).
+5. The agent could not attribute the pid: `Unresolved`, with the agent's reason.
+6. Nothing at all: `HostProcess` (Xorg, a monitoring daemon, a job outside Kubernetes).
+
+A pod found by either key is taken only when its `spec.nodeName` is the report's node: a
+report speaks for its own node alone (the admission policy lets an agent write only its own
+node's report), so a container ID or pod UID of a pod elsewhere, or of a pod not scheduled yet,
+is `PodOnOtherNode` and that pod is never touched. Otherwise a compromised or confused agent
+could mark any pod in the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gpuusage.api.models import GpuNodeUsageSpec, Process, UnattributedReason
+from gpuusage.api.summary import all_processes
+from gpuusage_operator.podindex import PodLookup, PodRef
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """One (device, process) with its pod, or the reason it has none."""
+
+    device_uuid: str
+    process: Process
+    pod: PodRef | None
+    container_name: str | None = None
+    reason: UnattributedReason | None = None
+    message: str = ""
+
+
+def _elsewhere(node: str, device_uuid: str, process: Process, pod: PodRef) -> Resolution:
+    where = f"on node {pod.node}" if pod.node else "not scheduled to any node"
+    return Resolution(
+        device_uuid,
+        process,
+        None,
+        reason="PodOnOtherNode",
+        message=f"the process's pod is {where}, not on {node}; "
+        "a report can attribute processes only to its own node's pods",
+    )
+
+
+def resolve_process(node: str, device_uuid: str, process: Process, lookup: PodLookup) -> Resolution:
+    """The pod of one process of node's report, or the reason it has none."""
+    if process.container_id:
+        pod = lookup.by_container(process.container_id)
+        if pod is not None:
+            if pod.node != node:
+                return _elsewhere(node, device_uuid, process, pod)
+            return Resolution(device_uuid, process, pod, pod.container_name(process.container_id))
+    if process.pod_uid:
+        pod = lookup.by_uid(process.pod_uid)
+        if pod is not None:
+            if pod.node != node:
+                return _elsewhere(node, device_uuid, process, pod)
+            return Resolution(device_uuid, process, pod)
+        return Resolution(
+            device_uuid,
+            process,
+            None,
+            reason="PodNotFound",
+            message=f"no pod with UID {process.pod_uid}",
+        )
+    if process.container_id:
+        return Resolution(
+            device_uuid,
+            process,
+            None,
+            reason="UnknownContainer",
+            message=f"container {process.container_id[:12]} belongs to no known pod",
+        )
+    if process.resolve_error:
+        return Resolution(
+            device_uuid, process, None, reason="Unresolved", message=process.resolve_error
+        )
+    return Resolution(
+        device_uuid,
+        process,
+        None,
+        reason="HostProcess",
+        message="the process runs outside any container",
+    )
+
+
+def resolve_all(spec: GpuNodeUsageSpec, lookup: PodLookup) -> Iterator[Resolution]:
+    for device_uuid, process in all_processes(spec):
+        yield resolve_process(spec.node_name, device_uuid, process, lookup)

@@ -1,0 +1,44 @@
+"""The operator's settings: every flag, its environment variable, default and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+
+from gpuusage.api import names
+from gpuusage.settings import CommandSettings
+from gpuusage_operator.peering import MAX_PRIORITY
+
+
+class OperatorSettings(CommandSettings):
+    kubeconfig: Path | None = None
+    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
+    stale_after: float = Field(default=180.0, gt=0)
+    """Seconds without a report after which a node's report is stale (three agent heartbeats)."""
+    idle_after: float = Field(default=1800.0, ge=0)
+    """Seconds a running pod may leave the GPUs it requested unused before it is flagged
+    (status.idlePods, pod condition reason RequestedGPUsIdle, a Warning Event); 0: never. Judged
+    at each report, so within one agent heartbeat of the threshold."""
+    resync: float = Field(default=10.0, gt=0)
+    """Seconds between checks of the reports' freshness."""
+    standalone: bool = False
+    """Run without peering (one replica only, e.g. on a workstation). Otherwise replicas share
+    the ClusterKopfPeering named by --peering and exactly one of them is active."""
+    peering: Annotated[str, Field(min_length=1, max_length=253)] = names.DEFAULT_PEERING
+    """Name of the ClusterKopfPeering object the replicas share (it must exist)."""
+    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
+    """Peering priority: the live replica with the highest one is active. Default: random at
+    start, so that replicas never tie (equal priorities would pause all of them)."""
+    peering_lifetime: int = Field(default=30, ge=10, le=3600)
+    """Seconds a replica's peering record stays valid without renewal: how long a crashed
+    active replica blocks the standby (a clean shutdown hands over at once)."""
+    health_port: int = Field(default=0, ge=0, le=65535)
+    """Port of kopf's liveness endpoint (GET /healthz, for a liveness probe); 0: none."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus endpoint (/metrics); 0: none (the manifests use 9748)."""
+    metrics_address: str = "0.0.0.0"
+    """Address the Prometheus endpoint listens on."""
+    workers: int = Field(default=16, ge=1, le=256)
+    """Reconciles run at once (each mostly waits for the apiserver)."""
