@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
+from gpuusage.retry import poll_until
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
 from gpuusage_dev.simulation import (
     Background,
@@ -34,8 +34,7 @@ from gpuusage_dev.simulation import (
 )
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_operator.main import run_operator
-from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.main import Operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.fakenvml import gpu_uuid
 
@@ -48,16 +47,17 @@ CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
     """Poll until predicate returns something truthy; an API error or a missing field
     (the object is not there yet) counts as not yet. Fails the test at the timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def probe() -> Any:
         try:
-            value = predicate()
+            return predicate()
         except (ApiException, KeyError, IndexError, TypeError, StopIteration):
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+            return None
+
+    value = poll_until(probe, timeout, 0.1)
+    if not value:
+        raise AssertionError(f"timed out waiting for {what}")
+    return value
 
 
 class Kubectl:
@@ -234,7 +234,6 @@ def make_world(
         }
         started.append(world)
         if operator:
-            reconcilers: list[Reconciler] = []
             ready = threading.Event()
             metrics_port = free_port()
             op_settings = OperatorSettings(
@@ -246,10 +245,9 @@ def make_world(
                 metrics_address="127.0.0.1",
                 idle_after=idle_after,
             )
-            world["operator"] = Background(
-                lambda stop: run_operator(op_settings, stop, ready, reconcilers)
-            )
-            world.update(reconcilers=reconcilers, metrics_port=metrics_port)
+            built = Operator(op_settings)
+            world["operator"] = Background(lambda stop: built.run(stop, ready))
+            world.update(reconciler=built.reconciler, metrics_port=metrics_port)
             assert ready.wait(60), "operator did not become ready"
         return world
 

@@ -24,7 +24,7 @@ from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.certainty import REASON_OMITTED, blind_spots, why_unknown
-from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.resolution import resolve_all
 from tests.fakenvml import FakeGpu, FakeMachine, dgx_h100, gpu_uuid
 
@@ -95,7 +95,7 @@ def test_a_busy_nvml_node_publishes_a_valid_report(
     # The operator takes a device with omitted processes as one it cannot fully see.
     blind = blind_spots(spec, resolve_all(spec, PodLookup({})))
     omitted = next(g for g in spec.gpus if g.omitted_processes)
-    pod = PodRef(
+    pod = PodSnapshot(
         "ml",
         "p",
         "u",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -24,9 +25,10 @@ from gpuusage.kube.errors import (
     NotFound,
     TooLarge,
     TransientApiError,
-    call,
     from_status,
+    retried,
 )
+from gpuusage.retry import Backoff, doubling
 from gpuusage_dev.simulation import write_process
 from gpuusage_nodeagent.cgroup import CgroupAttribution
 from gpuusage_nodeagent.change import Fingerprint, decide, meaningful_change
@@ -444,7 +446,7 @@ def test_errors_map_to_our_hierarchy(status: int, kind: type[Exception]) -> None
         raise _api_exception(status, "the server said so")
 
     with pytest.raises(kind, match="the server said so"):
-        call(fail, "test", backoff=(0.0,), sleep=lambda _: None)
+        retried(fail, "test", backoff=Backoff((0.0,)), sleep=lambda _: None)
 
 
 @pytest.mark.parametrize(
@@ -470,7 +472,7 @@ def test_the_clients_own_subclasses_map_to_our_hierarchy_too(
         raise exc
 
     with pytest.raises(kind, match="the server said so"):
-        call(fail, "test", backoff=(0.0,), sleep=lambda _: None)
+        retried(fail, "test", backoff=Backoff((0.0,)), sleep=lambda _: None)
 
 
 def test_transient_errors_are_retried_with_bounded_backoff() -> None:
@@ -483,17 +485,17 @@ def test_transient_errors_are_retried_with_bounded_backoff() -> None:
             raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
         return "ok"
 
-    assert call(flaky, "test", backoff=(1.0, 2.0, 4.0), sleep=sleeps.append) == "ok"
+    assert retried(flaky, "test", backoff=Backoff((1.0, 2.0, 4.0)), sleep=sleeps.append) == "ok"
     assert len(attempts) == 3
-    assert 0.8 <= sleeps[0] <= 1.2
-    assert 1.6 <= sleeps[1] <= 2.4
+    assert 0.5 <= sleeps[0] <= 1.0, "jittered below the step"
+    assert 1.0 <= sleeps[1] <= 2.0
 
     def down() -> None:
         raise _api_exception(503)
 
     sleeps.clear()
     with pytest.raises(TransientApiError):
-        call(down, "test", backoff=(1.0, 2.0), sleep=sleeps.append)
+        retried(down, "test", backoff=Backoff((1.0, 2.0)), sleep=sleeps.append)
     assert len(sleeps) == 2, "bounded: no endless retry"
 
 
@@ -504,7 +506,7 @@ def test_permanent_errors_are_not_retried() -> None:
         raise _api_exception(403)
 
     with pytest.raises(Forbidden):
-        call(forbidden, "test", backoff=(1.0, 2.0), sleep=sleeps.append)
+        retried(forbidden, "test", backoff=Backoff((1.0, 2.0)), sleep=sleeps.append)
     assert sleeps == []
 
 
@@ -654,5 +656,15 @@ def test_etcds_and_the_apiservers_size_refusals_are_permanent() -> None:
         raise from_status(413, '{"message":"Request entity too large"}')
 
     with pytest.raises(TooLarge):
-        call(refused, "test", backoff=(0.0, 0.0), sleep=lambda _: None)
+        retried(refused, "test", backoff=Backoff((0.0, 0.0)), sleep=lambda _: None)
     assert attempts == [1], "not retried"
+
+
+def test_backoffs_give_up_after_their_steps_or_go_on_forever_capped() -> None:
+    bounded = Backoff((1.0, 2.0), jitter=0.0)
+    assert (list(bounded), bounded.attempts) == ([1.0, 2.0], 3)
+    forever = doubling(1.0, 5.0)
+    assert forever.attempts is None
+    first = list(itertools.islice(iter(forever), 6))
+    assert all(a <= b for a, b in zip([0.5, 1.0, 2.0, 2.5, 2.5, 2.5], first, strict=True))
+    assert all(b <= a for a, b in zip([1.0, 2.0, 4.0, 5.0, 5.0, 5.0], first, strict=True))

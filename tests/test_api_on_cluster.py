@@ -46,7 +46,7 @@ from gpuusage.api.models import (
 )
 from gpuusage.api.models import GpuNodeUsageStatus as Status
 from gpuusage_operator.freshness import Sighting
-from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.resolution import resolve_all
 from gpuusage_operator.status import desired_status
 from tests.conftest import Kubectl
@@ -75,7 +75,7 @@ def example_pods(node: str) -> PodLookup:
                 (POD_NOTEBOOK, CTR_NOTEBOOK, "notebook"),
                 (POD_INFER, CTR_INFER, "triton"),
             )
-            for ref in [PodRef("ml", name, uid, node, ((cid, "main"),))]
+            for ref in [PodSnapshot("ml", name, uid, node, ((cid, "main"),))]
             for key in (f"uid:{uid}", f"cid:{cid}")
         }
     )

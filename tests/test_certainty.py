@@ -12,7 +12,7 @@ from gpuusage_operator.certainty import (
     blind_spots,
     why_unknown,
 )
-from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import desired_condition, event_for
 from gpuusage_operator.resolution import resolve_all
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
@@ -25,14 +25,14 @@ MIG = SPEC.gpus[1].mig_devices[0].uuid
 NOBODY = PodLookup({})
 
 
-def marked(devices: str | None, status: str = "True") -> PodRef:
+def marked(devices: str | None, status: str = "True") -> PodSnapshot:
     annotations = ((names.ANNOTATION_GPUS, devices),) if devices else ()
     condition = (
         ("reason", "ProcessesRunning"),
         ("status", status),
         ("type", names.POD_CONDITION_GPU_IN_USE),
     )
-    return PodRef("ml", "p", "u-1", "n1", annotations=annotations, condition=condition)
+    return PodSnapshot("ml", "p", "u-1", "n1", annotations=annotations, condition=condition)
 
 
 def test_a_report_that_sees_everything_ends_use() -> None:

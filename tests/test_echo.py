@@ -57,9 +57,8 @@ def _event(version: str, name: str = NODE) -> dict[str, Any]:
 
 
 def test_only_the_echo_of_our_own_status_write_is_skipped() -> None:
-    reconciler = Reconciler(client.ApiClient())
     api = StatusApi()
-    reconciler._custom = api  # type: ignore[assignment]
+    reconciler = Reconciler(client.ApiClient(), reports_api=api)
     nobody = PodLookup({})  # no pods: every process is unattributed, no pod writes
 
     reconciler.reconcile(_report("7"), nobody, NOW)

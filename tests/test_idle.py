@@ -11,7 +11,7 @@ from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
 from gpuusage_operator.certainty import blind_spots
 from gpuusage_operator.idle import idle_pods, idle_since
-from gpuusage_operator.podindex import REQUESTING_KEY, PodRef, index_keys, pod_ref
+from gpuusage_operator.podindex import REQUESTING_KEY, PodSnapshot, index_keys, snapshot_of
 from gpuusage_operator.podstate import condition_patch, desired_condition
 from tests.examples import example_spec
 
@@ -44,8 +44,8 @@ def body(
     }
 
 
-def ref(**kwargs: Any) -> PodRef:
-    found = pod_ref(body(**kwargs))
+def ref(**kwargs: Any) -> PodSnapshot:
+    found = snapshot_of(body(**kwargs))
     assert found is not None
     return found
 

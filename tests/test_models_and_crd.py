@@ -12,8 +12,16 @@ from pydantic import ValidationError
 
 from gpuusage.api import names
 from gpuusage.api.crd import render_crd, render_crd_yaml, render_peering_crd_yaml, to_structural
-from gpuusage.api.models import GpuNodeUsage, GpuNodeUsageSpec, Process
-from gpuusage.api.summary import format_mib, totals
+from gpuusage.api.models import (
+    MAX_REQUESTED_GPUS,
+    GpuNodeUsage,
+    GpuNodeUsageSpec,
+    IdlePod,
+    PodUsage,
+    Process,
+)
+from gpuusage.api.summary import format_mib
+from gpuusage_operator.status import node_totals
 from tests.examples import example_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +129,7 @@ def test_unknown_fields_from_newer_agents_are_ignored() -> None:
 
 
 def test_totals_count_mig_processes_and_memory() -> None:
-    result = totals(example_spec("n1", NOW), pods=3, unattributed=1)
+    result = node_totals(example_spec("n1", NOW), [], [], idle_pods=0)
     assert result.gpus == 2
     assert result.processes == 4
     assert result.used_memory_mib == 30720 + 10240 + 512 + 20480
@@ -134,3 +142,13 @@ def test_totals_count_mig_processes_and_memory() -> None:
 )
 def test_format_mib(mib: int, text: str) -> None:
     assert format_mib(mib) == text
+
+
+def test_a_requested_gpu_count_beyond_the_bound_is_shown_as_the_bound() -> None:
+    """The pod API admits any count; the status shows at most MAX_REQUESTED_GPUS, clamped in
+    one place (the model) for every entry that shows it."""
+    uid = "11111111-2222-4333-8444-555555555555"
+    usage = PodUsage(namespace="ml", name="p", uid=uid, device_uuid="GPU-1", requested_gpus=5000)
+    idle = IdlePod(namespace="ml", name="p", uid=uid, requested_gpus=5000, idle_since=NOW)
+    assert usage.requested_gpus == idle.requested_gpus == MAX_REQUESTED_GPUS
+    assert PodUsage.model_validate(usage.to_api()).requested_gpus == MAX_REQUESTED_GPUS

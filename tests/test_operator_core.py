@@ -12,17 +12,16 @@ from gpuusage.api import names
 from gpuusage.api.models import Process
 from gpuusage_operator.freshness import Sighting
 from gpuusage_operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
-from gpuusage_operator.podindex import PodLookup, gpu_requests, index_keys, pod_ref
+from gpuusage_operator.podindex import PodLookup, gpu_requests, index_keys, snapshot_of
 from gpuusage_operator.podstate import (
     annotation_patch,
     condition_patch,
     desired_annotations,
     desired_condition,
     event_for,
-    pod_uses,
     usage_json,
 )
-from gpuusage_operator.resolution import resolve_all, resolve_process
+from gpuusage_operator.resolution import pod_uses, resolve_all, resolve_process
 from gpuusage_operator.status import desired_status
 from tests.examples import (
     CTR_INFER,
@@ -86,7 +85,7 @@ def test_index_entry_is_small_and_strips_the_runtime_scheme() -> None:
     ref = keys[f"uid:{POD_TRAIN}"]
     assert ref.container_name("1" * 64) == "init"
     assert len(repr(ref)) < 600, "only the few fields needed are kept"
-    assert pod_ref({"metadata": {"name": "no-uid"}}) is None
+    assert snapshot_of({"metadata": {"name": "no-uid"}}) is None
 
 
 def test_resolution_order_of_evidence() -> None:

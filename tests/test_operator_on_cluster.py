@@ -16,8 +16,7 @@ from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import (
     Background,
 )
-from gpuusage_operator.main import run_operator
-from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.main import Operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import GPU0, WorldFactory, wait_for
 from tests.worldview import condition, conditions, events, pod, pod_annotations, report
@@ -101,7 +100,7 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     url = f"http://127.0.0.1:{world['metrics_port']}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
-    counts = world["reconcilers"][0].counts
+    counts = world["reconciler"].counts
     assert f'gpuusage_operator_writes_total{{target="pod"}} {float(counts.pod_writes)}' in text
     assert 'gpuusage_operator_writes_total{target="event"} 3.0' in text
     assert "gpuusage_operator_pod_index_size " in text
@@ -159,16 +158,16 @@ def test_operator_restart_rebuilds_without_writes(
 ) -> None:
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
     world["operator"].halt()
-    reconcilers: list[Reconciler] = []
     ready = threading.Event()
     settings = OperatorSettings(
         kubeconfig=cluster.kubeconfig, stale_after=4.0, resync=0.5, standalone=True
     )
-    again = Background(lambda stop: run_operator(settings, stop, ready, reconcilers))
+    operator = Operator(settings)
+    again = Background(lambda stop: operator.run(stop, ready))
     try:
         assert ready.wait(60)
         time.sleep(3.0)  # initial listing plus a few heartbeats
-        counts = reconcilers[0].counts
+        counts = operator.reconciler.counts
         assert (counts.pod_writes, counts.events) == (0, 0), "what is right is left alone"
         assert counts.status_writes > 0, "the new operator did reconcile the reports"
     finally:
@@ -190,7 +189,7 @@ def test_pod_deleted_while_its_process_is_still_reported(world: dict[str, Any]) 
     assert status["totals"]["pods"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
     assert condition(pod(world, "train")).status == "True", "the other pod is unaffected"
-    assert world["reconcilers"][0].counts.pod_errors == 0
+    assert world["reconciler"].counts.pod_errors == 0
 
 
 def test_annotation_removed_by_someone_else_is_restored(world: dict[str, Any]) -> None:
@@ -204,7 +203,7 @@ def test_annotation_removed_by_someone_else_is_restored(world: dict[str, Any]) -
         what="the operator to restore its annotation on the next report",
     )
     assert restored[names.ANNOTATION_GPUS] == before[names.ANNOTATION_GPUS]
-    assert world["reconcilers"][0].counts.pod_errors == 0
+    assert world["reconciler"].counts.pod_errors == 0
 
 
 def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
@@ -241,7 +240,7 @@ def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
     # The Event follows the condition write: wait for it before counting.
     flagged = ["GPUUseEnded", "GPUUseStarted", "RequestedGPUsIdle"]
     assert wait_for(lambda: events(world, "notebook") == flagged, what="idle event")
-    counts = world["reconcilers"][0].counts
+    counts = world["reconciler"].counts
     before = (counts.pod_writes, counts.events)
     time.sleep(3.0)  # several heartbeats: the idle pods stay flagged without a write
     assert (counts.pod_writes, counts.events) == before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -131,6 +132,8 @@ class FlakyCore:
     def __init__(self, script: list[str]) -> None:
         self.script = script  # per call: "list", "list-fails", "watch-breaks", "watch-ends"
         self.version = 0
+        self.at_end: Callable[[], None] = lambda: None
+        """Called when the loop asks for more than the script holds (the test stops it)."""
 
     def _next(self, expected: str) -> str:
         step = self.script.pop(0)
@@ -139,6 +142,9 @@ class FlakyCore:
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> FakeRaw:
         if kwargs.get("watch"):
+            if not self.script:
+                self.at_end()
+                return FakeRaw(b"")
             if self._next("watch") == "watch-breaks":
                 raise Outage("connection reset")
             return FakeRaw(b"")
@@ -176,15 +182,7 @@ def test_interruptions_list_again_and_the_backoff_starts_over_after_each_list() 
         return False
 
     watch = PodWatch(core, retry_seconds=1.0, wait=wait)
-    original_watch = watch._watch
-
-    def watch_until_script_ends(version: str) -> str:
-        if not core.script:
-            watch.stop()
-            return version
-        return original_watch(version)
-
-    watch._watch = watch_until_script_ends  # type: ignore[method-assign]
+    core.at_end = watch.stop
     watch.run()
     assert core.script == []
     assert watch.relists == 4, "every interruption was followed by a list"

@@ -13,7 +13,6 @@ import logging
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
+from gpuusage.retry import poll_until
 from gpuusage_commands.top import TopSettings, run_top
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import (
@@ -96,12 +96,8 @@ def _scenario(path: Path, notebook_running: bool) -> None:
 
 
 def _wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"demo: timed out waiting for {what}")
+    if not poll_until(predicate, timeout, 0.3):
+        raise TimeoutError(f"demo: timed out waiting for {what}")
 
 
 def run_demo(directory: Path | None, keep: bool = False) -> int:
@@ -116,6 +112,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
     try:
         api, _ = api_client(cluster.kubeconfig)
         core = client.CoreV1Api(api)
+        events = client.EventsV1Api(api)
         _step("installing the GpuNodeUsage CRD")
         install_crds(api)
 
@@ -164,8 +161,17 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
 
         _step("the notebook's kernel exits (the scenario changes)")
         _scenario(scenario, notebook_running=False)
-        _wait(lambda: not annotated("research", "notebook"), "the notebook's annotations to go")
-        time.sleep(1.5)  # let the Event and condition land before showing them
+
+        def ended(namespace: str, pod: str) -> bool:
+            """The pod's annotations are gone and the end of its use is recorded as an Event
+            (written after the condition), so that what is shown next is complete."""
+            listed = events.list_namespaced_event(namespace).items
+            return not annotated(namespace, pod) and any(
+                e.reason == "GPUUseEnded" and e.regarding and e.regarding.name == pod
+                for e in listed
+            )
+
+        _wait(lambda: ended("research", "notebook"), "the notebook's use to end")
         _show(kubectl, detail=False)
     finally:
         for background in reversed(running):

@@ -73,7 +73,7 @@ def settle_memory() -> None:
 
     The cycle allocates many short-lived objects, which triggers collections; a full
     collection then walked every long-lived object too, which showed as cycles several times
-    slower than the median (p99 43 ms against 19 ms frozen, at 512 processes).
+    slower than the median (benchmarks/README.md, agent cycle).
     """
     gc.collect()
     gc.freeze()

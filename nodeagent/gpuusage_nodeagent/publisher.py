@@ -25,8 +25,9 @@ from typing import Any
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
-from gpuusage.kube.errors import ApiError, Conflict, NotFound, call, is_permanent_for_body
+from gpuusage.kube.errors import ApiError, Conflict, NotFound, is_permanent_for_body, retried
 from gpuusage.kube.rest import RestClient
+from gpuusage.retry import Backoff
 from gpuusage_nodeagent.change import Decision, Fingerprint, decide
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.report import AttributedReading, without_processes
@@ -34,6 +35,8 @@ from gpuusage_nodeagent.report import AttributedReading, without_processes
 log = logging.getLogger(__name__)
 
 
+WRITE_BACKOFF = Backoff((0.2, 0.5, 1.0), jitter=0.2)
+"""Short: a write that still fails is offered again, newer, on the next cycle."""
 SELF_REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
 NODE_UID_CLAIM = "authentication.kubernetes.io/node-uid"
@@ -50,7 +53,7 @@ class Publisher:
         heartbeat: timedelta,
         threshold_mib: int,
         metrics: AgentMetrics,
-        backoff: tuple[float, ...] = (0.2, 0.5, 1.0),
+        backoff: Backoff = WRITE_BACKOFF,
     ) -> None:
         self._api = api
         self._path = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
@@ -140,7 +143,7 @@ class Publisher:
         """
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
         try:
-            answer = call(lambda: self._api.post(SELF_REVIEW, review), "who am I", self.backoff)
+            answer = retried(lambda: self._api.post(SELF_REVIEW, review), "who am I", self.backoff)
         except ApiError as exc:
             log.debug("SelfSubjectReview unavailable (%s); reading the Node", exc)
             return None
@@ -153,7 +156,7 @@ class Publisher:
 
     def _node_uid_from_node(self) -> str:
         path = f"/api/v1/nodes/{self.node_name}"
-        node = call(lambda: self._api.get(path), "read node", self.backoff)
+        node = retried(lambda: self._api.get(path), "read node", self.backoff)
         uid = (node.get("metadata") or {}).get("uid")
         if not uid:
             raise NotFound(f"node {self.node_name} has no uid", 404)
@@ -170,7 +173,7 @@ class Publisher:
         self._owner_checked = True
 
     def _patch(self, body: dict[str, Any]) -> None:
-        call(
+        retried(
             lambda: self._api.merge_patch(f"{self._path}/{self.node_name}", body),
             f"patch {names.KIND} {self.node_name}",
             self.backoff,
@@ -185,7 +188,7 @@ class Publisher:
             "spec": body["spec"],
         }
         try:
-            call(
+            retried(
                 lambda: self._api.post(self._path, full),
                 f"create {names.KIND} {self.node_name}",
                 self.backoff,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from gpuusage.api import names
 from gpuusage.api.models import MAX_PROCESSES, DeviceError, Gpu, GpuNodeUsageSpec, MigDevice
 from gpuusage.api.summary import device_uuid
-from gpuusage_operator.podindex import PodRef
+from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.resolution import Resolution
 
 REASON_DEVICE = "DeviceNotReadable"
@@ -100,14 +100,14 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
     return BlindSpots(None, devices, frozenset(reported))
 
 
-def last_devices(pod: PodRef) -> list[str] | None:
+def last_devices(pod: PodSnapshot) -> list[str] | None:
     """The devices the pod's annotation last named; None when it names none."""
     listed = pod.our_annotations.get(names.ANNOTATION_GPUS)
     devices = [d for d in (listed or "").split(",") if d]
     return devices or None
 
 
-def why_unknown(pod: PodRef, blind: BlindSpots) -> Cause | None:
+def why_unknown(pod: PodSnapshot, blind: BlindSpots) -> Cause | None:
     """Why this report cannot say that the pod's GPU use ended, or None when it can.
 
     Asked of pods with our marks whose processes the report does not show.

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from gpuusage.api import names
 from gpuusage.api.models import Condition, GpuNodeUsageStatus
 from gpuusage.api.times import format_time
+from gpuusage_operator.transitions import transition_time
 
 # Three of the agent's default 60 s heartbeats: one lost write is no reason to call a node stale.
 DEFAULT_STALE_AFTER = timedelta(minutes=3)
@@ -126,10 +127,11 @@ def stale_condition(
     skewed = skew_text(sighting.skew)
     if skewed:
         message += f"; {skewed}"
-    transition = (
-        previous.last_transition_time
-        if previous is not None and previous.status == status
-        else now.replace(microsecond=0)
+    transition = transition_time(
+        None if previous is None else previous.status,
+        None if previous is None else previous.last_transition_time,
+        status,
+        now.replace(microsecond=0),
     )
     return Condition(
         type=names.CONDITION_STALE,

@@ -24,9 +24,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuusage.api.models import MAX_REQUESTED_GPUS, IdlePod
+from gpuusage.api.models import IdlePod
 from gpuusage.api.times import parse_time
-from gpuusage_operator.podindex import PodRef
+from gpuusage_operator.podindex import PodSnapshot
 
 DEFAULT_IDLE_AFTER = timedelta(minutes=30)
 
@@ -35,7 +35,7 @@ DEFAULT_IDLE_AFTER = timedelta(minutes=30)
 class Idle:
     """A pod judged idle, and since when."""
 
-    pod: PodRef
+    pod: PodSnapshot
     since: datetime
 
     def entry(self) -> IdlePod:
@@ -43,12 +43,12 @@ class Idle:
             namespace=self.pod.namespace,
             name=self.pod.name,
             uid=self.pod.uid,
-            requested_gpus=min(self.pod.gpu_requests, MAX_REQUESTED_GPUS),
+            requested_gpus=self.pod.gpu_requests,
             idle_since=self.since,
         )
 
 
-def idle_since(pod: PodRef, now: datetime) -> datetime | None:
+def idle_since(pod: PodSnapshot, now: datetime) -> datetime | None:
     """Since when the pod's requested GPUs have seen no use; None when it is no candidate."""
     if pod.gpu_requests <= 0 or not pod.running:
         return None
@@ -63,7 +63,7 @@ def idle_since(pod: PodRef, now: datetime) -> datetime | None:
 
 
 def idle_pods(
-    requesting: Iterable[PodRef],
+    requesting: Iterable[PodSnapshot],
     in_use: Collection[str],
     now: datetime,
     idle_after: timedelta | None,

@@ -1,4 +1,4 @@
-"""`gpuusage operator`: run the kopf operator until stopped."""
+"""`gpuusage operator`: build the operator's parts from its settings and run kopf until stopped."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from typing import Any, cast
 import kopf
 from kubernetes import client
 
+from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
-from gpuusage.kube.crds import ensure_peering
 from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.ha import join_peering
 from gpuusage_operator.handlers import build_registry
 from gpuusage_operator.metrics import OperatorMetrics
-from gpuusage_operator.peering import Peering, own_identity, random_priority
+from gpuusage_operator.peering import own_identity
 from gpuusage_operator.podwatch import PodWatch
 from gpuusage_operator.reconcile import Reconciler
 from gpuusage_operator.settings import OperatorSettings
@@ -24,70 +25,82 @@ from gpuusage_operator.settings import OperatorSettings
 log = logging.getLogger(__name__)
 
 
+class Operator:
+    """The operator's parts (clients, reconciler, pod watch, metrics), built from its settings;
+    `run` serves until stopped. Tests and benchmarks read `reconciler.counts`."""
+
+    def __init__(self, settings: OperatorSettings, clock: Clock = utc_now) -> None:
+        log.info("operator settings: %s", json.dumps(settings.redacted(), sort_keys=True))
+        self.settings, self.clock = settings, clock
+        # Every call retries with its own bounded backoff (kube.errors.retried, the pod watch's
+        # relist, the next report): urllib3's own retries would only multiply the waits.
+        self.api, source = api_client(
+            settings.kubeconfig, pool_size=settings.workers + 4, retries=0
+        )
+        log.info("API from %s (%s)", source.origin, source.detail)
+        self.identity = own_identity()
+        self._watch_api, _ = api_client(settings.kubeconfig, retries=0)  # the watch's own
+        self.health = ApiHealth()
+        self.reconciler = Reconciler(
+            self.api,
+            stale_after=timedelta(seconds=settings.stale_after),
+            idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
+            instance=self.identity,
+        )
+        self.pods = PodWatch(
+            client.CoreV1Api(self._watch_api),
+            health=self.health,
+            on_deleted=self.reconciler.pods_deleted,
+        )
+        self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
+        self.peering = join_peering(settings, self.api, self.identity)
+        self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
+
+    def run(
+        self, stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None
+    ) -> int:
+        """Serve until SIGTERM/SIGINT (or stop_flag); the clients are closed at the end."""
+        settings, peering = self.settings, self.peering
+        try:
+            if settings.metrics_port:
+                self.metrics.serve(settings.metrics_address, settings.metrics_port)
+            registry = build_registry(
+                self.reconciler,
+                self.pods,
+                self.metrics,
+                kubeconfig=settings.kubeconfig,
+                resync_seconds=settings.resync,
+                peering=peering,
+                reconcile_workers=settings.workers,
+                health=self.health,
+                clock=self.clock,
+            )
+            kopf.run(
+                registry=registry,
+                clusterwide=True,
+                standalone=settings.standalone,
+                peering_name=None if peering is None else peering.name,
+                priority=None if peering is None else peering.priority,
+                identity=cast(Any, self.identity),  # kopf's Identity is a NewType of str
+                liveness_endpoint=(
+                    f"http://0.0.0.0:{settings.health_port}/healthz"
+                    if settings.health_port
+                    else None
+                ),
+                stop_flag=stop_flag,
+                ready_flag=ready_flag,
+            )
+        finally:
+            self.pods.stop()
+            self._watch_api.close()  # type: ignore[no-untyped-call]
+            self.api.close()  # type: ignore[no-untyped-call]
+        return 0
+
+
 def run_operator(
     settings: OperatorSettings,
     stop_flag: threading.Event | None = None,
     ready_flag: threading.Event | None = None,
-    reconciler_out: list[Reconciler] | None = None,
 ) -> int:
-    """Run until SIGTERM/SIGINT (or stop_flag). reconciler_out receives the reconciler, so
-    tests and benchmarks can read its write counts."""
-    log.info("operator settings: %s", json.dumps(settings.redacted(), sort_keys=True))
-    # Every call retries with its own bounded backoff (kube.errors.call, the pod watch's
-    # relist, the next report): urllib3's own retries would only multiply the waits.
-    api, source = api_client(settings.kubeconfig, pool_size=settings.workers + 4, retries=0)
-    log.info("API from %s (%s)", source.origin, source.detail)
-    identity = own_identity()
-    watch_api, _ = api_client(settings.kubeconfig, retries=0)  # the pod watch's own connection
-    health = ApiHealth()
-    reconciler = Reconciler(
-        api,
-        stale_after=timedelta(seconds=settings.stale_after),
-        idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
-        instance=identity,
-    )
-    pods = PodWatch(client.CoreV1Api(watch_api), health=health, on_deleted=reconciler.pods_deleted)
-    reconciler.refresh = pods.refresh  # the two know each other: each tells the other of a pod
-    if reconciler_out is not None:
-        reconciler_out.append(reconciler)
-    peering = None
-    if not settings.standalone:
-        priority = random_priority() if settings.priority is None else settings.priority
-        peering = Peering(settings.peering, identity, priority, settings.peering_lifetime)
-        log.info("peering %r as %s with priority %d", peering.name, identity, priority)
-        try:
-            ensure_peering(api, peering.name)
-        except Exception as exc:  # kopf then says clearly that the peering is missing
-            log.warning("cannot create ClusterKopfPeering %s: %s", peering.name, exc)
-    try:
-        metrics = OperatorMetrics(reconciler, lambda: len(pods), health)
-        if settings.metrics_port:
-            metrics.serve(settings.metrics_address, settings.metrics_port)
-        registry = build_registry(
-            reconciler,
-            pods,
-            metrics,
-            kubeconfig=settings.kubeconfig,
-            resync_seconds=settings.resync,
-            peering=peering,
-            reconcile_workers=settings.workers,
-            health=health,
-        )
-        kopf.run(
-            registry=registry,
-            clusterwide=True,
-            standalone=settings.standalone,
-            peering_name=None if peering is None else peering.name,
-            priority=None if peering is None else peering.priority,
-            identity=cast(Any, identity),  # kopf's Identity is a NewType of str
-            liveness_endpoint=(
-                f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
-            ),
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
-        )
-    finally:
-        pods.stop()
-        watch_api.close()  # type: ignore[no-untyped-call]
-        api.close()  # type: ignore[no-untyped-call]
-    return 0
+    """Run until SIGTERM/SIGINT (or stop_flag)."""
+    return Operator(settings).run(stop_flag, ready_flag)

@@ -24,7 +24,7 @@ REQUESTING_KEY = "requesting:"
 
 
 @dataclass(frozen=True)
-class PodRef:
+class PodSnapshot:
     """A pod as the operator needs it: who it is and which container IDs are its own."""
 
     namespace: str
@@ -90,8 +90,8 @@ def bare_container_id(raw: str | None) -> str | None:
     return raw.split("://", 1)[-1].lower() or None
 
 
-def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
-    """The PodRef of a pod object (a dict as the API returns it); None without a UID."""
+def snapshot_of(body: Mapping[str, Any]) -> PodSnapshot | None:
+    """The PodSnapshot of a pod object (a dict as the API returns it); None without a UID."""
     meta = body.get("metadata") or {}
     uid = meta.get("uid")
     if not uid:
@@ -118,7 +118,7 @@ def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
         ),
         None,
     )
-    return PodRef(
+    return PodSnapshot(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(uid),
@@ -133,9 +133,9 @@ def pod_ref(body: Mapping[str, Any]) -> PodRef | None:
     )
 
 
-def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
-    """The keys one pod is indexed under, each with the same small PodRef."""
-    ref = pod_ref(body)
+def index_keys(body: Mapping[str, Any]) -> dict[str, PodSnapshot]:
+    """The keys one pod is indexed under, each with the same small PodSnapshot."""
+    ref = snapshot_of(body)
     if ref is None:
         return {}
     keys = {UID_KEY + ref.uid: ref}
@@ -150,7 +150,7 @@ def index_keys(body: Mapping[str, Any]) -> dict[str, PodRef]:
 class PodLookup:
     """Read access to the index, by container ID or pod UID.
 
-    The index maps each key to the pods under it (a mapping uid → PodRef, or any collection of
+    The index maps each key to the pods under it (a mapping uid → PodSnapshot, or any collection of
     PodRefs); several pods could in theory claim one key: the last one is taken, and such
     ambiguity is rare enough to ignore.
     """
@@ -158,26 +158,26 @@ class PodLookup:
     def __init__(self, index: Mapping[str, Any]) -> None:
         self._index = index
 
-    def _all(self, key: str) -> list[PodRef]:
+    def _all(self, key: str) -> list[PodSnapshot]:
         found = self._index.get(key)
         if found is None:
             return []
-        if isinstance(found, PodRef):
+        if isinstance(found, PodSnapshot):
             return [found]
         values = found.values() if isinstance(found, Mapping) else found
-        return [ref for ref in values if isinstance(ref, PodRef)]
+        return [ref for ref in values if isinstance(ref, PodSnapshot)]
 
-    def _one(self, key: str) -> PodRef | None:
+    def _one(self, key: str) -> PodSnapshot | None:
         refs = self._all(key)
         return refs[-1] if refs else None
 
-    def by_container(self, container_id: str) -> PodRef | None:
+    def by_container(self, container_id: str) -> PodSnapshot | None:
         return self._one(CONTAINER_KEY + container_id)
 
-    def by_uid(self, uid: str) -> PodRef | None:
+    def by_uid(self, uid: str) -> PodSnapshot | None:
         return self._one(UID_KEY + uid)
 
-    def on_node_with_our_marks(self, node: str) -> list[PodRef]:
+    def on_node_with_our_marks(self, node: str) -> list[PodSnapshot]:
         """Pods of a node that carry our annotations or condition (for clean-up).
 
         Read from the node's own index key, so a reconcile costs the node's pods, not the
@@ -189,10 +189,10 @@ class PodLookup:
         """Every node with a pod that carries our marks (one pass over the index's keys)."""
         return {key[len(MARKED_KEY) :] for key in list(self._index) if key.startswith(MARKED_KEY)}
 
-    def requesting_on_node(self, node: str) -> list[PodRef]:
+    def requesting_on_node(self, node: str) -> list[PodSnapshot]:
         """Running pods of a node that requested GPUs (for idle detection), from their own key."""
         return self._on_node(REQUESTING_KEY, node)
 
-    def _on_node(self, prefix: str, node: str) -> list[PodRef]:
+    def _on_node(self, prefix: str, node: str) -> list[PodSnapshot]:
         found = {ref.uid: ref for ref in self._all(prefix + node) if ref.node == node}
         return list(found.values())

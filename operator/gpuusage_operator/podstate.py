@@ -22,10 +22,11 @@ from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
-from gpuusage_operator.certainty import Cause
+from gpuusage_operator.certainty import BlindSpots, Cause, why_unknown
 from gpuusage_operator.idle import Idle
-from gpuusage_operator.podindex import PodRef
-from gpuusage_operator.resolution import Resolution
+from gpuusage_operator.podindex import PodSnapshot
+from gpuusage_operator.resolution import PodUse
+from gpuusage_operator.transitions import transition_time
 
 MAX_USAGE_BYTES = 4096
 OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
@@ -34,39 +35,6 @@ REASON_UNREQUESTED = "UsingUnrequestedGPU"
 REASON_IDLE = "RequestedGPUsIdle"
 
 UseState = Literal["InUse", "Stopped", "Unknown", "Idle"]
-
-
-@dataclass(frozen=True)
-class PodUse:
-    """One pod's processes on one node's GPUs."""
-
-    pod: PodRef
-    node: str
-    observed_at: datetime
-    resolutions: tuple[Resolution, ...]
-
-    @property
-    def devices(self) -> list[str]:
-        return sorted({r.device_uuid for r in self.resolutions})
-
-    @property
-    def memory_mib(self) -> int:
-        return sum(r.process.used_memory_mib or 0 for r in self.resolutions)
-
-
-def pod_uses(
-    node: str, observed_at: datetime, resolutions: Iterable[Resolution]
-) -> dict[str, PodUse]:
-    """Resolutions grouped by pod UID."""
-    grouped: dict[str, list[Resolution]] = defaultdict(list)
-    refs: dict[str, PodRef] = {}
-    for r in resolutions:
-        if r.pod is not None:
-            grouped[r.pod.uid].append(r)
-            refs[r.pod.uid] = r.pod
-    return {
-        uid: PodUse(refs[uid], node, observed_at, tuple(items)) for uid, items in grouped.items()
-    }
 
 
 def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
@@ -227,16 +195,16 @@ def condition_patch(
 ) -> dict[str, Any] | None:
     """The condition to send through a strategic-merge patch of pods/status, or None.
 
-    lastTransitionTime changes only when the status does; a new message alone is an update
-    without a transition.
+    lastTransitionTime follows transitions.transition_time.
     """
     existing = next((c for c in current if c.get("type") == desired["type"]), None)
     if existing is not None and all(existing.get(k) == v for k, v in desired.items()):
         return None
-    transition = (
-        existing.get("lastTransitionTime")
-        if existing is not None and existing.get("status") == desired["status"]
-        else format_time(now)
+    transition = transition_time(
+        None if existing is None else existing.get("status"),
+        None if existing is None else existing.get("lastTransitionTime"),
+        desired["status"],
+        format_time(now),
     )
     return {**desired, "lastTransitionTime": transition}
 
@@ -270,3 +238,85 @@ def event_for(previous: Mapping[str, Any] | None, new: Mapping[str, str]) -> Pod
     if new["status"] == "False" and before in ("True", "Unknown"):
         return PodEvent("GPUUseEnded", "stopped using GPUs")
     return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one pod should show after a report, and why."""
+
+    pod: PodSnapshot
+    state: UseState
+    use: PodUse | None = None
+    idle: Idle | None = None
+    unknown: Cause | None = None
+
+
+def verdicts(
+    uses: Mapping[str, PodUse],
+    marked: Iterable[PodSnapshot],
+    idle: Iterable[Idle],
+    *,
+    stale: bool,
+    blind: BlindSpots,
+) -> list[Verdict]:
+    """Every pod a report speaks about: the pods it shows using GPUs (Unknown while it is
+    stale), the idle ones, and the pods that carry our marks but are no longer listed: use
+    ended, unless the report is stale or blind where the pod was (see certainty), which
+    keeps them Unknown."""
+    found = [Verdict(use.pod, "Unknown" if stale else "InUse", use) for use in uses.values()]
+    idle = list(idle)
+    idle_uids = {i.pod.uid for i in idle}
+    for pod in marked:
+        if pod.uid in uses or pod.uid in idle_uids:
+            continue
+        unknown = None if stale else why_unknown(pod, blind)
+        state: UseState = "Unknown" if stale or unknown else "Stopped"
+        found.append(Verdict(pod, state, unknown=unknown))
+    found += [Verdict(i.pod, "Idle", idle=i) for i in idle]
+    return found
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """The writes that bring a pod to its verdict; None where nothing would change."""
+
+    annotations: dict[str, str]
+    """Our annotations once the plan is applied (empty: none)."""
+    annotation_patch: dict[str, str | None] | None
+    condition: dict[str, str]
+    """The condition once the plan is applied (with its lastTransitionTime)."""
+    condition_patch: dict[str, Any] | None
+    event: PodEvent | None
+    """Recorded once the condition patch landed."""
+    event_note: str = ""
+
+
+def plan_pod(
+    verdict: Verdict,
+    shown_annotations: Mapping[str, str],
+    shown_condition: Mapping[str, Any] | None,
+    node: str,
+    now: datetime,
+) -> PodPlan:
+    """From what the pod shows now to what its verdict wants. An Unknown pod keeps the last
+    known use in its annotations; an idle pod's condition dates from the start of its
+    idleness, so that the time reads back as the same idle_since on the next report."""
+    if verdict.state == "InUse" and verdict.use is not None:
+        wanted: dict[str, str] = desired_annotations(verdict.use)
+    elif verdict.state == "Unknown":
+        wanted = dict(shown_annotations)
+    else:
+        wanted = {}
+    condition = desired_condition(verdict.state, verdict.use, node, verdict.idle, verdict.unknown)
+    patch = annotation_patch(shown_annotations, wanted or None)
+    since = verdict.idle.since if verdict.idle is not None else now
+    cpatch = condition_patch([shown_condition] if shown_condition else [], condition, since)
+    event = event_for(shown_condition, condition) if cpatch is not None else None
+    return PodPlan(
+        annotations=wanted,
+        annotation_patch=patch,
+        condition={**condition, **cpatch} if cpatch else dict(shown_condition or condition),
+        condition_patch=cpatch,
+        event=event,
+        event_note="" if event is None else f"{event.note}: {condition['message']}",
+    )

@@ -5,7 +5,7 @@ indexed resource has been indexed, and it does so with one toggle per object in 
 every waiting worker re-scans on every change. At 5,000 pods that startup took more than three
 minutes of CPU and 254 MB before the first report was handled (benchmarks/README.md). This
 watch is linear: one paginated list, then one watch stream from the list's resourceVersion,
-each line parsed as plain JSON (no model objects) and reduced to a PodRef at once.
+each line parsed as plain JSON (no model objects) and reduced to a PodSnapshot at once.
 
 Semantics, as an informer's:
 
@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuusage.kube import raw
+from gpuusage.retry import doubling
 from gpuusage_operator.apihealth import ApiHealth
-from gpuusage_operator.podindex import PodLookup, PodRef, index_keys
+from gpuusage_operator.podindex import PodLookup, PodSnapshot, index_keys
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,12 @@ MAX_RETRY = 5.0
 
 @dataclass
 class IndexState:
-    """uid → the keys it is indexed under; key → {uid: PodRef}."""
+    """uid → the keys it is indexed under; key → {uid: PodSnapshot}."""
 
     keys_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    by_key: dict[str, dict[str, PodRef]] = field(default_factory=dict)
+    by_key: dict[str, dict[str, PodSnapshot]] = field(default_factory=dict)
 
-    def put(self, uid: str, keys: Mapping[str, PodRef]) -> None:
+    def put(self, uid: str, keys: Mapping[str, PodSnapshot]) -> None:
         self.remove(uid)
         for key, ref in keys.items():
             self.by_key[key] = {**self.by_key.get(key, {}), uid: ref}
@@ -82,12 +82,6 @@ class IndexState:
         return len(self.keys_of)
 
 
-def retry_delay(base: float, failures: int) -> float:
-    """The pause before the next list: base, 2x, 4x ... up to MAX_RETRY, with jitter."""
-    delay: float = min(MAX_RETRY, base * 2**failures) * random.uniform(0.5, 1)
-    return delay
-
-
 class WatchExpired(Exception):
     """The watch cannot resume from its resourceVersion (410 Gone, or another watch error)."""
 
@@ -112,7 +106,7 @@ class PodWatch:
         self._health = health or ApiHealth()
         self._on_deleted = on_deleted
         self._state = IndexState()
-        self._retry = retry_seconds
+        self._backoff = doubling(retry_seconds, MAX_RETRY)
         self._writing = threading.Lock()
         self.synced = threading.Event()
         self.stopped = threading.Event()
@@ -147,7 +141,7 @@ class PodWatch:
                 if isinstance(exc, WatchExpired):
                     log.info("pod watch expired (%s); listing again", exc)
                     continue
-                delay = retry_delay(self._retry, failures)
+                delay = self._backoff.delay(failures) or MAX_RETRY
                 failures += 1
                 self._health.failed("pod watch", exc)
                 log.warning("pod watch interrupted: %s (listing again in %.1fs)", exc, delay)

@@ -28,8 +28,8 @@ from pydantic import ValidationError
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
-from gpuusage.kube.errors import Invalid, NotFound, call, is_other_object
-from gpuusage_operator.certainty import Cause, blind_spots, why_unknown
+from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
+from gpuusage_operator.certainty import blind_spots
 from gpuusage_operator.freshness import (
     DEFAULT_STALE_AFTER,
     MAX_CLOCK_SKEW,
@@ -37,20 +37,10 @@ from gpuusage_operator.freshness import (
     is_stale,
     sight,
 )
-from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, Idle, idle_pods
-from gpuusage_operator.podindex import PodLookup, PodRef
-from gpuusage_operator.podstate import (
-    PodEvent,
-    PodUse,
-    UseState,
-    annotation_patch,
-    condition_patch,
-    desired_annotations,
-    desired_condition,
-    event_for,
-    pod_uses,
-)
-from gpuusage_operator.resolution import resolve_all
+from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods
+from gpuusage_operator.podindex import PodLookup, PodSnapshot
+from gpuusage_operator.podstate import PodEvent, Verdict, annotation_patch, plan_pod, verdicts
+from gpuusage_operator.resolution import pod_uses, resolve_all
 from gpuusage_operator.status import desired_status
 
 log = logging.getLogger(__name__)
@@ -115,9 +105,13 @@ class Reconciler:
     was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
     _due_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    reports_api: Any = None
+    """Where report statuses are written (a kubernetes CustomObjectsApi); by default one on
+    `api`. Tests pass a stand-in that answers as the apiserver does."""
+
     def __post_init__(self) -> None:
         self._core = client.CoreV1Api(self.api)
-        self._custom = client.CustomObjectsApi(self.api)
+        self._custom = self.reports_api or client.CustomObjectsApi(self.api)
         self._events = client.EventsV1Api(self.api)
 
     # -- reports ---------------------------------------------------------------------------
@@ -125,9 +119,9 @@ class Reconciler:
         """Whether a watch event shows the report exactly as our last reconcile left it.
 
         Every status write comes back as a watch event. Reconciling it again would find nothing
-        to do at the price of a full reconcile (about half the operator's CPU per report
-        update). Only watch events may be skipped so: a reconcile for a later time (staleness)
-        must run even on the same version.
+        to do at the price of a full reconcile (a large share of the operator's CPU per report
+        update; see benchmarks/README.md). Only watch events may be skipped so: a reconcile
+        for a later time (staleness) must run even on the same version.
         """
         meta = body["metadata"]
         version = meta.get("resourceVersion")
@@ -180,19 +174,12 @@ class Reconciler:
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
         stale = status.stale
-        for use in uses.values():
-            self._pod(use.pod, "Unknown" if stale else "InUse", use, spec.node_name, now)
-        idle_by_uid = {i.pod.uid: i for i in idle}
-        for ref in lookup.on_node_with_our_marks(spec.node_name):
-            if ref.uid not in uses and ref.uid not in idle_by_uid:
-                unknown = None if stale else why_unknown(ref, blind)
-                state: UseState = "Unknown" if stale or unknown else "Stopped"
-                self._pod(ref, state, None, spec.node_name, now, unknown=unknown)
-        for found in idle:
-            self._pod(found.pod, "Idle", None, spec.node_name, now, idle=found)
+        marked = lookup.on_node_with_our_marks(spec.node_name)
+        for verdict in verdicts(uses, marked, idle, stale=stale, blind=blind):
+            self._pod(verdict, spec.node_name, now)
         wanted = status.to_api()
         if previous is None or previous.to_api() != wanted:
-            response = call(
+            response = retried(
                 lambda: raw.body(
                     self._custom.patch_cluster_custom_object_status(
                         names.GROUP,
@@ -252,44 +239,23 @@ class Reconciler:
             self._clear(ref)
 
     # -- pods ------------------------------------------------------------------------------
-    def _pod(
-        self,
-        ref: PodRef,
-        state: UseState,
-        use: PodUse | None,
-        node: str,
-        now: datetime,
-        *,
-        idle: Idle | None = None,
-        unknown: Cause | None = None,
-    ) -> None:
+    def _pod(self, verdict: Verdict, node: str, now: datetime) -> None:
+        """Apply plan_pod's writes to one pod, then record what the pod now shows."""
+        ref = verdict.pod
         applied = self._applied.get(ref.uid)
         if applied is None or ref.resource_version not in applied.versions:
             applied = Applied(ref.our_annotations, ref.our_condition)
+        plan = plan_pod(verdict, applied.annotations, applied.condition, node, now)
         versions = {ref.resource_version}
-        if state == "InUse" and use is not None:
-            wanted: dict[str, str] | None = desired_annotations(use)
-        elif state == "Unknown":
-            wanted = applied.annotations or None  # keep the last known use
-        else:
-            wanted = None
-        condition = desired_condition(state, use, node, idle, unknown)
         try:
-            patch = annotation_patch(applied.annotations, wanted)
-            if patch is not None:
-                versions.add(self._write_pod(ref, {"metadata": {"annotations": patch}}, False))
-            # An idle pod's condition dates from the start of its idleness, so that the time
-            # reads back as the same idle_since on the next reconcile.
-            cpatch = condition_patch(
-                [applied.condition] if applied.condition else [],
-                condition,
-                idle.since if idle else now,
-            )
-            if cpatch is not None:
-                versions.add(self._write_pod(ref, {"status": {"conditions": [cpatch]}}, True))
-                event = event_for(applied.condition, condition)
-                if event is not None:
-                    self._event(ref, event, f"{event.note}: {condition['message']}", now)
+            if plan.annotation_patch is not None:
+                annotations = {"metadata": {"annotations": plan.annotation_patch}}
+                versions.add(self._write_pod(ref, annotations, False))
+            if plan.condition_patch is not None:
+                conditions = {"status": {"conditions": [plan.condition_patch]}}
+                versions.add(self._write_pod(ref, conditions, True))
+                if plan.event is not None:
+                    self._event(ref, plan.event, plan.event_note, now)
         except NotFound:
             self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
             return
@@ -315,15 +281,11 @@ class Reconciler:
             self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             return
-        if patch is None and cpatch is None:
+        if plan.annotation_patch is None and plan.condition_patch is None:
             return  # nothing written: what the index shows stays the truth
-        self._applied[ref.uid] = Applied(
-            dict(wanted or {}),
-            {**condition, **(cpatch or {})} if cpatch else applied.condition,
-            frozenset(versions),
-        )
+        self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
 
-    def _clear(self, ref: PodRef) -> None:
+    def _clear(self, ref: PodSnapshot) -> None:
         """Remove our annotations and condition from a pod (no Event: nothing was observed)."""
         try:
             patch = annotation_patch(ref.our_annotations, None)
@@ -339,7 +301,7 @@ class Reconciler:
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
         self._applied.pop(ref.uid, None)
 
-    def _write_pod(self, ref: PodRef, body: dict[str, Any], status: bool) -> str | None:
+    def _write_pod(self, ref: PodSnapshot, body: dict[str, Any], status: bool) -> str | None:
         """Patch the pod (or its status); the resourceVersion the write produced.
 
         The patch carries the UID the decision was made for: the apiserver refuses a patch
@@ -350,7 +312,7 @@ class Reconciler:
         # Raw responses: deserialising the returned V1Pod cost more CPU than the rest of the
         # reconcile; only its resourceVersion is needed.
         if status:
-            answer = call(
+            answer = retried(
                 lambda: raw.body(
                     self._core.patch_namespaced_pod_status(
                         ref.name,
@@ -363,7 +325,7 @@ class Reconciler:
                 f"pods/status {ref.namespace}/{ref.name}",
             )
         else:
-            answer = call(
+            answer = retried(
                 lambda: raw.body(
                     self._core.patch_namespaced_pod(
                         ref.name, ref.namespace, body, _preload_content=False
@@ -375,7 +337,7 @@ class Reconciler:
         version = raw.written_metadata(answer).get("resourceVersion")
         return None if version is None else str(version)
 
-    def _event(self, ref: PodRef, what: PodEvent, note: str, now: datetime) -> None:
+    def _event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
         event = client.EventsV1Event(
             # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
             metadata=client.V1ObjectMeta(
@@ -393,7 +355,7 @@ class Reconciler:
             reporting_instance=self.instance[:128],
         )
         try:
-            call(
+            retried(
                 lambda: self._events.create_namespaced_event(ref.namespace, event),
                 f"event on {ref.namespace}/{ref.name}",
             )

@@ -19,12 +19,14 @@ could mark any pod in the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpuusage.api.models import GpuNodeUsageSpec, Process, UnattributedReason
 from gpuusage.api.summary import all_processes
-from gpuusage_operator.podindex import PodLookup, PodRef
+from gpuusage_operator.podindex import PodLookup, PodSnapshot
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,13 @@ class Resolution:
 
     device_uuid: str
     process: Process
-    pod: PodRef | None
+    pod: PodSnapshot | None
     container_name: str | None = None
     reason: UnattributedReason | None = None
     message: str = ""
 
 
-def _elsewhere(node: str, device_uuid: str, process: Process, pod: PodRef) -> Resolution:
+def _elsewhere(node: str, device_uuid: str, process: Process, pod: PodSnapshot) -> Resolution:
     where = f"on node {pod.node}" if pod.node else "not scheduled to any node"
     return Resolution(
         device_uuid,
@@ -96,3 +98,38 @@ def resolve_process(node: str, device_uuid: str, process: Process, lookup: PodLo
 def resolve_all(spec: GpuNodeUsageSpec, lookup: PodLookup) -> Iterator[Resolution]:
     for device_uuid, process in all_processes(spec):
         yield resolve_process(spec.node_name, device_uuid, process, lookup)
+
+
+@dataclass(frozen=True)
+class PodUse:
+    """One pod's processes on one node's GPUs: the one grouping behind the pod's marks and its
+    entries in the report's status."""
+
+    pod: PodSnapshot
+    node: str
+    observed_at: datetime
+    resolutions: tuple[Resolution, ...]
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({r.device_uuid for r in self.resolutions})
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(r.process.used_memory_mib or 0 for r in self.resolutions)
+
+
+def pod_uses(
+    node: str, observed_at: datetime, resolutions: Iterable[Resolution]
+) -> dict[str, PodUse]:
+    """Resolutions grouped by pod UID, in the order the pods first appear."""
+    grouped: dict[str, list[Resolution]] = defaultdict(list)
+    snapshots: dict[str, PodSnapshot] = {}
+    for r in resolutions:
+        if r.pod is not None:
+            grouped[r.pod.uid].append(r)
+            snapshots[r.pod.uid] = r.pod
+    return {
+        uid: PodUse(snapshots[uid], node, observed_at, tuple(items))
+        for uid, items in grouped.items()
+    }

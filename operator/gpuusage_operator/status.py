@@ -22,7 +22,6 @@ from gpuusage.api.models import (
     MAX_IDLE_PODS,
     MAX_PIDS_LISTED,
     MAX_POD_DEVICES,
-    MAX_REQUESTED_GPUS,
     MAX_UNATTRIBUTED,
     Condition,
     ContainerUsage,
@@ -33,58 +32,50 @@ from gpuusage.api.models import (
     IdlePod,
     MigDevice,
     PodUsage,
+    Totals,
     UnattributedProcess,
     safe_text,
 )
-from gpuusage.api.summary import device_uuid, totals
+from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Sighting, stale_condition
-from gpuusage_operator.resolution import Resolution
+from gpuusage_operator.resolution import PodUse, Resolution, pod_uses
+from gpuusage_operator.transitions import transition_time
 
 
-def _condition(previous: Iterable[Condition], new: Condition) -> Condition:
-    """Keep lastTransitionTime when the status did not change."""
-    for old in previous:
-        if old.type == new.type and old.status == new.status:
-            return new.model_copy(update={"last_transition_time": old.last_transition_time})
-    return new
-
-
-def pod_usages(resolutions: Iterable[Resolution]) -> list[PodUsage]:
+def pod_usages(uses: Iterable[PodUse]) -> list[PodUsage]:
     """One entry per (pod, device), containers per entry, sorted for stable output."""
-    grouped: dict[tuple[str, str], list[Resolution]] = defaultdict(list)
-    for r in resolutions:
-        if r.pod is not None:
-            grouped[(r.pod.uid, r.device_uuid)].append(r)
     usages = []
-    for (_uid, uuid), entries in grouped.items():
-        pod = entries[0].pod
-        assert pod is not None
-        by_container: dict[tuple[str | None, str | None], list[Resolution]] = defaultdict(list)
-        for r in entries:
-            by_container[(r.container_name, r.process.container_id)].append(r)
-        containers = [
-            ContainerUsage(
-                name=name,
-                container_id=cid,
-                pids=sorted(r.process.pid for r in items)[:MAX_PIDS_LISTED],
-                used_memory_mib=sum(r.process.used_memory_mib or 0 for r in items),
+    for use in uses:
+        on_device: dict[str, list[Resolution]] = defaultdict(list)
+        for r in use.resolutions:
+            on_device[r.device_uuid].append(r)
+        for uuid, entries in on_device.items():
+            by_container: dict[tuple[str | None, str | None], list[Resolution]] = defaultdict(list)
+            for r in entries:
+                by_container[(r.container_name, r.process.container_id)].append(r)
+            containers = [
+                ContainerUsage(
+                    name=name,
+                    container_id=cid,
+                    pids=sorted(r.process.pid for r in items)[:MAX_PIDS_LISTED],
+                    used_memory_mib=sum(r.process.used_memory_mib or 0 for r in items),
+                )
+                for (name, cid), items in sorted(
+                    by_container.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")
+                )
+            ]
+            usages.append(
+                PodUsage(
+                    namespace=use.pod.namespace,
+                    name=use.pod.name,
+                    uid=use.pod.uid,
+                    device_uuid=uuid,
+                    containers=containers,
+                    used_memory_mib=sum(c.used_memory_mib for c in containers),
+                    requested_gpus=use.pod.gpu_requests,
+                    unrequested=use.pod.gpu_requests == 0,
+                )
             )
-            for (name, cid), items in sorted(
-                by_container.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")
-            )
-        ]
-        usages.append(
-            PodUsage(
-                namespace=pod.namespace,
-                name=pod.name,
-                uid=pod.uid,
-                device_uuid=uuid,
-                containers=containers,
-                used_memory_mib=sum(c.used_memory_mib for c in containers),
-                requested_gpus=min(pod.gpu_requests, MAX_REQUESTED_GPUS),
-                unrequested=pod.gpu_requests == 0,
-            )
-        )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
     return usages
 
@@ -138,6 +129,47 @@ def unattributed(resolutions: Iterable[Resolution]) -> list[UnattributedProcess]
     return found
 
 
+def node_totals(
+    spec: GpuNodeUsageSpec,
+    usages: Sequence[PodUsage],
+    outside: Sequence[UnattributedProcess],
+    idle_pods: int,
+) -> Totals:
+    """The printer columns' numbers. A process listed under several devices (rare, but NVML
+    allows it) counts once per device: each listing holds memory on that device."""
+    listed = [p for _, p in all_processes(spec)]
+    used = sum(p.used_memory_mib or 0 for p in listed)
+    total = sum(g.memory.total_mib for g in spec.gpus if g.memory is not None)
+    return Totals(
+        gpus=len(spec.gpus),
+        pods=len({u.uid for u in usages}),
+        processes=len(listed),
+        used_memory_mib=used,
+        total_memory_mib=total,
+        unattributed_processes=len(outside),
+        unattributed_memory_mib=sum(u.used_memory_mib or 0 for u in outside),
+        unrequested_pods=len({u.uid for u in usages if u.unrequested}),
+        idle_pods=idle_pods,
+        memory=f"{format_mib(used)}/{format_mib(total)}",
+    )
+
+
+def _ready(stale: Condition, generation: int | None, now: datetime) -> Condition:
+    if stale.status == "True":
+        reason, status, message = "ReportStale", "False", stale.message
+    else:
+        reason, status = "Reconciled", "True"
+        message = "the latest report is fresh and its processes are resolved to pods"
+    return Condition(
+        type=names.CONDITION_READY,
+        status=status,
+        observed_generation=generation,
+        last_transition_time=now.replace(microsecond=0),
+        reason=reason,
+        message=message,
+    )
+
+
 def desired_status(
     spec: GpuNodeUsageSpec,
     resolutions: list[Resolution],
@@ -159,39 +191,25 @@ def desired_status(
         previous=next((c for c in old_conditions if c.type == names.CONDITION_STALE), None),
         generation=generation,
     )
-    if stale.status == "True":
-        ready = Condition(
-            type=names.CONDITION_READY,
-            status="False",
-            observed_generation=generation,
-            last_transition_time=now.replace(microsecond=0),
-            reason="ReportStale",
-            message=stale.message,
-        )
-    else:
-        ready = Condition(
-            type=names.CONDITION_READY,
-            status="True",
-            observed_generation=generation,
-            last_transition_time=now.replace(microsecond=0),
-            reason="Reconciled",
-            message="the latest report is fresh and its processes are resolved to pods",
-        )
-    ready = _condition(old_conditions, ready)
-    usages = pod_usages(resolutions)
+    ready = _ready(stale, generation, now)
+    before = next((c for c in old_conditions if c.type == ready.type), None)
+    ready = ready.model_copy(
+        update={
+            "last_transition_time": transition_time(
+                None if before is None else before.status,
+                None if before is None else before.last_transition_time,
+                ready.status,
+                ready.last_transition_time,
+            )
+        }
+    )
+    usages = pod_usages(pod_uses(spec.node_name, spec.observed_at, resolutions).values())
     outside = unattributed(resolutions)
-    node_totals = totals(spec, pods=len({u.uid for u in usages}), unattributed=len(outside))
     return GpuNodeUsageStatus(
         observed_generation=generation,
         report_seen_at=sighting.seen_at.replace(microsecond=0),
         conditions=[ready, stale],
-        totals=node_totals.model_copy(
-            update={
-                "unattributed_memory_mib": sum(u.used_memory_mib or 0 for u in outside),
-                "unrequested_pods": len({u.uid for u in usages if u.unrequested}),
-                "idle_pods": len(idle),
-            }
-        ),
+        totals=node_totals(spec, usages, outside, len(idle)),
         devices=device_usages(spec, resolutions),
         pods=usages[:MAX_POD_DEVICES],
         unattributed=outside[:MAX_UNATTRIBUTED],

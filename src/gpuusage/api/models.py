@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuusage.api import names
@@ -92,7 +92,11 @@ Message = Annotated[str, Field(max_length=MAX_MESSAGE, pattern=SAFE_TEXT_PATTERN
 DeviceId = Annotated[str, Field(max_length=128, pattern=DEVICE_ID_PATTERN)]
 Namespace = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
 PodName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
-RequestedGpus = Annotated[int, Field(ge=0, le=MAX_REQUESTED_GPUS)]
+RequestedGpus = Annotated[
+    int, Field(ge=0, le=MAX_REQUESTED_GPUS), BeforeValidator(lambda n: min(n, MAX_REQUESTED_GPUS))
+]
+"""A pod's GPU request as shown: larger requests (nonsense, but the pod API allows them) are
+shown as the bound, the one place they are clamped."""
 
 ProcessType = Literal["compute", "graphics", "mps"]
 

@@ -1,14 +1,10 @@
-"""Pure summaries of a report: the totals behind the printer columns.
-
-Kept beside the models because both the operator (status) and tools that only read a spec
-(the CLI, the demo) need the same arithmetic.
-"""
+"""Small pure readings of a report that the operator and `gpuusage top` share."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Process, Totals
+from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Process
 
 
 def device_uuid(gpu: Gpu) -> str:
@@ -32,23 +28,3 @@ def format_mib(mib: int) -> str:
         return f"{mib}Mi"
     gib = mib / 1024
     return f"{gib:.0f}Gi" if gib == int(gib) else f"{gib:.1f}Gi"
-
-
-def totals(spec: GpuNodeUsageSpec, pods: int, unattributed: int) -> Totals:
-    """Node totals given how many pods the caller resolved and how many processes it could not.
-
-    A process listed under several devices (rare, but NVML allows it) counts once per device:
-    each listing holds memory on that device.
-    """
-    listed = list(all_processes(spec))
-    used = sum(p.used_memory_mib or 0 for _, p in listed)
-    total = sum(g.memory.total_mib for g in spec.gpus if g.memory is not None)
-    return Totals(
-        gpus=len(spec.gpus),
-        pods=pods,
-        processes=len(listed),
-        used_memory_mib=used,
-        total_memory_mib=total,
-        unattributed_processes=unattributed,
-        memory=f"{format_mib(used)}/{format_mib(total)}",
-    )

@@ -6,6 +6,7 @@ annotations, peering records), so that what is written compares equal to what is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 
@@ -22,3 +23,12 @@ def parse_time(value: object) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+Clock = Callable[[], datetime]
+"""What every component that needs the time is given (tests pass a fixed or stepped one)."""
+
+
+def utc_now() -> datetime:
+    """The real clock: aware, UTC."""
+    return datetime.now(UTC)

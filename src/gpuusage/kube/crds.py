@@ -10,6 +10,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.api.crd import render_crd, render_peering_crd
+from gpuusage.retry import poll_until
 
 
 def _apply_crd(ext: client.ApiextensionsV1Api, body: dict[str, Any]) -> str:
@@ -27,14 +28,14 @@ def _apply_crd(ext: client.ApiextensionsV1Api, body: dict[str, Any]) -> str:
     return name
 
 
-def _wait_established(ext: client.ApiextensionsV1Api, name: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
+def _wait_established(ext: client.ApiextensionsV1Api, name: str, timeout: float) -> None:
+    def established() -> bool:
         crd = ext.read_custom_resource_definition(name)
         conditions = (crd.status and crd.status.conditions) or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"CRD {name} not established in time")
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    if not poll_until(established, timeout, 0.2):
+        raise TimeoutError(f"CRD {name} not established in time")
 
 
 def ensure_peering(api: client.ApiClient, name: str = names.DEFAULT_PEERING) -> None:
@@ -63,5 +64,5 @@ def install_crds(api: client.ApiClient, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     created = [_apply_crd(ext, render_crd()), _apply_crd(ext, render_peering_crd())]
     for name in created:
-        _wait_established(ext, name, deadline)
+        _wait_established(ext, name, max(0.0, deadline - time.monotonic()))
     ensure_peering(api)

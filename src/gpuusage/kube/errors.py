@@ -10,17 +10,19 @@ footprint); the client's ApiException is recognised by its attributes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
+
+from gpuusage.retry import Backoff
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_BACKOFF = (0.2, 0.5, 1.0, 2.0)
+DEFAULT_BACKOFF = Backoff((0.2, 0.5, 1.0, 2.0), jitter=0.2)
 TOO_LARGE = "request is too large"  # etcd's words, as the apiserver passes them on
 
 
@@ -120,19 +122,19 @@ def translate(exc: BaseException) -> ApiError:
     return ApiError(str(exc))
 
 
-def call(
+def retried(
     fn: Callable[[], T],
     what: str,
-    backoff: Sequence[float] = DEFAULT_BACKOFF,
+    backoff: Backoff = DEFAULT_BACKOFF,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run fn; retry transient failures along `backoff` (with jitter); raise ApiError.
+    """Run fn; retry transient failures along `backoff`; raise ApiError.
 
     The attempts are bounded: callers that must never give up (the agent's loop) call again on
     their next cycle, with the newest data, rather than retrying stale data forever.
     """
-    attempts = len(backoff) + 1
-    for attempt in range(1, attempts + 1):
+    attempts = backoff.attempts
+    for attempt in itertools.count(1):
         try:
             return fn()
         except Exception as exc:
@@ -143,13 +145,18 @@ def call(
             ):
                 raise
             error = translate(exc)
-            if not isinstance(error, TransientApiError) or attempt == attempts:
+            delay = backoff.delay(attempt - 1) if isinstance(error, TransientApiError) else None
+            if delay is None:
                 if error is exc:
                     raise
                 raise error from exc
-            delay = backoff[attempt - 1] * random.uniform(0.8, 1.2)
             log.warning(
-                "%s: %s (attempt %d/%d, retrying in %.1fs)", what, error, attempt, attempts, delay
+                "%s: %s (attempt %d/%s, retrying in %.1fs)",
+                what,
+                error,
+                attempt,
+                attempts or "unbounded",
+                delay,
             )
             sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover

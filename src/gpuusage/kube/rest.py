@@ -1,7 +1,7 @@
 """A small REST client for the node agent's three calls, without the `kubernetes` package.
 
 The agent runs on every GPU node, so its footprint matters: importing the `kubernetes` client
-alone costs about 33 MiB of resident memory, more than the rest of the agent together (see
+alone costs more resident memory than the rest of the agent together (measured in
 benchmarks/README.md). The agent only reads its Node and creates or merge-patches one custom
 object, which the standard library does well.
 

@@ -1,0 +1,83 @@
+"""kopf's settings and credentials for this operator, each for a reason given where it is set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from gpuusage.api import names
+from gpuusage.kube.config import api_client
+from gpuusage.retry import Backoff
+from gpuusage_operator.peering import Peering
+
+
+def retry_forever() -> Backoff:
+    """Backoffs for kopf's API requests that never run out: 1, 1, 2, 3, 5, then every 10 s."""
+    return Backoff((1, 1, 2, 3, 5), then=10)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: this operator has event handlers only, which need none.
+
+    kopf builds the diff base (a deep copy of the whole object, status included) for every
+    event before it looks at the handlers; with our own status writes echoing back, that was
+    a measurable share of the operator's CPU per report update (benchmarks/README.md).
+    Nothing is stored on the objects either.
+    """
+
+    def build(
+        self,
+        *,
+        body: kopf.Body,
+        extra_fields: Iterable[Any] | None = None,
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing to keep."""
+
+
+def configure_kopf(settings: kopf.OperatorSettings, peering: Peering | None) -> None:
+    """kopf's settings for this operator (the startup handler applies them)."""
+    settings.posting.enabled = False
+    if peering is not None:
+        settings.peering.lifetime = peering.lifetime
+        settings.peering.stealth = True  # keep-alives are not worth a log line each
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
+    settings.persistence.diffbase_storage = NoDiffBase()
+    settings.watching.server_timeout = 300
+    # kopf gives up a request after its backoffs (54 s in all) and then stops watching reports
+    # for good: several apiserver restarts in a row left the operator deaf until it was
+    # restarted (benchmarks/README.md, fault soak). Retry for as long as it takes.
+    settings.networking.error_backoffs = retry_forever()
+
+
+def connection_info(kubeconfig: Path | None) -> kopf.ConnectionInfo:
+    """kopf's credentials from the loader every other client of the operator uses (the
+    `kubernetes` package's, found as kube.config finds it): kubeconfig users with client
+    certificates, tokens, token files or exec credential plugins (what EKS, GKE and AKS
+    write), or the in-cluster service account."""
+    api, _source = api_client(kubeconfig)
+    try:
+        config = api.configuration
+        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
+            "authorization"
+        )
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl or None,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+        scheme=scheme or ("Bearer" if token else None),
+        token=token or None,
+    )
