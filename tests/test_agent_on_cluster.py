@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -50,6 +49,14 @@ def _scenario(path: Path, used: list[int]) -> None:
 
 def _at_least(read: Callable[[], float], value: float) -> bool:
     return read() >= value
+
+
+def scraped(port: int, metric: str) -> float:
+    """The agent's metric as its /metrics endpoint says, summed over its labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    samples = [x for x in text.splitlines() if x.startswith((metric + " ", metric + "{"))]
+    return sum(float(x.split()[-1]) for x in samples)
 
 
 class RunningAgent:
@@ -135,12 +142,7 @@ def test_jitter_causes_no_write(api: client.ApiClient, setup: dict[str, Any]) ->
 
     def skipped() -> float:
         """Cycles the agent ran and decided not to write: the signal that it looked."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-        line = next(
-            x for x in text.splitlines() if x.startswith("gpuusage_agent_writes_skipped_total ")
-        )
-        return float(line.split()[-1])
+        return scraped(port, "gpuusage_agent_writes_skipped_total")
 
     try:
         first = wait_for(lambda: _get(api, name), what="the CR")
@@ -179,12 +181,16 @@ def test_agent_survives_an_apiserver_restart_and_catches_up(
     api: client.ApiClient, cluster: LocalCluster, setup: dict[str, Any]
 ) -> None:
     name = setup["node"].metadata.name
-    agent = RunningAgent(setup["settings"])
+    port = free_port()
+    agent = RunningAgent(
+        setup["settings"].model_copy(update={"metrics_port": port, "metrics_address": "127.0.0.1"})
+    )
     try:
         wait_for(lambda: _get(api, name), what="the CR")
         cluster.stop_apiserver()
         _scenario(setup["scenario"], [1000])  # changes while the API is away
-        time.sleep(2.0)  # several failed cycles
+        failed = partial(scraped, port, "gpuusage_agent_api_failures_total")
+        wait_for(partial(_at_least, failed, 2), timeout=60, what="two failed writes")
         assert agent.thread.is_alive(), "the agent must not exit on a transient error"
         cluster.start_apiserver()
         wait_for(

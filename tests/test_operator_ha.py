@@ -142,8 +142,11 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
             lambda: _events(setup, api) == {"GPUUseStarted": identity[200]},
             what="the start Event, recorded by the active replica",
         )
-        time.sleep(2)  # the standby had its chance to do something wrong
-        assert "this replica is active" not in (tmp_path / "standby.log").read_text()
+        standby_log = tmp_path / "standby.log"
+        wait_for(  # the standby asked whether it may write, and was told no
+            lambda: "this replica is on standby" in standby_log.read_text(), what="a standby"
+        )
+        assert "this replica is active" not in standby_log.read_text()
         assert set(_events(setup, api).values()) == {identity[200]}, "only the active one wrote"
 
         active.send_signal(signal.SIGKILL)  # a crash: no goodbye in the peering object

@@ -52,6 +52,8 @@ COMPONENT = "gpuusage.io/operator"
 class Counts:
     """Writes made; the benchmark and the zero-write tests read these."""
 
+    reconciles: int = 0
+    """Reports reconciled (also those that needed no write): the sign that the operator looked."""
     status_writes: int = 0
     pod_writes: int = 0
     events: int = 0
@@ -130,6 +132,7 @@ class Reconciler:
     def reconcile(self, body: dict[str, Any], lookup: PodLookup, now: datetime) -> bool:
         """Bring status and pods in line with one report; True when the report is stale."""
         name = body["metadata"]["name"]
+        self.counts.reconciles += 1
         self._echoes.pop(name, None)
         missed = self.counts.pod_writes_missed
         written: str | None = None
