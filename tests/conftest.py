@@ -153,7 +153,9 @@ def make_world(
 ) -> Iterator[WorldFactory]:
     """Builds a simulated GPU node with running pods, its agent and a standalone operator.
 
-    Pods: name → GPUs requested; each gets a pid (train 4242, notebook 5151, others 6000+).
+    Pods: name → GPUs requested; each gets a pid (train 4242, notebook 5151, others 6000+);
+    `pod_extras` adds to a pod what create_running_pod takes (annotations, claims, templates);
+    `operator_extras`, settings of the operator.
     `write(notebook=True)` puts train on GPU0 (with Xorg) and the notebook on GPU1;
     `scenario(gpus)` writes any other scenario. operator=False: no operator of its own (a second
     node beside a world that has one).
@@ -167,6 +169,8 @@ def make_world(
         operator: bool = True,
         attribution_grace: float = 120.0,
         stale_after: float = 4.0,
+        pod_extras: dict[str, dict[str, Any]] | None = None,
+        operator_extras: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         core = client.CoreV1Api(api)
         ns = f"ml-{uuid.uuid4().hex[:6]}"
@@ -179,7 +183,8 @@ def make_world(
         uids: dict[str, str] = {}
         for i, (name, gpus) in enumerate((pods or {"train": 1, "notebook": 1}).items()):
             container = {"train": "trainer", "notebook": "jupyter"}.get(name, f"{name}-ctr")
-            uid, cid = create_running_pod(core, ns, name, node, container, gpus=gpus)
+            extras = (pod_extras or {}).get(name, {})
+            uid, cid = create_running_pod(core, ns, name, node, container, gpus=gpus, **extras)
             pids[name] = {"train": 4242, "notebook": 5151}.get(name, 6000 + i)
             uids[name] = uid
             write_process(
@@ -244,6 +249,7 @@ def make_world(
                 metrics_port=metrics_port,
                 metrics_address="127.0.0.1",
                 idle_after=idle_after,
+                **(operator_extras or {}),
             )
             built = Operator(op_settings)
             world["operator"] = Background(lambda stop: built.run(stop, ready))

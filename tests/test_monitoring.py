@@ -31,7 +31,7 @@ from gpuusage_dev.localcluster.tools import (
     monitoring_crds,
 )
 from gpuusage_dev.rules import RulesError, render, rule_groups
-from gpuusage_dev.simulation import ensure_namespace
+from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, token_kubeconfig, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +44,7 @@ ALERTS = (
     "GpuMemoryNearlyFull",
     "GpuMemoryHeldOutsidePods",
     "GpuUsedWithoutRequest",
+    "GpuUsedOutsideAllocation",
     "GpuRequestedButIdle",
 )
 
@@ -84,7 +85,7 @@ def test_a_broken_rules_file_is_named(text: str, message: str) -> None:
 def test_promtool_checks_the_rules(promtool: Path, tmp_path: Path) -> None:
     checked = _promtool(promtool, "check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 5 rules found" in checked.stdout
+    assert f"SUCCESS: {len(ALERTS)} rules found" in checked.stdout
     # The same check rejects a broken expression, so its success above means something.
     broken = tmp_path / "broken.yaml"
     broken.write_text(RULES.read_text().replace("max by (node) (", "max by (node) ((", 1))
@@ -235,11 +236,23 @@ def _promtool_test(
 def test_kube_state_metrics_series_and_the_alerts_they_fire(
     make_world: WorldFactory, state_metrics: int, promtool: Path, tmp_path: Path
 ) -> None:
-    a = make_world({"train": 1, "waiter": 1, "sneaky": 0}, idle_after=3.0)
+    a = make_world(
+        {"train": 1, "waiter": 1, "sneaky": 0, "stray": 0},
+        idle_after=3.0,
+        pod_extras={"stray": {"claims": {"gpu": "stray-gpu"}}},
+    )
     b = make_world({"train": 1}, operator=False)  # reconciled by a's operator
-    train, waiter, sneaky = (a["pids"][n] for n in ("train", "waiter", "sneaky"))
+    train, waiter, sneaky, stray = (a["pids"][n] for n in ("train", "waiter", "sneaky", "stray"))
     host = 777  # Xorg, outside any pod
-    a["scenario"]([_gpu(0, GPU0, 20480, [(train, 20480)]), _gpu(1, GPU1, 8192, [(waiter, 8192)])])
+    resource = client.ResourceV1Api(a["api"])  # stray's claim got GPU0, where it runs at first
+    create_gpu_slice(resource, a["node"], [{"name": "gpu-0", "type": "gpu", "uuid": GPU0}])
+    create_allocated_claim(resource, a["ns"], "stray-gpu", a["node"], ["gpu-0"])
+    a["scenario"](
+        [
+            _gpu(0, GPU0, 21504, [(train, 20480), (stray, 1024)]),
+            _gpu(1, GPU1, 8192, [(waiter, 8192)]),
+        ]
+    )
     b["scenario"]([_gpu(0, GPU0, 10240, [(b["pids"]["train"], 10240)])])
     ours = {a["node"], b["node"]}
 
@@ -262,14 +275,14 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     healthy = wait_for(healthy_now, timeout=60, what="the healthy state in kube-state-metrics")
     node_a = {"node": a["node"]}
     assert _value(healthy, "gpuusage_node_gpus", **node_a) == 2
-    assert _value(healthy, "gpuusage_node_pods", **node_a) == 2
-    assert _value(healthy, "gpuusage_node_memory_used_mib", **node_a) == 28672
+    assert _value(healthy, "gpuusage_node_pods", **node_a) == 3
+    assert _value(healthy, "gpuusage_node_memory_used_mib", **node_a) == 29696
     assert _value(healthy, "gpuusage_node_memory_total_mib", **node_a) == 163840
     assert (
         _value(healthy, "gpuusage_node_condition", **node_a, condition="Ready", status="True") == 1
     )
     assert (
-        _value(healthy, "gpuusage_gpu_memory_used_mib", **node_a, gpu=GPU0, gpu_index="0") == 20480
+        _value(healthy, "gpuusage_gpu_memory_used_mib", **node_a, gpu=GPU0, gpu_index="0") == 21504
     )
     assert _value(healthy, "gpuusage_gpu_memory_total_mib", **node_a, gpu=GPU1) == 81920
     assert _value(healthy, "gpuusage_gpu_pods", **node_a, gpu=GPU1) == 1
@@ -287,6 +300,8 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     )
     assert _value(healthy, "gpuusage_pod_requested_gpus", **node_a, pod="train") == 1
     assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="train") == 0
+    assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="stray") == 0
+    assert _value(healthy, "gpuusage_pod_gpu_unallocated", **node_a, pod="stray") == 0
     observed = _value(healthy, "gpuusage_node_observed_timestamp_seconds", **node_a)
     assert observed is not None
     assert abs(observed - time.time()) < 60
@@ -296,7 +311,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     a["scenario"](
         [
             _gpu(0, GPU0, 80896, [(train, 80896)]),
-            _gpu(1, GPU1, 6144, [(sneaky, 2048), (host, 4096)]),
+            _gpu(1, GPU1, 7168, [(sneaky, 2048), (host, 4096), (stray, 1024)]),
         ]
     )
     b["agent"].halt()
@@ -306,6 +321,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         ok = (
             _value(s, "gpuusage_gpu_memory_used_mib", node=a["node"], gpu=GPU0) == 80896
             and _value(s, "gpuusage_pod_gpu_unrequested", node=a["node"], pod="sneaky") == 1
+            and _value(s, "gpuusage_pod_gpu_unallocated", node=a["node"], pod="stray") == 1
             and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
             and _value(
                 s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="True"
@@ -330,6 +346,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         == 4096
     )
     assert _value(trouble, "gpuusage_node_unrequested_pods", **node_a) == 1
+    assert _value(trouble, "gpuusage_node_unallocated_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_idle_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_pod_requested_gpus", **node_a, pod="sneaky") == 0
     since = _value(trouble, "gpuusage_pod_gpu_idle_since_timestamp_seconds", **node_a, pod="waiter")
@@ -348,6 +365,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         "GpuMemoryNearlyFull": [{"node": a["node"], "gpu": GPU0}],
         "GpuMemoryHeldOutsidePods": [{"node": a["node"], "gpu": GPU1}],
         "GpuUsedWithoutRequest": [{"namespace": a["ns"], "pod": "sneaky", "node": a["node"]}],
+        "GpuUsedOutsideAllocation": [{"namespace": a["ns"], "pod": "stray", "node": a["node"]}],
         "GpuRequestedButIdle": [{"namespace": a["ns"], "pod": "waiter", "node": a["node"]}],
     }
     test_file = tmp_path / "alerts_test.yaml"

@@ -10,9 +10,10 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.models import Process
+from gpuusage_operator.allocation import gpu_requests
 from gpuusage_operator.freshness import Sighting
 from gpuusage_operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
-from gpuusage_operator.podindex import PodLookup, gpu_requests, index_keys, snapshot_of
+from gpuusage_operator.podindex import PodLookup, index_keys, snapshot_of
 from gpuusage_operator.podstate import (
     annotation_patch,
     condition_patch,

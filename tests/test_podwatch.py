@@ -106,7 +106,7 @@ def test_watch_error_means_list_again_and_the_new_list_replaces_the_index() -> N
     ]
     core = FakeCore(pages, [gone])
     watch = PodWatch(core, retry_seconds=0.01)
-    original = watch._state
+    original = watch.state
 
     def stop_after_relist() -> str:
         version = PodWatch.list_all(watch)
@@ -117,7 +117,7 @@ def test_watch_error_means_list_again_and_the_new_list_replaces_the_index() -> N
     watch.list_all = stop_after_relist  # type: ignore[method-assign]
     watch.run()
     assert watch.relists == 2
-    assert watch._state is not original, "swapped in one assignment"
+    assert watch.state is not original, "swapped in one assignment"
     assert watch.lookup().by_uid(UID_1) is None, "a pod deleted while expired is dropped"
     assert watch.lookup().by_uid(UID_2) is not None
 

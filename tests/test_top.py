@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_commands.toptable import order, pod_rows, render_table, select
+from gpuusage_commands.toptable import allocation_text, order, pod_rows, render_table, select
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.conftest import CHILD_ENV
 
@@ -124,7 +124,7 @@ def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
         "NAME",
         "NODE",
         "GPUS",
-        "REQUESTED",
+        "ALLOCATED",
         "MEMORY",
         "PROCESSES",
         "DEVICES",
@@ -198,3 +198,32 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
         env=env,
     ).stdout
     assert out.splitlines()[1].split()[:6] == ["embed", NODE_1, "1", "0", "(none!)", "2Gi"]
+
+
+def test_the_allocation_column_says_what_each_pod_was_handed() -> None:
+    g0, g1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-0000-0000-0000-000000000000"
+    dra = {**_pod(NS_A, "claimed", 10, [1], 0), "allocatedBy": ["DRA"], "allocatedDevices": [g0]}
+    stray = {**dra, "name": "stray", "uid": str(uuid.uuid4()), "unallocated": True}
+    share = {**_pod(NS_A, "share", 10, [2], 0), "allocatedBy": ["Fractional"]}
+    unknown = {**_pod(NS_A, "waiting", 10, [3], 0), "unrequested": False}
+    plugin = {**_pod(NS_A, "plugin", 10, [4], 2), "allocatedBy": ["DevicePlugin"]}
+    both = {
+        **plugin,
+        "name": "both",
+        "uid": str(uuid.uuid4()),
+        "allocatedBy": ["DevicePlugin", "Fractional"],
+    }
+    rogue = _pod(NS_A, "rogue", 10, [5], 0)
+    report = _report("n1", {g0: [dra, share, unknown, plugin, both, rogue], g1: [stray]})
+    rows, _ = pod_rows([report])
+    shown = {r.pod: allocation_text(r) for r in rows}
+    assert shown == {
+        "claimed": "dra:1",
+        "stray": "dra:1 (outside!)",
+        "share": "share",
+        "waiting": "?",
+        "plugin": "2",
+        "both": "2+share",
+        "rogue": "0 (none!)",
+    }
+    assert "dra:1 (outside!)" in render_table(rows, all_namespaces=False)

@@ -33,6 +33,10 @@ class PodRow:
     processes: int = 0
     requested_gpus: int = 0
     unrequested: bool = False
+    allocated_by: list[str] = field(default_factory=list)
+    allocated_devices: list[str] = field(default_factory=list)
+    unallocated: bool = False
+    """Uses a device outside its device-level allocation."""
     idle_since: str | None = None
     """Set for a pod that requested GPUs and has used none since then (status.idlePods)."""
     stale: bool = False
@@ -67,6 +71,9 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
             row.processes += sum(len(c.pids) for c in pod.containers)
             row.requested_gpus = pod.requested_gpus
             row.unrequested = pod.unrequested
+            row.allocated_by = list(pod.allocated_by)
+            row.allocated_devices = list(pod.allocated_devices)
+            row.unallocated = row.unallocated or pod.unallocated
             row.stale = status.stale
         for idle in status.idle_pods:
             rows.setdefault(
@@ -110,17 +117,33 @@ def order(rows: Iterable[PodRow], key: SortKey = "memory") -> list[PodRow]:
     return by_name
 
 
+def allocation_text(row: PodRow) -> str:
+    """What the pod was handed, compactly: "2" (device plugin), "dra:1" (devices its claims
+    got), "share" (a fractional scheduler's), joined by "+"; "0 (none!)" for none at all, "?"
+    where its claims cannot be read; "(outside!)" when it uses a device outside them."""
+    parts = []
+    if "DevicePlugin" in row.allocated_by or (row.requested_gpus and not row.allocated_by):
+        parts.append(str(row.requested_gpus))
+    if "DRA" in row.allocated_by:
+        parts.append(f"dra:{len(row.allocated_devices) or '?'}")
+    if "Fractional" in row.allocated_by:
+        parts.append("share")
+    if not parts:
+        parts.append("0 (none!)" if row.unrequested else ("0" if row.idle_since else "?"))
+    return "+".join(parts) + (" (outside!)" if row.unallocated else "")
+
+
 def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
-    """kubectl-style columns. GPUS is what the pod uses, REQUESTED what it asked for; a pod
-    using GPUs it never requested is marked, and so are a pod leaving its requested GPUs idle
-    and a stale node's possibly old numbers."""
+    """kubectl-style columns. GPUS is what the pod uses, ALLOCATED what it was handed (see
+    allocation_text); a pod using GPUs it never got is marked, and so are a pod leaving its
+    requested GPUs idle and a stale node's possibly old numbers."""
     header = ["NAMESPACE"] if all_namespaces else []
-    header += ["NAME", "NODE", "GPUS", "REQUESTED", "MEMORY", "PROCESSES", "DEVICES"]
+    header += ["NAME", "NODE", "GPUS", "ALLOCATED", "MEMORY", "PROCESSES", "DEVICES"]
     lines = [header]
     for r in rows:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
         cells = [r.namespace] if all_namespaces else []
-        requested = f"{r.requested_gpus}" + (" (none!)" if r.unrequested else "")
+        requested = allocation_text(r)
         if r.idle_since:
             requested += f" (idle since {r.idle_since})"
         cells += [

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -74,25 +74,45 @@ def ensure_namespace(core: client.CoreV1Api, namespace: str) -> None:
 
 
 def create_running_pod(
-    core: client.CoreV1Api, namespace: str, name: str, node: str, container: str, *, gpus: int = 1
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    node: str,
+    container: str,
+    *,
+    gpus: int = 1,
+    annotations: Mapping[str, str] | None = None,
+    claims: Mapping[str, str] | None = None,
+    templates: Mapping[str, str] | None = None,
+    resources: Mapping[str, str] | None = None,
 ) -> tuple[str, str]:
     """A pod bound to node whose container is reported running; returns (pod UID, container ID).
 
     The container asks for `gpus` nvidia.com/gpu (0: none, as a pod that reaches the GPUs
-    through NVIDIA_VISIBLE_DEVICES=all would)."""
+    through NVIDIA_VISIBLE_DEVICES=all would). `claims` names ResourceClaims (reference →
+    claim name); `templates` claims from a template (reference → the claim the control plane
+    generated, named in the pod's status as the resourceclaim controller does); `resources`,
+    more extended resources in the container's limits."""
+    limits = {**({"nvidia.com/gpu": str(gpus)} if gpus else {}), **(resources or {})}
+    resource_claims = [
+        client.V1PodResourceClaim(name=ref, resource_claim_name=claim)
+        for ref, claim in (claims or {}).items()
+    ] + [
+        client.V1PodResourceClaim(name=ref, resource_claim_template_name=f"{ref}-template")
+        for ref in templates or {}
+    ]
     created = core.create_namespaced_pod(
         namespace,
         client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name),
+            metadata=client.V1ObjectMeta(name=name, annotations=dict(annotations or {}) or None),
             spec=client.V1PodSpec(
                 node_name=node,
+                resource_claims=resource_claims or None,
                 containers=[
                     client.V1Container(
                         name=container,
                         image="registry.example/app:1",
-                        resources=client.V1ResourceRequirements(
-                            limits={"nvidia.com/gpu": str(gpus)} if gpus else None
-                        ),
+                        resources=client.V1ResourceRequirements(limits=limits or None),
                     )
                 ],
             ),
@@ -117,5 +137,82 @@ def create_running_pod(
             }
         ],
     }
+    if templates:
+        status["resourceClaimStatuses"] = [
+            {"name": ref, "resourceClaimName": claim} for ref, claim in templates.items()
+        ]
     core.patch_namespaced_pod_status(name, namespace, {"status": status})
     return str(created.metadata.uid), container_id
+
+
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+def create_gpu_slice(
+    resource: client.ResourceV1Api, node: str, devices: list[dict[str, str]]
+) -> str:
+    """A ResourceSlice as NVIDIA's DRA driver publishes it for `node` (pool = the node's name).
+
+    Each device: {"name", "type" (gpu|mig), "uuid"?, "parentUUID"?, "profile"?}; a MIG device
+    without "uuid" is one created at prepare time."""
+    listed = []
+    for device in devices:
+        attributes = {
+            key: {"string": device[key]}
+            for key in ("type", "uuid", "parentUUID", "profile")
+            if device.get(key)
+        }
+        listed.append({"name": device["name"], "attributes": attributes})
+    name = f"{node}-{DRA_DRIVER}-{uuid.uuid4().hex[:5]}"
+    body: Any = {  # the client takes the object as the API does
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": listed,
+        },
+    }
+    resource.create_resource_slice(body)
+    return name
+
+
+def create_allocated_claim(
+    resource: client.ResourceV1Api,
+    namespace: str,
+    name: str,
+    node: str,
+    devices: list[str],
+    *,
+    driver: str = DRA_DRIVER,
+) -> None:
+    """A ResourceClaim for len(devices) GPUs, allocated as the scheduler writes it: one result
+    per device of `driver`'s pool on `node`."""
+    claim: Any = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": driver,
+                            "allocationMode": "ExactCount",
+                            "count": len(devices),
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    resource.create_namespaced_resource_claim(namespace, claim)
+    results = [
+        {"request": "gpu", "driver": driver, "pool": node, "device": device} for device in devices
+    ]
+    resource.patch_namespaced_resource_claim_status(
+        name, namespace, {"status": {"allocation": {"devices": {"results": results}}}}
+    )

@@ -23,6 +23,7 @@ import kopf
 from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
 from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import ActiveGate
 from gpuusage_operator.housekeeping import housekeeping
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
@@ -42,6 +43,7 @@ def build_registry(
     peering: Peering | None,
     reconcile_workers: int,
     health: ApiHealth,
+    dra: DraWatch,
     clock: Clock = utc_now,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
@@ -75,7 +77,7 @@ def build_registry(
             known.add(name)
         if not await gate.active():
             return  # kopf re-lists everything when this replica's watches resume
-        while not pods.synced.is_set():  # no thread parked per waiting report
+        while not (pods.synced.is_set() and dra.synced):  # no thread parked per report
             await asyncio.sleep(0.1)
         loop = asyncio.get_running_loop()
         lookup = pods.lookup()
@@ -89,7 +91,9 @@ def build_registry(
             return
         started = time.monotonic()
         try:
-            await loop.run_in_executor(workers, reconciler.reconcile, dict(body), lookup, now)
+            await loop.run_in_executor(
+                workers, reconciler.reconcile, dict(body), lookup, now, dra.lookup()
+            )
         except Exception as exc:
             metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
             raise  # kopf logs it; the next report event (heartbeat) tries again
@@ -101,15 +105,25 @@ def build_registry(
         memo: kopf.Memo = kwargs["memo"]
         memo["pod_watch"] = threading.Thread(target=pods.run, name="pod-watch", daemon=True)
         memo["pod_watch"].start()
+        memo["dra"] = threading.Thread(target=dra.start, name="dra-start", daemon=True)
+        memo["dra"].start()
         memo["housekeeping"] = asyncio.create_task(
             housekeeping(
-                reconciler, pods, resync_seconds, gate, health=health, known=known, clock=clock
+                reconciler,
+                pods,
+                resync_seconds,
+                gate,
+                health=health,
+                known=known,
+                clock=clock,
+                dra=dra,
             )
         )
 
     @kopf.on.cleanup(registry=registry)
     async def stop_tasks(**kwargs: Any) -> None:
         pods.stop()
+        dra.stop()
         workers.shutdown(wait=False, cancel_futures=True)
         task = kwargs["memo"].get("housekeeping")
         if task is not None:

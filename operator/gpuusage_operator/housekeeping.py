@@ -19,6 +19,8 @@ from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.errors import NotFound, translate
 from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.dra import NO_DRA
+from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import ActiveGate
 from gpuusage_operator.podwatch import PodWatch
 from gpuusage_operator.reconcile import Reconciler
@@ -36,6 +38,7 @@ async def housekeeping(
     health: ApiHealth,
     known: set[str],
     clock: Clock = utc_now,
+    dra: DraWatch | None = None,
 ) -> None:
     """Every `interval`: check that the API answers, then revisit the reports that send no
     event of their own but need a reconcile: those whose freshness flipped (a dead agent writes
@@ -66,13 +69,14 @@ async def housekeeping(
                 return
             raise
         assert isinstance(body, dict)
-        reconciler.reconcile(body, pods.lookup(), now)
+        reconciler.reconcile(body, pods.lookup(), now, NO_DRA if dra is None else dra.lookup())
 
     while True:
         await asyncio.sleep(interval)
         if not await loop.run_in_executor(None, probe):
             continue
-        if not pods.synced.is_set() or not await gate.active():
+        ready = pods.synced.is_set() and (dra is None or dra.synced)
+        if not ready or not await gate.active():
             continue
         now = clock()
         due = set(reconciler.staleness_flipped(now)) | reconciler.take_due()

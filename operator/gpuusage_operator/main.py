@@ -14,6 +14,7 @@ from kubernetes import client
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
 from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import join_peering
 from gpuusage_operator.handlers import build_registry
 from gpuusage_operator.metrics import OperatorMetrics
@@ -41,8 +42,10 @@ class Operator:
         self.identity = own_identity()
         self._watch_api, _ = api_client(settings.kubeconfig, retries=0)  # the watch's own
         self.health = ApiHealth()
+        rules = settings.allocation_rules()
         self.reconciler = Reconciler(
             self.api,
+            rules=rules,
             stale_after=timedelta(seconds=settings.stale_after),
             idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
             instance=self.identity,
@@ -51,7 +54,9 @@ class Operator:
             client.CoreV1Api(self._watch_api),
             health=self.health,
             on_deleted=self.reconciler.pods_deleted,
+            rules=rules,
         )
+        self.dra = DraWatch(client.ResourceV1Api(self._watch_api), health=self.health)
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
         self.peering = join_peering(settings, self.api, self.identity)
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
@@ -73,6 +78,7 @@ class Operator:
                 peering=peering,
                 reconcile_workers=settings.workers,
                 health=self.health,
+                dra=self.dra,
                 clock=self.clock,
             )
             kopf.run(
@@ -92,6 +98,7 @@ class Operator:
             )
         finally:
             self.pods.stop()
+            self.dra.stop()
             self._watch_api.close()  # type: ignore[no-untyped-call]
             self.api.close()  # type: ignore[no-untyped-call]
         return 0

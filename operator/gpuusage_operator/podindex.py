@@ -14,6 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuusage.api import names
+from gpuusage_operator.allocation import (
+    DEFAULT_RULES,
+    AllocationRules,
+    PodClaims,
+    fraction_of,
+    gpu_requests,
+)
+from gpuusage_operator.dra import pod_claims
 
 UID_KEY = "uid:"
 CONTAINER_KEY = "cid:"
@@ -40,7 +48,13 @@ class PodSnapshot:
     resource_version: str | None = None
     """Tells the reconciler whether this entry already shows its own latest writes."""
     gpu_requests: int = 0
-    """GPUs the pod asked the scheduler for (nvidia.com/gpu and MIG resources)."""
+    """GPUs the pod asked the scheduler for (nvidia.com/gpu, MIG and configured resources)."""
+    fraction: str = ""
+    """A fractional scheduler's share from the pod's annotations ("gpu-fraction=0.5")."""
+    claims: tuple[str, ...] = ()
+    """The names of its ResourceClaims (DRA), in its namespace."""
+    pending_claims: int = 0
+    """Template claims whose generated claim is not named in the pod's status yet."""
     running: bool = False
     """Phase Running and not being deleted: only such a pod can leave requested GPUs idle."""
     started_at: str | None = None
@@ -54,33 +68,15 @@ class PodSnapshot:
     def our_condition(self) -> dict[str, str] | None:
         return dict(self.condition) if self.condition else None
 
+    @property
+    def claimed(self) -> PodClaims:
+        """What the pod itself says about its allocation (see allocation)."""
+        return PodClaims(
+            self.namespace, self.gpu_requests, self.fraction, self.claims, self.pending_claims
+        )
+
     def container_name(self, container_id: str) -> str | None:
         return next((name for cid, name in self.containers if cid == container_id), None)
-
-
-GPU_RESOURCE = "nvidia.com/gpu"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-
-
-def _gpus_in(resources: Mapping[str, Any] | None) -> int:
-    """GPUs in one container's limits (extended resources: requests equal limits)."""
-    limits = (resources or {}).get("limits") or (resources or {}).get("requests") or {}
-    total = 0
-    for name, value in limits.items():
-        if name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
-            try:
-                total += int(str(value))
-            except ValueError:
-                continue  # not a whole number: not something a device plugin hands out
-    return total
-
-
-def gpu_requests(spec: Mapping[str, Any]) -> int:
-    """The pod's effective GPU request, as the scheduler counts it: the larger of the sum over
-    its containers and the largest init container."""
-    regular = sum(_gpus_in(c.get("resources")) for c in spec.get("containers") or [])
-    init = max((_gpus_in(c.get("resources")) for c in spec.get("initContainers") or []), default=0)
-    return max(regular, init)
 
 
 def bare_container_id(raw: str | None) -> str | None:
@@ -90,7 +86,9 @@ def bare_container_id(raw: str | None) -> str | None:
     return raw.split("://", 1)[-1].lower() or None
 
 
-def snapshot_of(body: Mapping[str, Any]) -> PodSnapshot | None:
+def snapshot_of(
+    body: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES
+) -> PodSnapshot | None:
     """The PodSnapshot of a pod object (a dict as the API returns it); None without a UID."""
     meta = body.get("metadata") or {}
     uid = meta.get("uid")
@@ -118,6 +116,7 @@ def snapshot_of(body: Mapping[str, Any]) -> PodSnapshot | None:
         ),
         None,
     )
+    claims, pending = pod_claims(body)
     return PodSnapshot(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -127,15 +126,20 @@ def snapshot_of(body: Mapping[str, Any]) -> PodSnapshot | None:
         annotations=ours,
         condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
         resource_version=meta.get("resourceVersion"),
-        gpu_requests=gpu_requests(body.get("spec") or {}),
+        gpu_requests=gpu_requests(body.get("spec") or {}, rules),
+        fraction=fraction_of(meta.get("annotations") or {}, rules),
+        claims=claims,
+        pending_claims=pending,
         running=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
         started_at=status.get("startTime"),
     )
 
 
-def index_keys(body: Mapping[str, Any]) -> dict[str, PodSnapshot]:
+def index_keys(
+    body: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES
+) -> dict[str, PodSnapshot]:
     """The keys one pod is indexed under, each with the same small PodSnapshot."""
-    ref = snapshot_of(body)
+    ref = snapshot_of(body, rules)
     if ref is None:
         return {}
     keys = {UID_KEY + ref.uid: ref}

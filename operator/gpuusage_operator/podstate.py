@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
+from gpuusage_operator.allocation import DEFAULT_RULES, DeviceFacts, Judgement, judge
 from gpuusage_operator.certainty import BlindSpots, Cause, why_unknown
+from gpuusage_operator.dra import NO_DRA
 from gpuusage_operator.idle import Idle
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.resolution import PodUse
@@ -32,6 +34,12 @@ MAX_USAGE_BYTES = 4096
 OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
 
 REASON_UNREQUESTED = "UsingUnrequestedGPU"
+REASON_UNALLOCATED = "UsingUnallocatedGPU"
+WARNED_USE = {
+    REASON_UNREQUESTED: "GPUs it did not request",
+    REASON_UNALLOCATED: "a GPU outside its allocation",
+}
+"""In-use reasons that are findings: each gets a Warning Event when it starts."""
 REASON_IDLE = "RequestedGPUsIdle"
 
 UseState = Literal["InUse", "Stopped", "Unknown", "Idle"]
@@ -139,12 +147,16 @@ def desired_condition(
     node: str,
     idle: Idle | None = None,
     unknown: Cause | None = None,
+    *,
+    judgement: Judgement | None = None,
 ) -> dict[str, str]:
     """The gpuusage.io/GPUInUse condition (without lastTransitionTime) for a state.
 
     The message names the devices but not the memory: memory changes often, lives in the
     annotations, and putting it here would turn each change into a second pod write. An
-    Unknown state says why (`unknown`; without one: the node's report is stale).
+    Unknown state says why (`unknown`; without one: the node's report is stale). A pod in
+    use is judged against its allocation (`judgement`; without one: against what the pod
+    itself says, no claims known).
     """
     if state == "InUse" and use is not None:
         count = len(use.resolutions)
@@ -153,13 +165,22 @@ def desired_condition(
             f"{'use' if count != 1 else 'uses'} {', '.join(use.devices)}; memory in the "
             f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation"
         )
-        if use.pod.gpu_requests == 0:
+        judged = judgement or judge_alone(use)
+        if judged.finding == "Unrequested":
             return _gpu_in_use(
                 "True",
                 REASON_UNREQUESTED,
-                message + "; the pod requests no GPU "
-                "(nvidia.com/gpu or MIG), so the scheduler and quotas do not count "
-                "this use (NVIDIA_VISIBLE_DEVICES=all?)",
+                message + "; the pod has no GPU allocation of any kind (no nvidia.com/gpu or "
+                "MIG resource, no DRA claim, no scheduler's share), so the scheduler and quotas "
+                "do not count this use (NVIDIA_VISIBLE_DEVICES=all?)",
+            )
+        if judged.finding == "Unallocated":
+            return _gpu_in_use(
+                "True",
+                REASON_UNALLOCATED,
+                message + f"; {', '.join(judged.outside)} is outside what the pod was "
+                f"allocated ({judged.allocation.detail}): NVIDIA_VISIBLE_DEVICES overridden, or "
+                "a process outside its container's devices?",
             )
         return _gpu_in_use("True", "ProcessesRunning", message)
     if state == "Unknown" and unknown is not None:
@@ -225,14 +246,15 @@ def event_for(previous: Mapping[str, Any] | None, new: Mapping[str, str]) -> Pod
     """
     before = (previous or {}).get("status")
     before_reason = (previous or {}).get("reason")
-    if new["status"] == "True" and before == "Unknown" and new["reason"] != REASON_UNREQUESTED:
+    warned = WARNED_USE.get(new["reason"])
+    if new["status"] == "True" and before == "Unknown" and warned is None:
         return None  # use seen again after a spell of not knowing: it went on, it did not start
     if new["status"] == "True" and before != "True":
-        if new["reason"] == REASON_UNREQUESTED:
-            return PodEvent(REASON_UNREQUESTED, "started using GPUs it did not request", "Warning")
+        if warned is not None:
+            return PodEvent(new["reason"], f"started using {warned}", "Warning")
         return PodEvent("GPUUseStarted", "started using GPUs")
-    if new["reason"] == REASON_UNREQUESTED and before_reason != REASON_UNREQUESTED:
-        return PodEvent(REASON_UNREQUESTED, "uses GPUs it did not request", "Warning")
+    if warned is not None and before_reason != new["reason"]:
+        return PodEvent(new["reason"], f"uses {warned}", "Warning")
     if new["reason"] == REASON_IDLE and before_reason != REASON_IDLE:
         return PodEvent(REASON_IDLE, "requested GPUs are idle", "Warning")
     if new["status"] == "False" and before in ("True", "Unknown"):
@@ -249,6 +271,7 @@ class Verdict:
     use: PodUse | None = None
     idle: Idle | None = None
     unknown: Cause | None = None
+    judgement: Judgement | None = None
 
 
 def verdicts(
@@ -258,12 +281,17 @@ def verdicts(
     *,
     stale: bool,
     blind: BlindSpots,
+    judged: Mapping[str, Judgement] | None = None,
 ) -> list[Verdict]:
     """Every pod a report speaks about: the pods it shows using GPUs (Unknown while it is
     stale), the idle ones, and the pods that carry our marks but are no longer listed: use
     ended, unless the report is stale or blind where the pod was (see certainty), which
     keeps them Unknown."""
-    found = [Verdict(use.pod, "Unknown" if stale else "InUse", use) for use in uses.values()]
+    judged = judged or {}
+    found = [
+        Verdict(use.pod, "Unknown" if stale else "InUse", use, judgement=judged.get(uid))
+        for uid, use in uses.items()
+    ]
     idle = list(idle)
     idle_uids = {i.pod.uid for i in idle}
     for pod in marked:
@@ -307,7 +335,9 @@ def plan_pod(
         wanted = dict(shown_annotations)
     else:
         wanted = {}
-    condition = desired_condition(verdict.state, verdict.use, node, verdict.idle, verdict.unknown)
+    condition = desired_condition(
+        verdict.state, verdict.use, node, verdict.idle, verdict.unknown, judgement=verdict.judgement
+    )
     patch = annotation_patch(shown_annotations, wanted or None)
     since = verdict.idle.since if verdict.idle is not None else now
     cpatch = condition_patch([shown_condition] if shown_condition else [], condition, since)
@@ -320,3 +350,8 @@ def plan_pod(
         event=event,
         event_note="" if event is None else f"{event.note}: {condition['message']}",
     )
+
+
+def judge_alone(use: PodUse) -> Judgement:
+    """A pod's judgement from what it says itself (no claims known, default rules)."""
+    return judge(use.pod.claimed, use.devices, NO_DRA, DEFAULT_RULES, DeviceFacts())

@@ -29,7 +29,9 @@ from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
+from gpuusage_operator.allocation import DEFAULT_RULES, AllocationRules, judgements
 from gpuusage_operator.certainty import blind_spots
+from gpuusage_operator.dra import NO_DRA, DraLookup
 from gpuusage_operator.freshness import (
     DEFAULT_STALE_AFTER,
     MAX_CLOCK_SKEW,
@@ -107,6 +109,8 @@ class Reconciler:
     was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
     _due_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    rules: AllocationRules = DEFAULT_RULES
+    """What counts as handing a pod a GPU (see allocation)."""
     reports_api: Any = None
     """Where report statuses are written (a kubernetes CustomObjectsApi); by default one on
     `api`. Tests pass a stand-in that answers as the apiserver does."""
@@ -129,8 +133,11 @@ class Reconciler:
         version = meta.get("resourceVersion")
         return version is not None and self._echoes.get(meta["name"]) == version
 
-    def reconcile(self, body: dict[str, Any], lookup: PodLookup, now: datetime) -> bool:
-        """Bring status and pods in line with one report; True when the report is stale."""
+    def reconcile(
+        self, body: dict[str, Any], lookup: PodLookup, now: datetime, dra: DraLookup = NO_DRA
+    ) -> bool:
+        """Bring status and pods in line with one report; True when the report is stale.
+        `dra` tells what the pods' claims got (by default nothing is known of claims)."""
         name = body["metadata"]["name"]
         self.counts.reconciles += 1
         self._echoes.pop(name, None)
@@ -157,6 +164,7 @@ class Reconciler:
         resolutions = list(resolve_all(spec, lookup))
         self.unattributed[name] = TallyCounter(r.reason for r in resolutions if r.reason)
         uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
+        judged = judgements(uses, spec, dra, self.rules)
         fresh = not is_stale(sighting.seen_at, now, self.stale_after)
         blind = blind_spots(spec, resolutions)
         idle = (
@@ -173,12 +181,13 @@ class Reconciler:
             previous=previous,
             stale_after=self.stale_after,
             idle=[i.entry() for i in idle],
+            judged=judged,
         )
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
         stale = status.stale
         marked = lookup.on_node_with_our_marks(spec.node_name)
-        for verdict in verdicts(uses, marked, idle, stale=stale, blind=blind):
+        for verdict in verdicts(uses, marked, idle, stale=stale, blind=blind, judged=judged):
             self._pod(verdict, spec.node_name, now)
         wanted = status.to_api()
         if previous is None or previous.to_api() != wanted:

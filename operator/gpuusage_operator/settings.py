@@ -9,6 +9,7 @@ from pydantic import Field
 
 from gpuusage.api import names
 from gpuusage.settings import CommandSettings
+from gpuusage_operator.allocation import AllocationRules
 from gpuusage_operator.peering import MAX_PRIORITY
 
 
@@ -42,3 +43,23 @@ class OperatorSettings(CommandSettings):
     """Address the Prometheus endpoint listens on."""
     workers: int = Field(default=16, ge=1, le=256)
     """Reconciles run at once (each mostly waits for the apiserver)."""
+    gpu_resources: str = ""
+    """Extra extended-resource names that count as GPU requests besides nvidia.com/gpu and
+    nvidia.com/mig-*, comma-separated (e.g. a vendor's variant, HAMi's resource name)."""
+    fraction_annotations: str = "gpu-fraction,gpu-memory"
+    """Pod annotations by which a fractional scheduler (KAI, Run:ai) gives a GPU share,
+    comma-separated: a pod carrying one has a GPU allocation."""
+    dra_drivers: str = "gpu.nvidia.com"
+    """DRA drivers whose allocated devices are GPUs, comma-separated."""
+
+    def allocation_rules(self) -> AllocationRules:
+        """The three lists above, as the allocation rules take them."""
+
+        def split(text: str) -> tuple[str, ...]:
+            return tuple(item.strip() for item in text.split(",") if item.strip())
+
+        return AllocationRules(
+            extra_resources=split(self.gpu_resources),
+            fraction_annotations=split(self.fraction_annotations),
+            dra_drivers=split(self.dra_drivers),
+        )

@@ -12,11 +12,12 @@ identical status, which is what lets the operator skip writes.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from gpuusage.api import names
 from gpuusage.api.models import (
+    MAX_ALLOCATED,
     MAX_DETAIL,
     MAX_DEVICES,
     MAX_IDLE_PODS,
@@ -37,15 +38,19 @@ from gpuusage.api.models import (
     safe_text,
 )
 from gpuusage.api.summary import all_processes, device_uuid, format_mib
+from gpuusage_operator.allocation import Judgement, judgements
 from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Sighting, stale_condition
 from gpuusage_operator.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.transitions import transition_time
 
 
-def pod_usages(uses: Iterable[PodUse]) -> list[PodUsage]:
-    """One entry per (pod, device), containers per entry, sorted for stable output."""
+def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[PodUsage]:
+    """One entry per (pod, device), containers per entry, with the pod's allocation beside
+    each; sorted for stable output."""
     usages = []
     for use in uses:
+        judgement = judged[use.pod.uid]
+        allocation = judgement.allocation
         on_device: dict[str, list[Resolution]] = defaultdict(list)
         for r in use.resolutions:
             on_device[r.device_uuid].append(r)
@@ -73,7 +78,10 @@ def pod_usages(uses: Iterable[PodUse]) -> list[PodUsage]:
                     containers=containers,
                     used_memory_mib=sum(c.used_memory_mib for c in containers),
                     requested_gpus=use.pod.gpu_requests,
-                    unrequested=use.pod.gpu_requests == 0,
+                    unrequested=judgement.finding == "Unrequested",
+                    allocated_by=list(allocation.sources),
+                    allocated_devices=[d.shown for d in allocation.devices][:MAX_ALLOCATED],
+                    unallocated=judgement.finding == "Unallocated" and uuid in judgement.outside,
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
@@ -149,6 +157,7 @@ def node_totals(
         unattributed_processes=len(outside),
         unattributed_memory_mib=sum(u.used_memory_mib or 0 for u in outside),
         unrequested_pods=len({u.uid for u in usages if u.unrequested}),
+        unallocated_pods=len({u.uid for u in usages if u.unallocated}),
         idle_pods=idle_pods,
         memory=f"{format_mib(used)}/{format_mib(total)}",
     )
@@ -180,9 +189,11 @@ def desired_status(
     previous: GpuNodeUsageStatus | None = None,
     stale_after: timedelta = DEFAULT_STALE_AFTER,
     idle: Sequence[IdlePod] = (),
+    judged: Mapping[str, Judgement] | None = None,
 ) -> GpuNodeUsageStatus:
     """The status for this report; `sighting` says when the operator saw it change, `idle`
-    are the pods the caller judged idle (see idle)."""
+    are the pods the caller judged idle (see idle), `judged` each using pod's allocation
+    judgement (see allocation; by default one that knows no claims)."""
     old_conditions = previous.conditions if previous else []
     stale = stale_condition(
         sighting,
@@ -203,7 +214,8 @@ def desired_status(
             )
         }
     )
-    usages = pod_usages(pod_uses(spec.node_name, spec.observed_at, resolutions).values())
+    uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
+    usages = pod_usages(uses.values(), judgements(uses, spec) if judged is None else judged)
     outside = unattributed(resolutions)
     return GpuNodeUsageStatus(
         observed_generation=generation,

@@ -92,6 +92,10 @@ Message = Annotated[str, Field(max_length=MAX_MESSAGE, pattern=SAFE_TEXT_PATTERN
 DeviceId = Annotated[str, Field(max_length=128, pattern=DEVICE_ID_PATTERN)]
 Namespace = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
 PodName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+AllocationSource = Literal["DevicePlugin", "DRA", "Fractional"]
+MAX_ALLOCATED = 16
+AllocatedDeviceId = Annotated[str, Field(max_length=160, pattern=SAFE_TEXT_PATTERN)]
+
 RequestedGpus = Annotated[
     int, Field(ge=0, le=MAX_REQUESTED_GPUS), BeforeValidator(lambda n: min(n, MAX_REQUESTED_GPUS))
 ]
@@ -290,8 +294,20 @@ class PodUsage(ApiModel):
     requested_gpus: RequestedGpus = Field(default=0, alias="requestedGPUs")
     """GPUs the pod requested (nvidia.com/gpu and MIG resources in its containers' limits)."""
     unrequested: bool = False
-    """True when the pod uses a GPU although it requested none (e.g. through
+    """True when the pod uses a GPU although it has no allocation of any kind (e.g. through
     NVIDIA_VISIBLE_DEVICES=all): invisible to the scheduler and to quota."""
+    allocated_by: Annotated[list[AllocationSource], Field(max_length=3)] = Field(
+        default_factory=list
+    )
+    """How the cluster handed the pod GPUs: DevicePlugin (a count), DRA (claims), Fractional
+    (a scheduler's share in its annotations); empty: none."""
+    allocated_devices: Annotated[list[AllocatedDeviceId], Field(max_length=MAX_ALLOCATED)] = Field(
+        default_factory=list
+    )
+    """The devices its allocation names where they can be known (DRA): GPU or MIG UUIDs, or
+    `<parent GPU UUID>/<profile>` for a MIG device created at prepare time (no UUID yet)."""
+    unallocated: bool = False
+    """True when the pod has a device-level allocation and this device is outside it."""
 
 
 class DeviceUsage(ApiModel):
@@ -365,6 +381,8 @@ class Totals(ApiModel):
     """Memory held by processes that belong to no known pod."""
     unrequested_pods: Annotated[int, Field(ge=0)] = 0
     """Pods using a GPU without having requested one."""
+    unallocated_pods: Annotated[int, Field(ge=0)] = 0
+    """Pods using a device outside their allocation."""
     idle_pods: Annotated[int, Field(ge=0)] = 0
     """Running pods that requested GPUs and used none for the operator's --idle-after."""
     memory: ShortText = ""

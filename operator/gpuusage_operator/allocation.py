@@ -1,0 +1,267 @@
+"""What the cluster handed a pod, and whether its use stays inside it. Pure.
+
+Three ways a pod gets a GPU, each counted (`sources`):
+
+* **DevicePlugin**: `nvidia.com/gpu`, `nvidia.com/mig-<profile>` and any configured extra
+  resource name (HAMi's, a vendor's variant) in its containers' limits: a count; which device
+  the kubelet chose is not in the pod.
+* **DRA**: its ResourceClaims whose allocation results come from a configured driver
+  (`gpu.nvidia.com` by default), each result mapped through its ResourceSlice to the device's
+  UUID (a MIG device without one, created at prepare time, by its parent GPU and profile).
+* **Fractional**: a scheduler's share in the pod's annotations (KAI / Run:ai `gpu-fraction`,
+  `gpu-memory`; configurable): a share of some GPU.
+
+Two findings follow, and nothing is judged where the allocation cannot be known:
+
+* `Unrequested`: the pod uses a GPU and has no allocation of any kind. A pod whose claims
+  cannot be read (the claim is not there yet, the cluster serves no DRA API to the operator)
+  is never called unrequested.
+* `Unallocated`: the pod's allocation is known device by device (DRA alone, every result
+  mapped) and it uses a device outside it. A MIG device counts as inside when it is allocated
+  itself, when its parent GPU is allocated whole, or (dynamic MIG) when an allocated device
+  without a UUID has its parent GPU and profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage_operator.dra import NO_DRA, DraLookup
+
+if TYPE_CHECKING:
+    from gpuusage_operator.resolution import PodUse
+
+Source = Literal["DevicePlugin", "DRA", "Fractional"]
+Match = Literal["UUID", "ParentAndProfile"]
+Finding = Literal["Unrequested", "Unallocated"]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+@dataclass(frozen=True)
+class AllocationRules:
+    """Which resource names, annotations and DRA drivers count as handing out a GPU."""
+
+    extra_resources: tuple[str, ...] = ()
+    fraction_annotations: tuple[str, ...] = ("gpu-fraction", "gpu-memory")
+    dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",)
+
+    def counts(self, resource: str) -> bool:
+        return (
+            resource == GPU_RESOURCE
+            or resource.startswith(MIG_RESOURCE_PREFIX)
+            or resource in self.extra_resources
+        )
+
+
+DEFAULT_RULES = AllocationRules()
+
+
+def _gpus_in(resources: Mapping[str, Any] | None, rules: AllocationRules) -> int:
+    """GPUs in one container's limits (extended resources: requests equal limits)."""
+    limits = (resources or {}).get("limits") or (resources or {}).get("requests") or {}
+    total = 0
+    for name, value in limits.items():
+        if rules.counts(name):
+            try:
+                total += int(str(value))
+            except ValueError:
+                continue  # not a whole number: not something a device plugin hands out
+    return total
+
+
+def gpu_requests(spec: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) -> int:
+    """The pod's effective device-plugin GPU request, as the scheduler counts it: the larger of
+    the sum over its containers and the largest init container."""
+    regular = sum(_gpus_in(c.get("resources"), rules) for c in spec.get("containers") or [])
+    init = max(
+        (_gpus_in(c.get("resources"), rules) for c in spec.get("initContainers") or []),
+        default=0,
+    )
+    return max(regular, init)
+
+
+def fraction_of(annotations: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) -> str:
+    """The scheduler's share as `key=value` pairs (empty: none), e.g. "gpu-fraction=0.5"."""
+    found = [f"{k}={annotations[k]}" for k in rules.fraction_annotations if annotations.get(k)]
+    return ",".join(found)
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One device a claim got: its UUID, or for a dynamic MIG device its parent and profile."""
+
+    claim: str
+    uuid: str | None
+    parent_uuid: str | None = None
+    profile: str | None = None
+
+    @property
+    def match(self) -> Match:
+        return "UUID" if self.uuid else "ParentAndProfile"
+
+    @property
+    def shown(self) -> str:
+        return self.uuid or f"{self.parent_uuid}/{self.profile}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    sources: tuple[Source, ...] = ()
+    devices: tuple[AllocatedDevice, ...] = ()
+    complete: bool = False
+    """`devices` is the whole allocation (DRA alone, every result mapped to a device)."""
+    unknown: str = ""
+    """Why part of the allocation cannot be known (a claim not found, DRA unreadable)."""
+    detail: str = ""
+    """The allocation in words, for messages: "1 nvidia.com/gpu", "claim train-gpu: GPU-…"."""
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """What the pod itself says about its allocation (kept in the pod index)."""
+
+    namespace: str
+    gpu_requests: int = 0
+    fraction: str = ""
+    claims: tuple[str, ...] = ()
+    pending_claims: int = 0
+
+
+def allocation_of(pod: PodClaims, dra: DraLookup, rules: AllocationRules) -> Allocation:
+    sources: list[Source] = []
+    words: list[str] = []
+    if pod.gpu_requests > 0:
+        sources.append("DevicePlugin")
+        words.append(
+            f"{pod.gpu_requests} GPU{'s' if pod.gpu_requests != 1 else ''} (device plugin)"
+        )
+    if pod.fraction:
+        sources.append("Fractional")
+        words.append(f"a share ({pod.fraction})")
+    devices: list[AllocatedDevice] = []
+    unknown: list[str] = []
+    if pod.pending_claims:
+        unknown.append(f"{pod.pending_claims} claim(s) not generated yet")
+    for name in pod.claims:
+        claim = dra.claim(pod.namespace, name) if dra.available else None
+        if claim is None or not claim.allocated:
+            why = "DRA cannot be read" if not dra.available else "not found or not allocated"
+            unknown.append(f"claim {name}: {why}")
+            continue
+        gpu_results = [r for r in claim.results if r.driver in rules.dra_drivers]
+        for result in gpu_results:
+            device = dra.device(result)
+            if device is None or not (device.uuid or (device.parent_uuid and device.profile)):
+                unknown.append(f"claim {name}: device {result.device} not in any ResourceSlice")
+                continue
+            devices.append(AllocatedDevice(name, device.uuid, device.parent_uuid, device.profile))
+        if gpu_results:
+            words.append(f"claim {name}")
+    if devices or any(w.startswith("claim ") for w in words):
+        sources.append("DRA")
+    complete = sources == ["DRA"] and not unknown
+    if devices:
+        words.append("devices " + ", ".join(d.shown for d in devices))
+    return Allocation(
+        tuple(sources), tuple(devices), complete, "; ".join(unknown), "; ".join(words)
+    )
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the report says of the devices in use: a MIG device's parent GPU and profile."""
+
+    mig_parent: Mapping[str, str] = field(default_factory=dict)
+    mig_profile: Mapping[str, str] = field(default_factory=dict)
+
+
+def mig_profile(name: str | None) -> str | None:
+    """The profile in a MIG device's product name: "NVIDIA A100-SXM4-40GB MIG 1g.5gb" → "1g.5gb"."""
+    if not name or " MIG " not in name:
+        return None
+    return name.rsplit(" MIG ", 1)[1].strip() or None
+
+
+def device_facts(spec: GpuNodeUsageSpec) -> DeviceFacts:
+    parents: dict[str, str] = {}
+    profiles: dict[str, str] = {}
+    for gpu in spec.gpus:
+        for mig in gpu.mig_devices:
+            if gpu.uuid:
+                parents[mig.uuid] = gpu.uuid
+            profile = mig_profile(mig.name)
+            if profile:
+                profiles[mig.uuid] = profile
+    return DeviceFacts(parents, profiles)
+
+
+def inside(device: str, allocation: Allocation, facts: DeviceFacts) -> bool:
+    """Whether a used device (GPU or MIG UUID) is within a device-level allocation."""
+    parent, profile = facts.mig_parent.get(device), facts.mig_profile.get(device)
+    for given in allocation.devices:
+        if given.uuid is not None and given.uuid in (device, parent):
+            return True
+        if (
+            given.uuid is None
+            and parent
+            and (given.parent_uuid, given.profile)
+            == (
+                parent,
+                profile,
+            )
+        ):
+            return True
+    return False
+
+
+def finding(
+    allocation: Allocation, used: Sequence[str], facts: DeviceFacts
+) -> tuple[Finding | None, list[str]]:
+    """The finding for a pod using `used`, and the devices outside its allocation."""
+    if not allocation.sources:
+        return (None, []) if allocation.unknown else ("Unrequested", list(used))
+    if not allocation.complete:
+        return None, []
+    outside = [d for d in used if not inside(d, allocation, facts)]
+    return ("Unallocated", outside) if outside else (None, [])
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A pod's allocation and what its use means against it."""
+
+    allocation: Allocation
+    finding: Finding | None = None
+    outside: tuple[str, ...] = ()
+    """The used devices outside the allocation (for Unallocated)."""
+
+
+def judge(
+    pod: PodClaims,
+    used: Sequence[str],
+    dra: DraLookup,
+    rules: AllocationRules,
+    facts: DeviceFacts,
+) -> Judgement:
+    allocation = allocation_of(pod, dra, rules)
+    found, outside = finding(allocation, used, facts)
+    return Judgement(allocation, found, tuple(outside))
+
+
+def judgements(
+    uses: Mapping[str, PodUse],
+    spec: GpuNodeUsageSpec,
+    dra: DraLookup = NO_DRA,
+    rules: AllocationRules = DEFAULT_RULES,
+) -> dict[str, Judgement]:
+    """Each using pod's judgement, by UID (the defaults know no claims: nothing is judged
+    unrequested for a pod that has some)."""
+    facts = device_facts(spec)
+    return {
+        uid: judge(use.pod.claimed, use.devices, dra, rules, facts) for uid, use in uses.items()
+    }

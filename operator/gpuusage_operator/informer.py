@@ -1,0 +1,187 @@
+"""List then watch one kind of object into an in-memory state, as client-go's informers do.
+
+Semantics (the pod index's, see podwatch, and the DRA indexes', see drawatch):
+
+* `synced` is set once a full list is in; readers wait for it, so nothing is ever resolved
+  against a half-built or outdated state.
+* A watch that ends cleanly (its server-side timeout) resumes from the last resourceVersion
+  (bookmarks keep it fresh). Any interruption (the API away, a 410 Gone, a broken stream)
+  clears `synced` and lists again, as client-go's reflector does: objects may have been deleted
+  and recreated meanwhile. The new state replaces the old one in one assignment.
+* Retries back off (doubling up to MAX_RETRY, jittered) and the backoff starts over after
+  every successful list, so once the API is back the state is whole again within one short
+  retry, however long the outage was.
+* Lines are parsed as plain JSON (no model objects) and handed to the state at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
+
+from gpuusage.kube import raw
+from gpuusage.retry import doubling
+from gpuusage_operator.apihealth import ApiHealth
+
+log = logging.getLogger(__name__)
+
+PAGE = 500
+WATCH_SECONDS = 300
+MAX_RETRY = 5.0
+
+
+class State(Protocol):
+    """What an informer keeps: objects applied one event at a time."""
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None: ...
+
+    def ids(self) -> set[str]: ...
+
+    def __len__(self) -> int: ...
+
+
+S = TypeVar("S", bound=State)
+
+ListPage = Callable[[int, str | None], Any]
+"""(limit, continue token) → the raw response of one page of the list."""
+WatchFrom = Callable[[str], Any]
+"""resourceVersion → the raw response of a watch stream from there."""
+
+
+class WatchExpired(Exception):
+    """The watch cannot resume from its resourceVersion (410 Gone, or another watch error)."""
+
+
+class Informer(Generic[S]):
+    """Keeps a state current from the API; run() blocks, so it runs in a thread.
+
+    `wait(seconds)` pauses between retries and returns True when the loop should stop; tests
+    inject one to see the backoff without sleeping. `on_deleted` hears the ids of objects that
+    went away (from a DELETED event, or missing from a new list).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        list_page: ListPage,
+        watch_from: WatchFrom,
+        new_state: Callable[[], S],
+        *,
+        retry_seconds: float = 1.0,
+        wait: Callable[[float], bool] | None = None,
+        health: ApiHealth | None = None,
+        on_deleted: Callable[[set[str]], None] = lambda ids: None,
+    ) -> None:
+        self.what = what
+        self._list_page, self._watch_from, self._new_state = list_page, watch_from, new_state
+        self._health = health or ApiHealth()
+        self._on_deleted = on_deleted
+        self.state: S = new_state()
+        self._backoff = doubling(retry_seconds, MAX_RETRY)
+        self.writing = threading.Lock()
+        """Held by every writer of `state` (the loop, and callers that read an object again)."""
+        self.synced = threading.Event()
+        self.stopped = threading.Event()
+        self._wait = wait or self.stopped.wait
+        self.relists = 0
+        self._stream: Any = None  # the watch response being read, for stop()
+        self.watching = threading.Event()
+        """Set while a watch stream is open (after each list, until it ends)."""
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self.stopped.is_set():
+            try:
+                if version is None:
+                    version = self.list_all()
+                    failures = 0  # reconnected: the next outage starts its backoff afresh
+                version = self._watch(version)
+            except Exception as exc:  # the API is away, or the watch cannot resume: list again
+                if self.stopped.is_set():
+                    break  # shutting down, perhaps with the control plane: nothing to report
+                self.synced.clear()  # readers wait for the new list
+                version = None
+                if isinstance(exc, WatchExpired):
+                    log.info("%s watch expired (%s); listing again", self.what, exc)
+                    continue
+                delay = self._backoff.delay(failures) or MAX_RETRY
+                failures += 1
+                self._health.failed(f"{self.what} watch", exc)
+                log.warning(
+                    "%s watch interrupted: %s (listing again in %.1fs)", self.what, exc, delay
+                )
+                if self._wait(delay):
+                    break
+
+    def stop(self) -> None:
+        """Stop the loop, and end the watch it may be blocked in: an open watch would keep the
+        thread, and the apiserver's shutdown, waiting for up to WATCH_SECONDS."""
+        self.stopped.set()
+        stream = self._stream
+        if stream is not None:
+            raw.shutdown(stream)
+
+    def list_all(self) -> str:
+        """List every object (paginated) into a new state that replaces the old one; the
+        list's resourceVersion, for the watch to resume from."""
+        state = self._new_state()
+        token: str | None = None
+        while True:
+            page = json.loads(raw.body(self._list_page(PAGE, token)))
+            for obj in page.get("items") or []:
+                state.apply("ADDED", obj)
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        with self.writing:
+            gone = self.state.ids() - state.ids()
+            self.state = state  # one assignment: readers see the old state or the new one
+        self.relists += 1
+        self._health.succeeded()
+        if gone and self.relists > 1:
+            self._on_deleted(gone)
+        again = "synced" if self.relists == 1 else "listed again"
+        log.info("%s index %s: %d objects", self.what, again, len(state))
+        self.synced.set()
+        return str(meta.get("resourceVersion") or "")
+
+    def _watch(self, version: str) -> str:
+        response = self._watch_from(version)
+        self._stream = response
+        self.watching.set()
+        if self.stopped.is_set():  # stop() came between the check and the request
+            raw.shutdown(response)
+        for event in raw.json_lines(response):
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                raise WatchExpired(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
+            version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                with self.writing:
+                    self.state.apply(str(kind), obj)
+                uid = (obj.get("metadata") or {}).get("uid")
+                if kind == "DELETED" and uid:
+                    self._on_deleted({str(uid)})
+            if self.stopped.is_set():
+                break
+        self.watching.clear()
+        return version
+
+
+def watch_kwargs(version: str) -> dict[str, Any]:
+    """The arguments of a watch call, the same for every kind."""
+    return {
+        "watch": True,
+        "resource_version": version,
+        "allow_watch_bookmarks": True,
+        "timeout_seconds": WATCH_SECONDS,
+        "_preload_content": False,
+    }

@@ -1,0 +1,269 @@
+"""What a pod was allocated, and the findings against its use: tables over the pure rules."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gpuusage.api.models import Process
+from gpuusage_operator.allocation import (
+    DEFAULT_RULES,
+    AllocationRules,
+    DeviceFacts,
+    PodClaims,
+    allocation_of,
+    fraction_of,
+    gpu_requests,
+    judge,
+    mig_profile,
+)
+from gpuusage_operator.dra import (
+    NO_DRA,
+    ClaimState,
+    DraLookup,
+    SliceState,
+    pod_claims,
+)
+from gpuusage_operator.podindex import PodSnapshot
+from gpuusage_operator.podstate import REASON_UNALLOCATED, desired_condition, event_for
+from gpuusage_operator.resolution import PodUse, Resolution
+from gpuusage_operator.status import pod_usages
+
+GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
+GPU1 = "GPU-11111111-1111-2222-3333-444444444444"
+MIG_A = "MIG-aaaaaaaa-1111-2222-3333-444444444444"
+MIG_B = "MIG-bbbbbbbb-1111-2222-3333-444444444444"
+FACTS = DeviceFacts({MIG_A: GPU1, MIG_B: GPU1}, {MIG_A: "3g.40gb", MIG_B: "1g.10gb"})
+
+
+def _slice(uid: str, devices: list[dict[str, str]], driver: str = "gpu.nvidia.com") -> Any:
+    return {
+        "metadata": {"uid": uid},
+        "spec": {
+            "driver": driver,
+            "pool": {"name": "node-a"},
+            "devices": [
+                {
+                    "name": d["name"],
+                    "attributes": {k: {"string": v} for k, v in d.items() if k != "name"},
+                }
+                for d in devices
+            ],
+        },
+    }
+
+
+def _claim(name: str, devices: list[str], driver: str = "gpu.nvidia.com") -> Any:
+    results = [{"request": "gpu", "driver": driver, "pool": "node-a", "device": d} for d in devices]
+    return {
+        "metadata": {"uid": f"uid-{name}", "name": name, "namespace": "ml"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+def _dra(*claims: Any) -> DraLookup:
+    slices, state = SliceState(), ClaimState()
+    slices.apply(
+        "ADDED",
+        _slice(
+            "s1",
+            [
+                {"name": "gpu-0", "type": "gpu", "uuid": GPU0},
+                {"name": "gpu-1", "type": "gpu", "uuid": GPU1},
+                {"name": "gpu-1-mig-3g", "type": "mig", "uuid": MIG_A, "parentUUID": GPU1},
+                # created at prepare time: no uuid yet
+                {
+                    "name": "gpu-1-mig-1g-dyn",
+                    "type": "mig",
+                    "parentUUID": GPU1,
+                    "profile": "1g.10gb",
+                },
+            ],
+        ),
+    )
+    slices.apply("ADDED", _slice("s2", [{"name": "nic-0", "uuid": "nic"}], driver="net.example"))
+    for claim in claims:
+        state.apply("ADDED", claim)
+    return DraLookup(state.by_name, slices.devices)
+
+
+def _pod(**kwargs: Any) -> PodClaims:
+    return PodClaims(namespace="ml", **kwargs)
+
+
+def _got(devices: list[str]) -> DraLookup:
+    """Claim "c" allocated these devices."""
+    return _dra(_claim("c", devices))
+
+
+CLAIMED = _pod(claims=("c",))
+NIC = _dra(_claim("n", ["nic-0"], "net.example"))
+
+
+@pytest.mark.parametrize(
+    ("pod", "dra", "used", "finding", "outside"),
+    [
+        # device plugin: a count; its devices are not known, so no device is "outside"
+        (_pod(gpu_requests=1), NO_DRA, [GPU0, GPU1], None, ()),
+        # a scheduler's share: a GPU allocation of unknown device
+        (_pod(fraction="gpu-fraction=0.5"), NO_DRA, [GPU1], None, ()),
+        # nothing at all
+        (_pod(), NO_DRA, [GPU0], "Unrequested", (GPU0,)),
+        # claims that cannot be read: never unrequested
+        (_pod(claims=("gpu",)), NO_DRA, [GPU0], None, ()),
+        (_pod(claims=("missing",)), _dra(), [GPU0], None, ()),
+        (_pod(pending_claims=1), _dra(), [GPU0], None, ()),
+        # DRA, full GPUs
+        (CLAIMED, _got(["gpu-0"]), [GPU0], None, ()),
+        (CLAIMED, _got(["gpu-0"]), [GPU0, GPU1], "Unallocated", (GPU1,)),
+        # a whole GPU covers its MIG devices; a MIG device does not cover its GPU
+        (CLAIMED, _got(["gpu-1"]), [MIG_A], None, ()),
+        (CLAIMED, _got(["gpu-1-mig-3g"]), [GPU1], "Unallocated", (GPU1,)),
+        (CLAIMED, _got(["gpu-1-mig-3g"]), [MIG_A], None, ()),
+        (
+            _pod(claims=("c",)),
+            _dra(_claim("c", ["gpu-1-mig-3g"])),
+            [MIG_B],
+            "Unallocated",
+            (MIG_B,),
+        ),
+        # dynamic MIG: matched by parent GPU and profile
+        (CLAIMED, _got(["gpu-1-mig-1g-dyn"]), [MIG_B], None, ()),
+        (
+            _pod(claims=("c",)),
+            _dra(_claim("c", ["gpu-1-mig-1g-dyn"])),
+            [MIG_A],
+            "Unallocated",
+            (MIG_A,),
+        ),
+        # a claim of another driver is no GPU allocation
+        (
+            _pod(claims=("n",)),
+            _dra(_claim("n", ["nic-0"], "net.example")),
+            [GPU0],
+            "Unrequested",
+            (GPU0,),
+        ),
+        # a device the slices do not describe: the allocation is not known device by device
+        (CLAIMED, _got(["gpu-9"]), [GPU0], None, ()),
+        # device plugin and DRA together: only a count is known of the whole
+        (_pod(gpu_requests=1, claims=("c",)), _dra(_claim("c", ["gpu-0"])), [GPU1], None, ()),
+    ],
+)
+def test_findings(
+    pod: PodClaims, dra: DraLookup, used: list[str], finding: str | None, outside: tuple[str, ...]
+) -> None:
+    judged = judge(pod, used, dra, DEFAULT_RULES, FACTS)
+    assert (judged.finding, judged.outside) == (finding, outside)
+
+
+def test_allocation_says_how_and_what() -> None:
+    dra = _dra(_claim("c", ["gpu-0", "gpu-1-mig-1g-dyn"]))
+    allocation = allocation_of(_pod(claims=("c",)), dra, DEFAULT_RULES)
+    assert allocation.sources == ("DRA",)
+    assert [(d.shown, d.match) for d in allocation.devices] == [
+        (GPU0, "UUID"),
+        (f"{GPU1}/1g.10gb", "ParentAndProfile"),
+    ]
+    assert allocation.complete
+    both = allocation_of(_pod(gpu_requests=2, fraction="gpu-memory=4096"), NO_DRA, DEFAULT_RULES)
+    assert both.sources == ("DevicePlugin", "Fractional")
+    assert not both.complete
+    assert both.detail == "2 GPUs (device plugin); a share (gpu-memory=4096)"
+
+
+def test_configured_names_count() -> None:
+    spec = {"containers": [{"resources": {"limits": {"example.com/vgpu": "2", "cpu": "1"}}}]}
+    assert gpu_requests(spec) == 0
+    rules = AllocationRules(extra_resources=("example.com/vgpu",))
+    assert gpu_requests(spec, rules) == 2
+    annotations = {"gpu-fraction": "0.5", "other": "x"}
+    assert fraction_of(annotations) == "gpu-fraction=0.5"
+    assert fraction_of(annotations, AllocationRules(fraction_annotations=("share",))) == ""
+    dra = _dra(_claim("n", ["nic-0"], "net.example"))
+    nic = allocation_of(_pod(claims=("n",)), dra, AllocationRules(dra_drivers=("net.example",)))
+    assert nic.sources == ("DRA",)
+
+
+def test_pod_claims_from_spec_and_status() -> None:
+    pod = {
+        "spec": {
+            "resourceClaims": [
+                {"name": "a", "resourceClaimName": "shared-gpu"},
+                {"name": "b", "resourceClaimTemplateName": "gpu-template"},
+                {"name": "c", "resourceClaimTemplateName": "gpu-template"},
+            ]
+        },
+        "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "pod-b-x1y2"}]},
+    }
+    assert pod_claims(pod) == (("shared-gpu", "pod-b-x1y2"), 1)
+    assert pod_claims({}) == ((), 0)
+
+
+def test_slice_and_claim_states_follow_their_objects() -> None:
+    slices = SliceState()
+    slices.apply("ADDED", _slice("s1", [{"name": "gpu-0", "uuid": GPU0}]))
+    slices.apply("MODIFIED", _slice("s1", [{"name": "gpu-0", "uuid": GPU1}]))
+    assert slices.devices[("gpu.nvidia.com", "node-a", "gpu-0")].uuid == GPU1
+    slices.apply("DELETED", _slice("s1", []))
+    assert not slices.devices
+    assert len(slices) == 0
+    claims = ClaimState()
+    claims.apply("ADDED", _claim("c", ["gpu-0"]))
+    assert claims.by_name[("ml", "c")].results[0].device == "gpu-0"
+    claims.apply("DELETED", _claim("c", []))
+    assert claims.ids() == set()
+
+
+def test_mig_profile_from_the_product_name() -> None:
+    assert mig_profile("NVIDIA A100-SXM4-40GB MIG 1g.5gb") == "1g.5gb"
+    assert mig_profile("NVIDIA H100 80GB HBM3 MIG 3g.40gb") == "3g.40gb"
+    assert mig_profile("NVIDIA A100-SXM4-40GB") is None
+    assert mig_profile(None) is None
+
+
+def test_unallocated_use_is_a_warning_with_its_own_reason() -> None:
+
+    pod = PodSnapshot("ml", "p", "11111111-2222-4333-8444-555555555555", "node-a", claims=("c",))
+    use = PodUse(
+        pod, "node-a", datetime(2026, 1, 1, tzinfo=UTC), (Resolution(GPU1, Process(pid=1), pod),)
+    )
+    judged = judge(pod.claimed, use.devices, _dra(_claim("c", ["gpu-0"])), DEFAULT_RULES, FACTS)
+    condition = desired_condition("InUse", use, "node-a", judgement=judged)
+    assert condition["reason"] == REASON_UNALLOCATED
+    assert GPU1 in condition["message"]
+    assert "claim c" in condition["message"]
+    started = event_for(None, condition)
+    assert started is not None
+    assert (started.reason, started.type) == (REASON_UNALLOCATED, "Warning")
+    running = {**condition, "reason": "ProcessesRunning"}
+    later = event_for(running, condition)
+    assert later is not None
+    assert (later.reason, later.note) == (REASON_UNALLOCATED, "uses a GPU outside its allocation")
+    assert event_for(condition, condition) is None, "not once per report"
+    fine = judge(pod.claimed, use.devices, _dra(_claim("c", ["gpu-1"])), DEFAULT_RULES, FACTS)
+    assert desired_condition("InUse", use, "node-a", judgement=fine)["reason"] == "ProcessesRunning"
+
+
+def test_status_entries_carry_the_allocation_and_one_finding_each() -> None:
+    claimed = PodSnapshot(
+        "ml", "p", "11111111-2222-4333-8444-555555555555", "node-a", claims=("c",)
+    )
+    rogue = PodSnapshot("ml", "r", "22222222-2222-4333-8444-555555555555", "node-a")
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    uses = {
+        pod.uid: PodUse(pod, "node-a", when, (Resolution(GPU1, Process(pid=n), pod),))
+        for n, pod in enumerate((claimed, rogue), start=1)
+    }
+    dra = _got(["gpu-0"])
+    judged = {
+        uid: judge(u.pod.claimed, u.devices, dra, DEFAULT_RULES, FACTS) for uid, u in uses.items()
+    }
+    by_name = {u.name: u for u in pod_usages(uses.values(), judged)}
+    assert (by_name["p"].unallocated, by_name["p"].unrequested) == (True, False)
+    assert by_name["p"].allocated_by == ["DRA"]
+    assert by_name["p"].allocated_devices == [GPU0]
+    assert (by_name["r"].unallocated, by_name["r"].unrequested) == (False, True)
+    assert by_name["r"].allocated_by == []

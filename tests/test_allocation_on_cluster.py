@@ -1,0 +1,118 @@
+"""Use judged against what the cluster handed out, on the real control plane: DRA claims and
+slices written as NVIDIA's driver and the scheduler write them, a claim from a template, a
+scheduler's share in annotations, a configured resource name, and a pod with no allocation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice
+from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
+from tests.worldview import condition, events, pod, report
+
+pytestmark = pytest.mark.cluster
+
+
+def _entries(world: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [p for p in report(world).get("status", {}).get("pods", []) if p["name"] == name]
+
+
+def _reason(world: dict[str, Any], name: str) -> str:
+    found = condition(pod(world, name))
+    return f"{found.status} {found.reason}"
+
+
+def test_dra_pods_are_judged_by_the_devices_their_claims_got(make_world: WorldFactory) -> None:
+    """train's claim got GPU0, which it uses; the notebook's claim (from a template) got GPU0
+    too, but it runs on GPU1: UsingUnallocatedGPU, with a Warning Event."""
+    world = make_world(
+        {"train": 0, "notebook": 0},
+        pod_extras={
+            "train": {"claims": {"gpu": "train-gpu"}},
+            "notebook": {"templates": {"gpu": "notebook-gpu-x7k2q"}},
+        },
+    )
+    resource = client.ResourceV1Api(world["api"])
+    node = world["node"]
+    create_gpu_slice(
+        resource,
+        node,
+        [
+            {"name": "gpu-0", "type": "gpu", "uuid": GPU0},
+            {"name": "gpu-1", "type": "gpu", "uuid": GPU1},
+        ],
+    )
+    create_allocated_claim(resource, world["ns"], "train-gpu", node, ["gpu-0"])
+    create_allocated_claim(resource, world["ns"], "notebook-gpu-x7k2q", node, ["gpu-0"])
+
+    wait_for(lambda: _reason(world, "notebook") == "True UsingUnallocatedGPU", what="unallocated")
+    assert _reason(world, "train") == "True ProcessesRunning", "inside its allocation"
+    message = condition(pod(world, "notebook")).message or ""
+    assert GPU1 in message
+    assert "claim notebook-gpu-x7k2q" in message
+    wait_for(lambda: "UsingUnallocatedGPU" in events(world, "notebook"), what="Warning Event")
+    warning = [
+        e
+        for e in client.EventsV1Api(world["api"]).list_namespaced_event(world["ns"]).items
+        if e.reason == "UsingUnallocatedGPU"
+    ]
+    assert [e.type for e in warning] == ["Warning"]
+    (train,) = _entries(world, "train")
+    assert (train["allocatedBy"], train["allocatedDevices"]) == (["DRA"], [GPU0])
+    assert not train.get("unallocated")
+    assert not train.get("unrequested")
+    (notebook,) = _entries(world, "notebook")
+    assert (notebook["deviceUUID"], notebook["unallocated"]) == (GPU1, True)
+    assert report(world)["status"]["totals"]["unallocatedPods"] == 1
+
+    # The scheduler's answer changes (the claim is recreated on GPU1): the finding goes.
+    resource.delete_namespaced_resource_claim("notebook-gpu-x7k2q", world["ns"])
+    create_allocated_claim(resource, world["ns"], "notebook-gpu-x7k2q", node, ["gpu-1"])
+    wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="inside again")
+    assert report(world)["status"]["totals"].get("unallocatedPods", 0) == 0
+
+
+def test_every_allocation_source_counts_and_no_allocation_is_still_flagged(
+    make_world: WorldFactory,
+) -> None:
+    """A scheduler's share (annotation), a configured resource name and a claim the operator
+    cannot see yet are allocations (never UsingUnrequestedGPU); a pod with none is flagged."""
+    world = make_world(
+        {"train": 0, "notebook": 0, "rogue": 0, "vgpu": 0},
+        pod_extras={
+            "train": {"annotations": {"gpu-fraction": "0.5"}},
+            "notebook": {"claims": {"gpu": "not-created-yet"}},
+            "vgpu": {"resources": {"example.com/vgpu": "1"}},
+        },
+        operator_extras={"gpu_resources": "example.com/vgpu"},
+    )
+    gpus = [
+        {"pid": 4242, "usedMemoryMiB": 1024},
+        {"pid": world["pids"]["rogue"], "usedMemoryMiB": 2048},
+        {"pid": world["pids"]["vgpu"], "usedMemoryMiB": 512},
+    ]
+    world["scenario"](
+        [
+            {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpus},
+            {
+                "index": 1,
+                "uuid": GPU1,
+                "memoryTotalMiB": 81920,
+                "processes": [{"pid": 5151, "usedMemoryMiB": 4096}],
+            },
+        ]
+    )
+    wait_for(lambda: _reason(world, "rogue") == "True UsingUnrequestedGPU", what="rogue flagged")
+    wait_for(lambda: _reason(world, "vgpu") == "True ProcessesRunning", what="vgpu in use")
+    for name in ("train", "notebook", "vgpu"):
+        assert _reason(world, name) == "True ProcessesRunning", name
+    assert _entries(world, "train")[0]["allocatedBy"] == ["Fractional"]
+    assert _entries(world, "vgpu")[0]["allocatedBy"] == ["DevicePlugin"]
+    notebook = _entries(world, "notebook")[0]
+    assert notebook.get("allocatedBy", []) == []
+    assert not notebook.get("unrequested")
+    assert report(world)["status"]["totals"]["unrequestedPods"] == 1
+    assert "UsingUnrequestedGPU" not in events(world, "notebook") + events(world, "train")
