@@ -155,7 +155,7 @@ def make_world(
 
     Pods: name → GPUs requested; each gets a pid (train 4242, notebook 5151, others 6000+);
     `pod_extras` adds to a pod what create_running_pod takes (annotations, claims, templates);
-    `operator_extras`, settings of the operator.
+    `operator_extras` and `agent_extras`, settings of the operator and of the agent.
     `write(notebook=True)` puts train on GPU0 (with Xorg) and the notebook on GPU1;
     `scenario(gpus)` writes any other scenario. operator=False: no operator of its own (a second
     node beside a world that has one).
@@ -171,6 +171,7 @@ def make_world(
         stale_after: float = 4.0,
         pod_extras: dict[str, dict[str, Any]] | None = None,
         operator_extras: dict[str, Any] | None = None,
+        agent_extras: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         core = client.CoreV1Api(api)
         ns = f"ml-{uuid.uuid4().hex[:6]}"
@@ -222,6 +223,7 @@ def make_world(
             kubeconfig=cluster.kubeconfig,
             metrics_port=0,
             attribution_grace=attribution_grace,
+            **(agent_extras or {}),
         )
         agent = Background(lambda stop: run_agent(agent_settings, stop))
         world: dict[str, Any] = {

@@ -7,15 +7,30 @@ from typing import Any
 
 import pytest
 
-from gpuusage.api.models import Process
+from gpuusage.api.models import (
+    MAX_ALLOCATED,
+    MAX_ALLOCATED_LISTED,
+    Gpu,
+    GpuNodeUsageSpec,
+    GpuNodeUsageStatus,
+    KubeletAllocations,
+    KubeletPod,
+    MigDevice,
+    Process,
+)
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
+    AllocatedDevice,
+    Allocation,
     AllocationRules,
     DeviceFacts,
+    Judgement,
+    KubeletView,
     PodClaims,
     allocation_of,
     fraction_of,
     gpu_requests,
+    gpu_resources,
     judge,
     mig_profile,
 )
@@ -267,3 +282,144 @@ def test_status_entries_carry_the_allocation_and_one_finding_each() -> None:
     assert by_name["p"].allocated_devices == [GPU0]
     assert (by_name["r"].unallocated, by_name["r"].unrequested) == (False, True)
     assert by_name["r"].allocated_by == []
+
+
+GPU2 = "GPU-22222222-1111-2222-3333-444444444444"
+KNOWN = frozenset({GPU0, GPU1, MIG_A, MIG_B})
+PLUGIN = _pod(name="p", gpu_requests=1, resources=("nvidia.com/gpu",))
+
+
+def _kubelet(*entries: KubeletPod, known: frozenset[str] = KNOWN) -> KubeletView:
+    return KubeletView({(e.namespace, e.name): e for e in entries}, known)
+
+
+def _entry(
+    *devices: str, resources: tuple[str, ...] = ("nvidia.com/gpu",), other: int = 0
+) -> KubeletPod:
+    return KubeletPod(
+        namespace="ml",
+        name="p",
+        resources=list(resources),
+        devices=list(devices),
+        other_devices=other,
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "kubelet", "dra", "used", "expected"),
+    [
+        # the kubelet's devices make a device-plugin allocation known device by device
+        (PLUGIN, _kubelet(_entry(GPU0)), NO_DRA, [GPU0], (None, ())),
+        (PLUGIN, _kubelet(_entry(GPU0)), NO_DRA, [GPU0, GPU1], ("Unallocated", (GPU1,))),
+        (PLUGIN, _kubelet(_entry(GPU1)), NO_DRA, [MIG_A], (None, ())),
+        (PLUGIN, _kubelet(_entry(MIG_A)), NO_DRA, [MIG_B], ("Unallocated", (MIG_B,))),
+        # not known one by one: nothing judged by device
+        (PLUGIN, _kubelet(), NO_DRA, [GPU1], (None, ())),  # the kubelet does not list the pod
+        (PLUGIN, _kubelet(_entry(GPU2)), NO_DRA, [GPU1], (None, ())),  # not a device of the report
+        (PLUGIN, _kubelet(_entry(GPU0, other=1)), NO_DRA, [GPU1], (None, ())),  # a plugin's own ID
+        (PLUGIN, _kubelet(_entry()), NO_DRA, [GPU1], (None, ())),  # listed without devices
+        (  # a requested GPU resource the agent did not report devices for
+            _pod(name="p", gpu_requests=2, resources=("example.com/vgpu", "nvidia.com/gpu")),
+            _kubelet(_entry(GPU0)),
+            NO_DRA,
+            [GPU1],
+            (None, ()),
+        ),
+        (  # a scheduler's share is never known by device
+            _pod(
+                name="p", gpu_requests=1, resources=("nvidia.com/gpu",), fraction="gpu-fraction=0.5"
+            ),
+            _kubelet(_entry(GPU0)),
+            NO_DRA,
+            [GPU1],
+            (None, ()),
+        ),
+        # listed by the kubelet with GPUs the operator does not count: allocated, never rogue,
+        # and not judged by device (its request is not known to be covered)
+        (
+            _pod(name="p"),
+            _kubelet(_entry(GPU0, resources=("vendor.example/gpu",))),
+            NO_DRA,
+            [GPU1],
+            (None, ()),
+        ),
+        # device plugin and DRA, each known: the union is the allocation
+        (
+            _pod(name="p", gpu_requests=1, resources=("nvidia.com/gpu",), claims=("c",)),
+            _kubelet(_entry(GPU0)),
+            _got(["gpu-1"]),
+            [GPU0, MIG_A],
+            (None, ()),
+        ),
+        (
+            _pod(name="p", gpu_requests=1, resources=("nvidia.com/gpu",), claims=("c",)),
+            _kubelet(_entry(GPU0)),
+            _got(["gpu-1-mig-3g"]),
+            [GPU0, MIG_B],
+            ("Unallocated", (MIG_B,)),
+        ),
+    ],
+)
+def test_findings_with_the_kubelets_devices(
+    pod: PodClaims,
+    kubelet: KubeletView,
+    dra: DraLookup,
+    used: list[str],
+    expected: tuple[str | None, tuple[str, ...]],
+) -> None:
+    judged = judge(pod, used, dra, DEFAULT_RULES, FACTS, kubelet=kubelet)
+    assert (judged.finding, judged.outside) == expected
+    assert judged.allocation.sources[0] == "DevicePlugin"
+
+
+def test_the_kubelet_view_reads_only_a_read_section() -> None:
+    gpus = [Gpu(index=0, uuid=GPU0, mig_devices=[MigDevice(index=0, uuid=MIG_A)])]
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    read = KubeletAllocations(state="Read", pods=[_entry(GPU0)])
+    view = KubeletView.of(
+        GpuNodeUsageSpec(node_name="n", observed_at=when, gpus=gpus, kubelet=read)
+    )
+    assert view.known == {GPU0, MIG_A}
+    assert view.pods[("ml", "p")].devices == [GPU0]
+    down = KubeletAllocations(state="Unavailable", message="restarting")
+    for section in (down, None):
+        spec = GpuNodeUsageSpec(node_name="n", observed_at=when, gpus=gpus, kubelet=section)
+        assert KubeletView.of(spec) == KubeletView()
+
+
+def test_requested_resource_names_from_the_spec() -> None:
+    spec = {
+        "initContainers": [{"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
+        "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "2"}}},
+            {"resources": {"requests": {"example.com/vgpu": "1"}}},
+        ],
+    }
+    assert gpu_resources(spec) == ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb")
+    rules = AllocationRules(extra_resources=("example.com/vgpu",))
+    assert gpu_resources(spec, rules) == (
+        "example.com/vgpu",
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb",
+    )
+
+
+def test_allocated_devices_are_listed_within_the_status_budget() -> None:
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    many = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(MAX_ALLOCATED + 4)]
+    pods = [
+        PodSnapshot("ml", f"p{n:03d}", f"{n:08x}-2222-4333-8444-555555555555", "node-a")
+        for n in range(MAX_ALLOCATED_LISTED // MAX_ALLOCATED + 2)
+    ]
+    uses = {p.uid: PodUse(p, "node-a", when, (Resolution(GPU1, Process(pid=1), p),)) for p in pods}
+    allocation = Allocation(
+        ("DevicePlugin",), tuple(AllocatedDevice("kubelet", d) for d in many), True
+    )
+    judged = {uid: Judgement(allocation) for uid in uses}
+    entries = pod_usages(uses.values(), judged)
+    listed = [len(e.allocated_devices) for e in entries]
+    assert sum(listed) == MAX_ALLOCATED_LISTED
+    assert listed[0] == MAX_ALLOCATED
+    assert entries[0].allocated_devices_omitted == 4
+    assert (listed[-1], entries[-1].allocated_devices_omitted) == (0, len(many))
+    GpuNodeUsageStatus(pods=entries)  # the model's own bound holds

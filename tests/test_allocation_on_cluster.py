@@ -4,11 +4,13 @@ scheduler's share in annotations, a configured resource name, and a pod with no 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.worldview import condition, events, pod, report
@@ -116,3 +118,56 @@ def test_every_allocation_source_counts_and_no_allocation_is_still_flagged(
     assert not notebook.get("unrequested")
     assert report(world)["status"]["totals"]["unrequestedPods"] == 1
     assert "UsingUnrequestedGPU" not in events(world, "notebook") + events(world, "train")
+
+
+def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
+    make_world: WorldFactory, tmp_path: Path
+) -> None:
+    """The kubelet (the fake one, speaking PodResources v1) gave train GPU1 and the notebook
+    GPU1 through a time-sliced replica; train runs on GPU0: UsingUnallocatedGPU. While the
+    kubelet cannot be read, nothing is judged by device, and the finding is not kept."""
+    kubelet = FakeKubelet(tmp_path / "pod-resources" / "kubelet.sock")
+    given = {"train": [GPU1], "notebook": [f"{GPU1}::2"]}
+
+    def answer(ns: str) -> None:
+        kubelet.pods(
+            *(
+                {
+                    "name": name,
+                    "namespace": ns,
+                    "containers": [
+                        {
+                            "name": "c",
+                            "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ids}],
+                        }
+                    ],
+                }
+                for name, ids in given.items()
+            )
+        )
+
+    kubelet.pods()
+    with kubelet:
+        world = make_world(agent_extras={"pod_resources_socket": kubelet.socket})
+        answer(world["ns"])
+        wait_for(lambda: _reason(world, "train") == "True UsingUnallocatedGPU", what="unallocated")
+        assert _reason(world, "notebook") == "True ProcessesRunning"
+        spec = report(world)["spec"]["kubelet"]
+        assert spec["state"] == "Read"
+        assert {p["name"]: p["devices"] for p in spec["pods"]} == {
+            "train": [GPU1],
+            "notebook": [GPU1],
+        }
+        (train,) = _entries(world, "train")
+        assert (train["allocatedBy"], train["allocatedDevices"]) == (["DevicePlugin"], [GPU1])
+        assert (train["deviceUUID"], train["unallocated"]) == (GPU0, True)
+        assert GPU0 in (condition(pod(world, "train")).message or "")
+        wait_for(lambda: "UsingUnallocatedGPU" in events(world, "train"), what="Warning Event")
+
+        kubelet.answer({"error": {"code": 14, "message": "kubelet restarting"}})
+        wait_for(lambda: _reason(world, "train") == "True ProcessesRunning", what="not judged")
+        down = report(world)["spec"]["kubelet"]
+        assert down["state"] == "Unavailable"
+        assert "kubelet restarting" in down["message"]
+        (train,) = _entries(world, "train")
+        assert (train.get("allocatedDevices", []), train.get("unallocated")) == ([], False)

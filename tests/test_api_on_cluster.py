@@ -13,10 +13,16 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.api.models import (
+    MAX_ALLOCATED,
+    MAX_ALLOCATED_LISTED,
+    MAX_COUNTED,
     MAX_DETAIL,
+    MAX_DEVICE_ID,
     MAX_DEVICES,
     MAX_GPUS,
     MAX_IDLE_PODS,
+    MAX_KUBELET_DEVICES,
+    MAX_KUBELET_PODS,
     MAX_MIB,
     MAX_MIG_DEVICES,
     MAX_PID,
@@ -24,6 +30,7 @@ from gpuusage.api.models import (
     MAX_POD_DEVICES,
     MAX_PROCESSES,
     MAX_REQUESTED_GPUS,
+    MAX_RESOURCE_NAME,
     MAX_UNATTRIBUTED,
     Condition,
     ContainerUsage,
@@ -34,6 +41,8 @@ from gpuusage.api.models import (
     GpuNodeUsageSpec,
     GpuNodeUsageStatus,
     IdlePod,
+    KubeletAllocations,
+    KubeletPod,
     Memory,
     MigDevice,
     ObjectMeta,
@@ -355,10 +364,29 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 omitted_memory_mib=MAX_MIB,
             )
         )
+    long_name = ".".join(["p" * 63] * 4)[:253]
+    per_pod = MAX_KUBELET_DEVICES // MAX_KUBELET_PODS
+    long_device = f"MIG-GPU-{'a' * 8}-1111-2222-3333-444444444444/{10**40}/{10**40}"[:MAX_DEVICE_ID]
+    kubelet = KubeletAllocations(
+        state="Unavailable",
+        message=safe * 1024,
+        pods=[
+            KubeletPod(
+                namespace="n" * 63,
+                name=long_name,
+                resources=[f"r{k}" + "x" * (MAX_RESOURCE_NAME - 2) for k in range(4)],
+                devices=[long_device[:-3] + f"{d:03d}" for d in range(per_pod)],
+                other_devices=MAX_COUNTED,
+            )
+            for _ in range(MAX_KUBELET_PODS)
+        ],
+        omitted_pods=MAX_COUNTED,
+    )
     spec = GpuNodeUsageSpec(
         node_name=name,
         observed_at=now,
         gpus=gpus,
+        kubelet=kubelet,
         source=Source(
             kind="nvml",
             available=True,
@@ -369,8 +397,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
             agent_version=safe * 64,
         ),
     )
-    long_name = ".".join(["p" * 63] * 4)[:253]
-    device = "D" * 128
+    device = "D" * MAX_DEVICE_ID
 
     def condition(kind: str) -> Condition:
         return Condition(
@@ -382,6 +409,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
             message="<" * 1024,
         )
 
+    allocated_entries = MAX_ALLOCATED_LISTED // MAX_ALLOCATED
     status = GpuNodeUsageStatus(
         observed_generation=2**62,
         report_seen_at=now,
@@ -395,6 +423,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
             unattributed_processes=2**62,
             unattributed_memory_mib=MAX_MIB,
             unrequested_pods=2**62,
+            unallocated_pods=2**62,
             idle_pods=2**62,
             memory=safe * 64,
         ),
@@ -405,9 +434,9 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 parent_uuid=device,
                 total_memory_mib=MAX_MIB,
                 used_memory_mib=MAX_MIB,
-                processes=2**62,
-                pods=2**62,
-                unattributed_processes=2**62,
+                processes=MAX_PROCESSES,
+                pods=MAX_PROCESSES,
+                unattributed_processes=MAX_PROCESSES,
                 unattributed_memory_mib=MAX_MIB,
                 omitted_processes=2**62,
                 omitted_memory_mib=MAX_MIB,
@@ -431,6 +460,10 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 used_memory_mib=MAX_MIB,
                 requested_gpus=MAX_REQUESTED_GPUS,
                 unrequested=True,
+                allocated_by=["DevicePlugin", "DRA", "Fractional"],
+                allocated_devices=[device] * MAX_ALLOCATED if i < allocated_entries else [],
+                allocated_devices_omitted=MAX_DEVICES,
+                unallocated=True,
             )
             for i in range(MAX_POD_DEVICES)
         ],

@@ -358,3 +358,41 @@ def test_every_manifest_validates_server_side(
     out = kubectl.run("apply", "-k", str(REPO / overlay), "--dry-run=server")
     assert "daemonset.apps/gpuusage-agent" in out
     assert "deployment.apps/gpuusage-operator" in out
+
+
+def _agent_pod_spec(kubectl: Kubectl, folder: str) -> dict[str, Any]:
+    rendered = yaml.safe_load_all(kubectl.run("kustomize", str(REPO / folder)))
+    (agent,) = [d for d in rendered if d["kind"] == "DaemonSet"]
+    spec: dict[str, Any] = agent["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    "overlay",
+    [
+        "manifests",
+        "manifests/overlays/host-proc",
+        "manifests/overlays/namespace",
+        "manifests/overlays/monitoring",
+    ],
+)
+def test_every_install_gives_the_agent_the_kubelets_socket_read_only(
+    kubectl: Kubectl, overlay: str
+) -> None:
+    """The default agent may connect to the kubelet's root-owned socket (as root, with no
+    capability); the base alone keeps the non-root agent without it."""
+    spec = _agent_pod_spec(kubectl, overlay)
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
+    assert (mount["mountPath"], mount["readOnly"]) == ("/var/lib/kubelet/pod-resources", True)
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "pod-resources"]
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert spec["securityContext"]["runAsUser"] == 0
+    container = spec["containers"][0]["securityContext"]
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["readOnlyRootFilesystem"] is True
+    default = AgentSettings(node_name="n").pod_resources_socket
+    assert default.parent == Path(mount["mountPath"])
+    base = _agent_pod_spec(kubectl, "manifests/base")
+    assert all(v["name"] != "pod-resources" for v in base["volumes"])
+    assert base["securityContext"]["runAsUser"] == 65532

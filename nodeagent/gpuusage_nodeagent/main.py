@@ -23,12 +23,14 @@ from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.errors import GpuusageError
 from gpuusage.kube.errors import ApiError
 from gpuusage.kube.rest import RestClient
+from gpuusage.settings import comma_list
 from gpuusage_nodeagent.caps import capped
 from gpuusage_nodeagent.gpusource.base import GpuSource
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.metrics import AgentMetrics
+from gpuusage_nodeagent.podresources.kubelet import Kubelet
 from gpuusage_nodeagent.publisher import Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
@@ -46,7 +48,13 @@ def make_source(spec: str) -> GpuSource:
 
 
 class NodeReader:
-    """Reads the node once per cycle: the GPUs, then each listed pid's container and pod."""
+    """Reads the node once per cycle: the GPUs, then each listed pid's container and pod, then
+    the kubelet's allocations.
+
+    The kubelet is asked last: a process seen in this cycle belongs to a pod the kubelet had
+    admitted (and given its devices) before it was asked, so a pod name in its answer never
+    stands for an older pod of the same name than the processes do.
+    """
 
     def __init__(
         self,
@@ -54,17 +62,20 @@ class NodeReader:
         source: GpuSource,
         resolver: Resolver,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        kubelet: Kubelet | None = None,
     ) -> None:
         self.node_name = node_name
         self.source = source
         self.resolver = resolver
         self.clock = clock
+        self.kubelet = kubelet
 
     def read(self) -> AttributedReading:
         reading = capped(self.source.read())
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
-        return AttributedReading(self.node_name, self.clock(), reading, found)
+        allocated = self.kubelet.read() if self.kubelet is not None else None
+        return AttributedReading(self.node_name, self.clock(), reading, found, allocated)
 
 
 def settle_memory() -> None:
@@ -108,7 +119,12 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         log.error("%s", exc)
         return 2
     resolver = Resolver(settings.proc_root, grace=settings.attribution_grace)
-    reader = NodeReader(settings.node_name, source, resolver)
+    kubelet = Kubelet(
+        settings.pod_resources_socket,
+        settings.pod_resources_timeout,
+        comma_list(settings.gpu_resources),
+    )
+    reader = NodeReader(settings.node_name, source, resolver, kubelet=kubelet)
     try:
         if settings.output == "json":
             json.dump(object_for(reader.read().spec()), sys.stdout, indent=2)

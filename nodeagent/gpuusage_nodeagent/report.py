@@ -16,6 +16,7 @@ from gpuusage.api.models import (
     DeviceError,
     Gpu,
     GpuNodeUsageSpec,
+    KubeletAllocations,
     Process,
     Source,
     safe_text,
@@ -65,7 +66,11 @@ def _attribute_all(processes: Sequence[RawProcess], found: Mapping[int, Resolved
 
 
 def build_spec(
-    node_name: str, observed_at: datetime, reading: Reading, found: Mapping[int, Resolved]
+    node_name: str,
+    observed_at: datetime,
+    reading: Reading,
+    found: Mapping[int, Resolved],
+    kubelet: KubeletAllocations | None = None,
 ) -> GpuNodeUsageSpec:
     """The spec the agent publishes for this reading."""
     gpus: list[Gpu] = []
@@ -77,7 +82,11 @@ def build_spec(
         processes = _attribute_all(reading.processes_of(gpu), found)
         gpus.append(gpu.model_copy(update={"processes": processes, "mig_devices": migs}))
     return GpuNodeUsageSpec(
-        node_name=node_name, observed_at=observed_at, source=reading.source, gpus=gpus
+        node_name=node_name,
+        observed_at=observed_at,
+        source=reading.source,
+        gpus=gpus,
+        kubelet=kubelet,
     )
 
 
@@ -126,22 +135,28 @@ class AttributedReading:
     observed_at: datetime
     reading: Reading
     found: Mapping[int, Resolved]
+    kubelet: KubeletAllocations | None = None
+    """The kubelet's allocations this cycle; None: not read (the socket is not mounted)."""
     _spec: GpuNodeUsageSpec | None = field(default=None, repr=False)
 
     def spec(self) -> GpuNodeUsageSpec:
         if self._spec is None:
-            self._spec = build_spec(self.node_name, self.observed_at, self.reading, self.found)
+            self._spec = build_spec(
+                self.node_name, self.observed_at, self.reading, self.found, self.kubelet
+            )
         return self._spec
 
     def fingerprint(self) -> Fingerprint:
-        """What the write rule compares, from the reading and the attributions directly."""
-        return fingerprint(
+        """What the write rule compares, from the reading and the attributions directly; the
+        kubelet's answer is compared whole (it changes only when pods come and go)."""
+        found = fingerprint(
             self.node_name,
             self.reading.source,
             self.reading.gpus,
             self.reading.processes_of,
             self._key,
         )
+        return Fingerprint((*found.exact, self.kubelet), found.memories)
 
     def _key(self, p: RawProcess) -> Exact:
         name, container_id, pod_uid, error = attribution(p, self.found.get(p.pid))

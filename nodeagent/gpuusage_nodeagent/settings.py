@@ -29,6 +29,14 @@ class AgentSettings(CommandSettings):
     """Seconds a process the GPU library still lists keeps the pod last read for it while its
     /proc files cannot be read; after that its pod's use is reported as unknown (never as
     ended)."""
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    """The kubelet's PodResources socket, read each cycle for the device IDs each pod was given
+    (mount its folder read-only); when its folder is not there, allocations stay counts."""
+    pod_resources_timeout: float = Field(default=2.0, gt=0, le=30)
+    """Seconds the kubelet has to answer."""
+    gpu_resources: str = ""
+    """Extra extended-resource names whose kubelet device IDs are GPUs, comma-separated (give
+    the operator the same list)."""
     kubeconfig: Path | None = None
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
     once: bool = False

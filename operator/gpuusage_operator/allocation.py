@@ -3,8 +3,9 @@
 Three ways a pod gets a GPU, each counted (`sources`):
 
 * **DevicePlugin**: `nvidia.com/gpu`, `nvidia.com/mig-<profile>` and any configured extra
-  resource name (HAMi's, a vendor's variant) in its containers' limits: a count; which device
-  the kubelet chose is not in the pod.
+  resource name (HAMi's, a vendor's variant) in its containers' limits: a count in the pod;
+  which devices the kubelet chose, the agent reads from the kubelet's PodResources API and
+  publishes in its report (`spec.kubelet`), by pod namespace and name.
 * **DRA**: its ResourceClaims whose allocation results come from a configured driver
   (`gpu.nvidia.com` by default), each result mapped through its ResourceSlice to the device's
   UUID (a MIG device without one, created at prepare time, by its parent GPU and profile).
@@ -15,11 +16,12 @@ Two findings follow, and nothing is judged where the allocation cannot be known:
 
 * `Unrequested`: the pod uses a GPU and has no allocation of any kind. A pod whose claims
   cannot be read (the claim is not there yet, the cluster serves no DRA API to the operator)
-  is never called unrequested.
-* `Unallocated`: the pod's allocation is known device by device (DRA alone, every result
-  mapped) and it uses a device outside it. A MIG device counts as inside when it is allocated
-  itself, when its parent GPU is allocated whole, or (dynamic MIG) when an allocated device
-  without a UUID has its parent GPU and profile.
+  is never called unrequested, nor one the kubelet lists with GPU devices.
+* `Unallocated`: the pod's allocation is known device by device (every source: the kubelet's
+  device IDs are all devices of this node and cover every GPU resource the pod requests, every
+  DRA result is mapped; a fractional share never is) and it uses a device outside it. A MIG
+  device counts as inside when it is allocated itself, when its parent GPU is allocated whole,
+  or (dynamic MIG) when an allocated device without a UUID has its parent GPU and profile.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from gpuusage.api.models import GpuNodeUsageSpec
+from gpuusage.api.models import GpuNodeUsageSpec, KubeletPod
+from gpuusage.api.resources import is_gpu_resource
 from gpuusage_operator.dra import NO_DRA, DraLookup
 
 if TYPE_CHECKING:
@@ -37,9 +40,6 @@ if TYPE_CHECKING:
 Source = Literal["DevicePlugin", "DRA", "Fractional"]
 Match = Literal["UUID", "ParentAndProfile"]
 Finding = Literal["Unrequested", "Unallocated"]
-
-GPU_RESOURCE = "nvidia.com/gpu"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,7 @@ class AllocationRules:
     dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",)
 
     def counts(self, resource: str) -> bool:
-        return (
-            resource == GPU_RESOURCE
-            or resource.startswith(MIG_RESOURCE_PREFIX)
-            or resource in self.extra_resources
-        )
+        return is_gpu_resource(resource, self.extra_resources)
 
 
 DEFAULT_RULES = AllocationRules()
@@ -85,6 +81,19 @@ def gpu_requests(spec: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES
     return max(regular, init)
 
 
+def gpu_resources(
+    spec: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES
+) -> tuple[str, ...]:
+    """The GPU resource names any of the pod's containers requests, sorted."""
+    found: set[str] = set()
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = c.get("resources") or {}
+        for name in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}:
+            if rules.counts(name):
+                found.add(name)
+    return tuple(sorted(found))
+
+
 def fraction_of(annotations: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) -> str:
     """The scheduler's share as `key=value` pairs (empty: none), e.g. "gpu-fraction=0.5"."""
     found = [f"{k}={annotations[k]}" for k in rules.fraction_annotations if annotations.get(k)]
@@ -93,9 +102,10 @@ def fraction_of(annotations: Mapping[str, Any], rules: AllocationRules = DEFAULT
 
 @dataclass(frozen=True)
 class AllocatedDevice:
-    """One device a claim got: its UUID, or for a dynamic MIG device its parent and profile."""
+    """One device a pod got: its UUID, or for a dynamic MIG device its parent and profile."""
 
-    claim: str
+    via: str
+    """Where it is known from: "claim <name>", or "kubelet"."""
     uuid: str | None
     parent_uuid: str | None = None
     profile: str | None = None
@@ -114,7 +124,7 @@ class Allocation:
     sources: tuple[Source, ...] = ()
     devices: tuple[AllocatedDevice, ...] = ()
     complete: bool = False
-    """`devices` is the whole allocation (DRA alone, every result mapped to a device)."""
+    """`devices` is the whole allocation (every source known device by device)."""
     unknown: str = ""
     """Why part of the allocation cannot be known (a claim not found, DRA unreadable)."""
     detail: str = ""
@@ -126,25 +136,81 @@ class PodClaims:
     """What the pod itself says about its allocation (kept in the pod index)."""
 
     namespace: str
+    name: str = ""
     gpu_requests: int = 0
+    resources: tuple[str, ...] = ()
+    """The GPU resource names its containers request."""
     fraction: str = ""
     claims: tuple[str, ...] = ()
     pending_claims: int = 0
 
 
-def allocation_of(pod: PodClaims, dra: DraLookup, rules: AllocationRules) -> Allocation:
+@dataclass(frozen=True)
+class KubeletView:
+    """The report's `kubelet` section as a lookup by pod (empty: not read, or unavailable)."""
+
+    pods: Mapping[tuple[str, str], KubeletPod] = field(default_factory=dict)
+    known: frozenset[str] = frozenset()
+    """Every GPU and MIG UUID of the report: a kubelet ID outside it is not a device we see."""
+
+    @classmethod
+    def of(cls, spec: GpuNodeUsageSpec) -> KubeletView:
+        if spec.kubelet is None or spec.kubelet.state != "Read":
+            return cls()
+        known = {g.uuid for g in spec.gpus if g.uuid} | {
+            m.uuid for g in spec.gpus for m in g.mig_devices
+        }
+        pods = {(p.namespace, p.name): p for p in spec.kubelet.pods}
+        return cls(pods, frozenset(known))
+
+
+NO_KUBELET = KubeletView()
+
+
+def _plugin_devices(pod: PodClaims, kubelet: KubeletView) -> list[AllocatedDevice] | None:
+    """The devices the kubelet gave the pod, when they are known one by one: listed, all of
+    this node, none under a plugin's own name, every requested GPU resource among them."""
+    entry = kubelet.pods.get((pod.namespace, pod.name))
+    if (
+        entry is None
+        or entry.other_devices
+        or not entry.devices
+        or not set(pod.resources) <= set(entry.resources)
+        or not set(entry.devices) <= kubelet.known
+    ):
+        return None
+    return [AllocatedDevice("kubelet", uuid) for uuid in entry.devices]
+
+
+def allocation_of(
+    pod: PodClaims,
+    dra: DraLookup,
+    rules: AllocationRules,
+    kubelet: KubeletView = NO_KUBELET,
+) -> Allocation:
     sources: list[Source] = []
     words: list[str] = []
-    if pod.gpu_requests > 0:
+    devices: list[AllocatedDevice] = []
+    unknown: list[str] = []
+    listed = (pod.namespace, pod.name) in kubelet.pods
+    if pod.gpu_requests > 0 or listed:
         sources.append("DevicePlugin")
+        count = pod.gpu_requests
         words.append(
-            f"{pod.gpu_requests} GPU{'s' if pod.gpu_requests != 1 else ''} (device plugin)"
+            f"{count} GPU{'s' if count != 1 else ''} (device plugin)"
+            if count
+            else "GPUs the kubelet lists"
         )
+        # Only for a pod whose own request names the resources: the kubelet's entry must cover
+        # each of them, which cannot be checked for resources the operator does not count.
+        given = _plugin_devices(pod, kubelet) if pod.resources else None
+        if given is None:
+            unknown.append("the device plugin's devices are not known one by one")
+        else:
+            devices.extend(given)
     if pod.fraction:
         sources.append("Fractional")
         words.append(f"a share ({pod.fraction})")
-    devices: list[AllocatedDevice] = []
-    unknown: list[str] = []
     if pod.pending_claims:
         unknown.append(f"{pod.pending_claims} claim(s) not generated yet")
     for name in pod.claims:
@@ -159,12 +225,14 @@ def allocation_of(pod: PodClaims, dra: DraLookup, rules: AllocationRules) -> All
             if device is None or not (device.uuid or (device.parent_uuid and device.profile)):
                 unknown.append(f"claim {name}: device {result.device} not in any ResourceSlice")
                 continue
-            devices.append(AllocatedDevice(name, device.uuid, device.parent_uuid, device.profile))
+            devices.append(
+                AllocatedDevice(f"claim {name}", device.uuid, device.parent_uuid, device.profile)
+            )
         if gpu_results:
             words.append(f"claim {name}")
-    if devices or any(w.startswith("claim ") for w in words):
+    if any(w.startswith("claim ") for w in words):
         sources.append("DRA")
-    complete = sources == ["DRA"] and not unknown
+    complete = bool(sources) and "Fractional" not in sources and not unknown
     if devices:
         words.append("devices " + ", ".join(d.shown for d in devices))
     return Allocation(
@@ -247,8 +315,10 @@ def judge(
     dra: DraLookup,
     rules: AllocationRules,
     facts: DeviceFacts,
+    *,
+    kubelet: KubeletView = NO_KUBELET,
 ) -> Judgement:
-    allocation = allocation_of(pod, dra, rules)
+    allocation = allocation_of(pod, dra, rules, kubelet)
     found, outside = finding(allocation, used, facts)
     return Judgement(allocation, found, tuple(outside))
 
@@ -262,6 +332,8 @@ def judgements(
     """Each using pod's judgement, by UID (the defaults know no claims: nothing is judged
     unrequested for a pod that has some)."""
     facts = device_facts(spec)
+    kubelet = KubeletView.of(spec)
     return {
-        uid: judge(use.pod.claimed, use.devices, dra, rules, facts) for uid, use in uses.items()
+        uid: judge(use.pod.claimed, use.devices, dra, rules, facts, kubelet=kubelet)
+        for uid, use in uses.items()
     }

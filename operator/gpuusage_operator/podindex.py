@@ -20,6 +20,7 @@ from gpuusage_operator.allocation import (
     PodClaims,
     fraction_of,
     gpu_requests,
+    gpu_resources,
 )
 from gpuusage_operator.dra import pod_claims
 
@@ -49,6 +50,8 @@ class PodSnapshot:
     """Tells the reconciler whether this entry already shows its own latest writes."""
     gpu_requests: int = 0
     """GPUs the pod asked the scheduler for (nvidia.com/gpu, MIG and configured resources)."""
+    gpu_resources: tuple[str, ...] = ()
+    """Which of those resource names it asked for."""
     fraction: str = ""
     """A fractional scheduler's share from the pod's annotations ("gpu-fraction=0.5")."""
     claims: tuple[str, ...] = ()
@@ -72,7 +75,13 @@ class PodSnapshot:
     def claimed(self) -> PodClaims:
         """What the pod itself says about its allocation (see allocation)."""
         return PodClaims(
-            self.namespace, self.gpu_requests, self.fraction, self.claims, self.pending_claims
+            self.namespace,
+            self.name,
+            self.gpu_requests,
+            self.gpu_resources,
+            self.fraction,
+            self.claims,
+            self.pending_claims,
         )
 
     def container_name(self, container_id: str) -> str | None:
@@ -127,6 +136,7 @@ def snapshot_of(
         condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
         resource_version=meta.get("resourceVersion"),
         gpu_requests=gpu_requests(body.get("spec") or {}, rules),
+        gpu_resources=gpu_resources(body.get("spec") or {}, rules),
         fraction=fraction_of(meta.get("annotations") or {}, rules),
         claims=claims,
         pending_claims=pending,

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field
 
 from gpuusage.api import names
-from gpuusage.settings import CommandSettings
+from gpuusage.settings import CommandSettings, comma_list
 from gpuusage_operator.allocation import AllocationRules
 from gpuusage_operator.peering import MAX_PRIORITY
 
@@ -54,12 +54,8 @@ class OperatorSettings(CommandSettings):
 
     def allocation_rules(self) -> AllocationRules:
         """The three lists above, as the allocation rules take them."""
-
-        def split(text: str) -> tuple[str, ...]:
-            return tuple(item.strip() for item in text.split(",") if item.strip())
-
         return AllocationRules(
-            extra_resources=split(self.gpu_resources),
-            fraction_annotations=split(self.fraction_annotations),
-            dra_drivers=split(self.dra_drivers),
+            extra_resources=comma_list(self.gpu_resources),
+            fraction_annotations=comma_list(self.fraction_annotations),
+            dra_drivers=comma_list(self.dra_drivers),
         )

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from gpuusage.api import names
 from gpuusage.api.models import (
     MAX_ALLOCATED,
+    MAX_ALLOCATED_LISTED,
     MAX_DETAIL,
     MAX_DEVICES,
     MAX_IDLE_PODS,
@@ -46,7 +47,7 @@ from gpuusage_operator.transitions import transition_time
 
 def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[PodUsage]:
     """One entry per (pod, device), containers per entry, with the pod's allocation beside
-    each; sorted for stable output."""
+    each; sorted for stable output, allocated devices listed within the status's budget."""
     usages = []
     for use in uses:
         judgement = judged[use.pod.uid]
@@ -80,12 +81,33 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                     requested_gpus=use.pod.gpu_requests,
                     unrequested=judgement.finding == "Unrequested",
                     allocated_by=list(allocation.sources),
-                    allocated_devices=[d.shown for d in allocation.devices][:MAX_ALLOCATED],
                     unallocated=judgement.finding == "Unallocated" and uuid in judgement.outside,
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
-    return usages
+    return list_allocated(usages, judged)
+
+
+def list_allocated(usages: list[PodUsage], judged: Mapping[str, Judgement]) -> list[PodUsage]:
+    """Each entry's allocated devices, in entry order until MAX_ALLOCATED_LISTED are listed
+    (at most MAX_ALLOCATED per entry); the rest counted per entry as omitted, so a node of many
+    pods with many devices each never grows the status past its bound."""
+    budget = MAX_ALLOCATED_LISTED
+    listed = []
+    for usage in usages:
+        shown = [d.shown for d in judged[usage.uid].allocation.devices]
+        keep = shown[: min(MAX_ALLOCATED, budget)]
+        budget -= len(keep)
+        omitted = len(shown) - len(keep)
+        listed.append(
+            usage.model_copy(
+                update={
+                    "allocated_devices": keep,
+                    "allocated_devices_omitted": omitted or None,
+                }
+            )
+        )
+    return listed
 
 
 def device_usages(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> list[DeviceUsage]:

@@ -38,6 +38,11 @@ class CommandSettings(BaseModel):
         return {k: ("***" if k in self.secret_fields and v else v) for k, v in values.items()}
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """The items of a comma-separated setting, blanks dropped ("a, b," -> ("a", "b"))."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
 def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 

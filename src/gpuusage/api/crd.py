@@ -13,7 +13,13 @@ from typing import Any
 import yaml
 
 from gpuusage.api import names
-from gpuusage.api.models import MAX_PROCESSES, GpuNodeUsageSpec, GpuNodeUsageStatus
+from gpuusage.api.models import (
+    MAX_ALLOCATED_LISTED,
+    MAX_KUBELET_DEVICES,
+    MAX_PROCESSES,
+    GpuNodeUsageSpec,
+    GpuNodeUsageStatus,
+)
 
 JsonSchema = dict[str, Any]
 
@@ -163,16 +169,29 @@ def render_crd() -> dict[str, Any]:
                 "message": f"a report lists at most {MAX_PROCESSES} processes in all "
                 "(the agent counts the rest per device as omitted)",
             },
+            {
+                "rule": "!has(self.kubelet) || !has(self.kubelet.pods) || self.kubelet.pods.map("
+                f"p, has(p.devices) ? size(p.devices) : 0).sum() <= {MAX_KUBELET_DEVICES}",
+                "message": f"kubelet.pods lists at most {MAX_KUBELET_DEVICES} devices in all",
+            },
         ]
     )
     status_schema = _schema_of(GpuNodeUsageStatus)
-    status_schema.setdefault("x-kubernetes-validations", []).append(
-        {
-            "rule": "!has(self.pods) || self.pods.map(p, has(p.containers) ? "
-            f"size(p.containers) : 0).sum() <= {MAX_PROCESSES}",
-            "message": f"status.pods lists at most {MAX_PROCESSES} container entries in all "
-            "(each stands for at least one process of the report)",
-        }
+    status_schema.setdefault("x-kubernetes-validations", []).extend(
+        [
+            {
+                "rule": "!has(self.pods) || self.pods.map(p, has(p.containers) ? "
+                f"size(p.containers) : 0).sum() <= {MAX_PROCESSES}",
+                "message": f"status.pods lists at most {MAX_PROCESSES} container entries in all "
+                "(each stands for at least one process of the report)",
+            },
+            {
+                "rule": "!has(self.pods) || self.pods.map(p, has(p.allocatedDevices) ? "
+                f"size(p.allocatedDevices) : 0).sum() <= {MAX_ALLOCATED_LISTED}",
+                "message": f"status.pods lists at most {MAX_ALLOCATED_LISTED} allocated devices "
+                "in all (the rest are counted per entry as omitted)",
+            },
+        ]
     )
     root: JsonSchema = {
         "type": "object",

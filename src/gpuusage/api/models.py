@@ -34,6 +34,8 @@ CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 SAFE_TEXT_PATTERN = r"^[ !#-%'-;=?-\[\]-~]*$"
 _UNSAFE = re.compile(r"[^ !#-%'-;=?-\[\]-~]")
 DEVICE_ID_PATTERN = r"^[A-Za-z0-9/-]+$"  # GPU-…, MIG-…, or a stand-in such as gpu-index-3
+KUBELET_DEVICE_PATTERN = f"^(GPU-{_UUID}|MIG-({_UUID}|GPU-{_UUID}/[0-9]+/[0-9]+))$"
+RESOURCE_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
@@ -50,6 +52,11 @@ MAX_UNATTRIBUTED = 128
 MAX_IDLE_PODS = 128
 MAX_PIDS_LISTED = 16  # per container entry of the status
 MAX_MIG_UUID = 96
+MAX_DEVICE_ID = MAX_MIG_UUID  # no GPU, MIG device or stand-in is named longer
+MAX_KUBELET_PODS = 64  # pods listed with the kubelet's devices (the rest counted as omitted)
+MAX_KUBELET_DEVICES = 256  # devices listed for those pods, in all
+MAX_ALLOCATED_LISTED = 256  # allocated devices listed in status.pods, in all
+MAX_COUNTED = 1_000_000  # counts of things not listed are shown up to this
 MAX_REQUESTED_GPUS = 1024  # what a pod's request is shown as, at most
 MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux
 MAX_MIB = 16 * 1024 * 1024  # 16 TiB: far above any device, low enough to catch unit mistakes
@@ -89,12 +96,15 @@ MAX_DETAIL = 256
 Detail = Annotated[str, Field(max_length=MAX_DETAIL, pattern=SAFE_TEXT_PATTERN)]
 MAX_MESSAGE = 1024
 Message = Annotated[str, Field(max_length=MAX_MESSAGE, pattern=SAFE_TEXT_PATTERN)]
-DeviceId = Annotated[str, Field(max_length=128, pattern=DEVICE_ID_PATTERN)]
+DeviceId = Annotated[str, Field(max_length=MAX_DEVICE_ID, pattern=DEVICE_ID_PATTERN)]
 Namespace = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
 PodName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
 AllocationSource = Literal["DevicePlugin", "DRA", "Fractional"]
 MAX_ALLOCATED = 16
-AllocatedDeviceId = Annotated[str, Field(max_length=160, pattern=SAFE_TEXT_PATTERN)]
+AllocatedDeviceId = Annotated[str, Field(max_length=MAX_DEVICE_ID, pattern=SAFE_TEXT_PATTERN)]
+KubeletDeviceId = Annotated[str, Field(max_length=MAX_DEVICE_ID, pattern=KUBELET_DEVICE_PATTERN)]
+MAX_RESOURCE_NAME = 48  # nvidia.com/mig-7g.80gb and every vendor name seen are far shorter
+ResourceName = Annotated[str, Field(max_length=MAX_RESOURCE_NAME, pattern=RESOURCE_NAME_PATTERN)]
 
 RequestedGpus = Annotated[
     int, Field(ge=0, le=MAX_REQUESTED_GPUS), BeforeValidator(lambda n: min(n, MAX_REQUESTED_GPUS))
@@ -228,6 +238,46 @@ class Source(ApiModel):
     agent_version: ShortText | None = None
 
 
+class KubeletPod(ApiModel):
+    """The devices the kubelet's device manager gave one pod (PodResources List), for the GPU
+    resources the agent counts."""
+
+    namespace: Namespace
+    name: PodName
+    resources: Annotated[list[ResourceName], Field(max_length=4)] = Field(default_factory=list)
+    """The GPU resources the devices were given for, e.g. nvidia.com/gpu."""
+    devices: Annotated[list[KubeletDeviceId], Field(max_length=MAX_KUBELET_DEVICES)] = Field(
+        default_factory=list
+    )
+    """GPU and MIG UUIDs, once each (a time-sliced replica's `::<n>` suffix removed)."""
+    other_devices: Annotated[int, Field(ge=0, le=MAX_COUNTED)] = 0
+    """Device IDs that are not GPU or MIG UUIDs (a plugin's own names, a resource name longer
+    than this list admits): the pod's devices are then not known one by one."""
+
+
+class KubeletAllocations(ApiModel):
+    """What the kubelet's PodResources API said this cycle. Absent: the agent does not read it
+    (the pod-resources socket is not mounted), and allocations are known as counts only."""
+
+    state: Literal["Read", "Unavailable"]
+    message: Message | None = None
+    """Why the kubelet could not be read."""
+    pods: Annotated[list[KubeletPod], Field(max_length=MAX_KUBELET_PODS)] = Field(
+        default_factory=list
+    )
+    """Pods given GPUs by a device plugin, by namespace and name."""
+    omitted_pods: Annotated[int, Field(ge=0, le=MAX_COUNTED)] | None = None
+    """Pods with GPUs not listed (over the bound); their devices are not known one by one."""
+
+    @model_validator(mode="after")
+    def _devices_bounded(self) -> KubeletAllocations:
+        """The same bound as the CRD's rule (see api.crd)."""
+        listed = sum(len(p.devices) for p in self.pods)
+        if listed > MAX_KUBELET_DEVICES:
+            raise ValueError(f"{listed} kubelet devices listed; at most {MAX_KUBELET_DEVICES}")
+        return self
+
+
 class GpuNodeUsageSpec(ApiModel):
     """What the node agent observed on its node. Written by the agent only."""
 
@@ -237,6 +287,7 @@ class GpuNodeUsageSpec(ApiModel):
     """When the observation was taken (RFC 3339)."""
     source: Source | None = None
     gpus: Annotated[list[Gpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+    kubelet: KubeletAllocations | None = None
 
     @model_validator(mode="after")
     def _processes_bounded(self) -> GpuNodeUsageSpec:
@@ -304,8 +355,12 @@ class PodUsage(ApiModel):
     allocated_devices: Annotated[list[AllocatedDeviceId], Field(max_length=MAX_ALLOCATED)] = Field(
         default_factory=list
     )
-    """The devices its allocation names where they can be known (DRA): GPU or MIG UUIDs, or
-    `<parent GPU UUID>/<profile>` for a MIG device created at prepare time (no UUID yet)."""
+    """The devices its allocation names where they can be known (DRA claims, the kubelet's
+    device IDs): GPU or MIG UUIDs, or `<parent GPU UUID>/<profile>` for a MIG device created at
+    prepare time (no UUID yet). Listed while the status's budget lasts (see
+    allocatedDevicesOmitted)."""
+    allocated_devices_omitted: Annotated[int, Field(ge=0, le=MAX_DEVICES)] | None = None
+    """Allocated devices not listed here: the status lists at most 256 in all."""
     unallocated: bool = False
     """True when the pod has a device-level allocation and this device is outside it."""
 
@@ -326,9 +381,10 @@ class DeviceUsage(ApiModel):
     total_memory_mib: MiB | None = Field(default=None, alias="totalMemoryMiB")
     used_memory_mib: MiB | None = Field(default=None, alias="usedMemoryMiB")
     """Memory in use on the device as NVML counts it (processes, driver and contexts)."""
-    processes: Annotated[int, Field(ge=0)] = 0
-    pods: Annotated[int, Field(ge=0)] = 0
-    unattributed_processes: Annotated[int, Field(ge=0)] = 0
+    processes: Annotated[int, Field(ge=0, le=MAX_PROCESSES)] = 0
+    """Processes the report lists on this device."""
+    pods: Annotated[int, Field(ge=0, le=MAX_PROCESSES)] = 0
+    unattributed_processes: Annotated[int, Field(ge=0, le=MAX_PROCESSES)] = 0
     """Processes on this device that belong to no known pod."""
     unattributed_memory_mib: MiB = Field(default=0, alias="unattributedMemoryMiB")
     """Memory those processes hold."""
@@ -418,6 +474,14 @@ class GpuNodeUsageStatus(ApiModel):
     )
     """Running pods that requested GPUs on this node and used none for the operator's
     --idle-after (only judged while the report is fresh and every device could be read)."""
+
+    @model_validator(mode="after")
+    def _allocated_bounded(self) -> GpuNodeUsageStatus:
+        """The same bound as the CRD's rule (see api.crd)."""
+        listed = sum(len(p.allocated_devices) for p in self.pods)
+        if listed > MAX_ALLOCATED_LISTED:
+            raise ValueError(f"{listed} allocated devices listed; at most {MAX_ALLOCATED_LISTED}")
+        return self
 
     @property
     def stale(self) -> bool:

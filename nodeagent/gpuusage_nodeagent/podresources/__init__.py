@@ -1,0 +1,1 @@
+"""The kubelet's PodResources API: which devices the device manager gave each pod."""

@@ -1,0 +1,162 @@
+"""What the kubelet's device manager gave each pod, as the agent publishes it.
+
+`allocations` (pure) turns the kubelet's answer into the report's `kubelet` section; `Kubelet`
+asks the socket, and turns every way the question can fail into an `Unavailable` section with
+the reason, so the operator then knows allocations as counts only and judges nothing by device.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from gpuusage.api.models import (
+    KUBELET_DEVICE_PATTERN,
+    MAX_COUNTED,
+    MAX_KUBELET_DEVICES,
+    MAX_KUBELET_PODS,
+    MAX_MESSAGE,
+    MAX_RESOURCE_NAME,
+    RESOURCE_NAME_PATTERN,
+    KubeletAllocations,
+    KubeletPod,
+    safe_text,
+)
+from gpuusage.api.resources import device_of, is_gpu_resource
+from gpuusage_nodeagent.podresources.client import CallError, unary
+from gpuusage_nodeagent.podresources.wire import PodResources, WireError, list_response
+
+log = logging.getLogger(__name__)
+
+LIST = "/v1.PodResourcesLister/List"
+_DEVICE = re.compile(KUBELET_DEVICE_PATTERN)
+_RESOURCE = re.compile(RESOURCE_NAME_PATTERN)
+MAX_RESOURCES = 4
+
+
+def _entry(pod: PodResources, extra: Iterable[str]) -> KubeletPod | None:
+    """The pod's GPU devices; None when it was given none (or names nothing valid)."""
+    resources: set[str] = set()
+    devices: set[str] = set()
+    other = 0
+    for container in pod.containers:
+        for given in container.devices:
+            if not is_gpu_resource(given.resource_name, extra):
+                continue
+            named = (
+                bool(_RESOURCE.match(given.resource_name))
+                and len(given.resource_name) <= MAX_RESOURCE_NAME
+            )
+            if named:
+                resources.add(given.resource_name)
+            for device_id in given.device_ids:
+                device = device_of(device_id)
+                if named and _DEVICE.match(device):
+                    devices.add(device)
+                else:
+                    other += 1
+    if not (resources or other):
+        return None
+    if len(resources) > MAX_RESOURCES:
+        other += len(devices)
+        devices.clear()
+    try:
+        return KubeletPod(
+            namespace=pod.namespace,
+            name=pod.name,
+            resources=sorted(resources)[:MAX_RESOURCES],
+            devices=sorted(devices),
+            other_devices=min(other, MAX_COUNTED),
+        )
+    except ValidationError:
+        return None  # not a pod name the API admits: it cannot be matched to a pod anyway
+
+
+def allocations(pods: Sequence[PodResources], extra: Iterable[str] = ()) -> KubeletAllocations:
+    """The report's `kubelet` section: pods given GPU resources, in name order, within the
+    bounds (pods past them are counted as omitted, never listed in part)."""
+    extra = tuple(extra)
+    entries = sorted(
+        (e for e in (_entry(p, extra) for p in pods) if e is not None),
+        key=lambda e: (e.namespace, e.name),
+    )
+    listed: list[KubeletPod] = []
+    devices = 0
+    for entry in entries:
+        if len(listed) == MAX_KUBELET_PODS or devices + len(entry.devices) > MAX_KUBELET_DEVICES:
+            break
+        listed.append(entry)
+        devices += len(entry.devices)
+    omitted = len(entries) - len(listed)
+    return KubeletAllocations(
+        state="Read", pods=listed, omitted_pods=min(omitted, MAX_COUNTED) or None
+    )
+
+
+def unavailable(why: str) -> KubeletAllocations:
+    return KubeletAllocations(
+        state="Unavailable", message=safe_text(f"kubelet PodResources: {why}", MAX_MESSAGE)
+    )
+
+
+Lister = Callable[[Path, float], bytes]
+
+
+def list_pods(path: Path, timeout: float) -> bytes:
+    return unary(path, LIST, b"", timeout)
+
+
+class Kubelet:
+    """Asks the kubelet's pod-resources socket once per cycle.
+
+    Disabled (`read` gives None) when the socket's folder is not there: the DaemonSet does not
+    mount it, which is a choice, not a fault. A missing socket inside a mounted folder (the
+    kubelet restarting) is a fault, said in the section.
+    """
+
+    def __init__(
+        self,
+        socket: Path,
+        timeout: float,
+        extra_resources: Iterable[str] = (),
+        lister: Lister = list_pods,
+    ) -> None:
+        self.socket = socket
+        self.timeout = timeout
+        self.extra = tuple(extra_resources)
+        self.lister = lister
+        self.enabled = socket.parent.is_dir()
+        self._last_failure: str | None = None
+        if not self.enabled:
+            log.info("%s is not mounted: allocations are known as counts only", socket.parent)
+
+    def read(self) -> KubeletAllocations | None:
+        if not self.enabled:
+            return None
+        try:
+            found = allocations(list_response(self.lister(self.socket, self.timeout)), self.extra)
+        except FileNotFoundError:
+            return self._failed(f"{self.socket} not found (is the kubelet running?)")
+        except PermissionError:
+            return self._failed(
+                f"{self.socket}: permission denied (the socket is root's: run the agent as "
+                "root, as manifests/kubelet-devices does)"
+            )
+        except OSError as exc:
+            return self._failed(f"{self.socket}: {exc.strerror or exc}")
+        except CallError as exc:
+            return self._failed(str(exc))
+        except WireError as exc:
+            return self._failed(f"the answer is not a ListPodResourcesResponse ({exc})")
+        self._last_failure = None
+        return found
+
+    def _failed(self, why: str) -> KubeletAllocations:
+        if why != self._last_failure:  # a lasting failure is logged once
+            self._last_failure = why
+            log.warning("reading the kubelet's pod resources failed: %s", why)
+        return unavailable(why)

@@ -1,0 +1,25 @@
+"""Which device-plugin resources are GPUs, and what a device plugin's device ID names. Pure.
+
+One copy shared by the agent (which pods' kubelet allocations it publishes) and the operator
+(which requests count as a GPU allocation), so the two never disagree about a resource name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+REPLICA_SEPARATOR = "::"
+"""NVIDIA's device plugin names a time-sliced replica `<UUID>::<n>`."""
+
+
+def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
+    """`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, or a configured extra name (HAMi's, a
+    vendor's variant)."""
+    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX) or name in extra
+
+
+def device_of(device_id: str) -> str:
+    """The device a device plugin's ID stands for: time-sliced replicas share their GPU's."""
+    return device_id.split(REPLICA_SEPARATOR, 1)[0]

@@ -1,0 +1,284 @@
+"""The kubelet's PodResources API: the agent's client against a server built from the kubelet's
+own generated code and gRPC server (the fake kubelet), and the pure parts on their own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuusage.api.models import MAX_KUBELET_DEVICES, MAX_KUBELET_PODS, GpuNodeUsage
+from gpuusage_dev.fakekubelet import FakeKubelet
+from gpuusage_dev.simulation import write_process
+from gpuusage_nodeagent.main import run_agent
+from gpuusage_nodeagent.podresources.client import CallError
+from gpuusage_nodeagent.podresources.kubelet import Kubelet, allocations, list_pods
+from gpuusage_nodeagent.podresources.wire import (
+    ContainerDevices,
+    ContainerResources,
+    PodResources,
+    WireError,
+    list_response,
+)
+from gpuusage_nodeagent.settings import AgentSettings
+from tests.fakenvml import gpu_uuid, mig_uuid
+
+GPU0, GPU1, MIG0 = gpu_uuid(0), gpu_uuid(1), mig_uuid(0)
+
+
+def pod(name: str, *devices: tuple[str, list[str]], namespace: str = "ml") -> dict[str, Any]:
+    """A pod as the kubelet lists it (protobuf field names), one container per device entry."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "containers": [
+            {"name": f"c{i}", "devices": [{"resource_name": r, "device_ids": ids}]}
+            for i, (r, ids) in enumerate(devices)
+        ],
+    }
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    with FakeKubelet(tmp_path / "pod-resources" / "kubelet.sock") as fake:
+        yield fake
+
+
+# -- the client against the real protocol ------------------------------------------------------
+
+
+def test_list_decodes_every_pod_container_and_device(kubelet: FakeKubelet) -> None:
+    """Fields the agent does not read (CPU IDs, memory, topology, DRA resources) are skipped."""
+    busy = pod("train", ("nvidia.com/gpu", [GPU0, GPU1]), ("example.com/nic", ["eth1"]))
+    busy["containers"][0].update(
+        cpu_ids=[2, 3],
+        memory=[{"memory_type": "memory", "size": 1 << 40, "topology": {"nodes": [{"ID": 1}]}}],
+        dynamic_resources=[
+            {
+                "claim_name": "c",
+                "claim_namespace": "ml",
+                "claim_resources": [{"driver_name": "gpu.nvidia.com", "device_name": "gpu-0"}],
+            }
+        ],
+    )
+    busy["containers"][0]["devices"][0]["topology"] = {"nodes": [{"ID": 0}]}
+    kubelet.pods(busy, pod("web", namespace="default"))
+    pods = list_response(list_pods(kubelet.socket, 5))
+    assert pods == [
+        PodResources(
+            "train",
+            "ml",
+            (
+                ContainerResources("c0", (ContainerDevices("nvidia.com/gpu", (GPU0, GPU1)),)),
+                ContainerResources("c1", (ContainerDevices("example.com/nic", ("eth1",)),)),
+            ),
+        ),
+        PodResources("web", "default", ()),
+    ]
+
+
+def test_a_large_answer_arrives_whole(kubelet: FakeKubelet) -> None:
+    """Thousands of pods (over 1 MB, many HTTP/2 frames and flow-control windows)."""
+    many = [pod(f"p-{i:05d}", ("nvidia.com/gpu", [gpu_uuid(i % 8)])) for i in range(6000)]
+    kubelet.pods(*many)
+    pods = list_response(list_pods(kubelet.socket, 10))
+    assert len(pods) == 6000
+    assert pods[-1].name == "p-05999"
+    assert pods[-1].containers[0].devices[0].device_ids == (gpu_uuid(5999 % 8),)
+
+
+def test_a_grpc_error_is_said_with_its_code_and_message(kubelet: FakeKubelet) -> None:
+    kubelet.answer({"error": {"code": 14, "message": "pod resources 100% busy: try later"}})
+    with pytest.raises(CallError, match=r"^Unavailable: pod resources 100% busy: try later$"):
+        list_pods(kubelet.socket, 5)
+    kubelet.answer({"error": {"code": 8, "message": ""}})
+    with pytest.raises(CallError, match=r"^ResourceExhausted$"):
+        list_pods(kubelet.socket, 5)
+
+
+def test_a_slow_kubelet_times_out(kubelet: FakeKubelet) -> None:
+    kubelet.answer({"pod_resources": [], "delay_ms": 3000})
+    with pytest.raises(CallError, match=r"no answer within 0.3s"):
+        list_pods(kubelet.socket, 0.3)
+
+
+def test_a_server_that_is_not_grpc_is_said_so(tmp_path: Path) -> None:
+    """Something else on the socket (HTTP/1.1 answering, then closing) is a clear error."""
+    path = tmp_path / "not-grpc.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(CallError, match=r"protocol error|closed the connection"):
+            list_pods(path, 5)
+    finally:
+        server.close()
+
+
+# -- the agent's reader: every failure becomes a said Unavailable ------------------------------
+
+
+def test_the_reader_publishes_gpu_pods_and_says_each_failure(
+    kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = Kubelet(kubelet.socket, 2.0)
+    kubelet.pods(pod("train", ("nvidia.com/gpu", [f"{GPU0}::3", f"{GPU0}::4"])), pod("web"))
+    read = reader.read()
+    assert read is not None
+    assert read.state == "Read"
+    assert [(p.name, p.devices, p.resources) for p in read.pods] == [
+        ("train", [GPU0], ["nvidia.com/gpu"])
+    ]
+    kubelet.answer({"error": {"code": 14, "message": "restarting"}})
+    with caplog.at_level(logging.WARNING):
+        first, second = reader.read(), reader.read()
+    assert first == second
+    assert first is not None
+    assert first.state == "Unavailable"
+    assert first.message == "kubelet PodResources: Unavailable: restarting"
+    assert first.pods == []
+    assert len([r for r in caplog.records if "restarting" in r.getMessage()]) == 1
+    kubelet.stop()
+    kubelet.socket.unlink(missing_ok=True)
+    gone = reader.read()
+    assert gone is not None
+    assert gone.state == "Unavailable"
+    assert "kubelet.sock not found" in (gone.message or "")
+
+
+def test_the_reader_is_off_without_the_mounted_folder(tmp_path: Path) -> None:
+    reader = Kubelet(tmp_path / "absent" / "kubelet.sock", 1.0)
+    assert reader.read() is None
+
+
+def test_the_reader_says_an_answer_it_cannot_decode(tmp_path: Path) -> None:
+    (tmp_path / "pr").mkdir()
+    reader = Kubelet(tmp_path / "pr" / "kubelet.sock", 1.0, lister=lambda *_: b"\x0a\xff")
+    read = reader.read()
+    assert read is not None
+    assert read.state == "Unavailable"
+    assert "not a ListPodResourcesResponse" in (read.message or "")
+
+
+# -- pure: what is published -------------------------------------------------------------------
+
+
+def _pods(*pods: dict[str, Any]) -> list[PodResources]:
+    return [
+        PodResources(
+            p["name"],
+            p["namespace"],
+            tuple(
+                ContainerResources(
+                    c["name"],
+                    tuple(
+                        ContainerDevices(d["resource_name"], tuple(d["device_ids"]))
+                        for d in c["devices"]
+                    ),
+                )
+                for c in p["containers"]
+            ),
+        )
+        for p in pods
+    ]
+
+
+def test_devices_are_published_once_per_device_with_replicas_folded() -> None:
+    found = allocations(
+        _pods(
+            pod("a", ("nvidia.com/gpu", [f"{GPU1}::0", GPU0]), ("nvidia.com/gpu", [f"{GPU1}::1"])),
+            pod("b", ("nvidia.com/mig-1g.10gb", [MIG0])),
+            pod("cpu-only", ("example.com/nic", ["eth0"])),
+        )
+    )
+    assert [(p.name, p.resources, p.devices, p.other_devices) for p in found.pods] == [
+        ("a", ["nvidia.com/gpu"], sorted([GPU0, GPU1]), 0),
+        ("b", ["nvidia.com/mig-1g.10gb"], [MIG0], 0),
+    ]
+
+
+def test_ids_that_are_not_uuids_are_counted_never_listed() -> None:
+    """HAMi-style or vendor IDs cannot be matched to a device: the pod's devices are then not
+    known one by one, which the operator reads as 'do not judge by device'."""
+    found = allocations(
+        _pods(
+            pod("hami", ("nvidia.com/gpu", [f"{GPU0}-3", "gpu-7"])),
+            pod("vendor", ("vendor.example/gpu", [GPU1])),
+        ),
+        extra=["vendor.example/gpu"],
+    )
+    assert [(p.name, p.devices, p.other_devices) for p in found.pods] == [
+        ("hami", [], 2),
+        ("vendor", [GPU1], 0),
+    ]
+    unconfigured = allocations(_pods(pod("vendor", ("vendor.example/gpu", [GPU1]))))
+    assert unconfigured.pods == []
+
+
+def test_bounds_omit_whole_pods_never_part_of_one() -> None:
+    many = [
+        pod(f"p{i:03d}", ("nvidia.com/gpu", [gpu_uuid(i)])) for i in range(MAX_KUBELET_PODS + 5)
+    ]
+    found = allocations(_pods(*many))
+    assert len(found.pods) == MAX_KUBELET_PODS
+    assert found.omitted_pods == 5
+    wide = [
+        pod(f"w{i}", ("nvidia.com/gpu", [gpu_uuid(i * 100 + k) for k in range(100)]))
+        for i in range(3)
+    ]
+    found = allocations(_pods(*wide))
+    assert [len(p.devices) for p in found.pods] == [100, 100]
+    assert sum(len(p.devices) for p in found.pods) <= MAX_KUBELET_DEVICES
+    assert found.omitted_pods == 1
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x0a", b"\x0a\x05ab", b"\x0b", b"\x00\x01", b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"],
+)
+def test_malformed_bytes_are_refused(data: bytes) -> None:
+    with pytest.raises(WireError):
+        list_response(data)
+
+
+# -- the agent publishes it ----------------------------------------------------------------------
+
+
+def test_the_agent_publishes_the_kubelets_devices(
+    kubelet: FakeKubelet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(
+        json.dumps({"gpus": [{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}]})
+    )
+    write_process(tmp_path / "proc", 1, "0::/init.scope", comm="init")
+    kubelet.pods(pod("train", ("nvidia.com/gpu", [f"{GPU0}::1"])))
+    settings = AgentSettings(
+        node_name="n1",
+        once=True,
+        output="json",
+        gpu_source=f"fake:{scenario}",
+        proc_root=tmp_path / "proc",
+        pod_resources_socket=kubelet.socket,
+        metrics_port=0,
+    )
+    assert run_agent(settings) == 0
+    report = GpuNodeUsage.model_validate(json.loads(capsys.readouterr().out))
+    assert report.spec.kubelet is not None
+    assert [(p.namespace, p.name, p.devices) for p in report.spec.kubelet.pods] == [
+        ("ml", "train", [GPU0])
+    ]
