@@ -51,7 +51,7 @@ def test_dra_pods_are_judged_by_the_devices_their_claims_got(make_world: WorldFa
     create_allocated_claim(resource, world["ns"], "notebook-gpu-x7k2q", node, ["gpu-0"])
 
     wait_for(lambda: _reason(world, "notebook") == "True UsingUnallocatedGPU", what="unallocated")
-    assert _reason(world, "train") == "True ProcessesRunning", "inside its allocation"
+    wait_for(lambda: _reason(world, "train") == "True ProcessesRunning", what="train inside")
     message = condition(pod(world, "notebook")).message or ""
     assert GPU1 in message
     assert "claim notebook-gpu-x7k2q" in message
@@ -62,19 +62,22 @@ def test_dra_pods_are_judged_by_the_devices_their_claims_got(make_world: WorldFa
         if e.reason == "UsingUnallocatedGPU"
     ]
     assert [e.type for e in warning] == ["Warning"]
+    # the status is written after the pods in the same reconcile
+    wait_for(lambda: report(world)["status"]["totals"]["unallocatedPods"] == 1, what="totals")
     (train,) = _entries(world, "train")
     assert (train["allocatedBy"], train["allocatedDevices"]) == (["DRA"], [GPU0])
     assert not train.get("unallocated")
     assert not train.get("unrequested")
     (notebook,) = _entries(world, "notebook")
     assert (notebook["deviceUUID"], notebook["unallocated"]) == (GPU1, True)
-    assert report(world)["status"]["totals"]["unallocatedPods"] == 1
 
     # The scheduler's answer changes (the claim is recreated on GPU1): the finding goes.
     resource.delete_namespaced_resource_claim("notebook-gpu-x7k2q", world["ns"])
     create_allocated_claim(resource, world["ns"], "notebook-gpu-x7k2q", node, ["gpu-1"])
     wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="inside again")
-    assert report(world)["status"]["totals"].get("unallocatedPods", 0) == 0
+    wait_for(
+        lambda: report(world)["status"]["totals"].get("unallocatedPods", 0) == 0, what="totals"
+    )
 
 
 def test_every_allocation_source_counts_and_no_allocation_is_still_flagged(
@@ -108,15 +111,19 @@ def test_every_allocation_source_counts_and_no_allocation_is_still_flagged(
         ]
     )
     wait_for(lambda: _reason(world, "rogue") == "True UsingUnrequestedGPU", what="rogue flagged")
-    wait_for(lambda: _reason(world, "vgpu") == "True ProcessesRunning", what="vgpu in use")
     for name in ("train", "notebook", "vgpu"):
-        assert _reason(world, name) == "True ProcessesRunning", name
+
+        def running(n: str = name) -> bool:
+            return _reason(world, n) == "True ProcessesRunning"
+
+        wait_for(running, what=f"{name} in use")
+    # the status is written after the pods in the same reconcile
+    wait_for(lambda: report(world)["status"]["totals"]["unrequestedPods"] == 1, what="totals")
     assert _entries(world, "train")[0]["allocatedBy"] == ["Fractional"]
     assert _entries(world, "vgpu")[0]["allocatedBy"] == ["DevicePlugin"]
     notebook = _entries(world, "notebook")[0]
     assert notebook.get("allocatedBy", []) == []
     assert not notebook.get("unrequested")
-    assert report(world)["status"]["totals"]["unrequestedPods"] == 1
     assert "UsingUnrequestedGPU" not in events(world, "notebook") + events(world, "train")
 
 
@@ -148,16 +155,20 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
 
     kubelet.pods()
     with kubelet:
-        world = make_world(agent_extras={"pod_resources_socket": kubelet.socket})
+        world = make_world(
+            agent_extras={"pod_resources_socket": kubelet.socket, "pod_resources_refresh": 0.2}
+        )
         answer(world["ns"])
         wait_for(lambda: _reason(world, "train") == "True UsingUnallocatedGPU", what="unallocated")
-        assert _reason(world, "notebook") == "True ProcessesRunning"
+        wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="notebook")
         spec = report(world)["spec"]["kubelet"]
         assert spec["state"] == "Read"
         assert {p["name"]: p["devices"] for p in spec["pods"]} == {
             "train": [GPU1],
             "notebook": [GPU1],
         }
+        # the status is written after the pods in the same reconcile
+        wait_for(lambda: _entries(world, "train")[0].get("unallocated"), what="status")
         (train,) = _entries(world, "train")
         assert (train["allocatedBy"], train["allocatedDevices"]) == (["DevicePlugin"], [GPU1])
         assert (train["deviceUUID"], train["unallocated"]) == (GPU0, True)
@@ -169,5 +180,7 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
         down = report(world)["spec"]["kubelet"]
         assert down["state"] == "Unavailable"
         assert "kubelet restarting" in down["message"]
+        # the status is written after the pods in the same reconcile
+        wait_for(lambda: not _entries(world, "train")[0].get("unallocated"), what="status")
         (train,) = _entries(world, "train")
-        assert (train.get("allocatedDevices", []), train.get("unallocated")) == ([], False)
+        assert train.get("allocatedDevices", []) == []

@@ -53,6 +53,8 @@ def test_corpus_covers_the_layouts_the_issue_names() -> None:
         "sub-cgroup",
         "private cgroup namespace",
         "host process",
+        "slice:prefix:id",
+        "double-encoded",
     ):
         assert needed in names, needed
 

@@ -135,7 +135,7 @@ def test_a_server_that_is_not_grpc_is_said_so(tmp_path: Path) -> None:
 def test_the_reader_publishes_gpu_pods_and_says_each_failure(
     kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
 ) -> None:
-    reader = Kubelet(kubelet.socket, 2.0)
+    reader = Kubelet(kubelet.socket, 2.0, refresh=0)  # asks every time
     kubelet.pods(pod("train", ("nvidia.com/gpu", [f"{GPU0}::3", f"{GPU0}::4"])), pod("web"))
     read = reader.read()
     assert read is not None
@@ -158,6 +158,33 @@ def test_the_reader_publishes_gpu_pods_and_says_each_failure(
     assert gone is not None
     assert gone.state == "Unavailable"
     assert "kubelet.sock not found" in (gone.message or "")
+
+
+def test_the_kubelet_is_asked_when_a_new_pod_appears_after_a_failure_and_to_refresh(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "pr").mkdir()
+    now = [0.0]
+    answers = [b"", b"\x0a\xff", b"", b"", b""]  # empty lists, and once a broken answer
+    reader = Kubelet(
+        tmp_path / "pr" / "kubelet.sock",
+        1.0,
+        refresh=60,
+        lister=lambda *_: answers.pop(0),
+        clock=lambda: now[0],
+    )
+    assert reader.read({"a"}).state == "Read"  # type: ignore[union-attr]
+    assert reader.read({"a"}) is reader.read(set())  # nothing new: the last answer
+    assert reader.asked == 1
+    assert reader.read({"a", "b"}).state == "Unavailable"  # type: ignore[union-attr]
+    assert reader.read({"a", "b"}).state == "Read"  # type: ignore[union-attr]
+    assert reader.asked == 3, "a failure is asked again the next cycle"
+    now[0] = 59.0
+    reader.read({"b"})
+    assert reader.asked == 3
+    now[0] = 61.0
+    reader.read({"b"})
+    assert reader.asked == 4, "refreshed once a minute"
 
 
 def test_the_reader_is_off_without_the_mounted_folder(tmp_path: Path) -> None:

@@ -213,8 +213,16 @@ def test_the_allocation_column_says_what_each_pod_was_handed() -> None:
         "uid": str(uuid.uuid4()),
         "allocatedBy": ["DevicePlugin", "Fractional"],
     }
+    mixed = {
+        **plugin,
+        "name": "mixed",
+        "uid": str(uuid.uuid4()),
+        "allocatedBy": ["DevicePlugin", "DRA"],
+        "allocatedDevices": [g0, g1],
+        "unallocated": True,
+    }
     rogue = _pod(NS_A, "rogue", 10, [5], 0)
-    report = _report("n1", {g0: [dra, share, unknown, plugin, both, rogue], g1: [stray]})
+    report = _report("n1", {g0: [dra, share, unknown, plugin, both, rogue], g1: [stray, mixed]})
     rows, _ = pod_rows([report])
     shown = {r.pod: allocation_text(r) for r in rows}
     assert shown == {
@@ -224,6 +232,7 @@ def test_the_allocation_column_says_what_each_pod_was_handed() -> None:
         "waiting": "?",
         "plugin": "2",
         "both": "2+share",
+        "mixed": "2+dra (outside!)",
         "rogue": "0 (none!)",
     }
     assert "dra:1 (outside!)" in render_table(rows, all_namespaces=False)

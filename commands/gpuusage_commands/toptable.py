@@ -125,7 +125,9 @@ def allocation_text(row: PodRow) -> str:
     if "DevicePlugin" in row.allocated_by or (row.requested_gpus and not row.allocated_by):
         parts.append(str(row.requested_gpus))
     if "DRA" in row.allocated_by:
-        parts.append(f"dra:{len(row.allocated_devices) or '?'}")
+        # allocatedDevices holds the kubelet's devices too when the pod also has a count
+        shared = "DevicePlugin" in row.allocated_by
+        parts.append("dra" if shared else f"dra:{len(row.allocated_devices) or '?'}")
     if "Fractional" in row.allocated_by:
         parts.append("share")
     if not parts:

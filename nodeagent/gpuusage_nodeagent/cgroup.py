@@ -7,6 +7,12 @@ What makes this hard, and how each case is handled:
   Runtimes name container cgroups `cri-containerd-<id>.scope`, `crio-<id>.scope`,
   `docker-<id>.scope` (systemd) or a bare `<id>` / `crio-<id>` (cgroupfs). So path components
   are matched one by one, never by fixed prefixes.
+* Mismatched drivers. A runtime on the cgroupfs driver given the kubelet's systemd-style parent
+  makes one literal component `<pod slice>:<prefix>:<id>` under its own service's cgroup
+  (`/system.slice/containerd.service/kubepods-…-pod<uid>.slice:cri-containerd:<id>`): it is
+  read as the pod component followed by `<prefix>-<id>`. CRI-O on the systemd driver given
+  cgroupfs-style parents encoded each slice twice (`kubepods.slice-kubepods_burstable.slice-
+  kubepods_burstable_pod<uid>.slice.slice`): underscores and repeated `.slice` are accepted.
 * `crio-conmon-<id>` holds CRI-O's monitor process, not the container: never a container ID.
 * Nesting (kind, k3d, docker-in-docker): several 64-hex IDs and even several pod components can
   appear in one path. The innermost pod is the one the kubelet we report for manages, so the
@@ -39,9 +45,10 @@ _CONTAINER = re.compile(
     rf"^(?:(?P<prefix>cri-containerd|crio|docker|libpod|cri-dockerd)-)?(?P<id>{_HEX64})(?:\.scope)?$"
 )
 _UUID_ANY_SEP = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-# `pod<uid>` (cgroupfs) or `...kubepods[-qos]-pod<uid>.slice` (systemd, kind's kubelet- prefix).
+# `pod<uid>` (cgroupfs) or `...kubepods[-qos]-pod<uid>.slice` (systemd, kind's kubelet- prefix;
+# `_` and `.slice.slice` where a runtime encoded the slice twice).
 _POD = re.compile(
-    rf"^(?:.*kubepods(?:-[a-z]+)?-)?pod(?P<uid>{_UUID_ANY_SEP}|[0-9a-f]{{32}})(?:\.slice)?$"
+    rf"^(?:.*kubepods(?:[-_][a-z]+)?[-_])?pod(?P<uid>{_UUID_ANY_SEP}|[0-9a-f]{{32}})(?:\.slice)*$"
 )
 _PREFIX_RUNTIME: dict[str | None, Runtime] = {
     "cri-containerd": "containerd",
@@ -83,9 +90,23 @@ def _normalise_uid(raw: str) -> str | None:
     return raw.replace("_", "-")
 
 
+def _components(path: str) -> list[str]:
+    """The path's components, a `<slice>:<prefix>:<id>` one read as `<slice>`, `<prefix>-<id>`."""
+    parts: list[str] = []
+    for part in path.strip().split("/"):
+        if not part or part in (".", ".."):
+            continue
+        pieces = part.split(":")
+        if len(pieces) == 3 and all(pieces):
+            parts += [pieces[0], f"{pieces[1]}-{pieces[2]}"]
+        else:
+            parts.append(part)
+    return parts
+
+
 def parse_path(path: str) -> CgroupAttribution:
     """Attribute one cgroup path (the third field of a /proc/<pid>/cgroup line)."""
-    parts = [p for p in path.strip().split("/") if p and p not in (".", "..")]
+    parts = _components(path)
     pod_index = None
     pod_uid = None
     for index, part in enumerate(parts):

@@ -51,9 +51,9 @@ class NodeReader:
     """Reads the node once per cycle: the GPUs, then each listed pid's container and pod, then
     the kubelet's allocations.
 
-    The kubelet is asked last: a process seen in this cycle belongs to a pod the kubelet had
-    admitted (and given its devices) before it was asked, so a pod name in its answer never
-    stands for an older pod of the same name than the processes do.
+    The kubelet, when asked (see Kubelet), is asked last: a process seen in this cycle belongs
+    to a pod the kubelet had admitted (and given its devices) before it was asked, so a pod name
+    in its answer never stands for an older pod of the same name than the processes do.
     """
 
     def __init__(
@@ -74,7 +74,10 @@ class NodeReader:
         reading = capped(self.source.read())
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
-        allocated = self.kubelet.read() if self.kubelet is not None else None
+        allocated = None
+        if self.kubelet is not None:
+            pods = {r.attribution.pod_uid for r in found.values() if r.attribution.pod_uid}
+            allocated = self.kubelet.read(pods)
         return AttributedReading(self.node_name, self.clock(), reading, found, allocated)
 
 
@@ -123,6 +126,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         settings.pod_resources_socket,
         settings.pod_resources_timeout,
         comma_list(settings.gpu_resources),
+        refresh=settings.pod_resources_refresh,
     )
     reader = NodeReader(settings.node_name, source, resolver, kubelet=kubelet)
     try:

@@ -34,6 +34,9 @@ class AgentSettings(CommandSettings):
     (mount its folder read-only); when its folder is not there, allocations stay counts."""
     pod_resources_timeout: float = Field(default=2.0, gt=0, le=30)
     """Seconds the kubelet has to answer."""
+    pod_resources_refresh: float = Field(default=60.0, gt=0)
+    """Seconds after which the kubelet is asked again although no new pod uses a GPU (a new
+    pod is asked about in the cycle it appears)."""
     gpu_resources: str = ""
     """Extra extended-resource names whose kubelet device IDs are GPUs, comma-separated (give
     the operator the same list)."""
