@@ -36,6 +36,8 @@ class FakeProcess:
     name: bytes | None = b"/usr/bin/python3.11"
     sm: int | None = None
     mem: int | None = None
+    earlier_sm: tuple[int, ...] = ()
+    """SM samples the driver kept before the latest one (`sm`) since the last query."""
 
 
 @dataclass
@@ -163,7 +165,12 @@ class FakeMachine:
         if handle.mig is not None or not gpu.util_supported:
             return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
         stamp = int(getattr(since, "value", since)) + 1_000_000
-        samples = [(p.pid, stamp, p.sm, p.mem or 0) for p in gpu.processes if p.sm is not None]
+        samples = [
+            (p.pid, stamp - len(p.earlier_sm) + n, sm, p.mem or 0)
+            for p in gpu.processes
+            if p.sm is not None
+            for n, sm in enumerate((*p.earlier_sm, p.sm))
+        ]
         if not samples:
             return int(pynvml.NVML_ERROR_NOT_FOUND)
         count = count_ref._obj

@@ -15,6 +15,7 @@ from gpuusage.api import names
 from gpuusage.api.models import (
     MAX_ALLOCATED,
     MAX_ALLOCATED_LISTED,
+    MAX_CONDITIONS,
     MAX_COUNTED,
     MAX_DETAIL,
     MAX_DEVICE_ID,
@@ -328,6 +329,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
             sm_util_percent=100,
             memory_util_percent=100,
             resolve_error=safe * MAX_DETAIL,
+            idle_since=now,
         )
 
     per_gpu = MAX_PROCESSES // MAX_GPUS
@@ -405,7 +407,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
             status="Unknown",
             observed_generation=2**62,
             last_transition_time=now,
-            reason="R" * 1024,
+            reason="R" * 128,
             message="<" * 1024,
         )
 
@@ -413,7 +415,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
     status = GpuNodeUsageStatus(
         observed_generation=2**62,
         report_seen_at=now,
-        conditions=[condition("Ready"), condition("Stale")],
+        conditions=[condition(f"Kind{k}") for k in range(MAX_CONDITIONS)],
         totals=Totals(
             gpus=2**62,
             pods=2**62,
@@ -424,6 +426,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
             unattributed_memory_mib=MAX_MIB,
             unrequested_pods=2**62,
             unallocated_pods=2**62,
+            held_idle_pods=2**62,
             idle_pods=2**62,
             memory=safe * 64,
         ),
@@ -464,6 +467,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 allocated_devices=[device] * MAX_ALLOCATED if i < allocated_entries else [],
                 allocated_devices_omitted=MAX_DEVICES,
                 unallocated=True,
+                held_idle_since=now,
             )
             for i in range(MAX_POD_DEVICES)
         ],

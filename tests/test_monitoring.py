@@ -45,6 +45,7 @@ ALERTS = (
     "GpuMemoryHeldOutsidePods",
     "GpuUsedWithoutRequest",
     "GpuUsedOutsideAllocation",
+    "GpuHeldIdle",
     "GpuRequestedButIdle",
 )
 
@@ -161,8 +162,18 @@ def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) 
     assert "forbidden" not in output, f"kube-state-metrics was refused access:\n{output[-3000:]}"
 
 
-def _gpu(index: int, uuid: str, used: int, processes: list[tuple[int, int]]) -> dict[str, Any]:
-    listed = [{"pid": pid, "usedMemoryMiB": mib} for pid, mib in processes]
+def _gpu(
+    index: int,
+    uuid: str,
+    used: int,
+    processes: list[tuple[int, int]],
+    sm: dict[int, int] | None = None,
+) -> dict[str, Any]:
+    """A GPU of the scenario; `sm`: the SM utilization of some pids (the others: not reported)."""
+    listed: list[dict[str, Any]] = [{"pid": pid, "usedMemoryMiB": mib} for pid, mib in processes]
+    for entry in listed:
+        if entry["pid"] in (sm or {}):
+            entry["smUtil"] = (sm or {})[entry["pid"]]
     return {
         "index": index,
         "uuid": uuid,
@@ -237,12 +248,15 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     make_world: WorldFactory, state_metrics: int, promtool: Path, tmp_path: Path
 ) -> None:
     a = make_world(
-        {"train": 1, "waiter": 1, "sneaky": 0, "stray": 0},
+        {"train": 1, "waiter": 1, "sneaky": 0, "stray": 0, "kernel": 1},
         idle_after=3.0,
         pod_extras={"stray": {"claims": {"gpu": "stray-gpu"}}},
+        agent_extras={"idle_window": 0.5},
     )
     b = make_world({"train": 1}, operator=False)  # reconciled by a's operator
-    train, waiter, sneaky, stray = (a["pids"][n] for n in ("train", "waiter", "sneaky", "stray"))
+    train, waiter, sneaky, stray, kernel = (
+        a["pids"][n] for n in ("train", "waiter", "sneaky", "stray", "kernel")
+    )
     host = 777  # Xorg, outside any pod
     resource = client.ResourceV1Api(a["api"])  # stray's claim got GPU0, where it runs at first
     create_gpu_slice(resource, a["node"], [{"name": "gpu-0", "type": "gpu", "uuid": GPU0}])
@@ -250,7 +264,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     a["scenario"](
         [
             _gpu(0, GPU0, 21504, [(train, 20480), (stray, 1024)]),
-            _gpu(1, GPU1, 8192, [(waiter, 8192)]),
+            _gpu(1, GPU1, 12288, [(waiter, 8192), (kernel, 4096)], sm={kernel: 40}),
         ]
     )
     b["scenario"]([_gpu(0, GPU0, 10240, [(b["pids"]["train"], 10240)])])
@@ -275,8 +289,8 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     healthy = wait_for(healthy_now, timeout=60, what="the healthy state in kube-state-metrics")
     node_a = {"node": a["node"]}
     assert _value(healthy, "gpuusage_node_gpus", **node_a) == 2
-    assert _value(healthy, "gpuusage_node_pods", **node_a) == 3
-    assert _value(healthy, "gpuusage_node_memory_used_mib", **node_a) == 29696
+    assert _value(healthy, "gpuusage_node_pods", **node_a) == 4
+    assert _value(healthy, "gpuusage_node_memory_used_mib", **node_a) == 33792
     assert _value(healthy, "gpuusage_node_memory_total_mib", **node_a) == 163840
     assert (
         _value(healthy, "gpuusage_node_condition", **node_a, condition="Ready", status="True") == 1
@@ -285,7 +299,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         _value(healthy, "gpuusage_gpu_memory_used_mib", **node_a, gpu=GPU0, gpu_index="0") == 21504
     )
     assert _value(healthy, "gpuusage_gpu_memory_total_mib", **node_a, gpu=GPU1) == 81920
-    assert _value(healthy, "gpuusage_gpu_pods", **node_a, gpu=GPU1) == 1
+    assert _value(healthy, "gpuusage_gpu_pods", **node_a, gpu=GPU1) == 2
     assert (
         _value(
             healthy,
@@ -302,16 +316,26 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="train") == 0
     assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="stray") == 0
     assert _value(healthy, "gpuusage_pod_gpu_unallocated", **node_a, pod="stray") == 0
+    held = "gpuusage_pod_gpu_held_idle_since_timestamp_seconds"
+    assert _value(healthy, held, **node_a, pod="kernel") == 0
+    assert _value(healthy, "gpuusage_node_held_idle_pods", **node_a) == 0
     observed = _value(healthy, "gpuusage_node_observed_timestamp_seconds", **node_a)
     assert observed is not None
     assert abs(observed - time.time()) < 60
 
     # Trouble: GPU0 nearly full, a host process holds 4 GiB of GPU1 next to a pod that never
-    # requested a GPU, the waiter's work ends (idle after 3 s), and node b's agent dies.
+    # requested a GPU, the waiter's work ends (idle after 3 s), the kernel keeps its memory
+    # and computes nothing (idle after 0.5 s, flagged 3 s later), and node b's agent dies.
     a["scenario"](
         [
             _gpu(0, GPU0, 80896, [(train, 80896)]),
-            _gpu(1, GPU1, 7168, [(sneaky, 2048), (host, 4096), (stray, 1024)]),
+            _gpu(
+                1,
+                GPU1,
+                11264,
+                [(sneaky, 2048), (host, 4096), (stray, 1024), (kernel, 4096)],
+                sm={kernel: 0},
+            ),
         ]
     )
     b["agent"].halt()
@@ -323,6 +347,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_pod_gpu_unrequested", node=a["node"], pod="sneaky") == 1
             and _value(s, "gpuusage_pod_gpu_unallocated", node=a["node"], pod="stray") == 1
             and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
+            and (_value(s, held, node=a["node"], pod="kernel") or 0) > 0
             and _value(
                 s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="True"
             )
@@ -348,6 +373,10 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert _value(trouble, "gpuusage_node_unrequested_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_unallocated_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_idle_pods", **node_a) == 1
+    assert _value(trouble, "gpuusage_node_held_idle_pods", **node_a) == 1
+    held_since = _value(trouble, held, **node_a, pod="kernel")
+    assert held_since is not None
+    assert time.time() - 120 < held_since <= time.time()
     assert _value(trouble, "gpuusage_pod_requested_gpus", **node_a, pod="sneaky") == 0
     since = _value(trouble, "gpuusage_pod_gpu_idle_since_timestamp_seconds", **node_a, pod="waiter")
     assert since is not None
@@ -366,6 +395,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         "GpuMemoryHeldOutsidePods": [{"node": a["node"], "gpu": GPU1}],
         "GpuUsedWithoutRequest": [{"namespace": a["ns"], "pod": "sneaky", "node": a["node"]}],
         "GpuUsedOutsideAllocation": [{"namespace": a["ns"], "pod": "stray", "node": a["node"]}],
+        "GpuHeldIdle": [{"namespace": a["ns"], "pod": "kernel", "node": a["node"]}],
         "GpuRequestedButIdle": [{"namespace": a["ns"], "pod": "waiter", "node": a["node"]}],
     }
     test_file = tmp_path / "alerts_test.yaml"

@@ -293,3 +293,36 @@ def test_static_facts_are_read_once_per_nvml_session(monkeypatch: pytest.MonkeyP
 def test_cuda_version_format() -> None:
     assert cuda_version(12040) == "12.4"
     assert cuda_version(11080) == "11.8"
+
+
+def test_activity_since_the_last_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver keeps samples only for processes that ran: none means inactive where the
+    device answers; any busy sample since the last query means active, whatever the latest."""
+    gpu = FakeGpu(
+        uuid=gpu_uuid(0),
+        processes=[
+            FakeProcess(pid=10),  # no sample: quiet
+            FakeProcess(pid=11, sm=40),
+            FakeProcess(pid=12, sm=0, earlier_sm=(0, 35)),  # busy, then quiet at the end
+            FakeProcess(pid=13, sm=0, earlier_sm=(0,)),
+        ],
+    )
+    blind = FakeGpu(uuid=gpu_uuid(1), util_supported=False, processes=[FakeProcess(pid=20, sm=9)])
+    mig_gpu = FakeGpu(
+        uuid=gpu_uuid(2),
+        mig=[FakeMig(index=0, uuid=mig_uuid(0), processes=[FakeProcess(pid=30, sm=50)])],
+    )
+    reading = _source(FakeMachine([gpu, blind, mig_gpu]), monkeypatch).read()
+    by_pid = {p.pid: p for p in reading.all_processes()}
+    assert {pid: by_pid[pid].active for pid in (10, 11, 12, 13)} == {
+        10: False,
+        11: True,
+        12: True,
+        13: False,
+    }
+    assert by_pid[12].sm_util_percent == 0, "the published percentage is the latest sample"
+    assert by_pid[20].active is None, "the device does not report it"
+    assert by_pid[30].active is None, "MIG devices have no per-process utilization"
+    quiet = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=10)])])
+    (only,) = _source(quiet, monkeypatch).read().all_processes()
+    assert only.active is False, "no sample at all (NOT_FOUND): nobody ran"

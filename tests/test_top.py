@@ -236,3 +236,15 @@ def test_the_allocation_column_says_what_each_pod_was_handed() -> None:
         "rogue": "0 (none!)",
     }
     assert "dra:1 (outside!)" in render_table(rows, all_namespaces=False)
+
+
+def test_a_pod_holding_memory_without_computing_is_marked() -> None:
+    g0 = "GPU-00000000-0000-0000-0000-000000000000"
+    kernel = {**_pod(NS_A, "kernel", 71680, [7], 1), "heldIdleSince": NOW}
+    busy = _pod(NS_A, "busy", 1024, [8], 1)
+    rows, _ = pod_rows([_report("n1", {g0: [kernel, busy]})])
+    table = render_table(rows, all_namespaces=False)
+    (line,) = [x for x in table.splitlines() if x.startswith("kernel")]
+    assert "70Gi (held idle since " in line
+    (other,) = [x for x in table.splitlines() if x.startswith("busy")]
+    assert "held idle" not in other

@@ -39,6 +39,8 @@ class PodRow:
     """Uses a device outside its device-level allocation."""
     idle_since: str | None = None
     """Set for a pod that requested GPUs and has used none since then (status.idlePods)."""
+    held_idle_since: str | None = None
+    """Set for a pod whose processes hold memory and have computed nothing since then."""
     stale: bool = False
 
 
@@ -74,6 +76,8 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
             row.allocated_by = list(pod.allocated_by)
             row.allocated_devices = list(pod.allocated_devices)
             row.unallocated = row.unallocated or pod.unallocated
+            if pod.held_idle_since is not None:
+                row.held_idle_since = format_time(pod.held_idle_since)
             row.stale = status.stale
         for idle in status.idle_pods:
             rows.setdefault(
@@ -138,12 +142,15 @@ def allocation_text(row: PodRow) -> str:
 def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
     """kubectl-style columns. GPUS is what the pod uses, ALLOCATED what it was handed (see
     allocation_text); a pod using GPUs it never got is marked, and so are a pod leaving its
-    requested GPUs idle and a stale node's possibly old numbers."""
+    requested GPUs idle, one holding memory without computing, and a stale node's possibly
+    old numbers."""
     header = ["NAMESPACE"] if all_namespaces else []
     header += ["NAME", "NODE", "GPUS", "ALLOCATED", "MEMORY", "PROCESSES", "DEVICES"]
     lines = [header]
     for r in rows:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
+        if r.held_idle_since:
+            memory += f" (held idle since {r.held_idle_since})"
         cells = [r.namespace] if all_namespaces else []
         requested = allocation_text(r)
         if r.idle_since:

@@ -71,7 +71,7 @@ def fingerprint(
     source: Source | None,
     gpus: Iterable[Gpu],
     processes_of: Callable[[Gpu | MigDevice], Sequence[P]],
-    key: Callable[[P], Exact],
+    key: Callable[[Gpu | MigDevice, P], Exact],
 ) -> Fingerprint:
     """The fingerprint of a report's devices: `processes_of` lists a device's processes and
     `key` gives each one's attributed identity (report.AttributedReading passes the same rule
@@ -86,7 +86,7 @@ def fingerprint(
         )
         memories.append(d.memory.used_mib if d.memory is not None else None)
         memories.append(d.omitted_memory_mib)
-        exact.extend(map(key, processes))
+        exact.extend(key(d, p) for p in processes)
         memories.extend(p.used_memory_mib for p in processes)
         return len(processes)
 

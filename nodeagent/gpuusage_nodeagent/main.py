@@ -24,6 +24,7 @@ from gpuusage.errors import GpuusageError
 from gpuusage.kube.errors import ApiError
 from gpuusage.kube.rest import RestClient
 from gpuusage.settings import comma_list
+from gpuusage_nodeagent.activity import ActivityTracker
 from gpuusage_nodeagent.caps import capped
 from gpuusage_nodeagent.gpusource.base import GpuSource
 from gpuusage_nodeagent.gpusource.fake import FakeSource
@@ -61,24 +62,37 @@ class NodeReader:
         node_name: str,
         source: GpuSource,
         resolver: Resolver,
+        *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         kubelet: Kubelet | None = None,
+        activity: ActivityTracker | None = None,
     ) -> None:
         self.node_name = node_name
         self.source = source
         self.resolver = resolver
         self.clock = clock
         self.kubelet = kubelet
+        self.activity = activity or ActivityTracker()
 
     def read(self) -> AttributedReading:
         reading = capped(self.source.read())
+        now = self.clock()
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
+        idle = {}
+        for uuid, listed in reading.processes.items():
+            for p in listed:
+                since = self.activity.idle_since((uuid, p.pid), p.active, now)
+                if since is not None:
+                    idle[(uuid, p.pid)] = since
+        self.activity.forget_except(
+            (uuid, p.pid) for uuid, listed in reading.processes.items() for p in listed
+        )
         allocated = None
         if self.kubelet is not None:
             pods = {r.attribution.pod_uid for r in found.values() if r.attribution.pod_uid}
             allocated = self.kubelet.read(pods)
-        return AttributedReading(self.node_name, self.clock(), reading, found, allocated)
+        return AttributedReading(self.node_name, now, reading, found, allocated, idle)
 
 
 def settle_memory() -> None:
@@ -128,7 +142,13 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         comma_list(settings.gpu_resources),
         refresh=settings.pod_resources_refresh,
     )
-    reader = NodeReader(settings.node_name, source, resolver, kubelet=kubelet)
+    reader = NodeReader(
+        settings.node_name,
+        source,
+        resolver,
+        kubelet=kubelet,
+        activity=ActivityTracker(timedelta(seconds=settings.idle_window)),
+    )
     try:
         if settings.output == "json":
             json.dump(object_for(reader.read().spec()), sys.stdout, indent=2)

@@ -6,7 +6,7 @@ without a proc tree, and so that the benchmark measures the real code path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -17,10 +17,12 @@ from gpuusage.api.models import (
     Gpu,
     GpuNodeUsageSpec,
     KubeletAllocations,
+    MigDevice,
     Process,
     Source,
     safe_text,
 )
+from gpuusage_nodeagent.activity import Key
 from gpuusage_nodeagent.change import Exact, Fingerprint, fingerprint
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.resolver import MAX_NAME, Resolved
@@ -44,9 +46,12 @@ def attribution(process: RawProcess, resolved: Resolved | None) -> Attributed:
     return process.name or resolved.comm, found.container_id, found.pod_uid, resolved.error
 
 
-def attribute(process: RawProcess, resolved: Resolved | None) -> Process:
+def attribute(
+    process: RawProcess, resolved: Resolved | None, idle_since: datetime | None = None
+) -> Process:
     """The published process: what the GPU library said, with its container, pod and name
-    filled in from what the proc root said. Validated here, once per write."""
+    filled in from what the proc root said, and since when it is idle (see activity).
+    Validated here, once per write."""
     name, container_id, pod_uid, error = attribution(process, resolved)
     return Process(
         pid=process.pid,
@@ -58,11 +63,23 @@ def attribute(process: RawProcess, resolved: Resolved | None) -> Process:
         sm_util_percent=process.sm_util_percent,
         memory_util_percent=process.memory_util_percent,
         resolve_error=None if error is None else safe_text(error, MAX_DETAIL),
+        idle_since=idle_since,
     )
 
 
-def _attribute_all(processes: Sequence[RawProcess], found: Mapping[int, Resolved]) -> list[Process]:
-    return [attribute(p, found.get(p.pid)) for p in processes]
+Idle = Mapping[Key, datetime]
+"""Since when each idle process is idle, by (device UUID, pid)."""
+NOT_IDLE: Idle = {}
+
+
+def _attribute_all(
+    device: Gpu | MigDevice, reading: Reading, found: Mapping[int, Resolved], idle: Idle
+) -> list[Process]:
+    uuid = device.uuid or ""
+    return [
+        attribute(p, found.get(p.pid), idle.get((uuid, p.pid)))
+        for p in reading.processes_of(device)
+    ]
 
 
 def build_spec(
@@ -70,16 +87,18 @@ def build_spec(
     observed_at: datetime,
     reading: Reading,
     found: Mapping[int, Resolved],
+    *,
     kubelet: KubeletAllocations | None = None,
+    idle: Idle = NOT_IDLE,
 ) -> GpuNodeUsageSpec:
     """The spec the agent publishes for this reading."""
     gpus: list[Gpu] = []
     for gpu in reading.gpus:
         migs = [
-            mig.model_copy(update={"processes": _attribute_all(reading.processes_of(mig), found)})
+            mig.model_copy(update={"processes": _attribute_all(mig, reading, found, idle)})
             for mig in gpu.mig_devices
         ]
-        processes = _attribute_all(reading.processes_of(gpu), found)
+        processes = _attribute_all(gpu, reading, found, idle)
         gpus.append(gpu.model_copy(update={"processes": processes, "mig_devices": migs}))
     return GpuNodeUsageSpec(
         node_name=node_name,
@@ -137,12 +156,19 @@ class AttributedReading:
     found: Mapping[int, Resolved]
     kubelet: KubeletAllocations | None = None
     """The kubelet's allocations this cycle; None: not read (the socket is not mounted)."""
+    idle: Idle = field(default_factory=dict)
+    """Idle processes, since when (see activity)."""
     _spec: GpuNodeUsageSpec | None = field(default=None, repr=False)
 
     def spec(self) -> GpuNodeUsageSpec:
         if self._spec is None:
             self._spec = build_spec(
-                self.node_name, self.observed_at, self.reading, self.found, self.kubelet
+                self.node_name,
+                self.observed_at,
+                self.reading,
+                self.found,
+                kubelet=self.kubelet,
+                idle=self.idle,
             )
         return self._spec
 
@@ -158,9 +184,10 @@ class AttributedReading:
         )
         return Fingerprint((*found.exact, self.kubelet), found.memories)
 
-    def _key(self, p: RawProcess) -> Exact:
+    def _key(self, device: Gpu | MigDevice, p: RawProcess) -> Exact:
         name, container_id, pod_uid, error = attribution(p, self.found.get(p.pid))
-        return p.pid, name, container_id, pod_uid, p.types, error
+        idle = self.idle.get((device.uuid or "", p.pid)) if self.idle else None
+        return p.pid, name, container_id, pod_uid, p.types, error, idle
 
     def unresolved(self) -> int:
         """Processes the resolver could not attribute (for the agent's metrics)."""

@@ -29,6 +29,9 @@ class AgentSettings(CommandSettings):
     """Seconds a process the GPU library still lists keeps the pod last read for it while its
     /proc files cannot be read; after that its pod's use is reported as unknown (never as
     ended)."""
+    idle_window: float = Field(default=300.0, gt=0)
+    """Seconds a process must use none of its device's SMs before it is published as idle
+    (`idleSince`); shorter pauses are no change, so utilization noise causes no write."""
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's PodResources socket, read each cycle for the device IDs each pod was given
     (mount its folder read-only); when its folder is not there, allocations stay counts."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuusage.api.models import GpuNodeUsageSpec, KubeletPod
@@ -307,6 +308,9 @@ class Judgement:
     finding: Finding | None = None
     outside: tuple[str, ...] = ()
     """The used devices outside the allocation (for Unallocated)."""
+    held_idle_since: datetime | None = None
+    """Since when the pod holds memory and computes nothing, once that is a finding (see
+    holding); the allocation findings come first."""
 
 
 def judge(

@@ -35,9 +35,11 @@ OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names
 
 REASON_UNREQUESTED = "UsingUnrequestedGPU"
 REASON_UNALLOCATED = "UsingUnallocatedGPU"
+REASON_HELD_IDLE = "HoldingIdleGPU"
 WARNED_USE = {
     REASON_UNREQUESTED: "GPUs it did not request",
     REASON_UNALLOCATED: "a GPU outside its allocation",
+    REASON_HELD_IDLE: "GPU memory without computing",
 }
 """In-use reasons that are findings: each gets a Warning Event when it starts."""
 REASON_IDLE = "RequestedGPUsIdle"
@@ -181,6 +183,16 @@ def desired_condition(
                 message + f"; {', '.join(judged.outside)} is outside what the pod was "
                 f"allocated ({judged.allocation.detail}): NVIDIA_VISIBLE_DEVICES overridden, or "
                 "a process outside its container's devices?",
+            )
+        if judged.held_idle_since is not None:
+            return _gpu_in_use(
+                "True",
+                REASON_HELD_IDLE,
+                # no time here: the condition would change with every report (the time is
+                # in the report's status.pods[].heldIdleSince)
+                message + "; none of them has computed anything for longer than --idle-after "
+                "while holding the memory, which no other pod can use (an idle notebook "
+                "kernel?)",
             )
         return _gpu_in_use("True", "ProcessesRunning", message)
     if state == "Unknown" and unknown is not None:

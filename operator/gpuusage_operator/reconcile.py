@@ -39,6 +39,7 @@ from gpuusage_operator.freshness import (
     is_stale,
     sight,
 )
+from gpuusage_operator.holding import held_idle
 from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import PodEvent, Verdict, annotation_patch, plan_pod, verdicts
@@ -172,6 +173,12 @@ class Reconciler:
             if fresh and not blind
             else []
         )
+        if fresh and not blind:
+            held = held_idle(uses.values(), sighting.seen_at, now, self.idle_after)
+            judged = {
+                uid: replace(j, held_idle_since=held[uid]) if uid in held else j
+                for uid, j in judged.items()
+            }
         status = desired_status(
             spec,
             resolutions,

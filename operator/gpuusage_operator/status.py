@@ -82,6 +82,7 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                     unrequested=judgement.finding == "Unrequested",
                     allocated_by=list(allocation.sources),
                     unallocated=judgement.finding == "Unallocated" and uuid in judgement.outside,
+                    held_idle_since=judgement.held_idle_since,
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
@@ -180,6 +181,7 @@ def node_totals(
         unattributed_memory_mib=sum(u.used_memory_mib or 0 for u in outside),
         unrequested_pods=len({u.uid for u in usages if u.unrequested}),
         unallocated_pods=len({u.uid for u in usages if u.unallocated}),
+        held_idle_pods=len({u.uid for u in usages if u.held_idle_since is not None}),
         idle_pods=idle_pods,
         memory=f"{format_mib(used)}/{format_mib(total)}",
     )

@@ -30,6 +30,10 @@ class RawProcess(NamedTuple):
     types: tuple[ProcessType, ...]
     sm_util_percent: int | None = None
     memory_util_percent: int | None = None
+    active: bool | None = None
+    """Whether the process used the device's SMs since the last reading: True, False (the
+    device reports per-process utilization and had none for it), None (not reported: MIG
+    devices, GPUs without per-process utilization, a failed query)."""
 
 
 NO_PROCESSES: tuple[RawProcess, ...] = ()

@@ -211,6 +211,7 @@ def _processes(procs: list[FakeProcess], with_utilization: bool) -> list[RawProc
             types=tuple(dict.fromkeys(proc.types)),
             sm_util_percent=proc.smUtil if with_utilization else None,
             memory_util_percent=proc.memUtil if with_utilization else None,
+            active=proc.smUtil > 0 if with_utilization and proc.smUtil is not None else None,
         )
         for proc in procs
     ]

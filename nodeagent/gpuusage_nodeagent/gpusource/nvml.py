@@ -12,7 +12,9 @@ Policies, each from an observed failure mode:
 * MIG: processes are queried per MIG device handle; the parent handle only gives aggregates.
   Per-process utilization does not exist on MIG devices.
 * Process-utilization samples are read incrementally (from the last seen timestamp); a device
-  that does not support them is not asked again.
+  that does not support them is not asked again. The driver keeps samples only for processes
+  that ran on the SMs, so a process without a sample since the last reading was inactive
+  (`active` False) where the device answers, and unknown (None) where it does not.
 * Pids outside the valid range (seen with binding/driver struct mismatches) are dropped and
   counted as errors; every other pid is validated later against the proc root.
 """
@@ -445,18 +447,24 @@ class NvmlSource:
                     if kind not in types:
                         types += (kind,)
                     merged[pid] = (types, before if used is None else max(used, before or 0))
-        utilization = self._process_utilization(handle, uuid) if with_utilization else {}
+        utilization = self._process_utilization(handle, uuid) if with_utilization else None
+        samples = utilization or {}
+        quiet: tuple[int | None, int | None, bool | None] = (
+            None,
+            None,
+            None if utilization is None else False,
+        )
         names, seen = self._names, self._names_seen
         processes = []
         for pid in sorted(merged):
             types, used = merged[pid]
-            sm, mem = utilization.get(pid, (None, None))
+            sm, mem, active = samples.get(pid, quiet)
             if pid in names:
                 name = names[pid]
             else:
                 name = clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid))
             seen[pid] = name
-            processes.append(RawProcess(pid, name, used, types, sm, mem))
+            processes.append(RawProcess(pid, name, used, types, sm, mem, active))
         return processes
 
     def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int]]:
@@ -470,27 +478,34 @@ class NvmlSource:
         )
         return list(_unpacker(entry, SAMPLE_FIELDS).iter_unpack(data))
 
-    def _process_utilization(self, handle: Any, uuid: str) -> dict[int, tuple[int, int]]:
+    def _process_utilization(
+        self, handle: Any, uuid: str
+    ) -> dict[int, tuple[int, int, bool]] | None:
+        """Per pid with samples since the last reading: the latest SM and memory percentages
+        and whether any sample used the SMs. None: the device does not tell."""
         nvml = self._module()
         if uuid in self._util_unsupported:
-            return {}
+            return None
         try:
             samples = self._raw_samples(handle, self._util_since.get(uuid, 0))
         except nvml.NVMLError_NotSupported:
             self._util_unsupported.add(uuid)
-            return {}
+            return None
         except nvml.NVMLError_NotFound:
-            return {}  # no samples since the last reading
+            return {}  # no samples since the last reading: no process ran
         except nvml.NVMLError as exc:
             self._errors[error_reason(exc)] += 1
-            return {}
+            return None
         latest: dict[int, tuple[int, int, int]] = {}
+        busy: set[int] = set()
         newest = 0
         for pid, stamp, sm, mem in samples:
+            if sm > 0:
+                busy.add(pid)
             known = latest.get(pid)
             if known is None or stamp >= known[0]:
                 latest[pid] = (stamp, sm if sm <= 100 else 100, mem if mem <= 100 else 100)
                 newest = stamp if stamp > newest else newest
         if latest:
             self._util_since[uuid] = newest
-        return {pid: (sm, mem) for pid, (_, sm, mem) in latest.items()}
+        return {pid: (sm, mem, pid in busy) for pid, (_, sm, mem) in latest.items()}

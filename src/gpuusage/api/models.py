@@ -49,7 +49,8 @@ MAX_PROCESSES = 512  # per device, and on the whole node
 MAX_DEVICES = MAX_GPUS * (1 + MAX_MIG_DEVICES)
 MAX_POD_DEVICES = MAX_PROCESSES  # each (pod, device) entry stands for at least one process
 MAX_UNATTRIBUTED = 128
-MAX_IDLE_PODS = 128
+MAX_IDLE_PODS = 64
+MAX_CONDITIONS = 4  # Ready and Stale, and room for two more
 MAX_PIDS_LISTED = 16  # per container entry of the status
 MAX_MIG_UUID = 96
 MAX_DEVICE_ID = MAX_MIG_UUID  # no GPU, MIG device or stand-in is named longer
@@ -168,6 +169,10 @@ class Process(ApiModel):
     """Memory-controller utilization by this process, when the device reports it."""
     resolve_error: Detail | None = None
     """Why the process could not be attributed (e.g. it exited during the observation)."""
+    idle_since: datetime | None = None
+    """Since when the process has used none of the device's SMs (by the node's clock), once that
+    has lasted the agent's --idle-window; absent while it computes, and where the device does
+    not report per-process utilization (MIG devices, some GPUs)."""
 
 
 class MigDevice(ApiModel):
@@ -307,7 +312,8 @@ class Condition(ApiModel):
     status: Literal["True", "False", "Unknown"]
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     last_transition_time: datetime
-    reason: Annotated[str, Field(pattern=CONDITION_REASON_PATTERN, min_length=1, max_length=1024)]
+    reason: Annotated[str, Field(pattern=CONDITION_REASON_PATTERN, min_length=1, max_length=128)]
+    """At most 128 characters (metav1.Condition allows 1024; the operator's are short names)."""
     message: Annotated[str, Field(max_length=MAX_MESSAGE)] = ""
     """At most 1024 characters (metav1.Condition allows 32768): the object must stay small."""
 
@@ -363,6 +369,9 @@ class PodUsage(ApiModel):
     """Allocated devices not listed here: the status lists at most 256 in all."""
     unallocated: bool = False
     """True when the pod has a device-level allocation and this device is outside it."""
+    held_idle_since: datetime | None = None
+    """Set when every process of the pod, on every device, has computed nothing for the
+    operator's --idle-after while holding memory: since when, by the operator's clock."""
 
 
 class DeviceUsage(ApiModel):
@@ -438,6 +447,8 @@ class Totals(ApiModel):
     unrequested_pods: Annotated[int, Field(ge=0)] = 0
     """Pods using a GPU without having requested one."""
     unallocated_pods: Annotated[int, Field(ge=0)] = 0
+    held_idle_pods: Annotated[int, Field(ge=0)] = 0
+    """Pods holding GPU memory whose processes have computed nothing for --idle-after."""
     """Pods using a device outside their allocation."""
     idle_pods: Annotated[int, Field(ge=0)] = 0
     """Running pods that requested GPUs and used none for the operator's --idle-after."""
@@ -453,7 +464,7 @@ class GpuNodeUsageStatus(ApiModel):
     """When the operator first saw the report's observedGeneration, by its own clock. Freshness
     (the Stale condition) is judged from this, never from spec.observedAt, which the node's
     clock wrote."""
-    conditions: Annotated[list[Condition], Field(max_length=16)] = Field(
+    conditions: Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)] = Field(
         default_factory=list,
         json_schema_extra={
             "x-kubernetes-list-type": "map",

@@ -1,0 +1,46 @@
+"""Which pods hold GPU memory and compute nothing? Pure.
+
+The larger waste than a pod that requested GPUs and runs nothing on them is one whose processes
+hold the memory and compute nothing: a notebook kernel keeping 70 GiB after its last cell. The
+agent publishes, per process, since when it has used no SM (`idleSince`, after its own
+--idle-window, by the node's clock; absent while it computes, and where utilization is not
+reported). A pod is flagged when every one of its processes, on every device, is idle, and has
+been for the operator's --idle-after.
+
+By whose clock? `idleSince` is the node's, and so is `observedAt`: their difference is how long
+the pod had been idle when the report was taken, whatever the node's clock is off by. What
+passed since is measured on the operator's clock from when it saw that report (`seen_at`), so a
+node's skewed clock can neither hasten nor delay the finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from gpuusage_operator.resolution import PodUse
+
+
+def held_idle_since(use: PodUse, seen_at: datetime) -> datetime | None:
+    """Since when, by the operator's clock, every process of the pod has been idle; None
+    while any of them computes or is not known to be idle."""
+    sinces = [r.process.idle_since for r in use.resolutions]
+    if not sinces or any(s is None for s in sinces):
+        return None
+    latest = max(s for s in sinces if s is not None)  # the pod idles since its last one went
+    return seen_at - max(use.observed_at - latest, timedelta(0))
+
+
+def held_idle(
+    uses: Iterable[PodUse], seen_at: datetime, now: datetime, idle_after: timedelta | None
+) -> dict[str, datetime]:
+    """The pods (by UID) idle-but-holding for at least idle_after, since when; None turns the
+    check off."""
+    if idle_after is None:
+        return {}
+    found = {}
+    for use in uses:
+        since = held_idle_since(use, seen_at)
+        if since is not None and now - since >= idle_after:
+            found[use.pod.uid] = since
+    return found

@@ -1,0 +1,87 @@
+"""Idle but holding, operator side: when a pod is flagged, by whose clock, and what it shows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpuusage.api.models import Process
+from gpuusage_operator.allocation import Allocation, Judgement
+from gpuusage_operator.holding import held_idle, held_idle_since
+from gpuusage_operator.podindex import PodSnapshot
+from gpuusage_operator.podstate import (
+    REASON_HELD_IDLE,
+    REASON_UNREQUESTED,
+    desired_condition,
+    event_for,
+)
+from gpuusage_operator.resolution import PodUse, Resolution
+from gpuusage_operator.status import pod_usages
+from tests.fakenvml import gpu_uuid
+
+T = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
+POD = PodSnapshot("ml", "notebook", "11111111-2222-4333-8444-555555555555", "n1", gpu_requests=1)
+AFTER = timedelta(minutes=30)
+ALLOCATED = Judgement(Allocation(("DevicePlugin",)))
+
+
+def _use(observed_at: datetime, *idle_since: datetime | None) -> PodUse:
+    resolutions = tuple(
+        Resolution(gpu_uuid(n % 2), Process(pid=100 + n, idle_since=since), POD)
+        for n, since in enumerate(idle_since)
+    )
+    return PodUse(POD, "n1", observed_at, resolutions)
+
+
+@pytest.mark.parametrize("skew", [timedelta(0), timedelta(hours=1), -timedelta(hours=3)])
+def test_the_nodes_clock_cannot_hasten_or_delay_the_finding(skew: timedelta) -> None:
+    """The node says its processes went idle 20 minutes before its report; the operator saw
+    the report at T. Whatever the node's clock is off by, the pod is idle since T - 20 min."""
+    node_now = T + skew
+    use = _use(node_now, node_now - timedelta(minutes=20), node_now - timedelta(minutes=25))
+    assert held_idle_since(use, seen_at=T) == T - timedelta(minutes=20)
+    assert held_idle([use], T, T + timedelta(minutes=9), AFTER) == {}
+    assert held_idle([use], T, T + timedelta(minutes=10), AFTER) == {
+        POD.uid: T - timedelta(minutes=20)
+    }
+    assert held_idle([use], T, T + timedelta(days=1), None) == {}, "--idle-after 0: off"
+
+
+def test_one_process_computing_or_unknown_keeps_the_pod_from_being_flagged() -> None:
+    long_ago = T - timedelta(days=1)
+    assert held_idle_since(_use(T, long_ago, None), seen_at=T) is None
+    assert held_idle_since(_use(T), seen_at=T) is None
+
+
+def test_the_condition_says_holding_idle_after_the_allocation_findings() -> None:
+    use = _use(T, T - timedelta(hours=2))
+    held = replace(ALLOCATED, held_idle_since=T - timedelta(hours=2))
+    condition = desired_condition("InUse", use, "n1", judgement=held)
+    assert (condition["status"], condition["reason"]) == ("True", REASON_HELD_IDLE)
+    assert "computed anything" in condition["message"]
+    assert "--idle-after" in condition["message"]
+    later = replace(held, held_idle_since=T - timedelta(hours=2, seconds=1))
+    assert desired_condition("InUse", use, "n1", judgement=later) == condition, (
+        "the condition does not move with the time (no pod write per report)"
+    )
+    rogue = replace(held, allocation=Allocation(), finding="Unrequested")
+    assert desired_condition("InUse", use, "n1", judgement=rogue)["reason"] == REASON_UNREQUESTED
+    running = desired_condition("InUse", use, "n1", judgement=ALLOCATED)
+    started = event_for(running, condition)
+    assert started is not None
+    assert (started.reason, started.type) == (REASON_HELD_IDLE, "Warning")
+    assert event_for(condition, condition) is None
+    back = event_for(condition, running)
+    assert back is None or back.type != "Warning"
+
+
+def test_the_status_marks_each_entry_of_a_held_idle_pod() -> None:
+    use = _use(T, T - timedelta(hours=2), T - timedelta(hours=3))
+    since = T - timedelta(hours=2)
+    entries = pod_usages([use], {POD.uid: replace(ALLOCATED, held_idle_since=since)})
+    assert [(e.device_uuid, e.held_idle_since) for e in entries] == [
+        (gpu_uuid(0), since),
+        (gpu_uuid(1), since),
+    ]
