@@ -184,3 +184,47 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
         wait_for(lambda: not _entries(world, "train")[0].get("unallocated"), what="status")
         (train,) = _entries(world, "train")
         assert train.get("allocatedDevices", []) == []
+
+
+def test_pods_given_gpus_by_a_claim_or_a_share_are_idle_when_they_use_none(
+    make_world: WorldFactory,
+) -> None:
+    """Requested-but-idle counts every allocation: a pod whose claim got a GPU and a pod with a
+    scheduler's share, neither running anything, are flagged; a pod whose only claim is a
+    network device is not a GPU holder, and is left alone."""
+    world = make_world(
+        {"train": 1, "notebook": 1, "claimed": 0, "nic": 0, "shared": 0},
+        idle_after=1.0,
+        pod_extras={
+            "claimed": {"claims": {"gpu": "claimed-gpu"}},
+            "nic": {"claims": {"net": "nic-claim"}},
+            "shared": {"annotations": {"gpu-fraction": "0.25"}},
+        },
+    )
+    resource = client.ResourceV1Api(world["api"])
+    create_gpu_slice(resource, world["node"], [{"name": "gpu-0", "type": "gpu", "uuid": GPU0}])
+    create_allocated_claim(resource, world["ns"], "claimed-gpu", world["node"], ["gpu-0"])
+    create_allocated_claim(
+        resource, world["ns"], "nic-claim", world["node"], ["eth-1"], driver="net.example"
+    )
+    for name in ("claimed", "shared"):
+
+        def idle(n: str = name) -> bool:
+            return _reason(world, n) == "False RequestedGPUsIdle"
+
+        wait_for(idle, what=f"{name} idle")
+    message = condition(pod(world, "claimed")).message or ""
+    assert "was given claim claimed-gpu; devices " + GPU0 in message
+    assert "a share (gpu-fraction=0.25)" in (condition(pod(world, "shared")).message or "")
+    wait_for(
+        lambda: (
+            {p["name"]: p["requestedGPUs"] for p in report(world)["status"]["idlePods"]}
+            == {"claimed": 1, "shared": 0}
+        ),
+        what="the idle pods in the status",
+    )
+    counts = world["reconciler"].counts
+    seen = counts.reconciles
+    wait_for(lambda: counts.reconciles >= seen + 5, what="more reconciles")
+    with pytest.raises(StopIteration):
+        condition(pod(world, "nic"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
+from gpuusage_operator.allocation import AllocatedDevice, Allocation
 from gpuusage_operator.certainty import blind_spots
 from gpuusage_operator.idle import idle_pods, idle_since
 from gpuusage_operator.podindex import REQUESTING_KEY, PodSnapshot, index_keys, snapshot_of
@@ -18,6 +20,7 @@ from tests.examples import example_spec
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 STARTED = NOW - timedelta(hours=2)
 HOUR = timedelta(hours=1)
+GPU = "GPU-00000000-1111-2222-3333-444444444444"
 
 
 def body(
@@ -60,9 +63,15 @@ def cond(status: str, reason: str, when: datetime) -> dict[str, str]:
     }
 
 
-def test_only_running_pods_with_gpu_requests_are_indexed_as_candidates() -> None:
+def test_only_running_pods_that_may_hold_gpus_are_indexed_as_candidates() -> None:
     assert REQUESTING_KEY + "n1" in index_keys(body())
     assert REQUESTING_KEY + "n1" not in index_keys(body(gpus=0))
+    claimed = body(gpus=0)
+    claimed["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "gpu-claim"}]
+    assert REQUESTING_KEY + "n1" in index_keys(claimed)
+    shared = body(gpus=0)
+    shared["metadata"]["annotations"] = {"gpu-fraction": "0.5"}
+    assert REQUESTING_KEY + "n1" in index_keys(shared)
     assert REQUESTING_KEY + "n1" not in index_keys(body(phase="Pending"))
     assert REQUESTING_KEY + "n1" not in index_keys(body(phase="Succeeded"))
     assert REQUESTING_KEY + "n1" not in index_keys(body(deleting=True))
@@ -83,8 +92,28 @@ def test_idle_since(condition: dict[str, str] | None, expected: datetime) -> Non
 
 
 def test_not_candidates() -> None:
-    assert idle_since(ref(gpus=0), NOW) is None
+    assert idle_pods([ref(gpus=0)], in_use=set(), now=NOW, idle_after=HOUR) == []
     assert idle_since(ref(phase="Pending"), NOW) is None
+
+
+def test_claims_and_shares_are_judged_by_what_they_got() -> None:
+    """A pod whose only claim got a GPU is idle like one that requested it; a claim of another
+    kind of device, or one that cannot be read, makes no candidate."""
+    pod = replace(ref(gpus=0), uid="11111111-2222-4333-8444-555555555555")
+    gpu_claim = Allocation(("DRA",), (AllocatedDevice("claim c", GPU),), True, "", "claim c")
+    (found,) = idle_pods([pod], set(), NOW, HOUR, allocated=lambda _: gpu_claim)
+    assert found.entry().requested_gpus == 1
+    wanted = desired_condition("Idle", None, "n1", found)
+    assert "was given claim c but none of its processes" in wanted["message"]
+    for nothing in (Allocation(), Allocation(unknown="claim c: not found or not allocated")):
+
+        def given(_: PodSnapshot, n: Allocation = nothing) -> Allocation:
+            return n
+
+        assert idle_pods([pod], set(), NOW, HOUR, allocated=given) == []
+    shared = Allocation(("Fractional",), detail="a share (gpu-fraction=0.5)")
+    (share,) = idle_pods([pod], set(), NOW, HOUR, allocated=lambda _: shared)
+    assert share.entry().requested_gpus == 0
 
 
 def test_threshold_in_use_and_switch_off() -> None:
@@ -116,7 +145,7 @@ def test_flagging_is_stable_once_written() -> None:
     (first,) = idle_pods([waiting], in_use=set(), now=NOW, idle_after=HOUR)
     wanted = desired_condition("Idle", None, "n1", first)
     assert (wanted["status"], wanted["reason"]) == ("False", "RequestedGPUsIdle")
-    assert "requests 2 GPUs" in wanted["message"]
+    assert "given 2 GPUs (device plugin)" in wanted["message"]
     assert format_time(STARTED) in wanted["message"]
     written = condition_patch([], wanted, first.since)
     assert written is not None

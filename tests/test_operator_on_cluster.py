@@ -238,7 +238,7 @@ def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
     pod_status = pod(world, "waiter").status
     assert pod_status is not None
     assert waiter.last_transition_time == pod_status.start_time, "idle since the pod started"
-    assert "requests 2 GPUs" in str(waiter.message)
+    assert "given 2 GPUs (device plugin)" in str(waiter.message)
     status = report(world)["status"]
     assert status["totals"]["idlePods"] == 1
     assert status["idlePods"][0]["requestedGPUs"] == 2

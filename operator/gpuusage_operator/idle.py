@@ -1,8 +1,9 @@
-"""Which pods requested GPUs and leave them idle? Pure.
+"""Which pods were given GPUs and leave them idle? Pure.
 
-A pod that holds `nvidia.com/gpu` (or a MIG resource) keeps the device from everyone else
-whether or not it runs anything on it. The operator flags a running pod that requested GPUs
-when none of its processes has used a GPU on its node for `--idle-after`.
+A pod that holds `nvidia.com/gpu` (or a MIG resource), a DRA claim's GPUs or a scheduler's share
+keeps them from everyone else whether or not it runs anything on them. The operator flags a
+running pod with any GPU allocation (see allocation) when none of its processes has used a GPU
+on its node for `--idle-after`. A pod whose claims cannot be read is no candidate.
 
 Since when is a pod idle? The operator keeps no clock of its own (a restarted replica must reach
 the same answer), so the time comes from the pod itself:
@@ -20,12 +21,14 @@ see certainty), no pod is judged idle.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gpuusage.api.models import IdlePod
 from gpuusage.api.times import parse_time
+from gpuusage_operator.allocation import DEFAULT_RULES, Allocation, allocation_of
+from gpuusage_operator.dra import NO_DRA
 from gpuusage_operator.podindex import PodSnapshot
 
 DEFAULT_IDLE_AFTER = timedelta(minutes=30)
@@ -37,20 +40,30 @@ class Idle:
 
     pod: PodSnapshot
     since: datetime
+    allocation: Allocation
 
     def entry(self) -> IdlePod:
         return IdlePod(
             namespace=self.pod.namespace,
             name=self.pod.name,
             uid=self.pod.uid,
-            requested_gpus=self.pod.gpu_requests,
+            requested_gpus=self.pod.gpu_requests
+            + len([d for d in self.allocation.devices if d.via.startswith("claim ")]),
             idle_since=self.since,
         )
 
 
+Allocated = Callable[[PodSnapshot], Allocation]
+
+
+def from_the_pod_alone(pod: PodSnapshot) -> Allocation:
+    """What the pod itself says it was given (no claims known)."""
+    return allocation_of(pod.claimed, NO_DRA, DEFAULT_RULES)
+
+
 def idle_since(pod: PodSnapshot, now: datetime) -> datetime | None:
-    """Since when the pod's requested GPUs have seen no use; None when it is no candidate."""
-    if pod.gpu_requests <= 0 or not pod.running:
+    """Since when the pod's GPUs have seen no use; None when it does not run."""
+    if not pod.running:
         return None
     condition = pod.our_condition
     if condition is not None and condition.get("status") == "False":
@@ -63,22 +76,24 @@ def idle_since(pod: PodSnapshot, now: datetime) -> datetime | None:
 
 
 def idle_pods(
-    requesting: Iterable[PodSnapshot],
+    candidates: Iterable[PodSnapshot],
     in_use: Collection[str],
     now: datetime,
     idle_after: timedelta | None,
+    allocated: Allocated = from_the_pod_alone,
 ) -> list[Idle]:
-    """The requesting pods (not among the in_use UIDs) idle for at least idle_after.
-
-    idle_after None turns the check off.
-    """
+    """The candidates (not among the in_use UIDs) with a GPU allocation, idle for at least
+    idle_after. idle_after None turns the check off."""
     if idle_after is None:
         return []
     found = []
-    for pod in requesting:
+    for pod in candidates:
         if pod.uid in in_use:
             continue
         since = idle_since(pod, now)
-        if since is not None and now - since >= idle_after:
-            found.append(Idle(pod, since))
+        if since is None or now - since < idle_after:
+            continue
+        allocation = allocated(pod)
+        if allocation.sources:
+            found.append(Idle(pod, since, allocation))
     return found

@@ -156,7 +156,7 @@ def index_keys(
     keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
     if ref.node and (ref.annotations or ref.condition):
         keys[MARKED_KEY + ref.node] = ref
-    if ref.node and ref.running and ref.gpu_requests > 0:
+    if ref.node and ref.running and (ref.gpu_requests > 0 or ref.claims or ref.fraction):
         keys[REQUESTING_KEY + ref.node] = ref
     return keys
 
@@ -204,7 +204,8 @@ class PodLookup:
         return {key[len(MARKED_KEY) :] for key in list(self._index) if key.startswith(MARKED_KEY)}
 
     def requesting_on_node(self, node: str) -> list[PodSnapshot]:
-        """Running pods of a node that requested GPUs (for idle detection), from their own key."""
+        """Running pods of a node that may hold GPUs (a request, a claim, a share; for idle
+        detection), from their own key."""
         return self._on_node(REQUESTING_KEY, node)
 
     def _on_node(self, prefix: str, node: str) -> list[PodSnapshot]:

@@ -210,13 +210,12 @@ def desired_condition(
             f"the GPU report of node {node} is stale; last known use is kept in the annotations",
         )
     if state == "Idle" and idle is not None:
-        count = idle.pod.gpu_requests
         return _gpu_in_use(
             "False",
             REASON_IDLE,
-            f"the pod requests {count} GPU{'s' if count != 1 else ''} but none of its processes "
-            f"has used a GPU on node {node} since {format_time(idle.since)}; the devices stay "
-            "reserved for it and unavailable to other pods",
+            f"the pod was given {idle.allocation.detail} but none of its processes has used a "
+            f"GPU on node {node} since {format_time(idle.since)}; the devices stay reserved "
+            "for it and unavailable to other pods",
         )
     return _gpu_in_use(
         "False", "ProcessesEnded", f"no process of this pod uses a GPU on node {node}"

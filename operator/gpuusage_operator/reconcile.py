@@ -29,7 +29,12 @@ from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
-from gpuusage_operator.allocation import DEFAULT_RULES, AllocationRules, judgements
+from gpuusage_operator.allocation import (
+    DEFAULT_RULES,
+    AllocationRules,
+    allocation_of,
+    judgements,
+)
 from gpuusage_operator.certainty import blind_spots
 from gpuusage_operator.dra import NO_DRA, DraLookup
 from gpuusage_operator.freshness import (
@@ -169,7 +174,13 @@ class Reconciler:
         fresh = not is_stale(sighting.seen_at, now, self.stale_after)
         blind = blind_spots(spec, resolutions)
         idle = (
-            idle_pods(lookup.requesting_on_node(spec.node_name), uses, now, self.idle_after)
+            idle_pods(
+                lookup.requesting_on_node(spec.node_name),
+                uses,
+                now,
+                self.idle_after,
+                lambda pod: allocation_of(pod.claimed, dra, self.rules),
+            )
             if fresh and not blind
             else []
         )

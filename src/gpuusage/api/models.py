@@ -405,12 +405,15 @@ class DeviceUsage(ApiModel):
 
 
 class IdlePod(ApiModel):
-    """A running pod that requested GPUs on this node and has used none of them for a while."""
+    """A running pod that was given GPUs on this node (a device-plugin request, DRA claims, a
+    scheduler's share) and has used none of them for a while."""
 
     namespace: Namespace
     name: PodName
     uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
     requested_gpus: RequestedGpus = Field(default=0, alias="requestedGPUs")
+    """GPUs it holds: its device-plugin request plus the devices its claims got (0 for a
+    scheduler's share alone)."""
     idle_since: datetime
     """Since when none of the pod's processes has used a GPU (its start, or the end of its last
     use)."""
