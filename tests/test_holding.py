@@ -21,7 +21,7 @@ from gpuusage_operator.resolution import PodUse, Resolution
 from gpuusage_operator.status import pod_usages
 from tests.fakenvml import gpu_uuid
 
-T = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
+T = datetime(2026, 11, 24, 9, 0, 0, tzinfo=UTC)
 POD = PodSnapshot("ml", "notebook", "11111111-2222-4333-8444-555555555555", "n1", gpu_requests=1)
 AFTER = timedelta(minutes=30)
 ALLOCATED = Judgement(Allocation(("DevicePlugin",)))

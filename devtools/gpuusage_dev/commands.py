@@ -82,12 +82,14 @@ def run_restart(settings: RestartSettings) -> int:
 
 
 def run_build(settings: BuildSettings) -> int:
+    from gpuusage_dev.fakekubelet import ensure_fake_kubelet  # noqa: PLC0415
     from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
     from gpuusage_dev.localcluster.tools import TOOLS, ensure_tool, monitoring_crds  # noqa: PLC0415
 
     found = ensure_binaries()
     for path in (found.kube_apiserver, found.etcd, found.kubectl):
         print(path)
+    print(ensure_fake_kubelet())  # the demo's and the tests' kubelet PodResources socket
     if settings.monitoring:
         for tool in TOOLS:
             print(ensure_tool(tool))

@@ -1,10 +1,15 @@
 """`gpuusage demo`: the whole product on a local control plane, without a GPU or a cluster.
 
 It starts etcd and kube-apiserver on loopback, installs the CRD, creates a simulated GPU node
-with three pods (their container IDs written into pod status, as a kubelet would), a GPU
-scenario (two A100s: one time-sliced between two pods plus a host process, one in MIG mode)
-with a matching /proc tree, runs the agent and the operator, shows what a person sees with
-kubectl, ends one process to show the update, and cleans up.
+with seven pods (their container IDs written into pod status, as a kubelet would), a GPU
+scenario with a matching /proc tree (four GPUs: one time-sliced between a trainer, a notebook
+that requested no GPU and a host process; one in MIG mode; one handed out by a DRA driver; one
+shared by device-plugin pods and a fractional scheduler's pod), a DRA ResourceSlice and claim,
+and a kubelet PodResources socket saying which device each device-plugin pod was given. It runs
+the agent and the operator, shows what a person sees with kubectl and `gpuusage top` (a pod
+with no allocation, a pod on a device outside its allocation, a DRA pod, a fractional pod and a
+notebook holding 70 GiB while computing nothing), ends one process to show the update, and
+cleans up.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes import client
@@ -24,9 +31,12 @@ from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
 from gpuusage.retry import poll_until
 from gpuusage_commands.top import TopSettings, run_top
+from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import (
     Background,
+    create_allocated_claim,
+    create_gpu_slice,
     create_running_pod,
     ensure_namespace,
     pod_cgroup,
@@ -40,13 +50,50 @@ from gpuusage_operator.settings import OperatorSettings
 DEMO_NODE = "gpu-node-a"
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-66666666-7777-8888-9999-000000000000"
+GPU2 = "GPU-22222222-3333-4444-5555-666666666666"
+GPU3 = "GPU-33333333-4444-5555-6666-777777777777"
 MIG0 = "MIG-4f1d2c3b-5a6e-4d7c-8b9a-0f1e2d3c4b5a"
-# (namespace, pod, container, pid, process name, GPUs requested). The notebook requests none:
-# it reaches the GPU through NVIDIA_VISIBLE_DEVICES=all, which the operator flags.
+IDLE_AFTER = 6.0
+"""Seconds (the operator's --idle-after; 30 minutes by default) before idleness is flagged."""
+
+
+@dataclass(frozen=True)
+class DemoPod:
+    namespace: str
+    name: str
+    container: str
+    pid: int
+    comm: str
+    gpus: int
+    """nvidia.com/gpu requested."""
+    kubelet: tuple[str, ...] = ()
+    """Device IDs the kubelet's device plugin gave it."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Annotations or claims (see create_running_pod)."""
+
+
 PODS = (
-    ("ml-team", "train-0", "trainer", 4242, "python", 1),
-    ("research", "notebook", "jupyter", 5151, "ipykernel", 0),
-    ("serving", "triton", "server", 6262, "tritonserver", 1),
+    DemoPod("ml-team", "train-0", "trainer", 4242, "python", 1, (f"{GPU0}::0",)),
+    # Requests no GPU: reaches one through NVIDIA_VISIBLE_DEVICES=all (UsingUnrequestedGPU).
+    DemoPod("research", "notebook", "jupyter", 5151, "ipykernel", 0),
+    DemoPod("serving", "triton", "server", 6262, "tritonserver", 1, (MIG0,)),
+    # Its DRA claim got GPU2.
+    DemoPod("vision", "segment-0", "segmenter", 7373, "python", 0, (), {"claims": {"gpu": "seg"}}),
+    # The device plugin gave it a replica of GPU3; it runs on GPU2 (UsingUnallocatedGPU).
+    DemoPod("ml-team", "train-1", "trainer", 8484, "python", 1, (f"{GPU3}::1",)),
+    # A fractional scheduler gave it half a GPU.
+    DemoPod(
+        "inference",
+        "shared-llm",
+        "server",
+        9595,
+        "vllm",
+        0,
+        (),
+        {"annotations": {"gpu-fraction": "0.5"}},
+    ),
+    # A notebook kernel keeping 70 GiB and computing nothing (HoldingIdleGPU).
+    DemoPod("research", "lab", "jupyter", 5252, "ipykernel", 1, (f"{GPU3}::0",)),
 )
 
 
@@ -54,30 +101,34 @@ def _step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
+def _gpu(index: int, uuid: str, name: str, processes: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "index": index,
+        "uuid": uuid,
+        "name": name,
+        "memoryTotalMiB": 81920,
+        "processes": processes,
+    }
+
+
 def _scenario(path: Path, notebook_running: bool) -> None:
     gpu0 = [
-        {"pid": 4242, "usedMemoryMiB": 30720, "name": "python"},
-        {"pid": 777, "usedMemoryMiB": 512, "name": "Xorg", "types": ["graphics"]},
+        {"pid": 4242, "usedMemoryMiB": 30720, "name": "python", "smUtil": 85},
+        {"pid": 777, "usedMemoryMiB": 512, "name": "Xorg", "types": ["graphics"], "smUtil": 2},
     ]
     if notebook_running:
-        gpu0.insert(1, {"pid": 5151, "usedMemoryMiB": 10240, "name": "ipykernel"})
+        gpu0.insert(1, {"pid": 5151, "usedMemoryMiB": 10240, "name": "ipykernel", "smUtil": 30})
+    h100 = "NVIDIA H100 80GB HBM3"
     scenario = {
         "driverVersion": "550.54.15",
         "cudaVersion": "12.4",
         "gpus": [
             {
-                "index": 0,
-                "uuid": GPU0,
-                "name": "NVIDIA A100-SXM4-80GB",
-                "memoryTotalMiB": 81920,
+                **_gpu(0, GPU0, "NVIDIA A100-SXM4-80GB", gpu0),
                 "utilization": {"gpu": 87, "memory": 41},
-                "processes": gpu0,
             },
             {
-                "index": 1,
-                "uuid": GPU1,
-                "name": "NVIDIA A100-SXM4-80GB",
-                "memoryTotalMiB": 81920,
+                **_gpu(1, GPU1, "NVIDIA A100-SXM4-80GB", []),
                 "migDevices": [
                     {
                         "index": 0,
@@ -88,11 +139,51 @@ def _scenario(path: Path, notebook_running: bool) -> None:
                     }
                 ],
             },
+            _gpu(
+                2,
+                GPU2,
+                h100,
+                [
+                    {"pid": 7373, "usedMemoryMiB": 24576, "name": "python", "smUtil": 60},
+                    {"pid": 8484, "usedMemoryMiB": 16384, "name": "python", "smUtil": 90},
+                ],
+            ),
+            _gpu(
+                3,
+                GPU3,
+                h100,
+                [
+                    {"pid": 9595, "usedMemoryMiB": 8192, "name": "vllm", "smUtil": 40},
+                    {"pid": 5252, "usedMemoryMiB": 71680, "name": "ipykernel", "smUtil": 0},
+                ],
+            ),
         ],
     }
     fresh = path.with_suffix(".new")  # atomically: the agent re-reads the file every cycle
     fresh.write_text(yaml.safe_dump(scenario, sort_keys=False))
     fresh.replace(path)
+
+
+def _kubelet_answer(kubelet: FakeKubelet) -> None:
+    """What the kubelet's PodResources API says each device-plugin pod was given."""
+    kubelet.pods(
+        *(
+            {
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "containers": [
+                    {
+                        "name": pod.container,
+                        "devices": [
+                            {"resource_name": "nvidia.com/gpu", "device_ids": list(pod.kubelet)}
+                        ],
+                    }
+                ],
+            }
+            for pod in PODS
+            if pod.kubelet
+        )
+    )
 
 
 def _wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
@@ -109,6 +200,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
     _step(f"starting a local control plane in {cluster.directory} (etcd + kube-apiserver)")
     cluster.up()
     running: list[Background] = []
+    kubelet: FakeKubelet | None = None
     try:
         api, _ = api_client(cluster.kubeconfig)
         core = client.CoreV1Api(api)
@@ -116,23 +208,43 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         _step("installing the GpuNodeUsage CRD")
         install_crds(api)
 
-        _step(f"simulating node {DEMO_NODE}: 3 pods, 2 A100s (one time-sliced, one in MIG mode)")
+        _step(
+            f"simulating node {DEMO_NODE}: {len(PODS)} pods, 4 GPUs (one time-sliced, one in MIG "
+            "mode, one handed out by a DRA driver, one shared)"
+        )
         core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=DEMO_NODE)))
         proc = workdir / "proc"
-        for namespace, pod, container, pid, comm, gpus in PODS:
-            ensure_namespace(core, namespace)
-            uid, cid = create_running_pod(core, namespace, pod, DEMO_NODE, container, gpus=gpus)
-            write_process(proc, pid, pod_cgroup(uid, cid), comm=comm, start_ticks=pid)
-            print(f"    pod {namespace}/{pod}: container {container} ({cid[:12]}), pid {pid}")
+        for pod in PODS:
+            ensure_namespace(core, pod.namespace)
+            uid, cid = create_running_pod(
+                core, pod.namespace, pod.name, DEMO_NODE, pod.container, gpus=pod.gpus, **pod.extras
+            )
+            write_process(proc, pod.pid, pod_cgroup(uid, cid), comm=pod.comm, start_ticks=pod.pid)
+            where = f"{pod.namespace}/{pod.name}"
+            print(f"    pod {where}: container {pod.container} ({cid[:12]}), pid {pod.pid}")
         write_process(proc, 777, "0::/system.slice/display-manager.service", comm="Xorg")
         print("    host process Xorg, pid 777, outside any pod")
+        resource = client.ResourceV1Api(api)
+        create_gpu_slice(resource, DEMO_NODE, [{"name": "gpu-2", "type": "gpu", "uuid": GPU2}])
+        create_allocated_claim(resource, "vision", "seg", DEMO_NODE, ["gpu-2"])
+        print(
+            f"    DRA: gpu.nvidia.com's ResourceSlice lists gpu-2 ({GPU2}); claim vision/seg got it"
+        )
         scenario = workdir / "gpus.yaml"
         _scenario(scenario, notebook_running=True)
+        kubelet = FakeKubelet(workdir / "pod-resources" / "kubelet.sock")
+        _kubelet_answer(kubelet)
+        kubelet.start()
+        print(f"    kubelet PodResources socket at {kubelet.socket}")
 
         _step("starting the operator and the node agent")
         ready = threading.Event()
         op = OperatorSettings(
-            kubeconfig=cluster.kubeconfig, stale_after=30, resync=1, standalone=True
+            kubeconfig=cluster.kubeconfig,
+            stale_after=30,
+            resync=1,
+            standalone=True,
+            idle_after=IDLE_AFTER,
         )
         running.append(Background(lambda stop: run_operator(op, stop, ready)))
         if not ready.wait(60):
@@ -145,6 +257,8 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             proc_root=proc,
             kubeconfig=cluster.kubeconfig,
             metrics_port=0,
+            idle_window=2,
+            pod_resources_socket=kubelet.socket,
         )
         running.append(Background(lambda stop: run_agent(agent, stop)))
 
@@ -152,7 +266,21 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             meta = core.read_namespaced_pod(pod, namespace).metadata
             return bool(meta and names.ANNOTATION_GPUS in (meta.annotations or {}))
 
-        _wait(lambda: all(annotated(ns, pod) for ns, pod, *_ in PODS), "pod annotations")
+        def reason(namespace: str, pod: str) -> str | None:
+            status = core.read_namespaced_pod(pod, namespace).status
+            found = [
+                c.reason
+                for c in (status.conditions if status else None) or []
+                if c.type == names.POD_CONDITION_GPU_IN_USE
+            ]
+            return found[0] if found else None
+
+        _wait(lambda: all(annotated(p.namespace, p.name) for p in PODS), "pod annotations")
+        _wait(lambda: reason("ml-team", "train-1") == "UsingUnallocatedGPU", "train-1's finding")
+        print(
+            f"    (the lab notebook computes nothing; flagged after --idle-after={IDLE_AFTER:g}s)"
+        )
+        _wait(lambda: reason("research", "lab") == "HoldingIdleGPU", "the idle notebook's finding")
         kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
         _show(kubectl, detail=True)
         _step("who holds the GPU memory")
@@ -176,6 +304,8 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
     finally:
         for background in reversed(running):
             background.halt()
+        if kubelet is not None:
+            kubelet.stop()
         if keep:
             print(f"\ncluster left running; export KUBECONFIG={cluster.kubeconfig}")
             print(f"stop it with: gpuusage local-cluster down --dir {cluster.directory}")
@@ -216,6 +346,26 @@ def _show(kubectl: list[str], detail: bool) -> None:
             f"jsonpath={{.metadata.annotations.{escaped}/usage}}{{'\\n'}}"
             f"{{{condition}.message}}{{'\\n'}}",
         )
+        _step("allocated against used, per device (DRA claims, the kubelet, a share)")
+        run(
+            "get",
+            "gpunodeusage",
+            DEMO_NODE,
+            "-o",
+            "jsonpath={range .status.pods[*]}{.namespace}/{.name}{'\\t'}uses {.deviceUUID}"
+            "{'\\t'}allocatedBy={.allocatedBy}{'\\t'}allocated={.allocatedDevices}"
+            "{'\\t'}unallocated={.unallocated}{'\\t'}heldIdleSince={.heldIdleSince}{'\\n'}{end}",
+        )
+        for namespace, pod in (("ml-team", "train-1"), ("research", "lab")):
+            run(
+                "get",
+                "pod",
+                pod,
+                "-n",
+                namespace,
+                "-o",
+                f"jsonpath={{{condition}.message}}{{'\\n'}}",
+            )
     run(
         "get",
         "events",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api.times import format_time
 
@@ -66,11 +67,21 @@ def pod_cgroup(pod_uid: str, container_id: str) -> str:
 
 
 def ensure_namespace(core: client.CoreV1Api, namespace: str) -> None:
-    """A namespace with its `default` ServiceAccount (no controller-manager creates it here)."""
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    core.create_namespaced_service_account(
-        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
-    )
+    """A namespace with its `default` ServiceAccount (no controller-manager creates it here);
+    either may exist already."""
+    for create in (
+        lambda: core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        ),
+        lambda: core.create_namespaced_service_account(
+            namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
+        ),
+    ):
+        try:
+            create()
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
 
 def create_running_pod(

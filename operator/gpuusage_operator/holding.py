@@ -28,7 +28,8 @@ def held_idle_since(use: PodUse, seen_at: datetime) -> datetime | None:
     if not sinces or any(s is None for s in sinces):
         return None
     latest = max(s for s in sinces if s is not None)  # the pod idles since its last one went
-    return seen_at - max(use.observed_at - latest, timedelta(0))
+    since = seen_at - max(use.observed_at - latest, timedelta(0))
+    return since.replace(microsecond=0)  # whole seconds: the status does not move with jitter
 
 
 def held_idle(
