@@ -13,6 +13,7 @@ from kubernetes import client
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
+from tests.fakenvml import mig_uuid
 from tests.worldview import condition, events, pod, report
 
 pytestmark = pytest.mark.cluster
@@ -228,3 +229,93 @@ def test_pods_given_gpus_by_a_claim_or_a_share_are_idle_when_they_use_none(
     wait_for(lambda: counts.reconciles >= seen + 5, what="more reconciles")
     with pytest.raises(StopIteration):
         condition(pod(world, "nic"))
+
+
+def test_mig_claims_by_uuid_and_dynamic_mig_by_parent_and_profile(
+    make_world: WorldFactory,
+) -> None:
+    """A slice as NVIDIA's driver publishes MIG devices (device names without dots: the
+    apiserver refuses them): one with its UUID, one created at prepare time (no UUID, only its
+    parent GPU and profile). A pod on the MIG device its claim
+    named, a pod on a dynamic device matched by parent and profile, and a pod whose claim got
+    the dynamic 1g device but that runs on the 3g one."""
+    world = make_world(
+        {"mig": 0, "dyn": 0, "wrong": 0},
+        pod_extras={
+            "mig": {"claims": {"gpu": "mig-3g"}},
+            "dyn": {"templates": {"gpu": "dyn-1g-x2k9z"}},
+            "wrong": {"claims": {"gpu": "wrong-1g"}},
+        },
+    )
+    pids = world["pids"]
+    mig_3g, mig_1g = mig_uuid(3), mig_uuid(1)
+    world["scenario"](
+        [
+            {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []},
+            {
+                "index": 1,
+                "uuid": GPU1,
+                "memoryTotalMiB": 81920,
+                "processes": [],
+                "migDevices": [
+                    {
+                        "index": 0,
+                        "uuid": mig_3g,
+                        "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+                        "memoryTotalMiB": 40192,
+                        "processes": [
+                            {"pid": pids["mig"], "usedMemoryMiB": 1024},
+                            {"pid": pids["wrong"], "usedMemoryMiB": 512},
+                        ],
+                    },
+                    {
+                        "index": 1,
+                        "uuid": mig_1g,
+                        "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb",
+                        "memoryTotalMiB": 9728,
+                        "processes": [{"pid": pids["dyn"], "usedMemoryMiB": 2048}],
+                    },
+                ],
+            },
+        ]
+    )
+    resource = client.ResourceV1Api(world["api"])
+    node, ns = world["node"], world["ns"]
+    create_gpu_slice(
+        resource,
+        node,
+        [
+            {"name": "gpu-0", "type": "gpu", "uuid": GPU0},
+            {
+                "name": "gpu-1-mig-3g40gb-0-4",
+                "type": "mig",
+                "uuid": mig_3g,
+                "parentUUID": GPU1,
+                "profile": "3g.40gb",
+            },
+            {
+                "name": "gpu-1-mig-1g10gb-dyn",
+                "type": "mig",
+                "parentUUID": GPU1,
+                "profile": "1g.10gb",
+            },
+        ],
+    )
+    create_allocated_claim(resource, ns, "mig-3g", node, ["gpu-1-mig-3g40gb-0-4"])
+    create_allocated_claim(resource, ns, "dyn-1g-x2k9z", node, ["gpu-1-mig-1g10gb-dyn"])
+    create_allocated_claim(resource, ns, "wrong-1g", node, ["gpu-1-mig-1g10gb-dyn"])
+
+    wait_for(lambda: _reason(world, "wrong") == "True UsingUnallocatedGPU", what="wrong device")
+    for name in ("mig", "dyn"):
+
+        def inside(n: str = name) -> bool:
+            return _reason(world, n) == "True ProcessesRunning"
+
+        wait_for(inside, what=f"{name} inside its allocation")
+    # the status is written after the pods in the same reconcile
+    wait_for(lambda: report(world)["status"]["totals"]["unallocatedPods"] == 1, what="totals")
+    entries = {p["name"]: p for p in report(world)["status"]["pods"]}
+    assert entries["mig"]["allocatedDevices"] == [mig_3g]
+    assert entries["dyn"]["allocatedDevices"] == [f"{GPU1}/1g.10gb"], "matched by parent, profile"
+    assert (entries["wrong"]["deviceUUID"], entries["wrong"]["unallocated"]) == (mig_3g, True)
+    assert mig_3g in (condition(pod(world, "wrong")).message or "")

@@ -82,6 +82,13 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+def at_most(listed: int, bound: int, what: str) -> None:
+    """A bound on a whole object, as the CRD's rules state it (see api.crd): per-list bounds
+    multiply, the object's size needs one across lists."""
+    if listed > bound:
+        raise ValueError(f"{listed} {what} listed; a report lists at most {bound}")
+
+
 def safe_text(text: str, limit: int) -> str:
     """`text` made fit for a SAFE_TEXT_PATTERN field of `limit` characters: every other
     character becomes "?" (names and messages from /proc, NVML or paths can hold anything)."""
@@ -277,9 +284,7 @@ class KubeletAllocations(ApiModel):
     @model_validator(mode="after")
     def _devices_bounded(self) -> KubeletAllocations:
         """The same bound as the CRD's rule (see api.crd)."""
-        listed = sum(len(p.devices) for p in self.pods)
-        if listed > MAX_KUBELET_DEVICES:
-            raise ValueError(f"{listed} kubelet devices listed; at most {MAX_KUBELET_DEVICES}")
+        at_most(sum(len(p.devices) for p in self.pods), MAX_KUBELET_DEVICES, "kubelet devices")
         return self
 
 
@@ -300,8 +305,7 @@ class GpuNodeUsageSpec(ApiModel):
         listed = sum(
             len(g.processes) + sum(len(m.processes) for m in g.mig_devices) for g in self.gpus
         )
-        if listed > MAX_PROCESSES:
-            raise ValueError(f"{listed} processes listed; a report lists at most {MAX_PROCESSES}")
+        at_most(listed, MAX_PROCESSES, "processes")
         return self
 
 
@@ -486,15 +490,14 @@ class GpuNodeUsageStatus(ApiModel):
     idle_pods: Annotated[list[IdlePod], Field(max_length=MAX_IDLE_PODS)] = Field(
         default_factory=list
     )
-    """Running pods that requested GPUs on this node and used none for the operator's
+    """Running pods that were given GPUs on this node and used none for the operator's
     --idle-after (only judged while the report is fresh and every device could be read)."""
 
     @model_validator(mode="after")
     def _allocated_bounded(self) -> GpuNodeUsageStatus:
         """The same bound as the CRD's rule (see api.crd)."""
         listed = sum(len(p.allocated_devices) for p in self.pods)
-        if listed > MAX_ALLOCATED_LISTED:
-            raise ValueError(f"{listed} allocated devices listed; at most {MAX_ALLOCATED_LISTED}")
+        at_most(listed, MAX_ALLOCATED_LISTED, "allocated devices")
         return self
 
     @property
