@@ -155,7 +155,9 @@ def make_world(
 
     Pods: name → GPUs requested; each gets a pid (train 4242, notebook 5151, others 6000+);
     `pod_extras` adds to a pod what create_running_pod takes (annotations, claims, templates);
-    `operator_extras` and `agent_extras`, settings of the operator and of the agent.
+    `operator_extras` and `agent_extras`, settings of the operator and of the agent;
+    `leases`: the operator watches Leases in the world's namespace, and (`agent_lease`) the
+    agent renews its Lease there (every 2.5 s; an unchanged report is refreshed after 60 s).
     `write(notebook=True)` puts train on GPU0 (with Xorg) and the notebook on GPU1;
     `scenario(gpus)` writes any other scenario. operator=False: no operator of its own (a second
     node beside a world that has one).
@@ -172,6 +174,8 @@ def make_world(
         pod_extras: dict[str, dict[str, Any]] | None = None,
         operator_extras: dict[str, Any] | None = None,
         agent_extras: dict[str, Any] | None = None,
+        leases: bool = False,
+        agent_lease: bool = False,
     ) -> dict[str, Any]:
         core = client.CoreV1Api(api)
         ns = f"ml-{uuid.uuid4().hex[:6]}"
@@ -223,6 +227,11 @@ def make_world(
             kubeconfig=cluster.kubeconfig,
             metrics_port=0,
             attribution_grace=attribution_grace,
+            **(
+                {"lease_namespace": ns, "lease_duration": 10, "report_refresh": 60}
+                if agent_lease
+                else {}
+            ),
             **(agent_extras or {}),
         )
         agent = Background(lambda stop: run_agent(agent_settings, stop))
@@ -251,6 +260,7 @@ def make_world(
                 metrics_port=metrics_port,
                 metrics_address="127.0.0.1",
                 idle_after=idle_after,
+                **({"lease_namespace": ns} if leases else {}),
                 **(operator_extras or {}),
             )
             built = Operator(op_settings)

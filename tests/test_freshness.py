@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from gpuusage.api import names
 from gpuusage.api.models import Condition, GpuNodeUsageStatus
-from gpuusage_operator.freshness import Sighting, is_stale, sight, stale_condition
+from gpuusage.api.times import format_time
+from gpuusage_operator.freshness import (
+    Renewal,
+    Sighting,
+    alive_at,
+    is_stale,
+    sight,
+    stale_condition,
+)
 
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 LIMIT = timedelta(seconds=120)
@@ -86,7 +95,8 @@ def test_condition_reads_well_and_keeps_transition_time() -> None:
     seen = Sighting(4, OBSERVED)
     fresh = stale_condition(seen, OBSERVED + timedelta(seconds=5), LIMIT)
     assert (fresh.type, fresh.status, fresh.reason) == ("Stale", "False", "ReportFresh")
-    assert fresh.message == "the node agent reports within the 120s threshold"
+    assert fresh.message.startswith("the node agent reports within the 120s threshold")
+    assert "renews no Lease" in fresh.message, "says what liveness is judged by"
 
     later = OBSERVED + timedelta(seconds=30)
     still = stale_condition(seen, later, LIMIT, previous=fresh)
@@ -102,3 +112,36 @@ def test_condition_reads_well_and_keeps_transition_time() -> None:
     again = stale_condition(seen, much_later + 9 * SECOND, LIMIT, previous=stale, generation=4)
     assert again == stale, "an unchanged situation yields an identical condition (no status write)"
     assert stale.observed_generation == 4
+
+
+LEASE = "gpuusage-system/n1"
+
+
+def test_lease_renewals_keep_a_report_fresh_that_does_not_change() -> None:
+    """The report was last written at T; the Lease was seen renewed since. Fresh while the
+    renewals go on, stale once they stop, by when the operator saw them (its own clock)."""
+    seen = Sighting(4, OBSERVED)
+    renewed = Renewal(LEASE, OBSERVED + timedelta(minutes=4), witnessed=True)
+    later = OBSERVED + timedelta(minutes=5)
+    assert alive_at(seen, renewed) == renewed.seen_at
+    fresh = stale_condition(seen, later, LIMIT, renewal=renewed)
+    assert (fresh.status, fresh.reason) == ("False", "LeaseRenewed")
+    assert fresh.message == f"the node agent renews Lease {LEASE} within the 120s threshold"
+    assert not is_stale(alive_at(seen, renewed), later, LIMIT)
+    stopped = renewed.seen_at + LIMIT + SECOND
+    stale = stale_condition(seen, stopped, LIMIT, renewal=renewed)
+    assert (stale.status, stale.reason) == ("True", "ReportOutdated")
+    assert f"no renewal of Lease {LEASE} and no change of the report since" in stale.message
+    assert format_time(renewed.seen_at) in stale.message
+
+
+def test_a_lease_found_at_start_does_not_revive_a_report_already_stale() -> None:
+    """A restarted operator finds each Lease as it is: for a report its status calls stale,
+    only a renewal seen happening counts; for any other, the Lease counts from now."""
+    now = OBSERVED + timedelta(hours=1)
+    found = Renewal(LEASE, now, witnessed=False)
+    stale = Sighting(4, OBSERVED, stale=True)
+    assert alive_at(stale, found) == OBSERVED
+    assert alive_at(stale, replace(found, witnessed=True)) == now
+    assert alive_at(Sighting(4, OBSERVED, stale=False), found) == now
+    assert alive_at(stale, None) == OBSERVED, "no Lease: the report alone"

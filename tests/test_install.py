@@ -35,6 +35,7 @@ from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import Kubectl, token_kubeconfig, wait_for
 from tests.fakenvml import gpu_uuid
+from tests.worldview import renewed_at
 
 pytestmark = pytest.mark.cluster
 
@@ -135,10 +136,13 @@ def world(
         proc_root=proc,
         kubeconfig=agent_kc,
         metrics_port=0,
+        lease_namespace=NS,
+        lease_duration=10,
+        report_refresh=2.0,  # a test rewrites the spec behind the agent's back
     )
     ready = threading.Event()
     operator_settings = OperatorSettings(
-        kubeconfig=operator_kc, resync=0.5, peering=f"install-{suffix}"
+        kubeconfig=operator_kc, resync=0.5, peering=f"install-{suffix}", lease_namespace=NS
     )
     agent = Background(lambda stop: run_agent(agent_settings, stop))
     operator = Background(lambda stop: run_operator(operator_settings, stop, ready))
@@ -209,7 +213,7 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
     group = (names.GROUP, names.VERSION, names.PLURAL)
     _denied(
         lambda: agent.create_cluster_custom_object(*group, _report(b)),
-        f"may only write the GpuNodeUsage named {a}, not {b}",
+        f"may only write the GpuNodeUsage and the Lease named {a}, not {b}",
     )
     _denied(
         lambda: agent.patch_cluster_custom_object_status(*group, a, {"status": {}}),
@@ -396,3 +400,65 @@ def test_every_install_gives_the_agent_the_kubelets_socket_read_only(
     base = _agent_pod_spec(kubectl, "manifests/base")
     assert all(v["name"] != "pod-resources" for v in base["volumes"])
     assert base["securityContext"]["runAsUser"] == 65532
+
+
+def _lease(name: str, namespace: str = NS) -> client.V1Lease:
+    return client.V1Lease(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        spec=client.V1LeaseSpec(holder_identity="gpuusage-agent/x", lease_duration_seconds=40),
+    )
+
+
+def test_the_agent_renews_its_own_nodes_lease_and_no_other(world: dict[str, Any]) -> None:
+    """Under its real pod-bound token the agent creates and renews the Lease named after its
+    node (owned by that Node), and the operator judges the report fresh by it; the same token
+    may not write another node's Lease, a Lease in another namespace (the kubelet's own), or
+    delete its own."""
+    leases = client.CoordinationV1Api(world["admin"])
+    lease = wait_for(lambda: leases.read_namespaced_lease(world["a"], NS), what="the Lease")
+    assert lease.spec.holder_identity.startswith("gpuusage-agent/")
+    assert lease.spec.lease_duration_seconds == 10
+    owner = lease.metadata.owner_references[0]
+    node = world["core"].read_node(world["a"])
+    assert (owner.kind, owner.name, owner.uid) == ("Node", world["a"], node.metadata.uid)
+    first = renewed_at(world["admin"], world["a"], NS)
+    assert first is not None
+    wait_for(
+        lambda: (t := renewed_at(world["admin"], world["a"], NS)) is not None and t > first,
+        what="a renewal",
+    )
+    custom = client.CustomObjectsApi(world["admin"])
+
+    def stale_reason() -> str | None:
+        body = custom.get_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL, world["a"]
+        )
+        assert isinstance(body, dict)
+        conditions = (body.get("status") or {}).get("conditions") or []
+        return next((c["reason"] for c in conditions if c["type"] == "Stale"), None)
+
+    wait_for(lambda: stale_reason() == "LeaseRenewed", what="freshness judged by the Lease")
+
+    agent = client.CoordinationV1Api(world["agent"])
+    renewal = {"spec": {"renewTime": "2026-11-24T10:00:00.000000Z"}}
+    leases.create_namespaced_lease(NS, _lease(world["b"]))  # node b's, as its agent made it
+    _denied(
+        lambda: agent.patch_namespaced_lease(world["b"], NS, renewal),
+        "may only write the GpuNodeUsage and the Lease named " + world["a"],
+    )
+    other = world["b"] + "-x"
+    _denied(lambda: agent.create_namespaced_lease(NS, _lease(other)), other)
+    _denied(
+        lambda: agent.create_namespaced_lease(
+            "kube-node-lease", _lease(world["a"], "kube-node-lease")
+        )
+    )
+    _denied(lambda: agent.delete_namespaced_lease(world["a"], NS))
+    _denied(lambda: agent.read_namespaced_lease(world["a"], NS))
+    unbound = client.CoordinationV1Api(world["unbound"])
+    _denied(
+        lambda: unbound.patch_namespaced_lease(world["a"], NS, renewal),
+        "token bound to a pod on a node",
+    )
+    operator = client.CoordinationV1Api(world["operator"])
+    _denied(lambda: operator.patch_namespaced_lease(world["a"], NS, renewal))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client
@@ -47,3 +48,9 @@ def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text: str = response.read().decode()
     return text
+
+
+def renewed_at(api: client.ApiClient, name: str, namespace: str) -> datetime | None:
+    """A Lease's renewTime (None while there is no Lease or no renewal)."""
+    found = client.CoordinationV1Api(api).read_namespaced_lease(name, namespace)
+    return found.spec.renew_time if found.spec is not None else None

@@ -30,9 +30,10 @@ from gpuusage_nodeagent.gpusource.base import GpuSource
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
+from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.podresources.kubelet import Kubelet
-from gpuusage_nodeagent.publisher import Publisher
+from gpuusage_nodeagent.publisher import WRITE_BACKOFF, Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
@@ -165,10 +166,33 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
         metrics.serve(settings.metrics_address, settings.metrics_port, settings.interval)
     api, source = RestClient.from_kubeconfig(settings.kubeconfig)
     log.info("API from %s (%s)", source.origin, source.detail)
+    renewer = None
+    if settings.lease_namespace and not settings.once:
+        renewer = LeaseRenewer(
+            api,
+            settings.lease_namespace,
+            settings.node_name,
+            metrics=metrics,
+            backoff=WRITE_BACKOFF,
+            duration=timedelta(seconds=settings.lease_duration),
+        )
+        log.info(
+            "liveness through Lease %s/%s; the report is refreshed every %.0fs",
+            settings.lease_namespace,
+            settings.node_name,
+            settings.report_refresh,
+        )
+    else:
+        log.info(
+            "no Lease (no --lease-namespace / POD_NAMESPACE): the report is rewritten every "
+            "%.0fs to show the agent alive",
+            settings.heartbeat,
+        )
+    refresh = settings.report_refresh if renewer else settings.heartbeat
     publisher = Publisher(
         api,
         settings.node_name,
-        heartbeat=timedelta(seconds=settings.heartbeat),
+        heartbeat=timedelta(seconds=refresh),
         threshold_mib=settings.memory_threshold_mib,
         metrics=metrics,
     )
@@ -178,7 +202,7 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
     if not settings.once:  # only a long-running loop gains from it
         settle_memory()
     with api:
-        failed = run_cycles(settings, reader, publisher, metrics, stop)
+        failed = run_cycles(settings, reader, publisher, metrics, stop, renewer=renewer)
     log.info("agent stopped")
     return 1 if failed else 0
 
@@ -189,10 +213,14 @@ def run_cycles(
     publisher: Publisher,
     metrics: AgentMetrics,
     stop: threading.Event,
+    *,
+    renewer: LeaseRenewer | None = None,
 ) -> bool:
-    """Observe and publish until stopped; True when the last write failed."""
+    """Observe and publish until stopped, renewing the Lease after each completed cycle; True
+    when the last write failed."""
     failed = False
     last_failure: str | None = None
+    lease_failure: str | None = None
     while not stop.is_set():
         started = time.monotonic()
         try:
@@ -222,6 +250,14 @@ def run_cycles(
                 exc,
                 settings.interval,
             )
+        if renewer is not None:
+            try:
+                renewer.renew_if_due(reader.clock())
+                lease_failure = None
+            except ApiError as exc:
+                if str(exc) != lease_failure:  # a lasting failure once
+                    lease_failure = str(exc)
+                    log.error("renewing the Lease of %s failed: %s", settings.node_name, exc)
         if settings.once:
             break
         stop.wait(max(0.0, settings.interval - (time.monotonic() - started)))

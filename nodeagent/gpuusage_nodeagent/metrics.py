@@ -36,7 +36,7 @@ class AgentMetrics:
         )
         self.api_writes = Counter(
             "gpuusage_agent_api_writes_total",
-            "Writes of the node's GpuNodeUsage.",
+            "Writes to the API: the report (create, patch) and the Lease (lease-create, lease).",
             ["verb"],
             registry=r,
         )

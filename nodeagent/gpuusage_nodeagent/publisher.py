@@ -1,7 +1,7 @@
 """Write the node's GpuNodeUsage: create it once, then patch `spec` only.
 
-* The object is named after the node and owned by the Node (apiVersion v1, kind Node, name,
-  uid; no blockOwnerDeletion), so it goes when the node goes.
+* The object is named after the node and owned by the Node (see owner), so it goes when the
+  node goes.
 * Writes are JSON merge patches of `{"spec": ...}` against the main resource: the status
   subresource is the operator's and is never sent. The agent is the only writer of spec, so
   the last write wins without resourceVersion preconditions.
@@ -30,6 +30,7 @@ from gpuusage.kube.rest import RestClient
 from gpuusage.retry import Backoff
 from gpuusage_nodeagent.change import Decision, Fingerprint, decide
 from gpuusage_nodeagent.metrics import AgentMetrics
+from gpuusage_nodeagent.owner import NodeOwner
 from gpuusage_nodeagent.report import AttributedReading, without_processes
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,6 @@ log = logging.getLogger(__name__)
 
 WRITE_BACKOFF = Backoff((0.2, 0.5, 1.0), jitter=0.2)
 """Short: a write that still fails is offered again, newer, on the next cycle."""
-SELF_REVIEW = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
-NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
-NODE_UID_CLAIM = "authentication.kubernetes.io/node-uid"
 
 
 class Publisher:
@@ -65,8 +63,8 @@ class Publisher:
         self._published: GpuNodeUsageSpec | None = None
         self._published_fp: Fingerprint | None = None
         self._published_at: datetime | None = None
+        self._owner = NodeOwner(api, node_name, backoff)
         self._owner_checked = False
-        self._node_uid: str | None = None
         self._refused: tuple[Fingerprint, str] | None = None
         """The fingerprint of the last observation whose full report was refused for good,
         and the refusal."""
@@ -128,44 +126,10 @@ class Publisher:
             raise
 
     # -- API -------------------------------------------------------------------------------
-    def _owner(self) -> dict[str, Any]:
-        uid = self._node_uid_from_token() or self._node_uid_from_node()
-        self._node_uid = uid
-        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
-
-    def _node_uid_from_token(self) -> str | None:
-        """The Node's UID as the apiserver put it in our pod-bound token (SelfSubjectReview).
-
-        In a cluster the agent's token is bound to its pod, and since Kubernetes 1.32 the
-        apiserver records the pod's node name and UID in it; asking "who am I" needs no
-        permission, so the agent needs none on Nodes at all. Elsewhere (a kubeconfig) the
-        answer has no node and the Node is read instead.
-        """
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-        try:
-            answer = retried(lambda: self._api.post(SELF_REVIEW, review), "who am I", self.backoff)
-        except ApiError as exc:
-            log.debug("SelfSubjectReview unavailable (%s); reading the Node", exc)
-            return None
-        extra = ((answer.get("status") or {}).get("userInfo") or {}).get("extra") or {}
-        node_names = extra.get(NODE_NAME_CLAIM) or []
-        uids = extra.get(NODE_UID_CLAIM) or []
-        if node_names == [self.node_name] and len(uids) == 1 and uids[0]:
-            return str(uids[0])
-        return None
-
-    def _node_uid_from_node(self) -> str:
-        path = f"/api/v1/nodes/{self.node_name}"
-        node = retried(lambda: self._api.get(path), "read node", self.backoff)
-        uid = (node.get("metadata") or {}).get("uid")
-        if not uid:
-            raise NotFound(f"node {self.node_name} has no uid", 404)
-        return str(uid)
-
     def _write(self, spec: GpuNodeUsageSpec) -> None:
         body: dict[str, Any] = {"spec": spec.to_api()}
         if not self._owner_checked:
-            body["metadata"] = {"ownerReferences": [self._owner()]}
+            body["metadata"] = {"ownerReferences": [self._owner.reference()]}
         try:
             self._patch(body)
         except NotFound:
@@ -184,7 +148,7 @@ class Publisher:
         full = {
             "apiVersion": names.API_VERSION,
             "kind": names.KIND,
-            "metadata": {"name": self.node_name, "ownerReferences": [self._owner()]},
+            "metadata": {"name": self.node_name, "ownerReferences": [self._owner.reference()]},
             "spec": body["spec"],
         }
         try:

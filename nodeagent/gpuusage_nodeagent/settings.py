@@ -17,8 +17,21 @@ class AgentSettings(CommandSettings):
     """The node this agent reports for (in a DaemonSet: NODE_NAME from the downward API)."""
     interval: float = Field(default=10.0, gt=0)
     """Seconds between observations."""
+    lease_namespace: str = Field(
+        default="", max_length=63, json_schema_extra={"env": ["POD_NAMESPACE"]}
+    )
+    """Namespace of the agent's Lease, named after its node (in a DaemonSet: POD_NAMESPACE
+    from the downward API). Empty: no Lease; the report is then rewritten every --heartbeat,
+    which is how the operator knows the agent is alive."""
+    lease_duration: float = Field(default=40.0, ge=10, le=3600)
+    """Seconds the Lease stays valid; renewed every quarter of it (as the kubelet's)."""
+    report_refresh: float = Field(default=300.0, gt=0)
+    """With a Lease: seconds after which an unchanged report is written anyway (as the kubelet
+    writes its Node status every 5 minutes); between refreshes a steady node writes nothing but
+    Lease renewals."""
     heartbeat: float = Field(default=60.0, gt=0)
-    """Seconds after which an unchanged report is written anyway, keeping observedAt fresh."""
+    """Without a Lease: seconds after which an unchanged report is written anyway, so that the
+    operator sees the agent alive."""
     memory_threshold_mib: int = Field(default=64, ge=1)
     """Memory changes smaller than this (per process and per device) do not cause a write."""
     gpu_source: str = "nvml"
@@ -67,4 +80,9 @@ class AgentSettings(CommandSettings):
             raise ValueError("--output json needs --once")
         if not self.node_name:
             raise ValueError("--node-name (or NODE_NAME) is required")
+        if self.lease_namespace and self.interval > self.lease_duration / 2:
+            raise ValueError(
+                "--interval must be at most half of --lease-duration: the Lease is renewed "
+                "after a cycle, and must not lapse between two"
+            )
         return self

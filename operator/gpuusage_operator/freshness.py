@@ -1,8 +1,14 @@
 """Is a node's report fresh? The pure decision behind the Stale condition.
 
-A report is stale when the operator has not seen it change for longer than the threshold: the
-agent is gone, stuck, or cannot reach the API. The operator then marks the node's pods
-`Unknown` rather than pretending their GPU use is current.
+A report is stale when the operator has seen no sign of life from its agent for longer than the
+threshold: the agent is gone, stuck, or cannot reach the API. The operator then marks the
+node's pods `Unknown` rather than pretending their GPU use is current.
+
+Signs of life are renewals of the agent's Lease (named after the node, in the agent's
+namespace; see Renewal) and changes of the report. An agent that renews a Lease writes its
+report only when it changed or every few minutes; an agent of an earlier version renews none,
+and its report's own rewrites (every heartbeat) are the only sign. The Stale condition says
+which one the operator is using.
 
 Freshness is judged by the operator's own clock: when it saw the report's current generation
 appear (`Sighting.seen_at`), never by `spec.observedAt`, which the node's clock wrote. The node
@@ -77,8 +83,29 @@ def sight(
     return Sighting(generation, now, None, stale)
 
 
+@dataclass(frozen=True)
+class Renewal:
+    """What the operator saw of a node agent's Lease, by its own clock."""
+
+    lease: str
+    """namespace/name, for messages."""
+    seen_at: datetime
+    """When the operator first saw the Lease's current renewTime."""
+    witnessed: bool
+    """A renewal was seen happening, not only the Lease as it was found at the operator's
+    start: only that can make a report its status calls stale fresh again."""
+
+
+def alive_at(sighting: Sighting, renewal: Renewal | None) -> datetime:
+    """The last sign of life: the later of the report's last change and its Lease's last
+    renewal. A Lease found as it was at start says nothing new of a report already stale."""
+    if renewal is None or (not renewal.witnessed and sighting.stale):
+        return sighting.seen_at
+    return max(sighting.seen_at, renewal.seen_at)
+
+
 def is_stale(seen_at: datetime, now: datetime, stale_after: timedelta) -> bool:
-    """True when the report has not changed for longer than stale_after."""
+    """True when the last sign of life is older than stale_after."""
     return now - seen_at > stale_after
 
 
@@ -103,27 +130,43 @@ def stale_condition(
     sighting: Sighting,
     now: datetime,
     stale_after: timedelta = DEFAULT_STALE_AFTER,
+    *,
     previous: Condition | None = None,
     generation: int | None = None,
+    renewal: Renewal | None = None,
 ) -> Condition:
     """The Stale condition, keeping lastTransitionTime when the status did not change.
 
-    The message names when the report last changed, not how long ago: an age would change on
-    every reconcile and turn every reconcile into a status write.
+    The message names when the agent was last seen alive, not how long ago: an age would
+    change on every reconcile and turn every reconcile into a status write. It says what
+    liveness is judged by (the Lease, or the report's rewrites).
     """
-    stale = is_stale(sighting.seen_at, now, stale_after)
+    alive = alive_at(sighting, renewal)
+    stale = is_stale(alive, now, stale_after)
     status = "True" if stale else "False"
     limit = int(stale_after.total_seconds())
     if stale:
         reason = "ReportOutdated"
-        message = (
-            f"no report from the node agent since {format_time(sighting.seen_at)} by the "
-            f"operator's clock (threshold {limit}s); is the node agent running?"
+        sign = (
+            f"no renewal of Lease {renewal.lease} and no change of the report"
+            if renewal is not None
+            else "no report from the node agent"
         )
+        message = (
+            f"{sign} since {format_time(alive)} by the operator's clock (threshold {limit}s); "
+            "is the node agent running?"
+        )
+    elif renewal is not None:
+        reason = "LeaseRenewed"
+        # No time here: every renewal would change the message and cost a status write.
+        message = f"the node agent renews Lease {renewal.lease} within the {limit}s threshold"
     else:
         reason = "ReportFresh"
-        # No time here: every heartbeat would change the message and cost a status write.
-        message = f"the node agent reports within the {limit}s threshold"
+        message = (
+            f"the node agent reports within the {limit}s threshold (it renews no Lease: an "
+            "agent of an earlier version, or one without a Lease namespace, so its report's "
+            "own rewrites show it alive)"
+        )
     skewed = skew_text(sighting.skew)
     if skewed:
         message += f"; {skewed}"

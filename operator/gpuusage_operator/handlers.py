@@ -27,6 +27,7 @@ from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import ActiveGate
 from gpuusage_operator.housekeeping import housekeeping
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
+from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.peering import Peering
 from gpuusage_operator.podwatch import PodWatch
@@ -44,6 +45,7 @@ def build_registry(
     reconcile_workers: int,
     health: ApiHealth,
     dra: DraWatch,
+    leases: LeaseWatch,
     clock: Clock = utc_now,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
@@ -77,7 +79,7 @@ def build_registry(
             known.add(name)
         if not await gate.active():
             return  # kopf re-lists everything when this replica's watches resume
-        while not (pods.synced.is_set() and dra.synced):  # no thread parked per report
+        while not (pods.synced.is_set() and dra.synced and leases.synced):  # no thread parked
             await asyncio.sleep(0.1)
         loop = asyncio.get_running_loop()
         lookup = pods.lookup()
@@ -107,6 +109,8 @@ def build_registry(
         memo["pod_watch"].start()
         memo["dra"] = threading.Thread(target=dra.start, name="dra-start", daemon=True)
         memo["dra"].start()
+        memo["leases"] = threading.Thread(target=leases.start, name="lease-start", daemon=True)
+        memo["leases"].start()
         memo["housekeeping"] = asyncio.create_task(
             housekeeping(
                 reconciler,
@@ -117,6 +121,7 @@ def build_registry(
                 known=known,
                 clock=clock,
                 dra=dra,
+                leases=leases,
             )
         )
 
@@ -124,6 +129,7 @@ def build_registry(
     async def stop_tasks(**kwargs: Any) -> None:
         pods.stop()
         dra.stop()
+        leases.stop()
         workers.shutdown(wait=False, cancel_futures=True)
         task = kwargs["memo"].get("housekeeping")
         if task is not None:

@@ -22,6 +22,7 @@ from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.dra import NO_DRA
 from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import ActiveGate
+from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.podwatch import PodWatch
 from gpuusage_operator.reconcile import Reconciler
 
@@ -39,6 +40,7 @@ async def housekeeping(
     known: set[str],
     clock: Clock = utc_now,
     dra: DraWatch | None = None,
+    leases: LeaseWatch | None = None,
 ) -> None:
     """Every `interval`: check that the API answers, then revisit the reports that send no
     event of their own but need a reconcile: those whose freshness flipped (a dead agent writes
@@ -75,7 +77,11 @@ async def housekeeping(
         await asyncio.sleep(interval)
         if not await loop.run_in_executor(None, probe):
             continue
-        ready = pods.synced.is_set() and (dra is None or dra.synced)
+        ready = (
+            pods.synced.is_set()
+            and (dra is None or dra.synced)
+            and (leases is None or leases.synced)
+        )
         if not ready or not await gate.active():
             continue
         now = clock()

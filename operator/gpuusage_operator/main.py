@@ -17,6 +17,7 @@ from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import join_peering
 from gpuusage_operator.handlers import build_registry
+from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.peering import own_identity
 from gpuusage_operator.podwatch import PodWatch
@@ -57,6 +58,14 @@ class Operator:
             rules=rules,
         )
         self.dra = DraWatch(client.ResourceV1Api(self._watch_api), health=self.health)
+        self.leases = LeaseWatch(
+            client.CoordinationV1Api(self._watch_api),
+            settings.lease_namespace,
+            clock=clock,
+            health=self.health,
+            on_news=self.reconciler.mark_due,
+        )
+        self.reconciler.renewals = self.leases.renewal
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
         self.peering = join_peering(settings, self.api, self.identity)
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
@@ -79,6 +88,7 @@ class Operator:
                 reconcile_workers=settings.workers,
                 health=self.health,
                 dra=self.dra,
+                leases=self.leases,
                 clock=self.clock,
             )
             kopf.run(
@@ -99,6 +109,7 @@ class Operator:
         finally:
             self.pods.stop()
             self.dra.stop()
+            self.leases.stop()
             self._watch_api.close()  # type: ignore[no-untyped-call]
             self.api.close()  # type: ignore[no-untyped-call]
         return 0

@@ -40,7 +40,9 @@ from gpuusage_operator.dra import NO_DRA, DraLookup
 from gpuusage_operator.freshness import (
     DEFAULT_STALE_AFTER,
     MAX_CLOCK_SKEW,
+    Renewal,
     Sighting,
+    alive_at,
     is_stale,
     sight,
 )
@@ -114,9 +116,15 @@ class Reconciler:
     """Reports to reconcile again without waiting for an event of their own (a pod they list
     was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
     _due_lock: threading.Lock = field(default_factory=threading.Lock)
+    _report_locks: dict[str, threading.Lock] = field(default_factory=dict)
+    """One per report: its reconciles (a watch event's, the housekeeping pass's) never run at
+    once, or both would decide from the same pod state and both write (two start Events)."""
 
     rules: AllocationRules = DEFAULT_RULES
     """What counts as handing a pod a GPU (see allocation)."""
+    renewals: Callable[[str], Renewal | None] = field(default=lambda node: None)
+    """A node agent's Lease as the operator saw it renewed (see leasewatch); by default none
+    is known, and freshness comes from the reports alone."""
     reports_api: Any = None
     """Where report statuses are written (a kubernetes CustomObjectsApi); by default one on
     `api`. Tests pass a stand-in that answers as the apiserver does."""
@@ -144,6 +152,16 @@ class Reconciler:
     ) -> bool:
         """Bring status and pods in line with one report; True when the report is stale.
         `dra` tells what the pods' claims got (by default nothing is known of claims)."""
+        with self._lock_of(body["metadata"]["name"]):
+            return self._reconcile(body, lookup, now, dra)
+
+    def _lock_of(self, name: str) -> threading.Lock:
+        with self._due_lock:
+            return self._report_locks.setdefault(name, threading.Lock())
+
+    def _reconcile(
+        self, body: dict[str, Any], lookup: PodLookup, now: datetime, dra: DraLookup
+    ) -> bool:
         name = body["metadata"]["name"]
         self.counts.reconciles += 1
         self._echoes.pop(name, None)
@@ -171,7 +189,8 @@ class Reconciler:
         self.unattributed[name] = TallyCounter(r.reason for r in resolutions if r.reason)
         uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
         judged = judgements(uses, spec, dra, self.rules)
-        fresh = not is_stale(sighting.seen_at, now, self.stale_after)
+        renewal = self.renewals(name)
+        fresh = not is_stale(alive_at(sighting, renewal), now, self.stale_after)
         blind = blind_spots(spec, resolutions)
         idle = (
             idle_pods(
@@ -200,6 +219,7 @@ class Reconciler:
             stale_after=self.stale_after,
             idle=[i.entry() for i in idle],
             judged=judged,
+            renewal=renewal,
         )
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
@@ -236,7 +256,7 @@ class Reconciler:
         return [
             name
             for name, seen in list(self._sightings.items())
-            if is_stale(seen.seen_at, now, self.stale_after) != seen.stale
+            if is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
         ]
 
     def clock_skews(self) -> dict[str, float]:
@@ -250,10 +270,14 @@ class Reconciler:
     def pods_deleted(self, uids: set[str]) -> None:
         """Pods went away: the reports that list them are due, so that no status keeps naming
         a deleted pod until its report's next event. Called from the pod watch's thread."""
-        due = {name for name, listed in list(self._listing.items()) if listed & uids}
-        if due:
+        self.mark_due({name for name, listed in list(self._listing.items()) if listed & uids})
+
+    def mark_due(self, names: set[str]) -> None:
+        """These reports are to be reconciled by the next housekeeping pass without an event of
+        their own (any thread)."""
+        if names:
             with self._due_lock:
-                self._due |= due
+                self._due |= names
 
     def take_due(self) -> set[str]:
         with self._due_lock:
@@ -263,10 +287,11 @@ class Reconciler:
     def forget_node(self, node: str, lookup: PodLookup) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
         pods lose every mark gpuusage put on them (annotations and condition), at once."""
-        for table in (self._echoes, self._sightings, self.unattributed, self._listing):
-            table.pop(node, None)
-        for ref in lookup.on_node_with_our_marks(node):
-            self._clear(ref)
+        with self._lock_of(node):
+            for table in (self._echoes, self._sightings, self.unattributed, self._listing):
+                table.pop(node, None)
+            for ref in lookup.on_node_with_our_marks(node):
+                self._clear(ref)
 
     # -- pods ------------------------------------------------------------------------------
     def _pod(self, verdict: Verdict, node: str, now: datetime) -> None:

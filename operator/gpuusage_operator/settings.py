@@ -51,6 +51,11 @@ class OperatorSettings(CommandSettings):
     comma-separated: a pod carrying one has a GPU allocation."""
     dra_drivers: str = "gpu.nvidia.com"
     """DRA drivers whose allocated devices are GPUs, comma-separated."""
+    lease_namespace: str = Field(
+        default="", max_length=63, json_schema_extra={"env": ["POD_NAMESPACE"]}
+    )
+    """Namespace of the node agents' Leases (installed together: the operator's own,
+    POD_NAMESPACE from the downward API). Empty: liveness from the reports' rewrites alone."""
 
     def allocation_rules(self) -> AllocationRules:
         """The three lists above, as the allocation rules take them."""

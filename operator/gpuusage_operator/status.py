@@ -40,7 +40,7 @@ from gpuusage.api.models import (
 )
 from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.allocation import Judgement, judgements
-from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Sighting, stale_condition
+from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Renewal, Sighting, stale_condition
 from gpuusage_operator.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.transitions import transition_time
 
@@ -214,6 +214,7 @@ def desired_status(
     stale_after: timedelta = DEFAULT_STALE_AFTER,
     idle: Sequence[IdlePod] = (),
     judged: Mapping[str, Judgement] | None = None,
+    renewal: Renewal | None = None,
 ) -> GpuNodeUsageStatus:
     """The status for this report; `sighting` says when the operator saw it change, `idle`
     are the pods the caller judged idle (see idle), `judged` each using pod's allocation
@@ -225,6 +226,7 @@ def desired_status(
         stale_after,
         previous=next((c for c in old_conditions if c.type == names.CONDITION_STALE), None),
         generation=generation,
+        renewal=renewal,
     )
     ready = _ready(stale, generation, now)
     before = next((c for c in old_conditions if c.type == ready.type), None)

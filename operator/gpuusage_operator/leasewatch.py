@@ -1,0 +1,158 @@
+"""The node agents' Leases, kept by an informer in the agents' namespace (never a read per
+report), and what the operator saw of their renewals, by its own clock.
+
+What was seen outlives the informer's lists: a list after an interruption finds each Lease as
+it is now, and only a renewTime different from the one last seen counts as a renewal (seen at
+that moment), so a relist never makes a dead agent look alive. Leases whose holder is not a
+gpuusage agent are ignored. Without a namespace to watch, or without permission to read Leases
+(an older install's RBAC), nothing is known of Leases: the reports' own rewrites show liveness,
+and the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpuusage.api.times import Clock, utc_now
+from gpuusage.kube.errors import Forbidden, NotFound, translate
+from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.freshness import Renewal
+from gpuusage_operator.informer import Informer, watch_kwargs
+
+log = logging.getLogger(__name__)
+
+HOLDER_PREFIX = "gpuusage-agent/"
+"""The agent's holderIdentity starts so (see the agent's lease module)."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    renew_time: str | None
+    seen_at: datetime
+    witnessed: bool
+
+
+class LeaseState:
+    """The Leases present now; what was seen of them lives in the shared `memory`."""
+
+    def __init__(
+        self, memory: dict[str, Seen], clock: Clock, on_news: Callable[[set[str]], None]
+    ) -> None:
+        self._memory = memory
+        self._clock = clock
+        self._on_news = on_news
+        self._names: set[str] = set()
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        spec = obj.get("spec") or {}
+        if event_type == "DELETED" or not str(spec.get("holderIdentity") or "").startswith(
+            HOLDER_PREFIX
+        ):
+            self._names.discard(name)
+            if self._memory.pop(name, None) is not None:
+                self._on_news({name})
+            return
+        self._names.add(name)
+        renew = spec.get("renewTime")
+        known = self._memory.get(name)
+        if known is None:
+            self._memory[name] = Seen(renew, self._now(), witnessed=False)
+            self._on_news({name})
+        elif known.renew_time != renew:
+            self._memory[name] = Seen(renew, self._now(), witnessed=True)
+
+    def _now(self) -> datetime:
+        return self._clock().replace(microsecond=0)  # as the status keeps times
+
+    def ids(self) -> set[str]:
+        return set(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class LeaseWatch:
+    """Watches the Leases of one namespace; `renewal(node)` says what was seen of a node's.
+    `on_news` hears the nodes whose Lease appeared or went (what their reports' freshness is
+    judged by changed, with no event of the report's own)."""
+
+    def __init__(
+        self,
+        coordination: Any,
+        namespace: str,
+        *,
+        clock: Clock = utc_now,
+        health: ApiHealth | None = None,
+        on_news: Callable[[set[str]], None] = lambda nodes: None,
+    ) -> None:
+        self._api = coordination  # kubernetes.client.CoordinationV1Api
+        self.namespace = namespace
+        self._on_news = on_news
+        self._memory: dict[str, Seen] = {}
+        self.informer: Informer[LeaseState] = Informer(
+            "lease",
+            lambda limit, token: coordination.list_namespaced_lease(
+                namespace, limit=limit, _continue=token, _preload_content=False
+            ),
+            lambda version: coordination.list_namespaced_lease(namespace, **watch_kwargs(version)),
+            lambda: LeaseState(self._memory, clock, on_news),
+            health=health,
+            on_deleted=self._forget,
+        )
+        self.available = threading.Event()
+        self.decided = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _forget(self, names: set[str]) -> None:
+        """Leases gone while the watch was interrupted (found missing by a new list)."""
+        gone = {name for name in names if self._memory.pop(name, None) is not None}
+        self._on_news(gone)
+
+    def probe(self) -> bool:
+        if not self.namespace:
+            log.info(
+                "no Lease namespace (--lease-namespace / POD_NAMESPACE): liveness from reports"
+            )
+            return False
+        try:
+            self._api.list_namespaced_lease(
+                self.namespace, limit=1, _preload_content=False
+            ).release_conn()
+        except Exception as exc:
+            error = translate(exc)
+            if isinstance(error, NotFound | Forbidden):
+                log.warning(
+                    "the agents' Leases in %s cannot be read (%s): liveness from reports only",
+                    self.namespace,
+                    error,
+                )
+                return False
+        return True
+
+    def start(self) -> None:
+        if self.probe():
+            self.available.set()
+            self._thread = threading.Thread(target=self.informer.run, name="lease", daemon=True)
+            self._thread.start()
+        self.decided.set()
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+    @property
+    def synced(self) -> bool:
+        return self.decided.is_set() and (
+            not self.available.is_set() or self.informer.synced.is_set()
+        )
+
+    def renewal(self, node: str) -> Renewal | None:
+        seen = self._memory.get(node)
+        if seen is None or not self.available.is_set():
+            return None
+        return Renewal(f"{self.namespace}/{node}", seen.seen_at, seen.witnessed)

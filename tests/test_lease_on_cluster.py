@@ -1,0 +1,73 @@
+"""Liveness through a Lease on the real control plane: a steady node's report and status are
+not rewritten while its agent renews its Lease; a dead agent's report still turns stale and its
+pods Unknown; an agent that renews no Lease (an earlier version) is judged by its report."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.conftest import WorldFactory, wait_for
+from tests.worldview import condition, pod, renewed_at, report
+
+pytestmark = pytest.mark.cluster
+
+
+def _stale(world: dict[str, Any]) -> dict[str, Any]:
+    conditions = report(world).get("status", {}).get("conditions") or []
+    return next(c for c in conditions if c["type"] == "Stale")
+
+
+def _leased(make_world: WorldFactory) -> dict[str, Any]:
+    """A world whose agent renews a Lease in the world's namespace (every 2.5 s) and refreshes
+    an unchanged report only after 60 s; the operator watches that namespace."""
+    return make_world(leases=True, agent_lease=True)
+
+
+def test_a_steady_node_writes_only_its_lease(make_world: WorldFactory) -> None:
+    world = _leased(make_world)
+    wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
+    wait_for(lambda: condition(pod(world, "train")).reason == "ProcessesRunning", what="in use")
+    before = report(world)
+    last = renewed_at(world["api"], world["node"], world["ns"])
+    assert last is not None
+    # Three renewals, together longer than the operator's stale_after (4 s): the report alone
+    # would have gone stale; the Lease keeps it fresh, and nothing else is written.
+    for _ in range(3):
+
+        def later(previous: datetime = last) -> datetime | None:
+            now = renewed_at(world["api"], world["node"], world["ns"])
+            return now if now is not None and now > previous else None
+
+        last = wait_for(later, what="a renewal")
+    after = report(world)
+    assert after["metadata"]["generation"] == before["metadata"]["generation"], "no spec write"
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], (
+        "no status write either"
+    )
+    assert _stale(world)["status"] == "False"
+    assert condition(pod(world, "train")).status == "True"
+
+
+def test_a_dead_agent_turns_the_report_stale_and_its_pods_unknown(
+    make_world: WorldFactory,
+) -> None:
+    world = _leased(make_world)
+    wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
+    world["agent"].halt()
+    stale = wait_for(lambda: (c := _stale(world))["status"] == "True" and c, what="stale")
+    assert stale["reason"] == "ReportOutdated"
+    assert f"no renewal of Lease {world['ns']}/{world['node']}" in stale["message"]
+    wait_for(lambda: condition(pod(world, "train")).status == "Unknown", what="pods Unknown")
+
+
+def test_an_agent_without_a_lease_is_judged_by_its_report(make_world: WorldFactory) -> None:
+    """The operator watches Leases; this agent (as one of the previous version) renews none and
+    rewrites its report every second: fresh, and the condition says by what."""
+    world = make_world(leases=True)
+    fresh = wait_for(lambda: (c := _stale(world))["reason"] == "ReportFresh" and c, what="fresh")
+    assert "renews no Lease" in fresh["message"]
+    world["agent"].halt()
+    wait_for(lambda: _stale(world)["status"] == "True", what="stale once its rewrites stop")
