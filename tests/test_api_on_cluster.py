@@ -154,6 +154,34 @@ def test_create_with_spec_and_read_back_losslessly(custom: client.CustomObjectsA
     assert wire["gpus"][0]["processes"][2]["podUID"] is None
 
 
+def test_compact_merge_patches_leave_nothing_behind(custom: client.CustomObjectsApi) -> None:
+    """The agent's patches leave out the nulls inside lists (a merge patch replaces lists
+    whole), and keep them outside, where a null removes what an earlier write set: reading the
+    object back gives exactly the model written last."""
+    name = _node_name()
+    first = example_spec(name, OBSERVED)
+    noisy = first.model_copy(
+        update={
+            "source": (first.source or Source(kind="fake", available=True)).model_copy(
+                update={"message": "NVML is not available"}
+            )
+        }
+    )
+    _create(custom, {**_body(name), "spec": noisy.to_patch()})
+    patch = first.to_patch()
+    assert patch["source"]["message"] is None, "kept: it removes the message written before"
+    listed = json.dumps(patch["gpus"])
+    assert "null" not in listed
+    custom.patch_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, name, {"spec": patch}
+    )
+    stored = _get(custom, name)
+    assert GpuNodeUsage.model_validate(stored).spec == first
+    assert "message" not in stored["spec"]["source"]
+    smaller = len(json.dumps(patch, separators=(",", ":")))
+    assert smaller < len(json.dumps(first.to_api(), separators=(",", ":")))
+
+
 def test_status_round_trip_is_lossless(custom: client.CustomObjectsApi) -> None:
     name = _node_name()
     _create(custom, _body(name))

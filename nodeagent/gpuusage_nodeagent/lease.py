@@ -14,14 +14,13 @@ each agent to its own node's Lease.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpuusage.kube.errors import ApiError, Conflict, NotFound, retried
-from gpuusage.kube.rest import RestClient
+from gpuusage.kube.rest import RestClient, encode
 from gpuusage.retry import Backoff
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.owner import NodeOwner
@@ -102,7 +101,7 @@ class LeaseRenewer:
         target = f"{self.path}/{self.node_name}"
         try:
             retried(lambda: self._api.merge_patch(target, body), "renew lease", self.backoff)
-            self.metrics.count_write("lease", len(json.dumps(body)))
+            self.metrics.count_write("lease", len(encode(body)))
             return
         except NotFound:
             pass
@@ -120,7 +119,7 @@ class LeaseRenewer:
             retried(lambda: self._api.post(self.path, full), "create lease", self.backoff)
         except Conflict:  # created meanwhile (a restart racing its predecessor): renew it
             retried(lambda: self._api.merge_patch(target, body), "renew lease", self.backoff)
-            self.metrics.count_write("lease", len(json.dumps(body)))
+            self.metrics.count_write("lease", len(encode(body)))
             return
         log.info("created Lease %s/%s", self.namespace, self.node_name)
-        self.metrics.count_write("lease-create", len(json.dumps(full)))
+        self.metrics.count_write("lease-create", len(encode(full)))

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.kube.errors import ApiError, Conflict, NotFound, is_permanent_for_body, retried
-from gpuusage.kube.rest import RestClient
+from gpuusage.kube.rest import RestClient, encode
 from gpuusage.retry import Backoff
 from gpuusage_nodeagent.change import Decision, Fingerprint, decide
 from gpuusage_nodeagent.metrics import AgentMetrics
@@ -127,7 +126,7 @@ class Publisher:
 
     # -- API -------------------------------------------------------------------------------
     def _write(self, spec: GpuNodeUsageSpec) -> None:
-        body: dict[str, Any] = {"spec": spec.to_api()}
+        body: dict[str, Any] = {"spec": spec.to_patch()}
         if not self._owner_checked:
             body["metadata"] = {"ownerReferences": [self._owner.reference()]}
         try:
@@ -142,7 +141,7 @@ class Publisher:
             f"patch {names.KIND} {self.node_name}",
             self.backoff,
         )
-        self.metrics.count_write("patch", len(json.dumps(body)))
+        self.metrics.count_write("patch", len(encode(body)))
 
     def _create(self, body: dict[str, Any]) -> None:
         full = {
@@ -163,4 +162,4 @@ class Publisher:
                 {**body, "metadata": {"ownerReferences": full["metadata"]["ownerReferences"]}}
             )
             return
-        self.metrics.count_write("create", len(json.dumps(full)))
+        self.metrics.count_write("create", len(encode(full)))

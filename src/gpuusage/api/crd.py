@@ -125,13 +125,15 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Stale",
         "type": "string",
         "jsonPath": f'.status.conditions[?(@.type=="{names.CONDITION_STALE}")].status',
-        "description": "True when the agent has not reported in time",
+        "description": "True when the operator saw no sign of life from the agent in time "
+        "(a renewal of its Lease, a change of its report)",
     },
     {
         "name": "Observed",
         "type": "date",
         "jsonPath": ".spec.observedAt",
-        "description": "Age of the agent's latest observation",
+        "description": "When the report's content was observed: a steady node's report is "
+        "refreshed only every few minutes (freshness is the Stale column)",
     },
     {
         "name": "Unattributed",

@@ -81,6 +81,25 @@ class ApiModel(BaseModel):
         """The JSON-ready dict as the apiserver stores it (camelCase, nulls kept)."""
         return self.model_dump(mode="json", by_alias=True)
 
+    def to_patch(self) -> dict[str, Any]:
+        """The body of a JSON merge patch: nulls left out inside lists, which a merge patch
+        replaces whole (a reader's default fills them), and kept outside them, where a null is
+        how a merge patch removes a field written before."""
+        compacted: dict[str, Any] = _without_list_nulls(self.to_api(), in_list=False)
+        return compacted
+
+
+def _without_list_nulls(value: Any, *, in_list: bool) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _without_list_nulls(v, in_list=in_list)
+            for k, v in value.items()
+            if not (in_list and v is None)
+        }
+    if isinstance(value, list):
+        return [_without_list_nulls(v, in_list=True) for v in value]
+    return value
+
 
 def at_most(listed: int, bound: int, what: str) -> None:
     """A bound on a whole object, as the CRD's rules state it (see api.crd): per-list bounds

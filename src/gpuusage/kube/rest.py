@@ -138,6 +138,11 @@ def load_rest_config(kubeconfig: Path | None, scratch: Path) -> tuple[RestConfig
     return config_from_kubeconfig(paths, scratch), source
 
 
+def encode(body: Any) -> bytes:
+    """A request body as sent: JSON without optional spaces (a tenth of a report's bytes)."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 class RestClient:
     """JSON over HTTPS with the configured credentials; errors as gpuusage.kube.errors."""
 
@@ -190,7 +195,7 @@ class RestClient:
     def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else encode(body)
         request = urllib.request.Request(self.config.server + path, data=data, method=method)
         request.add_header("Accept", "application/json")
         if data is not None:
