@@ -603,7 +603,7 @@ class RefusingApi:
         return {"metadata": {"uid": "node-uid"}}
 
     def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
-        listed = [p for g in body["spec"]["gpus"] for p in g["processes"]]
+        listed = [p for g in body["spec"].get("gpus", []) for p in g["processes"]]
         if listed:
             self.refused += 1
             raise from_status(500, '{"message":"etcdserver: request is too large"}')
@@ -626,7 +626,10 @@ def test_a_body_refused_for_good_is_never_sent_again_and_the_refusal_is_publishe
         publisher.offer(reader.read())
     assert api.refused == 1, "the refused body was sent once, not retried, not re-sent"
     assert len(api.bodies) == 2, "the report without processes, then its heartbeat"
-    spec = api.bodies[-1]["spec"]
+    assert api.bodies[-1] == {"spec": {"observedAt": "2026-11-21T12:01:00Z"}}, (
+        "the heartbeat refreshes observedAt alone: the stored report stays the one without"
+    )
+    spec = api.bodies[0]["spec"]
     assert "the API refused this node's full report" in spec["source"]["message"]
     assert "request is too large" in spec["source"]["message"]
     assert spec["gpus"][0]["error"]["reason"] == "ReportRefused"
