@@ -671,3 +671,45 @@ def test_backoffs_give_up_after_their_steps_or_go_on_forever_capped() -> None:
     first = list(itertools.islice(iter(forever), 6))
     assert all(a <= b for a, b in zip([0.5, 1.0, 2.0, 2.5, 2.5, 2.5], first, strict=True))
     assert all(b <= a for a, b in zip([1.0, 2.0, 4.0, 5.0, 5.0, 5.0], first, strict=True))
+
+
+class RecordingApi:
+    """Takes every write as the apiserver would, and keeps the bodies."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def post(self, path: str, body: Any) -> dict[str, Any]:
+        return {}  # no SelfSubjectReview answer: the Node is read instead
+
+    def get(self, path: str) -> dict[str, Any]:
+        return {"metadata": {"uid": "node-uid"}}
+
+    def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+        self.bodies.append(body)
+        return {}
+
+
+def test_refreshes_restate_the_published_content_never_the_jitter(tmp_path: Path) -> None:
+    """An unchanged report is refreshed with observedAt alone, and every sixth time with the
+    whole spec as it was published (undoing anyone else's edit), never with the few MiB the
+    memory moved since: the operator has nothing to rewrite on the pods."""
+    path = tmp_path / "s.yaml"
+    _scenario(path, 100)
+    api = RecordingApi()
+    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64, metrics=AgentMetrics())  # type: ignore[arg-type]
+    now = [NOW]
+    reader = NodeReader("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: now[0])
+    publisher.offer(reader.read())
+    for n in range(1, 13):
+        _scenario(path, 100 + n)  # jitter, below the threshold
+        now[0] = NOW + n * BEAT
+        publisher.offer(reader.read())
+    refreshes = api.bodies[1:]
+    assert len(refreshes) == 12
+    whole = [n for n, body in enumerate(refreshes, start=1) if "gpus" in body["spec"]]
+    assert whole == [6, 12]
+    assert refreshes[0] == {"spec": {"observedAt": "2026-11-21T12:01:00Z"}}
+    used = refreshes[5]["spec"]["gpus"][0]["processes"][0]["usedMemoryMiB"]
+    assert used == 100, "the published value, not the jittered 106"
+    assert refreshes[5]["spec"]["observedAt"] == "2026-11-21T12:06:00Z"

@@ -9,7 +9,8 @@
   If the Node was recreated (new uid), the owner reference is corrected.
 * A refresh of an unchanged report (the heartbeat) sends `observedAt` alone: the stored content
   stays what was published (memory within the threshold of what is observed now), so a steady
-  node's refresh is a patch of about 60 bytes and no pod changes.
+  node's refresh is a patch of about 60 bytes and no pod changes; every FULL_EVERY-th refresh
+  sends the whole published spec, which undoes anyone else's edit of it.
 * Whether to write at all is `change.decide`'s call; this module performs the writes and
   counts them, the skipped ones and the failed ones in the agent's metrics (one count each).
 * A body the API refuses for good (413, etcd's "request is too large", 422) is never sent
@@ -39,6 +40,15 @@ log = logging.getLogger(__name__)
 
 
 WRITE_BACKOFF = Backoff((0.2, 0.5, 1.0), jitter=0.2)
+FULL_EVERY = 6
+"""Every sixth refresh (30 minutes with the defaults) sends the whole published spec."""
+
+
+def observed_text(spec: GpuNodeUsageSpec) -> str:
+    """The spec's observedAt as the API writes it."""
+    return str(spec.to_api()["observedAt"])
+
+
 """Short: a write that still fails is offered again, newer, on the next cycle."""
 
 
@@ -67,6 +77,7 @@ class Publisher:
         self._published_at: datetime | None = None
         self._owner = NodeOwner(api, node_name, backoff)
         self._owner_checked = False
+        self._refreshes = 0
         self._refused: tuple[Fingerprint, str] | None = None
         """The fingerprint of the last observation whose full report was refused for good,
         and the refusal."""
@@ -123,15 +134,19 @@ class Publisher:
         return decision
 
     def _refresh(self, now: datetime) -> bool:
-        """An unchanged report (within the threshold) refreshed: only `observedAt` is sent, so
-        the stored content stays what was published, and the operator has no pod to rewrite
-        for a few MiB of jitter. False when it must be written whole (nothing published yet,
-        or the object is gone)."""
+        """An unchanged report (within the threshold) refreshed with the content that was
+        published, so the operator has no pod to rewrite for a few MiB of jitter: `observedAt`
+        alone, and every FULL_EVERY-th time the whole published spec, which also undoes an
+        edit of the spec by anyone else (only the agent may write it, but an administrator
+        can). False when it must be written from the reading (nothing published yet, or the
+        object is gone)."""
         published = self._published
         if published is None:
             return False
         refreshed = published.model_copy(update={"observed_at": now})
-        body = {"spec": {"observedAt": refreshed.to_api()["observedAt"]}}
+        self._refreshes += 1
+        whole = self._refreshes % FULL_EVERY == 0
+        body = {"spec": refreshed.to_patch() if whole else {"observedAt": observed_text(refreshed)}}
         try:
             self._patch(body)
         except NotFound:
