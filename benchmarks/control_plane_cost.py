@@ -41,6 +41,7 @@ from kubernetes import client
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests package (fake machines); gpuusage is installed
 
+from gpuusage.api.times import format_micro_time  # noqa: E402
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
 from gpuusage.kube.rest import RestClient  # noqa: E402
@@ -54,7 +55,7 @@ from gpuusage_dev.simulation import (  # noqa: E402
     write_process,
 )
 from gpuusage_nodeagent.gpusource.fake import FakeSource  # noqa: E402
-from gpuusage_nodeagent.lease import LeaseRenewer, micro_time  # noqa: E402
+from gpuusage_nodeagent.lease import LeaseRenewer  # noqa: E402
 from gpuusage_nodeagent.main import NodeReader  # noqa: E402
 from gpuusage_nodeagent.metrics import AgentMetrics  # noqa: E402
 from gpuusage_nodeagent.publisher import WRITE_BACKOFF, Publisher  # noqa: E402
@@ -236,7 +237,7 @@ def kubelet_hour(api: client.ApiClient, rest: RestClient, node: str) -> Callable
             "spec": {
                 "holderIdentity": node,
                 "leaseDurationSeconds": 40,
-                "renewTime": micro_time(now),
+                "renewTime": format_micro_time(now),
             },
         }
 

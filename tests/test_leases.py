@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from gpuusage.api.times import format_micro_time
 from gpuusage.kube.errors import NotFound, TransientApiError
 from gpuusage.retry import Backoff
 from gpuusage_nodeagent.change import Decision
 from gpuusage_nodeagent.gpusource.base import Reading
-from gpuusage_nodeagent.lease import LeaseRenewer, micro_time
+from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.main import NodeReader, run_cycles
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.resolver import Resolver
@@ -98,7 +99,7 @@ def test_created_owned_by_the_node_then_renewed_every_quarter_of_its_duration() 
         "spec": {
             "holderIdentity": "gpuusage-agent/pod-1",
             "leaseDurationSeconds": 40,
-            "renewTime": micro_time(T0 + timedelta(seconds=9.5)),
+            "renewTime": format_micro_time(T0 + timedelta(seconds=9.5)),
         }
     }
     writes = metrics.registry.get_sample_value("gpuusage_agent_api_writes_total", {"verb": "lease"})

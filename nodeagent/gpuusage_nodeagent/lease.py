@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from gpuusage.api import names
+from gpuusage.api.times import format_micro_time
 from gpuusage.kube.errors import ApiError, Conflict, NotFound, retried
 from gpuusage.kube.rest import RestClient, encode
 from gpuusage.retry import Backoff
@@ -28,18 +30,11 @@ from gpuusage_nodeagent.owner import NodeOwner
 log = logging.getLogger(__name__)
 
 LEASE_DURATION = timedelta(seconds=40)
-HOLDER_PREFIX = "gpuusage-agent/"
-"""Every holderIdentity the agent writes starts so: the operator counts only such Leases."""
-
-
-def micro_time(moment: datetime) -> str:
-    """metav1.MicroTime as the apiserver writes it: 2026-11-24T07:12:42.996470Z."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def holder_identity() -> str:
     """The agent's identity in the Lease: its pod's name (the hostname in a pod)."""
-    return HOLDER_PREFIX + socket.gethostname()
+    return names.LEASE_HOLDER_PREFIX + socket.gethostname()
 
 
 def renew_every(duration: timedelta) -> timedelta:
@@ -86,7 +81,7 @@ class LeaseRenewer:
         spec = {
             "holderIdentity": self.holder,
             "leaseDurationSeconds": int(self.duration.total_seconds()),
-            "renewTime": micro_time(now),
+            "renewTime": format_micro_time(now),
         }
         try:
             self._renew(spec, now)
@@ -98,10 +93,8 @@ class LeaseRenewer:
 
     def _renew(self, spec: dict[str, Any], now: datetime) -> None:
         body = {"spec": spec}
-        target = f"{self.path}/{self.node_name}"
         try:
-            retried(lambda: self._api.merge_patch(target, body), "renew lease", self.backoff)
-            self.metrics.count_write("lease", len(encode(body)))
+            self._patch(body)
             return
         except NotFound:
             pass
@@ -113,13 +106,17 @@ class LeaseRenewer:
                 "namespace": self.namespace,
                 "ownerReferences": [self._owner.reference()],
             },
-            "spec": {**spec, "acquireTime": micro_time(now)},
+            "spec": {**spec, "acquireTime": format_micro_time(now)},
         }
         try:
             retried(lambda: self._api.post(self.path, full), "create lease", self.backoff)
         except Conflict:  # created meanwhile (a restart racing its predecessor): renew it
-            retried(lambda: self._api.merge_patch(target, body), "renew lease", self.backoff)
-            self.metrics.count_write("lease", len(encode(body)))
+            self._patch(body)
             return
         log.info("created Lease %s/%s", self.namespace, self.node_name)
         self.metrics.count_write("lease-create", len(encode(full)))
+
+    def _patch(self, body: dict[str, Any]) -> None:
+        target = f"{self.path}/{self.node_name}"
+        retried(lambda: self._api.merge_patch(target, body), "renew lease", self.backoff)
+        self.metrics.count_write("lease", len(encode(body)))

@@ -80,15 +80,15 @@ class NodeReader:
         now = self.clock()
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
-        idle = {}
-        for uuid, listed in reading.processes.items():
-            for p in listed:
-                since = self.activity.idle_since((uuid, p.pid), p.active, now)
-                if since is not None:
-                    idle[(uuid, p.pid)] = since
-        self.activity.forget_except(
-            (uuid, p.pid) for uuid, listed in reading.processes.items() for p in listed
-        )
+        seen = {
+            (uuid, p.pid): p.active for uuid, listed in reading.processes.items() for p in listed
+        }
+        idle = {
+            key: since
+            for key, active in seen.items()
+            if (since := self.activity.idle_since(key, active, now)) is not None
+        }
+        self.activity.forget_except(seen)
         allocated = None
         if self.kubelet is not None:
             pods = {r.attribution.pod_uid for r in found.values() if r.attribution.pod_uid}

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from gpuusage.kube import raw
+from gpuusage.kube.errors import Forbidden, NotFound, translate
 from gpuusage.retry import doubling
 from gpuusage_operator.apihealth import ApiHealth
 
@@ -185,3 +186,48 @@ def watch_kwargs(version: str) -> dict[str, Any]:
         "timeout_seconds": WATCH_SECONDS,
         "_preload_content": False,
     }
+
+
+class OptionalWatch:
+    """Informers for an API the cluster may not serve, or the operator may not read (DRA, the
+    agents' Leases): `start` asks once with `probe` (one small list call). A 404 or a 403 says
+    it cannot be read, for good (an operator restart picks up a new API or new permissions):
+    `unavailable` is logged once, with the error, and nothing is watched. Other errors are the
+    informers' to retry. `synced` holds once that is decided and, when watched, listed."""
+
+    def __init__(
+        self, informers: list[Informer[Any]], probe: Callable[[], Any], unavailable: str
+    ) -> None:
+        self._informers = informers
+        self._probe = probe
+        self._unavailable = unavailable
+        self.available = threading.Event()
+        self.decided = threading.Event()
+        """Set once it is known whether the API can be read (then `available` says)."""
+
+    def probe(self) -> bool:
+        try:
+            self._probe().release_conn()
+        except Exception as exc:
+            error = translate(exc)
+            if isinstance(error, NotFound | Forbidden):
+                log.warning(self._unavailable, error)
+                return False
+        return True
+
+    def start(self) -> None:
+        if self.probe():
+            self.available.set()
+            for informer in self._informers:
+                threading.Thread(target=informer.run, name=informer.what, daemon=True).start()
+        self.decided.set()
+
+    def stop(self) -> None:
+        for informer in self._informers:
+            informer.stop()
+
+    @property
+    def synced(self) -> bool:
+        return self.decided.is_set() and (
+            not self.available.is_set() or all(i.synced.is_set() for i in self._informers)
+        )

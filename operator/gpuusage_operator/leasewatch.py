@@ -12,22 +12,18 @@ and the reason is logged once.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
-from gpuusage.kube.errors import Forbidden, NotFound, translate
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.freshness import Renewal
-from gpuusage_operator.informer import Informer, watch_kwargs
+from gpuusage_operator.informer import Informer, OptionalWatch, watch_kwargs
 
 log = logging.getLogger(__name__)
-
-HOLDER_PREFIX = "gpuusage-agent/"
-"""The agent's holderIdentity starts so (see the agent's lease module)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +48,7 @@ class LeaseState:
         name = str((obj.get("metadata") or {}).get("name") or "")
         spec = obj.get("spec") or {}
         if event_type == "DELETED" or not str(spec.get("holderIdentity") or "").startswith(
-            HOLDER_PREFIX
+            names.LEASE_HOLDER_PREFIX
         ):
             self._names.discard(name)
             if self._memory.pop(name, None) is not None:
@@ -77,7 +73,7 @@ class LeaseState:
         return len(self._names)
 
 
-class LeaseWatch:
+class LeaseWatch(OptionalWatch):
     """Watches the Leases of one namespace; `renewal(node)` says what was seen of a node's.
     `on_news` hears the nodes whose Lease appeared or went (what their reports' freshness is
     judged by changed, with no event of the report's own)."""
@@ -91,7 +87,6 @@ class LeaseWatch:
         health: ApiHealth | None = None,
         on_news: Callable[[set[str]], None] = lambda nodes: None,
     ) -> None:
-        self._api = coordination  # kubernetes.client.CoordinationV1Api
         self.namespace = namespace
         self._on_news = on_news
         self._memory: dict[str, Seen] = {}
@@ -105,9 +100,11 @@ class LeaseWatch:
             health=health,
             on_deleted=self._forget,
         )
-        self.available = threading.Event()
-        self.decided = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(
+            [self.informer],
+            lambda: coordination.list_namespaced_lease(namespace, limit=1, _preload_content=False),
+            f"the agents' Leases in {namespace} cannot be read (%s): liveness from reports only",
+        )
 
     def _forget(self, names: set[str]) -> None:
         """Leases gone while the watch was interrupted (found missing by a new list)."""
@@ -116,40 +113,9 @@ class LeaseWatch:
 
     def probe(self) -> bool:
         if not self.namespace:
-            log.info(
-                "no Lease namespace (--lease-namespace / POD_NAMESPACE): liveness from reports"
-            )
+            log.info("no Lease namespace (--lease-namespace, POD_NAMESPACE): liveness from reports")
             return False
-        try:
-            self._api.list_namespaced_lease(
-                self.namespace, limit=1, _preload_content=False
-            ).release_conn()
-        except Exception as exc:
-            error = translate(exc)
-            if isinstance(error, NotFound | Forbidden):
-                log.warning(
-                    "the agents' Leases in %s cannot be read (%s): liveness from reports only",
-                    self.namespace,
-                    error,
-                )
-                return False
-        return True
-
-    def start(self) -> None:
-        if self.probe():
-            self.available.set()
-            self._thread = threading.Thread(target=self.informer.run, name="lease", daemon=True)
-            self._thread.start()
-        self.decided.set()
-
-    def stop(self) -> None:
-        self.informer.stop()
-
-    @property
-    def synced(self) -> bool:
-        return self.decided.is_set() and (
-            not self.available.is_set() or self.informer.synced.is_set()
-        )
+        return super().probe()
 
     def renewal(self, node: str) -> Renewal | None:
         seen = self._memory.get(node)

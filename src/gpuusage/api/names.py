@@ -36,3 +36,7 @@ PEERING_PLURAL: Final = "clusterkopfpeerings"
 PEERING_CRD_NAME: Final = f"{PEERING_PLURAL}.{PEERING_GROUP}"
 DEFAULT_PEERING: Final = "gpuusage"
 """The ClusterKopfPeering the operator's replicas share unless --peering says otherwise."""
+
+LEASE_HOLDER_PREFIX = "gpuusage-agent/"
+"""Every holderIdentity the node agent writes in its Lease starts so; the operator counts only
+such Leases."""

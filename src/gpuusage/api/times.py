@@ -15,6 +15,12 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_micro_time(moment: datetime) -> str:
+    """metav1.MicroTime as the apiserver writes it (a Lease's times): 2026-11-24T07:12:42.996470Z
+    (microseconds required)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_time(value: object) -> datetime | None:
     """An API time (with "Z" or an offset); None for anything else, never an exception."""
     if not isinstance(value, str) or not value:
