@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import RequestReceived
 
 from gpuusage.api.models import MAX_KUBELET_DEVICES, MAX_KUBELET_PODS, GpuNodeUsage
 from gpuusage_dev.fakekubelet import FakeKubelet
@@ -106,6 +110,34 @@ def test_a_slow_kubelet_times_out(kubelet: FakeKubelet) -> None:
     kubelet.answer({"pod_resources": [], "delay_ms": 3000})
     with pytest.raises(CallError, match=r"no answer within 0.3s"):
         list_pods(kubelet.socket, 0.3)
+
+
+def test_a_reset_before_the_deadline_is_no_timeout(tmp_path: Path) -> None:
+    """The fake kubelet cancels a call whose grpc-timeout passed (RST_STREAM CANCEL), which the
+    client calls a timeout; a server that resets the stream at once is said to have done so."""
+    path = tmp_path / "resets.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        h2 = H2Connection(H2Configuration(client_side=False))
+        h2.initiate_connection()
+        conn.sendall(h2.data_to_send())
+        with conn:
+            while data := conn.recv(65536):
+                for event in h2.receive_data(data):
+                    if isinstance(event, RequestReceived):
+                        h2.reset_stream(event.stream_id, ErrorCodes.CANCEL)
+                conn.sendall(h2.data_to_send())
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(CallError, match=r"reset the stream \(HTTP/2 error 8\)"):
+            list_pods(path, 30)
+    finally:
+        server.close()
 
 
 def test_a_server_that_is_not_grpc_is_said_so(tmp_path: Path) -> None:

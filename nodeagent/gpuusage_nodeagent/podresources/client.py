@@ -17,6 +17,7 @@ from pathlib import Path
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -53,6 +54,14 @@ class CallError(GpuusageError):
     """The call did not produce an answer; the message says where it failed."""
 
 
+class Reset(CallError):
+    """The server reset the stream (RST_STREAM) with this HTTP/2 error code."""
+
+    def __init__(self, code: int | None) -> None:
+        super().__init__(f"the server reset the stream (HTTP/2 error {code})")
+        self.code = code
+
+
 class _Call:
     """The state of one stream while its events arrive."""
 
@@ -75,7 +84,7 @@ class _Call:
         elif isinstance(event, h2.events.StreamEnded):
             self.ended = True
         elif isinstance(event, h2.events.StreamReset):
-            raise CallError(f"the server reset the stream (HTTP/2 error {event.error_code})")
+            raise Reset(event.error_code)
         elif isinstance(event, h2.events.ConnectionTerminated):
             raise CallError(f"the server closed the connection (HTTP/2 error {event.error_code})")
 
@@ -156,8 +165,15 @@ def unary(path: Path, method: str, request: bytes, timeout: float) -> bytes:
                     raise CallError(f"no answer within {timeout:g}s") from exc
                 if not data:
                     raise CallError("the server closed the connection before answering")
-                for event in conn.receive_data(data):
-                    call.take(event, conn)
+                try:
+                    for event in conn.receive_data(data):
+                        call.take(event, conn)
+                except Reset as exc:
+                    # A gRPC server cancels the call when the grpc-timeout we sent passes; its
+                    # clock started after ours, so such a reset arrives after our deadline.
+                    if exc.code == h2.errors.ErrorCodes.CANCEL and time.monotonic() >= deadline:
+                        raise CallError(f"no answer within {timeout:g}s") from exc
+                    raise
                 sock.sendall(conn.data_to_send())
         except h2.exceptions.ProtocolError as exc:
             raise CallError(f"HTTP/2 protocol error: {exc} (is it a gRPC server?)") from exc
