@@ -8,8 +8,8 @@ the apiserver's and etcd's own counters before and after it:
    whole object (as the kubelet's lease controller does) and the Node's status patched every 5
    minutes with its conditions' heartbeat times (the kubelet's nodeStatusReportFrequency), on
    a Node as large as a GPU node's (capacity and allocatable with nvidia.com/gpu, 25 images).
-2. **gpuusage, steady node**: the agent's own parts (NodeReader over a scenario of 8 GPUs x 8
-   processes whose memory jitters by a few MiB every cycle, Publisher, LeaseRenewer, default
+2. **gpuusage, steady node**: the agent's own parts (NodeReader over a scenario of 8 GPUs, one
+   process each, whose memory jitters by a few MiB every cycle, Publisher, LeaseRenewer, default
    settings) offered the 360 cycles of an hour; the operator (in this process, standalone,
    watching the Leases) does what it does with them: status, pod and Event writes included.
 3. **gpuusage, busy node**: the same, and every 3 minutes a job ends on one GPU and a new pod's
@@ -368,6 +368,28 @@ def gpuusage_hour(
     return hour, caught_up
 
 
+def object_size(api: client.ApiClient, name: str) -> dict[str, int]:
+    """The report as stored, in compact JSON: what etcd keeps a copy of at every write."""
+    body = client.CustomObjectsApi(api).get_cluster_custom_object(
+        "gpuusage.io", "v1alpha1", "gpunodeusages", name
+    )
+    assert isinstance(body, dict)
+
+    def size(value: Any) -> int:
+        return len(json.dumps(value, separators=(",", ":")))
+
+    return {"whole": size(body), "spec": size(body["spec"]), "status": size(body["status"])}
+
+
+def lease_size(api: client.ApiClient, namespace: str, name: str) -> int:
+    """A Lease as stored, in compact JSON (managedFields and owner included)."""
+    data: bytes = api.call_api(
+        "GET",
+        f"{api.configuration.host}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+    ).read()
+    return len(json.dumps(json.loads(data), separators=(",", ":")))
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuusage-cost-") as folder:
         work = Path(folder)
@@ -409,6 +431,14 @@ def main() -> None:
                 hour()
                 settle()
                 results[label] = summary(delta(before, counters(api, etcd)))
+                if label.startswith("gpuusage"):
+                    node = label.split()[-2]
+                    results[label]["report_object_bytes"] = object_size(api, node)
+                    results[label]["lease_object_bytes"] = lease_size(api, AGENTS_NS, node)
+                else:
+                    results[label]["lease_object_bytes"] = lease_size(
+                        api, "kube-node-lease", "kubelet-node"
+                    )
                 print(f"{label}: {json.dumps(results[label])}", file=sys.stderr, flush=True)
             print(json.dumps({"per_node_hour": results}, indent=2))
         finally:

@@ -603,7 +603,7 @@ class RefusingApi:
         return {"metadata": {"uid": "node-uid"}}
 
     def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
-        listed = [p for g in body["spec"].get("gpus", []) for p in g["processes"]]
+        listed = [p for g in body["spec"].get("gpus", []) for p in g.get("processes", [])]
         if listed:
             self.refused += 1
             raise from_status(500, '{"message":"etcdserver: request is too large"}')

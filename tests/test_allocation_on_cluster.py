@@ -219,7 +219,7 @@ def test_pods_given_gpus_by_a_claim_or_a_share_are_idle_when_they_use_none(
     assert "a share (gpu-fraction=0.25)" in (condition(pod(world, "shared")).message or "")
     wait_for(
         lambda: (
-            {p["name"]: p["requestedGPUs"] for p in report(world)["status"]["idlePods"]}
+            {p["name"]: p.get("requestedGPUs", 0) for p in report(world)["status"]["idlePods"]}
             == {"claimed": 1, "shared": 0}
         ),
         what="the idle pods in the status",

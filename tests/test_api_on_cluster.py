@@ -483,7 +483,6 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 containers=[
                     ContainerUsage(
                         name="c" * 63,
-                        container_id="f" * 64,
                         pids=[MAX_PID] * MAX_PIDS_LISTED,
                         used_memory_mib=MAX_MIB,
                     )

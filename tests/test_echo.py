@@ -22,23 +22,44 @@ NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 NODE = "gpu-node-a"
 
 
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386's MergePatch, as the apiserver applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
+
+
 class StatusApi:
-    """patch_cluster_custom_object_status as the apiserver answers it."""
+    """patch_cluster_custom_object_status as the apiserver answers it: a merge patch applied
+    to the stored status, refused with 409 when it names a resourceVersion not current."""
 
     def __init__(self) -> None:
         self.version = 100
         self.writes = 0
+        self.refused = 0
+        self.bodies: list[dict[str, Any]] = []
         self.status: dict[str, Any] | None = None
         self.generation = 1
 
     def patch_cluster_custom_object_status(
         self, group: str, version: str, plural: str, name: str, body: dict[str, Any], **_: Any
     ) -> Any:
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != str(self.version):
+            self.refused += 1
+            raise client.ApiException(status=409, reason="Conflict")
         self.version += 1
         self.writes += 1
-        self.status = body["status"]
+        self.bodies.append(body)
+        self.status = apply_merge_patch(self.status, body["status"])
         meta = {"name": name, "resourceVersion": str(self.version), "generation": self.generation}
-        answer = {"metadata": meta, **body}
+        answer = {"metadata": meta, "status": self.status}
         return SimpleNamespace(data=json.dumps(answer).encode(), release_conn=lambda: None)
 
 

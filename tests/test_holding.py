@@ -9,7 +9,7 @@ import pytest
 
 from gpuusage.api.models import Process
 from gpuusage_operator.allocation import Allocation, Judgement
-from gpuusage_operator.holding import held_idle, held_idle_since
+from gpuusage_operator.holding import held_idle, held_idle_since, next_held_deadline
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.podstate import (
     REASON_HELD_IDLE,
@@ -85,3 +85,14 @@ def test_the_status_marks_each_entry_of_a_held_idle_pod() -> None:
         (gpu_uuid(0), since),
         (gpu_uuid(1), since),
     ]
+
+
+def test_the_next_deadline_is_when_the_idle_processes_reach_idle_after() -> None:
+    use = _use(T, T - timedelta(minutes=20))
+    computing = _use(T, None)
+    due = next_held_deadline([use, computing], T, T, AFTER)
+    assert due == T + timedelta(minutes=10)
+    assert held_idle([use], T, due - timedelta(seconds=1), AFTER) == {}
+    assert POD.uid in held_idle([use], T, due, AFTER)
+    assert next_held_deadline([use], T, due, AFTER) is None, "flagged by then: nothing to wait"
+    assert next_held_deadline([use], T, T, None) is None

@@ -84,3 +84,27 @@ def test_a_pod_holding_memory_and_computing_nothing_is_flagged(make_world: World
     _scenario(world, notebook_sm=12)  # the kernel runs a cell
     wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="active again")
     wait_for(lambda: report(world)["status"]["totals"].get("heldIdlePods", 0) == 0, what="totals")
+
+
+def test_idle_findings_come_on_time_while_the_report_does_not_change(
+    make_world: WorldFactory,
+) -> None:
+    """With a Lease the agent rewrites an unchanged report only every few minutes, so no event
+    comes when a pod's idle time reaches --idle-after: the operator looks again by itself."""
+    world = make_world(
+        {"train": 1, "notebook": 1, "slice": 1, "waiter": 1},
+        idle_after=4.0,
+        agent_extras={"idle_window": 0.5},
+        leases=True,
+        agent_lease=True,
+    )
+    _scenario(world, notebook_sm=0)
+    spec = wait_for(
+        lambda: (s := report(world)["spec"])["gpus"][1]["processes"][0].get("idleSince") and s,
+        what="the notebook's idleSince published",
+    )
+    generation = report(world)["metadata"]["generation"]
+    assert spec["gpus"][1]["processes"][0]["idleSince"]
+    wait_for(lambda: _reason(world, "notebook") == "True HoldingIdleGPU", what="held idle")
+    wait_for(lambda: _reason(world, "waiter") == "False RequestedGPUsIdle", what="waiter idle")
+    assert report(world)["metadata"]["generation"] == generation, "no report write came between"

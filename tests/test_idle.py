@@ -12,7 +12,7 @@ from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
 from gpuusage_operator.allocation import AllocatedDevice, Allocation
 from gpuusage_operator.certainty import blind_spots
-from gpuusage_operator.idle import idle_pods, idle_since
+from gpuusage_operator.idle import idle_pods, idle_since, next_idle_deadline
 from gpuusage_operator.podindex import REQUESTING_KEY, PodSnapshot, index_keys, snapshot_of
 from gpuusage_operator.podstate import condition_patch, desired_condition
 from tests.examples import example_spec
@@ -153,3 +153,16 @@ def test_flagging_is_stable_once_written() -> None:
     (again,) = idle_pods([ref(condition=written)], in_use=set(), now=later, idle_after=HOUR)
     assert again.since == first.since
     assert condition_patch([written], desired_condition("Idle", None, "n1", again), later) is None
+
+
+def test_the_next_deadline_is_when_the_next_pod_would_turn_idle() -> None:
+    """A report that does not change sends no event: the operator looks again at this time,
+    and then idle_pods finds the pod (the two agree on the boundary)."""
+    ended = ref(condition=cond("False", "ProcessesEnded", NOW - HOUR / 2))
+    waiting = ref()  # started two hours ago: already idle for an hour's threshold
+    due = next_idle_deadline([ended, waiting], in_use=set(), now=NOW, idle_after=HOUR)
+    assert due == NOW + HOUR / 2, "the already idle pod needs no wake-up"
+    assert idle_pods([ended], in_use=set(), now=due - timedelta(seconds=1), idle_after=HOUR) == []
+    assert len(idle_pods([ended], in_use=set(), now=due, idle_after=HOUR)) == 1
+    assert next_idle_deadline([ended], in_use={"u-1"}, now=NOW, idle_after=HOUR) is None
+    assert next_idle_deadline([ended], in_use=set(), now=NOW, idle_after=None) is None

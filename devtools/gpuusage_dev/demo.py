@@ -48,6 +48,7 @@ from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
 
 DEMO_NODE = "gpu-node-a"
+DEMO_NAMESPACE = "gpuusage-system"  # where the agent renews its Lease
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-66666666-7777-8888-9999-000000000000"
 GPU2 = "GPU-22222222-3333-4444-5555-666666666666"
@@ -237,7 +238,11 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         kubelet.start()
         print(f"    kubelet PodResources socket at {kubelet.socket}")
 
-        _step("starting the operator and the node agent")
+        _step(
+            "starting the operator and the node agent (its liveness: a Lease in "
+            f"{DEMO_NAMESPACE}, renewed every few seconds; the report is written on change)"
+        )
+        ensure_namespace(core, DEMO_NAMESPACE)
         ready = threading.Event()
         op = OperatorSettings(
             kubeconfig=cluster.kubeconfig,
@@ -245,6 +250,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             resync=1,
             standalone=True,
             idle_after=IDLE_AFTER,
+            lease_namespace=DEMO_NAMESPACE,
         )
         running.append(Background(lambda stop: run_operator(op, stop, ready)))
         if not ready.wait(60):
@@ -259,6 +265,8 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             metrics_port=0,
             idle_window=2,
             pod_resources_socket=kubelet.socket,
+            lease_namespace=DEMO_NAMESPACE,
+            lease_duration=20,
         )
         running.append(Background(lambda stop: run_agent(agent, stop)))
 
@@ -325,6 +333,15 @@ def _show(kubectl: list[str], detail: bool) -> None:
     if detail:
         _step("what kubectl shows")
         run("get", "gpunodeusage", "-o", "wide")
+        stale = f'.status.conditions[?(@.type=="{names.CONDITION_STALE}")]'
+        run("get", "lease", "-n", DEMO_NAMESPACE)
+        run(
+            "get",
+            "gpunodeusage",
+            DEMO_NODE,
+            "-o",
+            f"jsonpath=Stale={{{stale}.status}} {{{stale}.reason}}: {{{stale}.message}}{{'\\n'}}",
+        )
     run(
         "get",
         "pods",

@@ -45,3 +45,19 @@ def held_idle(
         if since is not None and now - since >= idle_after:
             found[use.pod.uid] = since
     return found
+
+
+def next_held_deadline(
+    uses: Iterable[PodUse], seen_at: datetime, now: datetime, idle_after: timedelta | None
+) -> datetime | None:
+    """When the next pod whose processes are idle but not for idle_after yet would be flagged,
+    if nothing changes (see idle.next_idle_deadline)."""
+    if idle_after is None:
+        return None
+    due = [
+        since + idle_after
+        for use in uses
+        for since in [held_idle_since(use, seen_at)]
+        if since is not None and now - since < idle_after
+    ]
+    return min(due, default=None)

@@ -3,7 +3,8 @@
 Staleness needs a clock, not an event (a dead agent sends none). Timers and daemons would put a
 finalizer on every report, so one background task checks the reconciler's small table of
 sightings instead, and fetches and reconciles a report only when its freshness flips, when a
-pod it lists was deleted, or when pods carry our marks for a node without a report. It also
+pod of it has been idle for --idle-after (a report that does not change sends no event), when
+a pod it lists was deleted, or when pods carry our marks for a node without a report. It also
 probes the API, so that an outage is logged once and its end once.
 """
 
@@ -44,9 +45,10 @@ async def housekeeping(
 ) -> None:
     """Every `interval`: check that the API answers, then revisit the reports that send no
     event of their own but need a reconcile: those whose freshness flipped (a dead agent writes
-    nothing), those listing a pod that was deleted, and nodes whose pods carry our marks while
-    kopf has delivered no report for them (a report deleted while no replica watched; `known`
-    holds the names of the reports kopf's watch has shown, and a GET confirms the absence)."""
+    nothing), those with a pod idle for --idle-after by now, those listing a pod that was
+    deleted, and nodes whose pods carry our marks while kopf has delivered no report for them
+    (a report deleted while no replica watched; `known` holds the names of the reports kopf's
+    watch has shown, and a GET confirms the absence)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
 
@@ -86,6 +88,7 @@ async def housekeeping(
             continue
         now = clock()
         due = set(reconciler.staleness_flipped(now)) | reconciler.take_due()
+        due |= set(reconciler.idle_deadlines_passed(now))
         due |= {n for n in pods.lookup().nodes_with_our_marks() if n not in known}
         for name in sorted(due):
             try:

@@ -75,6 +75,26 @@ def idle_since(pod: PodSnapshot, now: datetime) -> datetime | None:
     return parse_time(pod.started_at)
 
 
+def next_idle_deadline(
+    candidates: Iterable[PodSnapshot],
+    in_use: Collection[str],
+    now: datetime,
+    idle_after: timedelta | None,
+) -> datetime | None:
+    """When the next of the candidates not judged idle yet would be, if nothing changes: the
+    operator must look again then, since a report that does not change sends no event."""
+    if idle_after is None:
+        return None
+    due = [
+        since + idle_after
+        for pod in candidates
+        if pod.uid not in in_use
+        for since in [idle_since(pod, now)]
+        if since is not None and now - since < idle_after
+    ]
+    return min(due, default=None)
+
+
 def idle_pods(
     candidates: Iterable[PodSnapshot],
     in_use: Collection[str],

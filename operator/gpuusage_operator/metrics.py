@@ -46,6 +46,12 @@ class _ReconcilerCollector(Collector):
             errors.add_metric([kind], n)
         yield errors
         yield CounterMetricFamily(
+            "gpuusage_operator_status_write_conflicts",
+            "Status writes of only what changed that the apiserver refused because the report "
+            "had changed since it was read; the whole status was written instead.",
+            value=c.status_conflicts,
+        )
+        yield CounterMetricFamily(
             "gpuusage_operator_pod_writes_refused_for_uid",
             "Pod writes the apiserver refused because the pod of that name had been replaced by "
             "another (its UID differed from the one the write was decided for).",

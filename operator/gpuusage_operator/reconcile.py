@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
-from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
+from gpuusage.kube.errors import Conflict, Invalid, NotFound, is_other_object, retried
+from gpuusage.kube.mergepatch import merge_diff
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
     AllocationRules,
@@ -46,8 +47,8 @@ from gpuusage_operator.freshness import (
     is_stale,
     sight,
 )
-from gpuusage_operator.holding import held_idle
-from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods
+from gpuusage_operator.holding import held_idle, next_held_deadline
+from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_deadline
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import PodEvent, Verdict, annotation_patch, plan_pod, verdicts
 from gpuusage_operator.resolution import pod_uses, resolve_all
@@ -65,6 +66,9 @@ class Counts:
     reconciles: int = 0
     """Reports reconciled (also those that needed no write): the sign that the operator looked."""
     status_writes: int = 0
+    status_conflicts: int = 0
+    """Status writes of only what changed that were refused because the report had changed
+    since it was read (then the whole status was sent)."""
     pod_writes: int = 0
     events: int = 0
     uid_refusals: int = 0
@@ -110,6 +114,9 @@ class Reconciler:
     _echoes: dict[str, str] = field(default_factory=dict)
     """Report name → the resourceVersion our last status write gave it, when that reconcile
     wrote everything it wanted: the watch event of that version only echoes our own write."""
+    _wakeups: dict[str, datetime] = field(default_factory=dict)
+    """Report name → when a pod of it would be judged idle if nothing changed: a report that
+    does not change sends no event, so the housekeeping pass reconciles it then."""
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     """Report name → the UIDs of the pods its status lists."""
     _due: set[str] = field(default_factory=set)
@@ -203,7 +210,19 @@ class Reconciler:
             if fresh and not blind
             else []
         )
+        wake: list[datetime] = []
         if fresh and not blind:
+            in_use = frozenset(uses)
+            wake += [
+                d
+                for d in (
+                    next_idle_deadline(
+                        lookup.requesting_on_node(spec.node_name), in_use, now, self.idle_after
+                    ),
+                    next_held_deadline(uses.values(), sighting.seen_at, now, self.idle_after),
+                )
+                if d is not None
+            ]
             held = held_idle(uses.values(), sighting.seen_at, now, self.idle_after)
             judged = {
                 uid: replace(j, held_idle_since=held[uid]) if uid in held else j
@@ -227,28 +246,61 @@ class Reconciler:
         marked = lookup.on_node_with_our_marks(spec.node_name)
         for verdict in verdicts(uses, marked, idle, stale=stale, blind=blind, judged=judged):
             self._pod(verdict, spec.node_name, now)
-        wanted = status.to_api()
-        if previous is None or previous.to_api() != wanted:
-            response = retried(
+        wanted = status.to_patch()
+        known = None if previous is None else previous.to_patch()
+        if known != wanted:
+            response = self._write_status(name, body["metadata"], known, wanted)
+            written = _echo_version(response, body["metadata"].get("generation"))
+        self._listing[name] = frozenset(uses) | frozenset(i.pod.uid for i in idle)
+        if wake:
+            self._wakeups[name] = min(wake)
+        else:
+            self._wakeups.pop(name, None)
+        if written is not None and self.counts.pod_writes_missed == missed:
+            self._echoes[name] = written  # a failed pod write is retried on the echo instead
+        self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
+        return stale
+
+    def _write_status(
+        self,
+        name: str,
+        meta: Mapping[str, Any],
+        known: dict[str, Any] | None,
+        wanted: dict[str, Any],
+    ) -> bytes:
+        """Write the status; what the write returned.
+
+        Only what changed is sent, on condition that the report is still the version it was
+        read at (its resourceVersion in the patch: the apiserver refuses the write with 409
+        when anyone wrote since, because then what changed is not known). On that refusal, or
+        without a status to compare with, the whole status is sent.
+        """
+
+        def send(patch: dict[str, Any]) -> bytes:
+            data = retried(
                 lambda: raw.body(
                     self._custom.patch_cluster_custom_object_status(
                         names.GROUP,
                         names.VERSION,
                         names.PLURAL,
                         name,
-                        {"status": wanted},
+                        patch,
                         _preload_content=False,
                     )
                 ),
                 f"status of {name}",
             )
             self.counts.status_writes += 1
-            written = _echo_version(response, body["metadata"].get("generation"))
-        self._listing[name] = frozenset(uses) | frozenset(i.pod.uid for i in idle)
-        if written is not None and self.counts.pod_writes_missed == missed:
-            self._echoes[name] = written  # a failed pod write is retried on the echo instead
-        self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
-        return stale
+            return data
+
+        version = meta.get("resourceVersion")
+        if known is not None and version:
+            change = {"metadata": {"resourceVersion": version}, "status": merge_diff(known, wanted)}
+            try:
+                return send(change)
+            except Conflict:
+                self.counts.status_conflicts += 1
+        return send({"status": wanted})
 
     def staleness_flipped(self, now: datetime) -> list[str]:
         """Reports whose freshness by `now` differs from what their status says: they send no
@@ -258,6 +310,10 @@ class Reconciler:
             for name, seen in list(self._sightings.items())
             if is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
         ]
+
+    def idle_deadlines_passed(self, now: datetime) -> list[str]:
+        """Reports with a pod whose idle time reached --idle-after since their last reconcile."""
+        return [name for name, due in list(self._wakeups.items()) if due <= now]
 
     def clock_skews(self) -> dict[str, float]:
         """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
@@ -288,7 +344,13 @@ class Reconciler:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
         pods lose every mark gpuusage put on them (annotations and condition), at once."""
         with self._lock_of(node):
-            for table in (self._echoes, self._sightings, self.unattributed, self._listing):
+            for table in (
+                self._echoes,
+                self._sightings,
+                self.unattributed,
+                self._listing,
+                self._wakeups,
+            ):
                 table.pop(node, None)
             for ref in lookup.on_node_with_our_marks(node):
                 self._clear(ref)

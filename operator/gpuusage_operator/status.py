@@ -62,11 +62,10 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
             containers = [
                 ContainerUsage(
                     name=name,
-                    container_id=cid,
                     pids=sorted(r.process.pid for r in items)[:MAX_PIDS_LISTED],
                     used_memory_mib=sum(r.process.used_memory_mib or 0 for r in items),
                 )
-                for (name, cid), items in sorted(
+                for (name, _), items in sorted(
                     by_container.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")
                 )
             ]

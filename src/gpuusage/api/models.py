@@ -82,22 +82,34 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
     def to_patch(self) -> dict[str, Any]:
-        """The body of a JSON merge patch: nulls left out inside lists, which a merge patch
-        replaces whole (a reader's default fills them), and kept outside them, where a null is
+        """The body of a JSON merge patch: nulls and defaults left out inside lists, which a
+        merge patch replaces whole (a reader's defaults fill them in again; the CRD declares
+        none, so the apiserver stores them left out), and kept outside them, where a null is
         how a merge patch removes a field written before."""
-        compacted: dict[str, Any] = _without_list_nulls(self.to_api(), in_list=False)
+        lean = self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        compacted: dict[str, Any] = _lists_from(self.to_api(), lean)
         return compacted
 
 
-def _without_list_nulls(value: Any, *, in_list: bool) -> Any:
+def _lists_from(full: dict[str, Any], lean: dict[str, Any]) -> dict[str, Any]:
+    """`full` with every list taken from `lean` (a dump without defaults) and its nulls left
+    out; a list missing from `lean` is its default, as in `full`."""
+    out: dict[str, Any] = {}
+    for key, value in full.items():
+        if isinstance(value, dict):
+            out[key] = _lists_from(value, lean.get(key) or {})
+        elif isinstance(value, list):
+            out[key] = _without_nulls(lean.get(key, value))
+        else:
+            out[key] = value
+    return out
+
+
+def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
-        return {
-            k: _without_list_nulls(v, in_list=in_list)
-            for k, v in value.items()
-            if not (in_list and v is None)
-        }
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_list_nulls(v, in_list=True) for v in value]
+        return [_without_nulls(v) for v in value]
     return value
 
 
@@ -342,13 +354,11 @@ class Condition(ApiModel):
 
 
 class ContainerUsage(ApiModel):
-    """GPU use of one container of a pod on one device."""
+    """GPU use of one container of a pod on one device. Its container ID is not restated here:
+    the report's processes carry it beside these pids."""
 
     name: Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)] | None = None
     """Container name; null when the process matched the pod by UID only."""
-    container_id: Annotated[str, Field(pattern=CONTAINER_ID_PATTERN)] | None = Field(
-        default=None, alias="containerID"
-    )
     pids: Annotated[
         list[Annotated[int, Field(ge=1, le=MAX_PID)]], Field(max_length=MAX_PIDS_LISTED)
     ] = Field(default_factory=list)
