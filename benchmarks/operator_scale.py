@@ -9,9 +9,15 @@ Measures, with the operator running as its own process (`gpuusage operator --sta
    the agent's threshold, so the pod's `gpu-memory-mib` annotation must change); the time from
    the spec PATCH returning to the annotation appearing on a pod watch, p50 and p99 (target
    p99 ≤ 2 s), at each rate in --rates (target: ≥ 50 updates/s sustained);
-4. the operator's resident memory (VmRSS and its peak VmHWM; target ≤ 250 MB).
+4. the operator's resident memory (VmRSS and its peak VmHWM; target ≤ 250 MB);
+5. with --burst N: N reports changed at once (one pod's process on each grows by 64 MiB, as
+   when a gang-scheduled job's processes allocate together), sent by 16 writers as fast as the
+   apiserver takes them: the time until every one of those pods shows it, the operator's
+   memory before and after, and whether anything was lost (every pod's annotation and every
+   report's status checked afterwards).
 
     python benchmarks/operator_scale.py [--nodes 500] [--pods-per-node 10] [--rates 50,100]
+    python benchmarks/operator_scale.py --nodes 5000 --pods-per-node 1 --rates "" --burst 1000
 """
 
 from __future__ import annotations
@@ -290,12 +296,80 @@ def run_rate(
     }
 
 
+def run_burst(
+    world: World, watcher: PodWatch, pool: ThreadPoolExecutor, count: int, operator: int
+) -> dict[str, Any]:
+    """`count` reports, spread over the cluster, changed at once; then every one checked."""
+    step = max(1, len(world.nodes) // count)
+    nodes = world.nodes[::step][:count]
+    memory_before = memory_of(operator)
+    cpu_before = cpu_seconds(operator)
+    with watcher.lock:
+        watcher.latencies.clear()
+    expected: dict[str, tuple[str, int]] = {}  # pod → (node, MiB)
+
+    def send(node: str) -> None:
+        pod, value = world.grow(node, 0)
+        expected[pod] = (node, value)
+        watcher.expect(pod, value, time.monotonic())
+        world.publish(node)
+
+    start = time.monotonic()
+    list(pool.map(send, nodes))
+    sent_in = time.monotonic() - start
+    deadline = start + 300
+    while time.monotonic() < deadline:
+        with watcher.lock:
+            if not watcher.expected:
+                break
+        time.sleep(0.05)
+    every_pod = time.monotonic() - start
+    with watcher.lock:
+        latencies, missing = list(watcher.latencies), len(watcher.expected)
+        watcher.expected.clear()
+    cpu = cpu_seconds(operator) - cpu_before
+
+    def status_shows(item: tuple[str, tuple[str, int]]) -> bool:
+        pod, (node, mib) = item
+        report = world.custom.get_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL, node
+        )
+        assert isinstance(report, dict)
+        status = report.get("status") or {}
+        name = pod.split("/", 1)[1]
+        return status.get("observedGeneration") == report["metadata"]["generation"] and any(
+            p["name"] == name and p.get("usedMemoryMiB") == mib for p in status.get("pods", [])
+        )
+
+    statuses_right = sum(pool.map(status_shows, expected.items()))
+    with watcher.lock:
+        annotations_right = sum(
+            watcher.values.get(pod) == str(mib) for pod, (_node, mib) in expected.items()
+        )
+    return {
+        "reports_changed": len(nodes),
+        "sent_in_s": round(sent_in, 2),
+        "every_pod_shows_it_after_s": round(every_pod, 2) if not missing else None,
+        "latency_p50_s": round(percentile(latencies, 0.5), 2) if latencies else None,
+        "latency_p99_s": round(percentile(latencies, 0.99), 2) if latencies else None,
+        "not_applied_after_300s": missing,
+        "annotations_right": annotations_right,
+        "statuses_right": statuses_right,
+        "operator_cpu_s": round(cpu, 1),
+        "operator_memory_before_mib": memory_before,
+        "operator_memory_after_mib": memory_of(operator),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods-per-node", type=int, default=10)
     parser.add_argument("--rates", default="50,100", help="CR updates per second to drive")
     parser.add_argument("--seconds", type=float, default=60.0, help="per rate")
+    parser.add_argument(
+        "--burst", type=int, default=0, help="then change this many reports at once"
+    )
     parser.add_argument(
         "--apiserver-profiling",
         action="store_true",
@@ -365,7 +439,7 @@ def main() -> None:
             assert state is not None
             pids = {p.name: p.pid for p in state.processes}
             pids["operator"], pids["benchmark"] = operator.pid, os.getpid()
-            for rate in (float(r) for r in args.rates.split(",")):
+            for rate in (float(r) for r in args.rates.split(",") if r.strip()):
                 requests_before = apiserver_requests(api)
                 before = apiserver_writes(api)
                 cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -392,6 +466,9 @@ def main() -> None:
                 }
                 result["rates"].append(measured)
                 print(json.dumps(measured), file=sys.stderr)
+            if args.burst:
+                result["burst"] = run_burst(world, watcher, pool, args.burst, operator.pid)
+                print(json.dumps(result["burst"]), file=sys.stderr)
             result["operator_memory_end_mib"] = memory_of(operator.pid)
         finally:
             if operator is not None:
