@@ -14,6 +14,9 @@ the apiserver's and etcd's own counters before and after it:
    watching the Leases) does what it does with them: status, pod and Event writes included.
 3. **gpuusage, busy node**: the same, and every 3 minutes a job ends on one GPU and a new pod's
    job starts there (its pod marked, the ended pod's marks removed, an Event each).
+4. **gpuusage, steady node without a Lease**: the steady node's agent with no Lease namespace
+   (an install without one, or liveness as before Leases): its report refreshed every
+   --heartbeat (60 s), each refresh a new generation and so a status write.
 
 The writers' clock is simulated (renewTime, observedAt, the agent's refresh), their writes are
 real; the operator runs on real time. Only writes are counted (create, update, patch, delete):
@@ -310,7 +313,13 @@ class GpuNode:
 
 
 def gpuusage_hour(
-    api: client.ApiClient, rest: RestClient, work: Path, node: str, busy: bool
+    api: client.ApiClient,
+    rest: RestClient,
+    work: Path,
+    node: str,
+    busy: bool,
+    *,
+    lease: bool = True,
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """Setup (not measured; one cycle published, so the hour starts from a steady state) and
     the measured hour; and a function that waits until the operator caught up."""
@@ -322,7 +331,7 @@ def gpuusage_hour(
     publisher = Publisher(
         rest,
         node,
-        heartbeat=timedelta(seconds=DEFAULTS.report_refresh),
+        heartbeat=timedelta(seconds=DEFAULTS.report_refresh if lease else DEFAULTS.heartbeat),
         threshold_mib=DEFAULTS.memory_threshold_mib,
         metrics=metrics,
     )
@@ -339,7 +348,8 @@ def gpuusage_hour(
     def cycle(seconds: float) -> None:
         now[0] = T0 + timedelta(seconds=seconds)
         publisher.offer(reader.read())
-        renewer.renew_if_due(now[0])
+        if lease:
+            renewer.renew_if_due(now[0])
 
     cycle(0)
     custom = client.CustomObjectsApi(api)
@@ -425,13 +435,19 @@ def main() -> None:
                 ),
                 ("gpuusage, steady node", lambda: gpuusage_hour(api, rest, work, "steady", False)),
                 ("gpuusage, busy node", lambda: gpuusage_hour(api, rest, work, "busy", True)),
+                (
+                    "gpuusage, steady node without a Lease",
+                    lambda: gpuusage_hour(api, rest, work, "unleased", False, lease=False),
+                ),
             ):
                 hour, settle = prepare()
                 before = counters(api, etcd)
                 hour()
                 settle()
                 results[label] = summary(delta(before, counters(api, etcd)))
-                if label.startswith("gpuusage"):
+                if label == "gpuusage, steady node without a Lease":
+                    results[label]["report_object_bytes"] = object_size(api, "unleased")
+                elif label.startswith("gpuusage"):
                     node = label.split()[-2]
                     results[label]["report_object_bytes"] = object_size(api, node)
                     results[label]["lease_object_bytes"] = lease_size(api, AGENTS_NS, node)
