@@ -16,6 +16,7 @@ from kubernetes.client import exceptions
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage import procfs
+from gpuusage.api import names
 from gpuusage.api.models import Gpu, GpuNodeUsageSpec, MigDevice, Source
 from gpuusage.kube.errors import (
     ApiError,
@@ -713,3 +714,59 @@ def test_refreshes_restate_the_published_content_never_the_jitter(tmp_path: Path
     used = refreshes[5]["spec"]["gpus"][0]["processes"][0]["usedMemoryMiB"]
     assert used == 100, "the published value, not the jittered 106"
     assert refreshes[5]["spec"]["observedAt"] == "2026-11-21T12:06:00Z"
+
+
+class JudgingApi(RecordingApi):
+    """Answers each write with the report as stored, its status saying how the operator
+    judges the node (the Stale condition's reason)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason: str | None = None
+
+    def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+        super().merge_patch(path, body)
+        if self.reason is None:
+            return {"metadata": {"name": "n1"}, "spec": {}}
+        stale = {"type": "Stale", "status": "False", "reason": self.reason}
+        return {"metadata": {"name": "n1"}, "status": {"conditions": [stale]}}
+
+
+def test_an_unchanged_report_is_refreshed_rarely_only_once_the_lease_is_what_counts(
+    tmp_path: Path,
+) -> None:
+    """An agent with a Lease keeps refreshing every heartbeat until the report's status says
+    the operator judges the node by the Lease: under an operator of an earlier version (no
+    status of that kind) a rare refresh would turn a live node stale."""
+    path = tmp_path / "s.yaml"
+    _scenario(path, 100)
+    api = JudgingApi()
+    publisher = Publisher(
+        api,  # type: ignore[arg-type]
+        "n1",
+        heartbeat=BEAT,
+        threshold_mib=64,
+        metrics=AgentMetrics(),
+        lease_refresh=5 * BEAT,
+    )
+    now = [NOW]
+    reader = NodeReader("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: now[0])
+
+    def minutes(start: int, end: int) -> int:
+        """Offer a reading every 10 s over these minutes; the writes made."""
+        before = len(api.bodies)
+        for tick in range(start * 6, end * 6):
+            now[0] = NOW + tick * BEAT / 6
+            publisher.offer(reader.read())
+        return len(api.bodies) - before
+
+    assert minutes(0, 10) == 10, "no status: the first write, then every heartbeat"
+    api.reason = "ReportFresh"  # an operator that does not read the Lease
+    assert minutes(10, 20) == 10
+    api.reason = names.STALE_REASON_LEASE
+    assert minutes(20, 21) == 1, "the answer that says so"
+    assert publisher.refresh_every == 5 * BEAT
+    assert minutes(21, 41) == 4, "every five minutes"
+    api.reason = "ReportFresh"  # the operator lost the Lease: seen at the next refresh
+    assert minutes(41, 51) == 6, "one more five-minute refresh, then every heartbeat"
+    assert publisher.refresh_every == BEAT

@@ -4,6 +4,7 @@ pods Unknown; an agent that renews no Lease (an earlier version) is judged by it
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -26,11 +27,29 @@ def _leased(make_world: WorldFactory) -> dict[str, Any]:
     return make_world(leases=True, agent_lease=True)
 
 
+def _settled(world: dict[str, Any]) -> dict[str, Any]:
+    """The report once its agent refreshes it rarely: it learns that the operator judges the
+    node by its Lease from the answer to a write, and until then refreshes every heartbeat
+    (1 s here); so the report is settled once no write came for two heartbeats."""
+    seen: list[tuple[str, float]] = []
+
+    def quiet() -> dict[str, Any] | None:
+        body = report(world)
+        version = body["metadata"]["resourceVersion"]
+        if not seen or seen[-1][0] != version:
+            seen.append((version, time.monotonic()))
+            return None
+        return body if time.monotonic() - seen[-1][1] >= 2.5 else None
+
+    settled: dict[str, Any] = wait_for(quiet, what="the report settled")
+    return settled
+
+
 def test_a_steady_node_writes_only_its_lease(make_world: WorldFactory) -> None:
     world = _leased(make_world)
     wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
     wait_for(lambda: condition(pod(world, "train")).reason == "ProcessesRunning", what="in use")
-    before = report(world)
+    before = _settled(world)
     last = renewed_at(world["api"], world["node"], world["ns"])
     assert last is not None
     # Three renewals, together longer than the operator's stale_after (4 s): the report alone
@@ -71,3 +90,23 @@ def test_an_agent_without_a_lease_is_judged_by_its_report(make_world: WorldFacto
     assert "renews no Lease" in fresh["message"]
     world["agent"].halt()
     wait_for(lambda: _stale(world)["status"] == "True", what="stale once its rewrites stop")
+
+
+def test_an_agent_with_a_lease_under_an_operator_that_ignores_it_stays_fresh(
+    make_world: WorldFactory,
+) -> None:
+    """An upgrade that reaches the agents first: the operator (as one of the previous version)
+    judges by the report's rewrites with a 4 s threshold, while the agent could refresh its
+    report every 60 s. It does not, since the report's status never says LeaseRenewed: it keeps
+    its 1 s heartbeat, and the node is never called stale."""
+    world = make_world(leases=False, agent_lease=True)
+    fresh = wait_for(lambda: (c := _stale(world))["reason"] == "ReportFresh" and c, what="fresh")
+    generation = report(world)["metadata"]["generation"]
+    # Six refreshes, a second apart: longer than the operator's threshold (4 s).
+    wait_for(
+        lambda: report(world)["metadata"]["generation"] >= generation + 6,
+        what="refreshes every second",
+    )
+    assert _stale(world)["status"] == "False"
+    assert _stale(world)["lastTransitionTime"] == fresh["lastTransitionTime"], "never stale"
+    assert condition(pod(world, "train")).status == "True"

@@ -177,10 +177,12 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
             duration=timedelta(seconds=settings.lease_duration),
         )
         log.info(
-            "liveness through Lease %s/%s; the report is refreshed every %.0fs",
+            "liveness through Lease %s/%s; an unchanged report is refreshed every %.0fs once "
+            "the operator judges the node by it, every %.0fs until then",
             settings.lease_namespace,
             settings.node_name,
             settings.report_refresh,
+            settings.heartbeat,
         )
     else:
         log.info(
@@ -188,13 +190,13 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
             "%.0fs to show the agent alive",
             settings.heartbeat,
         )
-    refresh = settings.report_refresh if renewer else settings.heartbeat
     publisher = Publisher(
         api,
         settings.node_name,
-        heartbeat=timedelta(seconds=refresh),
+        heartbeat=timedelta(seconds=settings.heartbeat),
         threshold_mib=settings.memory_threshold_mib,
         metrics=metrics,
+        lease_refresh=timedelta(seconds=settings.report_refresh) if renewer else None,
     )
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

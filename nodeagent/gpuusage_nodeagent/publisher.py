@@ -7,7 +7,14 @@
   the last write wins without resourceVersion preconditions.
 * 404 on patch → create; 409 on create (someone created it meanwhile) → re-read and patch.
   If the Node was recreated (new uid), the owner reference is corrected.
-* A refresh of an unchanged report (the heartbeat) sends `observedAt` alone: the stored content
+* How often an unchanged report is refreshed: every `heartbeat` (60 s), or, for an agent that
+  renews a Lease, every `lease_refresh` (5 minutes) once the report's status says the operator
+  judges the node by that Lease (the Stale condition's reason, read from each write's answer:
+  no extra request). An operator of an earlier version, or one that cannot read Leases, judges
+  by the report's rewrites with a threshold shorter than five minutes: refreshing rarely would
+  make it call a live node stale and its pods Unknown (an upgrade that reaches the agents
+  first, a Role without Leases).
+* A refresh of an unchanged report sends `observedAt` alone: the stored content
   stays what was published (memory within the threshold of what is observed now), so a steady
   node's refresh is a patch of about 60 bytes and no pod changes; every FULL_EVERY-th refresh
   sends the whole published spec, which undoes anyone else's edit of it.
@@ -44,6 +51,18 @@ FULL_EVERY = 6
 """Every sixth refresh (30 minutes with the defaults) sends the whole published spec."""
 
 
+def judged_by_lease(stored: Any) -> bool:
+    """Whether a GpuNodeUsage, as the API returned it, is judged fresh by its agent's Lease."""
+    status = stored.get("status") if isinstance(stored, dict) else None
+    for condition in (status or {}).get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == names.CONDITION_STALE:
+            return bool(
+                condition.get("status") == "False"
+                and condition.get("reason") == names.STALE_REASON_LEASE
+            )
+    return False
+
+
 def observed_text(spec: GpuNodeUsageSpec) -> str:
     """The spec's observedAt as the API writes it."""
     return str(spec.to_api()["observedAt"])
@@ -64,11 +83,17 @@ class Publisher:
         threshold_mib: int,
         metrics: AgentMetrics,
         backoff: Backoff = WRITE_BACKOFF,
+        lease_refresh: timedelta | None = None,
     ) -> None:
         self._api = api
         self._path = f"/apis/{names.GROUP}/{names.VERSION}/{names.PLURAL}"
         self.node_name = node_name
         self.heartbeat = heartbeat
+        self.lease_refresh = lease_refresh
+        """None: the agent renews no Lease, the report is refreshed every heartbeat."""
+        self.judged_by_lease = False
+        """Whether the report's status, as the last write answered it, says the operator
+        judges this node by its Lease."""
         self.threshold_mib = threshold_mib
         self.backoff = backoff
         self.metrics = metrics
@@ -86,6 +111,13 @@ class Publisher:
     def published(self) -> GpuNodeUsageSpec | None:
         return self._published
 
+    @property
+    def refresh_every(self) -> timedelta:
+        """How long an unchanged report goes without a write."""
+        if self.lease_refresh is not None and self.judged_by_lease:
+            return self.lease_refresh
+        return self.heartbeat
+
     def offer(self, reading: AttributedReading, force: bool = False) -> Decision:
         """Write the reading's report if the rule says so (its spec is built only then), as of
         the time it was observed. Raises ApiError when the write failed after retries (counted
@@ -97,7 +129,7 @@ class Publisher:
             self._published_at,
             new_fp,
             now,
-            heartbeat=self.heartbeat,
+            heartbeat=self.refresh_every,
             threshold_mib=self.threshold_mib,
         )
         if force and not decision.write:
@@ -177,12 +209,26 @@ class Publisher:
         self._owner_checked = True
 
     def _patch(self, body: dict[str, Any]) -> None:
-        retried(
+        answer = retried(
             lambda: self._api.merge_patch(f"{self._path}/{self.node_name}", body),
             f"patch {names.KIND} {self.node_name}",
             self.backoff,
         )
         self.metrics.count_write("patch", len(encode(body)))
+        self._learn(answer)
+
+    def _learn(self, stored: Any) -> None:
+        """What the written object's status says of how the operator judges this node."""
+        judged = judged_by_lease(stored)
+        if self.lease_refresh is not None and judged != self.judged_by_lease:
+            log.info(
+                "the operator %s: an unchanged report is refreshed every %.0fs",
+                "judges this node by its Lease"
+                if judged
+                else "does not judge this node by its Lease (yet)",
+                (self.lease_refresh if judged else self.heartbeat).total_seconds(),
+            )
+        self.judged_by_lease = judged
 
     def _create(self, body: dict[str, Any]) -> None:
         full = {

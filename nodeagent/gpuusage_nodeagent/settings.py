@@ -26,12 +26,13 @@ class AgentSettings(CommandSettings):
     lease_duration: float = Field(default=40.0, ge=10, le=3600)
     """Seconds the Lease stays valid; renewed every quarter of it (as the kubelet's)."""
     report_refresh: float = Field(default=300.0, gt=0)
-    """With a Lease: seconds after which an unchanged report is written anyway (as the kubelet
-    writes its Node status every 5 minutes); between refreshes a steady node writes nothing but
-    Lease renewals."""
+    """With a Lease, once the report's status says the operator judges the node by it: seconds
+    after which an unchanged report is written anyway (as the kubelet writes its Node status
+    every 5 minutes); between refreshes a steady node writes nothing but Lease renewals."""
     heartbeat: float = Field(default=60.0, gt=0)
-    """Without a Lease: seconds after which an unchanged report is written anyway, so that the
-    operator sees the agent alive."""
+    """Without a Lease, or while the operator does not judge the node by it (an operator of an
+    earlier version, one that cannot read Leases): seconds after which an unchanged report is
+    written anyway, so that the operator sees the agent alive."""
     memory_threshold_mib: int = Field(default=64, ge=1)
     """Memory changes smaller than this (per process and per device) do not cause a write."""
     gpu_source: str = "nvml"

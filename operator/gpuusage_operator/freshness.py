@@ -157,7 +157,7 @@ def stale_condition(
             "is the node agent running?"
         )
     elif renewal is not None:
-        reason = "LeaseRenewed"
+        reason = names.STALE_REASON_LEASE
         # No time here: every renewal would change the message and cost a status write.
         message = f"the node agent renews Lease {renewal.lease} within the {limit}s threshold"
     else:

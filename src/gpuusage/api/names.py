@@ -27,6 +27,9 @@ POD_CONDITION_GPU_IN_USE: Final = f"{GROUP}/GPUInUse"
 # Conditions on GpuNodeUsage.status.
 CONDITION_READY: Final = "Ready"
 CONDITION_STALE: Final = "Stale"
+STALE_REASON_LEASE: Final = "LeaseRenewed"
+"""The Stale condition's reason while the operator judges the node by its agent's Lease: the
+agent then refreshes an unchanged report only every --report-refresh (see the publisher)."""
 
 # kopf's ClusterKopfPeering, where the operator's replicas find each other (HA).
 PEERING_GROUP: Final = "kopf.dev"
