@@ -3,11 +3,12 @@ own generated code and gRPC server (the fake kubelet), and the pure parts on the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,53 +113,58 @@ def test_a_slow_kubelet_times_out(kubelet: FakeKubelet) -> None:
         list_pods(kubelet.socket, 0.3)
 
 
-def test_a_reset_before_the_deadline_is_no_timeout(tmp_path: Path) -> None:
-    """The fake kubelet cancels a call whose grpc-timeout passed (RST_STREAM CANCEL), which the
-    client calls a timeout; a server that resets the stream at once is said to have done so."""
-    path = tmp_path / "resets.sock"
+@contextlib.contextmanager
+def one_connection(path: Path, serve: Callable[[socket.socket], None]) -> Iterator[None]:
+    """A unix socket at `path` whose first connection `serve` answers, in a thread."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(1)
 
-    def serve() -> None:
+    def accept() -> None:
         conn, _ = server.accept()
+        with conn:
+            serve(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield
+    finally:
+        server.close()
+
+
+def test_a_reset_before_the_deadline_is_no_timeout(tmp_path: Path) -> None:
+    """The fake kubelet cancels a call whose grpc-timeout passed (RST_STREAM CANCEL), which the
+    client calls a timeout; a server that resets the stream at once is said to have done so."""
+
+    def reset(conn: socket.socket) -> None:
         h2 = H2Connection(H2Configuration(client_side=False))
         h2.initiate_connection()
         conn.sendall(h2.data_to_send())
-        with conn:
-            while data := conn.recv(65536):
-                for event in h2.receive_data(data):
-                    if isinstance(event, RequestReceived):
-                        h2.reset_stream(event.stream_id, ErrorCodes.CANCEL)
-                conn.sendall(h2.data_to_send())
+        while data := conn.recv(65536):
+            for event in h2.receive_data(data):
+                if isinstance(event, RequestReceived):
+                    h2.reset_stream(event.stream_id, ErrorCodes.CANCEL)
+            conn.sendall(h2.data_to_send())
 
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        with pytest.raises(CallError, match=r"reset the stream \(HTTP/2 error 8\)"):
-            list_pods(path, 30)
-    finally:
-        server.close()
+    with (
+        one_connection(tmp_path / "resets.sock", reset),
+        pytest.raises(CallError, match=r"reset the stream \(HTTP/2 error 8\)"),
+    ):
+        list_pods(tmp_path / "resets.sock", 30)
 
 
 def test_a_server_that_is_not_grpc_is_said_so(tmp_path: Path) -> None:
     """Something else on the socket (HTTP/1.1 answering, then closing) is a clear error."""
-    path = tmp_path / "not-grpc.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(1)
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+    def http(conn: socket.socket) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
 
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        with pytest.raises(CallError, match=r"protocol error|closed the connection"):
-            list_pods(path, 5)
-    finally:
-        server.close()
+    with (
+        one_connection(tmp_path / "not-grpc.sock", http),
+        pytest.raises(CallError, match=r"protocol error|closed the connection"),
+    ):
+        list_pods(tmp_path / "not-grpc.sock", 5)
 
 
 # -- the agent's reader: every failure becomes a said Unavailable ------------------------------
