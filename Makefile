@@ -9,7 +9,9 @@ $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.t
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	@# setuptools tells every editable install of several source roots to beware of folders
+	@# named like its packages; none of ours is (the roots hold gpuusage*), so it is not shown.
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
 # The control-plane binaries and the monitoring tools (kube-state-metrics, promtool), built

@@ -15,7 +15,16 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_commands.toptable import allocation_text, order, pod_rows, render_table, select
+from gpuusage_commands.toptable import (
+    PodRow,
+    allocation_text,
+    namespace_rows,
+    order,
+    pod_rows,
+    render_namespace_table,
+    render_table,
+    select,
+)
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.conftest import CHILD_ENV
 
@@ -144,6 +153,69 @@ def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
     ]
 
 
+def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
+    rows, _ = pod_rows(REPORTS)
+    extra = [
+        PodRow(
+            "vision",
+            "seg",
+            "n9",
+            ["GPU-x"],
+            1024,
+            allocated_by=["DRA"],
+            allocated_devices=["GPU-x", "GPU-y"],
+        ),
+        PodRow("vision", "llm", "n9", ["GPU-x"], 512, allocated_by=["Fractional"]),
+        PodRow(
+            "vision",
+            "lab",
+            "n9",
+            ["GPU-z"],
+            8192,
+            requested_gpus=1,
+            allocated_by=["DevicePlugin"],
+            held_idle_since=NOW,
+        ),
+        PodRow(
+            "vision",
+            "odd",
+            "n9",
+            ["GPU-z"],
+            256,
+            requested_gpus=1,
+            allocated_by=["DevicePlugin"],
+            allocated_devices=["GPU-w"],
+            unallocated=True,
+        ),
+    ]
+    summed = {r.namespace: r for r in namespace_rows([*rows, *extra])}
+    a, b, v = summed[NS_A], summed[NS_B], summed["vision"]
+    assert (a.pods, a.devices, a.memory_mib, a.allocated_gpus, a.stale) == (2, 3, 86016, 3, True)
+    assert (b.pods, b.devices, b.allocated_gpus, b.idle_pods, b.unallocated_pods) == (
+        1,
+        1,
+        4,
+        1,
+        1,
+    ), "the idle pod holds its 4 GPUs; embed uses one it was never handed"
+    assert (v.pods, v.devices, v.allocated_gpus, v.shares, v.idle_pods) == (4, 2, 4, 1, 1), (
+        "a device two pods share counts once; claims count their devices, a share is a share"
+    )
+    assert v.unallocated_pods == 1
+    table = render_namespace_table(namespace_rows([*rows, *extra])).splitlines()
+    assert table[0].split() == [
+        "NAMESPACE",
+        "PODS",
+        "GPUS",
+        "ALLOCATED",
+        "MEMORY",
+        "IDLE",
+        "UNALLOCATED",
+    ]
+    assert table[1].split() == [NS_A, "2", "3", "3", "84Gi", "(stale)", "0", "0"]
+    assert table[2].split() == ["vision", "4", "2", "4", "+", "1", "share", "9.8Gi", "1", "1"]
+
+
 @pytest.mark.cluster
 def test_top_and_the_kubectl_plugin_on_the_cluster(
     cluster: LocalCluster, api: client.ApiClient
@@ -182,6 +254,15 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
     )
     in_a = [x.split()[0] for x in top("-n", NS_A).splitlines()[1:]]  # no NAMESPACE column
     assert in_a == ["trainer", "notebook"]
+    by_namespace = {
+        i["namespace"]: i for i in json.loads(top("--by", "namespace", "-o", "json"))["items"]
+    }
+    assert (by_namespace[NS_A]["pods"], by_namespace[NS_A]["memory_mib"]) == (2, 86016)
+    assert by_namespace[NS_B]["allocated_gpus"] == 4
+    assert [line.split()[0] for line in top("--by", "namespace", "-n", NS_B).splitlines()] == [
+        "NAMESPACE",
+        NS_B,
+    ]
     only = json.loads(top("-A", "--node", NODE_2, "-o", "json"))["items"]
     assert [(i["pod"], i["gpus"], i["requested_gpus"], i["stale"]) for i in only] == [
         ("notebook", 1, 1, True)

@@ -14,7 +14,17 @@ from gpuusage.api import names
 from gpuusage.errors import GpuusageError
 from gpuusage.kube.config import api_client
 from gpuusage.settings import CommandSettings
-from gpuusage_commands.toptable import SortKey, order, pod_rows, render_json, render_table, select
+from gpuusage_commands.toptable import (
+    SortKey,
+    namespace_rows,
+    order,
+    pod_rows,
+    render_json,
+    render_namespace_json,
+    render_namespace_table,
+    render_table,
+    select,
+)
 
 
 class TopSettings(CommandSettings):
@@ -26,6 +36,9 @@ class TopSettings(CommandSettings):
     """Only pods on this node."""
     sort: SortKey = "memory"
     """Order of the rows (quantities largest first)."""
+    by: Literal["pod", "namespace"] = "pod"
+    """One row a pod, or one a namespace (its pods' GPUs, allocation and memory summed; every
+    namespace unless -n names one)."""
     output: Literal["table", "json"] = Field(default="table", json_schema_extra={"short": "-o"})
     """Output format."""
     kubeconfig: Path | None = None
@@ -68,6 +81,18 @@ def run_top(settings: TopSettings) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     everywhere, node = settings.all_namespaces, settings.node
+    if settings.by == "namespace":
+        summed = namespace_rows(select(rows, settings.namespace, node))
+        if settings.output == "json":
+            print(render_namespace_json(summed))
+        elif summed:
+            print(render_namespace_table(summed))
+        else:
+            print(
+                "No pods use or hold GPUs" + (f" on node {node}" if node else "") + ".",
+                file=sys.stderr,
+            )
+        return 0
     namespace = (
         None if everywhere else settings.namespace or _context_namespace(settings.kubeconfig)
     )

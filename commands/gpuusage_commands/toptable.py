@@ -121,22 +121,44 @@ def order(rows: Iterable[PodRow], key: SortKey = "memory") -> list[PodRow]:
     return by_name
 
 
+def counted_by_plugin(row: PodRow) -> bool:
+    """The pod's device-plugin count is what it was handed (also an older status's pods,
+    which name no source)."""
+    return "DevicePlugin" in row.allocated_by or (row.requested_gpus > 0 and not row.allocated_by)
+
+
+def claim_devices(row: PodRow) -> int | None:
+    """How many devices its DRA claims got; None without claims, or beside a device-plugin
+    count (allocatedDevices then holds the kubelet's devices too)."""
+    if "DRA" not in row.allocated_by or "DevicePlugin" in row.allocated_by:
+        return None
+    return len(row.allocated_devices)
+
+
 def allocation_text(row: PodRow) -> str:
     """What the pod was handed, compactly: "2" (device plugin), "dra:1" (devices its claims
     got), "share" (a fractional scheduler's), joined by "+"; "0 (none!)" for none at all, "?"
     where its claims cannot be read; "(outside!)" when it uses a device outside them."""
     parts = []
-    if "DevicePlugin" in row.allocated_by or (row.requested_gpus and not row.allocated_by):
+    if counted_by_plugin(row):
         parts.append(str(row.requested_gpus))
     if "DRA" in row.allocated_by:
-        # allocatedDevices holds the kubelet's devices too when the pod also has a count
-        shared = "DevicePlugin" in row.allocated_by
-        parts.append("dra" if shared else f"dra:{len(row.allocated_devices) or '?'}")
+        claimed = claim_devices(row)
+        parts.append("dra" if claimed is None else f"dra:{claimed or '?'}")
     if "Fractional" in row.allocated_by:
         parts.append("share")
     if not parts:
         parts.append("0 (none!)" if row.unrequested else ("0" if row.idle_since else "?"))
     return "+".join(parts) + (" (outside!)" if row.unallocated else "")
+
+
+def _columns(lines: list[list[str]]) -> str:
+    """Left-aligned columns three spaces apart, as kubectl prints them."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join(
+        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
 
 
 def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
@@ -165,13 +187,84 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
             ",".join(r.devices),
         ]
         lines.append(cells)
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "   ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    )
+    return _columns(lines)
 
 
 def render_json(rows: list[PodRow]) -> str:
     items = [{**asdict(r), "gpus": len(r.devices)} for r in rows]
     return json.dumps({"items": items}, indent=2)
+
+
+@dataclass
+class NamespaceRow:
+    """One namespace's GPU use now: what its pods use against what they were handed."""
+
+    namespace: str
+    pods: int = 0
+    """Pods with processes on a GPU."""
+    devices: int = 0
+    """GPUs and MIG devices its pods use (a device two of its pods share counts once)."""
+    memory_mib: int = 0
+    allocated_gpus: int = 0
+    """GPUs its pods were handed: device-plugin counts and the devices DRA claims got, also
+    for pods that leave them idle (a MIG slice counts as one)."""
+    shares: int = 0
+    """Pods running on a fractional scheduler's share (not counted as whole GPUs)."""
+    idle_pods: int = 0
+    """Pods leaving requested GPUs idle, or holding memory without computing."""
+    unallocated_pods: int = 0
+    """Pods using a GPU they were not handed at all, or outside what they were handed."""
+    stale: bool = False
+    """Some of these numbers come from a node whose report is stale."""
+
+
+def allocated_count(row: PodRow) -> int:
+    """Whole GPUs (or MIG slices) the pod was handed, as allocation_text counts them."""
+    return (row.requested_gpus if counted_by_plugin(row) else 0) + (claim_devices(row) or 0)
+
+
+def namespace_rows(rows: Iterable[PodRow]) -> list[NamespaceRow]:
+    """The pod rows summed per namespace."""
+    found: dict[str, NamespaceRow] = {}
+    devices: dict[str, set[tuple[str, str]]] = {}
+    for r in rows:
+        ns = found.setdefault(r.namespace, NamespaceRow(r.namespace))
+        if r.devices:
+            ns.pods += 1
+        devices.setdefault(r.namespace, set()).update((r.node, d) for d in r.devices)
+        ns.memory_mib += r.memory_mib
+        ns.allocated_gpus += allocated_count(r)
+        ns.shares += "Fractional" in r.allocated_by
+        ns.idle_pods += bool(r.idle_since or r.held_idle_since)
+        ns.unallocated_pods += r.unrequested or r.unallocated
+        ns.stale = ns.stale or r.stale
+    for name, used in devices.items():
+        found[name].devices = len(used)
+    return sorted(found.values(), key=lambda n: (-n.memory_mib, n.namespace))
+
+
+def render_namespace_table(rows: list[NamespaceRow]) -> str:
+    """kubectl-style columns, one line a namespace."""
+    header = ["NAMESPACE", "PODS", "GPUS", "ALLOCATED", "MEMORY", "IDLE", "UNALLOCATED"]
+    lines = [header]
+    for r in rows:
+        allocated = str(r.allocated_gpus) + (
+            f" + {r.shares} share{'s' if r.shares != 1 else ''}" if r.shares else ""
+        )
+        memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
+        lines.append(
+            [
+                r.namespace,
+                str(r.pods),
+                str(r.devices),
+                allocated,
+                memory,
+                str(r.idle_pods),
+                str(r.unallocated_pods),
+            ]
+        )
+    return _columns(lines)
+
+
+def render_namespace_json(rows: list[NamespaceRow]) -> str:
+    return json.dumps({"items": [asdict(r) for r in rows]}, indent=2)

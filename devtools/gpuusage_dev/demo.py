@@ -294,6 +294,8 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         _step("who holds the GPU memory")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
+        print("\n$ gpuusage top --by namespace", flush=True)
+        run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
 
         _step("the notebook's kernel exits (the scenario changes)")
         _scenario(scenario, notebook_running=False)
