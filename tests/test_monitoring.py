@@ -33,6 +33,7 @@ from gpuusage_dev.localcluster.tools import (
 from gpuusage_dev.rules import RulesError, render, rule_groups
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, token_kubeconfig, wait_for
+from tests.fakenvml import mig_uuid
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "manifests" / "monitoring"
@@ -47,6 +48,14 @@ ALERTS = (
     "GpuUsedOutsideAllocation",
     "GpuHeldIdle",
     "GpuRequestedButIdle",
+)
+RECORDS = (
+    "namespace:gpuusage_gpu_memory_used_mib:sum",
+    "namespace:gpuusage_gpus_used:count",
+    "namespace:gpuusage_mig_devices_used:count",
+    "namespace:gpuusage_gpu_memory_used_mib_hours:sum1h",
+    "namespace:gpuusage_gpu_hours_used:sum1h",
+    "namespace:gpuusage_mig_device_hours_used:sum1h",
 )
 
 Sample = tuple[str, frozenset[tuple[str, str]]]
@@ -66,8 +75,9 @@ def test_prometheus_rule_is_rendered_from_the_rules_file() -> None:
     assert render(RULES) == (MONITORING / "prometheusrule.yaml").read_text(), (
         "manifests/monitoring/prometheusrule.yaml is out of date: run `make monitoring`"
     )
-    names = [r["alert"] for g in rule_groups(RULES.read_text()) for r in g["rules"]]
-    assert names == list(ALERTS)
+    rules = [r for g in rule_groups(RULES.read_text()) for r in g["rules"]]
+    assert [r["alert"] for r in rules if "alert" in r] == list(ALERTS)
+    assert [r["record"] for r in rules if "record" in r] == list(RECORDS)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +96,7 @@ def test_a_broken_rules_file_is_named(text: str, message: str) -> None:
 def test_promtool_checks_the_rules(promtool: Path, tmp_path: Path) -> None:
     checked = _promtool(promtool, "check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"SUCCESS: {len(ALERTS)} rules found" in checked.stdout
+    assert f"SUCCESS: {len(ALERTS) + len(RECORDS)} rules found" in checked.stdout
     # The same check rejects a broken expression, so its success above means something.
     broken = tmp_path / "broken.yaml"
     broken.write_text(RULES.read_text().replace("max by (node) (", "max by (node) ((", 1))
@@ -183,6 +193,43 @@ def _gpu(
     }
 
 
+def _showback_test(
+    phases: list[tuple[Mapping[Sample, float], int]],
+    expected: Mapping[tuple[str, str], float | None],
+) -> dict[str, Any]:
+    """A promtool unit test of the recording rules: each scrape for its minutes (one sample a
+    minute; a series that ends gets a staleness marker, as Prometheus writes one), the
+    expected values per (rule, namespace) at the end (None: no series)."""
+    keys = sorted({k for samples, _ in phases for k in samples})
+    series = []
+    for key in keys:
+        values: list[str] = []
+        for samples, minutes in phases:
+            value = samples.get(key)
+            if value is not None:
+                values += [repr(value)] * minutes
+            else:
+                ended = bool(values) and values[-1] not in ("_", "stale")
+                values += (["stale"] if ended else []) + ["_"] * (minutes - ended)
+        series.append({"series": _series_text(*key), "values": " ".join(values)})
+    end = sum(minutes for _, minutes in phases) - 1
+    tests = [
+        {
+            "expr": f'{rule}{{namespace="{namespace}"}}',
+            "eval_time": f"{end}m",
+            "exp_samples": []
+            if value is None
+            else [{"labels": f'{rule}{{namespace="{namespace}"}}', "value": value}],
+        }
+        for (rule, namespace), value in expected.items()
+    ]
+    return {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
+
+
 def _render(template: str, labels: Mapping[str, str]) -> str:
     """Prometheus' templating, for the only form the shipped annotations use: {{ $labels.x }}."""
     text = re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels[m[1]], template)
@@ -211,7 +258,9 @@ def _promtool_test(
             value = samples.get(key)
             values += [("_" if value is None else repr(value))] * minutes
         series.append({"series": _series_text(*key), "values": " ".join(values)})
-    rules = {r["alert"]: r for g in rule_groups(RULES.read_text()) for r in g["rules"]}
+    rules = {
+        r["alert"]: r for g in rule_groups(RULES.read_text()) for r in g["rules"] if "alert" in r
+    }
 
     def alerts(at: str, firing: bool) -> list[dict[str, Any]]:
         tests = []
@@ -267,7 +316,24 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             _gpu(1, GPU1, 12288, [(waiter, 8192), (kernel, 4096)], sm={kernel: 40}),
         ]
     )
-    b["scenario"]([_gpu(0, GPU0, 10240, [(b["pids"]["train"], 10240)])])
+    # b's trainer runs on a MIG slice (the showback counts slices apart from whole GPUs)
+    b["scenario"](
+        [
+            {
+                "index": 0,
+                "uuid": GPU0,
+                "memoryTotalMiB": 81920,
+                "migDevices": [
+                    {
+                        "index": 0,
+                        "uuid": mig_uuid(0),
+                        "memoryTotalMiB": 40960,
+                        "processes": [{"pid": b["pids"]["train"], "usedMemoryMiB": 10240}],
+                    }
+                ],
+            }
+        ]
+    )
     ours = {a["node"], b["node"]}
 
     def scrape() -> dict[Sample, float]:
@@ -277,6 +343,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         s = scrape()
         ok = (
             _value(s, "gpuusage_pod_gpu_memory_used_mib", node=a["node"], pod="waiter") == 8192
+            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=b["node"], pod="train") == 10240
             and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
             and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
             and _value(
@@ -410,6 +477,26 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert failed.returncode != 0
     for alert in ALERTS:
         assert f"alertname: {alert}" in failed.stdout + failed.stderr
+
+    # Showback: 30 minutes healthy, then 30 in trouble (node b stale), evaluated at their end.
+    # a's pods use both GPUs throughout: 33,792 MiB, then 88,064; b's trainer a MIG slice
+    # with 10,240 MiB, counted only while b's report is fresh.
+    hours = {
+        ("namespace:gpuusage_gpu_hours_used:sum1h", a["ns"]): 2.0,
+        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", a["ns"]): (33792 + 88064) / 2,
+        ("namespace:gpuusage_mig_device_hours_used:sum1h", b["ns"]): 0.5,
+        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", b["ns"]): 5120.0,
+        ("namespace:gpuusage_gpu_hours_used:sum1h", b["ns"]): None,  # no whole GPU
+        ("namespace:gpuusage_mig_device_hours_used:sum1h", a["ns"]): None,
+    }
+    showback = tmp_path / "showback_test.yaml"
+    showback.write_text(yaml.safe_dump(_showback_test([(healthy, 30), (trouble, 30)], hours)))
+    result = _promtool(promtool, "test", "rules", str(showback))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Had b stayed fresh, its hours would differ: the same expectations must fail.
+    fresh = tmp_path / "fresh_test.yaml"
+    fresh.write_text(yaml.safe_dump(_showback_test([(healthy, 60)], hours)))
+    assert _promtool(promtool, "test", "rules", str(fresh)).returncode != 0
 
 
 @pytest.mark.cluster
