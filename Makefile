@@ -36,9 +36,10 @@ crd: $(VENV)/.installed
 	$(VENV)/bin/gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml
 	$(VENV)/bin/gpuusage crd --peering --output crds/kopf.dev_clusterkopfpeerings.yaml
 
-# The PrometheusRule, rendered from the plain rules file.
+# The PrometheusRule, rendered from the plain rules file, and the Grafana dashboards.
 monitoring: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.rules manifests/monitoring/gpuusage.rules.yaml > manifests/monitoring/prometheusrule.yaml
+	$(PY) -m gpuusage_dev.dashboards manifests/monitoring/dashboards
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -9,6 +9,7 @@ rules` run that proves each shipped alert fires on the trouble and resolves afte
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -23,6 +24,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuusage_dev.dashboards import DASHBOARDS
+from gpuusage_dev.dashboards import render as render_dashboard
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
 from gpuusage_dev.localcluster.tools import (
     KUBE_STATE_METRICS,
@@ -78,6 +81,34 @@ def test_prometheus_rule_is_rendered_from_the_rules_file() -> None:
     rules = [r for g in rule_groups(RULES.read_text()) for r in g["rules"]]
     assert [r["alert"] for r in rules if "alert" in r] == list(ALERTS)
     assert [r["record"] for r in rules if "record" in r] == list(RECORDS)
+
+
+def test_dashboards_are_rendered_from_their_source() -> None:
+    for dashboard in DASHBOARDS:
+        path = MONITORING / "dashboards" / f"{dashboard.uid}.json"
+        assert path.read_text() == render_dashboard(dashboard), (
+            f"{path} is out of date: run `make monitoring`"
+        )
+    listed = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())
+    (generated,) = [g for g in listed["configMapGenerator"] if g["name"] == "gpuusage-dashboards"]
+    assert generated["options"]["labels"] == {"grafana_dashboard": "1"}
+    assert sorted(generated["files"]) == sorted(f"dashboards/{d.uid}.json" for d in DASHBOARDS)
+
+
+def test_every_dashboard_asks_for_its_data_source_and_the_variables_it_uses() -> None:
+    for dashboard in DASHBOARDS:
+        board = json.loads((MONITORING / "dashboards" / f"{dashboard.uid}.json").read_text())
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        targets = [t for p in board["panels"] for t in p["targets"]]
+        assert targets
+        for panel in board["panels"]:
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        for target in targets:
+            assert target["datasource"]["uid"] == "${datasource}"
+            used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__range"}
+            assert used <= set(variables), f"{board['uid']}: {target['expr']} uses {used}"
 
 
 @pytest.mark.parametrize(
@@ -227,6 +258,48 @@ def _showback_test(
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
+
+
+def _panel_rules(values: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """Each dashboard query, its variables filled, as an alert that fires when it returns no
+    data (`absent`), and one control query that never has data."""
+    rules = [{"alert": "NoDataControl", "expr": "absent(gpuusage_no_such_series)"}]
+    for dashboard in DASHBOARDS:
+        for p, panel in enumerate(dashboard.panels):
+            for n, query in enumerate(panel.queries):
+                expr = query.expr.replace("$__range", "1h")
+                for name, value in values[dashboard.uid].items():
+                    expr = expr.replace(f"${name}", value)
+                assert "$" not in expr, expr
+                name = f"NoData_{dashboard.uid.replace('-', '_')}_{p}_{n}"
+                rules.append({"alert": name, "expr": f"absent({expr})"})
+    return {"groups": [{"name": "panels", "rules": rules}]}
+
+
+def _panel_test(panels: Path, phases: list[tuple[Mapping[Sample, float], int]]) -> dict[str, Any]:
+    """promtool: at the end of the phases, no panel's NoData alert fires (the control does)."""
+    showback = _showback_test(phases, {})
+    names = [r["alert"] for r in yaml.safe_load(panels.read_text())["groups"][0]["rules"]]
+    end = sum(minutes for _, minutes in phases) - 1
+    checks = [
+        {
+            "eval_time": f"{end}m",
+            "alertname": name,
+            "exp_alerts": [{"exp_labels": {}}] if name == "NoDataControl" else [],
+        }
+        for name in names
+    ]
+    return {
+        "rule_files": [str(RULES), str(panels)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": showback["tests"][0]["input_series"],
+                "alert_rule_test": checks,
+            }
+        ],
     }
 
 
@@ -497,6 +570,30 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     fresh = tmp_path / "fresh_test.yaml"
     fresh.write_text(yaml.safe_dump(_showback_test([(healthy, 60)], hours)))
     assert _promtool(promtool, "test", "rules", str(fresh)).returncode != 0
+
+    # Every dashboard query returns data on the healthy scrape, its variables set as a person
+    # would pick them (node a; namespaces a and b; pod train of a).
+    values = {
+        "gpuusage-overview": {},
+        "gpuusage-node": {"node": a["node"]},
+        "gpuusage-namespace": {"namespace": f"{a['ns']}|{b['ns']}"},
+        "gpuusage-pod": {"namespace": a["ns"], "pod": "train"},
+    }
+    panels = tmp_path / "panels.yaml"
+    panels.write_text(yaml.safe_dump(_panel_rules(values)))
+    data = tmp_path / "panels_test.yaml"
+    data.write_text(yaml.safe_dump(_panel_test(panels, [(healthy, 120)])))
+    result = _promtool(promtool, "test", "rules", str(data))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # With no series at all every panel is empty, and the same test fails for each.
+    empty = tmp_path / "empty_test.yaml"
+    empty.write_text(yaml.safe_dump(_panel_test(panels, [({}, 120)])))
+    failed = _promtool(promtool, "test", "rules", str(empty))
+    assert failed.returncode != 0
+    empty_panels = set(re.findall(r'alertname="(NoData_\w+)"', failed.stdout + failed.stderr))
+    assert len(empty_panels) == len(
+        [q for d in DASHBOARDS for p in d.panels for q in p.queries if "vector(0)" not in q.expr]
+    ), "every query but those that default to 0"
 
 
 @pytest.mark.cluster

@@ -1,0 +1,396 @@
+"""The Grafana dashboards, from one compact description of their panels.
+
+Each dashboard is a list of panels (title, kind, PromQL queries) over the gpuusage_* series
+and the showback recording rules; this module turns them into Grafana's dashboard JSON
+(`make monitoring` writes manifests/monitoring/dashboards/, a test fails when they differ, and
+another evaluates every query with promtool on series scraped from kube-state-metrics).
+
+Template variables: `datasource` (any Prometheus), and as each view needs them `node`,
+`namespace` and `pod`, filled from the series themselves.
+
+    python -m gpuusage_dev.dashboards manifests/monitoring/dashboards
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STALE = 'gpuusage_node_condition{condition="Stale", status="True"} == 1'
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    kind: str  # timeseries, stat or table
+    queries: tuple[Query, ...]
+    unit: str = "none"
+    description: str = ""
+    width: int = 12
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    variables: tuple[str, ...]
+    panels: tuple[Panel, ...] = field(default_factory=tuple)
+
+
+def _q(expr: str, legend: str = "") -> Query:
+    return Query(" ".join(expr.split()), legend)
+
+
+OVERVIEW = Dashboard(
+    "gpuusage-overview",
+    "gpuusage / Cluster",
+    "GPU memory and devices in use across the cluster, and what needs a look.",
+    (),
+    (
+        Panel(
+            "GPU memory used / total",
+            "timeseries",
+            (
+                _q("sum(gpuusage_node_memory_used_mib)", "used"),
+                _q("sum(gpuusage_node_memory_total_mib)", "total"),
+            ),
+            unit="mbytes",
+            description="Memory of all GPU processes against the memory of all GPUs (MiB).",
+        ),
+        Panel(
+            "Pods using GPUs",
+            "stat",
+            (_q("sum(gpuusage_node_pods)"),),
+            width=4,
+        ),
+        Panel(
+            "Stale nodes",
+            "stat",
+            (_q(f"count({STALE}) or vector(0)"),),
+            description="Nodes whose agent has not reported in time: their numbers are old.",
+            width=4,
+        ),
+        Panel(
+            "GPU memory outside pods",
+            "stat",
+            (_q("sum(gpuusage_gpu_unattributed_memory_mib)"),),
+            unit="mbytes",
+            description="Held by processes that belong to no known pod (host, deleted pods).",
+            width=4,
+        ),
+        Panel(
+            "Pods without an allocation, outside it, idle",
+            "timeseries",
+            (
+                _q("sum(gpuusage_node_unrequested_pods)", "using a GPU without an allocation"),
+                _q("sum(gpuusage_node_unallocated_pods)", "using a device outside it"),
+                _q("sum(gpuusage_node_idle_pods)", "requested GPUs idle"),
+                _q("sum(gpuusage_node_held_idle_pods)", "holding memory, computing nothing"),
+            ),
+        ),
+        Panel(
+            "Nodes",
+            "table",
+            (
+                _q("sum by (node) (gpuusage_node_memory_used_mib)", "used MiB"),
+                _q("sum by (node) (gpuusage_node_gpus)", "GPUs"),
+                _q("sum by (node) (gpuusage_node_pods)", "pods"),
+            ),
+            width=24,
+        ),
+    ),
+)
+
+NODE = Dashboard(
+    "gpuusage-node",
+    "gpuusage / Node",
+    "One node's GPUs and MIG devices: memory, processes, and memory no pod explains.",
+    ("node",),
+    (
+        Panel(
+            "Memory used per device",
+            "timeseries",
+            (_q('gpuusage_gpu_memory_used_mib{node="$node"}', "{{gpu}}"),),
+            unit="mbytes",
+        ),
+        Panel(
+            "Memory used / total per device",
+            "timeseries",
+            (
+                _q(
+                    'gpuusage_gpu_memory_used_mib{node="$node"}'
+                    ' / gpuusage_gpu_memory_total_mib{node="$node"}',
+                    "{{gpu}}",
+                ),
+            ),
+            unit="percentunit",
+        ),
+        Panel(
+            "Pods on this node's GPUs",
+            "timeseries",
+            (
+                _q(
+                    'sum by (namespace, pod) (gpuusage_pod_gpu_memory_used_mib{node="$node"})',
+                    "{{namespace}}/{{pod}}",
+                ),
+            ),
+            unit="mbytes",
+        ),
+        Panel(
+            "Processes and memory outside pods, per device",
+            "timeseries",
+            (
+                _q('gpuusage_gpu_processes{node="$node"}', "processes {{gpu}}"),
+                _q(
+                    'gpuusage_gpu_unattributed_memory_mib{node="$node"}',
+                    "MiB outside pods {{gpu}}",
+                ),
+            ),
+        ),
+    ),
+)
+
+NAMESPACE = Dashboard(
+    "gpuusage-namespace",
+    "gpuusage / Namespace (showback)",
+    "What a namespace's pods used: GPU memory, whole GPUs and MIG slices, and their hours "
+    "over the selected time range (from the gpuusage-showback recording rules).",
+    ("namespace",),
+    (
+        Panel(
+            "GPU memory used",
+            "timeseries",
+            (
+                _q(
+                    'namespace:gpuusage_gpu_memory_used_mib:sum{namespace=~"$namespace"}',
+                    "{{namespace}}",
+                ),
+            ),
+            unit="mbytes",
+        ),
+        Panel(
+            "GPUs and MIG slices in use",
+            "timeseries",
+            (
+                _q(
+                    'namespace:gpuusage_gpus_used:count{namespace=~"$namespace"}',
+                    "GPUs {{namespace}}",
+                ),
+                _q(
+                    'namespace:gpuusage_mig_devices_used:count{namespace=~"$namespace"}',
+                    "MIG slices {{namespace}}",
+                ),
+            ),
+        ),
+        Panel(
+            "GPU-hours used in the range",
+            "stat",
+            (
+                _q(
+                    "sum(sum_over_time("
+                    'namespace:gpuusage_gpus_used:count{namespace=~"$namespace"}[$__range]'
+                    ")) / 60"
+                ),
+            ),
+            width=8,
+        ),
+        Panel(
+            "MIG-slice-hours used in the range",
+            "stat",
+            (
+                _q(
+                    "sum(sum_over_time("
+                    'namespace:gpuusage_mig_devices_used:count{namespace=~"$namespace"}[$__range]'
+                    ")) / 60"
+                ),
+            ),
+            width=8,
+        ),
+        Panel(
+            "GPU memory GiB-hours used in the range",
+            "stat",
+            (
+                _q(
+                    "sum(sum_over_time("
+                    "namespace:gpuusage_gpu_memory_used_mib:sum"
+                    '{namespace=~"$namespace"}[$__range])) / 60 / 1024'
+                ),
+            ),
+            width=8,
+        ),
+        Panel(
+            "Pods by GPU memory",
+            "table",
+            (
+                _q(
+                    "sum by (pod, node) "
+                    '(gpuusage_pod_gpu_memory_used_mib{namespace=~"$namespace"})',
+                    "{{pod}}",
+                ),
+            ),
+            unit="mbytes",
+            width=24,
+        ),
+    ),
+)
+
+POD = Dashboard(
+    "gpuusage-pod",
+    "gpuusage / Pod",
+    "One pod's GPU devices and memory, against what it requested.",
+    ("namespace", "pod"),
+    (
+        Panel(
+            "Memory per device",
+            "timeseries",
+            (
+                _q(
+                    'gpuusage_pod_gpu_memory_used_mib{namespace="$namespace", pod="$pod"}',
+                    "{{gpu}} on {{node}}",
+                ),
+            ),
+            unit="mbytes",
+        ),
+        Panel(
+            "Devices in use / GPUs requested",
+            "timeseries",
+            (
+                _q(
+                    'count(gpuusage_pod_gpu_memory_used_mib{namespace="$namespace", pod="$pod"})',
+                    "devices in use",
+                ),
+                _q(
+                    'max(gpuusage_pod_requested_gpus{namespace="$namespace", pod="$pod"})',
+                    "GPUs requested",
+                ),
+            ),
+        ),
+        Panel(
+            "Findings",
+            "timeseries",
+            (
+                _q(
+                    'max(gpuusage_pod_gpu_unrequested{namespace="$namespace", pod="$pod"})',
+                    "using a GPU without an allocation",
+                ),
+                _q(
+                    'max(gpuusage_pod_gpu_unallocated{namespace="$namespace", pod="$pod"})',
+                    "using a device outside its allocation",
+                ),
+                _q(
+                    "max(gpuusage_pod_gpu_held_idle_since_timestamp_seconds"
+                    '{namespace="$namespace", pod="$pod"}) > bool 0',
+                    "holding memory, computing nothing",
+                ),
+            ),
+            width=24,
+        ),
+    ),
+)
+
+DASHBOARDS = (OVERVIEW, NODE, NAMESPACE, POD)
+
+VARIABLE_QUERIES = {
+    "node": "label_values(gpuusage_node_gpus, node)",
+    "namespace": "label_values(gpuusage_pod_gpu_memory_used_mib, namespace)",
+    "pod": 'label_values(gpuusage_pod_gpu_memory_used_mib{namespace="$namespace"}, pod)',
+}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _variable(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": name,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": VARIABLE_QUERIES[name], "refId": f"{name}-values"},
+        "definition": VARIABLE_QUERIES[name],
+        "refresh": 2,
+        "sort": 1,
+        "includeAll": name == "namespace",
+        "multi": name == "namespace",
+    }
+
+
+def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    height = 4 if panel.kind == "stat" else 8
+    body: dict[str, Any] = {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": height, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "options": {},
+        "targets": [
+            {
+                "datasource": DATASOURCE,
+                "expr": q.expr,
+                "legendFormat": q.legend,
+                "refId": chr(ord("A") + n),
+                **({"format": "table", "instant": True} if panel.kind == "table" else {}),
+            }
+            for n, q in enumerate(panel.queries)
+        ],
+    }
+    if panel.kind == "table":
+        body["transformations"] = [{"id": "merge", "options": {}}]
+    return body
+
+
+def dashboard_json(dashboard: Dashboard) -> dict[str, Any]:
+    """Grafana's JSON model of one dashboard (schema 39, Grafana 10 and later)."""
+    panels, x, y, row_height = [], 0, 0, 0
+    for pid, panel in enumerate(dashboard.panels, start=1):
+        if x + panel.width > 24:
+            x, y, row_height = 0, y + row_height, 0
+        panels.append(_panel(panel, pid, x, y))
+        row_height = max(row_height, 4 if panel.kind == "stat" else 8)
+        x += panel.width
+    datasource = {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+    }
+    return {
+        "uid": dashboard.uid,
+        "title": dashboard.title,
+        "description": dashboard.description,
+        "tags": ["gpuusage", "gpu"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "1m",
+        "templating": {"list": [datasource, *(_variable(v) for v in dashboard.variables)]},
+        "panels": panels,
+    }
+
+
+def render(dashboard: Dashboard) -> str:
+    return json.dumps(dashboard_json(dashboard), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0]) if argv else Path("manifests/monitoring/dashboards")
+    folder.mkdir(parents=True, exist_ok=True)
+    for dashboard in DASHBOARDS:
+        (folder / f"{dashboard.uid}.json").write_text(render(dashboard))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
