@@ -15,6 +15,7 @@ from gpuusage.api import names
 from gpuusage.api.models import (
     MAX_ALLOCATED,
     MAX_ALLOCATED_LISTED,
+    MAX_ALLOCATIONS,
     MAX_CONDITIONS,
     MAX_COUNTED,
     MAX_DETAIL,
@@ -32,6 +33,7 @@ from gpuusage.api.models import (
     MAX_PROCESSES,
     MAX_REQUESTED_GPUS,
     MAX_RESOURCE_NAME,
+    MAX_SHARE,
     MAX_UNATTRIBUTED,
     Condition,
     ContainerUsage,
@@ -47,6 +49,7 @@ from gpuusage.api.models import (
     Memory,
     MigDevice,
     ObjectMeta,
+    PodAllocation,
     PodUsage,
     Process,
     Source,
@@ -519,6 +522,19 @@ def _worst_case(name: str) -> GpuNodeUsage:
             )
             for i in range(MAX_IDLE_PODS)
         ],
+        allocations=[
+            PodAllocation(
+                namespace="n" * 63,
+                name=long_name,
+                uid=f"{i:08x}-0000-4000-8000-000000000000",
+                gpus=MAX_REQUESTED_GPUS,
+                mig_devices=MAX_REQUESTED_GPUS,
+                gpu_share=MAX_SHARE - 0.123456789,
+                gpu_memory_share_mib=MAX_MIB,
+            )
+            for i in range(MAX_ALLOCATIONS)
+        ],
+        allocations_omitted=MAX_COUNTED,
     )
     return GpuNodeUsage(metadata=ObjectMeta(name=name), spec=spec, status=status)
 

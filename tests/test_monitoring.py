@@ -59,6 +59,12 @@ RECORDS = (
     "namespace:gpuusage_gpu_memory_used_mib_hours:sum1h",
     "namespace:gpuusage_gpu_hours_used:sum1h",
     "namespace:gpuusage_mig_device_hours_used:sum1h",
+    "namespace:gpuusage_gpus_allocated:sum",
+    "namespace:gpuusage_mig_devices_allocated:sum",
+    "namespace:gpuusage_gpu_shares_allocated:sum",
+    "namespace:gpuusage_gpu_hours_allocated:sum1h",
+    "namespace:gpuusage_mig_device_hours_allocated:sum1h",
+    "namespace:gpuusage_gpu_share_hours_allocated:sum1h",
 )
 
 Sample = tuple[str, frozenset[tuple[str, str]]]
@@ -375,7 +381,14 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         pod_extras={"stray": {"claims": {"gpu": "stray-gpu"}}},
         agent_extras={"idle_window": 0.5},
     )
-    b = make_world({"train": 1}, operator=False)  # reconciled by a's operator
+    b = make_world(  # reconciled by a's operator; slice asks for a MIG slice, frac has a share
+        {"train": 1, "slice": 0, "frac": 0},
+        operator=False,
+        pod_extras={
+            "slice": {"resources": {"nvidia.com/mig-1g.10gb": "1"}},
+            "frac": {"annotations": {"gpu-fraction": "0.5"}},
+        },
+    )
     train, waiter, sneaky, stray, kernel = (
         a["pids"][n] for n in ("train", "waiter", "sneaky", "stray", "kernel")
     )
@@ -389,7 +402,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             _gpu(1, GPU1, 12288, [(waiter, 8192), (kernel, 4096)], sm={kernel: 40}),
         ]
     )
-    # b's trainer runs on a MIG slice (the showback counts slices apart from whole GPUs)
+    # b's pods run on one MIG slice (the showback counts slices apart from whole GPUs)
     b["scenario"](
         [
             {
@@ -401,7 +414,10 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
                         "index": 0,
                         "uuid": mig_uuid(0),
                         "memoryTotalMiB": 40960,
-                        "processes": [{"pid": b["pids"]["train"], "usedMemoryMiB": 10240}],
+                        "processes": [
+                            {"pid": b["pids"][name], "usedMemoryMiB": mib}
+                            for name, mib in (("train", 10240), ("slice", 2048), ("frac", 1024))
+                        ],
                     }
                 ],
             }
@@ -416,7 +432,8 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         s = scrape()
         ok = (
             _value(s, "gpuusage_pod_gpu_memory_used_mib", node=a["node"], pod="waiter") == 8192
-            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=b["node"], pod="train") == 10240
+            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=b["node"], pod="frac") == 1024
+            and _value(s, "gpuusage_pod_allocated_gpu_share", node=b["node"], pod="frac") == 0.5
             and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
             and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
             and _value(
@@ -552,15 +569,23 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         assert f"alertname: {alert}" in failed.stdout + failed.stderr
 
     # Showback: 30 minutes healthy, then 30 in trouble (node b stale), evaluated at their end.
-    # a's pods use both GPUs throughout: 33,792 MiB, then 88,064; b's trainer a MIG slice
-    # with 10,240 MiB, counted only while b's report is fresh.
+    # Used: a's pods use both GPUs throughout, 33,792 MiB then 88,064; b's three pods one MIG
+    # slice with 13,312 MiB, counted only while b's report is fresh. Handed (from the pods,
+    # also while b is stale): a's train, waiter and kernel 1 GPU each and stray's claim one
+    # more; b's train 1 GPU, slice 1 MIG slice, frac half a GPU.
     hours = {
         ("namespace:gpuusage_gpu_hours_used:sum1h", a["ns"]): 2.0,
         ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", a["ns"]): (33792 + 88064) / 2,
         ("namespace:gpuusage_mig_device_hours_used:sum1h", b["ns"]): 0.5,
-        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", b["ns"]): 5120.0,
+        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", b["ns"]): 13312 / 2,
         ("namespace:gpuusage_gpu_hours_used:sum1h", b["ns"]): None,  # no whole GPU
         ("namespace:gpuusage_mig_device_hours_used:sum1h", a["ns"]): None,
+        ("namespace:gpuusage_gpu_hours_allocated:sum1h", a["ns"]): 4.0,
+        ("namespace:gpuusage_gpu_hours_allocated:sum1h", b["ns"]): 1.0,
+        ("namespace:gpuusage_mig_device_hours_allocated:sum1h", b["ns"]): 1.0,
+        ("namespace:gpuusage_mig_device_hours_allocated:sum1h", a["ns"]): 0.0,
+        ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", b["ns"]): 0.5,
+        ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", a["ns"]): None,  # no share
     }
     showback = tmp_path / "showback_test.yaml"
     showback.write_text(yaml.safe_dump(_showback_test([(healthy, 30), (trouble, 30)], hours)))

@@ -76,6 +76,32 @@ class FakeCore:
         return FakeRaw(json.dumps(self.pages.pop(0)).encode())
 
 
+def test_a_pod_starting_or_ending_its_hold_on_gpus_makes_its_node_due() -> None:
+    """Its report lists what running pods were handed: a pod that becomes Running with a GPU,
+    or stops running, changes that list with no event of the report's own."""
+    due: list[set[str]] = []
+    state = IndexState(on_requesting=due.append)
+
+    def gpu_pod(phase: str, rv: str) -> dict[str, Any]:
+        body = pod(UID_1, "p1", CID_A, rv=rv)
+        body["spec"]["containers"] = [
+            {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        ]
+        body["status"]["phase"] = phase
+        return body
+
+    state.apply("ADDED", gpu_pod("Running", "1"))
+    assert due == [], "a list (or an ADDED event) makes no node due: all would be at a relist"
+    state.apply("MODIFIED", gpu_pod("Running", "2"))
+    assert due == [], "still holding: nothing changed"
+    state.apply("MODIFIED", gpu_pod("Succeeded", "3"))
+    assert due == [{"n1"}]
+    state.apply("MODIFIED", gpu_pod("Running", "4"))
+    assert due == [{"n1"}, {"n1"}]
+    state.apply("MODIFIED", pod(UID_2, "p2", CID_B, rv="5"))  # no GPU at all
+    assert len(due) == 2
+
+
 def test_list_is_paginated_then_watch_resumes_from_its_version() -> None:
     pages = [
         {"metadata": {"continue": "next"}, "items": [pod(UID_1, "p1", CID_A)]},

@@ -163,8 +163,9 @@ NODE = Dashboard(
 NAMESPACE = Dashboard(
     "gpuusage-namespace",
     "gpuusage / Namespace (showback)",
-    "What a namespace's pods used: GPU memory, whole GPUs and MIG slices, and their hours "
-    "over the selected time range (from the gpuusage-showback recording rules).",
+    "What a namespace's pods used (GPU memory, whole GPUs, MIG slices) against what they were "
+    "handed (GPUs, MIG slices, shares), and the hours over the selected time range (from the "
+    "gpuusage-showback recording rules).",
     ("namespace",),
     (
         Panel(
@@ -227,6 +228,38 @@ NAMESPACE = Dashboard(
                 ),
             ),
             width=8,
+        ),
+        Panel(
+            "Handed to its pods: GPUs, MIG slices, shares",
+            "timeseries",
+            (
+                _q(
+                    'namespace:gpuusage_gpus_allocated:sum{namespace=~"$namespace"}',
+                    "GPUs {{namespace}}",
+                ),
+                _q(
+                    'namespace:gpuusage_mig_devices_allocated:sum{namespace=~"$namespace"}',
+                    "MIG slices {{namespace}}",
+                ),
+                _q(
+                    'namespace:gpuusage_gpu_shares_allocated:sum{namespace=~"$namespace"}',
+                    "GPU shares {{namespace}}",
+                ),
+            ),
+            description="What its running pods were handed (device plugin, DRA claims, a "
+            "fractional scheduler's share), in use or not.",
+        ),
+        Panel(
+            "GPU-hours handed in the range",
+            "stat",
+            (
+                _q(
+                    "sum(sum_over_time("
+                    'namespace:gpuusage_gpus_allocated:sum{namespace=~"$namespace"}[$__range]'
+                    ")) / 60"
+                ),
+            ),
+            width=12,
         ),
         Panel(
             "Pods by GPU memory",

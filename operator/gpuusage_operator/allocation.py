@@ -26,13 +26,13 @@ Two findings follow, and nothing is judged where the allocation cannot be known:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from gpuusage.api.models import GpuNodeUsageSpec, KubeletPod
-from gpuusage.api.resources import is_gpu_resource
+from gpuusage.api.models import MAX_MIB, MAX_SHARE, GpuNodeUsageSpec, KubeletPod
+from gpuusage.api.resources import MIG_RESOURCE_PREFIX, is_gpu_resource
 from gpuusage_operator.dra import NO_DRA, DraLookup
 
 if TYPE_CHECKING:
@@ -58,12 +58,12 @@ class AllocationRules:
 DEFAULT_RULES = AllocationRules()
 
 
-def _gpus_in(resources: Mapping[str, Any] | None, rules: AllocationRules) -> int:
+def _gpus_in(resources: Mapping[str, Any] | None, counts: Callable[[str], bool]) -> int:
     """GPUs in one container's limits (extended resources: requests equal limits)."""
     limits = (resources or {}).get("limits") or (resources or {}).get("requests") or {}
     total = 0
     for name, value in limits.items():
-        if rules.counts(name):
+        if counts(name):
             try:
                 total += int(str(value))
             except ValueError:
@@ -71,15 +71,25 @@ def _gpus_in(resources: Mapping[str, Any] | None, rules: AllocationRules) -> int
     return total
 
 
-def gpu_requests(spec: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) -> int:
-    """The pod's effective device-plugin GPU request, as the scheduler counts it: the larger of
+def _requests(spec: Mapping[str, Any], counts: Callable[[str], bool]) -> int:
+    """A pod's effective request of these resources, as the scheduler counts it: the larger of
     the sum over its containers and the largest init container."""
-    regular = sum(_gpus_in(c.get("resources"), rules) for c in spec.get("containers") or [])
+    regular = sum(_gpus_in(c.get("resources"), counts) for c in spec.get("containers") or [])
     init = max(
-        (_gpus_in(c.get("resources"), rules) for c in spec.get("initContainers") or []),
+        (_gpus_in(c.get("resources"), counts) for c in spec.get("initContainers") or []),
         default=0,
     )
     return max(regular, init)
+
+
+def gpu_requests(spec: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) -> int:
+    """The pod's effective device-plugin GPU request (whole GPUs and MIG slices together)."""
+    return _requests(spec, rules.counts)
+
+
+def mig_requests(spec: Mapping[str, Any]) -> int:
+    """The MIG slices among them (`nvidia.com/mig-<profile>`)."""
+    return _requests(spec, lambda name: name.startswith(MIG_RESOURCE_PREFIX))
 
 
 def gpu_resources(
@@ -102,6 +112,34 @@ def fraction_of(annotations: Mapping[str, Any], rules: AllocationRules = DEFAULT
 
 
 @dataclass(frozen=True)
+class Share:
+    """A scheduler's share in numbers, where its annotations say them: a fraction of one GPU
+    (an annotation whose name ends in `fraction`, as KAI's and Run:ai's gpu-fraction) and GPU
+    memory in MiB (one ending in `memory`, as their gpu-memory)."""
+
+    gpu: float | None = None
+    memory_mib: int | None = None
+
+
+def share_of(fraction: str) -> Share:
+    """The numbers in fraction_of's text; what does not read as one is left out."""
+    gpu: float | None = None
+    memory: int | None = None
+    for pair in fraction.split(",") if fraction else []:
+        key, _, value = pair.partition("=")
+        try:
+            if key.endswith("fraction"):
+                number = float(value)
+                gpu = number if 0 < number <= MAX_SHARE else gpu
+            elif key.endswith("memory"):
+                mib = int(value)
+                memory = mib if 0 < mib <= MAX_MIB else memory
+        except ValueError:
+            continue
+    return Share(gpu, memory)
+
+
+@dataclass(frozen=True)
 class AllocatedDevice:
     """One device a pod got: its UUID, or for a dynamic MIG device its parent and profile."""
 
@@ -118,6 +156,16 @@ class AllocatedDevice:
     @property
     def shown(self) -> str:
         return self.uuid or f"{self.parent_uuid}/{self.profile}"
+
+    @property
+    def from_claim(self) -> bool:
+        """Got through a DRA claim (not the kubelet's view of a device-plugin request)."""
+        return self.via.startswith("claim ")
+
+    @property
+    def is_mig(self) -> bool:
+        """A MIG slice: a MIG UUID, or one created at prepare time (parent and profile)."""
+        return self.uuid is None or self.uuid.startswith("MIG-")
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class Operator:
             client.CoreV1Api(self._watch_api),
             health=self.health,
             on_deleted=self.reconciler.pods_deleted,
+            on_requesting=self.reconciler.mark_due,  # reports are named after their nodes
             rules=rules,
         )
         self.dra = DraWatch(client.ResourceV1Api(self._watch_api), health=self.health)

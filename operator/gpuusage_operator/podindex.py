@@ -21,6 +21,7 @@ from gpuusage_operator.allocation import (
     fraction_of,
     gpu_requests,
     gpu_resources,
+    mig_requests,
 )
 from gpuusage_operator.dra import pod_claims
 
@@ -52,6 +53,8 @@ class PodSnapshot:
     """GPUs the pod asked the scheduler for (nvidia.com/gpu, MIG and configured resources)."""
     gpu_resources: tuple[str, ...] = ()
     """Which of those resource names it asked for."""
+    mig_requests: int = 0
+    """The MIG slices among gpu_requests (nvidia.com/mig-*)."""
     fraction: str = ""
     """A fractional scheduler's share from the pod's annotations ("gpu-fraction=0.5")."""
     claims: tuple[str, ...] = ()
@@ -137,6 +140,7 @@ def snapshot_of(
         resource_version=meta.get("resourceVersion"),
         gpu_requests=gpu_requests(body.get("spec") or {}, rules),
         gpu_resources=gpu_resources(body.get("spec") or {}, rules),
+        mig_requests=mig_requests(body.get("spec") or {}),
         fraction=fraction_of(meta.get("annotations") or {}, rules),
         claims=claims,
         pending_claims=pending,

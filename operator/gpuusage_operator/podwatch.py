@@ -21,7 +21,7 @@ from gpuusage.kube import raw
 from gpuusage_operator.allocation import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.informer import Informer, watch_kwargs
-from gpuusage_operator.podindex import PodLookup, PodSnapshot, index_keys
+from gpuusage_operator.podindex import REQUESTING_KEY, PodLookup, PodSnapshot, index_keys
 
 
 @dataclass
@@ -29,6 +29,10 @@ class IndexState:
     """uid → the keys it is indexed under; key → {uid: PodSnapshot}."""
 
     rules: AllocationRules = DEFAULT_RULES
+    on_requesting: Callable[[set[str]], None] = lambda nodes: None
+    """Hears the nodes a pod started or stopped holding GPUs on (running with an allocation):
+    what their reports list as handed changed, with no event of the reports' own. Only for
+    changes the watch reports (MODIFIED), never for a list, which would make every node due."""
 
     keys_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     by_key: dict[str, dict[str, PodSnapshot]] = field(default_factory=dict)
@@ -55,8 +59,14 @@ class IndexState:
             return
         if event_type == "DELETED":
             self.remove(uid)
-        else:
-            self.put(uid, index_keys(pod, self.rules))
+            return
+        keys = index_keys(pod, self.rules)
+        if event_type == "MODIFIED":
+            before = {k for k in self.keys_of.get(uid, ()) if k.startswith(REQUESTING_KEY)}
+            changed = before ^ {k for k in keys if k.startswith(REQUESTING_KEY)}
+            if changed:
+                self.on_requesting({k[len(REQUESTING_KEY) :] for k in changed})
+        self.put(uid, keys)
 
     def ids(self) -> set[str]:
         return set(self.keys_of)
@@ -76,6 +86,7 @@ class PodWatch(Informer[IndexState]):
         *,
         health: ApiHealth | None = None,
         on_deleted: Callable[[set[str]], None] = lambda uids: None,
+        on_requesting: Callable[[set[str]], None] = lambda nodes: None,
         rules: AllocationRules = DEFAULT_RULES,
     ) -> None:
         self._core = core  # kubernetes.client.CoreV1Api
@@ -85,7 +96,7 @@ class PodWatch(Informer[IndexState]):
                 limit=limit, _continue=token, _preload_content=False
             ),
             lambda version: core.list_pod_for_all_namespaces(**watch_kwargs(version)),
-            lambda: IndexState(rules=rules),
+            lambda: IndexState(rules=rules, on_requesting=on_requesting),
             retry_seconds=retry_seconds,
             wait=wait,
             health=health,

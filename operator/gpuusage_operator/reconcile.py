@@ -52,6 +52,7 @@ from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_dead
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import PodEvent, Verdict, annotation_patch, plan_pod, verdicts
 from gpuusage_operator.resolution import pod_uses, resolve_all
+from gpuusage_operator.showback import pod_allocations
 from gpuusage_operator.status import desired_status
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,10 @@ class Reconciler:
                 uid: replace(j, held_idle_since=held[uid]) if uid in held else j
                 for uid, j in judged.items()
             }
+        allocations = pod_allocations(
+            lookup.requesting_on_node(spec.node_name),
+            lambda pod: allocation_of(pod.claimed, dra, self.rules),
+        )
         status = desired_status(
             spec,
             resolutions,
@@ -237,6 +242,7 @@ class Reconciler:
             previous=previous,
             stale_after=self.stale_after,
             idle=[i.entry() for i in idle],
+            allocations=allocations,
             judged=judged,
             renewal=renewal,
         )
@@ -251,7 +257,11 @@ class Reconciler:
         if known != wanted:
             response = self._write_status(name, body["metadata"], known, wanted)
             written = _echo_version(response, body["metadata"].get("generation"))
-        self._listing[name] = frozenset(uses) | frozenset(i.pod.uid for i in idle)
+        self._listing[name] = (
+            frozenset(uses)
+            | frozenset(i.pod.uid for i in idle)
+            | frozenset(a.uid for a in allocations[0])
+        )
         if wake:
             self._wakeups[name] = min(wake)
         else:

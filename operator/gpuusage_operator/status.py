@@ -33,6 +33,7 @@ from gpuusage.api.models import (
     GpuNodeUsageStatus,
     IdlePod,
     MigDevice,
+    PodAllocation,
     PodUsage,
     Totals,
     UnattributedProcess,
@@ -214,10 +215,12 @@ def desired_status(
     idle: Sequence[IdlePod] = (),
     judged: Mapping[str, Judgement] | None = None,
     renewal: Renewal | None = None,
+    allocations: tuple[Sequence[PodAllocation], int | None] = ((), None),
 ) -> GpuNodeUsageStatus:
     """The status for this report; `sighting` says when the operator saw it change, `idle`
     are the pods the caller judged idle (see idle), `judged` each using pod's allocation
-    judgement (see allocation; by default one that knows no claims)."""
+    judgement (see allocation; by default one that knows no claims), `allocations` what each
+    pod on the node was handed and how many were left out (see showback)."""
     old_conditions = previous.conditions if previous else []
     stale = stale_condition(
         sighting,
@@ -251,4 +254,6 @@ def desired_status(
         pods=usages[:MAX_POD_DEVICES],
         unattributed=outside[:MAX_UNATTRIBUTED],
         idle_pods=sorted(idle, key=lambda i: (i.namespace, i.name, i.uid))[:MAX_IDLE_PODS],
+        allocations=list(allocations[0]),
+        allocations_omitted=allocations[1],
     )

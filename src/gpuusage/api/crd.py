@@ -79,6 +79,10 @@ def to_structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
                 out[key] = to_structural(value, defs)
         elif key == "const":
             out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            # JSON Schema's bound; OpenAPI v3.0's (Kubernetes') is the bound and a flag.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
         elif key in _KEEP:
             out[key] = value
     if "enum" in out and "type" not in out:

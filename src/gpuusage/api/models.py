@@ -50,6 +50,8 @@ MAX_DEVICES = MAX_GPUS * (1 + MAX_MIG_DEVICES)
 MAX_POD_DEVICES = MAX_PROCESSES  # each (pod, device) entry stands for at least one process
 MAX_UNATTRIBUTED = 128
 MAX_IDLE_PODS = 64
+MAX_ALLOCATIONS = 64  # pods handed GPUs on one node, listed for showback (the rest counted)
+MAX_SHARE = 64.0  # a scheduler's share of GPUs, at most (fractions of one GPU, usually)
 MAX_CONDITIONS = 4  # Ready and Stale, and room for two more
 MAX_PIDS_LISTED = 16  # per container entry of the status
 MAX_MIG_UUID = 96
@@ -452,6 +454,26 @@ class IdlePod(ApiModel):
     use)."""
 
 
+class PodAllocation(ApiModel):
+    """What one running pod on this node was handed, counted as what it is: whole GPUs, MIG
+    slices, a scheduler's share. Whether or not it uses them (showback of what is held)."""
+
+    namespace: Namespace
+    name: PodName
+    uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
+    gpus: RequestedGpus = 0
+    """Whole GPUs: device-plugin GPU resources other than MIG (nvidia.com/gpu and any
+    --gpu-resources), and the whole GPUs its DRA claims got."""
+    mig_devices: RequestedGpus = Field(default=0, alias="migDevices")
+    """MIG slices: nvidia.com/mig-* resources, and the MIG devices its claims got."""
+    gpu_share: Annotated[float, Field(gt=0, le=MAX_SHARE)] | None = None
+    """A fractional scheduler's share of one GPU (its gpu-fraction annotation)."""
+    gpu_memory_share_mib: Annotated[int, Field(gt=0, le=MAX_MIB)] | None = Field(
+        default=None, alias="gpuMemoryShareMiB"
+    )
+    """A fractional scheduler's share in GPU memory (its gpu-memory annotation), in MiB."""
+
+
 UnattributedReason = Literal[
     "HostProcess", "UnknownContainer", "PodNotFound", "PodOnOtherNode", "Unresolved"
 ]
@@ -521,6 +543,13 @@ class GpuNodeUsageStatus(ApiModel):
     )
     """Running pods that were given GPUs on this node and used none for the operator's
     --idle-after (only judged while the report is fresh and every device could be read)."""
+    allocations: Annotated[list[PodAllocation], Field(max_length=MAX_ALLOCATIONS)] = Field(
+        default_factory=list
+    )
+    """Every running pod on this node that was handed GPUs, with what it was handed, in use or
+    not (from the pods and their claims, so also while the report is stale)."""
+    allocations_omitted: Annotated[int, Field(ge=0, le=MAX_COUNTED)] | None = None
+    """Such pods not listed (over the bound)."""
 
     @model_validator(mode="after")
     def _allocated_bounded(self) -> GpuNodeUsageStatus:

@@ -1,0 +1,56 @@
+"""What each running pod on a node was handed, counted as what it is. Pure.
+
+Showback (which team holds how much GPU, for how long) needs what pods were given beside what
+they use. Counting every device a pod holds as a whole GPU, as request-based tools do,
+overcharges MIG slices and fractional shares; here a whole GPU, a MIG slice and a scheduler's
+share are counted apart:
+
+* whole GPUs: device-plugin GPU resources other than MIG, and the whole GPUs DRA claims got;
+* MIG slices: `nvidia.com/mig-*` resources, and the MIG devices claims got (also one created
+  at prepare time, known by parent and profile);
+* a share: the fraction of one GPU and the GPU memory a fractional scheduler's annotations
+  give, where they say it in numbers.
+
+The devices the kubelet lists for a device-plugin request are the same GPUs its count says,
+so only claim devices are added to the counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from gpuusage.api.models import MAX_ALLOCATIONS, PodAllocation
+from gpuusage_operator.allocation import Allocation, share_of
+from gpuusage_operator.podindex import PodSnapshot
+
+
+def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | None:
+    """What the pod was handed; None when nothing (in numbers)."""
+    claimed = [d for d in allocation.devices if d.from_claim]
+    gpus = max(0, pod.gpu_requests - pod.mig_requests) + sum(not d.is_mig for d in claimed)
+    mig = pod.mig_requests + sum(d.is_mig for d in claimed)
+    share = share_of(pod.fraction)
+    if not (gpus or mig or share.gpu or share.memory_mib):
+        return None
+    return PodAllocation(
+        namespace=pod.namespace,
+        name=pod.name,
+        uid=pod.uid,
+        gpus=gpus,
+        mig_devices=mig,
+        gpu_share=share.gpu,
+        gpu_memory_share_mib=share.memory_mib,
+    )
+
+
+def pod_allocations(
+    candidates: Iterable[PodSnapshot], allocated: Callable[[PodSnapshot], Allocation]
+) -> tuple[list[PodAllocation], int | None]:
+    """The candidates' allocations, sorted, at most MAX_ALLOCATIONS; and how many more there
+    were (None: none left out)."""
+    found = [
+        entry for pod in candidates if (entry := pod_allocation(pod, allocated(pod))) is not None
+    ]
+    found.sort(key=lambda a: (a.namespace, a.name, a.uid))
+    omitted = len(found) - MAX_ALLOCATIONS
+    return found[:MAX_ALLOCATIONS], omitted if omitted > 0 else None
