@@ -68,3 +68,16 @@ def test_a_node_lists_at_most_its_bound_and_counts_the_rest() -> None:
     assert omitted == 6
     assert listed[0].name == "p000", "sorted"
     assert pod_allocations(pods[:3], lambda _: Allocation(("DevicePlugin",)))[1] is None
+
+
+def test_the_kubelets_devices_tell_mig_slices_handed_out_as_nvidia_com_gpu() -> None:
+    """NVIDIA's device plugin in its "single" MIG strategy names a MIG slice nvidia.com/gpu;
+    the kubelet's device IDs show what it is. Time-sliced replicas stay whole GPUs."""
+    single = Allocation(("DevicePlugin",), (AllocatedDevice("kubelet", mig_uuid(0)),))
+    entry = pod_allocation(pod(gpu_requests=1), single)
+    assert entry is not None
+    assert (entry.gpus, entry.mig_devices) == (0, 1)
+    replica = Allocation(("DevicePlugin",), (AllocatedDevice("kubelet", gpu_uuid(0)),))
+    entry = pod_allocation(pod(gpu_requests=2), replica)  # two replicas of one GPU, folded
+    assert entry is not None
+    assert (entry.gpus, entry.mig_devices) == (2, 0)

@@ -18,6 +18,8 @@ from gpuusage.api import names
 from gpuusage_commands.toptable import (
     PodRow,
     allocation_text,
+    allocations_by_node,
+    namespace_allocation_text,
     namespace_rows,
     order,
     pod_rows,
@@ -214,6 +216,26 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
     ]
     assert table[1].split() == [NS_A, "2", "3", "3", "84Gi", "(stale)", "0", "0"]
     assert table[2].split() == ["vision", "4", "2", "4", "+", "1", "share", "9.8Gi", "1", "1"]
+
+
+def test_what_pods_were_handed_comes_from_the_reports_that_list_it() -> None:
+    """A report whose operator lists status.allocations says what every running pod was
+    handed (also one neither using nor idle yet); its pods' rows then add nothing to it."""
+    listed = _report(NODE_1 + "-h", {"GPU-ddd": [_pod("team", "trainer", 1024, [9], requested=1)]})
+    uid = "33333333-2222-4333-8444-555555555555"
+    listed["status"]["allocations"] = [
+        {"namespace": "team", "name": "trainer", "uid": uid, "gpus": 1},
+        {"namespace": "team", "name": "starting", "uid": uid, "gpus": 2},
+        {"namespace": "team", "name": "slice", "uid": uid, "migDevices": 1},
+        {"namespace": "team", "name": "llm", "uid": uid, "gpuShare": 0.5},
+    ]
+    rows, _ = pod_rows([listed])
+    handed = allocations_by_node([listed, REPORTS[0]])
+    assert list(handed) == [NODE_1 + "-h"], "an earlier operator's report lists nothing"
+    (team,) = namespace_rows(rows, handed)
+    assert (team.pods, team.allocated_gpus, team.allocated_mig_devices) == (1, 3, 1)
+    assert (team.shares, team.share_gpus) == (1, 0.5)
+    assert namespace_allocation_text(team) == "3 + 1 MIG + 1 share (0.5 GPU)"
 
 
 @pytest.mark.cluster

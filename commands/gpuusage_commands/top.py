@@ -16,6 +16,7 @@ from gpuusage.kube.config import api_client
 from gpuusage.settings import CommandSettings
 from gpuusage_commands.toptable import (
     SortKey,
+    allocations_by_node,
     namespace_rows,
     order,
     pod_rows,
@@ -82,7 +83,12 @@ def run_top(settings: TopSettings) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     everywhere, node = settings.all_namespaces, settings.node
     if settings.by == "namespace":
-        summed = namespace_rows(select(rows, settings.namespace, node))
+        handed = {
+            n: [a for a in entries if settings.namespace in (None, a.namespace)]
+            for n, entries in allocations_by_node(items).items()
+            if node in (None, n)
+        }
+        summed = namespace_rows(select(rows, settings.namespace, node), handed)
         if settings.output == "json":
             print(render_namespace_json(summed))
         elif summed:

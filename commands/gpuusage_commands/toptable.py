@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from gpuusage.api.models import GpuNodeUsageStatus
+from gpuusage.api.models import GpuNodeUsageStatus, PodAllocation
 from gpuusage.api.summary import format_mib
 from gpuusage.api.times import format_time
 
@@ -206,10 +206,14 @@ class NamespaceRow:
     """GPUs and MIG devices its pods use (a device two of its pods share counts once)."""
     memory_mib: int = 0
     allocated_gpus: int = 0
-    """GPUs its pods were handed: device-plugin counts and the devices DRA claims got, also
-    for pods that leave them idle (a MIG slice counts as one)."""
+    """Whole GPUs its running pods were handed (device-plugin GPUs, the GPUs DRA claims got),
+    in use or not."""
+    allocated_mig_devices: int = 0
+    """MIG slices its running pods were handed (not counted as GPUs)."""
     shares: int = 0
     """Pods running on a fractional scheduler's share (not counted as whole GPUs)."""
+    share_gpus: float = 0.0
+    """The fractions of a GPU those shares add up to, where their annotations say it."""
     idle_pods: int = 0
     """Pods leaving requested GPUs idle, or holding memory without computing."""
     unallocated_pods: int = 0
@@ -223,8 +227,29 @@ def allocated_count(row: PodRow) -> int:
     return (row.requested_gpus if counted_by_plugin(row) else 0) + (claim_devices(row) or 0)
 
 
-def namespace_rows(rows: Iterable[PodRow]) -> list[NamespaceRow]:
-    """The pod rows summed per namespace."""
+def allocations_by_node(reports: Iterable[Mapping[str, Any]]) -> dict[str, list[PodAllocation]]:
+    """What each node's running pods were handed (status.allocations), for the reports whose
+    operator lists it; an earlier operator's reports are left out (counted from their pods)."""
+    found: dict[str, list[PodAllocation]] = {}
+    for report in reports:
+        raw = report.get("status")
+        if not isinstance(raw, dict) or "allocations" not in raw:
+            continue
+        try:
+            status = GpuNodeUsageStatus.model_validate(raw)
+        except ValidationError:
+            continue  # pod_rows warns about it
+        found[str((report.get("metadata") or {}).get("name", "?"))] = status.allocations
+    return found
+
+
+def namespace_rows(
+    rows: Iterable[PodRow], handed: Mapping[str, list[PodAllocation]] | None = None
+) -> list[NamespaceRow]:
+    """The pod rows summed per namespace; what was handed comes from `handed` (by node) where
+    a node's report lists it, else from the rows (which know only pods that use GPUs or were
+    judged idle)."""
+    handed = handed or {}
     found: dict[str, NamespaceRow] = {}
     devices: dict[str, set[tuple[str, str]]] = {}
     for r in rows:
@@ -233,14 +258,34 @@ def namespace_rows(rows: Iterable[PodRow]) -> list[NamespaceRow]:
             ns.pods += 1
         devices.setdefault(r.namespace, set()).update((r.node, d) for d in r.devices)
         ns.memory_mib += r.memory_mib
-        ns.allocated_gpus += allocated_count(r)
-        ns.shares += "Fractional" in r.allocated_by
+        if r.node not in handed:
+            ns.allocated_gpus += allocated_count(r)
+            ns.shares += "Fractional" in r.allocated_by
         ns.idle_pods += bool(r.idle_since or r.held_idle_since)
         ns.unallocated_pods += r.unrequested or r.unallocated
         ns.stale = ns.stale or r.stale
+    for entries in handed.values():
+        for a in entries:
+            ns = found.setdefault(a.namespace, NamespaceRow(a.namespace))
+            ns.allocated_gpus += a.gpus
+            ns.allocated_mig_devices += a.mig_devices
+            if a.gpu_share is not None or a.gpu_memory_share_mib is not None:
+                ns.shares += 1
+                ns.share_gpus += a.gpu_share or 0.0
     for name, used in devices.items():
         found[name].devices = len(used)
     return sorted(found.values(), key=lambda n: (-n.memory_mib, n.namespace))
+
+
+def namespace_allocation_text(row: NamespaceRow) -> str:
+    """ "2", "2 + 1 MIG", "0 + 1 share (0.5 GPU)": whole GPUs, then what is not one."""
+    parts = [str(row.allocated_gpus)]
+    if row.allocated_mig_devices:
+        parts.append(f"{row.allocated_mig_devices} MIG")
+    if row.shares:
+        share = f"{row.shares} share{'s' if row.shares != 1 else ''}"
+        parts.append(share + (f" ({row.share_gpus:g} GPU)" if row.share_gpus else ""))
+    return " + ".join(parts)
 
 
 def render_namespace_table(rows: list[NamespaceRow]) -> str:
@@ -248,16 +293,13 @@ def render_namespace_table(rows: list[NamespaceRow]) -> str:
     header = ["NAMESPACE", "PODS", "GPUS", "ALLOCATED", "MEMORY", "IDLE", "UNALLOCATED"]
     lines = [header]
     for r in rows:
-        allocated = str(r.allocated_gpus) + (
-            f" + {r.shares} share{'s' if r.shares != 1 else ''}" if r.shares else ""
-        )
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
         lines.append(
             [
                 r.namespace,
                 str(r.pods),
                 str(r.devices),
-                allocated,
+                namespace_allocation_text(r),
                 memory,
                 str(r.idle_pods),
                 str(r.unallocated_pods),

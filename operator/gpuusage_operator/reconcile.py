@@ -33,6 +33,7 @@ from gpuusage.kube.mergepatch import merge_diff
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
     AllocationRules,
+    KubeletView,
     allocation_of,
     judgements,
 )
@@ -229,9 +230,10 @@ class Reconciler:
                 uid: replace(j, held_idle_since=held[uid]) if uid in held else j
                 for uid, j in judged.items()
             }
+        kubelet = KubeletView.of(spec)
         allocations = pod_allocations(
             lookup.requesting_on_node(spec.node_name),
-            lambda pod: allocation_of(pod.claimed, dra, self.rules),
+            lambda pod: allocation_of(pod.claimed, dra, self.rules, kubelet),
         )
         status = desired_status(
             spec,

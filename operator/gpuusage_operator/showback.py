@@ -11,8 +11,9 @@ share are counted apart:
 * a share: the fraction of one GPU and the GPU memory a fractional scheduler's annotations
   give, where they say it in numbers.
 
-The devices the kubelet lists for a device-plugin request are the same GPUs its count says,
-so only claim devices are added to the counts.
+The devices the kubelet lists for a device-plugin request are the devices its count stands
+for: they are not added to it, but they tell which of them are MIG slices (a device plugin
+in NVIDIA's "single" MIG strategy hands slices out as `nvidia.com/gpu`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from gpuusage_operator.podindex import PodSnapshot
 def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | None:
     """What the pod was handed; None when nothing (in numbers)."""
     claimed = [d for d in allocation.devices if d.from_claim]
-    gpus = max(0, pod.gpu_requests - pod.mig_requests) + sum(not d.is_mig for d in claimed)
-    mig = pod.mig_requests + sum(d.is_mig for d in claimed)
+    listed = [d for d in allocation.devices if not d.from_claim]
+    # The kubelet's devices show MIG slices a device plugin hands out as nvidia.com/gpu (its
+    # "single" MIG strategy); without them the resource names say which are slices.
+    plugin_mig = sum(d.is_mig for d in listed) if listed else pod.mig_requests
+    gpus = max(0, pod.gpu_requests - plugin_mig) + sum(not d.is_mig for d in claimed)
+    mig = plugin_mig + sum(d.is_mig for d in claimed)
     share = share_of(pod.fraction)
     if not (gpus or mig or share.gpu or share.memory_mib):
         return None
