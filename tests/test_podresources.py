@@ -122,7 +122,8 @@ def one_connection(path: Path, serve: Callable[[socket.socket], None]) -> Iterat
 
     def accept() -> None:
         conn, _ = server.accept()
-        with conn:
+        # the client may close as soon as it has its answer
+        with conn, contextlib.suppress(BrokenPipeError, ConnectionResetError):
             serve(conn)
 
     threading.Thread(target=accept, daemon=True).start()
@@ -151,6 +152,36 @@ def test_a_reset_before_the_deadline_is_no_timeout(tmp_path: Path) -> None:
         pytest.raises(CallError, match=r"reset the stream \(HTTP/2 error 8\)"),
     ):
         list_pods(tmp_path / "resets.sock", 30)
+
+
+def test_a_deadline_the_server_reports_is_a_timeout(tmp_path: Path) -> None:
+    """A gRPC server may also answer DEADLINE_EXCEEDED (trailers only) when the grpc-timeout
+    passes, just before the client's own timeout: the same "no answer" either way."""
+
+    def deadline(conn: socket.socket) -> None:
+        h2 = H2Connection(H2Configuration(client_side=False))
+        h2.initiate_connection()
+        conn.sendall(h2.data_to_send())
+        while data := conn.recv(65536):
+            for event in h2.receive_data(data):
+                if isinstance(event, RequestReceived):
+                    h2.send_headers(
+                        event.stream_id,
+                        [
+                            (":status", "200"),
+                            ("content-type", "application/grpc"),
+                            ("grpc-status", "4"),
+                            ("grpc-message", "context deadline exceeded"),
+                        ],
+                        end_stream=True,
+                    )
+            conn.sendall(h2.data_to_send())
+
+    with (
+        one_connection(tmp_path / "deadline.sock", deadline),
+        pytest.raises(CallError, match=r"no answer within 30s \(DeadlineExceeded: context"),
+    ):
+        list_pods(tmp_path / "deadline.sock", 30)
 
 
 def test_a_server_that_is_not_grpc_is_said_so(tmp_path: Path) -> None:

@@ -54,6 +54,10 @@ class CallError(GpuusageError):
     """The call did not produce an answer; the message says where it failed."""
 
 
+class DeadlineExceeded(CallError):
+    """The server says the call's deadline (the grpc-timeout we sent) passed."""
+
+
 class Reset(CallError):
     """The server reset the stream (RST_STREAM) with this HTTP/2 error code."""
 
@@ -108,7 +112,8 @@ def _status(call: _Call) -> None:
     if code != "0":
         name = STATUS_NAMES.get(int(code) if code.isdigit() else -1, f"status {code}")
         message = urllib.parse.unquote(said.get("grpc-message", ""))
-        raise CallError(f"{name}: {message}" if message else name)
+        error = DeadlineExceeded if code == "4" else CallError
+        raise error(f"{name}: {message}" if message else name)
 
 
 def _message(body: bytes) -> bytes:
@@ -184,5 +189,8 @@ def unary(path: Path, method: str, request: bytes, timeout: float) -> bytes:
         conn.close_connection()
         with contextlib.suppress(OSError):  # the answer is complete; a server gone loses nothing
             sock.sendall(conn.data_to_send())
-    _status(call)
+    try:
+        _status(call)
+    except DeadlineExceeded as exc:  # the server's clock reached our deadline before ours did
+        raise CallError(f"no answer within {timeout:g}s ({exc})") from exc
     return _message(bytes(call.body))
