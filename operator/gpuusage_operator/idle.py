@@ -48,7 +48,7 @@ class Idle:
             name=self.pod.name,
             uid=self.pod.uid,
             requested_gpus=self.pod.gpu_requests
-            + len([d for d in self.allocation.devices if d.via.startswith("claim ")]),
+            + sum(d.from_claim for d in self.allocation.devices),
             idle_since=self.since,
         )
 

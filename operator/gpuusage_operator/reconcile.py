@@ -201,9 +201,10 @@ class Reconciler:
         renewal = self.renewals(name)
         fresh = not is_stale(alive_at(sighting, renewal), now, self.stale_after)
         blind = blind_spots(spec, resolutions)
+        candidates = lookup.requesting_on_node(spec.node_name)
         idle = (
             idle_pods(
-                lookup.requesting_on_node(spec.node_name),
+                candidates,
                 uses,
                 now,
                 self.idle_after,
@@ -218,9 +219,7 @@ class Reconciler:
             wake += [
                 d
                 for d in (
-                    next_idle_deadline(
-                        lookup.requesting_on_node(spec.node_name), in_use, now, self.idle_after
-                    ),
+                    next_idle_deadline(candidates, in_use, now, self.idle_after),
                     next_held_deadline(uses.values(), sighting.seen_at, now, self.idle_after),
                 )
                 if d is not None
@@ -232,8 +231,7 @@ class Reconciler:
             }
         kubelet = KubeletView.of(spec)
         allocations = pod_allocations(
-            lookup.requesting_on_node(spec.node_name),
-            lambda pod: allocation_of(pod.claimed, dra, self.rules, kubelet),
+            candidates, lambda pod: allocation_of(pod.claimed, dra, self.rules, kubelet)
         )
         status = desired_status(
             spec,
@@ -254,11 +252,12 @@ class Reconciler:
         marked = lookup.on_node_with_our_marks(spec.node_name)
         for verdict in verdicts(uses, marked, idle, stale=stale, blind=blind, judged=judged):
             self._pod(verdict, spec.node_name, now)
-        wanted = status.to_patch()
-        known = None if previous is None else previous.to_patch()
-        if known != wanted:
-            response = self._write_status(name, body["metadata"], known, wanted)
-            written = _echo_version(response, body["metadata"].get("generation"))
+        if previous is None or previous != status:  # the bodies are built only to be compared
+            wanted = status.to_patch()
+            known = None if previous is None else previous.to_patch()
+            if known != wanted:
+                response = self._write_status(name, body["metadata"], known, wanted)
+                written = _echo_version(response, body["metadata"].get("generation"))
         self._listing[name] = (
             frozenset(uses)
             | frozenset(i.pod.uid for i in idle)
