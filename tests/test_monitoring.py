@@ -230,16 +230,11 @@ def _gpu(
     }
 
 
-def _showback_test(
-    phases: list[tuple[Mapping[Sample, float], int]],
-    expected: Mapping[tuple[str, str], float | None],
-) -> dict[str, Any]:
-    """A promtool unit test of the recording rules: each scrape for its minutes (one sample a
-    minute; a series that ends gets a staleness marker, as Prometheus writes one), the
-    expected values per (rule, namespace) at the end (None: no series)."""
-    keys = sorted({k for samples, _ in phases for k in samples})
+def _input_series(phases: list[tuple[Mapping[Sample, float], int]]) -> list[dict[str, str]]:
+    """promtool's input series: each scrape for its minutes, one sample a minute; a series
+    that ends gets a staleness marker, as Prometheus writes one, and `_` while it is absent."""
     series = []
-    for key in keys:
+    for key in sorted({k for samples, _ in phases for k in samples}):
         values: list[str] = []
         for samples, minutes in phases:
             value = samples.get(key)
@@ -249,6 +244,15 @@ def _showback_test(
                 ended = bool(values) and values[-1] not in ("_", "stale")
                 values += (["stale"] if ended else []) + ["_"] * (minutes - ended)
         series.append({"series": _series_text(*key), "values": " ".join(values)})
+    return series
+
+
+def _showback_test(
+    phases: list[tuple[Mapping[Sample, float], int]],
+    expected: Mapping[tuple[str, str], float | None],
+) -> dict[str, Any]:
+    """A promtool unit test of the recording rules on these phases (see _input_series), the
+    expected values per (rule, namespace) at their end (None: no series)."""
     end = sum(minutes for _, minutes in phases) - 1
     tests = [
         {
@@ -263,7 +267,9 @@ def _showback_test(
     return {
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+        "tests": [
+            {"interval": "1m", "input_series": _input_series(phases), "promql_expr_test": tests}
+        ],
     }
 
 
@@ -285,7 +291,6 @@ def _panel_rules(values: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
 
 def _panel_test(panels: Path, phases: list[tuple[Mapping[Sample, float], int]]) -> dict[str, Any]:
     """promtool: at the end of the phases, no panel's NoData alert fires (the control does)."""
-    showback = _showback_test(phases, {})
     names = [r["alert"] for r in yaml.safe_load(panels.read_text())["groups"][0]["rules"]]
     end = sum(minutes for _, minutes in phases) - 1
     checks = [
@@ -302,7 +307,7 @@ def _panel_test(panels: Path, phases: list[tuple[Mapping[Sample, float], int]]) 
         "tests": [
             {
                 "interval": "1m",
-                "input_series": showback["tests"][0]["input_series"],
+                "input_series": _input_series(phases),
                 "alert_rule_test": checks,
             }
         ],
@@ -327,16 +332,9 @@ def _promtool_test(
     expected: Mapping[str, list[dict[str, str]]],
 ) -> dict[str, Any]:
     """A promtool unit test: the healthy scrape for 20 minutes, the troubled one for 60, the
-    healthy one again for 20 (one sample a minute; `_` where a series is absent); alerts are
-    checked before, during and after the trouble."""
-    phases = [(healthy, 20), (trouble, 60), (healthy, 20)]
-    series = []
-    for key in sorted(set(healthy) | set(trouble)):
-        values = []
-        for samples, minutes in phases:
-            value = samples.get(key)
-            values += [("_" if value is None else repr(value))] * minutes
-        series.append({"series": _series_text(*key), "values": " ".join(values)})
+    healthy one again for 20 (see _input_series); alerts are checked before, during and after
+    the trouble."""
+    series = _input_series([(healthy, 20), (trouble, 60), (healthy, 20)])
     rules = {
         r["alert"]: r for g in rule_groups(RULES.read_text()) for r in g["rules"] if "alert" in r
     }

@@ -133,22 +133,31 @@ def one_connection(path: Path, serve: Callable[[socket.socket], None]) -> Iterat
         server.close()
 
 
-def test_a_reset_before_the_deadline_is_no_timeout(tmp_path: Path) -> None:
-    """The fake kubelet cancels a call whose grpc-timeout passed (RST_STREAM CANCEL), which the
-    client calls a timeout; a server that resets the stream at once is said to have done so."""
+def answering(respond: Callable[[H2Connection, int], None]) -> Callable[[socket.socket], None]:
+    """An HTTP/2 server for one connection that answers each request with `respond`."""
 
-    def reset(conn: socket.socket) -> None:
+    def serve(conn: socket.socket) -> None:
         h2 = H2Connection(H2Configuration(client_side=False))
         h2.initiate_connection()
         conn.sendall(h2.data_to_send())
         while data := conn.recv(65536):
             for event in h2.receive_data(data):
                 if isinstance(event, RequestReceived):
-                    h2.reset_stream(event.stream_id, ErrorCodes.CANCEL)
+                    respond(h2, event.stream_id)
             conn.sendall(h2.data_to_send())
 
+    return serve
+
+
+def test_a_reset_before_the_deadline_is_no_timeout(tmp_path: Path) -> None:
+    """The fake kubelet cancels a call whose grpc-timeout passed (RST_STREAM CANCEL), which the
+    client calls a timeout; a server that resets the stream at once is said to have done so."""
+
+    def reset(h2: H2Connection, stream: int) -> None:
+        h2.reset_stream(stream, ErrorCodes.CANCEL)
+
     with (
-        one_connection(tmp_path / "resets.sock", reset),
+        one_connection(tmp_path / "resets.sock", answering(reset)),
         pytest.raises(CallError, match=r"reset the stream \(HTTP/2 error 8\)"),
     ):
         list_pods(tmp_path / "resets.sock", 30)
@@ -158,27 +167,20 @@ def test_a_deadline_the_server_reports_is_a_timeout(tmp_path: Path) -> None:
     """A gRPC server may also answer DEADLINE_EXCEEDED (trailers only) when the grpc-timeout
     passes, just before the client's own timeout: the same "no answer" either way."""
 
-    def deadline(conn: socket.socket) -> None:
-        h2 = H2Connection(H2Configuration(client_side=False))
-        h2.initiate_connection()
-        conn.sendall(h2.data_to_send())
-        while data := conn.recv(65536):
-            for event in h2.receive_data(data):
-                if isinstance(event, RequestReceived):
-                    h2.send_headers(
-                        event.stream_id,
-                        [
-                            (":status", "200"),
-                            ("content-type", "application/grpc"),
-                            ("grpc-status", "4"),
-                            ("grpc-message", "context deadline exceeded"),
-                        ],
-                        end_stream=True,
-                    )
-            conn.sendall(h2.data_to_send())
+    def deadline(h2: H2Connection, stream: int) -> None:
+        h2.send_headers(
+            stream,
+            [
+                (":status", "200"),
+                ("content-type", "application/grpc"),
+                ("grpc-status", "4"),
+                ("grpc-message", "context deadline exceeded"),
+            ],
+            end_stream=True,
+        )
 
     with (
-        one_connection(tmp_path / "deadline.sock", deadline),
+        one_connection(tmp_path / "deadline.sock", answering(deadline)),
         pytest.raises(CallError, match=r"no answer within 30s \(DeadlineExceeded: context"),
     ):
         list_pods(tmp_path / "deadline.sock", 30)
