@@ -207,7 +207,7 @@ class OptionalWatch:
 
     def probe(self) -> bool:
         try:
-            self._probe().release_conn()
+            raw.body(self._probe())  # read to its end: see raw.body
         except Exception as exc:
             error = translate(exc)
             if isinstance(error, NotFound | Forbidden):

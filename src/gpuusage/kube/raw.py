@@ -9,7 +9,7 @@ connection goes back to the pool; `written_metadata` reads what a write answered
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 
@@ -18,7 +18,10 @@ def _urllib3(response: Any) -> Any:
 
 
 def body(response: Any) -> bytes:
-    """The whole body; the connection goes back to the pool."""
+    """The whole body; the connection goes back to the pool. Every response read this way
+    is read to its end first: a connection put back with part of a body still to arrive
+    passes urllib3's check for a dropped connection, and the next request on it reads that
+    part as its status line."""
     raw = _urllib3(response)
     try:
         return bytes(raw.data)
@@ -47,11 +50,14 @@ def shutdown(response: Any) -> None:
         return
 
 
-def json_lines(response: Any, chunk: int = 65536) -> Iterator[dict[str, Any]]:
-    """One JSON document per line, as a watch streams them; the connection goes back to the
-    pool when the stream ends or the reader stops."""
+def json_lines(response: Any, chunk: int = 65536) -> Generator[dict[str, Any], None, None]:
+    """One JSON document per line, as a watch streams them. When the stream ends the
+    connection goes back to the pool; when the reader stops first (an ERROR event, a stop, a
+    bad line) it is closed: the rest of the stream, arriving later, would otherwise be read as
+    the answer to the next request sent on it."""
     raw = _urllib3(response)
     buffer = b""
+    ended = False
     try:
         for data in raw.stream(chunk, decode_content=True):
             buffer += data
@@ -59,5 +65,8 @@ def json_lines(response: Any, chunk: int = 65536) -> Iterator[dict[str, Any]]:
             for line in lines:
                 if line.strip():
                     yield json.loads(line)
+        ended = True
     finally:
+        if not ended:
+            raw.close()
         raw.release_conn()
