@@ -56,6 +56,7 @@ class FakeRaw:
     def __init__(self, body: bytes) -> None:
         self.data = body
         self.released = False
+        self.closed = False
 
     def stream(self, size: int, decode_content: bool = True) -> Any:
         for start in range(0, len(self.data), 7):  # lines split across chunks
@@ -64,15 +65,21 @@ class FakeRaw:
     def release_conn(self) -> None:
         self.released = True
 
+    def close(self) -> None:
+        self.closed = True
+
 
 class FakeCore:
     def __init__(self, pages: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
         self.pages, self.events, self.calls = pages, events, []  # type: ignore[var-annotated]
+        self.watches: list[FakeRaw] = []
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> FakeRaw:
         self.calls.append(kwargs)
         if kwargs.get("watch"):
-            return FakeRaw(b"".join(json.dumps(e).encode() + b"\n" for e in self.events))
+            lines = b"".join(json.dumps(e).encode() + b"\n" for e in self.events)
+            self.watches.append(FakeRaw(lines))
+            return self.watches[-1]
         return FakeRaw(json.dumps(self.pages.pop(0)).encode())
 
 
@@ -146,6 +153,9 @@ def test_watch_error_means_list_again_and_the_new_list_replaces_the_index() -> N
     assert watch.state is not original, "swapped in one assignment"
     assert watch.lookup().by_uid(UID_1) is None, "a pod deleted while expired is dropped"
     assert watch.lookup().by_uid(UID_2) is not None
+    left = core.watches[0]
+    assert left.closed, "a stream left at its ERROR event is closed: its rest is not reused"
+    assert left.released
 
 
 class Outage(Exception):

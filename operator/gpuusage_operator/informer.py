@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import closing
 from typing import Any, Generic, Protocol, TypeVar
 
 from gpuusage.kube import raw
@@ -160,19 +161,21 @@ class Informer(Generic[S]):
         self.watching.set()
         if self.stopped.is_set():  # stop() came between the check and the request
             raw.shutdown(response)
-        for event in raw.json_lines(response):
-            kind, obj = event.get("type"), event.get("object") or {}
-            if kind == "ERROR":
-                raise WatchExpired(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
-            version = (obj.get("metadata") or {}).get("resourceVersion") or version
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                with self.writing:
-                    self.state.apply(str(kind), obj)
-                uid = (obj.get("metadata") or {}).get("uid")
-                if kind == "DELETED" and uid:
-                    self._on_deleted({str(uid)})
-            if self.stopped.is_set():
-                break
+        with closing(raw.json_lines(response)) as events:  # closed now, however it is left
+            for event in events:
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    code, reason, message = obj.get("code"), obj.get("reason"), obj.get("message")
+                    raise WatchExpired(f"{code} {reason}: {message}")
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    with self.writing:
+                        self.state.apply(str(kind), obj)
+                    uid = (obj.get("metadata") or {}).get("uid")
+                    if kind == "DELETED" and uid:
+                        self._on_deleted({str(uid)})
+                if self.stopped.is_set():
+                    break
         self.watching.clear()
         return version
 
