@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint binaries crd monitoring clean
+.PHONY: demo test lint binaries crd monitoring chart clean
 
 $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -14,10 +14,10 @@ $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.t
 	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
-# The control-plane binaries and the monitoring tools (kube-state-metrics, promtool), built
-# from Go modules once and cached outside the repository.
+# The control-plane binaries and the tools the tests run (kube-state-metrics, promtool, helm),
+# built from Go modules once and cached outside the repository.
 binaries: $(VENV)/.installed
-	$(VENV)/bin/gpuusage local-cluster build --monitoring
+	$(VENV)/bin/gpuusage local-cluster build --tools
 
 ## The main job: the product on a local control plane, no GPU or cluster needed.
 demo: binaries
@@ -35,11 +35,19 @@ lint: $(VENV)/.installed
 crd: $(VENV)/.installed
 	$(VENV)/bin/gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml
 	$(VENV)/bin/gpuusage crd --peering --output crds/kopf.dev_clusterkopfpeerings.yaml
+	$(PY) -m gpuusage_dev.chart
 
-# The PrometheusRule, rendered from the plain rules file, and the Grafana dashboards.
+# The PrometheusRule, rendered from the plain rules file, the Grafana dashboards, and the
+# kube-state-metrics config's checksum on its Deployment.
 monitoring: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.rules manifests/monitoring/gpuusage.rules.yaml > manifests/monitoring/prometheusrule.yaml
 	$(PY) -m gpuusage_dev.dashboards manifests/monitoring/dashboards
+	$(PY) -m gpuusage_dev.configstamp manifests/monitoring
+	$(PY) -m gpuusage_dev.chart
+
+# The Helm chart's copies of the CRDs and of the monitoring files (Helm reads only its folder).
+chart: $(VENV)/.installed
+	$(PY) -m gpuusage_dev.chart
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -75,6 +75,36 @@ class Kubectl:
         return proc.stdout + proc.stderr if not check else proc.stdout
 
 
+class Helm:
+    """helm, built at its pinned version, with its own config and cache folders (a developer's
+    repositories and plugins stay out of the tests), pointed at the test cluster when given."""
+
+    def __init__(self, binary: Path, home: Path, kubeconfig: Path | None = None) -> None:
+        self.base = [str(binary)] + ([f"--kubeconfig={kubeconfig}"] if kubeconfig else [])
+        self.env = {
+            **os.environ,
+            **{
+                f"HELM_{kind}_HOME": str(home / kind.lower())
+                for kind in ("CACHE", "CONFIG", "DATA")
+            },
+        }
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [*self.base, *args], capture_output=True, text=True, env=self.env, check=False
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
+        return proc
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> Path:
+    from gpuusage_dev.localcluster.tools import HELM, ensure_tool  # noqa: PLC0415
+
+    return ensure_tool(HELM)
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path_factory.mktemp("cluster"), tie_to_parent=True)

@@ -1,9 +1,10 @@
 """The install, proven on the real apiserver under the components' own identities.
 
-`kubectl apply -k manifests/` installs everything; tokens are minted for the agent's and the
-operator's ServiceAccounts by TokenRequest, bound to pods on given nodes (as kubelet's projected
-tokens are), and the agent and the operator run with them. Then every promise of the RBAC and
-of the admission policy is checked by trying to break it.
+Both install paths, one after the other: `kubectl apply -k manifests/` into gpuusage-system,
+and `helm install` of charts/gpuusage into another namespace. Tokens are minted for the agent's
+and the operator's ServiceAccounts by TokenRequest, bound to pods on given nodes (as kubelet's
+projected tokens are), and the agent and the operator run with them. Then every promise of the
+RBAC and of the admission policy is checked by trying to break it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
-from tests.conftest import Kubectl, token_kubeconfig, wait_for
+from tests.conftest import Helm, Kubectl, token_kubeconfig, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.worldview import renewed_at
 
@@ -41,11 +43,19 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "gpuusage-system"
+HELM_NS, HELM_RELEASE = "gpuusage-helm", "gpuusage-rights"
 AGENT_SA, OPERATOR_SA = "gpuusage-agent", "gpuusage-operator"
 
 
+@dataclass(frozen=True)
+class Install:
+    cluster: LocalCluster
+    namespace: str
+    """Where the agent, the operator and the agents' Leases are."""
+
+
 @pytest.fixture(scope="module")
-def installed(cluster: LocalCluster) -> LocalCluster:
+def kustomized(cluster: LocalCluster) -> LocalCluster:
     kubectl = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
     out = kubectl.run("apply", "-k", str(REPO / "manifests"))
     assert "daemonset.apps/gpuusage-agent" in out
@@ -53,7 +63,30 @@ def installed(cluster: LocalCluster) -> LocalCluster:
     return cluster
 
 
-def _identity_pod(core: client.CoreV1Api, sa: str, node: str) -> client.V1Pod:
+@pytest.fixture(scope="module", params=["kustomize", "helm"])
+def installed(
+    request: pytest.FixtureRequest,
+    cluster: LocalCluster,
+    helm_binary: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Install]:
+    if request.param == "kustomize":
+        yield Install(request.getfixturevalue("kustomized"), NS)
+        return
+    helm = Helm(helm_binary, tmp_path_factory.mktemp("helm"), cluster.kubeconfig)
+    # The cluster-scoped objects (ClusterRoles, the admission policy) have fixed names, and the
+    # kustomize install made them: the release takes them over as when a cluster moves from
+    # `kubectl apply` to Helm (README), forcing the fields kubectl applied.
+    args = ("-n", HELM_NS, "--create-namespace", "--take-ownership", "--force-conflicts")
+    out = helm.run("install", HELM_RELEASE, str(REPO / "charts" / "gpuusage"), *args).stdout
+    assert "STATUS: deployed" in out
+    try:
+        yield Install(cluster, HELM_NS)
+    finally:
+        helm.run("uninstall", HELM_RELEASE, "-n", HELM_NS, check=False)
+
+
+def _identity_pod(core: client.CoreV1Api, ns: str, sa: str, node: str) -> client.V1Pod:
     """A pod of the ServiceAccount on the node: what a projected token is bound to."""
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(name=f"{sa}-{uuid.uuid4().hex[:5]}"),
@@ -64,7 +97,7 @@ def _identity_pod(core: client.CoreV1Api, sa: str, node: str) -> client.V1Pod:
             containers=[client.V1Container(name="main", image="registry.example/gpuusage:1")],
         ),
     )
-    created: client.V1Pod = core.create_namespaced_pod(NS, pod)
+    created: client.V1Pod = core.create_namespaced_pod(ns, pod)
     return created
 
 
@@ -93,10 +126,8 @@ def _report(node: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def world(
-    installed: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    cluster = installed
+def world(installed: Install, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    cluster, home = installed.cluster, installed.namespace
     tmp = tmp_path_factory.mktemp("install")
     admin, _ = api_client(cluster.kubeconfig)
     core = client.CoreV1Api(admin)
@@ -117,16 +148,16 @@ def world(
         "processes": [{"pid": 4242, "usedMemoryMiB": 20480}],
     }
     scenario.write_text(yaml.safe_dump({"gpus": [gpu]}))
-    agent_pod = _identity_pod(core, AGENT_SA, node_a)
-    operator_pod = _identity_pod(core, OPERATOR_SA, node_b)
+    agent_pod = _identity_pod(core, home, AGENT_SA, node_a)
+    operator_pod = _identity_pod(core, home, OPERATOR_SA, node_b)
     agent_kc = token_kubeconfig(
-        cluster, core, NS, AGENT_SA, agent_pod, path=tmp / "agent.kubeconfig"
+        cluster, core, home, AGENT_SA, agent_pod, path=tmp / "agent.kubeconfig"
     )
     operator_kc = token_kubeconfig(
-        cluster, core, NS, OPERATOR_SA, operator_pod, path=tmp / "operator.kubeconfig"
+        cluster, core, home, OPERATOR_SA, operator_pod, path=tmp / "operator.kubeconfig"
     )
     unbound_kc = token_kubeconfig(
-        cluster, core, NS, AGENT_SA, None, path=tmp / "unbound.kubeconfig"
+        cluster, core, home, AGENT_SA, None, path=tmp / "unbound.kubeconfig"
     )
     agent_settings = AgentSettings(
         node_name=node_a,
@@ -136,13 +167,13 @@ def world(
         proc_root=proc,
         kubeconfig=agent_kc,
         metrics_port=0,
-        lease_namespace=NS,
+        lease_namespace=home,
         lease_duration=10,
         report_refresh=2.0,  # a test rewrites the spec behind the agent's back
     )
     ready = threading.Event()
     operator_settings = OperatorSettings(
-        kubeconfig=operator_kc, resync=0.5, peering=f"install-{suffix}", lease_namespace=NS
+        kubeconfig=operator_kc, resync=0.5, peering=f"install-{suffix}", lease_namespace=home
     )
     agent = Background(lambda stop: run_agent(agent_settings, stop))
     operator = Background(lambda stop: run_operator(operator_settings, stop, ready))
@@ -161,6 +192,7 @@ def world(
             **apis,
             "cluster": cluster,
             "tmp": tmp,
+            "home": home,
         }
     finally:
         agent.halt()
@@ -241,7 +273,7 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
     core = client.CoreV1Api(world["agent"])
     patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: "forged"}}}
     _denied(lambda: core.patch_namespaced_pod("train", world["ns"], patch), "cannot patch")
-    _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
+    _denied(lambda: core.list_namespaced_secret(world["home"]), "cannot list")
     _denied(lambda: core.read_node(a), 'cannot get resource \\"nodes\\"')
     unbound = client.CustomObjectsApi(world["unbound"])
     _denied(
@@ -287,9 +319,9 @@ def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, A
     kubeconfig = token_kubeconfig(
         world["cluster"],
         core,
-        NS,
+        world["home"],
         AGENT_SA,
-        _identity_pod(core, AGENT_SA, b),
+        _identity_pod(core, world["home"], AGENT_SA, b),
         path=world["tmp"] / "agent-b.kubeconfig",
     )
     agent_b, _ = api_client(kubeconfig)
@@ -334,7 +366,7 @@ def test_operator_token_cannot_write_spec_or_delete(world: dict[str, Any]) -> No
     )
     core = client.CoreV1Api(world["operator"])
     _denied(lambda: core.delete_namespaced_pod("train", world["ns"]), "cannot delete")
-    _denied(lambda: core.list_namespaced_secret(NS), "cannot list")
+    _denied(lambda: core.list_namespaced_secret(world["home"]), "cannot list")
     _denied(
         lambda: core.create_namespaced_pod(
             world["ns"],
@@ -351,7 +383,7 @@ def test_operator_token_cannot_write_spec_or_delete(world: dict[str, Any]) -> No
     "overlay", ["manifests", "manifests/overlays/host-proc", "manifests/overlays/namespace"]
 )
 def test_every_manifest_validates_server_side(
-    installed: LocalCluster, kubectl: Kubectl, api: client.ApiClient, overlay: str
+    kustomized: LocalCluster, kubectl: Kubectl, api: client.ApiClient, overlay: str
 ) -> None:
     if overlay.endswith("namespace"):
         try:
@@ -402,7 +434,7 @@ def test_every_install_gives_the_agent_the_kubelets_socket_read_only(
     assert base["securityContext"]["runAsUser"] == 65532
 
 
-def _lease(name: str, namespace: str = NS) -> client.V1Lease:
+def _lease(name: str, namespace: str) -> client.V1Lease:
     return client.V1Lease(
         metadata=client.V1ObjectMeta(name=name, namespace=namespace),
         spec=client.V1LeaseSpec(holder_identity="gpuusage-agent/x", lease_duration_seconds=40),
@@ -414,17 +446,18 @@ def test_the_agent_renews_its_own_nodes_lease_and_no_other(world: dict[str, Any]
     node (owned by that Node), and the operator judges the report fresh by it; the same token
     may not write another node's Lease, a Lease in another namespace (the kubelet's own), or
     delete its own."""
+    home = world["home"]
     leases = client.CoordinationV1Api(world["admin"])
-    lease = wait_for(lambda: leases.read_namespaced_lease(world["a"], NS), what="the Lease")
+    lease = wait_for(lambda: leases.read_namespaced_lease(world["a"], home), what="the Lease")
     assert lease.spec.holder_identity.startswith("gpuusage-agent/")
     assert lease.spec.lease_duration_seconds == 10
     owner = lease.metadata.owner_references[0]
     node = world["core"].read_node(world["a"])
     assert (owner.kind, owner.name, owner.uid) == ("Node", world["a"], node.metadata.uid)
-    first = renewed_at(world["admin"], world["a"], NS)
+    first = renewed_at(world["admin"], world["a"], home)
     assert first is not None
     wait_for(
-        lambda: (t := renewed_at(world["admin"], world["a"], NS)) is not None and t > first,
+        lambda: (t := renewed_at(world["admin"], world["a"], home)) is not None and t > first,
         what="a renewal",
     )
     custom = client.CustomObjectsApi(world["admin"])
@@ -441,24 +474,24 @@ def test_the_agent_renews_its_own_nodes_lease_and_no_other(world: dict[str, Any]
 
     agent = client.CoordinationV1Api(world["agent"])
     renewal = {"spec": {"renewTime": "2026-11-24T10:00:00.000000Z"}}
-    leases.create_namespaced_lease(NS, _lease(world["b"]))  # node b's, as its agent made it
+    leases.create_namespaced_lease(home, _lease(world["b"], home))  # node b's, as its agent made it
     _denied(
-        lambda: agent.patch_namespaced_lease(world["b"], NS, renewal),
+        lambda: agent.patch_namespaced_lease(world["b"], home, renewal),
         "may only write the GpuNodeUsage and the Lease named " + world["a"],
     )
     other = world["b"] + "-x"
-    _denied(lambda: agent.create_namespaced_lease(NS, _lease(other)), other)
+    _denied(lambda: agent.create_namespaced_lease(home, _lease(other, home)), other)
     _denied(
         lambda: agent.create_namespaced_lease(
             "kube-node-lease", _lease(world["a"], "kube-node-lease")
         )
     )
-    _denied(lambda: agent.delete_namespaced_lease(world["a"], NS))
-    _denied(lambda: agent.read_namespaced_lease(world["a"], NS))
+    _denied(lambda: agent.delete_namespaced_lease(world["a"], home))
+    _denied(lambda: agent.read_namespaced_lease(world["a"], home))
     unbound = client.CoordinationV1Api(world["unbound"])
     _denied(
-        lambda: unbound.patch_namespaced_lease(world["a"], NS, renewal),
+        lambda: unbound.patch_namespaced_lease(world["a"], home, renewal),
         "token bound to a pod on a node",
     )
     operator = client.CoordinationV1Api(world["operator"])
-    _denied(lambda: operator.patch_namespaced_lease(world["a"], NS, renewal))
+    _denied(lambda: operator.patch_namespaced_lease(world["a"], home, renewal))

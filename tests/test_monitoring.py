@@ -14,7 +14,9 @@ import re
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuusage.api import names
+from gpuusage_dev import configstamp
 from gpuusage_dev.dashboards import DASHBOARDS
 from gpuusage_dev.dashboards import render as render_dashboard
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
@@ -166,9 +170,11 @@ def _value(samples: Mapping[Sample, float], name: str, **labels: str) -> float |
     return matching[0] if matching else None
 
 
-@pytest.fixture
-def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Iterator[int]:
-    """kube-state-metrics with the shipped config, as the shipped ServiceAccount; its port."""
+@contextmanager
+def _state_metrics(
+    cluster: LocalCluster, api: client.ApiClient, tmp_path: Path, config: Path
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """kube-state-metrics with `config`, as the shipped ServiceAccount; its port and process."""
     core = client.CoreV1Api(api)
     try:
         ensure_namespace(core, NS)
@@ -189,7 +195,7 @@ def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) 
             str(ensure_tool(KUBE_STATE_METRICS)),
             f"--kubeconfig={kubeconfig}",
             "--custom-resource-state-only",
-            f"--custom-resource-state-config-file={MONITORING / 'gpunodeusage-metrics.yaml'}",
+            f"--custom-resource-state-config-file={config}",
             "--host=127.0.0.1",
             f"--port={port}",
             "--telemetry-host=127.0.0.1",
@@ -200,13 +206,91 @@ def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) 
     )
     try:
         wait_for(lambda: _serving(port), what="kube-state-metrics to serve")
-        yield port
+        yield port, proc
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
     output = (tmp_path / "ksm.log").read_text()
     assert "forbidden" not in output, f"kube-state-metrics was refused access:\n{output[-3000:]}"
+
+
+@pytest.fixture
+def state_metrics(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path) -> Iterator[int]:
+    """kube-state-metrics with the shipped config; its port."""
+    with _state_metrics(cluster, api, tmp_path, MONITORING / "gpunodeusage-metrics.yaml") as run:
+        yield run[0]
+
+
+def _configmap_volume(folder: Path, name: str, text: str, version: int) -> Path:
+    """Write `name` as the kubelet updates a ConfigMap volume: into a new timestamped folder,
+    then one atomic rename of the `..data` link; `name` links through `..data`."""
+    folder.mkdir(exist_ok=True)
+    data = folder / f"..2026_11_24_{version}"
+    data.mkdir()
+    (data / name).write_text(text)
+    link = folder / "..data_tmp"
+    link.symlink_to(data.name)
+    link.replace(folder / "..data")
+    if not (folder / name).is_symlink():
+        (folder / name).symlink_to(Path("..data") / name)
+    return folder / name
+
+
+def test_the_state_metrics_deployment_carries_its_configs_checksum() -> None:
+    assert configstamp.stamped(MONITORING) == configstamp.checksum(MONITORING), (
+        "run `make monitoring`"
+    )
+
+
+@pytest.mark.cluster
+def test_an_edited_config_reaches_kube_state_metrics(
+    cluster: LocalCluster, api: client.ApiClient, tmp_path: Path
+) -> None:
+    """The config's ConfigMap has a fixed name. Edited in place, the kubelet updates the volume
+    (a new folder, one rename of `..data`); kube-state-metrics notices and exits (it cannot
+    rebind its port to reload in place), and the kubelet starts it on the new config."""
+    shipped = (MONITORING / "gpunodeusage-metrics.yaml").read_text()
+    config = yaml.safe_load(shipped)
+    (metric,) = [
+        m
+        for m in config["spec"]["resources"][0]["metrics"]
+        if m["name"] == "node_observed_timestamp_seconds"
+    ]
+    metric["name"] = "node_observed_before_the_edit"
+    volume, name = tmp_path / "config", "gpunodeusage-metrics.yaml"
+    path = _configmap_volume(volume, name, yaml.safe_dump(config), 1)
+    node = f"ksm-{uuid.uuid4().hex[:5]}"
+    report = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": node},
+        "spec": {
+            "nodeName": node,
+            "observedAt": "2026-11-24T12:00:00Z",
+            "gpus": [],
+            "source": {"kind": "fake", "available": True},
+        },
+    }
+    custom = client.CustomObjectsApi(api)
+    group = (names.GROUP, names.VERSION, names.PLURAL)
+    custom.create_cluster_custom_object(*group, report)
+    observed, before = (
+        "gpuusage_node_observed_timestamp_seconds",
+        "gpuusage_node_observed_before_the_edit",
+    )
+    try:
+        with _state_metrics(cluster, api, tmp_path, path) as (port, proc):
+            wait_for(lambda: _value(_scrape(port), before, node=node), what="the first config")
+            assert _value(_scrape(port), observed, node=node) is None
+            _configmap_volume(volume, name, shipped, 2)
+            assert proc.wait(timeout=30) != 0, "it exits on the change"
+        with _state_metrics(cluster, api, tmp_path, path) as (port, _):
+            assert wait_for(
+                lambda: _value(_scrape(port), observed, node=node), what="the new config in use"
+            ) == pytest.approx(1795521600.0)
+    finally:
+        custom.delete_cluster_custom_object(*group, node)
 
 
 def _gpu(

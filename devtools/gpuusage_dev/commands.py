@@ -32,9 +32,9 @@ class RestartSettings(CommandSettings):
 class BuildSettings(CommandSettings):
     """Versions are pinned in gpuusage_dev.localcluster.binaries and .tools."""
 
-    monitoring: bool = False
-    """Also build kube-state-metrics and promtool and fetch the Prometheus Operator's CRDs (the
-    monitoring tests use them)."""
+    tools: bool = False
+    """Also build kube-state-metrics, promtool and helm and fetch the Prometheus Operator's CRDs
+    (the monitoring and Helm chart tests use them)."""
 
 
 class DemoSettings(CommandSettings):
@@ -90,7 +90,7 @@ def run_build(settings: BuildSettings) -> int:
     for path in (found.kube_apiserver, found.etcd, found.kubectl):
         print(path)
     print(ensure_fake_kubelet())  # the demo's and the tests' kubelet PodResources socket
-    if settings.monitoring:
+    if settings.tools:
         for tool in TOOLS:
             print(ensure_tool(tool))
         for crd in monitoring_crds():

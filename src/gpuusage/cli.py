@@ -88,8 +88,8 @@ COMMANDS = (
     ),
     Command(
         ("local-cluster", "build"),
-        "build (or find) kube-apiserver, etcd and kubectl (and with --monitoring "
-        "kube-state-metrics and promtool); print their paths",
+        "build (or find) kube-apiserver, etcd and kubectl (and with --tools "
+        "kube-state-metrics, promtool and helm); print their paths",
         f"{DEV}:BuildSettings",
         f"{DEV}:run_build",
     ),

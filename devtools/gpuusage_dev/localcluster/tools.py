@@ -1,9 +1,11 @@
-"""kube-state-metrics and promtool at pinned versions, built from Go modules like the apiserver.
+"""kube-state-metrics, promtool and helm at pinned versions, built from Go modules like the
+apiserver.
 
-The monitoring configuration ships as data (a CustomResourceStateMetrics config, alert rules);
-the only proof that it works is running the real programs on it. Both are built once into the
-same cache as the control plane, keyed by version, under the same lock. A prebuilt binary can
-be named instead with $GPUUSAGE_KUBE_STATE_METRICS or $GPUUSAGE_PROMTOOL.
+The monitoring configuration and the Helm chart ship as data (a CustomResourceStateMetrics
+config, alert rules, templates); the only proof that they work is running the real programs on
+them. Each is built once into the same cache as the control plane, keyed by version, under the
+same lock. A prebuilt binary can be named instead with $GPUUSAGE_KUBE_STATE_METRICS,
+$GPUUSAGE_PROMTOOL or $GPUUSAGE_HELM.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ class Tool:
     version: str
     package: str
     shown_version: str
-    """What `--version` prints (both read it from prometheus/common/version)."""
+    """What the binary says its version is."""
     env: str
     """Environment variable naming a prebuilt binary to use instead."""
+    version_variable: str = f"{VERSION_PACKAGE}.Version"
+    """The Go variable the release build sets to `shown_version` (a module build leaves it at
+    its development default)."""
 
     @property
     def folder(self) -> str:
@@ -66,7 +71,17 @@ PROMTOOL = Tool(
     shown_version="3.5.0",
     env="GPUUSAGE_PROMTOOL",
 )
-TOOLS = (KUBE_STATE_METRICS, PROMTOOL)
+HELM = Tool(
+    name="helm",
+    module="helm.sh/helm/v4",
+    version="v4.3.1",
+    package="helm.sh/helm/v4/cmd/helm",
+    shown_version="v4.3.1",
+    env="GPUUSAGE_HELM",
+    version_variable="helm.sh/helm/v4/internal/version.version",
+)
+MONITORING_TOOLS = (KUBE_STATE_METRICS, PROMTOOL)
+TOOLS = (*MONITORING_TOOLS, HELM)
 
 
 def _usable(path: Path) -> bool:
@@ -112,7 +127,7 @@ def build_tool(go: str, tool: Tool, dest: Path, work: Path, progress: Progress) 
         module,
         env=go_env(),
         packages=[tool.package],
-        ldflags=f"-s -w -X {VERSION_PACKAGE}.Version={tool.shown_version}",
+        ldflags=f"-s -w -X {tool.version_variable}={tool.shown_version}",
         dest=dest,
         what=f"{tool.name} {tool.version}",
         progress=progress,

@@ -46,6 +46,12 @@ _KEEP = {
 }
 
 
+INSTALL_LABELS = {"app.kubernetes.io/part-of": "gpuusage"}
+"""On every object an install creates (kustomize adds it to the rest, the Helm chart writes it):
+the CRDs carry it themselves, so that the chart's crds/, which Helm installs untouched, and the
+kustomize install give the same objects."""
+
+
 def _resolve(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
@@ -222,7 +228,7 @@ def render_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": names.CRD_NAME},
+        "metadata": {"name": names.CRD_NAME, "labels": dict(INSTALL_LABELS)},
         "spec": {
             "group": names.GROUP,
             "scope": "Cluster",
@@ -269,7 +275,7 @@ def render_peering_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": names.PEERING_CRD_NAME},
+        "metadata": {"name": names.PEERING_CRD_NAME, "labels": dict(INSTALL_LABELS)},
         "spec": {
             "group": names.PEERING_GROUP,
             "scope": "Cluster",

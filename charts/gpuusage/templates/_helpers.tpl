@@ -1,0 +1,69 @@
+{{/* The namespace of every namespaced object: namespace.name, else the release's. */}}
+{{- define "gpuusage.namespace" -}}
+{{- .Values.namespace.name | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* On every object, as the kustomize install labels them (the CRDs carry it themselves). */}}
+{{- define "gpuusage.partOf" -}}
+app.kubernetes.io/part-of: gpuusage
+{{- end -}}
+
+{{/* The labels of one component's objects and pods: name and component. */}}
+{{- define "gpuusage.componentLabels" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* registry/repository:tag, or @digest; the tag defaults to the chart's appVersion.
+     Called with (dict "image" <image values> "root" $). */}}
+{{- define "gpuusage.image" -}}
+{{- $registry := .image.registry | default .root.Values.image.registry -}}
+{{- $name := .image.repository -}}
+{{- if $registry }}{{ $name = printf "%s/%s" $registry $name }}{{ end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $name .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* imagePullPolicy, when one is set. */}}
+{{- define "gpuusage.pullPolicy" -}}
+{{- with .Values.image.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* imagePullSecrets, when any. */}}
+{{- define "gpuusage.pullSecrets" -}}
+{{- with .Values.image.pullSecrets }}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* `--flag=value` for each (flag, value) pair whose value is set: nulls and empty lists
+     leave the program's own default. Lists are joined with commas, as the flags take them.
+     Called with a list of two-element lists. */}}
+{{- define "gpuusage.flags" -}}
+{{- range . }}
+{{- $flag := index . 0 }}{{ $value := index . 1 }}
+{{- if kindIs "slice" $value }}
+{{- if $value }}
+- {{ printf "--%s=%s" $flag (join "," $value) | quote }}
+{{- end }}
+{{- else if not (kindIs "invalid" $value) }}
+- {{ printf "--%s=%v" $flag $value | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The labels the Prometheus Operator's objects carry: their own, the install's, and
+     monitoring.labels for a Prometheus's selectors. Called with (dict "name" .. "root" $). */}}
+{{- define "gpuusage.monitorLabels" -}}
+app.kubernetes.io/name: {{ .name }}
+{{ include "gpuusage.partOf" . }}
+{{- with .root.Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}

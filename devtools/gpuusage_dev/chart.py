@@ -1,0 +1,77 @@
+"""The Helm chart's copies of files kept once elsewhere in the repository.
+
+Helm reads nothing outside a chart's folder, so charts/gpuusage holds copies of the CRDs (in
+its crds/, which Helm installs before anything else and never upgrades or deletes) and of the
+monitoring data its templates embed (the kube-state-metrics config, the rules file, the
+dashboards). `make chart` (also run by `make crd` and `make monitoring`) writes them; a test
+fails when a copy differs from its source.
+
+    python -m gpuusage_dev.chart [ROOT]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+CHART = Path("charts/gpuusage")
+MONITORING = Path("manifests/monitoring")
+
+
+def copies(root: Path) -> list[tuple[Path, Path]]:
+    """(source, copy in the chart) for every file the chart repeats, relative to root."""
+    pairs = [
+        (path, CHART / "crds" / path.name)
+        for path in sorted((root / "crds").glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+    ]
+    pairs += [
+        (root / MONITORING / name, CHART / "files" / name)
+        for name in ("gpunodeusage-metrics.yaml", "gpuusage.rules.yaml")
+    ]
+    pairs += [
+        (path, CHART / "files" / "dashboards" / path.name)
+        for path in sorted((root / MONITORING / "dashboards").glob("*.json"))
+    ]
+    return [(source.relative_to(root), copy) for source, copy in pairs]
+
+
+def stale(root: Path) -> list[Path]:
+    """The chart's copies that are missing or differ from their source, and copies of sources
+    that no longer exist."""
+    wanted = copies(root)
+    out = [copy for source, copy in wanted if _bytes(root / copy) != (root / source).read_bytes()]
+    kept = {copy for _, copy in wanted}
+    for folder in (CHART / "crds", CHART / "files" / "dashboards"):
+        held = (p.relative_to(root) for p in (root / folder).glob("*"))
+        out += sorted(p for p in held if p not in kept)
+    return out
+
+
+def _bytes(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
+def sync(root: Path) -> list[Path]:
+    """Write the copies that are stale, remove those of sources gone; what changed."""
+    changed = stale(root)
+    sources = dict((copy, source) for source, copy in copies(root))
+    for copy in changed:
+        target = root / copy
+        if copy in sources:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes((root / sources[copy]).read_bytes())
+        else:
+            target.unlink()
+    return changed
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0]) if argv else Path.cwd()
+    for path in sync(root):
+        print(f"updated {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,379 @@
+"""The Helm chart, proven with helm itself (built at its pinned version).
+
+With default values it renders what `kubectl kustomize manifests/` builds, and each documented
+variant of the kustomize install has a value that renders that variant; values reach the
+objects they name; wrong values are refused before anything is installed; and the chart
+installs, upgrades and uninstalls on the local control plane. (Its permissions under the
+agent's and the operator's own tokens are checked in test_install.py, for both install paths.)
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuusage.api import names
+from gpuusage_dev import chart
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.localcluster.tools import monitoring_crds
+from tests.conftest import Helm, Kubectl
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "gpuusage"
+NS = "gpuusage-system"
+
+# Kinds whose objects have no namespace: kustomize's namespace transformer sets one on those it
+# does not know (ValidatingAdmissionPolicy*), and the apiserver drops it.
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+Key = tuple[str, str, str]
+
+
+@pytest.fixture(scope="module")
+def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(helm_binary, tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture(scope="module")
+def kustomize() -> Kubectl:
+    from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
+
+    return Kubectl(ensure_binaries().kubectl, Path("/nonexistent"))  # builds, talks to nothing
+
+
+def _objects(text: str) -> dict[Key, dict[str, Any]]:
+    out: dict[Key, dict[str, Any]] = {}
+    for doc in yaml.safe_load_all(text):
+        if not doc:
+            continue
+        meta = doc["metadata"]
+        if doc["kind"] in CLUSTER_SCOPED:
+            meta.pop("namespace", None)
+        key = (doc["kind"], meta.get("namespace", ""), meta["name"])
+        assert key not in out, f"{key} rendered twice"
+        out[key] = doc
+    return out
+
+
+def _render(helm: Helm, *sets: str, namespace: str = NS) -> dict[Key, dict[str, Any]]:
+    args = [arg for s in sets for arg in ("--set", s)]
+    out = helm.run("template", "gpuusage", str(CHART), "-n", namespace, "--include-crds", *args)
+    return _objects(out.stdout)
+
+
+def test_the_charts_copies_are_those_of_their_sources() -> None:
+    assert chart.stale(REPO) == [], "run `make chart`"
+    crds = {copy.name for _, copy in chart.copies(REPO) if copy.parent.name == "crds"}
+    assert crds == {"gpuusage.io_gpunodeusages.yaml", "kopf.dev_clusterkopfpeerings.yaml"}
+
+
+def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
+    for source, _ in chart.copies(REPO):
+        (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / source).write_bytes((REPO / source).read_bytes())
+    assert len(chart.stale(tmp_path)) == len(chart.copies(REPO)), "every copy missing"
+    chart.sync(tmp_path)
+    assert chart.stale(tmp_path) == []
+    rules = tmp_path / "manifests" / "monitoring" / "gpuusage.rules.yaml"
+    rules.write_text(rules.read_text() + "# changed\n")
+    orphan = tmp_path / "charts" / "gpuusage" / "files" / "dashboards" / "gone.json"
+    orphan.write_text("{}")
+    stale = chart.stale(tmp_path)
+    assert stale == [
+        Path("charts/gpuusage/files/gpuusage.rules.yaml"),
+        orphan.relative_to(tmp_path),
+    ]
+    assert chart.sync(tmp_path) == stale
+    assert chart.stale(tmp_path) == []
+    assert not orphan.exists()
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), ("monitoring.enabled=true",), ("agent.procAccess=hostProc",)],
+    ids=["defaults", "monitoring", "host-proc"],
+)
+def test_helm_lint_finds_nothing_to_say(helm: Helm, sets: tuple[str, ...]) -> None:
+    args = [arg for s in sets for arg in ("--set", s)]
+    out = helm.run("lint", "--strict", str(CHART), *args).stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    assert "[WARNING]" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("folder", "sets", "namespace"),
+    [
+        ("manifests", (), NS),
+        ("manifests/base", ("agent.podResources.enabled=false",), NS),
+        ("manifests/overlays/host-proc", ("agent.procAccess=hostProc",), NS),
+        ("manifests/overlays/namespace", ("namespace.name=gpu-monitoring",), "elsewhere"),
+        ("manifests/overlays/monitoring", ("monitoring.enabled=true",), NS),
+    ],
+    ids=["default", "base", "host-proc", "namespace", "monitoring"],
+)
+def test_the_chart_renders_what_kustomize_builds(
+    helm: Helm, kustomize: Kubectl, folder: str, sets: tuple[str, ...], namespace: str
+) -> None:
+    """Object for object, field for field; the Namespace only with namespace.create (Helm's
+    convention is a namespace made by `--create-namespace` or beforehand)."""
+    built = _objects(kustomize.run("kustomize", str(REPO / folder)))
+    rendered = _render(helm, *sets, "namespace.create=true", namespace=namespace)
+    assert sorted(rendered) == sorted(built)
+    for key, obj in built.items():
+        assert rendered[key] == obj, f"{key} differs"
+    plain = _render(helm, *sets, namespace=namespace)
+    assert {k for k in built if k not in plain} == {k for k in built if k[0] == "Namespace"}
+
+
+def _one(objects: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for (k, _, n), o in objects.items() if (k, n) == (kind, name)]
+    return found
+
+
+def _container(objects: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    container: dict[str, Any] = _one(objects, kind, name)["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    return container
+
+
+def test_values_reach_the_objects_they_name(helm: Helm) -> None:
+    digest = "sha256:" + "ab" * 32
+    objects = _render(
+        helm,
+        "image.registry=registry.example:5000",
+        "image.pullPolicy=Always",
+        "image.pullSecrets[0].name=regcred",
+        "agent.image.tag=1.2.3",
+        f"operator.image.digest={digest}",
+        "gpuResources={example.com/gpu,hami.io/vgpu}",
+        "agent.interval=5",
+        "agent.memoryThresholdMiB=128",
+        "agent.extraArgs={--idle-window=120}",
+        "agent.nodeSelector.gpu=yes",
+        "agent.tolerations=null",
+        "agent.priorityClassName=gpu-critical",
+        "agent.resources.limits.memory=256Mi",
+        "agent.logLevel=debug",
+        "operator.replicas=3",
+        "operator.idleAfter=0",
+        "operator.staleAfter=90",
+        "operator.draDrivers={gpu.nvidia.com,gpu.example.com}",
+        "operator.fractionAnnotations={example.com/share}",
+        "operator.podDisruptionBudget.enabled=false",
+        "operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=control",
+        "operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        "monitoring.enabled=true",
+        "monitoring.labels.release=kube-prometheus-stack",
+        "monitoring.dashboards.annotations.grafana_folder=GPU",
+        "monitoring.kubeStateMetrics.enabled=false",
+    )
+    agent = _container(objects, "DaemonSet", "gpuusage-agent")
+    assert agent["image"] == "registry.example:5000/gpuusage/gpuusage-agent:1.2.3"
+    assert agent["imagePullPolicy"] == "Always"
+    assert agent["args"] == [
+        "agent",
+        "--interval=5",
+        "--memory-threshold-mib=128",
+        "--gpu-resources=example.com/gpu,hami.io/vgpu",
+        "--idle-window=120",
+    ]
+    assert {"name": "GPUUSAGE_LOG_LEVEL", "value": "debug"} in agent["env"]
+    assert agent["resources"]["limits"]["memory"] == "256Mi"
+    pod = _one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpu": "yes"}
+    assert "tolerations" not in pod
+    assert pod["priorityClassName"] == "gpu-critical"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    operator = _container(objects, "Deployment", "gpuusage-operator")
+    assert operator["image"] == f"registry.example:5000/gpuusage/gpuusage-operator@{digest}"
+    assert operator["args"][5:] == [
+        "--stale-after=90",
+        "--idle-after=0",
+        "--gpu-resources=example.com/gpu,hami.io/vgpu",
+        "--dra-drivers=gpu.nvidia.com,gpu.example.com",
+        "--fraction-annotations=example.com/share",
+    ]
+    deployment = _one(objects, "Deployment", "gpuusage-operator")
+    assert deployment["spec"]["replicas"] == 3
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]
+    assert list(affinity) == ["nodeAffinity"], "a given affinity replaces the default"
+    assert not [k for k in objects if k[0] == "PodDisruptionBudget"]
+    for kind, name in (
+        ("ServiceMonitor", "gpuusage-operator"),
+        ("PodMonitor", "gpuusage-agent"),
+        ("PrometheusRule", "gpuusage"),
+    ):
+        assert _one(objects, kind, name)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dashboards = _one(objects, "ConfigMap", "gpuusage-dashboards")
+    assert dashboards["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+    assert sorted(dashboards["data"]) == sorted(
+        p.name for p in (REPO / "manifests/monitoring/dashboards").glob("*.json")
+    )
+    for text in dashboards["data"].values():
+        assert json.loads(text)["uid"].startswith("gpuusage")
+    without_ksm = {k for k in objects if "state-metrics" in k[2]}
+    assert without_ksm == set(), "kube-state-metrics and its ServiceMonitor left out"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"agent": {"nodeselector": {"a": "b"}}}, "additional properties 'nodeselector'"),
+        ({"agent": {"procAccess": "host"}}, "value must be one of 'hostPID', 'hostProc'"),
+        ({"agent": {"image": {"tag": 1.0}}}, "at '/agent/image/tag'"),
+        ({"agent": {"interval": 30}}, "agent.interval (30 s) must be at most half"),
+        ({"agent": {"extraArgs": ["interval=5"]}}, "at '/agent/extraArgs/0'"),
+        ({"operator": {"replicas": 0}}, "at '/operator/replicas': minimum"),
+        ({"operator": {"idleAfter": "30m"}}, "at '/operator/idleAfter'"),
+        ({"gpuResources": ["nvidia"]}, "at '/gpuResources/0'"),
+        ({"namespace": {"name": "Bad_NS"}}, "at '/namespace/name'"),
+        ({"image": {"pullPolicy": "always"}}, "at '/image/pullPolicy'"),
+        ({"monitoring": {"enabled": "yes"}}, "at '/monitoring/enabled'"),
+    ],
+)
+def test_a_wrong_value_is_refused_with_a_message_naming_it(
+    helm: Helm, tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    for command in ("template", "install"):
+        args = [command, "gpuusage", str(CHART), "-f", str(path)]
+        if command == "install":
+            args += ["--dry-run=client"]  # nothing to reach: refused before any request
+        refused = helm.run(*args, check=False)
+        assert refused.returncode != 0
+        assert message in refused.stderr, refused.stderr
+
+
+# -- on the control plane ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster_helm(helm_binary: Path, cluster: LocalCluster, tmp_path: Path) -> Helm:
+    return Helm(helm_binary, tmp_path / "helm", cluster.kubeconfig)
+
+
+@pytest.fixture
+def monitoring_kinds(kubectl: Kubectl) -> None:
+    """The Prometheus Operator's CRDs, for the ServiceMonitors, PodMonitor, PrometheusRule."""
+    for path in monitoring_crds():
+        kubectl.run("apply", "--server-side", "-f", str(path))
+    for plural in ("servicemonitors", "podmonitors", "prometheusrules"):
+        kubectl.run(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            f"crd/{plural}.monitoring.coreos.com",
+        )
+
+
+@pytest.fixture
+def release(cluster_helm: Helm) -> Iterator[tuple[str, str]]:
+    name, namespace = "gpuusage", f"gpuusage-{uuid.uuid4().hex[:5]}"
+    yield name, namespace
+    cluster_helm.run("uninstall", name, "-n", namespace, check=False)
+
+
+def _status(helm: Helm, name: str, namespace: str) -> dict[str, Any]:
+    out = helm.run("status", name, "-n", namespace, "-o", "json").stdout
+    status: dict[str, Any] = json.loads(out)
+    return status
+
+
+def _get(kubectl: Kubectl, *what: str) -> dict[str, Any] | None:
+    """The object as JSON, or None when the apiserver has none."""
+    proc = kubectl.run("get", *what, "-o", "json", "--ignore-not-found", check=False)
+    text = proc.strip()
+    if not text:
+        return None
+    got: dict[str, Any] = json.loads(text)
+    return got
+
+
+@pytest.mark.cluster
+@pytest.mark.usefixtures("monitoring_kinds")
+def test_install_upgrade_and_uninstall_on_the_control_plane(
+    cluster_helm: Helm, kubectl: Kubectl, release: tuple[str, str]
+) -> None:
+    name, namespace = release
+    ns = ("-n", namespace)
+    # An earlier install (kustomize's, in test_install) may hold the cluster-scoped names.
+    take = ("--take-ownership", "--force-conflicts")
+    cluster_helm.run(
+        "install", name, str(CHART), *ns, "--create-namespace", *take,
+        "--set", "monitoring.enabled=true",
+    )  # fmt: skip
+    assert _status(cluster_helm, name, namespace)["info"]["status"] == "deployed"
+    rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
+    assert len(rendered) == 30  # the monitoring overlay's 31 but the Namespace
+    for kind, obj_ns, obj_name in rendered:
+        if kind in ("CustomResourceDefinition", "Namespace"):
+            continue  # crds/ only when missing (the session installed them); no Namespace
+        where = ("-n", obj_ns) if obj_ns else ()
+        found = _get(kubectl, kind, obj_name, *where)
+        assert found is not None, (kind, obj_name)
+        assert found["metadata"]["annotations"]["meta.helm.sh/release-name"] == name
+    binding = _get(kubectl, "clusterrolebinding", "gpuusage-operator")
+    assert binding is not None
+    assert [(s["name"], s["namespace"]) for s in binding["subjects"]] == [
+        ("gpuusage-operator", namespace)
+    ]
+
+    # Upgrade with changed values: the objects follow, what is switched off goes.
+    cluster_helm.run(
+        "upgrade", name, str(CHART), *ns, "--reuse-values",
+        "--set", "operator.idleAfter=600", "--set", "monitoring.dashboards.enabled=false",
+    )  # fmt: skip
+    status = _status(cluster_helm, name, namespace)
+    assert (status["version"], status["info"]["status"]) == (2, "deployed")
+    deployment = _get(kubectl, "deployment", "gpuusage-operator", *ns)
+    assert deployment is not None
+    assert "--idle-after=600" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert _get(kubectl, "configmap", "gpuusage-dashboards", *ns) is None
+    assert _get(kubectl, "configmap", "gpuusage-state-metrics-config", *ns) is not None
+
+    # A report exists; uninstalling removes the release's objects, never the CRDs (Helm's
+    # convention for crds/), so the reports stay.
+    node = f"helm-{uuid.uuid4().hex[:5]}"
+    report = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": node},
+        "spec": {
+            "nodeName": node,
+            "observedAt": "2026-11-24T12:00:00Z",
+            "gpus": [],
+            "source": {"kind": "fake", "available": True},
+        },
+    }
+    kubectl.run("create", "-f", "-", stdin=json.dumps(report))
+    try:
+        cluster_helm.run("uninstall", name, *ns)
+        for what in (
+            ("daemonset", "gpuusage-agent", *ns),
+            ("deployment", "gpuusage-operator", *ns),
+            ("prometheusrule", "gpuusage", *ns),
+            ("clusterrole", "gpuusage-agent"),
+            ("validatingadmissionpolicy", "gpuusage-agent-own-node"),
+        ):
+            assert _get(kubectl, *what) is None, what
+        assert _get(kubectl, "crd", names.CRD_NAME) is not None
+        assert _get(kubectl, names.PLURAL, node) is not None
+    finally:
+        kubectl.run("delete", names.PLURAL, node, "--ignore-not-found")
