@@ -118,6 +118,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.down()
 
 
+@pytest.fixture(scope="session")
+def monitoring_kinds(cluster: LocalCluster) -> None:
+    """The Prometheus Operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule) on the
+    cluster, from its Go module at the pinned version: the apiserver then checks the shipped
+    monitoring objects against the real schemas."""
+    from gpuusage_dev.localcluster.tools import monitoring_crds  # noqa: PLC0415
+
+    kubectl = Kubectl(cluster.binaries.kubectl, cluster.kubeconfig)
+    for path in monitoring_crds():
+        kubectl.run("apply", "--server-side", "-f", str(path))
+    for plural in ("servicemonitors", "podmonitors", "prometheusrules"):
+        kubectl.run(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            f"crd/{plural}.monitoring.coreos.com",
+        )
+
+
 @pytest.fixture
 def api(cluster: LocalCluster) -> Iterator[client.ApiClient]:
     api, _ = api_client(cluster.kubeconfig)

@@ -7,7 +7,9 @@ pod on a 3g.40gb slice. The UUIDs and sizes follow what NVML reports on such mac
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
+from gpuusage.api import names
 from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, MigDevice, Process, Source
 
 POD_TRAIN = "6f1c0e6a-9d4b-4c3e-8f7a-2b5d9e1c3a70"
@@ -16,6 +18,21 @@ POD_INFER = "d3a9b8c7-6e5f-4a3b-9c2d-1e0f9a8b7c6d"
 CTR_TRAIN = "3f4e5d6c7b8a99887766554433221100ffeeddccbbaa00998877665544332211"
 CTR_NOTEBOOK = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90"
 CTR_INFER = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d"
+
+
+def empty_report(node: str, observed_at: str = "2026-11-24T12:00:00Z") -> dict[str, Any]:
+    """The smallest valid GpuNodeUsage an agent could write: a node with no GPU in use."""
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": node},
+        "spec": {
+            "nodeName": node,
+            "observedAt": observed_at,
+            "gpus": [],
+            "source": {"kind": "fake", "available": True},
+        },
+    }
 
 
 def example_spec(node_name: str, observed_at: datetime) -> GpuNodeUsageSpec:

@@ -21,8 +21,8 @@ import yaml
 from gpuusage.api import names
 from gpuusage_dev import chart
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.localcluster.tools import monitoring_crds
 from tests.conftest import Helm, Kubectl
+from tests.examples import empty_report
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpuusage"
@@ -270,20 +270,6 @@ def cluster_helm(helm_binary: Path, cluster: LocalCluster, tmp_path: Path) -> He
 
 
 @pytest.fixture
-def monitoring_kinds(kubectl: Kubectl) -> None:
-    """The Prometheus Operator's CRDs, for the ServiceMonitors, PodMonitor, PrometheusRule."""
-    for path in monitoring_crds():
-        kubectl.run("apply", "--server-side", "-f", str(path))
-    for plural in ("servicemonitors", "podmonitors", "prometheusrules"):
-        kubectl.run(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            f"crd/{plural}.monitoring.coreos.com",
-        )
-
-
-@pytest.fixture
 def release(cluster_helm: Helm) -> Iterator[tuple[str, str]]:
     name, namespace = "gpuusage", f"gpuusage-{uuid.uuid4().hex[:5]}"
     yield name, namespace
@@ -351,17 +337,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     # A report exists; uninstalling removes the release's objects, never the CRDs (Helm's
     # convention for crds/), so the reports stay.
     node = f"helm-{uuid.uuid4().hex[:5]}"
-    report = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": node},
-        "spec": {
-            "nodeName": node,
-            "observedAt": "2026-11-24T12:00:00Z",
-            "gpus": [],
-            "source": {"kind": "fake", "available": True},
-        },
-    }
+    report = empty_report(node)
     kubectl.run("create", "-f", "-", stdin=json.dumps(report))
     try:
         cluster_helm.run("uninstall", name, *ns)

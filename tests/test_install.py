@@ -36,6 +36,7 @@ from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import Helm, Kubectl, token_kubeconfig, wait_for
+from tests.examples import empty_report
 from tests.fakenvml import gpu_uuid
 from tests.worldview import renewed_at
 
@@ -109,20 +110,6 @@ def _denied(call: Callable[[], Any], *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in body, body
     return body
-
-
-def _report(node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": node},
-        "spec": {
-            "nodeName": node,
-            "observedAt": "2026-11-21T12:00:00Z",
-            "gpus": [],
-            "source": {"kind": "fake", "available": True},
-        },
-    }
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +231,7 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
     a, b = world["a"], world["b"]
     group = (names.GROUP, names.VERSION, names.PLURAL)
     _denied(
-        lambda: agent.create_cluster_custom_object(*group, _report(b)),
+        lambda: agent.create_cluster_custom_object(*group, empty_report(b)),
         f"may only write the GpuNodeUsage and the Lease named {a}, not {b}",
     )
     _denied(
@@ -325,7 +312,7 @@ def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, A
         path=world["tmp"] / "agent-b.kubeconfig",
     )
     agent_b, _ = api_client(kubeconfig)
-    forged = _report(b)
+    forged = empty_report(b)
     processes = [
         {"pid": 7, "usedMemoryMiB": 999, "containerID": cid},
         {"pid": 8, "usedMemoryMiB": 1, "podUID": train.metadata.uid},
@@ -362,7 +349,8 @@ def test_operator_token_cannot_write_spec_or_delete(world: dict[str, Any]) -> No
         'cannot patch resource \\"gpunodeusages\\"',
     )
     _denied(
-        lambda: operator.create_cluster_custom_object(*group, _report(world["b"])), "cannot create"
+        lambda: operator.create_cluster_custom_object(*group, empty_report(world["b"])),
+        "cannot create",
     )
     core = client.CoreV1Api(world["operator"])
     _denied(lambda: core.delete_namespaced_pod("train", world["ns"]), "cannot delete")

@@ -35,11 +35,11 @@ from gpuusage_dev.localcluster.tools import (
     KUBE_STATE_METRICS,
     PROMTOOL,
     ensure_tool,
-    monitoring_crds,
 )
 from gpuusage_dev.rules import RulesError, render, rule_groups
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, token_kubeconfig, wait_for
+from tests.examples import empty_report
 from tests.fakenvml import mig_uuid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -261,17 +261,7 @@ def test_an_edited_config_reaches_kube_state_metrics(
     volume, name = tmp_path / "config", "gpunodeusage-metrics.yaml"
     path = _configmap_volume(volume, name, yaml.safe_dump(config), 1)
     node = f"ksm-{uuid.uuid4().hex[:5]}"
-    report = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": node},
-        "spec": {
-            "nodeName": node,
-            "observedAt": "2026-11-24T12:00:00Z",
-            "gpus": [],
-            "source": {"kind": "fake", "available": True},
-        },
-    }
+    report = empty_report(node)
     custom = client.CustomObjectsApi(api)
     group = (names.GROUP, names.VERSION, names.PLURAL)
     custom.create_cluster_custom_object(*group, report)
@@ -704,18 +694,13 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
 
 
 @pytest.mark.cluster
+@pytest.mark.usefixtures("monitoring_kinds")
 def test_the_monitoring_overlay_validates_against_the_real_crds(kubectl: Kubectl) -> None:
     """ServiceMonitor, PodMonitor and PrometheusRule against the Prometheus Operator's own CRD
-    schemas, and everything else of the overlay, by a server-side dry run."""
-    for path in monitoring_crds():
-        kubectl.run("apply", "--server-side", "-f", str(path))
-    for plural in ("servicemonitors", "podmonitors", "prometheusrules"):
-        kubectl.run(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            f"crd/{plural}.monitoring.coreos.com",
-        )
+    schemas, and everything else of the overlay, by a server-side dry run (in the namespace a
+    real install would have created)."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+    kubectl.run("apply", "-f", "-", stdin=json.dumps(namespace))
     out = kubectl.run(
         "apply", "-k", str(REPO / "manifests" / "overlays" / "monitoring"), "--dry-run=server"
     )
