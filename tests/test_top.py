@@ -341,6 +341,50 @@ def test_the_allocation_column_says_what_each_pod_was_handed() -> None:
     assert "dra:1 (outside!)" in render_table(rows, all_namespaces=False)
 
 
+def test_the_allocation_column_counts_mig_slices_and_shares_as_what_they_are() -> None:
+    """Where the operator lists status.allocations, a device plugin's count says which of its
+    devices are MIG slices (NVIDIA's single MIG strategy hands them out as nvidia.com/gpu),
+    and a share says how much of a GPU it is; as `--by namespace` counts them."""
+    mig = "MIG-4f1d2c3b-5a6e-4d7c-8b9a-0f1e2d3c4b5a"
+    g0 = "GPU-00000000-0000-0000-0000-000000000000"
+    sliced = {**_pod(NS_A, "sliced", 10, [1], 1), "allocatedBy": ["DevicePlugin"]}
+    mixed = {**_pod(NS_A, "mixed", 10, [2], 2), "allocatedBy": ["DevicePlugin"]}
+    whole = {**_pod(NS_A, "whole", 10, [3], 2), "allocatedBy": ["DevicePlugin"]}
+    share = {**_pod(NS_A, "share", 10, [4], 0), "allocatedBy": ["Fractional"]}
+    vague = {**_pod(NS_A, "vague", 10, [5], 0), "allocatedBy": ["Fractional"]}
+    claimed = {
+        **_pod(NS_A, "claimed", 10, [6], 0),
+        "allocatedBy": ["DRA"],
+        "allocatedDevices": [mig],
+    }
+    report = _report("n1", {mig: [sliced, claimed], g0: [mixed, whole, share, vague]})
+
+    def entry(pod: dict[str, Any], **counts: Any) -> dict[str, Any]:
+        return {"namespace": NS_A, "name": pod["name"], "uid": pod["uid"], **counts}
+
+    report["status"]["allocations"] = [
+        entry(sliced, migDevices=1),
+        entry(mixed, gpus=1, migDevices=1),
+        entry(whole, gpus=2),
+        entry(share, gpuShare=0.5),
+        entry(vague, gpuMemoryShareMiB=2048),
+        entry(claimed, migDevices=1),
+    ]
+    rows, warnings = pod_rows([report])
+    assert warnings == []
+    shown = {r.pod: allocation_text(r) for r in rows}
+    assert shown == {
+        "sliced": "1 MIG",
+        "mixed": "1+1 MIG",
+        "whole": "2",
+        "share": "share (0.5 GPU)",
+        "vague": "share",
+        "claimed": "dra:1",
+    }
+    before = _report("n1", {mig: [sliced]})  # an earlier operator: no allocations listed
+    assert [allocation_text(r) for r in pod_rows([before])[0]] == ["1"]
+
+
 def test_a_pod_holding_memory_without_computing_is_marked() -> None:
     g0 = "GPU-00000000-0000-0000-0000-000000000000"
     kernel = {**_pod(NS_A, "kernel", 71680, [7], 1), "heldIdleSince": NOW}

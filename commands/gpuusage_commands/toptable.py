@@ -37,6 +37,13 @@ class PodRow:
     allocated_devices: list[str] = field(default_factory=list)
     unallocated: bool = False
     """Uses a device outside its device-level allocation."""
+    handed_gpus: int | None = None
+    """Whole GPUs it was handed, from the operator's status.allocations (which tells MIG
+    slices and shares apart); None where the report has no entry for it (an earlier
+    operator, or nothing handed in numbers)."""
+    handed_mig_devices: int = 0
+    handed_share: float | None = None
+    """The fraction of one GPU a fractional scheduler gave it, where its annotation says."""
     idle_since: str | None = None
     """Set for a pod that requested GPUs and has used none since then (status.idlePods)."""
     held_idle_since: str | None = None
@@ -63,6 +70,7 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
         except ValidationError as exc:
             warnings.append(f"GpuNodeUsage {node}: status unreadable ({exc.error_count()} errors)")
             continue
+        handed = {a.uid: a for a in status.allocations}
         for pod in status.pods:
             row = rows.setdefault(
                 (node, pod.namespace, pod.name), PodRow(pod.namespace, pod.name, node)
@@ -76,22 +84,30 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
             row.allocated_by = list(pod.allocated_by)
             row.allocated_devices = list(pod.allocated_devices)
             row.unallocated = row.unallocated or pod.unallocated
+            _hand(row, handed.get(pod.uid))
             if pod.held_idle_since is not None:
                 row.held_idle_since = format_time(pod.held_idle_since)
             row.stale = status.stale
         for idle in status.idle_pods:
-            rows.setdefault(
-                (node, idle.namespace, idle.name),
-                PodRow(
+            key = (node, idle.namespace, idle.name)
+            if key not in rows:
+                rows[key] = PodRow(
                     idle.namespace,
                     idle.name,
                     node,
                     requested_gpus=idle.requested_gpus,
                     idle_since=format_time(idle.idle_since),
                     stale=status.stale,
-                ),
-            )
+                )
+                _hand(rows[key], handed.get(idle.uid))
     return list(rows.values()), warnings
+
+
+def _hand(row: PodRow, entry: PodAllocation | None) -> None:
+    if entry is not None:
+        row.handed_gpus = entry.gpus
+        row.handed_mig_devices = entry.mig_devices
+        row.handed_share = entry.gpu_share
 
 
 def select(
@@ -135,18 +151,32 @@ def claim_devices(row: PodRow) -> int | None:
     return len(row.allocated_devices)
 
 
+def plugin_text(row: PodRow) -> str:
+    """The device plugin's count, with MIG slices counted as what they are ("1 MIG", "1+1
+    MIG": a plugin in NVIDIA's single MIG strategy hands slices out as nvidia.com/gpu) where
+    the operator's status.allocations says so; beside DRA claims its counts include the
+    claims' devices, so the plain count stays."""
+    if row.handed_gpus is None or "DRA" in row.allocated_by:
+        return str(row.requested_gpus)
+    parts = [str(row.handed_gpus)] if row.handed_gpus or not row.handed_mig_devices else []
+    if row.handed_mig_devices:
+        parts.append(f"{row.handed_mig_devices} MIG")
+    return "+".join(parts)
+
+
 def allocation_text(row: PodRow) -> str:
-    """What the pod was handed, compactly: "2" (device plugin), "dra:1" (devices its claims
-    got), "share" (a fractional scheduler's), joined by "+"; "0 (none!)" for none at all, "?"
-    where its claims cannot be read; "(outside!)" when it uses a device outside them."""
+    """What the pod was handed, compactly: "2" or "1 MIG" (device plugin), "dra:1" (devices
+    its claims got), "share" or "share (0.5 GPU)" (a fractional scheduler's), joined by "+";
+    "0 (none!)" for none at all, "?" where its claims cannot be read; "(outside!)" when it
+    uses a device outside them."""
     parts = []
     if counted_by_plugin(row):
-        parts.append(str(row.requested_gpus))
+        parts.append(plugin_text(row))
     if "DRA" in row.allocated_by:
         claimed = claim_devices(row)
         parts.append("dra" if claimed is None else f"dra:{claimed or '?'}")
     if "Fractional" in row.allocated_by:
-        parts.append("share")
+        parts.append("share" + (f" ({row.handed_share:g} GPU)" if row.handed_share else ""))
     if not parts:
         parts.append("0 (none!)" if row.unrequested else ("0" if row.idle_since else "?"))
     return "+".join(parts) + (" (outside!)" if row.unallocated else "")
