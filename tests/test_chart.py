@@ -113,6 +113,18 @@ def test_helm_lint_finds_nothing_to_say(helm: Helm, sets: tuple[str, ...]) -> No
     assert "[WARNING]" not in out, out
 
 
+def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None:
+    """What a chart repository would serve: `helm package` keeps crds/ and files/ (nothing the
+    templates read is left out by .helmignore)."""
+    out = helm.run("package", str(CHART), "-d", str(tmp_path)).stdout
+    (archive,) = tmp_path.glob("gpuusage-*.tgz")
+    assert str(archive) in out
+    sets = ("monitoring.enabled=true",)
+    args = [arg for s in sets for arg in ("--set", s)]
+    packaged = helm.run("template", "gpuusage", str(archive), "-n", NS, "--include-crds", *args)
+    assert _objects(packaged.stdout) == _render(helm, *sets)
+
+
 @pytest.mark.parametrize(
     ("folder", "sets", "namespace"),
     [
