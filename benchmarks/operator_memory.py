@@ -1,0 +1,119 @@
+"""Where the operator's memory goes: live Python objects against what the process holds.
+
+The operator runs in this process on a world of `--nodes` reports with `--pods-per-node` pods
+each (operator_scale's World, on the local control plane) until every pod is annotated.
+Printed: the resident memory it added, sampled while it converged, and with --trace the growth
+of the live Python heap (tracemalloc, which slows the run several times and inflates the
+resident figure, so the two are measured in separate runs), by file and by allocation site.
+Comparing worlds with the same pods and more reports separates what a report costs from what
+a pod costs.
+
+    python benchmarks/operator_memory.py --nodes 2000 --pods-per-node 1
+    python benchmarks/operator_memory.py --nodes 500 --pods-per-node 4 --trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import operator_scale as scale
+
+from gpuusage.kube.config import api_client
+from gpuusage.kube.crds import install_crds
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_operator.main import Operator
+from gpuusage_operator.settings import OperatorSettings
+
+
+def resident_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def report_heap(before: tracemalloc.Snapshot, nodes: int, pods: int) -> None:
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    after = tracemalloc.take_snapshot().filter_traces(ignore)
+    before = before.filter_traces(ignore)
+    total = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    _, peak = tracemalloc.get_traced_memory()
+    at_start = sum(stat.size for stat in before.statistics("filename"))
+    print(
+        f"live heap growth {total / 2**20:.1f} MiB: {total / nodes / 1024:.1f} kB a report, "
+        f"{total / pods / 1024:.1f} kB a pod; its peak while converging "
+        f"{(peak - at_start) / 2**20:.1f} MiB above the start"
+    )
+    print("by file:")
+    for stat in after.compare_to(before, "filename")[:12]:
+        print(f"  {stat.size_diff / 2**20:7.2f} MiB  {stat.traceback[0].filename}")
+    print("by allocation site:")
+    for stat in after.compare_to(before, "traceback")[:8]:
+        frames = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in stat.traceback][-5:]
+        print(f"  {stat.size_diff / 2**20:7.2f} MiB  {' < '.join(reversed(frames))}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--pods-per-node", type=int, default=1)
+    parser.add_argument("--trace", action="store_true", help="also trace the live heap")
+    args = parser.parse_args()
+    pods = args.nodes * args.pods_per_node
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(Path(tmp) / "cluster")
+        cluster.up()
+        try:
+            api, _ = api_client(cluster.kubeconfig)
+            api.configuration.connection_pool_maxsize = 32
+            install_crds(api)
+            scale.World(api, args.nodes, args.pods_per_node).create(ThreadPoolExecutor(16))
+            watcher = scale.PodWatch(api)
+            watcher.start()
+            gc.collect()
+            start_mib = resident_mib()
+            before = None
+            if args.trace:
+                tracemalloc.start(12)
+                before = tracemalloc.take_snapshot()
+            stop, ready = threading.Event(), threading.Event()
+            settings = OperatorSettings(
+                kubeconfig=cluster.kubeconfig, standalone=True, stale_after=3600
+            )
+            thread = threading.Thread(
+                target=Operator(settings).run, args=(stop, ready), daemon=True
+            )
+            started = time.monotonic()
+            thread.start()
+            samples = []
+            while watcher.annotated() < pods:
+                if time.monotonic() - started > 900:
+                    raise SystemExit(f"only {watcher.annotated()} of {pods} pods annotated")
+                elapsed = time.monotonic() - started
+                samples.append(f"{elapsed:.0f}s:{resident_mib() - start_mib:.0f}")
+                time.sleep(1.0)
+            converged = time.monotonic() - started
+            time.sleep(10)  # the last writes' answers, the housekeeping pass
+            gc.collect()
+            print(f"{args.nodes} reports, {pods} pods: converged in {converged:.0f} s")
+            print(f"resident memory added (MiB) while converging: {' '.join(samples)}")
+            print(f"resident memory added at the end: {resident_mib() - start_mib:.1f} MiB")
+            if before is not None:
+                report_heap(before, args.nodes, pods)
+            stop.set()
+            thread.join(30)
+        finally:
+            cluster.down()
+
+
+if __name__ == "__main__":
+    main()
