@@ -23,6 +23,7 @@ from gpuusage_commands.toptable import (
     namespace_rows,
     order,
     pod_rows,
+    read_statuses,
     render_namespace_table,
     render_table,
     select,
@@ -230,7 +231,7 @@ def test_what_pods_were_handed_comes_from_the_reports_that_list_it() -> None:
         {"namespace": "team", "name": "llm", "uid": uid, "gpuShare": 0.5},
     ]
     rows, _ = pod_rows([listed])
-    handed = allocations_by_node([listed, REPORTS[0]])
+    handed = allocations_by_node(read_statuses([listed, REPORTS[0]])[0])
     assert list(handed) == [NODE_1 + "-h"], "an earlier operator's report lists nothing"
     (team,) = namespace_rows(rows, handed)
     assert (team.pods, team.allocated_gpus, team.allocated_mig_devices) == (1, 3, 1)

@@ -19,12 +19,14 @@ from gpuusage_commands.toptable import (
     allocations_by_node,
     namespace_rows,
     order,
-    pod_rows,
+    read_statuses,
     render_json,
     render_namespace_json,
     render_namespace_table,
     render_table,
+    rows_of,
     select,
+    select_handed,
 )
 
 
@@ -78,16 +80,13 @@ def run_top(settings: TopSettings) -> int:
                 ) from exc
             raise GpuusageError(f"cannot list {names.PLURAL}: {exc.status} {exc.reason}") from exc
     items = cast(list[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
-    rows, warnings = pod_rows(items)
+    statuses, warnings = read_statuses(items)
+    rows = rows_of(statuses)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     everywhere, node = settings.all_namespaces, settings.node
     if settings.by == "namespace":
-        handed = {
-            n: [a for a in entries if settings.namespace in (None, a.namespace)]
-            for n, entries in allocations_by_node(items).items()
-            if node in (None, n)
-        }
+        handed = select_handed(allocations_by_node(statuses), settings.namespace, node)
         summed = namespace_rows(select(rows, settings.namespace, node), handed)
         if settings.output == "json":
             print(render_namespace_json(summed))

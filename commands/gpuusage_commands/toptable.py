@@ -51,14 +51,14 @@ class PodRow:
     stale: bool = False
 
 
-def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[str]]:
-    """Rows from GpuNodeUsage objects, and a warning for each one that cannot be read.
+NodeStatus = tuple[str, GpuNodeUsageStatus]
+"""A report's node name and its status, read once for every view of it."""
 
-    A pod that uses several devices is one row; a pod that requested GPUs and leaves them idle
-    is a row with no devices; a report without status yet (the operator has not seen it)
-    contributes nothing.
-    """
-    rows: dict[tuple[str, str, str], PodRow] = {}
+
+def read_statuses(reports: Iterable[Mapping[str, Any]]) -> tuple[list[NodeStatus], list[str]]:
+    """The statuses of GpuNodeUsage objects, and a warning for each one that cannot be read; a
+    report without status yet (the operator has not seen it) is left out."""
+    statuses: list[NodeStatus] = []
     warnings: list[str] = []
     for report in reports:
         node = str((report.get("metadata") or {}).get("name", "?"))
@@ -66,10 +66,24 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
         if not raw:
             continue
         try:
-            status = GpuNodeUsageStatus.model_validate(raw)
+            statuses.append((node, GpuNodeUsageStatus.model_validate(raw)))
         except ValidationError as exc:
             warnings.append(f"GpuNodeUsage {node}: status unreadable ({exc.error_count()} errors)")
-            continue
+    return statuses, warnings
+
+
+def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[str]]:
+    """Rows from GpuNodeUsage objects, and a warning for each one that cannot be read (see
+    rows_of)."""
+    statuses, warnings = read_statuses(reports)
+    return rows_of(statuses), warnings
+
+
+def rows_of(statuses: Iterable[NodeStatus]) -> list[PodRow]:
+    """A pod that uses several devices is one row; a pod that requested GPUs and leaves them
+    idle is a row with no devices."""
+    rows: dict[tuple[str, str, str], PodRow] = {}
+    for node, status in statuses:
         handed = {a.uid: a for a in status.allocations}
         for pod in status.pods:
             row = rows.setdefault(
@@ -100,7 +114,7 @@ def pod_rows(reports: Iterable[Mapping[str, Any]]) -> tuple[list[PodRow], list[s
                     stale=status.stale,
                 )
                 _hand(rows[key], handed.get(idle.uid))
-    return list(rows.values()), warnings
+    return list(rows.values())
 
 
 def _hand(row: PodRow, entry: PodAllocation | None) -> None:
@@ -257,20 +271,26 @@ def allocated_count(row: PodRow) -> int:
     return (row.requested_gpus if counted_by_plugin(row) else 0) + (claim_devices(row) or 0)
 
 
-def allocations_by_node(reports: Iterable[Mapping[str, Any]]) -> dict[str, list[PodAllocation]]:
+def allocations_by_node(statuses: Iterable[NodeStatus]) -> dict[str, list[PodAllocation]]:
     """What each node's running pods were handed (status.allocations), for the reports whose
     operator lists it; an earlier operator's reports are left out (counted from their pods)."""
-    found: dict[str, list[PodAllocation]] = {}
-    for report in reports:
-        raw = report.get("status")
-        if not isinstance(raw, dict) or "allocations" not in raw:
-            continue
-        try:
-            status = GpuNodeUsageStatus.model_validate(raw)
-        except ValidationError:
-            continue  # pod_rows warns about it
-        found[str((report.get("metadata") or {}).get("name", "?"))] = status.allocations
-    return found
+    return {
+        node: status.allocations
+        for node, status in statuses
+        if "allocations" in status.model_fields_set
+    }
+
+
+def select_handed(
+    handed: Mapping[str, list[PodAllocation]], namespace: str | None = None, node: str | None = None
+) -> dict[str, list[PodAllocation]]:
+    """What was handed in one namespace (None: all) on one node (None: all), as select picks
+    rows."""
+    return {
+        n: [a for a in entries if namespace in (None, a.namespace)]
+        for n, entries in handed.items()
+        if node in (None, n)
+    }
 
 
 def namespace_rows(
