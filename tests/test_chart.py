@@ -68,10 +68,16 @@ def _objects(text: str) -> dict[Key, dict[str, Any]]:
     return out
 
 
-def _render(helm: Helm, *sets: str, namespace: str = NS) -> dict[Key, dict[str, Any]]:
-    args = [arg for s in sets for arg in ("--set", s)]
-    out = helm.run("template", "gpuusage", str(CHART), "-n", namespace, "--include-crds", *args)
-    return _objects(out.stdout)
+def _set(sets: tuple[str, ...]) -> list[str]:
+    """`--set` before each value."""
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def _render(
+    helm: Helm, *sets: str, namespace: str = NS, chart: Path = CHART
+) -> dict[Key, dict[str, Any]]:
+    args = ("-n", namespace, "--include-crds", *_set(sets))
+    return _objects(helm.run("template", "gpuusage", str(chart), *args).stdout)
 
 
 def test_the_charts_copies_are_those_of_their_sources() -> None:
@@ -107,8 +113,7 @@ def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
     ids=["defaults", "monitoring", "host-proc"],
 )
 def test_helm_lint_finds_nothing_to_say(helm: Helm, sets: tuple[str, ...]) -> None:
-    args = [arg for s in sets for arg in ("--set", s)]
-    out = helm.run("lint", "--strict", str(CHART), *args).stdout
+    out = helm.run("lint", "--strict", str(CHART), *_set(sets)).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
     assert "[WARNING]" not in out, out
 
@@ -120,9 +125,7 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
     (archive,) = tmp_path.glob("gpuusage-*.tgz")
     assert str(archive) in out
     sets = ("monitoring.enabled=true",)
-    args = [arg for s in sets for arg in ("--set", s)]
-    packaged = helm.run("template", "gpuusage", str(archive), "-n", NS, "--include-crds", *args)
-    assert _objects(packaged.stdout) == _render(helm, *sets)
+    assert _render(helm, *sets, chart=archive) == _render(helm, *sets)
 
 
 @pytest.mark.parametrize(

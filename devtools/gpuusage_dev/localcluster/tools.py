@@ -80,8 +80,7 @@ HELM = Tool(
     env="GPUUSAGE_HELM",
     version_variable="helm.sh/helm/v4/internal/version.version",
 )
-MONITORING_TOOLS = (KUBE_STATE_METRICS, PROMTOOL)
-TOOLS = (*MONITORING_TOOLS, HELM)
+TOOLS = (KUBE_STATE_METRICS, PROMTOOL, HELM)
 
 
 def _usable(path: Path) -> bool:
