@@ -35,7 +35,7 @@ from gpuusage_nodeagent.cgroup import CgroupAttribution
 from gpuusage_nodeagent.change import Fingerprint, decide, meaningful_change
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
-from gpuusage_nodeagent.main import NodeReader
+from gpuusage_nodeagent.main import NodeReader, own_kubelet_roots
 from gpuusage_nodeagent.metrics import AgentMetrics, healthy
 from gpuusage_nodeagent.publisher import Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
@@ -52,6 +52,20 @@ BEAT = timedelta(seconds=60)
 
 
 # -- resolver ----------------------------------------------------------------------------------
+def test_the_agent_reads_paths_below_the_kubelet_root_its_own_cgroup_shows(tmp_path: Path) -> None:
+    """A kubelet nested in an outer pod: the agent's own cgroup (proc-root/self/cgroup) gives
+    the root, so a process of an inner pod is that pod's, not the outer pod's."""
+    outer = "/kubepods/burstable/pod11111111-2222-4333-8444-555555555555/" + "a" * 64
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "cgroup").write_text(
+        f"0::{outer}/kubepods/besteffort/pod99999999-2222-4333-8444-555555555555/{'b' * 64}\n"
+    )
+    write_process(tmp_path, 42, f"0::{outer}/kubepods/pod{POD_TRAIN}/{CTR_TRAIN}\n")
+    found = Resolver(tmp_path, roots=own_kubelet_roots(tmp_path)).resolve(42)
+    assert (found.attribution.container_id, found.attribution.pod_uid) == (CTR_TRAIN, POD_TRAIN)
+    assert Resolver(tmp_path).resolve(42).attribution.container_id == "a" * 64
+
+
 def test_resolver_caches_by_pid_and_start_time(tmp_path: Path) -> None:
     write_process(tmp_path, 42, CGROUP, start_ticks=500)
     resolver = Resolver(tmp_path)

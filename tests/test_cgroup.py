@@ -16,6 +16,7 @@ from gpuusage.api.models import CONTAINER_ID_PATTERN, POD_UID_PATTERN
 from gpuusage_nodeagent.cgroup import (
     CgroupAttribution,
     UnparseableCgroup,
+    kubelet_roots,
     parse_cgroup_file,
     parse_path,
 )
@@ -150,3 +151,65 @@ def _assert_valid(found: CgroupAttribution) -> None:
         assert re.match(CONTAINER_ID_PATTERN, found.container_id)
     if found.pod_uid is not None:
         assert re.match(POD_UID_PATTERN, found.pod_uid)
+
+
+OUTER = "pod5a5a5a5a-1111-4222-8333-444444444444"
+INNER = "6b6b6b6b-1111-4222-8333-444444444444"
+CID_A, CID_B, CID_AGENT = "1" * 64, "2" * 64, "3" * 64
+
+
+def test_a_tenant_cannot_charge_its_use_to_a_pod_it_names_below_its_container() -> None:
+    """Pod A's privileged process makes cgroups that name pod B: it stays pod A's (the first
+    pod under the kubelet's root), container and all; the innermost pod would be B."""
+    text = f"0::/kubepods/burstable/{OUTER}/{CID_A}/kubepods/pod{INNER}/{CID_B}\n"
+    found = parse_cgroup_file(text)
+    assert (found.container_id, found.pod_uid) == (CID_A, OUTER.removeprefix("pod"))
+
+
+def test_a_kubelet_nested_in_an_outer_pod_is_read_below_its_root() -> None:
+    """The agent of a kubelet running inside pod A (kind in a CI pod) sees the host's full
+    paths: its own cgroup tells the kubelet's root, and pod B below it is found."""
+    nested = f"/kubepods/burstable/{OUTER}/{CID_A}/kubelet"
+    own = f"0::{nested}/kubepods/besteffort/pod{'7' * 8}-1111-4222-8333-444444444444/{CID_AGENT}\n"
+    roots = kubelet_roots(own)
+    assert roots == {"": ("kubepods", "burstable", OUTER, CID_A, "kubelet")}
+    text = f"0::{nested}/kubepods/burstable/pod{INNER}/{CID_B}\n"
+    found = parse_cgroup_file(text, roots)
+    assert (found.container_id, found.pod_uid) == (CID_B, INNER)
+    # The same path read by the outer node's agent (its root is the host's): pod A's.
+    assert parse_cgroup_file(text, kubelet_roots(f"0::/kubepods/pod{INNER}/{CID_AGENT}\n")) == (
+        parse_cgroup_file(text)
+    )
+    assert parse_cgroup_file(text).pod_uid == OUTER.removeprefix("pod")
+    # Inside the nested kubelet, a tenant's own nesting is still its own.
+    sneaky = f"0::{nested}/kubepods/pod{INNER}/{CID_B}/kubepods/{OUTER}/{CID_A}\n"
+    assert parse_cgroup_file(sneaky, roots).pod_uid == INNER
+
+
+def test_roots_per_hierarchy_and_without_a_pod() -> None:
+    """cgroup v1 hierarchies each have their own root; a line without a pod gives none (the
+    agent outside any pod reads every path from its start)."""
+    own = (
+        f"4:memory:/outer/kubepods.slice/kubepods-besteffort.slice/"
+        f"kubepods-besteffort-pod{INNER.replace('-', '_')}.slice/cri-containerd-{CID_AGENT}.scope\n"
+        "3:cpu:/user.slice\n"
+        "0::/\n"
+    )
+    assert kubelet_roots(own) == {"memory": ("outer",)}
+    assert kubelet_roots("0::/process_api/abc\n") == {}
+    text = f"4:memory:/outer/kubepods.slice/kubepods-pod{INNER.replace('-', '_')}.slice/{CID_B}\n"
+    assert parse_cgroup_file(text, kubelet_roots(own)).pod_uid == INNER
+
+
+@given(layouts(), st.lists(st.sampled_from([OUTER, f"pod{INNER}", CID_B, "kubepods", "x"])))
+@settings(max_examples=300)
+def test_nothing_below_a_container_changes_whose_it_is(
+    layout: tuple[str, str, str], below: list[str]
+) -> None:
+    """Whatever cgroups a container makes below itself (pod and container names included),
+    its processes stay its own."""
+    text, cid, uid = layout
+    line = text.rstrip("\n")
+    nested = "/".join([line, *below]) if below else line
+    found = parse_cgroup_file(nested + "\n")
+    assert (found.container_id, found.pod_uid) == (cid, uid)

@@ -14,11 +14,17 @@ What makes this hard, and how each case is handled:
   cgroupfs-style parents encoded each slice twice (`kubepods.slice-kubepods_burstable.slice-
   kubepods_burstable_pod<uid>.slice.slice`): underscores and repeated `.slice` are accepted.
 * `crio-conmon-<id>` holds CRI-O's monitor process, not the container: never a container ID.
-* Nesting (kind, k3d, docker-in-docker): several 64-hex IDs and even several pod components can
-  appear in one path. The innermost pod is the one the kubelet we report for manages, so the
-  *last* pod component wins, and the container is the *first* container-like component below
-  it (anything deeper is a sub-cgroup the container made itself). Without a pod component, the
-  first container-like component is the host runtime's container.
+* Nesting (kind, k3d, docker-in-docker) and tenants: several 64-hex IDs and even several pod
+  components can appear in one path. Attribution is anchored at the *first* pod component under
+  the kubelet's cgroup root, and the container is the *first* container-like component below
+  it: everything deeper is a sub-cgroup that container made itself, and belongs to it. A
+  privileged process of pod A that creates `…/pod<A>/<cidA>/…/pod<B>/<cidB>` is still pod A's;
+  taking the innermost pod would let it charge its use to pod B. The kubelet's root is known
+  from the agent's own cgroup (see kubelet_roots): when the agent runs in a kubelet nested in
+  an outer pod and sees the host's full paths, the outer part (`/kubepods/…/pod<outer>/<id>/
+  kubelet/…`) is the root's prefix and is skipped, so the inner pod is found. Without a known
+  root (the agent is no pod, or its own file names none) the path is read from its start.
+  Without a pod component, the first container-like component is the host runtime's container.
 * cgroup v1 has one line per hierarchy, which can disagree; v2 has one `0::` line; hybrid hosts
   have both. Every line is parsed and the most complete answer wins (pod and container, then
   container, then pod), ties going to the unified hierarchy, then memory, cpu, pids, systemd.
@@ -104,15 +110,30 @@ def _components(path: str) -> list[str]:
     return parts
 
 
-def parse_path(path: str) -> CgroupAttribution:
-    """Attribute one cgroup path (the third field of a /proc/<pid>/cgroup line)."""
+Root = tuple[str, ...]
+"""The components of the kubelet's cgroup root on one hierarchy, as the agent reads paths."""
+
+Roots = dict[str, Root]
+"""The kubelet's root per hierarchy (the controllers field of a /proc/<pid>/cgroup line)."""
+
+
+def _pod_match(part: str) -> re.Match[str] | None:
+    return _POD.match(part.lower())
+
+
+def parse_path(path: str, root: Root = ()) -> CgroupAttribution:
+    """Attribute one cgroup path (the third field of a /proc/<pid>/cgroup line). `root`: the
+    kubelet's cgroup root on that hierarchy, skipped where the path starts with it."""
     parts = _components(path)
+    if root and tuple(parts[: len(root)]) == root:
+        parts = parts[len(root) :]
     pod_index = None
     pod_uid = None
     for index, part in enumerate(parts):
-        match = _POD.match(part.lower())
-        if match:
+        match = _pod_match(part)
+        if match:  # the first pod component: anything below belongs to it
             pod_index, pod_uid = index, _normalise_uid(match["uid"])
+            break
     start = 0 if pod_index is None else pod_index + 1
     for part in parts[start:]:
         if part.startswith("crio-conmon-"):
@@ -128,19 +149,57 @@ def parse_path(path: str) -> CgroupAttribution:
     return NO_ATTRIBUTION
 
 
-def parse_cgroup_file(text: str) -> CgroupAttribution:
-    """Attribute a process from the whole content of its /proc/<pid>/cgroup file.
+def _lines(text: str) -> list[tuple[str, str]]:
+    """(controllers, path) of each line of the kernel's form."""
+    return [
+        (controllers, path)
+        for line in text.splitlines()
+        if _LINE.match(line)
+        for _, controllers, path in [line.split(":", 2)]
+    ]
+
+
+_QOS = ("burstable", "besteffort", "guaranteed")
+
+
+def _kubelet_level(part: str) -> bool:
+    """A component the kubelet makes above a pod: `kubepods…` or a cgroupfs QoS folder."""
+    lowered = part.lower()
+    return "kubepods" in lowered or lowered in _QOS
+
+
+def kubelet_roots(own: str) -> Roots:
+    """The kubelet's cgroup root per hierarchy, from the agent's own /proc/self/cgroup: the
+    agent is a pod of the kubelet it reports for, so the path above its pod's `kubepods…`
+    components is that kubelet's root (empty on a plain node; the outer pod's path when the
+    kubelet runs nested in one). The agent's own pod is the last pod component of its path: no
+    tenant can move the agent. Hierarchies whose line names no pod give no root."""
+    roots: Roots = {}
+    for controllers, path in _lines(own):
+        parts = _components(path)
+        pods = [i for i, part in enumerate(parts) if _pod_match(part)]
+        if not pods:
+            continue
+        start = pods[-1]
+        while start > 0 and _kubelet_level(parts[start - 1]):
+            start -= 1
+        roots[controllers] = tuple(parts[:start])
+    return roots
+
+
+def parse_cgroup_file(text: str, roots: Roots | None = None) -> CgroupAttribution:
+    """Attribute a process from the whole content of its /proc/<pid>/cgroup file; `roots`
+    from kubelet_roots (none known: every path is read from its start).
 
     Raises UnparseableCgroup when no line has the kernel's form.
     """
     best: tuple[int, int, CgroupAttribution] | None = None
-    lines = [line for line in text.splitlines() if _LINE.match(line)]
+    lines = _lines(text)
     if not lines:
         shown = text[:40].encode("unicode_escape").decode("ascii")
         raise UnparseableCgroup(f"no line of the form hierarchy:controllers:/path in {shown!r}")
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        found = parse_path(path)
+    for controllers, path in lines:
+        found = parse_path(path, (roots or {}).get(controllers, ()))
         if found.completeness == 0:
             continue
         rank = _CONTROLLER_RANK.get(controllers, 5)

@@ -26,6 +26,7 @@ from gpuusage.kube.rest import RestClient
 from gpuusage.settings import comma_list
 from gpuusage_nodeagent.activity import ActivityTracker
 from gpuusage_nodeagent.caps import capped
+from gpuusage_nodeagent.cgroup import Roots, kubelet_roots
 from gpuusage_nodeagent.gpusource.base import GpuSource
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
@@ -127,6 +128,14 @@ def _record(metrics: AgentMetrics, attributed: AttributedReading) -> None:
     metrics.nvml_available.set(1 if reading.source.available else 0)
 
 
+def own_kubelet_roots(proc_root: Path) -> Roots:
+    """The kubelet's cgroup root as the agent's own cgroup shows it (none outside a pod)."""
+    try:
+        return kubelet_roots((proc_root / "self" / "cgroup").read_text(errors="replace"))
+    except OSError:
+        return {}
+
+
 def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> int:
     """Run until stop is set (SIGTERM/SIGINT) or after one cycle with --once."""
     stop = stop or threading.Event()
@@ -136,7 +145,10 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
     except GpuusageError as exc:
         log.error("%s", exc)
         return 2
-    resolver = Resolver(settings.proc_root, grace=settings.attribution_grace)
+    roots = own_kubelet_roots(settings.proc_root)
+    if roots:
+        log.info("kubelet cgroup root, from the agent's own cgroup: %s", roots)
+    resolver = Resolver(settings.proc_root, grace=settings.attribution_grace, roots=roots)
     kubelet = Kubelet(
         settings.pod_resources_socket,
         settings.pod_resources_timeout,

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuusage import procfs
-from gpuusage_nodeagent.cgroup import CgroupAttribution, UnparseableCgroup, parse_cgroup_file
+from gpuusage_nodeagent.cgroup import (
+    CgroupAttribution,
+    Roots,
+    UnparseableCgroup,
+    parse_cgroup_file,
+)
 
 MAX_NAME = 64
 DEFAULT_GRACE = 120.0
@@ -82,6 +87,7 @@ class Resolver:
     process, and anything else falls back to reading the start time.
 
     `clock` (monotonic seconds) times how long a process's files have been unreadable.
+    `roots`: the kubelet's cgroup root per hierarchy (cgroup.kubelet_roots), where known.
     """
 
     def __init__(
@@ -90,8 +96,10 @@ class Resolver:
         *,
         grace: float = DEFAULT_GRACE,
         clock: Callable[[], float] = time.monotonic,
+        roots: Roots | None = None,
     ) -> None:
         self.proc_root = proc_root
+        self.roots = roots or {}
         self.grace = grace
         self._clock = clock
         self._prefix = f"{proc_root}/"
@@ -148,7 +156,7 @@ class Resolver:
         base = self.proc_root / str(pid)
         try:
             text = (base / "cgroup").read_text(errors="replace")
-            attribution = parse_cgroup_file(text)
+            attribution = parse_cgroup_file(text, self.roots)
         except OSError as exc:
             # Not cached: the next cycle may succeed (a transient permission or race).
             return ticks, Resolved(
