@@ -5,11 +5,17 @@ and raise pynvml's real error classes (NVMLError(NVML_ERROR_GPU_IS_LOST) is an
 NVMLError_GpuIsLost). The process lists go one level deeper: the C symbols behind
 `_nvmlGetFunctionPointer` are emulated (fill the caller's array, or say how large it must be),
 so pynvml's own wrappers and the agent's direct calls marshal exactly as over a driver. With
-`v3_missing=True` the _v3 symbols are absent, as on drivers older than R510.
+`v3_missing=True` the _v3 symbols are absent, as on drivers older than R510; with
+`detail_missing=True` the versioned nvmlDeviceGetRunningProcessDetailList is (drivers before
+R550); `v3_grown=True` is the 535.43-535.86 driver whose _v3 symbol writes the grown 32-byte
+struct into the caller's array of 24-byte ones. A process with `listed=False` holds memory the
+driver counts but lists in no process list (a pid the driver cannot map into the caller's pid
+namespace, a hidden runtime).
 """
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import uuid as uuidlib
 from ctypes import Array
@@ -25,6 +31,7 @@ NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
 # The driver's layouts (pynvml's c_nvmlProcessInfo_v2_t/_v3_t and
 # c_nvmlProcessUtilizationSample_t), native byte order and alignment.
 PROC_INFO = struct.Struct("@IQII")
+PROC_DETAIL = struct.Struct("@IQIIQ")  # c_nvmlProcessDetail_v1_t, and the grown 535.43 v3 struct
 SAMPLE = struct.Struct("@IQIIII")
 
 
@@ -38,6 +45,8 @@ class FakeProcess:
     mem: int | None = None
     earlier_sm: tuple[int, ...] = ()
     """SM samples the driver kept before the latest one (`sm`) since the last query."""
+    listed: bool = True
+    """False: its memory is counted on the device, but no process list shows it."""
 
 
 @dataclass
@@ -49,6 +58,7 @@ class FakeMig:
     ci: int = 0
     total_mib: int = 4864
     processes: list[FakeProcess] = field(default_factory=list)
+    reserved_mib: int = 0
 
 
 @dataclass
@@ -56,7 +66,9 @@ class FakeGpu:
     uuid: str
     name: str = "NVIDIA H100 80GB HBM3"
     total_mib: int = 81559
-    used_mib: int = 0
+    used_mib: int | None = None
+    """Memory in use, the reserved part included; None: reserved plus every process's."""
+    reserved_mib: int = 0
     util: tuple[int, int] = (0, 0)
     processes: list[FakeProcess] = field(default_factory=list)
     mig: list[FakeMig] | None = None
@@ -96,12 +108,18 @@ class FakeMachine:
         cuda: int = 12040,
         init_error: int | None = None,
         v3_missing: bool = False,
+        detail_missing: bool = False,
+        v3_grown: bool = False,
+        memory_v2_missing: bool = False,
     ) -> None:
         self.gpus = gpus
         self.driver = driver
         self.cuda = cuda
         self.init_error = init_error
         self.v3_missing = v3_missing
+        self.detail_missing = detail_missing
+        self.v3_grown = v3_grown
+        self.memory_v2_missing = memory_v2_missing
         self.calls: list[str] = []
         self.initialised = False
 
@@ -122,10 +140,10 @@ class FakeMachine:
         if gpu.process_error is not None:
             raise _err(gpu.process_error)
         procs = self._mig(handle).processes if handle.mig is not None else gpu.processes
-        return [p for p in procs if kind in p.kinds]
+        return [p for p in procs if kind in p.kinds and p.listed]
 
     # -- the emulated C symbols ------------------------------------------------------------
-    def _c_process_fn(self, kind: str) -> Any:
+    def _c_process_fn(self, kind: str, grown: bool = False) -> Any:
         def fn(handle: Handle, count_ref: Any, array: Array[Any] | None) -> int:
             try:
                 procs = self._procs(handle, kind)
@@ -137,25 +155,52 @@ class FakeMachine:
                 return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else pynvml.NVML_SUCCESS)
             view = memoryview(array).cast("B")
             mig = self._mig(handle) if handle.mig is not None else None
+            layout = PROC_DETAIL if grown else PROC_INFO
             for index, proc in enumerate(procs):
-                self._pack_proc(view, index, mig, proc)
+                if (index + 1) * layout.size > len(view):
+                    break  # the grown struct overruns the caller's array: the end is lost
+                self._pack_proc(view, index, mig, proc, layout)
             count.value = len(procs)
             return int(pynvml.NVML_SUCCESS)
 
         return fn
 
+    def _c_detail_list(self, handle: Handle, listing_ref: Any) -> int:
+        """nvmlDeviceGetRunningProcessDetailList: a versioned list struct pointing at the
+        caller's array."""
+        listing = listing_ref._obj
+        if listing.version != pynvml.nvmlProcessDetailList_v1:
+            return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        kind = {0: "compute", 1: "graphics", 2: "mps"}[int(listing.mode)]
+        try:
+            procs = self._procs(handle, kind)
+        except pynvml.NVMLError as exc:
+            return int(exc.value)
+        if not listing.procArray or listing.numProcArrayEntries < len(procs):
+            listing.numProcArrayEntries = len(procs)
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else pynvml.NVML_SUCCESS)
+        address = ctypes.cast(listing.procArray, ctypes.c_void_p).value or 0
+        view = memoryview((ctypes.c_char * (len(procs) * PROC_DETAIL.size)).from_address(address))
+        mig = self._mig(handle) if handle.mig is not None else None
+        for index, proc in enumerate(procs):
+            self._pack_proc(view.cast("B"), index, mig, proc, PROC_DETAIL)
+        listing.numProcArrayEntries = len(procs)
+        return int(pynvml.NVML_SUCCESS)
+
     @staticmethod
-    def _pack_proc(view: memoryview, index: int, mig: FakeMig | None, proc: FakeProcess) -> None:
+    def _pack_proc(
+        view: memoryview,
+        index: int,
+        mig: FakeMig | None,
+        proc: FakeProcess,
+        layout: struct.Struct = PROC_INFO,
+    ) -> None:
         """Write one process-info struct into the caller's array, as the driver does."""
         used = NOT_AVAILABLE if proc.used_mib is None else proc.used_mib * MIB
-        PROC_INFO.pack_into(
-            view,
-            index * PROC_INFO.size,
-            proc.pid,
-            used,
-            mig.gi if mig else NO_MIG,
-            mig.ci if mig else NO_MIG,
-        )
+        fields = [proc.pid, used, mig.gi if mig else NO_MIG, mig.ci if mig else NO_MIG]
+        if layout is PROC_DETAIL:
+            fields.append(0)  # usedGpuCcProtectedMemory
+        layout.pack_into(view, index * layout.size, *fields)
 
     def _c_utilization(
         self, handle: Handle, array: Array[Any] | None, count_ref: Any, since: Any
@@ -192,7 +237,9 @@ class FakeMachine:
         ):
             table[base + "_v2"] = self._c_process_fn(kind)
             if not self.v3_missing:
-                table[base + "_v3"] = self._c_process_fn(kind)
+                table[base + "_v3"] = self._c_process_fn(kind, grown=self.v3_grown)
+        if not self.detail_missing:
+            table["nvmlDeviceGetRunningProcessDetailList"] = self._c_detail_list
         table["nvmlDeviceGetProcessUtilization"] = self._c_utilization
         if name not in table:
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -225,16 +272,32 @@ class FakeMachine:
         def name(handle: Handle) -> str:
             return self._mig(handle).name if handle.mig is not None else self._gpu(handle).name
 
-        def memory(handle: Handle) -> Any:
+        def memory(handle: Handle, version: int | None = None) -> Any:
+            self.calls.append(f"memory:{handle}")
             if handle.mig is not None:
                 mig = self._mig(handle)
-                used = sum(p.used_mib or 0 for p in mig.processes)
+                reserved = mig.reserved_mib
+                used = reserved + sum(p.used_mib or 0 for p in mig.processes)
                 total = mig.total_mib
             else:
                 gpu = self._gpu(handle)
-                used, total = gpu.used_mib, gpu.total_mib
-            return pynvml.c_nvmlMemory_t(
-                total=total * MIB, free=(total - used) * MIB, used=used * MIB
+                reserved = gpu.reserved_mib
+                used = reserved + sum(p.used_mib or 0 for p in gpu.processes)
+                used = used if gpu.used_mib is None else gpu.used_mib
+                total = gpu.total_mib
+            if not version:
+                return pynvml.c_nvmlMemory_t(
+                    total=total * MIB, free=(total - used) * MIB, used=used * MIB
+                )
+            if self.memory_v2_missing:
+                raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            # Newer drivers' v2: used excludes the reserved part (total = reserved+free+used).
+            return pynvml.c_nvmlMemory_v2_t(
+                version=version,
+                total=total * MIB,
+                reserved=reserved * MIB,
+                free=(total - used) * MIB,
+                used=(used - reserved) * MIB,
             )
 
         def utilization(handle: Handle) -> Any:
@@ -316,6 +379,5 @@ def dgx_h100(processes_per_gpu: int = 8, first_pid: int = 10_000) -> FakeMachine
                 FakeProcess(pid=pid, used_mib=2048 + pid % 7 * 512, sm=pid % 100, mem=pid % 50)
             )
             pid += 1
-        used = sum(p.used_mib or 0 for p in procs) + 512
-        gpus.append(FakeGpu(uuid=gpu_uuid(index), used_mib=used, util=(87, 41), processes=procs))
+        gpus.append(FakeGpu(uuid=gpu_uuid(index), reserved_mib=512, util=(87, 41), processes=procs))
     return FakeMachine(gpus)

@@ -370,11 +370,11 @@ def _worst_case(name: str) -> GpuNodeUsage:
         migs = [
             MigDevice(
                 index=m,
-                uuid=f"MIG-{uuid}/{10**40 + m}/{10**40}"[:96],
+                uuid=f"MIG-{uuid}/{10**4 + m}/{10**4}",
                 name=safe * 96,
                 gpu_instance_id=2**62,
                 compute_instance_id=2**62,
-                memory=Memory(total_mib=MAX_MIB, used_mib=MAX_MIB),
+                memory=Memory(total_mib=MAX_MIB, used_mib=MAX_MIB, reserved_mib=MAX_MIB),
                 omitted_processes=2**62,
                 omitted_memory_mib=MAX_MIB,
                 error=error,
@@ -387,7 +387,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 uuid=uuid,
                 name=safe * 96,
                 pci_bus_id=safe * 32,
-                memory=Memory(total_mib=MAX_MIB, used_mib=MAX_MIB),
+                memory=Memory(total_mib=MAX_MIB, used_mib=MAX_MIB, reserved_mib=MAX_MIB),
                 utilization=Utilization(gpu_percent=100, memory_percent=100),
                 mig_enabled=True,
                 mig_devices=migs,
@@ -399,7 +399,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
         )
     long_name = ".".join(["p" * 63] * 4)[:253]
     per_pod = MAX_KUBELET_DEVICES // MAX_KUBELET_PODS
-    long_device = f"MIG-GPU-{'a' * 8}-1111-2222-3333-444444444444/{10**40}/{10**40}"[:MAX_DEVICE_ID]
+    long_device = f"MIG-GPU-{'a' * 8}-1111-2222-3333-444444444444/{10**4}/{10**4}"
     kubelet = KubeletAllocations(
         state="Unavailable",
         message=safe * 1024,
@@ -459,6 +459,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
             unallocated_pods=2**62,
             held_idle_pods=2**62,
             idle_pods=2**62,
+            blind_devices=MAX_DEVICES,
             memory=safe * 64,
         ),
         devices=[
@@ -474,6 +475,7 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 unattributed_memory_mib=MAX_MIB,
                 omitted_processes=2**62,
                 omitted_memory_mib=MAX_MIB,
+                blind="ProcessesUnresolved",
             )
             for _ in range(MAX_DEVICES)
         ],

@@ -115,7 +115,7 @@ def test_process_validation_names_the_field() -> None:
 def test_models_round_trip_through_the_wire_form() -> None:
     spec = example_spec("n1", NOW)
     wire = spec.to_api()
-    assert wire["gpus"][0]["memory"] == {"totalMiB": 81920, "usedMiB": 41472}
+    assert wire["gpus"][0]["memory"] == {"totalMiB": 81920, "usedMiB": 41472, "reservedMiB": None}
     assert wire["gpus"][0]["processes"][0]["containerID"] == spec.gpus[0].processes[0].container_id
     assert wire["observedAt"] == "2026-11-21T17:00:00Z"
     assert GpuNodeUsageSpec.model_validate(wire) == spec

@@ -50,6 +50,7 @@ SA = "gpuusage-state-metrics"
 ALERTS = (
     "GpuNodeReportStale",
     "GpuMemoryNearlyFull",
+    "GpuProcessesNotVisible",
     "GpuMemoryHeldOutsidePods",
     "GpuUsedWithoutRequest",
     "GpuUsedOutsideAllocation",
@@ -461,6 +462,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             "frac": {"annotations": {"gpu-fraction": "0.5"}},
         },
     )
+    c = make_world({"train": 1}, operator=False)  # its one GPU turns blind in the trouble
     train, waiter, sneaky, stray, kernel = (
         a["pids"][n] for n in ("train", "waiter", "sneaky", "stray", "kernel")
     )
@@ -495,7 +497,9 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             }
         ]
     )
-    ours = {a["node"], b["node"]}
+    c_gpu0 = [_gpu(0, GPU0, 4096, [(c["pids"]["train"], 4096)])]
+    c["scenario"](c_gpu0)
+    ours = {a["node"], b["node"], c["node"]}
 
     def scrape() -> dict[Sample, float]:
         return {k: v for k, v in _scrape(state_metrics).items() if dict(k[1]).get("node") in ours}
@@ -508,6 +512,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_pod_allocated_gpu_share", node=b["node"], pod="frac") == 0.5
             and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
             and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
+            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=c["node"], pod="train") == 4096
             and _value(
                 s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="False"
             )
@@ -548,6 +553,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     held = "gpuusage_pod_gpu_held_idle_since_timestamp_seconds"
     assert _value(healthy, held, **node_a, pod="kernel") == 0
     assert _value(healthy, "gpuusage_node_held_idle_pods", **node_a) == 0
+    assert _value(healthy, "gpuusage_node_blind_devices", node=c["node"]) == 0
     observed = _value(healthy, "gpuusage_node_observed_timestamp_seconds", **node_a)
     assert observed is not None
     assert abs(observed - time.time()) < 60
@@ -568,6 +574,9 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         ]
     )
     b["agent"].halt()
+    # c's driver stops listing its trainer (a pid outside the agent's namespace) while the
+    # memory stays: the device is blind, the trainer Unknown, never idle.
+    c["scenario"]([{**c_gpu0[0], "processes": []}])
 
     def trouble_now() -> dict[Sample, float] | None:
         s = scrape()
@@ -577,6 +586,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_pod_gpu_unallocated", node=a["node"], pod="stray") == 1
             and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
             and (_value(s, held, node=a["node"], pod="kernel") or 0) > 0
+            and _value(s, "gpuusage_node_blind_devices", node=c["node"]) == 1
             and _value(
                 s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="True"
             )
@@ -602,6 +612,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert _value(trouble, "gpuusage_node_unrequested_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_unallocated_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_idle_pods", **node_a) == 1
+    assert _value(trouble, "gpuusage_node_idle_pods", node=c["node"]) == 0, "blind: not idle"
     assert _value(trouble, "gpuusage_node_held_idle_pods", **node_a) == 1
     held_since = _value(trouble, held, **node_a, pod="kernel")
     assert held_since is not None
@@ -621,6 +632,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     expected = {
         "GpuNodeReportStale": [{"node": b["node"]}],
         "GpuMemoryNearlyFull": [{"node": a["node"], "gpu": GPU0}],
+        "GpuProcessesNotVisible": [{"node": c["node"]}],
         "GpuMemoryHeldOutsidePods": [{"node": a["node"], "gpu": GPU1}],
         "GpuUsedWithoutRequest": [{"namespace": a["ns"], "pod": "sneaky", "node": a["node"]}],
         "GpuUsedOutsideAllocation": [{"namespace": a["ns"], "pod": "stray", "node": a["node"]}],

@@ -108,7 +108,8 @@ def test_mig_devices_are_queried_per_handle(monkeypatch: pytest.MonkeyPatch) -> 
     assert [p.pid for p in reading.processes_of(slice3)] == [401]
     assert reading.processes_of(slice3)[0].sm_util_percent is None, "none per process on MIG"
     assert [p.pid for p in reading.processes_of(gpu.mig_devices[0])] == [400]
-    assert not any("Handle(gpu=0, mig=None)" in c for c in machine.calls)
+    parent = [c for c in machine.calls if c.endswith("Handle(gpu=0, mig=None)")]
+    assert not [c for c in parent if not c.startswith("memory:")], "no process list of the parent"
     assert reading.gpus[1].mig_enabled is False
 
 
@@ -226,13 +227,125 @@ def test_broken_driver_idles_then_recovers(
     assert len(recovered.gpus) == 8
 
 
-def test_invalid_pids_from_struct_mismatch_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
-    machine = FakeMachine(
-        [FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=0), FakeProcess(pid=4242)])]
+def test_process_lists_are_read_through_the_versioned_call_where_the_driver_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R550+: nvmlDeviceGetRunningProcessDetailList, whose struct carries its version, reads
+    every list (compute, graphics, MPS) with its memory; no unversioned call is made."""
+    gpu = FakeGpu(
+        uuid=gpu_uuid(0),
+        processes=[
+            FakeProcess(pid=4242, used_mib=2048),
+            FakeProcess(pid=77, used_mib=None, kinds=("graphics",)),
+            FakeProcess(pid=88, used_mib=512, kinds=("mps", "compute")),
+        ],
     )
+    machine = FakeMachine([gpu])
     reading = _source(machine, monkeypatch).read()
-    assert [p.pid for p in reading.processes_of(reading.gpus[0])] == [4242]
-    assert reading.errors["InvalidPid"] == 1
+    listed = {p.pid: (p.used_memory_mib, p.types) for p in reading.processes_of(reading.gpus[0])}
+    assert listed == {
+        77: (None, ("graphics",)),
+        88: (512, ("compute", "mps")),
+        4242: (2048, ("compute",)),
+    }
+    assert not reading.errors
+    assert reading.gpus[0].error is None
+
+
+@pytest.mark.parametrize(
+    ("driver", "expected"),
+    [
+        ({"detail_missing": True}, "v3"),
+        ({"detail_missing": True, "v3_missing": True}, "v2"),
+        ({"detail_missing": True, "v3_grown": True}, "v2"),
+    ],
+    ids=["R510-R545", "older than R510", "535.43-535.86 (grown v3 struct)"],
+)
+def test_older_drivers_fall_back_in_order_and_a_grown_struct_is_never_misread(
+    monkeypatch: pytest.MonkeyPatch, driver: dict[str, Any], expected: str
+) -> None:
+    """Without the versioned call: _v3, then _v2. The 535.43 driver's _v3 fills the array with
+    a larger struct than the bindings read: the list shows impossible pids (0, 0xFFFFFFFF, the
+    end lost); it is not used, _v2 reads the truth and is kept from then on."""
+    procs = [FakeProcess(pid=pid, used_mib=1024 * (n + 1)) for n, pid in enumerate((11, 22, 33))]
+    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=procs)], **driver)
+    source = _source(machine, monkeypatch)
+    for _ in range(2):
+        reading = source.read()
+        listed = [(p.pid, p.used_memory_mib) for p in reading.processes_of(reading.gpus[0])]
+        assert listed == [(11, 1024), (22, 2048), (33, 3072)]
+        assert reading.gpus[0].error is None
+    assert source._list_call["compute"] == ("detail", "v3", "v2").index(expected)
+
+
+def test_a_list_no_call_reads_true_makes_the_device_unreadable_not_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Impossible pids in every call's list (a driver that writes garbage): the device says its
+    processes cannot be read (InvalidProcessList), with the pids seen; never 'no process'."""
+    gpu = FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=0), FakeProcess(pid=4242)])
+    other = FakeGpu(uuid=gpu_uuid(1), processes=[FakeProcess(pid=5151)])
+    machine = FakeMachine([gpu, other])
+    reading = _source(machine, monkeypatch).read()
+    broken = reading.gpus[0]
+    assert broken.error is not None
+    assert broken.error.reason == "InvalidProcessList"
+    assert "impossible pids (0)" in broken.error.message
+    assert not reading.processes_of(broken)
+    assert [p.pid for p in reading.processes_of(reading.gpus[1])] == [5151]
+    assert reading.errors["InvalidPid"] == 3  # the pid 0, once by each call
+
+
+def test_bindings_without_the_versioned_call_use_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nvidia-ml-py before 12.550 has no c_nvmlProcessDetail_v1_t: the _v3 call is used."""
+    monkeypatch.delattr(pynvml, "c_nvmlProcessDetail_v1_t")
+    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=9)])])
+    source = _source(machine, monkeypatch)
+    reading = source.read()
+    assert [p.pid for p in reading.processes_of(reading.gpus[0])] == [9]
+    assert source._list_call["compute"] == 1
+
+
+def test_memory_reports_the_reserved_part_and_the_lower_of_two_readings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """v2 memory gives the driver's reserved part; used is total - free either way. Memory is
+    read before and after the lists: a process that starts between them is not counted."""
+    gpu = FakeGpu(uuid=gpu_uuid(0), reserved_mib=530, processes=[FakeProcess(pid=9)])
+    machine = FakeMachine([gpu])
+    source = _source(machine, monkeypatch)
+    reading = source.read()
+    memory = reading.gpus[0].memory
+    assert memory is not None
+    assert (memory.used_mib, memory.reserved_mib) == (530 + 1024, 530)
+    machine.memory_v2_missing = True
+    old = _source(machine, monkeypatch).read().gpus[0].memory
+    assert old is not None
+    assert (old.used_mib, old.reserved_mib) == (530 + 1024, None)
+
+    real_list = machine._c_process_fn("compute")
+
+    def starting_meanwhile(handle: Any, count: Any, array: Any) -> int:
+        gpu.processes.append(FakeProcess(pid=10, used_mib=4096))
+        return int(real_list(handle, count, array))
+
+    machine.detail_missing = True
+    monkeypatch.setattr(
+        machine,
+        "_function_pointer",
+        lambda name: (
+            starting_meanwhile
+            if name.startswith("nvmlDeviceGetComputeRunning")
+            else (FakeMachine._function_pointer(machine, name))
+        ),
+    )
+    gpu.processes = [FakeProcess(pid=9)]
+    reading = _source(machine, monkeypatch).read()
+    memory = reading.gpus[0].memory
+    assert memory is not None
+    assert memory.used_mib == 530 + 1024, "the reading before the list"
 
 
 def test_process_utilization_unsupported_is_not_asked_again(

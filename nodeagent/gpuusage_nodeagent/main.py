@@ -38,6 +38,7 @@ from gpuusage_nodeagent.publisher import WRITE_BACKOFF, Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_nodeagent.visibility import DEFAULT_ALLOWANCE_MIB, with_blind_devices
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class NodeReader:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         kubelet: Kubelet | None = None,
         activity: ActivityTracker | None = None,
+        unexplained_memory_mib: int = DEFAULT_ALLOWANCE_MIB,
     ) -> None:
         self.node_name = node_name
         self.source = source
@@ -75,9 +77,10 @@ class NodeReader:
         self.clock = clock
         self.kubelet = kubelet
         self.activity = activity or ActivityTracker()
+        self.unexplained_memory_mib = unexplained_memory_mib
 
     def read(self) -> AttributedReading:
-        reading = capped(self.source.read())
+        reading = capped(with_blind_devices(self.source.read(), self.unexplained_memory_mib))
         now = self.clock()
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
@@ -161,6 +164,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         resolver,
         kubelet=kubelet,
         activity=ActivityTracker(timedelta(seconds=settings.idle_window)),
+        unexplained_memory_mib=settings.unexplained_memory_mib,
     )
     try:
         if settings.output == "json":

@@ -35,6 +35,10 @@ class AgentSettings(CommandSettings):
     written anyway, so that the operator sees the agent alive."""
     memory_threshold_mib: int = Field(default=64, ge=1)
     """Memory changes smaller than this (per process and per device) do not cause a write."""
+    unexplained_memory_mib: int = Field(default=256, ge=0)
+    """Memory in use on a device beyond the driver's reserved part and what its listed
+    processes hold, in MiB, above which the device is reported as one whose processes NVML
+    does not all list (ProcessesNotVisible): its pods' use is then unknown, never ended."""
     gpu_source: str = "nvml"
     """nvml (the driver), none (no GPUs), or fake:PATH (a scenario file)."""
     proc_root: Path = Path("/proc")

@@ -4,7 +4,11 @@ A pod's GPU use ends when the report shows none of its processes. That conclusio
 where the report could see: "could not read" is not "exited". A report is blind
 
 * everywhere, when the node has no usable GPU library (NVML unavailable);
-* on a device with an error (lost GPU, no permission), and on the MIG devices of such a GPU;
+* on a device with an error (lost GPU, no permission, a process list that cannot be true), and
+  on the MIG devices of such a GPU;
+* on a device whose memory in use the listed processes do not hold (the agent says so with the
+  error ProcessesNotVisible: NVML does not list every process, as with pids outside the agent's
+  pid namespace or MIG without the monitor capability);
 * on a device that is no longer reported at all;
 * on a device with processes the agent could not attribute to any container (its /proc files
   unreadable, hidden or unparseable): one of them may be the pod's;
@@ -13,8 +17,9 @@ where the report could see: "could not read" is not "exited". A report is blind
 A pod the operator last knew to use GPUs, whose processes this report does not show, is then
 `Unknown` (with the reason) when the report is blind on a device the pod was using; only a
 report that could see all of them says its use ended. A pod already marked as not using GPUs
-stays so: nothing in a blind spot says it started. Idle detection asks the same question: only
-a report blind nowhere can show that a requested GPU is unused.
+stays so: nothing in a blind spot says it started. Idle detection asks the same question, pod
+by pod: only a report that sees every device a pod could be using can show that it uses none
+(see sees_all): one blind device never switches judgement off for the whole node.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ from dataclasses import dataclass, field
 from gpuusage.api import names
 from gpuusage.api.models import MAX_PROCESSES, DeviceError, Gpu, GpuNodeUsageSpec, MigDevice
 from gpuusage.api.summary import device_uuid
+from gpuusage_operator.allocation import Allocation
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.resolution import Resolution
 
 REASON_DEVICE = "DeviceNotReadable"
 REASON_UNRESOLVED = "ProcessesUnresolved"
 REASON_OMITTED = "ProcessesOmitted"
+REASON_NOT_VISIBLE = "ProcessesNotVisible"
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,12 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
         for uuid, device, inherited in listed:
             reported.add(uuid)
             error = device.error or inherited
-            if error is not None:
+            if device.error is not None and device.error.reason == REASON_NOT_VISIBLE:
+                devices[uuid] = Cause(
+                    REASON_NOT_VISIBLE,
+                    f"device {uuid} on node {node}: {device.error.message}",
+                )
+            elif error is not None:
                 devices[uuid] = Cause(
                     REASON_DEVICE,
                     f"device {uuid} on node {node} could not "
@@ -98,6 +110,35 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
                 f"attributed to a pod ({r.message})",
             )
     return BlindSpots(None, devices, frozenset(reported))
+
+
+def sees_all(blind: BlindSpots, devices: Iterable[str] | None) -> bool:
+    """Whether the report sees every one of `devices` (None: which devices is not known, so
+    every device of the node counts)."""
+    if blind.everywhere is not None:
+        return False
+    if devices is None:
+        return not blind.devices
+    return all(blind.on(uuid) is None for uuid in devices)
+
+
+def devices_of(
+    allocation: Allocation, used: Iterable[str], pod: PodSnapshot, spec: GpuNodeUsageSpec
+) -> list[str] | None:
+    """The devices a pod could be using, for sees_all: what it uses, what it was last seen
+    on, and its allocated devices with the MIG devices of an allocated GPU (a MIG device made
+    at prepare time: every MIG device of its parent). None when its allocation is not known
+    device by device: it could then be on any device of the node."""
+    if not allocation.complete:
+        return None
+    children: dict[str, list[str]] = {
+        g.uuid: [m.uuid for m in g.mig_devices] for g in spec.gpus if g.uuid
+    }
+    found = [*used, *(last_devices(pod) or [])]
+    for given in allocation.devices:
+        parent = given.uuid or given.parent_uuid or ""
+        found += [parent, *children.get(parent, [])]
+    return found
 
 
 def last_devices(pod: PodSnapshot) -> list[str] | None:

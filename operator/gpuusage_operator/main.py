@@ -47,6 +47,7 @@ class Operator:
         self.reconciler = Reconciler(
             self.api,
             rules=rules,
+            driver_namespaces=settings.driver_namespace_set(),
             stale_after=timedelta(seconds=settings.stale_after),
             idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
             instance=self.identity,

@@ -17,7 +17,7 @@ import logging
 import socket
 import threading
 from collections import Counter as TallyCounter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,12 +32,13 @@ from gpuusage.kube.errors import Conflict, Invalid, NotFound, is_other_object, r
 from gpuusage.kube.mergepatch import merge_diff
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
+    Allocation,
     AllocationRules,
     KubeletView,
     allocation_of,
     judgements,
 )
-from gpuusage_operator.certainty import blind_spots
+from gpuusage_operator.certainty import blind_spots, devices_of, sees_all
 from gpuusage_operator.dra import NO_DRA, DraLookup
 from gpuusage_operator.freshness import (
     DEFAULT_STALE_AFTER,
@@ -52,7 +53,7 @@ from gpuusage_operator.holding import held_idle, next_held_deadline
 from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_deadline
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import PodEvent, Verdict, annotation_patch, plan_pod, verdicts
-from gpuusage_operator.resolution import pod_uses, resolve_all
+from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES, pod_uses, resolve_all
 from gpuusage_operator.showback import pod_allocations
 from gpuusage_operator.status import desired_status
 
@@ -131,6 +132,8 @@ class Reconciler:
 
     rules: AllocationRules = DEFAULT_RULES
     """What counts as handing a pod a GPU (see allocation)."""
+    driver_namespaces: frozenset[str] = frozenset(DEFAULT_DRIVER_NAMESPACES)
+    """Where NVIDIA's daemons (the MPS server) run as pods (see resolution)."""
     renewals: Callable[[str], Renewal | None] = field(default=lambda node: None)
     """A node agent's Lease as the operator saw it renewed (see leasewatch); by default none
     is known, and freshness comes from the reports alone."""
@@ -194,45 +197,51 @@ class Reconciler:
             stale_after=self.stale_after,
         )
         self._sightings[name] = sighting
-        resolutions = list(resolve_all(spec, lookup))
+        resolutions = list(resolve_all(spec, lookup, self.driver_namespaces))
         self.unattributed[name] = TallyCounter(r.reason for r in resolutions if r.reason)
         uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
         judged = judgements(uses, spec, dra, self.rules)
         renewal = self.renewals(name)
         fresh = not is_stale(alive_at(sighting, renewal), now, self.stale_after)
         blind = blind_spots(spec, resolutions)
+        kubelet = KubeletView.of(spec)
         candidates = lookup.requesting_on_node(spec.node_name)
-        idle = (
-            idle_pods(
-                candidates,
+
+        def allocated(pod: PodSnapshot) -> Allocation:
+            return allocation_of(pod.claimed, dra, self.rules, kubelet)
+
+        def seen_whole(pod: PodSnapshot, used: Iterable[str] = ()) -> bool:
+            """Whether the report sees every device the pod could be using: a blind device
+            withholds judgement on its own pods, never on the whole node."""
+            return sees_all(blind, devices_of(allocated(pod), used, pod, spec))
+
+        idle = []
+        wake: list[datetime] = []
+        if fresh:
+            judgeable = [p for p in candidates if p.uid not in uses and seen_whole(p)]
+            idle = idle_pods(
+                judgeable,
                 uses,
                 now,
                 self.idle_after,
                 lambda pod: allocation_of(pod.claimed, dra, self.rules),
             )
-            if fresh and not blind
-            else []
-        )
-        wake: list[datetime] = []
-        if fresh and not blind:
+            whole = [u for u in uses.values() if seen_whole(u.pod, u.devices)]
             in_use = frozenset(uses)
             wake += [
                 d
                 for d in (
-                    next_idle_deadline(candidates, in_use, now, self.idle_after),
-                    next_held_deadline(uses.values(), sighting.seen_at, now, self.idle_after),
+                    next_idle_deadline(judgeable, in_use, now, self.idle_after),
+                    next_held_deadline(whole, sighting.seen_at, now, self.idle_after),
                 )
                 if d is not None
             ]
-            held = held_idle(uses.values(), sighting.seen_at, now, self.idle_after)
+            held = held_idle(whole, sighting.seen_at, now, self.idle_after)
             judged = {
                 uid: replace(j, held_idle_since=held[uid]) if uid in held else j
                 for uid, j in judged.items()
             }
-        kubelet = KubeletView.of(spec)
-        allocations = pod_allocations(
-            candidates, lambda pod: allocation_of(pod.claimed, dra, self.rules, kubelet)
-        )
+        allocations = pod_allocations(candidates, allocated)
         status = desired_status(
             spec,
             resolutions,
@@ -245,6 +254,7 @@ class Reconciler:
             allocations=allocations,
             judged=judged,
             renewal=renewal,
+            blind=blind,
         )
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.

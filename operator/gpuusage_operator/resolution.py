@@ -10,6 +10,14 @@ The order of evidence, strongest first:
 5. The agent could not attribute the pid: `Unresolved`, with the agent's reason.
 6. Nothing at all: `HostProcess` (Xorg, a monitoring daemon, a job outside Kubernetes).
 
+NVIDIA's own daemons hold GPUs too: the MPS server (`nvidia-cuda-mps-server`, started by the MPS
+control daemon for its clients) is listed by NVML as a compute process, in the device plugin's
+MPS daemon pod, which requests no GPU. It is `DriverProcess`, never a tenant: on the host, or in
+a pod of a namespace where the cluster's GPU components run (`--driver-namespaces`). By name
+alone it would be a disguise any tenant could wear, so the same name in a tenant's namespace is
+judged as any process is. The MPS clients are listed with their own pids (NVML's MPS list) and
+attributed to their own pods like any process.
+
 A pod found by either key is taken only when its `spec.nodeName` is the report's node: a
 report speaks for its own node alone (the admission policy lets an agent write only its own
 node's report), so a container ID or pod UID of a pod elsewhere, or of a pod not scheduled yet,
@@ -20,13 +28,23 @@ could mark any pod in the cluster.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
 from gpuusage.api.models import GpuNodeUsageSpec, Process, UnattributedReason
 from gpuusage.api.summary import all_processes
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
+
+DRIVER_PROCESSES = frozenset({"nvidia-cuda-mps-server", "nvidia-cuda-mps-control"})
+"""Process names of NVIDIA's daemons that hold GPU contexts for others."""
+DEFAULT_DRIVER_NAMESPACES = (
+    "gpu-operator",
+    "nvidia-gpu-operator",
+    "nvidia-device-plugin",
+    "nvidia-dra-driver-gpu",
+    "kube-system",
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +71,36 @@ def _elsewhere(node: str, device_uuid: str, process: Process, pod: PodSnapshot) 
     )
 
 
-def resolve_process(node: str, device_uuid: str, process: Process, lookup: PodLookup) -> Resolution:
+def _driver(device_uuid: str, process: Process, where: str) -> Resolution:
+    return Resolution(
+        device_uuid,
+        process,
+        None,
+        reason="DriverProcess",
+        message=f"NVIDIA's {process.name} ({where}) holds the device for other processes, "
+        "whose use is their own pods'",
+    )
+
+
+def resolve_process(
+    node: str,
+    device_uuid: str,
+    process: Process,
+    lookup: PodLookup,
+    driver_namespaces: Collection[str] = DEFAULT_DRIVER_NAMESPACES,
+) -> Resolution:
     """The pod of one process of node's report, or the reason it has none."""
+    found = _resolve(node, device_uuid, process, lookup)
+    if process.name not in DRIVER_PROCESSES:
+        return found
+    if found.pod is not None and found.pod.namespace in driver_namespaces:
+        return _driver(device_uuid, process, f"pod {found.pod.namespace}/{found.pod.name}")
+    if found.reason == "HostProcess":
+        return _driver(device_uuid, process, "on the host")
+    return found
+
+
+def _resolve(node: str, device_uuid: str, process: Process, lookup: PodLookup) -> Resolution:
     if process.container_id:
         pod = lookup.by_container(process.container_id)
         if pod is not None:
@@ -95,9 +141,13 @@ def resolve_process(node: str, device_uuid: str, process: Process, lookup: PodLo
     )
 
 
-def resolve_all(spec: GpuNodeUsageSpec, lookup: PodLookup) -> Iterator[Resolution]:
+def resolve_all(
+    spec: GpuNodeUsageSpec,
+    lookup: PodLookup,
+    driver_namespaces: Collection[str] = DEFAULT_DRIVER_NAMESPACES,
+) -> Iterator[Resolution]:
     for device_uuid, process in all_processes(spec):
-        yield resolve_process(spec.node_name, device_uuid, process, lookup)
+        yield resolve_process(spec.node_name, device_uuid, process, lookup, driver_namespaces)
 
 
 @dataclass(frozen=True)

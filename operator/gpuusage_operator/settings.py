@@ -11,6 +11,7 @@ from gpuusage.api import names
 from gpuusage.settings import CommandSettings, comma_list
 from gpuusage_operator.allocation import AllocationRules
 from gpuusage_operator.peering import MAX_PRIORITY
+from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES
 
 
 class OperatorSettings(CommandSettings):
@@ -51,11 +52,18 @@ class OperatorSettings(CommandSettings):
     comma-separated: a pod carrying one has a GPU allocation."""
     dra_drivers: str = "gpu.nvidia.com"
     """DRA drivers whose allocated devices are GPUs, comma-separated."""
+    driver_namespaces: str = ",".join(DEFAULT_DRIVER_NAMESPACES)
+    """Namespaces where the cluster's GPU components run (NVIDIA's GPU Operator, device plugin,
+    DRA driver), comma-separated: NVIDIA's MPS server in a pod there is a driver process, not a
+    tenant using a GPU it did not request."""
     lease_namespace: str = Field(
         default="", max_length=63, json_schema_extra={"env": ["POD_NAMESPACE"]}
     )
     """Namespace of the node agents' Leases (installed together: the operator's own,
     POD_NAMESPACE from the downward API). Empty: liveness from the reports' rewrites alone."""
+
+    def driver_namespace_set(self) -> frozenset[str]:
+        return frozenset(comma_list(self.driver_namespaces))
 
     def allocation_rules(self) -> AllocationRules:
         """The three lists above, as the allocation rules take them."""

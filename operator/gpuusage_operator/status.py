@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import cast, get_args
 
 from gpuusage.api import names
 from gpuusage.api.models import (
@@ -25,6 +26,7 @@ from gpuusage.api.models import (
     MAX_PIDS_LISTED,
     MAX_POD_DEVICES,
     MAX_UNATTRIBUTED,
+    BlindReason,
     Condition,
     ContainerUsage,
     DeviceUsage,
@@ -41,6 +43,7 @@ from gpuusage.api.models import (
 )
 from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.allocation import Judgement, judgements
+from gpuusage_operator.certainty import BlindSpots, Cause, blind_spots
 from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Renewal, Sighting, stale_condition
 from gpuusage_operator.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.transitions import transition_time
@@ -111,8 +114,11 @@ def list_allocated(usages: list[PodUsage], judged: Mapping[str, Judgement]) -> l
     return listed
 
 
-def device_usages(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> list[DeviceUsage]:
-    """Every device of the report with its memory and what its processes resolved to."""
+def device_usages(
+    spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution], blind: BlindSpots
+) -> list[DeviceUsage]:
+    """Every device of the report with its memory, what its processes resolved to, and why
+    it cannot be seen whole where it cannot."""
     on: dict[str, list[Resolution]] = defaultdict(list)
     for r in resolutions:
         on[r.device_uuid].append(r)
@@ -120,7 +126,7 @@ def device_usages(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> 
     def summary(uuid: str, index: int, parent: str | None, device: Gpu | MigDevice) -> DeviceUsage:
         found = on.get(uuid, [])
         memory = device.memory
-        outside = [r for r in found if r.pod is None]
+        outside = [r for r in found if r.pod is None and r.reason != "DriverProcess"]
         return DeviceUsage(
             uuid=uuid,
             index=index,
@@ -133,6 +139,7 @@ def device_usages(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> 
             unattributed_memory_mib=sum(r.process.used_memory_mib or 0 for r in outside),
             omitted_processes=device.omitted_processes,
             omitted_memory_mib=device.omitted_memory_mib,
+            blind=blind_reason(blind.on(uuid)),
         )
 
     devices = []
@@ -141,6 +148,16 @@ def device_usages(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> 
         devices.append(summary(uuid, gpu.index, None, gpu))
         devices += [summary(m.uuid, gpu.index, uuid, m) for m in gpu.mig_devices]
     return devices[:MAX_DEVICES]
+
+
+def blind_reason(cause: Cause | None) -> BlindReason | None:
+    """A blind spot's reason as the status names it (every Cause reason is one of them)."""
+    if cause is None:
+        return None
+    for reason in get_args(BlindReason):
+        if cause.reason == reason:
+            return cast(BlindReason, reason)
+    return "DeviceNotReadable"
 
 
 def unattributed(resolutions: Iterable[Resolution]) -> list[UnattributedProcess]:
@@ -165,10 +182,12 @@ def node_totals(
     usages: Sequence[PodUsage],
     outside: Sequence[UnattributedProcess],
     idle_pods: int,
+    devices: Sequence[DeviceUsage] = (),
 ) -> Totals:
     """The printer columns' numbers. A process listed under several devices (rare, but NVML
     allows it) counts once per device: each listing holds memory on that device."""
     listed = [p for _, p in all_processes(spec)]
+    strays = [u for u in outside if u.reason != "DriverProcess"]  # a driver's are explained
     used = sum(p.used_memory_mib or 0 for p in listed)
     total = sum(g.memory.total_mib for g in spec.gpus if g.memory is not None)
     return Totals(
@@ -177,12 +196,13 @@ def node_totals(
         processes=len(listed),
         used_memory_mib=used,
         total_memory_mib=total,
-        unattributed_processes=len(outside),
-        unattributed_memory_mib=sum(u.used_memory_mib or 0 for u in outside),
+        unattributed_processes=len(strays),
+        unattributed_memory_mib=sum(u.used_memory_mib or 0 for u in strays),
         unrequested_pods=len({u.uid for u in usages if u.unrequested}),
         unallocated_pods=len({u.uid for u in usages if u.unallocated}),
         held_idle_pods=len({u.uid for u in usages if u.held_idle_since is not None}),
         idle_pods=idle_pods,
+        blind_devices=sum(1 for d in devices if d.blind is not None),
         memory=f"{format_mib(used)}/{format_mib(total)}",
     )
 
@@ -216,6 +236,7 @@ def desired_status(
     judged: Mapping[str, Judgement] | None = None,
     renewal: Renewal | None = None,
     allocations: tuple[Sequence[PodAllocation], int | None] = ((), None),
+    blind: BlindSpots | None = None,
 ) -> GpuNodeUsageStatus:
     """The status for this report; `sighting` says when the operator saw it change, `idle`
     are the pods the caller judged idle (see idle), `judged` each using pod's allocation
@@ -245,12 +266,15 @@ def desired_status(
     uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
     usages = pod_usages(uses.values(), judgements(uses, spec) if judged is None else judged)
     outside = unattributed(resolutions)
+    devices = device_usages(
+        spec, resolutions, blind_spots(spec, resolutions) if blind is None else blind
+    )
     return GpuNodeUsageStatus(
         observed_generation=generation,
         report_seen_at=sighting.seen_at.replace(microsecond=0),
         conditions=[ready, stale],
-        totals=node_totals(spec, usages, outside, len(idle)),
-        devices=device_usages(spec, resolutions),
+        totals=node_totals(spec, usages, outside, len(idle), devices),
+        devices=devices,
         pods=usages[:MAX_POD_DEVICES],
         unattributed=outside[:MAX_UNATTRIBUTED],
         idle_pods=sorted(idle, key=lambda i: (i.namespace, i.name, i.uid))[:MAX_IDLE_PODS],

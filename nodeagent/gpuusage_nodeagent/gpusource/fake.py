@@ -96,6 +96,9 @@ class FakeMig(_Strict):
     gpuInstanceId: int | None = None
     computeInstanceId: int | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
+    memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
+    """Defaults to the sum of the processes' memory; more than they hold emulates processes
+    NVML does not list."""
     processes: Annotated[list[FakeProcess], Field(max_length=MAX_SCENARIO_PROCESSES)] = Field(
         default_factory=list
     )
@@ -112,7 +115,10 @@ class FakeGpu(_Strict):
     name: ProductName | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)]
     memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
-    """Defaults to the sum of the processes' memory."""
+    """Defaults to the sum of the processes' memory (and the reserved part); more than they
+    hold emulates processes NVML does not list."""
+    memoryReservedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
+    """The driver's reserved part, as NVML's memory info v2 tells it; absent: not told."""
     utilization: FakeUtilization | None = None
     error: NvmlErrorName | None = None
     """The whole GPU fails with this NVML error (e.g. GpuIsLost)."""
@@ -217,6 +223,10 @@ def _processes(procs: list[FakeProcess], with_utilization: bool) -> list[RawProc
     ]
 
 
+def _or(given: int | None, default: int) -> int:
+    return default if given is None else given
+
+
 def _used(procs: list[FakeProcess]) -> int:
     return sum(p.usedMemoryMiB or 0 for p in procs)
 
@@ -256,7 +266,12 @@ def scenario_gpus(
                     gpu_instance_id=m.gpuInstanceId,
                     compute_instance_id=m.computeInstanceId,
                     memory=(
-                        Memory(total_mib=m.memoryTotalMiB, used_mib=_used(m.processes))
+                        Memory(
+                            total_mib=m.memoryTotalMiB,
+                            used_mib=min(
+                                _or(m.memoryUsedMiB, _used(m.processes)), m.memoryTotalMiB
+                            ),
+                        )
                         if m.memoryTotalMiB is not None
                         else None
                     ),
@@ -267,14 +282,21 @@ def scenario_gpus(
             processes[spec.uuid] = _processes(spec.processes, with_utilization=True)
         used = spec.memoryUsedMiB
         if used is None:
-            used = _used(spec.processes) + sum(_used(m.processes) for m in spec.migDevices or [])
+            used = (spec.memoryReservedMiB or 0) + _used(spec.processes)
+            used += sum(_or(m.memoryUsedMiB, _used(m.processes)) for m in spec.migDevices or [])
         gpus.append(
             Gpu(
                 index=spec.index,
                 uuid=spec.uuid,
                 name=spec.name,
                 memory=Memory(
-                    total_mib=spec.memoryTotalMiB, used_mib=min(used, spec.memoryTotalMiB)
+                    total_mib=spec.memoryTotalMiB,
+                    used_mib=min(used, spec.memoryTotalMiB),
+                    reserved_mib=(
+                        None
+                        if spec.memoryReservedMiB is None
+                        else min(spec.memoryReservedMiB, used, spec.memoryTotalMiB)
+                    ),
                 ),
                 utilization=(
                     Utilization(

@@ -7,16 +7,26 @@ Policies, each from an observed failure mode:
   later readings, so a driver installed after the agent started is picked up.
 * One failing GPU (lost, no permission, not supported) is reported on that GPU with the
   reason; the other GPUs are read as usual. A GPU whose UUID was read before keeps it.
-* Compute, graphics and MPS-client process lists are merged by pid. The v3 process call is
-  missing on drivers older than R510: the v2 call is used instead, once detected.
+* Compute, graphics and MPS-client process lists are merged by pid. Each list is read through
+  the first call of this order that the driver has and that gives a list that can be true:
+  `nvmlDeviceGetRunningProcessDetailList` (a versioned struct, so a driver and bindings that
+  disagree on its layout say so instead of misreading it; R550+), the `_v3` call (R510+), the
+  `_v2` call. Drivers 535.43-535.86 grew the v3 struct without a new version: read with the
+  bindings' layout, the list holds pids of 0 or 0xFFFFFFFF and loses its end. So a list with an
+  impossible pid is never used: the next call of the order is tried (and kept once it reads
+  true), and when none reads true the device is reported as one whose processes cannot be
+  read (`InvalidProcessList`), never as a device without processes.
+* Memory is read before and after the process lists and the lower figure is reported, so a
+  process starting or ending between the reads does not look like memory no listed process
+  explains (see visibility). `reservedMiB` comes from the versioned memory call (R510+).
 * MIG: processes are queried per MIG device handle; the parent handle only gives aggregates.
   Per-process utilization does not exist on MIG devices.
 * Process-utilization samples are read incrementally (from the last seen timestamp); a device
   that does not support them is not asked again. The driver keeps samples only for processes
   that ran on the SMs, so a process without a sample since the last reading was inactive
   (`active` False) where the device answers, and unknown (None) where it does not.
-* Pids outside the valid range (seen with binding/driver struct mismatches) are dropped and
-  counted as errors; every other pid is validated later against the proc root.
+* Pids are validated later against the proc root; one outside the valid range makes the whole
+  list suspect (see above) and is counted as an error.
 """
 
 from __future__ import annotations
@@ -97,7 +107,65 @@ def _unpacker(entry: Any, fields: tuple[str, ...]) -> struct.Struct:
 
 
 PROCESS_FIELDS = ("pid", "usedGpuMemory")
+PROCESS_KINDS: dict[str, tuple[str, str]] = {
+    # kind: (the unversioned calls' base name, the name of NVML's process mode constant)
+    "compute": ("nvmlDeviceGetComputeRunningProcesses", "NVML_PROCESS_MODE_COMPUTE"),
+    "graphics": ("nvmlDeviceGetGraphicsRunningProcesses", "NVML_PROCESS_MODE_GRAPHICS"),
+    "mps": ("nvmlDeviceGetMPSComputeRunningProcesses", "NVML_PROCESS_MODE_MPS"),
+}
+LIST_CALLS = ("detail", "v3", "v2")
+"""The ways to read a process list, in the order tried (see the module docstring)."""
+
+
+_CALL_ABSENT = ("FunctionNotFound", "NotSupported", "ArgumentVersionMismatch")
+"""Errors by which a driver says it has no such call (or not for this struct version)."""
+
+
+class _Unsupported(Exception):
+    """The bindings lack what a call needs (an older nvidia-ml-py)."""
+
+
+class GarbledProcessList(Exception):
+    """Every call the driver has gave a process list with an impossible pid."""
+
+    def __init__(self, pids: list[int]) -> None:
+        shown = ", ".join(str(p) for p in sorted(set(pids))[:4])
+        super().__init__(
+            f"NVML's process list holds impossible pids ({shown}): the driver and the bindings "
+            "disagree on its layout, so the list is not used"
+        )
+
+
+def impossible(pid: int) -> bool:
+    """A pid no process can have (0, above PID_MAX_LIMIT: 0xFFFFFFFF and other garbage)."""
+    return not 1 <= pid <= MAX_PID
+
+
 SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil")
+
+
+def memory_of(total: int, free: int, reserved: int | None) -> Memory:
+    """Memory from NVML's byte counts: used is what is not free, the reserved part included
+    (v1's `used`; v2's `used` excludes the reserved part on newer drivers, includes it on
+    R510-R525, so the agent takes neither and reads total - free)."""
+    total_mib = _mib(total) or 0
+    used = min(max(int(total) - int(free), 0) // MIB, total_mib)
+    kept = None if reserved is None else min(_mib(reserved) or 0, used)
+    return Memory(total_mib=total_mib, used_mib=used, reserved_mib=kept)
+
+
+def lower(before: Memory | None, after: Memory | None) -> Memory | None:
+    """The two readings around a process list as one: the lower use (a process that started or
+    ended between the reads is then on the list, or not counted; see visibility)."""
+    if before is None or after is None or before.used_mib is None or after.used_mib is None:
+        return after
+    if before.used_mib >= after.used_mib:
+        return after
+    return after.model_copy(update={"used_mib": before.used_mib})
+
+
+def garbled_error(exc: GarbledProcessList) -> DeviceError:
+    return DeviceError(reason="InvalidProcessList", message=safe_text(str(exc), MAX_DETAIL))
 
 
 def cuda_version(raw: int) -> str:
@@ -112,7 +180,8 @@ class NvmlSource:
         self._nvml = nvml
         self._initialised = False
         self._init_error: str | None = None
-        self._use_v2: dict[str, bool] = {}
+        self._list_call: dict[str, int] = {}  # kind → index into LIST_CALLS of the call in use
+        self._memory_v2 = True  # until the driver or the bindings show they lack it
         self._known_uuid: dict[int, str] = {}
         self._util_since: dict[str, int] = {}
         self._util_unsupported: set[str] = set()
@@ -283,6 +352,7 @@ class NvmlSource:
         error: DeviceError | None = None
         mig_enabled = self._mig_enabled(handle)
         mig_devices: list[MigDevice] = []
+        before = self._memory(handle)
         try:
             if mig_enabled:
                 mig_devices = self._mig_devices(handle, processes_by_uuid)
@@ -290,13 +360,15 @@ class NvmlSource:
                 processes_by_uuid[uuid] = self._processes(handle, uuid, with_utilization=True)
         except nvml.NVMLError as exc:
             error = self._device_error(exc, "processes")
+        except GarbledProcessList as exc:
+            error = garbled_error(exc)
         name, bus_id = self._gpu_static(handle, uuid)
         return Gpu(
             index=index,
             uuid=uuid,
             name=name,
             pci_bus_id=bus_id,
-            memory=self._memory(handle),
+            memory=lower(before, self._memory(handle)),
             utilization=self._utilization(handle),
             mig_enabled=mig_enabled,
             mig_devices=mig_devices,
@@ -310,12 +382,23 @@ class NvmlSource:
         )
 
     def _memory(self, handle: Any) -> Memory | None:
-        info = self._optional(self._module().nvmlDeviceGetMemoryInfo, handle)
-        if info is None:
-            return None
-        total = _mib(info.total) or 0
-        used = _mib(info.used)
-        return Memory(total_mib=total, used_mib=None if used is None else min(used, total))
+        """The device's memory, with the driver's reserved part where the versioned call
+        (nvmlDeviceGetMemoryInfo_v2, R510+) is there; the unversioned one otherwise."""
+        nvml = self._module()
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if self._memory_v2 and version is not None:
+            try:
+                info = self._try(nvml.nvmlDeviceGetMemoryInfo, handle, version)
+                return memory_of(info.total, info.free, info.reserved)
+            except (TypeError, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NotSupported):
+                log.info("nvmlDeviceGetMemoryInfo_v2 unavailable; memory without its reserved part")
+                self._memory_v2 = False
+            except nvml.NVMLError as exc:
+                if error_reason(exc) != "ArgumentVersionMismatch":
+                    return None
+                self._memory_v2 = False
+        info = self._optional(nvml.nvmlDeviceGetMemoryInfo, handle)
+        return None if info is None else memory_of(info.total, info.free, None)
 
     def _utilization(self, handle: Any) -> Utilization | None:
         rates = self._optional(self._module().nvmlDeviceGetUtilizationRates, handle)
@@ -357,10 +440,13 @@ class NvmlSource:
                 log.warning("MIG device %d: NVML gave %r, which is no MIG UUID", index, uuid)
                 continue
             error = None
+            before = self._memory(handle)
             try:
                 processes_by_uuid[uuid] = self._processes(handle, uuid, with_utilization=False)
             except nvml.NVMLError as exc:
                 error = self._device_error(exc, "processes")
+            except GarbledProcessList as exc:
+                error = garbled_error(exc)
             devices.append(
                 MigDevice(
                     index=index,
@@ -368,30 +454,88 @@ class NvmlSource:
                     name=self._optional_text(nvml.nvmlDeviceGetName, handle),
                     gpu_instance_id=self._optional(nvml.nvmlDeviceGetGpuInstanceId, handle),
                     compute_instance_id=self._optional(nvml.nvmlDeviceGetComputeInstanceId, handle),
-                    memory=self._memory(handle),
+                    memory=lower(before, self._memory(handle)),
                     error=error,
                 )
             )
         return devices
 
     def _process_list(self, kind: str, handle: Any) -> list[tuple[int, int]]:
-        """One NVML process list as (pid, used bytes or NOT_AVAILABLE), v3 with a one-time
-        fallback to v2 on old drivers."""
+        """One NVML process list as (pid, used bytes or NOT_AVAILABLE), through the first call
+        of LIST_CALLS the driver has whose list holds only possible pids.
+
+        A call the driver lacks is never tried again; one whose list held an impossible pid
+        is passed over for good once a later call reads the same list true. Raises
+        GarbledProcessList when no call does."""
         nvml = self._module()
-        base = {
-            "compute": "nvmlDeviceGetComputeRunningProcesses",
-            "graphics": "nvmlDeviceGetGraphicsRunningProcesses",
-            "mps": "nvmlDeviceGetMPSComputeRunningProcesses",
-        }[kind]
-        if not self._use_v2.get(kind):
+        garbled: list[int] = []
+        first = self._list_call.get(kind, 0)
+        for index in range(first, len(LIST_CALLS)):
+            call, last = LIST_CALLS[index], index == len(LIST_CALLS) - 1
             try:
-                rows: list[tuple[int, int]] = self._try(self._raw_processes, f"{base}_v3", handle)
+                rows = self._list_by(call, kind, handle)
+            except (nvml.NVMLError, _Unsupported) as exc:
+                absent = isinstance(
+                    exc,
+                    nvml.NVMLError_FunctionNotFound | nvml.NVMLError_NotSupported | _Unsupported,
+                ) or (error_reason(exc) == "ArgumentVersionMismatch")
+                if not absent or last:
+                    if isinstance(exc, nvml.NVMLError):
+                        self._errors[error_reason(exc)] += 1
+                    raise
+                log.info("%s process list: no %s call (%s); trying the next", kind, call, exc)
+                self._list_call[kind] = index + 1
+                continue
+            bad = [pid for pid, _ in rows if impossible(pid)]
+            if not bad:
+                if garbled and self._list_call.get(kind, 0) != index:
+                    log.warning(
+                        "%s process list: %s gave impossible pids %s; using %s from now on",
+                        kind,
+                        LIST_CALLS[first],
+                        sorted(set(garbled))[:4],
+                        call,
+                    )
+                    self._list_call[kind] = index
                 return rows
-            except nvml.NVMLError_FunctionNotFound:
-                log.info("%s_v3 missing (driver older than R510); using _v2", base)
-                self._use_v2[kind] = True
-        rows = self._try(self._raw_processes, f"{base}_v2", handle)
-        return rows
+            self._errors["InvalidPid"] += len(bad)
+            garbled += bad
+        raise GarbledProcessList(garbled)
+
+    def _list_by(self, call: str, kind: str, handle: Any) -> list[tuple[int, int]]:
+        base, mode = PROCESS_KINDS[kind]
+        if call == "detail":
+            return self._detail_processes(handle, mode)
+        return self._raw_processes(f"{base}_{call}", handle)
+
+    def _detail_processes(self, handle: Any, mode_name: str) -> list[tuple[int, int]]:
+        """nvmlDeviceGetRunningProcessDetailList: the versioned call. Its list struct carries
+        the version and points at an array the caller owns (reused, grown on demand)."""
+        nvml = self._module()
+        entry = getattr(nvml, "c_nvmlProcessDetail_v1_t", None)
+        version = getattr(nvml, "nvmlProcessDetailList_v1", None)
+        if entry is None or version is None or not hasattr(nvml, mode_name):
+            raise _Unsupported("the bindings predate nvmlDeviceGetRunningProcessDetailList")
+        symbol = "nvmlDeviceGetRunningProcessDetailList"
+        fn = nvml._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound when absent
+        key = f"{symbol}:{mode_name}"
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            buffer = self._buffers[key] = (entry * 64)()
+        while True:
+            listing = nvml.c_nvmlProcessDetailList_v1_t()
+            listing.version = version
+            listing.mode = getattr(nvml, mode_name)
+            listing.numProcArrayEntries = len(buffer)
+            listing.procArray = ctypes.cast(buffer, ctypes.POINTER(entry))
+            ret = fn(handle, ctypes.byref(listing))
+            if ret != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                break
+            buffer = self._buffers[key] = (entry * (int(listing.numProcArrayEntries) * 2 + 16))()
+        nvml._nvmlCheckReturn(ret)
+        count = min(int(listing.numProcArrayEntries), len(buffer))
+        data = ctypes.string_at(buffer, count * ctypes.sizeof(entry))
+        return list(_unpacker(entry, PROCESS_FIELDS).iter_unpack(data))
 
     def _into_array(self, symbol: str, entry: Any, call: Callable[[Any, Any, Any], int]) -> bytes:
         """Call an NVML C function that fills an array of `entry` structs; the filled bytes.
@@ -435,9 +579,6 @@ class NvmlSource:
             except nvml.NVMLError_NotSupported:
                 continue  # e.g. MPS on pre-Volta, graphics on compute-only boards
             for pid, used_bytes in entries:
-                if not 1 <= pid <= MAX_PID:
-                    self._errors["InvalidPid"] += 1
-                    continue
                 used = None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
                 known = merged.get(pid)
                 if known is None:

@@ -19,8 +19,10 @@ from gpuusage.api import names
 
 _UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 GPU_UUID_PATTERN = f"^GPU-{_UUID}$"
-# R470+ drivers name MIG devices MIG-<uuid>; older ones MIG-GPU-<uuid>/<gi>/<ci>.
-MIG_UUID_PATTERN = f"^MIG-({_UUID}|GPU-{_UUID}/[0-9]+/[0-9]+)$"
+# R470+ drivers name MIG devices MIG-<uuid>; older ones MIG-GPU-<uuid>/<gi>/<ci> (instance IDs
+# are small: a GPU has at most 7 GPU instances; five digits leave room and bound the length).
+_INSTANCES = "/[0-9]{1,5}/[0-9]{1,5}"
+MIG_UUID_PATTERN = f"^MIG-({_UUID}|GPU-{_UUID}{_INSTANCES})$"
 CONTAINER_ID_PATTERN = "^[0-9a-f]{64}$"
 POD_UID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 # metav1.Condition's own validation, copied so that our conditions pass it everywhere.
@@ -34,7 +36,7 @@ CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 SAFE_TEXT_PATTERN = r"^[ !#-%'-;=?-\[\]-~]*$"
 _UNSAFE = re.compile(r"[^ !#-%'-;=?-\[\]-~]")
 DEVICE_ID_PATTERN = r"^[A-Za-z0-9/-]+$"  # GPU-…, MIG-…, or a stand-in such as gpu-index-3
-KUBELET_DEVICE_PATTERN = f"^(GPU-{_UUID}|MIG-({_UUID}|GPU-{_UUID}/[0-9]+/[0-9]+))$"
+KUBELET_DEVICE_PATTERN = f"^(GPU-{_UUID}|MIG-({_UUID}|GPU-{_UUID}{_INSTANCES}))$"
 RESOURCE_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -54,8 +56,8 @@ MAX_ALLOCATIONS = 64  # pods handed GPUs on one node, listed for showback (the r
 MAX_SHARE = 64.0  # a scheduler's share of GPUs, at most (fractions of one GPU, usually)
 MAX_CONDITIONS = 4  # Ready and Stale, and room for two more
 MAX_PIDS_LISTED = 16  # per container entry of the status
-MAX_MIG_UUID = 96
-MAX_DEVICE_ID = MAX_MIG_UUID  # no GPU, MIG device or stand-in is named longer
+MAX_MIG_UUID = 64  # MIG-GPU-<uuid>/<gi>/<ci> is at most 56 characters
+MAX_DEVICE_ID = MAX_MIG_UUID  # no GPU, MIG device, stand-in or <parent>/<profile> is longer
 MAX_KUBELET_PODS = 64  # pods listed with the kubelet's devices (the rest counted as omitted)
 MAX_KUBELET_DEVICES = 256  # devices listed for those pods, in all
 MAX_ALLOCATED_LISTED = 256  # allocated devices listed in status.pods, in all
@@ -163,6 +165,9 @@ class Memory(ApiModel):
     """Memory the device offers to processes."""
     used_mib: MiB | None = Field(default=None, alias="usedMiB")
     """Memory in use on the device, by all processes and the driver; null when unknown."""
+    reserved_mib: MiB | None = Field(default=None, alias="reservedMiB")
+    """Part of usedMiB the driver and firmware reserve for themselves (NVML's memory info v2);
+    null where the driver does not tell (older than R510) or the source is not NVML."""
 
 
 class Utilization(ApiModel):
@@ -409,6 +414,12 @@ class PodUsage(ApiModel):
     operator's --idle-after while holding memory: since when, by the operator's clock."""
 
 
+BlindReason = Literal[
+    "DeviceNotReadable", "ProcessesNotVisible", "ProcessesUnresolved", "ProcessesOmitted"
+]
+"""Why a device cannot be seen whole; the pod condition reason of the pods last seen on it."""
+
+
 class DeviceUsage(ApiModel):
     """One GPU or MIG device: its memory, its processes, and how much of it no pod explains.
 
@@ -437,6 +448,12 @@ class DeviceUsage(ApiModel):
     the node runs more than a report may list)."""
     omitted_memory_mib: MiB | None = Field(default=None, alias="omittedMemoryMiB")
     """Memory the omitted processes use."""
+    blind: BlindReason | None = None
+    """Why the report cannot show everything on this device, so that a pod last seen on it is
+    Unknown rather than ended, and not judged idle: DeviceNotReadable (an NVML error, a process
+    list that cannot be true), ProcessesNotVisible (memory in use that the listed processes do
+    not hold: NVML does not list them all), ProcessesUnresolved (a process the agent could not
+    attribute), ProcessesOmitted (left out of a full report). Absent: everything is seen."""
 
 
 class IdlePod(ApiModel):
@@ -475,7 +492,12 @@ class PodAllocation(ApiModel):
 
 
 UnattributedReason = Literal[
-    "HostProcess", "UnknownContainer", "PodNotFound", "PodOnOtherNode", "Unresolved"
+    "HostProcess",
+    "UnknownContainer",
+    "PodNotFound",
+    "PodOnOtherNode",
+    "Unresolved",
+    "DriverProcess",
 ]
 
 
@@ -510,6 +532,8 @@ class Totals(ApiModel):
     """Pods using a device outside their allocation."""
     idle_pods: Annotated[int, Field(ge=0)] = 0
     """Running pods that requested GPUs and used none for the operator's --idle-after."""
+    blind_devices: Annotated[int, Field(ge=0, le=MAX_DEVICES)] = 0
+    """Devices the report cannot show whole (see devices[].blind)."""
     memory: ShortText = ""
     """used/total in a form people read, e.g. "30720Mi/163840Mi"."""
 
