@@ -43,6 +43,8 @@ class FakeProcess:
     name: bytes | None = b"/usr/bin/python3.11"
     sm: int | None = None
     mem: int | None = None
+    enc: int = 0
+    dec: int = 0
     earlier_sm: tuple[int, ...] = ()
     """SM samples the driver kept before the latest one (`sm`) since the last query."""
     listed: bool = True
@@ -211,7 +213,7 @@ class FakeMachine:
             return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
         stamp = int(getattr(since, "value", since)) + 1_000_000
         samples = [
-            (p.pid, stamp - len(p.earlier_sm) + n, sm, p.mem or 0)
+            (p.pid, stamp - len(p.earlier_sm) + n, sm, p.mem or 0, p.enc, p.dec)
             for p in gpu.processes
             if p.sm is not None
             for n, sm in enumerate((*p.earlier_sm, p.sm))
@@ -224,7 +226,7 @@ class FakeMachine:
             return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
         view = memoryview(array).cast("B")
         for index, sample in enumerate(samples):
-            SAMPLE.pack_into(view, index * SAMPLE.size, *sample, 0, 0)
+            SAMPLE.pack_into(view, index * SAMPLE.size, *sample)
         count.value = len(samples)
         return int(pynvml.NVML_SUCCESS)
 

@@ -27,9 +27,11 @@ AFTER = timedelta(minutes=30)
 ALLOCATED = Judgement(Allocation(("DevicePlugin",)))
 
 
-def _use(observed_at: datetime, *idle_since: datetime | None) -> PodUse:
+def _use(observed_at: datetime, *idle_since: datetime | None, mib: int | None = 1024) -> PodUse:
     resolutions = tuple(
-        Resolution(gpu_uuid(n % 2), Process(pid=100 + n, idle_since=since), POD)
+        Resolution(
+            gpu_uuid(n % 2), Process(pid=100 + n, idle_since=since, used_memory_mib=mib), POD
+        )
         for n, since in enumerate(idle_since)
     )
     return PodUse(POD, "n1", observed_at, resolutions)
@@ -53,6 +55,15 @@ def test_one_process_computing_or_unknown_keeps_the_pod_from_being_flagged() -> 
     long_ago = T - timedelta(days=1)
     assert held_idle_since(_use(T, long_ago, None), seen_at=T) is None
     assert held_idle_since(_use(T), seen_at=T) is None
+
+
+def test_holding_needs_memory_held() -> None:
+    """Idle processes that hold 0 MiB, or memory NVML does not tell, keep nothing from
+    anyone: not holding."""
+    long_ago = T - timedelta(days=1)
+    assert held_idle_since(_use(T, long_ago, mib=1024), seen_at=T) == long_ago
+    assert held_idle_since(_use(T, long_ago, long_ago, mib=0), seen_at=T) is None
+    assert held_idle_since(_use(T, long_ago, mib=None), seen_at=T) is None
 
 
 def test_the_condition_says_holding_idle_after_the_allocation_findings() -> None:

@@ -439,3 +439,25 @@ def test_activity_since_the_last_reading(monkeypatch: pytest.MonkeyPatch) -> Non
     quiet = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=10)])])
     (only,) = _source(quiet, monkeypatch).read().all_processes()
     assert only.active is False, "no sample at all (NOT_FOUND): nobody ran"
+
+
+def test_activity_counts_every_engine_and_mps_clients_are_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transcoding pod uses NVENC/NVDEC and no SM: it is working, not idle. A process with
+    no sample since the last reading did nothing (the driver samples every engine). An MPS
+    client's work is sampled under the server's pid: its own quiet is unknown, never idle."""
+    gpu = FakeGpu(
+        uuid=gpu_uuid(0),
+        processes=[
+            FakeProcess(pid=5, sm=0, enc=60),
+            FakeProcess(pid=6, sm=0, dec=35),
+            FakeProcess(pid=7, sm=0),
+            FakeProcess(pid=8),
+            FakeProcess(pid=9, kinds=("mps",)),
+            FakeProcess(pid=10, sm=40),
+        ],
+    )
+    reading = _source(FakeMachine([gpu]), monkeypatch).read()
+    active = {p.pid: p.active for p in reading.processes_of(reading.gpus[0])}
+    assert active == {5: True, 6: True, 7: False, 8: False, 9: None, 10: True}

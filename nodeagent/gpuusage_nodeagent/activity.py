@@ -3,11 +3,12 @@
 Per-process SM utilization comes every cycle and is noise to a report: a process busy in
 bursts, or between two epochs, must not turn idle and active again every cycle, and no write may
 follow from a percentage alone. So the agent publishes one thing per process, its `idleSince`:
-set once the process has used no SM for a whole `window` (to the moment its quiet began), and
-cleared the first cycle it computes again. The report changes only at those transitions.
+set once the process has used none of the device's engines (SMs, memory controller, encoder,
+decoder) for a whole `window` (to the moment its quiet began), and cleared the first cycle it
+works again. The report changes only at those transitions.
 
 Where the device does not report per-process utilization (MIG devices, some GPUs, a failed
-query) nothing is known: the process is never idle, and its quiet time starts over.
+query, MPS clients) nothing is known: the process is never idle, and its quiet time starts over.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 The larger waste than a pod that requested GPUs and runs nothing on them is one whose processes
 hold the memory and compute nothing: a notebook kernel keeping 70 GiB after its last cell. The
-agent publishes, per process, since when it has used no SM (`idleSince`, after its own
---idle-window, by the node's clock; absent while it computes, and where utilization is not
-reported). A pod is flagged when every one of its processes, on every device, is idle, and has
-been for the operator's --idle-after.
+agent publishes, per process, since when it has used none of the device's engines (SMs, memory
+controller, encoder, decoder: a transcoding pod works on NVENC/NVDEC alone) as `idleSince`,
+after its own --idle-window, by the node's clock; absent while it works, and where per-process
+utilization is not reported (MIG devices, MPS clients). A pod is flagged when every one of its
+processes, on every device, is idle, has been for the operator's --idle-after, and holds memory.
 
 By whose clock? `idleSince` is the node's, and so is `observedAt`: their difference is how long
 the pod had been idle when the report was taken, whatever the node's clock is off by. What
@@ -23,9 +24,10 @@ from gpuusage_operator.resolution import PodUse
 
 def held_idle_since(use: PodUse, seen_at: datetime) -> datetime | None:
     """Since when, by the operator's clock, every process of the pod has been idle; None
-    while any of them computes or is not known to be idle."""
+    while any of them works or is not known to be idle, or while the pod holds no memory that
+    is known (a pod holding 0 MiB keeps nothing from anyone)."""
     sinces = [r.process.idle_since for r in use.resolutions]
-    if not sinces or any(s is None for s in sinces):
+    if not sinces or any(s is None for s in sinces) or use.memory_mib == 0:
         return None
     latest = max(s for s in sinces if s is not None)  # the pod idles since its last one went
     since = seen_at - max(use.observed_at - latest, timedelta(0))

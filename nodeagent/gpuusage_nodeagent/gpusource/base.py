@@ -31,12 +31,30 @@ class RawProcess(NamedTuple):
     sm_util_percent: int | None = None
     memory_util_percent: int | None = None
     active: bool | None = None
-    """Whether the process used the device's SMs since the last reading: True, False (the
-    device reports per-process utilization and had none for it), None (not reported: MIG
-    devices, GPUs without per-process utilization, a failed query)."""
+    """Whether the process used any of the device's engines since the last reading (see
+    activity): True, False (the device reports per-process utilization and had none for it),
+    None (not known: MIG devices, GPUs without per-process utilization, a failed query, MPS
+    clients)."""
 
 
 NO_PROCESSES: tuple[RawProcess, ...] = ()
+
+
+def any_engine(*percents: int | None) -> bool:
+    """Whether a utilization sample shows work on any engine: SMs, the memory controller, the
+    video encoder, the video decoder (a transcoding pod uses NVENC/NVDEC and no SM)."""
+    return any(p for p in percents if p)
+
+
+def activity(types: tuple[ProcessType, ...], busy: bool | None) -> bool | None:
+    """A process's `active`, from whether its samples showed work (None: the device reports
+    no per-process utilization). Without work: inactive, except for an MPS client, whose
+    work the driver samples under the MPS server's pid, so its own quiet says nothing."""
+    if busy is None:
+        return None
+    if busy:
+        return True
+    return None if "mps" in types else False
 
 
 @dataclass(frozen=True)

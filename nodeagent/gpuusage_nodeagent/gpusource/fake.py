@@ -40,7 +40,7 @@ from gpuusage.api.models import (
     safe_text,
 )
 from gpuusage.errors import GpuusageError
-from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
+from gpuusage_nodeagent.gpusource.base import RawProcess, Reading, activity, any_engine
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,10 @@ class FakeProcess(_Strict):
     types: list[ProcessType] = Field(default_factory=lambda: list[ProcessType](["compute"]))
     smUtil: Annotated[int, Field(ge=0, le=100)] | None = None
     memUtil: Annotated[int, Field(ge=0, le=100)] | None = None
+    encUtil: Annotated[int, Field(ge=0, le=100)] | None = None
+    decUtil: Annotated[int, Field(ge=0, le=100)] | None = None
+    """Per-process utilization of the SMs, memory controller, encoder and decoder; all absent:
+    the device reports none for it."""
 
 
 class FakeUtilization(_Strict):
@@ -209,18 +213,23 @@ def built(scenario: Scenario, path: Path) -> Built:
 
 
 def _processes(procs: list[FakeProcess], with_utilization: bool) -> list[RawProcess]:
-    return [
-        RawProcess(
-            pid=proc.pid,
-            name=proc.name,
-            used_memory_mib=proc.usedMemoryMiB,
-            types=tuple(dict.fromkeys(proc.types)),
-            sm_util_percent=proc.smUtil if with_utilization else None,
-            memory_util_percent=proc.memUtil if with_utilization else None,
-            active=proc.smUtil > 0 if with_utilization and proc.smUtil is not None else None,
+    found = []
+    for proc in procs:
+        types = tuple(dict.fromkeys(proc.types))
+        engines = (proc.smUtil, proc.memUtil, proc.encUtil, proc.decUtil)
+        sampled = with_utilization and any(e is not None for e in engines)
+        found.append(
+            RawProcess(
+                pid=proc.pid,
+                name=proc.name,
+                used_memory_mib=proc.usedMemoryMiB,
+                types=types,
+                sm_util_percent=proc.smUtil if with_utilization else None,
+                memory_util_percent=proc.memUtil if with_utilization else None,
+                active=activity(types, any_engine(*engines) if sampled else None),
+            )
         )
-        for proc in procs
-    ]
+    return found
 
 
 def _or(given: int | None, default: int) -> int:

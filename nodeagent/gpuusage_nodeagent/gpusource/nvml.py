@@ -62,7 +62,13 @@ from gpuusage.api.models import (
     Utilization,
     safe_text,
 )
-from gpuusage_nodeagent.gpusource.base import RawProcess, Reading, error_reason
+from gpuusage_nodeagent.gpusource.base import (
+    RawProcess,
+    Reading,
+    activity,
+    any_engine,
+    error_reason,
+)
 from gpuusage_nodeagent.resolver import clean_name
 
 log = logging.getLogger(__name__)
@@ -141,7 +147,7 @@ def impossible(pid: int) -> bool:
     return not 1 <= pid <= MAX_PID
 
 
-SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil")
+SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil")
 
 
 def memory_of(total: int, free: int, reserved: int | None) -> Memory:
@@ -594,22 +600,22 @@ class NvmlSource:
             None,
             None,
             None if utilization is None else False,
-        )
+        )  # no sample since the last reading: no engine ran it (the driver samples all)
         names, seen = self._names, self._names_seen
         processes = []
         for pid in sorted(merged):
             types, used = merged[pid]
-            sm, mem, active = samples.get(pid, quiet)
+            sm, mem, busy = samples.get(pid, quiet)
             if pid in names:
                 name = names[pid]
             else:
                 name = clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid))
             seen[pid] = name
-            processes.append(RawProcess(pid, name, used, types, sm, mem, active))
+            processes.append(RawProcess(pid, name, used, types, sm, mem, activity(types, busy)))
         return processes
 
-    def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int]]:
-        """(pid, timestamp, SM %, memory %) samples newer than `since`."""
+    def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int, int, int]]:
+        """(pid, timestamp, SM %, memory %, encoder %, decoder %) samples newer than `since`."""
         entry = self._module().c_nvmlProcessUtilizationSample_t
         stamp = ctypes.c_ulonglong(since)
         data = self._into_array(
@@ -623,7 +629,8 @@ class NvmlSource:
         self, handle: Any, uuid: str
     ) -> dict[int, tuple[int, int, bool]] | None:
         """Per pid with samples since the last reading: the latest SM and memory percentages
-        and whether any sample used the SMs. None: the device does not tell."""
+        and whether any sample used an engine (SMs, memory controller, encoder, decoder; see
+        base.any_engine). None: the device does not tell."""
         nvml = self._module()
         if uuid in self._util_unsupported:
             return None
@@ -640,8 +647,8 @@ class NvmlSource:
         latest: dict[int, tuple[int, int, int]] = {}
         busy: set[int] = set()
         newest = 0
-        for pid, stamp, sm, mem in samples:
-            if sm > 0:
+        for pid, stamp, sm, mem, enc, dec in samples:
+            if any_engine(sm, mem, enc, dec):
                 busy.add(pid)
             known = latest.get(pid)
             if known is None or stamp >= known[0]:

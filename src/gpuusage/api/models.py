@@ -215,9 +215,10 @@ class Process(ApiModel):
     resolve_error: Detail | None = None
     """Why the process could not be attributed (e.g. it exited during the observation)."""
     idle_since: datetime | None = None
-    """Since when the process has used none of the device's SMs (by the node's clock), once that
-    has lasted the agent's --idle-window; absent while it computes, and where the device does
-    not report per-process utilization (MIG devices, some GPUs)."""
+    """Since when the process has used none of the device's engines (SMs, memory controller,
+    encoder, decoder; by the node's clock), once that has lasted the agent's --idle-window;
+    absent while it works, and where per-process utilization is not reported (MIG devices, MPS
+    clients, some GPUs)."""
 
 
 class MigDevice(ApiModel):
