@@ -784,3 +784,38 @@ def test_an_unchanged_report_is_refreshed_rarely_only_once_the_lease_is_what_cou
     api.reason = "ReportFresh"  # the operator lost the Lease: seen at the next refresh
     assert minutes(41, 51) == 6, "one more five-minute refresh, then every heartbeat"
     assert publisher.refresh_every == BEAT
+
+
+class PolicyRefusingApi(RefusingApi):
+    """An API whose admission policy refuses reports listing processes (422) until fixed."""
+
+    fixed = False
+
+    def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+        listed = [p for g in body["spec"].get("gpus", []) for p in g.get("processes", [])]
+        if listed and not self.fixed:
+            self.refused += 1
+            raise from_status(422, '{"message":"ValidatingAdmissionPolicy denied request"}')
+        self.bodies.append(body)
+        return {}
+
+
+def test_a_body_a_policy_refused_is_tried_again_a_refresh_later(tmp_path: Path) -> None:
+    """A refusal by validation may not last (the policy or webhook gets fixed): the full
+    report is tried again one refresh after the refusal, not every cycle."""
+    path = tmp_path / "s.yaml"
+    _scenario(path, 100)
+    api = PolicyRefusingApi()
+    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64, metrics=AgentMetrics())  # type: ignore[arg-type]
+    now = [NOW]
+    reader = NodeReader("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: now[0])
+    publisher.offer(reader.read())
+    now[0] = NOW + timedelta(seconds=30)
+    publisher.offer(reader.read())
+    assert (api.refused, publisher.current) == (1, True), "the refusal itself is published"
+    api.fixed = True
+    now[0] = NOW + BEAT
+    publisher.offer(reader.read())
+    assert api.refused == 1
+    assert api.bodies[-1]["spec"]["gpus"][0]["processes"], "the full report, a refresh later"
+    assert "refused" not in (api.bodies[-1]["spec"]["source"].get("message") or "")

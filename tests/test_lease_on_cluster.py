@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from tests.conftest import WorldFactory, wait_for
 from tests.worldview import condition, pod, renewed_at, report
@@ -110,3 +111,75 @@ def test_an_agent_with_a_lease_under_an_operator_that_ignores_it_stays_fresh(
     assert _stale(world)["status"] == "False"
     assert _stale(world)["lastTransitionTime"] == fresh["lastTransitionTime"], "never stale"
     assert condition(pod(world, "train")).status == "True"
+
+
+def test_a_report_the_apiserver_refuses_is_not_kept_fresh_by_the_lease(
+    make_world: WorldFactory,
+) -> None:
+    """An admission policy refuses every write of this node's report (as a webhook or a new
+    schema may): the agent stops renewing its Lease, since the Lease vouches for a published
+    report, so the node turns stale and its pods Unknown instead of showing content of any
+    age as current. Once writes are admitted again, the node is fresh."""
+    world = _leased(make_world)
+    wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
+    wait_for(lambda: condition(pod(world, "train")).status == "True", what="train in use")
+    admission = client.AdmissionregistrationV1Api(world["api"])
+    name = f"refuse-{world['node']}"
+    admission.create_validating_admission_policy(
+        {  # type: ignore[arg-type]
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["gpuusage.io"],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["gpunodeusages"],
+                        }
+                    ]
+                },
+                "matchConditions": [
+                    {
+                        "name": "this-node",
+                        "expression": f"object.metadata.name == '{world['node']}'",
+                    }
+                ],
+                "validations": [{"expression": "false", "message": "refused by a test policy"}],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {  # type: ignore[arg-type]
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }
+    )
+    custom = client.CustomObjectsApi(world["api"])
+
+    def in_force() -> bool:
+        try:
+            custom.patch_cluster_custom_object(
+                "gpuusage.io", "v1alpha1", "gpunodeusages", world["node"], {"spec": {}}
+            )
+        except client.ApiException as exc:
+            return exc.status == 422 and "refused by a test policy" in str(exc.body)
+        return False
+
+    try:
+        wait_for(in_force, what="the policy in force")  # policies are compiled asynchronously
+        world["write"](notebook=False)  # a change the agent must publish, and cannot
+        stale = wait_for(lambda: (c := _stale(world))["status"] == "True" and c, what="stale")
+        assert f"no renewal of Lease {world['ns']}/{world['node']}" in stale["message"]
+        wait_for(lambda: condition(pod(world, "train")).status == "Unknown", what="pods Unknown")
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
+    wait_for(lambda: _stale(world)["status"] == "False", what="fresh once admitted")
+    world["write"](notebook=True)  # the next change is published whole
+    wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="the change shown")

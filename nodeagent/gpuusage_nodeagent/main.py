@@ -234,8 +234,8 @@ def run_cycles(
     *,
     renewer: LeaseRenewer | None = None,
 ) -> bool:
-    """Observe and publish until stopped, renewing the Lease after each completed cycle; True
-    when the last write failed."""
+    """Observe and publish until stopped, renewing the Lease after each completed cycle whose
+    report stands published; True when the last write failed."""
     failed = False
     last_failure: str | None = None
     lease_failure: str | None = None
@@ -268,7 +268,15 @@ def run_cycles(
                 exc,
                 settings.interval,
             )
-        if renewer is not None:
+        if renewer is not None and not publisher.current:
+            # The Lease vouches for a published report: one whose writes fail (a webhook or a
+            # policy refusing them, a schema it does not meet) must turn the node stale
+            # rather than keep content of any age Ready.
+            withheld = f"the report of {settings.node_name} does not show the latest observation"
+            if withheld != lease_failure:
+                lease_failure = withheld
+                log.error("%s: the Lease is not renewed until it does", withheld)
+        elif renewer is not None:
             try:
                 renewer.renew_if_due(reader.clock())
                 lease_failure = None

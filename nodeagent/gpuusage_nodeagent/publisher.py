@@ -35,7 +35,14 @@ from typing import Any
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
-from gpuusage.kube.errors import ApiError, Conflict, NotFound, is_permanent_for_body, retried
+from gpuusage.kube.errors import (
+    ApiError,
+    Conflict,
+    Invalid,
+    NotFound,
+    is_permanent_for_body,
+    retried,
+)
 from gpuusage.kube.rest import RestClient, encode
 from gpuusage.retry import Backoff
 from gpuusage_nodeagent.change import Decision, Fingerprint, decide
@@ -103,9 +110,16 @@ class Publisher:
         self._owner = NodeOwner(api, node_name, backoff)
         self._owner_checked = False
         self._refreshes = 0
-        self._refused: tuple[Fingerprint, str] | None = None
+        self._refused: tuple[Fingerprint, str, datetime | None] | None = None
         """The fingerprint of the last observation whose full report was refused for good,
-        and the refusal."""
+        the refusal, and when, for a refusal that may not last: the full report is tried
+        again when the observation changes, and after a refusal by validation (a policy or
+        webhook, which an administrator may fix) a refresh later too; a body too large stays
+        too large."""
+        self.current = False
+        """Whether the stored report stands for the latest observation offered: it was
+        written, or the write rule found nothing worth writing, or what was refused is itself
+        published. The Lease vouches only for such a report (see main.run_cycles)."""
 
     @property
     def published(self) -> GpuNodeUsageSpec | None:
@@ -136,8 +150,15 @@ class Publisher:
             decision = Decision(True, "forced")
         if not decision.write:
             self.metrics.skipped.inc()
+            self.current = self._published is not None
             return decision
-        if decision.reason == "heartbeat" and self._refresh(now):
+        self.current = False  # until this write lands
+        since = self._refused[2] if self._refused is not None else None
+        retry = since is not None and now - since >= self.refresh_every
+        if retry:
+            self._refused = None  # the full report once more
+        if decision.reason == "heartbeat" and not retry and self._refresh(now):
+            self.current = True
             return decision
         spec = reading.spec()
         if self._refused is not None and self._refused[0] == new_fp:
@@ -155,12 +176,13 @@ class Publisher:
                 self.node_name,
                 exc,
             )
-            self._refused = (new_fp, str(exc))
+            self._refused = (new_fp, str(exc), now if isinstance(exc, Invalid) else None)
             spec = without_processes(spec, str(exc))
             self._write_counted(spec)
         if self._refused is not None and self._refused[0] != new_fp:
             self._refused = None  # a new observation went through in full
         self._published, self._published_fp, self._published_at = spec, new_fp, now
+        self.current = True
         self.metrics.last_publish.set(now.timestamp())
         log.debug("published %s (%s)", self.node_name, decision.reason)
         return decision
