@@ -39,7 +39,7 @@ from gpuusage_nodeagent.main import NodeReader, own_kubelet_roots
 from gpuusage_nodeagent.metrics import AgentMetrics, healthy
 from gpuusage_nodeagent.publisher import Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
-from gpuusage_nodeagent.resolver import Resolved, Resolver, clean_name
+from gpuusage_nodeagent.resolver import CLOCK_TICKS, Resolved, Resolver, clean_name
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 from tests.fakenvml import gpu_uuid
 
@@ -226,6 +226,34 @@ def test_a_reused_pid_never_inherits_the_last_attribution(tmp_path: Path) -> Non
     resolver.end_cycle()
     _hide(tmp_path, 42)
     assert resolver.resolve(42).attribution == CgroupAttribution()
+
+
+def test_a_pid_nvml_lists_from_an_exited_process_does_not_charge_its_new_owner(
+    tmp_path: Path,
+) -> None:
+    """NVML has listed pid 42 since second 200 after boot; its process exits, and at second
+    300 another pod's process gets 42 while NVML still lists it: the memory is not the new
+    process's, so 42 is unresolved (use unknown), never attributed to the new pod. Once NVML
+    stops listing it, a later listing of 42 is the new process's."""
+    tick = CLOCK_TICKS
+    (tmp_path / "uptime").write_text("200.00 100.00\n")
+    write_process(tmp_path, 42, CGROUP, start_ticks=150 * tick)
+    resolver = Resolver(tmp_path)
+    assert resolver.resolve(42).attribution.pod_uid == POD_TRAIN
+    resolver.end_cycle()
+    other = f"0::/kubepods/pod{'9' * 8}-1111-4222-8333-444444444444/{'e' * 64}\n"
+    write_process(tmp_path, 42, other, start_ticks=300 * tick)
+    (tmp_path / "uptime").write_text("310.00 100.00\n")
+    found = resolver.resolve(42)
+    assert found.attribution == CgroupAttribution()
+    assert found.error is not None
+    assert "pid 42 was reused" in found.error
+    resolver.end_cycle()
+    resolver.end_cycle()  # not listed for a cycle: the next listing is a new one
+    assert resolver.resolve(42).attribution.container_id == "e" * 64
+    # Without the proc root's uptime nothing is judged (a tree without one, as in tests).
+    (tmp_path / "uptime").unlink()
+    assert Resolver(tmp_path).resolve(42).attribution.container_id == "e" * 64
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,13 @@ cgroup file, a hidden /proc, a pid namespace the agent cannot see) the process k
 attribution last read for it, with the reason, for `grace`; after that it is published without
 one, still with the reason, which the operator takes as "use unknown", never as "ended". A
 process never read successfully is unresolved from the start.
+
+A pid is not a process. NVML can go on listing a pid after its process is gone (a context kept
+alive by a child that inherited the device files); once the kernel hands that number to a new
+process, possibly another pod's, the old process's memory would be charged to it. So the
+resolver remembers since when (seconds since boot) NVML has listed each pid without a break,
+and a process that started after that is not the one listed: it is unresolved with the reason,
+never attributed (which the operator turns into Unknown on that device, not into use).
 """
 
 from __future__ import annotations
@@ -31,6 +38,15 @@ from gpuusage_nodeagent.cgroup import (
 
 MAX_NAME = 64
 DEFAULT_GRACE = 120.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+REUSE_SLACK = 1.0
+"""Seconds a process may appear to start after its pid was first listed (clock granularity)."""
+
+
+def reused(start_ticks: int, listed_since: float) -> bool:
+    """Whether a process that started at `start_ticks` (since boot) cannot be the one NVML has
+    listed under its pid since `listed_since` (seconds since boot)."""
+    return start_ticks / CLOCK_TICKS > listed_since + REUSE_SLACK
 
 
 @dataclass(frozen=True)
@@ -97,9 +113,14 @@ class Resolver:
         grace: float = DEFAULT_GRACE,
         clock: Callable[[], float] = time.monotonic,
         roots: Roots | None = None,
+        boot_clock: Callable[[], float | None] | None = None,
     ) -> None:
         self.proc_root = proc_root
         self.roots = roots or {}
+        self._boot_clock = boot_clock or (lambda: procfs.uptime(proc_root))
+        """Seconds since boot (the proc root's uptime); None: not known, no reuse judged."""
+        self._listed_since: dict[int, float | None] = {}
+        """pid → when (seconds since boot) NVML began listing it, while it stays listed."""
         self.grace = grace
         self._clock = clock
         self._prefix = f"{proc_root}/"
@@ -116,7 +137,16 @@ class Resolver:
 
     def resolve(self, pid: int) -> Resolved:
         self._listed.add(pid)
+        listed_since = self._listed_since.setdefault(pid, self._boot_clock())
         ticks, found = self._read(pid)
+        if ticks is not None and listed_since is not None and reused(ticks, listed_since):
+            return Resolved(
+                CgroupAttribution(),
+                found.comm,
+                f"pid {pid} was reused: NVML has listed it since before the process that now "
+                "has it started, so the GPU memory is an exited process's (its context kept "
+                "by another process?)",
+            )
         if found.error is None and ticks is not None:
             self._last[pid] = (ticks, found)
             self._failing.pop(pid, None)
@@ -186,6 +216,9 @@ class Resolver:
         self._identity = {pid: v for pid, v in self._identity.items() if v[0] in self._seen}
         self._last = {pid: v for pid, v in self._last.items() if pid in self._listed}
         self._failing = {pid: v for pid, v in self._failing.items() if pid in self._listed}
+        self._listed_since = {
+            pid: v for pid, v in self._listed_since.items() if pid in self._listed
+        }
         self._seen = set()
         self._listed = set()
 

@@ -62,3 +62,13 @@ def pids(proc_root: Path = DEFAULT_PROC_ROOT) -> list[int]:
         return sorted(int(entry.name) for entry in proc_root.iterdir() if entry.name.isdigit())
     except OSError:
         return []
+
+
+def uptime(proc_root: Path = DEFAULT_PROC_ROOT) -> float | None:
+    """Seconds since boot (the first field of /proc/uptime), the clock of start_ticks; None
+    when unreadable."""
+    try:
+        with open(f"{proc_root}/uptime", "rb") as f:
+            return float(f.read(64).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
