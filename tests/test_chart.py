@@ -136,8 +136,9 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         ("manifests/overlays/host-proc", ("agent.procAccess=hostProc",), NS),
         ("manifests/overlays/namespace", ("namespace.name=gpu-monitoring",), "elsewhere"),
         ("manifests/overlays/monitoring", ("monitoring.enabled=true",), NS),
+        ("manifests/overlays/runtime-class", ("agent.runtimeClassName=nvidia",), NS),
     ],
-    ids=["default", "base", "host-proc", "namespace", "monitoring"],
+    ids=["default", "base", "host-proc", "namespace", "monitoring", "runtime-class"],
 )
 def test_the_chart_renders_what_kustomize_builds(
     helm: Helm, kustomize: Kubectl, folder: str, sets: tuple[str, ...], namespace: str
@@ -368,3 +369,17 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
         assert _get(kubectl, names.PLURAL, node) is not None
     finally:
         kubectl.run("delete", names.PLURAL, node, "--ignore-not-found")
+
+
+def test_the_pod_resources_socket_of_a_kubelet_with_another_root_dir(helm: Helm) -> None:
+    """k0s and MicroK8s run the kubelet with another --root-dir: the socket's folder is taken
+    from there and mounted where the agent looks for it."""
+    for root in ("/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"):
+        objects = _render(helm, f"agent.podResources.hostPath={root}/pod-resources")
+        pod = _one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+        assert volume["hostPath"]["path"] == f"{root}/pod-resources"
+        mount = next(
+            m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"
+        )
+        assert mount["mountPath"] == "/var/lib/kubelet/pod-resources"

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from gpuusage_nodeagent.podresources.kubelet import Kubelet
 from gpuusage_nodeagent.publisher import WRITE_BACKOFF, Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.selfcheck import Setup, gather, nvml_note, pid_namespace_note, with_notes
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_nodeagent.visibility import DEFAULT_ALLOWANCE_MIB, with_blind_devices
 
@@ -70,6 +72,7 @@ class NodeReader:
         kubelet: Kubelet | None = None,
         activity: ActivityTracker | None = None,
         unexplained_memory_mib: int = DEFAULT_ALLOWANCE_MIB,
+        setup: Setup | None = None,
     ) -> None:
         self.node_name = node_name
         self.source = source
@@ -78,9 +81,16 @@ class NodeReader:
         self.kubelet = kubelet
         self.activity = activity or ActivityTracker()
         self.unexplained_memory_mib = unexplained_memory_mib
+        self.setup = setup
+        """How the agent was started (see selfcheck); None: nothing to say about it."""
 
     def read(self) -> AttributedReading:
         reading = capped(with_blind_devices(self.source.read(), self.unexplained_memory_mib))
+        if self.setup is not None and reading.source.kind == "nvml":
+            notes = [pid_namespace_note(self.setup)]
+            if not reading.source.available:
+                notes.append(nvml_note(self.setup, reading.errors))
+            reading = replace(reading, source=with_notes(reading.source, notes))
         now = self.clock()
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
@@ -148,6 +158,9 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
     except GpuusageError as exc:
         log.error("%s", exc)
         return 2
+    setup = gather(settings.proc_root)
+    if (note := pid_namespace_note(setup)) is not None:
+        log.warning("%s", note)
     roots = own_kubelet_roots(settings.proc_root)
     if roots:
         log.info("kubelet cgroup root, from the agent's own cgroup: %s", roots)
@@ -165,6 +178,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         kubelet=kubelet,
         activity=ActivityTracker(timedelta(seconds=settings.idle_window)),
         unexplained_memory_mib=settings.unexplained_memory_mib,
+        setup=setup,
     )
     try:
         if settings.output == "json":

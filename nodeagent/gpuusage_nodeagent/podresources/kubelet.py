@@ -173,7 +173,11 @@ class Kubelet:
         try:
             found = allocations(list_response(self.lister(self.socket, self.timeout)), self.extra)
         except FileNotFoundError:
-            return self._failed(f"{self.socket} not found (is the kubelet running?)")
+            return self._failed(
+                f"{self.socket} not found (is the kubelet running? a kubelet with another "
+                "--root-dir, as k0s and MicroK8s have, keeps it in <root-dir>/pod-resources: "
+                "mount that folder there, agent.podResources.hostPath)"
+            )
         except PermissionError:
             return self._failed(
                 f"{self.socket}: permission denied (the socket is root's: run the agent as "
