@@ -79,6 +79,8 @@ class FakeGpu:
     uuid_error: int | None = None
     process_error: int | None = None
     util_supported: bool = True
+    minor: int | None = None
+    """The device node's minor number; None: its index."""
 
 
 def gpu_uuid(seed: int) -> str:
@@ -356,6 +358,9 @@ class FakeMachine:
             "nvmlDeviceGetUUID": uuid,
             "nvmlDeviceGetName": name,
             "nvmlDeviceGetPciInfo": pci,
+            "nvmlDeviceGetMinorNumber": lambda h: (
+                h.gpu if self._gpu(h).minor is None else self._gpu(h).minor
+            ),
             "nvmlDeviceGetMemoryInfo": memory,
             "nvmlDeviceGetUtilizationRates": utilization,
             "nvmlDeviceGetMigMode": mig_mode,

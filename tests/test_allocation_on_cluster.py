@@ -187,6 +187,60 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
         assert train.get("allocatedDevices", []) == []
 
 
+def test_device_ids_by_index_or_device_node_are_mapped_to_uuids(
+    make_world: WorldFactory, tmp_path: Path
+) -> None:
+    """NVIDIA's plugin with deviceIDStrategy=index names GPU 1 "1"; GKE's names it by its
+    device node, "nvidia1": both are GPU1 to the operator, so train, running on GPU0, is still
+    caught outside its allocation (it was left unjudged when such IDs were only counted)."""
+    kubelet = FakeKubelet(tmp_path / "pod-resources" / "kubelet.sock")
+    kubelet.pods()
+    with kubelet:
+        world = make_world(
+            agent_extras={"pod_resources_socket": kubelet.socket, "pod_resources_refresh": 0.2}
+        )
+        world["scenario"](
+            [
+                {
+                    "index": 0,
+                    "uuid": GPU0,
+                    "minorNumber": 0,
+                    "memoryTotalMiB": 81920,
+                    "processes": [{"pid": 4242, "usedMemoryMiB": 30720}],
+                },
+                {
+                    "index": 1,
+                    "uuid": GPU1,
+                    "minorNumber": 1,
+                    "memoryTotalMiB": 81920,
+                    "processes": [{"pid": 5151, "usedMemoryMiB": 10240}],
+                },
+            ]
+        )
+        kubelet.pods(
+            *(
+                {
+                    "name": name,
+                    "namespace": world["ns"],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": [dev]}],
+                        }
+                    ],
+                }
+                for name, dev in (("train", "1"), ("notebook", "nvidia1"))
+            )
+        )
+        wait_for(lambda: _reason(world, "train") == "True UsingUnallocatedGPU", what="unallocated")
+        wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="notebook")
+        listed = report(world)["spec"]["kubelet"]["pods"]
+        assert {p["name"]: (p["devices"], p.get("otherDevices", 0)) for p in listed} == {
+            "train": ([GPU1], 0),
+            "notebook": ([GPU1], 0),
+        }
+
+
 def test_pods_given_gpus_by_a_claim_or_a_share_are_idle_when_they_use_none(
     make_world: WorldFactory,
 ) -> None:

@@ -18,12 +18,17 @@ from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import RequestReceived
 
-from gpuusage.api.models import MAX_KUBELET_DEVICES, MAX_KUBELET_PODS, GpuNodeUsage
+from gpuusage.api.models import MAX_KUBELET_DEVICES, MAX_KUBELET_PODS, Gpu, GpuNodeUsage, MigDevice
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.simulation import write_process
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.podresources.client import CallError
-from gpuusage_nodeagent.podresources.kubelet import Kubelet, allocations, list_pods
+from gpuusage_nodeagent.podresources.kubelet import (
+    Kubelet,
+    allocations,
+    device_aliases,
+    list_pods,
+)
 from gpuusage_nodeagent.podresources.wire import (
     ContainerDevices,
     ContainerResources,
@@ -380,3 +385,29 @@ def test_the_agent_publishes_the_kubelets_devices(
     assert [(p.namespace, p.name, p.devices) for p in report.spec.kubelet.pods] == [
         ("ml", "train", [GPU0])
     ]
+
+
+def test_other_plugins_device_ids_are_mapped_to_uuids_or_counted() -> None:
+    """NVML index ("0"), MIG device on its GPU ("1:0"), device node ("nvidia7", the minor
+    number), a replica of one ("0::3"); an ID naming no device of the node stays counted."""
+    mig = MigDevice(index=0, uuid=mig_uuid(0))
+    gpus = [
+        Gpu(index=0, uuid=GPU0, minor_number=7),
+        Gpu(index=1, uuid=GPU1, mig_enabled=True, mig_devices=[mig]),
+    ]
+    aliases = device_aliases(gpus)
+    assert aliases == {"0": GPU0, "nvidia7": GPU0, "1": GPU1, "1:0": mig.uuid}
+    given = PodResources(
+        "train",
+        "ml",
+        (
+            ContainerResources(
+                "c",
+                (ContainerDevices("nvidia.com/gpu", ("0::3", "1:0", "nvidia7", "gpu-9")),),
+            ),
+        ),
+    )
+    (entry,) = allocations([given], aliases=aliases).pods
+    assert (entry.devices, entry.other_devices) == (sorted([GPU0, mig.uuid]), 1)
+    (plain,) = allocations([given]).pods
+    assert (plain.devices, plain.other_devices) == ([], 4), "without aliases: counted only"

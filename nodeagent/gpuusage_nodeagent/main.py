@@ -34,7 +34,7 @@ from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.metrics import AgentMetrics
-from gpuusage_nodeagent.podresources.kubelet import Kubelet
+from gpuusage_nodeagent.podresources.kubelet import Kubelet, device_aliases
 from gpuusage_nodeagent.publisher import WRITE_BACKOFF, Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
@@ -106,7 +106,7 @@ class NodeReader:
         allocated = None
         if self.kubelet is not None:
             pods = {r.attribution.pod_uid for r in found.values() if r.attribution.pod_uid}
-            allocated = self.kubelet.read(pods)
+            allocated = self.kubelet.read(pods, device_aliases(reading.gpus))
         return AttributedReading(self.node_name, now, reading, found, allocated, idle)
 
 

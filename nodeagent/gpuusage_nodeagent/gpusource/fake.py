@@ -121,6 +121,8 @@ class FakeGpu(_Strict):
     memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
     """Defaults to the sum of the processes' memory (and the reserved part); more than they
     hold emulates processes NVML does not list."""
+    minorNumber: Annotated[int, Field(ge=0, le=254)] | None = None
+    """The device node's minor number (/dev/nvidia<minor>)."""
     memoryReservedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
     """The driver's reserved part, as NVML's memory info v2 tells it; absent: not told."""
     utilization: FakeUtilization | None = None
@@ -298,6 +300,7 @@ def scenario_gpus(
                 index=spec.index,
                 uuid=spec.uuid,
                 name=spec.name,
+                minor_number=spec.minorNumber,
                 memory=Memory(
                     total_mib=spec.memoryTotalMiB,
                     used_mib=min(used, spec.memoryTotalMiB),

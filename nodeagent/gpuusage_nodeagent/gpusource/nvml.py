@@ -200,7 +200,7 @@ class NvmlSource:
         # through pynvml's wrappers): the versions, and each GPU's name and PCI bus ID by UUID.
         # Kept only when read completely, so a transient failure is retried next cycle.
         self._source: Source | None = None
-        self._static: dict[str, tuple[str | None, str | None]] = {}
+        self._static: dict[str, tuple[str | None, str | None, int | None]] = {}
 
     # -- library ---------------------------------------------------------------------------
     def _module(self) -> ModuleType:
@@ -312,8 +312,8 @@ class NvmlSource:
             self._source = source
         return source
 
-    def _gpu_static(self, handle: Any, uuid: str) -> tuple[str | None, str | None]:
-        """(name, PCI bus ID) of a GPU."""
+    def _gpu_static(self, handle: Any, uuid: str) -> tuple[str | None, str | None, int | None]:
+        """(name, PCI bus ID, minor number) of a GPU."""
         known = self._static.get(uuid)
         if known is not None:
             return known
@@ -321,9 +321,11 @@ class NvmlSource:
         pci = self._optional(nvml.nvmlDeviceGetPciInfo, handle)
         name = self._optional_text(nvml.nvmlDeviceGetName, handle)
         bus_id = safe_text(_text(pci.busId), 32) if pci is not None else None
+        minor = self._optional(nvml.nvmlDeviceGetMinorNumber, handle)
+        minor = int(minor) if minor is not None and 0 <= int(minor) <= 254 else None
         if name is not None and bus_id is not None:
-            self._static[uuid] = (name, bus_id)
-        return name, bus_id
+            self._static[uuid] = (name, bus_id, minor)
+        return name, bus_id, minor
 
     def _optional_text(self, fn: Callable[..., Any], *args: Any) -> str | None:
         value = self._optional(fn, *args)
@@ -368,12 +370,13 @@ class NvmlSource:
             error = self._device_error(exc, "processes")
         except GarbledProcessList as exc:
             error = garbled_error(exc)
-        name, bus_id = self._gpu_static(handle, uuid)
+        name, bus_id, minor = self._gpu_static(handle, uuid)
         return Gpu(
             index=index,
             uuid=uuid,
             name=name,
             pci_bus_id=bus_id,
+            minor_number=minor,
             memory=lower(before, self._memory(handle)),
             utilization=self._utilization(handle),
             mig_enabled=mig_enabled,

@@ -3,6 +3,12 @@
 `allocations` (pure) turns the kubelet's answer into the report's `kubelet` section; `Kubelet`
 asks the socket, and turns every way the question can fail into an `Unavailable` section with
 the reason, so the operator then knows allocations as counts only and judges nothing by device.
+
+Device plugins name devices in their own ways. NVIDIA's plugin gives UUIDs by default; with
+`deviceIDStrategy=index` it gives NVML indexes (`0`, and `0:1` for MIG device 1 of GPU 0), and
+GKE's plugin names device nodes (`nvidia0`, the minor number). Those are mapped to UUIDs
+through the GPUs the agent read (`device_aliases`); an ID that maps to nothing stays counted,
+never guessed.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -23,6 +29,7 @@ from gpuusage.api.models import (
     MAX_MESSAGE,
     MAX_RESOURCE_NAME,
     RESOURCE_NAME_PATTERN,
+    Gpu,
     KubeletAllocations,
     KubeletPod,
     safe_text,
@@ -39,7 +46,26 @@ _RESOURCE = re.compile(RESOURCE_NAME_PATTERN)
 MAX_RESOURCES = 4
 
 
-def _entry(pod: PodResources, extra: Iterable[str]) -> KubeletPod | None:
+Aliases = Mapping[str, str]
+"""A device plugin's non-UUID device ID → the GPU or MIG UUID it names."""
+
+
+def device_aliases(gpus: Iterable[Gpu]) -> dict[str, str]:
+    """The IDs other device plugins use for the agent's GPUs: NVML index (`3`), index of a
+    MIG device on its GPU (`3:1`), device node (`nvidia<minor>`)."""
+    found: dict[str, str] = {}
+    for gpu in gpus:
+        if gpu.uuid is None:
+            continue
+        found[str(gpu.index)] = gpu.uuid
+        if gpu.minor_number is not None:
+            found[f"nvidia{gpu.minor_number}"] = gpu.uuid
+        for mig in gpu.mig_devices:
+            found[f"{gpu.index}:{mig.index}"] = mig.uuid
+    return found
+
+
+def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> KubeletPod | None:
     """The pod's GPU devices; None when it was given none (or names nothing valid)."""
     resources: set[str] = set()
     devices: set[str] = set()
@@ -56,6 +82,7 @@ def _entry(pod: PodResources, extra: Iterable[str]) -> KubeletPod | None:
                 resources.add(given.resource_name)
             for device_id in given.device_ids:
                 device = device_of(device_id)
+                device = aliases.get(device, device)
                 if named and _DEVICE.match(device):
                     devices.add(device)
                 else:
@@ -77,12 +104,16 @@ def _entry(pod: PodResources, extra: Iterable[str]) -> KubeletPod | None:
         return None  # not a pod name the API admits: it cannot be matched to a pod anyway
 
 
-def allocations(pods: Sequence[PodResources], extra: Iterable[str] = ()) -> KubeletAllocations:
+def allocations(
+    pods: Sequence[PodResources], extra: Iterable[str] = (), aliases: Aliases | None = None
+) -> KubeletAllocations:
     """The report's `kubelet` section: pods given GPU resources, in name order, within the
-    bounds (pods past them are counted as omitted, never listed in part)."""
+    bounds (pods past them are counted as omitted, never listed in part); `aliases` map other
+    plugins' device IDs to UUIDs (see device_aliases)."""
     extra = tuple(extra)
+    known = aliases or {}
     entries = sorted(
-        (e for e in (_entry(p, extra) for p in pods) if e is not None),
+        (e for e in (_entry(p, extra, known) for p in pods) if e is not None),
         key=lambda e: (e.namespace, e.name),
     )
     listed: list[KubeletPod] = []
@@ -145,33 +176,45 @@ class Kubelet:
         self.asked = 0
         """Times the kubelet was asked."""
         self._last: KubeletAllocations | None = None
+        self._raw: Sequence[PodResources] | None = None
+        """The kubelet's last answer, kept to translate again when the aliases change."""
+        self._aliases: Aliases = {}
         self._asked_at = 0.0
         self._known_pods: frozenset[str] = frozenset()
         self._last_failure: str | None = None
         if not self.enabled:
             log.info("%s is not mounted: allocations are known as counts only", socket.parent)
 
-    def read(self, pods: Collection[str] = ()) -> KubeletAllocations | None:
-        """The allocations for a cycle whose processes belong to `pods` (UIDs)."""
+    def read(
+        self, pods: Collection[str] = (), aliases: Aliases | None = None
+    ) -> KubeletAllocations | None:
+        """The allocations for a cycle whose processes belong to `pods` (UIDs), other plugins'
+        device IDs mapped through `aliases` (see device_aliases)."""
         if not self.enabled:
             return None
         now = self.clock()
+        aliases = aliases or {}
         if (
             self._last is not None
             and self._last.state == "Read"
             and self._known_pods.issuperset(pods)
             and now - self._asked_at < self.refresh
         ):
+            if aliases != self._aliases and self._raw is not None:
+                self._aliases = dict(aliases)
+                self._last = allocations(self._raw, self.extra, self._aliases)
             return self._last
         self.asked += 1
         self._asked_at = now
         self._known_pods = frozenset(pods)
+        self._aliases = dict(aliases)
         self._last = self._ask()
         return self._last
 
     def _ask(self) -> KubeletAllocations:
         try:
-            found = allocations(list_response(self.lister(self.socket, self.timeout)), self.extra)
+            self._raw = list_response(self.lister(self.socket, self.timeout))
+            found = allocations(self._raw, self.extra, self._aliases)
         except FileNotFoundError:
             return self._failed(
                 f"{self.socket} not found (is the kubelet running? a kubelet with another "

@@ -255,6 +255,9 @@ class Gpu(ApiModel):
     name: ProductName | None = None
     """Product name, e.g. "NVIDIA H100 80GB HBM3"."""
     pci_bus_id: ShortText | None = Field(default=None, alias="pciBusID")
+    minor_number: Annotated[int, Field(ge=0, le=254)] | None = None
+    """The device node's minor number (/dev/nvidia<minor>), which some device plugins use as
+    the device's ID."""
     memory: Memory | None = None
     utilization: Utilization | None = None
     mig_enabled: bool | None = None
