@@ -160,9 +160,11 @@ DRA_DRIVER = "gpu.nvidia.com"
 
 
 def create_gpu_slice(
-    resource: client.ResourceV1Api, node: str, devices: list[dict[str, str]]
+    resource: Any, node: str, devices: list[dict[str, str]], version: str = "v1"
 ) -> str:
-    """A ResourceSlice as NVIDIA's DRA driver publishes it for `node` (pool = the node's name).
+    """A ResourceSlice as NVIDIA's DRA driver publishes it for `node` (pool = the node's name),
+    through `resource`, the client's API of resource.k8s.io/`version` (v1beta1 nests a device's
+    attributes under `basic`).
 
     Each device: {"name", "type" (gpu|mig), "uuid"?, "parentUUID"?, "profile"?}; a MIG device
     without "uuid" is one created at prepare time."""
@@ -173,10 +175,13 @@ def create_gpu_slice(
             for key in ("type", "uuid", "parentUUID", "profile")
             if device.get(key)
         }
-        listed.append({"name": device["name"], "attributes": attributes})
+        if version == "v1beta1":
+            listed.append({"name": device["name"], "basic": {"attributes": attributes}})
+        else:
+            listed.append({"name": device["name"], "attributes": attributes})
     name = f"{node}-{DRA_DRIVER}-{uuid.uuid4().hex[:5]}"
     body: Any = {  # the client takes the object as the API does
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"resource.k8s.io/{version}",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
         "spec": {
@@ -191,31 +196,33 @@ def create_gpu_slice(
 
 
 def create_allocated_claim(
-    resource: client.ResourceV1Api,
+    resource: Any,
     namespace: str,
     name: str,
     node: str,
     devices: list[str],
     *,
     driver: str = DRA_DRIVER,
+    version: str = "v1",
 ) -> None:
     """A ResourceClaim for len(devices) GPUs, allocated as the scheduler writes it: one result
-    per device of `driver`'s pool on `node`."""
+    per device of `driver`'s pool on `node` (through the API of resource.k8s.io/`version`;
+    v1beta1 states the request flat, later versions under `exactly`)."""
+    request: dict[str, Any] = {
+        "deviceClassName": driver,
+        "allocationMode": "ExactCount",
+        "count": len(devices),
+    }
     claim: Any = {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"resource.k8s.io/{version}",
         "kind": "ResourceClaim",
         "metadata": {"name": name},
         "spec": {
             "devices": {
                 "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": driver,
-                            "allocationMode": "ExactCount",
-                            "count": len(devices),
-                        },
-                    }
+                    {"name": "gpu", **request}
+                    if version == "v1beta1"
+                    else {"name": "gpu", "exactly": request}
                 ]
             }
         },

@@ -70,7 +70,8 @@ def slice_devices(body: Mapping[str, Any]) -> tuple[SliceDevice, ...]:
     for device in spec.get("devices") or []:
         if not device.get("name"):
             continue
-        attributes = device.get("attributes") or {}
+        # v1beta1 nests them under `basic`; v1beta2 and v1 do not
+        attributes = device.get("attributes") or (device.get("basic") or {}).get("attributes") or {}
         found.append(
             SliceDevice(
                 driver=str(driver),

@@ -14,7 +14,7 @@ from kubernetes import client
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
 from gpuusage_operator.apihealth import ApiHealth
-from gpuusage_operator.drawatch import DraWatch
+from gpuusage_operator.drawatch import DraWatch, resource_apis
 from gpuusage_operator.ha import join_peering
 from gpuusage_operator.handlers import build_registry
 from gpuusage_operator.leasewatch import LeaseWatch
@@ -59,7 +59,7 @@ class Operator:
             on_requesting=self.reconciler.mark_due,  # reports are named after their nodes
             rules=rules,
         )
-        self.dra = DraWatch(client.ResourceV1Api(self._watch_api), health=self.health)
+        self.dra = DraWatch(resource_apis(self._watch_api), health=self.health)
         self.leases = LeaseWatch(
             client.CoordinationV1Api(self._watch_api),
             settings.lease_namespace,

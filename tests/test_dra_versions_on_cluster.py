@@ -1,0 +1,77 @@
+"""DRA as Kubernetes 1.32 and 1.33 serve it (resource.k8s.io/v1beta1, v1beta2; no v1): the
+operator reads the version served, on a real control plane started with only that version."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+
+from gpuusage.kube.config import api_client
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
+from gpuusage_operator.allocation import DEFAULT_RULES, allocation_of
+from gpuusage_operator.drawatch import DraWatch, resource_apis
+from gpuusage_operator.podindex import index_keys
+from tests.conftest import wait_for
+from tests.fakenvml import gpu_uuid
+
+pytestmark = pytest.mark.cluster
+
+SERVED = {
+    "v1beta2": "resource.k8s.io/v1=false,resource.k8s.io/v1beta2=true",  # as 1.33 serves it
+    "v1beta1": "resource.k8s.io/v1=false,resource.k8s.io/v1beta1=true",  # as 1.32 does
+}
+
+
+@pytest.fixture(params=sorted(SERVED), scope="module")
+def beta(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, LocalCluster]]:
+    version: str = request.param
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp(f"dra-{version}"),
+        apiserver_args=[f"--runtime-config={SERVED[version]}"],
+        tie_to_parent=True,
+    )
+    cluster.up()
+    try:
+        yield version, cluster
+    finally:
+        cluster.down()
+
+
+def test_claims_are_read_through_the_beta_version_served(beta: tuple[str, LocalCluster]) -> None:
+    version, cluster = beta
+    api, _ = api_client(cluster.kubeconfig)
+    (resource,) = [r for v, r in resource_apis(api) if v == version]
+    core = client.CoreV1Api(api)
+    ensure_namespace(core, "ml")
+    create_gpu_slice(
+        resource, "gpu-b", [{"name": "gpu-0", "type": "gpu", "uuid": gpu_uuid(0)}], version
+    )
+    create_allocated_claim(resource, "ml", "train-gpu", "gpu-b", ["gpu-0"], version=version)
+    watch = DraWatch(resource_apis(api))
+    watch.start()
+    try:
+        wait_for(lambda: watch.synced, what="DRA listed")
+        assert watch.available.is_set()
+        assert watch.version == version
+        pod = {
+            "metadata": {"name": "train", "namespace": "ml", "uid": "u-1"},
+            "spec": {
+                "nodeName": "gpu-b",
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "train-gpu"}],
+            },
+            "status": {"phase": "Running"},
+        }
+        claimed = next(iter(index_keys(pod).values())).claimed
+        allocation = wait_for(
+            lambda: (a := allocation_of(claimed, watch.lookup(), DEFAULT_RULES)).devices and a,
+            what="the claim's device",
+        )
+        assert [d.uuid for d in allocation.devices] == [gpu_uuid(0)]
+        assert allocation.complete
+    finally:
+        watch.stop()
