@@ -234,11 +234,13 @@ def test_device_ids_by_index_or_device_node_are_mapped_to_uuids(
         )
         wait_for(lambda: _reason(world, "train") == "True UsingUnallocatedGPU", what="unallocated")
         wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="notebook")
-        listed = report(world)["spec"]["kubelet"]["pods"]
-        assert {p["name"]: (p["devices"], p.get("otherDevices", 0)) for p in listed} == {
-            "train": ([GPU1], 0),
-            "notebook": ([GPU1], 0),
-        }
+
+        def given() -> dict[str, tuple[list[str], int]]:
+            listed = report(world)["spec"]["kubelet"]["pods"]
+            return {p["name"]: (p.get("devices", []), p.get("otherDevices", 0)) for p in listed}
+
+        # the minor numbers arrive with the scenario's next reading: wait for them
+        wait_for(lambda: given() == {"train": ([GPU1], 0), "notebook": ([GPU1], 0)}, what="IDs")
 
 
 def test_pods_given_gpus_by_a_claim_or_a_share_are_idle_when_they_use_none(

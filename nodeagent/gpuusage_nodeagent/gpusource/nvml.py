@@ -572,7 +572,9 @@ class NvmlSource:
         """(pid, used bytes or NOT_AVAILABLE) of one process list."""
         nvml = self._module()
         v2 = symbol.endswith("_v2")
-        entry = nvml.c_nvmlProcessInfo_v2_t if v2 else nvml.c_nvmlProcessInfo_v3_t
+        # Bindings before 12.550 name no v3 struct: the driver's v3 has the v2 layout.
+        v3 = getattr(nvml, "c_nvmlProcessInfo_v3_t", nvml.c_nvmlProcessInfo_v2_t)
+        entry = nvml.c_nvmlProcessInfo_v2_t if v2 else v3
         data = self._into_array(
             symbol, entry, lambda fn, array, count: fn(handle, ctypes.byref(count), array)
         )

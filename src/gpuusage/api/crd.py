@@ -60,6 +60,11 @@ def _resolve(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     return node
 
 
+def _bound(value: Any) -> Any:
+    """A bound as one number whatever pydantic version rendered it (0.0 and 0 alike)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def to_structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     """Convert one pydantic JSON Schema node into a structural OpenAPI v3 schema node."""
     node = _resolve(node, defs)
@@ -87,8 +92,10 @@ def to_structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
             out["enum"] = [value]
         elif key in ("exclusiveMinimum", "exclusiveMaximum"):
             # JSON Schema's bound; OpenAPI v3.0's (Kubernetes') is the bound and a flag.
-            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = _bound(value)
             out[key] = True
+        elif key in ("minimum", "maximum"):
+            out[key] = _bound(value)
         elif key in _KEEP:
             out[key] = value
     if "enum" in out and "type" not in out:
