@@ -38,6 +38,24 @@ def _wait_established(ext: client.ApiextensionsV1Api, name: str, timeout: float)
         raise TimeoutError(f"CRD {name} not established in time")
 
 
+def _wait_served(api: client.ApiClient, timeout: float) -> None:
+    """Established is not yet served: right after it, a list is refused for a moment (429,
+    "storage is (re)initializing"), which an operator started then logs as an error."""
+    custom = client.CustomObjectsApi(api)
+
+    def served() -> bool:
+        try:
+            custom.list_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, limit=1)
+        except ApiException as exc:
+            if exc.status in (404, 429, 503):
+                return False
+            raise
+        return True
+
+    if not poll_until(served, timeout, 0.2):
+        raise TimeoutError(f"{names.PLURAL}.{names.GROUP} not served in time")
+
+
 def ensure_peering(api: client.ApiClient, name: str = names.DEFAULT_PEERING) -> None:
     """Create the ClusterKopfPeering object unless it exists (kopf does not create it)."""
     body = {
@@ -65,4 +83,5 @@ def install_crds(api: client.ApiClient, timeout: float = 60.0) -> None:
     created = [_apply_crd(ext, render_crd()), _apply_crd(ext, render_peering_crd())]
     for name in created:
         _wait_established(ext, name, max(0.0, deadline - time.monotonic()))
+    _wait_served(api, max(0.0, deadline - time.monotonic()))
     ensure_peering(api)
