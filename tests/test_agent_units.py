@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from gpuusage.kube.errors import (
 from gpuusage.retry import Backoff, doubling
 from gpuusage_dev.simulation import write_process
 from gpuusage_nodeagent.cgroup import CgroupAttribution
-from gpuusage_nodeagent.change import Fingerprint, decide, meaningful_change
+from gpuusage_nodeagent.change import Decision, Fingerprint, decide, meaningful_change
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage_nodeagent.main import NodeReader, own_kubelet_roots
@@ -631,6 +632,31 @@ def test_every_invalid_scenario_is_refused_with_a_message_and_the_last_valid_one
 
 
 # -- bodies refused for good -------------------------------------------------------------------
+@dataclass
+class Publishing:
+    """A publisher fed by a reader of a scenario file, on a clock the test moves."""
+
+    publisher: Publisher
+    reader: NodeReader
+    now: list[datetime]
+    metrics: AgentMetrics
+
+    def offer_at(self, seconds: float) -> Decision:
+        self.now[0] = NOW + timedelta(seconds=seconds)
+        return self.publisher.offer(self.reader.read())
+
+
+def _publishing(tmp_path: Path, api: Any, **options: Any) -> Publishing:
+    """Publishing for `api` of a scenario with one 100 MiB process (see _scenario)."""
+    path = tmp_path / "s.yaml"
+    _scenario(path, 100)
+    metrics = AgentMetrics()
+    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64, metrics=metrics, **options)
+    now = [NOW]
+    reader = NodeReader("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: now[0])
+    return Publishing(publisher, reader, now, metrics)
+
+
 class RefusingApi:
     """The agent's REST client against an API that refuses any report listing processes, as
     etcd refuses a request over its limit."""
@@ -657,16 +683,11 @@ class RefusingApi:
 def test_a_body_refused_for_good_is_never_sent_again_and_the_refusal_is_published(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "s.yaml"
-    _scenario(path, 100)
     api = RefusingApi()
-    metrics = AgentMetrics()
-    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64, metrics=metrics)  # type: ignore[arg-type]
-    now = [NOW]
-    reader = NodeReader("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: now[0])
+    publishing = _publishing(tmp_path, api)
+    metrics = publishing.metrics
     for later in (0, 1, 60):  # the same observation: first write, unchanged, heartbeat
-        now[0] = NOW + timedelta(seconds=later)
-        publisher.offer(reader.read())
+        publishing.offer_at(later)
     assert api.refused == 1, "the refused body was sent once, not retried, not re-sent"
     assert len(api.bodies) == 2, "the report without processes, then its heartbeat"
     assert api.bodies[-1] == {"spec": {"observedAt": "2026-11-21T12:01:00Z"}}, (
@@ -683,9 +704,8 @@ def test_a_body_refused_for_good_is_never_sent_again_and_the_refusal_is_publishe
     assert metrics.registry.get_sample_value("gpuusage_agent_writes_skipped_total") == 1
     assert sum("refused the report" in r.getMessage() for r in caplog.records) == 1
     # The observation changes: the full report is tried again (and refused again, once).
-    _scenario(path, 900)
-    now[0] = NOW + 3 * BEAT
-    publisher.offer(reader.read())
+    _scenario(tmp_path / "s.yaml", 900)
+    publishing.offer_at(3 * BEAT.total_seconds())
     assert api.refused == 2
 
 
@@ -831,19 +851,13 @@ class PolicyRefusingApi(RefusingApi):
 def test_a_body_a_policy_refused_is_tried_again_a_refresh_later(tmp_path: Path) -> None:
     """A refusal by validation may not last (the policy or webhook gets fixed): the full
     report is tried again one refresh after the refusal, not every cycle."""
-    path = tmp_path / "s.yaml"
-    _scenario(path, 100)
     api = PolicyRefusingApi()
-    publisher = Publisher(api, "n1", heartbeat=BEAT, threshold_mib=64, metrics=AgentMetrics())  # type: ignore[arg-type]
-    now = [NOW]
-    reader = NodeReader("n1", FakeSource(path), Resolver(tmp_path), clock=lambda: now[0])
-    publisher.offer(reader.read())
-    now[0] = NOW + timedelta(seconds=30)
-    publisher.offer(reader.read())
-    assert (api.refused, publisher.current) == (1, True), "the refusal itself is published"
+    publishing = _publishing(tmp_path, api)
+    publishing.offer_at(0)
+    publishing.offer_at(30)
+    assert (api.refused, publishing.publisher.current) == (1, True), "the refusal is published"
     api.fixed = True
-    now[0] = NOW + BEAT
-    publisher.offer(reader.read())
+    publishing.offer_at(BEAT.total_seconds())
     assert api.refused == 1
     assert api.bodies[-1]["spec"]["gpus"][0]["processes"], "the full report, a refresh later"
     assert "refused" not in (api.bodies[-1]["spec"]["source"].get("message") or "")
