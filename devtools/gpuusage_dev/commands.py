@@ -35,6 +35,8 @@ class BuildSettings(CommandSettings):
     tools: bool = False
     """Also build kube-state-metrics, promtool and helm and fetch the Prometheus Operator's CRDs
     (the monitoring and Helm chart tests use them)."""
+    node: bool = False
+    """Also build the kubelet, kube-scheduler and kube-controller-manager (a real node)."""
 
 
 class DemoSettings(CommandSettings):
@@ -83,13 +85,19 @@ def run_restart(settings: RestartSettings) -> int:
 
 def run_build(settings: BuildSettings) -> int:
     from gpuusage_dev.fakekubelet import ensure_fake_kubelet  # noqa: PLC0415
-    from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
+    from gpuusage_dev.localcluster.binaries import (  # noqa: PLC0415
+        ensure_binaries,
+        ensure_node_binaries,
+    )
     from gpuusage_dev.localcluster.tools import TOOLS, ensure_tool, monitoring_crds  # noqa: PLC0415
 
     found = ensure_binaries()
     for path in (found.kube_apiserver, found.etcd, found.kubectl):
         print(path)
     print(ensure_fake_kubelet())  # the demo's and the tests' kubelet PodResources socket
+    if settings.node:
+        for path in ensure_node_binaries().all:
+            print(path)
     if settings.tools:
         for tool in TOOLS:
             print(ensure_tool(tool))

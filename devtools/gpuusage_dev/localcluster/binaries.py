@@ -46,6 +46,20 @@ class Binaries:
     kubectl: Path
 
 
+@dataclass(frozen=True)
+class NodeBinaries:
+    """Paths of the programs a real node of the local cluster adds to the control plane: the
+    kubelet, and the scheduler and controller manager that a node's pods need."""
+
+    kubelet: Path
+    kube_scheduler: Path
+    kube_controller_manager: Path
+
+    @property
+    def all(self) -> tuple[Path, ...]:
+        return (self.kubelet, self.kube_scheduler, self.kube_controller_manager)
+
+
 def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -75,9 +89,18 @@ def cached_binaries(root: Path | None = None) -> Binaries:
     return Binaries(kube / "kube-apiserver", _etcd_dir(root) / "etcd", kube / "kubectl")
 
 
-def _missing(binaries: Binaries) -> list[Path]:
-    paths = (binaries.kube_apiserver, binaries.etcd, binaries.kubectl)
+def cached_node_binaries(root: Path | None = None) -> NodeBinaries:
+    """The node programs' cache paths, beside the control plane's (one Kubernetes version)."""
+    kube = _kubernetes_dir(root or cache_root())
+    return NodeBinaries(kube / "kubelet", kube / "kube-scheduler", kube / "kube-controller-manager")
+
+
+def _absent(paths: tuple[Path, ...]) -> list[Path]:
     return [p for p in paths if not (p.is_file() and os.access(p, os.X_OK))]
+
+
+def _missing(binaries: Binaries) -> list[Path]:
+    return _absent((binaries.kube_apiserver, binaries.etcd, binaries.kubectl))
 
 
 def from_assets(assets: Path) -> Binaries:
@@ -113,6 +136,35 @@ def ensure_binaries(progress: Progress = stderr_progress) -> Binaries:
         raise BinariesError(f"build finished but {', '.join(map(str, still))} is missing")
     return wanted
 
+
+def ensure_node_binaries(progress: Progress = stderr_progress) -> NodeBinaries:
+    """The kubelet, kube-scheduler and kube-controller-manager of KUBERNETES_VERSION, built from
+    the same module as kube-apiserver when missing (about 2-3 minutes more once the
+    apiserver's build cache is warm; 8 from an empty one)."""
+    root = cache_root()
+    wanted = cached_node_binaries(root)
+    if not _absent(wanted.all):
+        return wanted
+    go = require_go(NODE_HINT)
+    with file_lock(root / "locks" / "build.lock"):
+        if _absent(wanted.all):
+            build_kubernetes(
+                go,
+                _kubernetes_dir(root),
+                root / "work",
+                progress,
+                commands=("kubelet", "kube-scheduler", "kube-controller-manager"),
+            )
+    still = _absent(wanted.all)
+    if still:
+        raise BinariesError(f"build finished but {', '.join(map(str, still))} is missing")
+    return wanted
+
+
+NODE_HINT = (
+    f"A local node needs the kubelet, kube-scheduler and kube-controller-manager "
+    f"{KUBERNETES_VERSION}, which gpuusage builds from Go modules once."
+)
 
 CONTROL_PLANE_HINT = (
     f"gpuusage builds kube-apiserver {KUBERNETES_VERSION}, kubectl and etcd {ETCD_VERSION} from "
@@ -174,8 +226,14 @@ def go_env() -> dict[str, str]:
     return env
 
 
-def build_kubernetes(go: str, dest: Path, work: Path, progress: Progress) -> None:
-    """Build kube-apiserver and kubectl of KUBERNETES_VERSION into dest."""
+def build_kubernetes(
+    go: str,
+    dest: Path,
+    work: Path,
+    progress: Progress,
+    commands: tuple[str, ...] = ("kube-apiserver", "kubectl"),
+) -> None:
+    """Build `commands` (k8s.io/kubernetes/cmd/...) of KUBERNETES_VERSION into dest."""
     module = work / f"kubernetes-{KUBERNETES_VERSION}"
     module.mkdir(parents=True, exist_ok=True)
     env = go_env()
@@ -199,10 +257,10 @@ def build_kubernetes(go: str, dest: Path, work: Path, progress: Progress) -> Non
         go,
         module,
         env=env,
-        packages=["k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubectl"],
+        packages=[f"k8s.io/kubernetes/cmd/{name}" for name in commands],
         ldflags=ldflags,
         dest=dest,
-        what=f"kube-apiserver and kubectl {KUBERNETES_VERSION}",
+        what=f"{', '.join(commands)} {KUBERNETES_VERSION}",
         progress=progress,
     )
 

@@ -1,0 +1,176 @@
+"""A containerd of our own for the local cluster's real node, rooted in one folder.
+
+Debian's containerd (1.6) and runc run it as root. Everything it keeps lives under the folder:
+root, state, socket, and the `opt` plugin's path (else it makes /opt/containerd). The CRI plugin
+restricts the OOM score adjustment (this machine's root lacks CAP_SYS_RESOURCE, and runc fails
+without that: see shared/REFERENCE.md), uses the cgroupfs driver (runc's SystemdCgroup off) and
+a pause image we import ourselves (images), so nothing is pulled from a registry.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from gpuusage.errors import GpuusageError
+from gpuusage.retry import poll_until
+
+NEEDED = ("containerd", "ctr", "runc")
+
+
+class NodeUnavailable(GpuusageError):
+    """This machine cannot run a local node (not root, or containerd/runc missing)."""
+
+
+def node_prerequisites() -> str | None:
+    """Why this machine cannot run a node, or None when it can."""
+    if os.geteuid() != 0:
+        return "a local node runs containers and cgroups of its own: it needs root"
+    missing = [tool for tool in NEEDED if shutil.which(tool) is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not found: a local node needs the distribution's containerd "
+            "and runc (apt-get install containerd runc containernetworking-plugins)"
+        )
+    return None
+
+
+def config_text(directory: Path, sandbox_image: str, cni_conf: Path, cni_bin: Path) -> str:
+    """containerd's config (version 2) with everything under `directory`."""
+    return f"""version = 2
+root = "{directory / "root"}"
+state = "{directory / "state"}"
+
+[grpc]
+  address = "{directory / "containerd.sock"}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{directory / "opt"}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox_image}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = false
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "{cni_bin}"
+  conf_dir = "{cni_conf}"
+"""
+
+
+class Containerd:
+    """One containerd process rooted in `directory`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        sandbox_image: str = "gpuusage.local/pause:1",
+        cni_bin: Path = Path("/usr/lib/cni"),
+    ) -> None:
+        self.directory = directory.resolve()
+        self.sandbox_image = sandbox_image
+        self.cni_bin = cni_bin
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.directory / "containerd.sock"
+
+    @property
+    def cni_conf(self) -> Path:
+        return self.directory / "cni" / "net.d"
+
+    def start(self, timeout: float = 30.0) -> None:
+        why = node_prerequisites()
+        if why is not None:
+            raise NodeUnavailable(why)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.cni_conf.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "config.toml"
+        config.write_text(
+            config_text(self.directory, self.sandbox_image, self.cni_conf, self.cni_bin)
+        )
+        log = (self.directory / "containerd.log").open("ab")
+        self._process = subprocess.Popen(
+            ["containerd", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if not poll_until(self._answers, timeout, 0.2):
+            self.stop()
+            tail = (self.directory / "containerd.log").read_text(errors="replace")[-2000:]
+            raise NodeUnavailable(f"containerd did not answer within {timeout:.0f} s:\n{tail}")
+
+    def _answers(self) -> bool:
+        if self._process is not None and self._process.poll() is not None:
+            return False
+        return self.socket.exists() and self.ctr("version", check=False).returncode == 0
+
+    def ctr(
+        self, *args: str, check: bool = True, input_bytes: bytes | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        """`ctr` on this containerd, in Kubernetes' namespace (k8s.io)."""
+        return subprocess.run(
+            ["ctr", "-a", str(self.socket), "-n", "k8s.io", *args],
+            input=input_bytes,
+            capture_output=True,
+            check=check,
+            timeout=120,
+        )
+
+    def import_image(self, archive: bytes) -> None:
+        """Import an OCI image archive (see images.oci_archive) under its own name."""
+        self.ctr("images", "import", "-", input_bytes=archive)
+
+    def images(self) -> list[str]:
+        listed = self.ctr("images", "ls", "-q").stdout.decode().split()
+        return [name for name in listed if not name.startswith("sha256:")]
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop containerd and leave no mount of its behind under the folder."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+        unmount_below(self.directory)
+
+
+def mounts_below(directory: Path) -> list[str]:
+    """Mount points under `directory`, deepest first (the order to unmount them in)."""
+    prefix = f"{directory}/"
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].replace("\\040", " ")
+        if point.startswith(prefix) or point == str(directory):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def unmount_below(directory: Path, attempts: int = 5) -> None:
+    """Lazily unmount everything under `directory` (a stopped runtime's overlays, shm)."""
+    for _ in range(attempts):
+        points = mounts_below(directory)
+        if not points:
+            return
+        for point in points:
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        time.sleep(0.1)

@@ -1,0 +1,105 @@
+"""Images written by hand as OCI image layouts, as containerd imports them: every blob is where
+its digest says, the index names the image, the layer holds the files with their modes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuusage_dev.localcluster.containerd import Containerd, mounts_below, node_prerequisites
+from gpuusage_dev.localcluster.images import (
+    OCI_LAYER,
+    busybox_image,
+    oci_archive,
+    pause_image,
+)
+
+FAKE_BUSYBOX = b"\x7fELF" + b"\0" * 60  # any bytes: only the layout is checked here
+
+
+def _members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        return {m.name: m for m in archive.getmembers()}
+
+
+def _read(data: bytes, name: str) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        found = archive.extractfile(name)
+        assert found is not None
+        return found.read()
+
+
+def _blob(data: bytes, digest: str) -> bytes:
+    blob = _read(data, "blobs/sha256/" + digest.removeprefix("sha256:"))
+    assert "sha256:" + hashlib.sha256(blob).hexdigest() == digest, "content-addressed"
+    return blob
+
+
+def test_an_image_archive_is_a_complete_content_addressed_oci_layout() -> None:
+    archive = oci_archive(busybox_image(FAKE_BUSYBOX))
+    assert json.loads(_read(archive, "oci-layout")) == {"imageLayoutVersion": "1.0.0"}
+    (described,) = json.loads(_read(archive, "index.json"))["manifests"]
+    assert described["annotations"]["io.containerd.image.name"] == "gpuusage.local/busybox:1"
+    manifest_bytes = _blob(archive, described["digest"])
+    assert len(manifest_bytes) == described["size"]
+    manifest = json.loads(manifest_bytes)
+    config = json.loads(_blob(archive, manifest["config"]["digest"]))
+    (layer_ref,) = manifest["layers"]
+    assert layer_ref["mediaType"] == OCI_LAYER
+    layer = _blob(archive, layer_ref["digest"])
+    assert config["rootfs"]["diff_ids"] == [layer_ref["digest"]], "an uncompressed layer"
+    assert config["config"]["Cmd"] == ["/bin/sh"]
+    files = _members(layer)
+    assert files["bin/busybox"].mode == 0o755
+    assert _read(layer, "bin/busybox") == FAKE_BUSYBOX
+    assert files["bin/sh"].issym()
+    assert files["bin/sh"].linkname == "busybox"
+    assert files["bin"].isdir()
+
+
+def test_the_same_inputs_give_the_same_image_and_the_pause_image_sleeps() -> None:
+    assert oci_archive(busybox_image(FAKE_BUSYBOX)) == oci_archive(busybox_image(FAKE_BUSYBOX))
+    assert oci_archive(busybox_image(FAKE_BUSYBOX)) != oci_archive(busybox_image(b"other"))
+    archive = oci_archive(pause_image(FAKE_BUSYBOX))
+    (described,) = json.loads(_read(archive, "index.json"))["manifests"]
+    manifest = json.loads(_blob(archive, described["digest"]))
+    config = json.loads(_blob(archive, manifest["config"]["digest"]))
+    assert config["config"]["Entrypoint"] == ["/bin/sleep", "infinity"]
+    assert described["annotations"]["org.opencontainers.image.ref.name"] == "gpuusage.local/pause:1"
+
+
+@pytest.fixture
+def containerd(tmp_path: Path) -> Iterator[Containerd]:
+    why = node_prerequisites()
+    if why is not None:
+        pytest.skip(why)
+    runtime = Containerd(tmp_path / "containerd")
+    runtime.start()
+    try:
+        yield runtime
+    finally:
+        runtime.stop()
+        assert mounts_below(runtime.directory) == [], "nothing left mounted"
+
+
+@pytest.mark.slow
+def test_real_containerd_imports_and_runs_the_images(containerd: Containerd) -> None:
+    """Debian's containerd takes both archives under their names, and runc runs busybox."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox not found (apt-get install busybox-static)")
+    payload = Path(busybox).read_bytes()
+    containerd.import_image(oci_archive(busybox_image(payload)))
+    containerd.import_image(oci_archive(pause_image(payload)))
+    assert sorted(containerd.images()) == ["gpuusage.local/busybox:1", "gpuusage.local/pause:1"]
+    ran = containerd.ctr(
+        "run", "--rm", "gpuusage.local/busybox:1", "probe", "/bin/sh", "-c", "echo ok; id -u"
+    )
+    assert ran.stdout.decode().split() == ["ok", "0"]
