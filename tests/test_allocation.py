@@ -18,6 +18,7 @@ from gpuusage.api.models import (
     MigDevice,
     Process,
 )
+from gpuusage.api.resources import mig_profile
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
     AllocatedDevice,
@@ -32,7 +33,6 @@ from gpuusage_operator.allocation import (
     gpu_requests,
     gpu_resources,
     judge,
-    mig_profile,
 )
 from gpuusage_operator.dra import (
     NO_DRA,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuusage_dev.deviceplugin import scenario_resources
 from gpuusage_dev.localcluster.containerd import Containerd, mounts_below, node_prerequisites
 from gpuusage_dev.localcluster.images import (
     OCI_LAYER,
@@ -20,6 +21,7 @@ from gpuusage_dev.localcluster.images import (
     oci_archive,
     pause_image,
 )
+from tests.fakenvml import gpu_uuid, mig_uuid
 
 FAKE_BUSYBOX = b"\x7fELF" + b"\0" * 60  # any bytes: only the layout is checked here
 
@@ -103,3 +105,28 @@ def test_real_containerd_imports_and_runs_the_images(containerd: Containerd) -> 
         "run", "--rm", "gpuusage.local/busybox:1", "probe", "/bin/sh", "-c", "echo ok; id -u"
     )
     assert ran.stdout.decode().split() == ["ok", "0"]
+
+
+def test_the_device_plugin_advertises_a_scenarios_gpus_and_mig_devices() -> None:
+    """Whole GPUs as nvidia.com/gpu, MIG devices under their profile (NVIDIA's mixed strategy);
+    the device IDs are the UUIDs the agent reads, so PodResources and NVML agree."""
+    gpus = {
+        "gpus": [
+            {"index": 0, "uuid": gpu_uuid(0)},
+            {"index": 1, "uuid": gpu_uuid(1)},
+            {
+                "index": 2,
+                "uuid": gpu_uuid(2),
+                "migDevices": [
+                    {"index": 0, "uuid": mig_uuid(0), "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb"},
+                    {"index": 1, "uuid": mig_uuid(1), "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb"},
+                    {"index": 2, "uuid": mig_uuid(2)},
+                ],
+            },
+        ]
+    }
+    assert scenario_resources(gpus) == {
+        "nvidia.com/gpu": [gpu_uuid(0), gpu_uuid(1)],
+        "nvidia.com/mig-3g.40gb": [mig_uuid(0)],
+        "nvidia.com/mig-1g.10gb": [mig_uuid(1)],
+    }

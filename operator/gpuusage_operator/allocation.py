@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuusage.api.models import MAX_MIB, MAX_SHARE, GpuNodeUsageSpec, KubeletPod
-from gpuusage.api.resources import MIG_RESOURCE_PREFIX, is_gpu_resource
+from gpuusage.api.resources import MIG_RESOURCE_PREFIX, is_gpu_resource, mig_profile
 from gpuusage_operator.dra import NO_DRA, DraLookup
 
 if TYPE_CHECKING:
@@ -295,13 +295,6 @@ class DeviceFacts:
 
     mig_parent: Mapping[str, str] = field(default_factory=dict)
     mig_profile: Mapping[str, str] = field(default_factory=dict)
-
-
-def mig_profile(name: str | None) -> str | None:
-    """The profile in a MIG device's product name: "NVIDIA A100-SXM4-40GB MIG 1g.5gb" → "1g.5gb"."""
-    if not name or " MIG " not in name:
-        return None
-    return name.rsplit(" MIG ", 1)[1].strip() or None
 
 
 def device_facts(spec: GpuNodeUsageSpec) -> DeviceFacts:

@@ -7,9 +7,7 @@ gRPC server, built from Go modules (main.go beside this file) and cached like th
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import subprocess
 import threading
 from pathlib import Path
@@ -19,11 +17,7 @@ from typing import Any
 from gpuusage_dev.localcluster.binaries import (
     BinariesError,
     Progress,
-    cache_root,
-    file_lock,
-    go_build,
-    go_env,
-    require_go,
+    ensure_go_program,
     stderr_progress,
 )
 
@@ -32,42 +26,15 @@ KUBELET_MODULE = "k8s.io/kubelet v0.34.4"  # the PodResources API of kubelet 1.3
 GRPC_MODULE = "google.golang.org/grpc v1.72.1"  # the gRPC server kubelet 1.34 is built with
 
 
-def _usable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
 def ensure_fake_kubelet(progress: Progress = stderr_progress) -> Path:
     """The binary, built once per version of its source into the cache."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + KUBELET_MODULE.encode() + GRPC_MODULE.encode()).hexdigest()
-    root = cache_root()
-    wanted = root / "bin" / f"fake-kubelet-{key[:12]}" / "fake-kubelet"
-    if _usable(wanted):
-        return wanted
-    go = require_go("gpuusage builds its fake kubelet (PodResources API) from Go modules once.")
-    with file_lock(root / "locks" / "build.lock"):
-        if not _usable(wanted):
-            module = root / "work" / "fake-kubelet"
-            module.mkdir(parents=True, exist_ok=True)
-            (module / "go.mod").write_text(
-                "module gpuusage.local/fakekubelet\n\ngo 1.24.0\n\n"
-                f"require (\n\t{KUBELET_MODULE}\n\t{GRPC_MODULE}\n)\n"
-            )
-            (module / "main.go").write_bytes(source)
-            go_build(
-                go,
-                module,
-                env=go_env(),
-                packages=["."],
-                ldflags="-s -w",
-                dest=wanted.parent,
-                what="the fake kubelet",
-                progress=progress,
-                rename={"fakekubelet": "fake-kubelet"},
-            )
-    if not _usable(wanted):
-        raise BinariesError(f"build finished but {wanted} is missing")
-    return wanted
+    return ensure_go_program(
+        "fake-kubelet",
+        SOURCE,
+        (KUBELET_MODULE, GRPC_MODULE),
+        "gpuusage builds its fake kubelet (PodResources API) from Go modules once.",
+        progress,
+    )
 
 
 class FakeKubelet:

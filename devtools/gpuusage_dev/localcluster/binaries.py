@@ -10,6 +10,7 @@ file lock so that parallel callers build once. The envtest convention `KUBEBUILD
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -284,6 +285,47 @@ def build_etcd(go: str, dest: Path, work: Path, progress: Progress) -> None:
         progress=progress,
         rename={"server": "etcd"},  # go names it after the path, minus /v3
     )
+
+
+def ensure_go_program(
+    name: str,
+    source: Path,
+    requires: tuple[str, ...],
+    hint: str,
+    progress: Progress = stderr_progress,
+) -> Path:
+    """A one-file Go program of ours (`source`, package main) built against `requires` (module
+    and version each), cached by the hash of both: bin/<name>-<hash>/<name>."""
+    text = source.read_bytes()
+    key = hashlib.sha256(text + "".join(requires).encode()).hexdigest()
+    root = cache_root()
+    wanted = root / "bin" / f"{name}-{key[:12]}" / name
+    if _absent((wanted,)):
+        go = require_go(hint)
+        with file_lock(root / "locks" / "build.lock"):
+            if _absent((wanted,)):
+                module = root / "work" / name
+                module.mkdir(parents=True, exist_ok=True)
+                listed = "".join(f"\t{r}\n" for r in requires)
+                (module / "go.mod").write_text(
+                    f"module gpuusage.local/{name.replace('-', '')}\n\ngo 1.24.0\n\n"
+                    f"require (\n{listed})\n"
+                )
+                (module / "main.go").write_bytes(text)
+                go_build(
+                    go,
+                    module,
+                    env=go_env(),
+                    packages=["."],
+                    ldflags="-s -w",
+                    dest=wanted.parent,
+                    what=f"the {name}",
+                    progress=progress,
+                    rename={name.replace("-", ""): name},
+                )
+    if _absent((wanted,)):
+        raise BinariesError(f"build finished but {wanted} is missing")
+    return wanted
 
 
 def module_download(go: str, module: str, cwd: Path, env: dict[str, str], field: str) -> Path:

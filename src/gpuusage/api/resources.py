@@ -23,3 +23,10 @@ def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
 def device_of(device_id: str) -> str:
     """The device a device plugin's ID stands for: time-sliced replicas share their GPU's."""
     return device_id.split(REPLICA_SEPARATOR, 1)[0]
+
+
+def mig_profile(name: str | None) -> str | None:
+    """The profile in a MIG device's product name: "NVIDIA A100-SXM4-40GB MIG 1g.5gb" → "1g.5gb"."""
+    if not name or " MIG " not in name:
+        return None
+    return name.rsplit(" MIG ", 1)[1].strip() or None

@@ -1,0 +1,126 @@
+"""A device plugin of ours for the local cluster's real node: the kubelet's device-plugin API
+(k8s.io/kubelet deviceplugin v1beta1) served by the kubelet's own gRPC, built from Go modules
+(main.go beside this file) and cached like the control plane.
+
+It advertises the GPUs of a GPU scenario (the fake source's format): each whole GPU's UUID as an
+`nvidia.com/gpu` device and each MIG device's UUID under `nvidia.com/mig-<profile>` (NVIDIA's
+"mixed" strategy), so the scheduler counts them, the kubelet hands them out, PodResources lists
+them, and the container gets NVIDIA_VISIBLE_DEVICES as with NVIDIA's plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuusage.api.resources import MIG_RESOURCE_PREFIX, mig_profile
+from gpuusage_dev.fakekubelet import GRPC_MODULE, KUBELET_MODULE
+from gpuusage_dev.localcluster.binaries import (
+    BinariesError,
+    Progress,
+    ensure_go_program,
+    stderr_progress,
+)
+
+SOURCE = Path(__file__).with_name("main.go")
+KUBELET_REGISTRATION = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+"""Fixed whatever the kubelet's --root-dir says: one node per machine."""
+
+
+def ensure_device_plugin(progress: Progress = stderr_progress) -> Path:
+    return ensure_go_program(
+        "gpuusage-device-plugin",
+        SOURCE,
+        (KUBELET_MODULE, GRPC_MODULE),
+        "gpuusage builds its device plugin (the kubelet's device-plugin API) from Go modules once.",
+        progress,
+    )
+
+
+def scenario_resources(scenario: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Resource name → device IDs for a GPU scenario: whole GPUs as nvidia.com/gpu, MIG devices
+    as nvidia.com/mig-<profile> (a MIG device without a profile in its name is left out)."""
+    found: dict[str, list[str]] = {}
+    for gpu in scenario.get("gpus") or []:
+        migs = gpu.get("migDevices")
+        if migs is None:
+            found.setdefault("nvidia.com/gpu", []).append(gpu["uuid"])
+            continue
+        for mig in migs:
+            profile = mig_profile(mig.get("name"))
+            if profile:
+                found.setdefault(f"{MIG_RESOURCE_PREFIX}{profile}", []).append(mig["uuid"])
+    return found
+
+
+class DevicePlugin:
+    """The plugin registering `resources` with the kubelet at `kubelet_socket`."""
+
+    def __init__(
+        self,
+        resources: Mapping[str, list[str]],
+        folder: Path,
+        *,
+        kubelet_socket: Path = KUBELET_REGISTRATION,
+        binary: Path | None = None,
+    ) -> None:
+        self.resources = dict(resources)
+        self.folder = folder
+        self.kubelet_socket = kubelet_socket
+        self.binary = binary or ensure_device_plugin()
+        self.registered: set[str] = set()
+        self._process: subprocess.Popen[str] | None = None
+        self._all = threading.Event()
+        self._changed = threading.Condition()
+
+    def start(self, timeout: float = 60.0) -> DevicePlugin:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        listed = self.folder / "resources.json"
+        listed.write_text(json.dumps(self.resources))
+        self._process = subprocess.Popen(
+            [
+                str(self.binary),
+                "--kubelet-socket",
+                str(self.kubelet_socket),
+                "--resources",
+                str(listed),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=(self.folder / "device-plugin.log").open("ab"),
+            text=True,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._follow, daemon=True).start()
+        if not self._all.wait(timeout):
+            self.stop()
+            raise BinariesError(
+                f"the device plugin did not register {sorted(self.resources)} with the kubelet "
+                f"within {timeout:.0f} s (see {self.folder / 'device-plugin.log'})"
+            )
+        return self
+
+    def _follow(self) -> None:
+        process = self._process
+        assert process is not None
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("registered "):
+                with self._changed:
+                    self.registered.add(line.split(" ", 1)[1].strip())
+                    self._changed.notify_all()
+                if self.registered >= set(self.resources):
+                    self._all.set()
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
