@@ -14,10 +14,12 @@ $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.t
 	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
-# The control-plane binaries and the tools the tests run (kube-state-metrics, promtool, helm),
-# built from Go modules once and cached outside the repository.
+# The control-plane binaries, the node's (kubelet, scheduler, controller manager) and the tools
+# the tests run (kube-state-metrics, promtool, helm), built from Go modules once and cached
+# outside the repository; and the distribution's packages a real local node runs on.
 binaries: $(VENV)/.installed
-	$(VENV)/bin/gpuusage local-cluster build --tools
+	@bash devtools/install-node-packages.sh
+	$(VENV)/bin/gpuusage local-cluster build --tools --node
 
 ## The main job: the product on a local control plane, no GPU or cluster needed.
 demo: binaries

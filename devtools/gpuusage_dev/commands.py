@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from gpuusage.settings import CommandSettings
+
+if TYPE_CHECKING:
+    from gpuusage_dev.localcluster.cluster import LocalCluster
 
 
 class LocalClusterSettings(CommandSettings):
@@ -17,7 +20,15 @@ class LocalClusterSettings(CommandSettings):
     """After start, install the CRDs (GpuNodeUsage, ClusterKopfPeering) and the operators'
     peering object, and wait until they are established."""
     timeout: float = Field(default=120.0, gt=0)
-    """Seconds to wait for the apiserver's /readyz."""
+    """Seconds to wait for the apiserver's /readyz (and the node's readiness)."""
+    node: str | None = None
+    """Also run one real node of this name: kube-scheduler, kube-controller-manager,
+    containerd, runc, a CNI bridge, a kubelet confined as system:node:NAME (Node authorizer,
+    NodeRestriction) and a device plugin advertising the GPUs of --gpus. Needs root and the
+    distribution's containerd, runc, containernetworking-plugins and busybox-static."""
+    gpus: Path | None = None
+    """The node's GPU scenario (the fake source's format) for its device plugin; default: four
+    whole GPUs."""
 
 
 class RestartSettings(CommandSettings):
@@ -51,22 +62,69 @@ def run_up(settings: LocalClusterSettings) -> int:
     from gpuusage.kube.crds import install_crds  # noqa: PLC0415
     from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
 
-    cluster = LocalCluster(settings.dir)
-    cluster.up(timeout=settings.timeout)
+    if settings.node is None:
+        cluster = LocalCluster(settings.dir)
+        cluster.up(timeout=settings.timeout)
+    else:
+        cluster = _up_with_node(settings, settings.node)
     if settings.install_crds:
         api, _ = api_client(cluster.kubeconfig)
         with api:
             install_crds(api)
     print(f"local control plane ready at {cluster.server}")
+    if settings.node is not None:
+        print(f"node {settings.node} Ready (its files and logs in {settings.dir / 'node'})")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     print(f"kubectl: {cluster.binaries.kubectl}")
     print(f"stop it with: gpuusage local-cluster down --dir {settings.dir}")
     return 0
 
 
+def _up_with_node(settings: LocalClusterSettings, name: str) -> LocalCluster:
+    import yaml  # noqa: PLC0415
+
+    from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
+    from gpuusage_dev.localcluster.containerd import (  # noqa: PLC0415
+        NodeUnavailable,
+        node_prerequisites,
+    )
+    from gpuusage_dev.localcluster.node import Node  # noqa: PLC0415
+
+    why = node_prerequisites()
+    if why is not None:
+        raise NodeUnavailable(f"cannot run node {name} here: {why}")
+    scenario = yaml.safe_load(settings.gpus.read_text()) if settings.gpus else None
+    cluster = LocalCluster(
+        settings.dir,
+        authorization_modes=("Node", "RBAC"),
+        apiserver_args=["--enable-admission-plugins=NodeRestriction"],
+    )
+    cluster.up(timeout=settings.timeout)
+    node = Node(
+        settings.dir / "node",
+        name,
+        server=cluster.server,
+        pki=settings.dir / "pki",
+        scenario=scenario,
+    )
+    try:
+        node.start(settings.timeout)
+        node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig, settings.timeout)
+    except BaseException:
+        node.stop()
+        cluster.down()
+        raise
+    return cluster
+
+
 def run_down(settings: LocalClusterSettings) -> int:
     from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
+    from gpuusage_dev.localcluster.node import Node  # noqa: PLC0415
 
+    node = Node(settings.dir / "node")
+    if node.state_path.exists():
+        node.stop()  # before the control plane: its kubelet would wait for the apiserver
+        print(f"stopped the node in {node.directory}")
     stopped = LocalCluster(settings.dir).down()
     names = ", ".join(f"{p.name} (pid {p.pid})" for p in stopped) or "nothing was running"
     print(f"stopped: {names}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,11 @@ class DevicePlugin:
         self._all = threading.Event()
         self._changed = threading.Condition()
 
-    def start(self, timeout: float = 60.0) -> DevicePlugin:
+    def start(
+        self, timeout: float = 60.0, on_start: Callable[[int], None] | None = None
+    ) -> DevicePlugin:
+        """Start it and wait until every resource is registered; `on_start` is told its pid
+        at once (to record it before the wait)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         listed = self.folder / "resources.json"
         listed.write_text(json.dumps(self.resources))
@@ -94,6 +98,8 @@ class DevicePlugin:
             text=True,
             start_new_session=True,
         )
+        if on_start is not None:
+            on_start(self._process.pid)
         threading.Thread(target=self._follow, daemon=True).start()
         if not self._all.wait(timeout):
             self.stop()

@@ -150,26 +150,30 @@ func main() {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		for _, p := range plugins {
-			if registered[p.resource] {
-				if _, err := os.Stat(p.socket); err == nil {
+		// The kubelet empties this folder when its device manager starts, then makes its own
+		// socket: serve only once that is there, and serve again whenever ours is gone.
+		if _, err := os.Stat(*kubelet); err == nil {
+			for _, p := range plugins {
+				if _, err := os.Stat(p.socket); err != nil && p.server != nil {
+					p.halt()
+					registered[p.resource] = false
+				}
+				if registered[p.resource] {
 					continue
 				}
-				p.halt() // the kubelet restarted and removed our socket: serve and register again
-				registered[p.resource] = false
-			}
-			if p.server == nil {
-				if err := p.serve(); err != nil {
-					fmt.Fprintln(os.Stderr, "serve", p.resource, err)
+				if p.server == nil {
+					if err := p.serve(); err != nil {
+						fmt.Fprintln(os.Stderr, "serve", p.resource, err)
+						continue
+					}
+				}
+				if err := p.register(*kubelet); err != nil {
+					fmt.Fprintln(os.Stderr, "register", p.resource, err)
 					continue
 				}
+				registered[p.resource] = true
+				fmt.Println("registered", p.resource)
 			}
-			if err := p.register(*kubelet); err != nil {
-				fmt.Fprintln(os.Stderr, "register", p.resource, err)
-				continue
-			}
-			registered[p.resource] = true
-			fmt.Println("registered", p.resource)
 		}
 		select {
 		case <-signals:

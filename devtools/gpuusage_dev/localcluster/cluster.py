@@ -65,6 +65,9 @@ class ClusterState:
     etcd_peer_port: int
     apiserver_port: int
     processes: list[ProcessRecord] = field(default_factory=list)
+    apiserver_args: list[str] = field(default_factory=list)
+    """Flags `up` was given for the apiserver beyond ours: a restart keeps them."""
+    authorization: str = "RBAC"
 
     @classmethod
     def load(cls, path: Path) -> ClusterState | None:
@@ -107,6 +110,39 @@ def _is_running(record: ProcessRecord) -> bool:
     return state[state.rfind(")") + 2 : state.rfind(")") + 3] != "Z"
 
 
+def record_of(name: str, pid: int) -> ProcessRecord:
+    """A record of a process just started (its start time read now)."""
+    return ProcessRecord(name, pid, procfs.start_ticks(pid))
+
+
+def terminate(
+    record: ProcessRecord, timeout: float, child: subprocess.Popen[Any] | None = None
+) -> None:
+    """SIGTERM, then SIGKILL after `timeout`, to the recorded process if it is still the one
+    recorded (a reused pid is left alone); `child`, when we started it, is reaped."""
+    if not _is_running(record):
+        if child is not None:
+            child.poll()
+        return
+    try:
+        os.kill(record.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child is not None and child.poll() is not None:
+            return
+        if child is None and not _is_running(record):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(record.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    if child is not None:
+        child.wait(timeout=10)
+
+
 def _stray_processes(directory: Path) -> list[ProcessRecord]:
     """etcd/kube-apiserver processes whose arguments point into directory."""
     needle = str(directory)
@@ -130,12 +166,14 @@ class LocalCluster:
         binaries: Binaries | None = None,
         apiserver_args: Sequence[str] = (),
         etcd_args: Sequence[str] = (),
+        authorization_modes: Sequence[str] = ("RBAC",),
         tie_to_parent: bool = False,
         progress: Callable[[str], None] = stderr_progress,
     ) -> None:
         self.directory = directory.resolve()
         self._binaries = binaries
         self._apiserver_args = list(apiserver_args)
+        self._authorization = ",".join(authorization_modes)
         self._etcd_args = list(etcd_args)
         self._tie_to_parent = tie_to_parent
         self._progress = progress
@@ -194,6 +232,8 @@ class LocalCluster:
                 etcd_client_port=free_port(),
                 etcd_peer_port=free_port(),
                 apiserver_port=free_port(),
+                apiserver_args=self._apiserver_args,
+                authorization=self._authorization,
             )
             self._state.save(self.state_path)
             try:
@@ -320,23 +360,7 @@ class LocalCluster:
         if child is not None and child.pid != record.pid:
             self._children[record.name] = child
             child = None
-        try:
-            os.kill(record.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if child is not None and child.poll() is not None:
-                return
-            if child is None and not _is_running(record):
-                return
-            time.sleep(0.05)
-        try:
-            os.kill(record.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        if child is not None:
-            child.wait(timeout=10)
+        terminate(record, timeout, child)
 
     # -- arguments -------------------------------------------------------------------------
     def _etcd_argv(self, binaries: Binaries) -> list[str]:
@@ -370,14 +394,14 @@ class LocalCluster:
             f"--tls-cert-file={pki.serving_cert}",
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
-            "--authorization-mode=RBAC",
+            f"--authorization-mode={state.authorization}",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
             "--profiling=false",
-            *self._apiserver_args,
+            *state.apiserver_args,
         ]
 
     # -- readiness and kubeconfig ----------------------------------------------------------

@@ -87,6 +87,12 @@ class Containerd:
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise NodeUnavailable("containerd is not running")
+        return self._process.pid
+
+    @property
     def socket(self) -> Path:
         return self.directory / "containerd.sock"
 

@@ -134,3 +134,18 @@ def create_pki(directory: Path) -> Pki:
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
     )
+
+
+CLIENT_EXTENSIONS = (
+    "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+    "extendedKeyUsage=clientAuth\n"
+)
+
+
+def client_certificate(directory: Path, name: str, subject: str) -> tuple[Path, Path]:
+    """A client certificate of the local CA in `directory` (made once): (certificate, key)."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    if not (cert.exists() and key.exists()):
+        _signed(directory, name, subject, CLIENT_EXTENSIONS)
+        key.chmod(0o600)
+    return cert, key

@@ -1,0 +1,479 @@
+"""One real node for the local control plane: kube-scheduler, kube-controller-manager, a
+containerd of our own, a CNI bridge, a kubelet registered as `system:node:NAME` and our device
+plugin, all rooted in one folder and stopped without leaving anything behind.
+
+What the machine needs and what it touches is in shared/REFERENCE.md ("A real node on this
+machine"): root; Debian's containerd, runc and CNI plugins; the kubelet's fixed device-plugin
+folder (/var/lib/kubelet/device-plugins, so one node per machine); `kubepods` cgroups; three
+sysctls the kubelet sets (restored on stop); a bridge and network namespaces (removed on stop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuusage.retry import poll_until
+from gpuusage_dev.deviceplugin import DevicePlugin, scenario_resources
+from gpuusage_dev.localcluster.binaries import NodeBinaries, ensure_node_binaries
+from gpuusage_dev.localcluster.cluster import ProcessRecord, record_of, terminate
+from gpuusage_dev.localcluster.containerd import (
+    Containerd,
+    NodeUnavailable,
+    node_prerequisites,
+    unmount_below,
+)
+from gpuusage_dev.localcluster.images import busybox_image, oci_archive, pause_image
+from gpuusage_dev.localcluster.pki import client_certificate
+
+DEFAULT_SCENARIO: dict[str, Any] = {
+    "gpus": [
+        {
+            "index": i,
+            "uuid": f"GPU-{i + 1}{i + 1}{i + 1}{i + 1}0000-0000-4000-8000-00000000000{i}",
+            "name": "NVIDIA H100 80GB HBM3",
+            "memoryTotalMiB": 81559,
+        }
+        for i in range(4)
+    ]
+}
+"""Four whole GPUs: what the device plugin advertises when no scenario is given."""
+
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+"""What the kubelet changes on start (its defaults for a node), restored on stop."""
+BRIDGE = "gpuusage0"
+CGROUP_ROOT = "gpuusage-node"
+"""The kubelet's --cgroup-root: its pods' cgroups live under /gpuusage-node/kubepods, so stopping
+the node removes its own cgroups and never another kubelet's."""
+POD_CIDR = "10.88.0.0/24"
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+HOST_PATHS = (
+    Path("/var/lib/kubelet"),
+    DEVICE_PLUGINS,
+    Path("/var/lib/cni"),
+    Path("/var/run/netns"),
+)
+"""Folders outside the node's own that the kubelet, CNI and containerd make: removed on stop
+unless they were there before."""
+CNI_CACHE = Path("/var/lib/cni/results")  # libcni's cache, fixed in containerd 1.6
+
+
+def node_ip() -> str:
+    """A non-loopback address of this machine (the kubelet refuses loopback; no traffic goes
+    there: the apiserver does not reach the kubelet in these tests)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a source address
+        found = str(probe.getsockname()[0])
+    except OSError:
+        found = ""
+    finally:
+        probe.close()
+    if not found or found.startswith("127."):
+        raise NodeUnavailable("no non-loopback IPv4 address: the kubelet needs one as --node-ip")
+    return found
+
+
+def kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, *, user: str) -> Path:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def cni_config(ipam_dir: Path) -> dict[str, Any]:
+    """A bridge without gateway or masquerade (no ip_forward, no iptables), host-local IPAM."""
+    return {
+        "cniVersion": "0.4.0",
+        "name": "gpuusage",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": False,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    "dataDir": str(ipam_dir),
+                },
+            },
+            {"type": "loopback"},
+        ],
+    }
+
+
+def kubelet_config(directory: Path, port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs",
+        "failSwapOn": False,
+        "failCgroupV1": False,
+        "makeIPTablesUtilChains": False,
+        "address": "127.0.0.1",
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzPort": 0,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "resolvConf": "",
+        "podCIDR": POD_CIDR,
+        "cgroupsPerQOS": True,
+        "cgroupRoot": f"/{CGROUP_ROOT}",
+        "enforceNodeAllocatable": [],
+        "staticPodPath": str(directory / "manifests"),
+        "podLogsDir": str(directory / "pod-logs"),
+    }
+
+
+class Node:
+    """The node NAME of the local cluster whose apiserver is `server`, its files in `directory`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        name: str = "",
+        *,
+        server: str = "",
+        pki: Path | None = None,
+        scenario: dict[str, Any] | None = None,
+        binaries: NodeBinaries | None = None,
+    ) -> None:
+        """`name`, `server`, `pki` and `scenario` are needed to start it; stopping needs only
+        its folder."""
+        self.directory = directory.resolve()
+        self.name = name
+        self.server = server
+        self.pki = pki or self.directory / "pki"
+        self.scenario = scenario if scenario is not None else DEFAULT_SCENARIO
+        self._binaries = binaries
+        self.containerd = Containerd(self.directory / "containerd")
+        self.plugin: DevicePlugin | None = None
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def binaries(self) -> NodeBinaries:
+        if self._binaries is None:
+            self._binaries = ensure_node_binaries()
+        return self._binaries
+
+    @property
+    def state_path(self) -> Path:
+        """The processes started, so that `stop` from another process finds them."""
+        return self.directory / "node.json"
+
+    def _records(self) -> list[ProcessRecord]:
+        try:
+            listed = json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return []
+        return [ProcessRecord(**r) for r in listed]
+
+    def _remember(self, name: str, pid: int) -> None:
+        records = [*self._records(), record_of(name, pid)]
+        self.state_path.write_text(json.dumps([asdict(r) for r in records]))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, timeout: float = 120.0) -> None:
+        why = node_prerequisites()
+        if why is not None:
+            raise NodeUnavailable(why)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "manifests").mkdir(exist_ok=True)
+        self._save_sysctls()
+        self._save_host_paths()
+        busybox = shutil.which("busybox")
+        if busybox is None:
+            raise NodeUnavailable("busybox not found: apt-get install busybox-static")
+        payload = Path(busybox).read_bytes()
+        self.containerd.start()
+        self._remember("containerd", self.containerd.pid)
+        for image in (pause_image(payload), busybox_image(payload)):
+            self.containerd.import_image(oci_archive(image))
+        conf = cni_config(self.directory / "cni" / "ipam")
+        (self.containerd.cni_conf / "10-gpuusage.conflist").write_text(json.dumps(conf))
+        ca = self.pki / "ca.crt"
+        for component, subject in (
+            ("kube-scheduler", "/CN=system:kube-scheduler"),
+            ("kube-controller-manager", "/CN=system:kube-controller-manager"),
+            ("kubelet", f"/O=system:nodes/CN=system:node:{self.name}"),
+        ):
+            cert, key = client_certificate(self.pki, component, subject)
+            kubeconfig(
+                self.directory / f"{component}.kubeconfig",
+                self.server,
+                ca,
+                cert,
+                key,
+                user=component,
+            )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                f"--kubeconfig={self.directory / 'kube-scheduler.kubeconfig'}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+            ],
+        )
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={self.directory / 'kube-controller-manager.kubeconfig'}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                f"--service-account-private-key-file={self.pki / 'sa.key'}",
+                f"--root-ca-file={ca}",
+                "--use-service-account-credentials=true",
+                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+            ],
+        )
+        _create_cgroups(CGROUP_ROOT)
+        config = self.directory / "kubelet-config.yaml"
+        config.write_text(yaml.safe_dump(kubelet_config(self.directory, _free_port())))
+        self._spawn(
+            "kubelet",
+            [
+                str(self.binaries.kubelet),
+                f"--config={config}",
+                f"--kubeconfig={self.directory / 'kubelet.kubeconfig'}",
+                f"--container-runtime-endpoint=unix://{self.containerd.socket}",
+                f"--root-dir={self.directory / 'kubelet'}",
+                f"--hostname-override={self.name}",
+                f"--node-ip={node_ip()}",
+                f"--cert-dir={self.directory / 'kubelet-pki'}",
+                "--v=1",
+            ],
+        )
+        self._wait_for_kubelet(timeout)
+        resources = scenario_resources(self.scenario)
+        if resources:
+            self.plugin = DevicePlugin(resources, self.directory / "device-plugin")
+            self.plugin.start(timeout, on_start=lambda pid: self._remember("device-plugin", pid))
+
+    def _wait_for_kubelet(self, timeout: float) -> None:
+        """Until the kubelet's device manager listens (its registration socket), failing with
+        its log if it exits first."""
+        kubelet = self._children["kubelet"]
+
+        def up() -> bool:
+            if kubelet.poll() is not None:
+                tail = (self.directory / "kubelet.log").read_text(errors="replace")[-3000:]
+                raise NodeUnavailable(f"the kubelet exited ({kubelet.returncode}):\n{tail}")
+            return (DEVICE_PLUGINS / "kubelet.sock").exists()
+
+        if not poll_until(up, timeout, 0.2):
+            raise NodeUnavailable(
+                f"the kubelet did not start its device manager in {timeout:.0f} s"
+            )
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> None:
+        log = (self.directory / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self._children[name] = process
+        self._remember(name, process.pid)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop everything the node started (from its records: also after a crash, or from
+        another process) and remove what it left outside its folder."""
+        if self.plugin is not None:
+            self.plugin.stop()
+        for record in reversed(self._records()):
+            if record.name == "containerd":
+                self._stop_pods()  # its shims, before it goes
+            terminate(record, timeout, self._children.pop(record.name, None))
+        self._stop_pods()
+        self.containerd.stop()
+        unmount_below(self.directory)
+        _remove_cgroups(CGROUP_ROOT)
+        _remove_netns()
+        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+        for plugin_socket in DEVICE_PLUGINS.glob("*"):
+            plugin_socket.unlink(missing_ok=True)  # the kubelet's and our plugin's sockets
+        self._remove_host_paths()
+        self._restore_sysctls()
+
+    def _stop_pods(self) -> None:
+        """Kill the containers' shims and processes this containerd started."""
+        needle = str(self.containerd.socket)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                argv
+                and argv[0].endswith(b"containerd-shim-runc-v2")
+                and needle.encode() in b" ".join(argv)
+            ):
+                try:
+                    os.killpg(int(entry.name), signal.SIGKILL)
+                except OSError:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+    # -- what the node makes outside its folder ----------------------------------------------
+    def _save_host_paths(self) -> None:
+        saved = self.directory / "host-paths.json"
+        if not saved.exists():  # an earlier start's record is the machine's own state
+            cached = [str(p) for p in CNI_CACHE.glob("*")] if CNI_CACHE.is_dir() else []
+            record = {"paths": [str(p) for p in HOST_PATHS if p.exists()], "cniCache": cached}
+            saved.write_text(json.dumps(record))
+
+    def _remove_host_paths(self) -> None:
+        saved = self.directory / "host-paths.json"
+        if not saved.exists():
+            return
+        record = json.loads(saved.read_text())
+        for cached in CNI_CACHE.glob("*") if CNI_CACHE.is_dir() else []:
+            if str(cached) not in record["cniCache"]:
+                cached.unlink(missing_ok=True)  # what this node's sandboxes left
+        before = set(record["paths"])
+        for path in sorted(HOST_PATHS, key=lambda p: -len(p.parts)):
+            if str(path) in before or not path.is_dir():
+                continue
+            for folder in sorted(path.rglob("*"), key=lambda p: -len(p.parts)):
+                if folder.is_dir() and not folder.is_symlink():
+                    with contextlib.suppress(OSError):  # only what is empty: nobody else's
+                        folder.rmdir()
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+    # -- sysctls ---------------------------------------------------------------------------
+    def _save_sysctls(self) -> None:
+        saved = self.directory / "sysctls.json"
+        if saved.exists():
+            return  # an earlier start's: the machine's own values
+        values = {key: Path(f"/proc/sys/{key}").read_text().strip() for key in SYSCTLS}
+        saved.write_text(json.dumps(values))
+
+    def _restore_sysctls(self) -> None:
+        saved = self.directory / "sysctls.json"
+        if not saved.exists():
+            return
+        for key, value in json.loads(saved.read_text()).items():
+            with contextlib.suppress(OSError):
+                Path(f"/proc/sys/{key}").write_text(value)
+
+    def wait_ready(self, kubectl: Path, kubeconfig_path: Path, timeout: float = 120.0) -> None:
+        """Until the node is Ready and its allocatable shows every device the plugin lists."""
+        wanted = {name: len(ids) for name, ids in scenario_resources(self.scenario).items()}
+
+        def ready() -> bool:
+            out = subprocess.run(
+                [
+                    str(kubectl),
+                    "--kubeconfig",
+                    str(kubeconfig_path),
+                    "get",
+                    "node",
+                    self.name,
+                    "-o",
+                    "json",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if out.returncode != 0:
+                return False
+            status = json.loads(out.stdout).get("status", {})
+            conditions = status.get("conditions") or []
+            allocatable = status.get("allocatable") or {}
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) and all(
+                allocatable.get(name) == str(count) for name, count in wanted.items()
+            )
+
+        if not poll_until(ready, timeout, 0.5):
+            raise NodeUnavailable(
+                f"node {self.name} not Ready with its devices within {timeout:.0f} s "
+                f"(logs in {self.directory})"
+            )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """Where each cgroup hierarchy is mounted (v1: one per controller; v2: the unified one)."""
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] in ("cgroup", "cgroup2"):
+            found.append(Path(fields[1]))
+    return found
+
+
+def _create_cgroups(name: str) -> None:
+    """The kubelet's --cgroup-root must exist in every hierarchy before it starts."""
+    for hierarchy in cgroup_hierarchies():
+        (hierarchy / name).mkdir(exist_ok=True)
+
+
+def _remove_cgroups(name: str, timeout: float = 10.0) -> None:
+    """Kill what is left in the cgroup tree `name` (pause and container processes a stopped
+    runtime leaves behind) and remove the tree, in every hierarchy."""
+    tops = [t for h in cgroup_hierarchies() if (t := h / name).is_dir()]
+
+    def gone() -> bool:
+        for top in tops:
+            for procs in top.rglob("cgroup.procs"):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(OSError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
+            for folder in sorted(
+                (p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+            ):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
+        return not any(top.exists() for top in tops)
+
+    if not poll_until(gone, timeout, 0.2):
+        left = [str(t) for t in tops if t.exists()]
+        raise NodeUnavailable(f"cgroups left behind: {', '.join(left)}")
+
+
+def _remove_netns() -> None:
+    for netns in Path("/var/run/netns").glob("cni-*"):
+        subprocess.run(["ip", "netns", "delete", netns.name], capture_output=True, check=False)

@@ -1,0 +1,197 @@
+"""The real node: a kubelet, containerd, runc, a CNI bridge, the scheduler, the controllers and
+our device plugin, registered with the local control plane, running real pods; and stopped
+without leaving anything behind. Skipped, with the reason, where the machine cannot run a node
+(not root, no containerd, runc or busybox-static).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuusage.kube.config import api_client
+from gpuusage_dev.localcluster.binaries import cache_root, file_lock
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.localcluster.containerd import mounts_below, node_prerequisites
+from gpuusage_dev.localcluster.node import (
+    BRIDGE,
+    CGROUP_ROOT,
+    DEFAULT_SCENARIO,
+    HOST_PATHS,
+    Node,
+    cgroup_hierarchies,
+)
+from gpuusage_dev.simulation import ensure_namespace
+from gpuusage_nodeagent.cgroup import parse_cgroup_file
+from gpuusage_nodeagent.podresources.kubelet import list_pods
+from gpuusage_nodeagent.podresources.wire import list_response
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+NAME = "gpu-node-a"
+GPUS = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"]]
+
+
+def _why_not() -> str | None:
+    return node_prerequisites() or (
+        None if shutil.which("busybox") else "busybox not found (apt-get install busybox-static)"
+    )
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Node]]:
+    why = _why_not()
+    if why is not None:
+        pytest.skip(f"this machine cannot run a node: {why}")
+    directory = tmp_path_factory.mktemp("node-cluster")
+    before = {str(p) for p in HOST_PATHS if p.exists()}
+    with file_lock(cache_root() / "locks" / "node.lock"):  # one node per machine
+        cluster = LocalCluster(
+            directory,
+            authorization_modes=("Node", "RBAC"),
+            apiserver_args=["--enable-admission-plugins=NodeRestriction"],
+            tie_to_parent=True,
+        )
+        cluster.up()
+        running = Node(directory / "node", NAME, server=cluster.server, pki=directory / "pki")
+        try:
+            running.start()
+            running.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
+            yield cluster, running
+        finally:
+            running.stop()
+            cluster.down()
+    # Nothing left: processes, mounts, cgroups, the bridge, folders outside its own.
+    ours = str(directory)
+    left = [
+        p.name
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and ours.encode() in _cmdline(p) and _alive(p)
+    ]
+    assert left == [], f"processes left: {left}"
+    assert mounts_below(directory) == []
+    assert not [h for h in cgroup_hierarchies() if (h / CGROUP_ROOT).exists()]
+    link = subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False)
+    assert link.returncode != 0, "the bridge is gone"
+    assert {str(p) for p in HOST_PATHS if p.exists()} == before
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _alive(proc: Path) -> bool:
+    try:
+        stat = (proc / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def _deployment(name: str, namespace: str, gpus: int) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "gpuusage.local/busybox:1",
+                            "imagePullPolicy": "Never",
+                            "command": ["/bin/sleep", "3600"],
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def test_a_deployment_pod_runs_with_a_device_the_kubelet_hands_out(
+    node: tuple[LocalCluster, Node],
+) -> None:
+    """The scheduler places the pod, the ReplicaSet controller makes it, the kubelet runs it
+    with containerd and runc, the device plugin gives it a GPU: PodResources (read by the
+    agent's own client) names that device, the container's process has a real cgroup path
+    the agent's parser attributes to the pod, below the kubelet's cgroup root."""
+    cluster, running = node
+    api, _ = api_client(cluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    ensure_namespace(core, "ml")
+    wait_for(lambda: core.read_namespaced_service_account("default", "ml"), what="default SA")
+    deployment: Any = _deployment("train", "ml", 1)  # the client sends a dict as it is
+    client.AppsV1Api(api).create_namespaced_deployment("ml", deployment)
+
+    def running_pod() -> client.V1Pod | None:
+        pods = core.list_namespaced_pod("ml", label_selector="app=train").items
+        ready = [p for p in pods if p.status and p.status.phase == "Running"]
+        return ready[0] if ready else None
+
+    pod = wait_for(running_pod, timeout=90, what="the Deployment's pod running")
+    assert pod.spec.node_name == NAME
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    socket = running.directory / "kubelet" / "pod-resources" / "kubelet.sock"
+    listed = {p.name: p for p in list_response(list_pods(socket, 5))}
+    devices = listed[pod.metadata.name].containers[0].devices
+    assert [d.resource_name for d in devices] == ["nvidia.com/gpu"]
+    assert devices[0].device_ids[0] in GPUS
+    found = [
+        parse_cgroup_file((p / "cgroup").read_text())
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and cid.encode() in _read(p / "cgroup")
+    ]
+    assert found, "the container's processes are on the host"
+    assert {(f.container_id, f.pod_uid) for f in found} == {(cid, pod.metadata.uid)}
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_the_kubelet_is_confined_as_a_node_is(node: tuple[LocalCluster, Node]) -> None:
+    """Its own credentials (system:node:NAME) may read its Node but not label another one:
+    the Node authorizer and NodeRestriction are on, as on a real cluster."""
+    cluster, running = node
+    kubectl = [
+        str(cluster.binaries.kubectl),
+        "--kubeconfig",
+        str(running.directory / "kubelet.kubeconfig"),
+    ]
+    admin = client.CoreV1Api(api_client(cluster.kubeconfig)[0])
+    admin.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="other-node")))
+    own = subprocess.run(
+        [*kubectl, "get", "node", NAME, "-o", "json"], check=False, capture_output=True, text=True
+    )
+    assert own.returncode == 0
+    assert json.loads(own.stdout)["status"]["allocatable"]["nvidia.com/gpu"] == str(len(GPUS))
+    other = subprocess.run(
+        [*kubectl, "label", "node", "other-node", "stolen=true"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert other.returncode != 0
+    assert "forbidden" in other.stderr.lower()
