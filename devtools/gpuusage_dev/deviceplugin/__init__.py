@@ -75,7 +75,6 @@ class DevicePlugin:
         self.registered: set[str] = set()
         self._process: subprocess.Popen[str] | None = None
         self._all = threading.Event()
-        self._changed = threading.Condition()
 
     def start(
         self, timeout: float = 60.0, on_start: Callable[[int], None] | None = None
@@ -115,9 +114,7 @@ class DevicePlugin:
         assert process.stdout is not None
         for line in process.stdout:
             if line.startswith("registered "):
-                with self._changed:
-                    self.registered.add(line.split(" ", 1)[1].strip())
-                    self._changed.notify_all()
+                self.registered.add(line.split(" ", 1)[1].strip())
                 if self.registered >= set(self.resources):
                     self._all.set()
 
