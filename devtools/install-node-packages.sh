@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a real node of the local cluster needs from the distribution (containerd, runc, CNI
-# plugins, a static busybox for the test images), installed when missing. Only as root with
+# plugins, a static busybox for the test images, mmdebstrap for the product images' base),
+# installed when missing. Only as root with
 # apt-get; elsewhere it says what is missing, and the real-node tests skip with the reason.
 set -u
 missing=()
@@ -8,6 +9,7 @@ command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 command -v busybox >/dev/null || missing+=(busybox-static)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "note: a local node needs ${missing[*]} (install them as root); its tests will skip" >&2

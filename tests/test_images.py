@@ -21,6 +21,7 @@ from gpuusage_dev.localcluster.images import (
     oci_archive,
     pause_image,
 )
+from gpuusage_dev.localcluster.productimages import product_image, product_images, recipe_of
 from tests.fakenvml import gpu_uuid, mig_uuid
 
 FAKE_BUSYBOX = b"\x7fELF" + b"\0" * 60  # any bytes: only the layout is checked here
@@ -130,3 +131,69 @@ def test_the_device_plugin_advertises_a_scenarios_gpus_and_mig_devices() -> None
         "nvidia.com/mig-3g.40gb": [mig_uuid(0)],
         "nvidia.com/mig-1g.10gb": [mig_uuid(1)],
     }
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("dockerfile", ["nodeagent/Dockerfile", "operator/Dockerfile"])
+def test_the_recipe_is_read_from_the_dockerfile(dockerfile: str) -> None:
+    """What the image holds comes from the Dockerfile's own lines: they cannot drift."""
+    recipe = recipe_of((REPO / dockerfile).read_text())
+    part = dockerfile.split("/", maxsplit=1)[0]
+    assert recipe.requirements == ("src/requirements.txt", f"{part}/requirements.txt")
+    assert [dest for _, dest in recipe.copies] == [
+        "/app/gpuusage",
+        f"/app/gpuusage_{part}",
+    ]
+    assert recipe.user == "65532:65532"
+    assert recipe.entrypoint == ("python", "-m", "gpuusage")
+    assert recipe.cmd == ({"nodeagent": "agent"}.get(part, part),)
+    assert "PYTHONPATH=/app" in recipe.env
+
+
+@pytest.mark.slow
+def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None:
+    """Built without Docker (Debian bookworm's python3 3.11 from mmdebstrap, the requirements,
+    the sources), imported under the manifests' name, run by runc as uid 65532: the agent
+    observes a node without NVML and prints its report."""
+    if shutil.which("mmdebstrap") is None:
+        pytest.skip("mmdebstrap not found (apt-get install mmdebstrap)")
+    (name,) = [n for n, d in product_images(REPO).items() if d == "nodeagent/Dockerfile"]
+    containerd.import_image(product_image(REPO, "nodeagent/Dockerfile", name))
+    assert name in containerd.images()
+    ran = containerd.ctr(
+        "run",
+        "--rm",
+        name,
+        "agent-probe",
+        "python",
+        "-c",
+        "import os, gpuusage_nodeagent, json; print(json.dumps([os.getuid(), "
+        "gpuusage_nodeagent.__name__]))",
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr.decode()[-800:]
+    assert json.loads(ran.stdout) == [65532, "gpuusage_nodeagent"]
+    report = containerd.ctr(
+        "run",
+        "--rm",
+        name,
+        "agent-once",
+        "python",
+        "-m",
+        "gpuusage",
+        "agent",
+        "--once",
+        "--output",
+        "json",
+        "--node-name",
+        "n1",
+        "--gpu-source",
+        "none",
+        "--metrics-port",
+        "0",
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr.decode()[-800:]
+    assert json.loads(report.stdout)["spec"]["source"]["kind"] == "none"

@@ -106,6 +106,7 @@ def _up_with_node(settings: LocalClusterSettings, name: str) -> LocalCluster:
         server=cluster.server,
         pki=settings.dir / "pki",
         scenario=scenario,
+        product=True,
     )
     try:
         node.start(settings.timeout)

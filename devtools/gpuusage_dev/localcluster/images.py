@@ -85,9 +85,37 @@ def layer_tar(files: Mapping[str, File]) -> bytes:
     return buffer.getvalue()
 
 
-def oci_archive(image: Image) -> bytes:
-    """The image as an OCI image layout in a tar, as `ctr images import` takes it."""
-    layer = layer_tar(image.files)
+def layer_from_directory(root: Path, under: str = "") -> bytes:
+    """A layer of everything below `root` (placed below `under` in the image), owned by root,
+    with fixed times: the same tree gives the same bytes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+
+        def normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.mtime, info.uid, info.gid, info.uname, info.gname = EPOCH, 0, 0, "root", "root"
+            return info
+
+        for parent in Path(under).parents if under else ():
+            if str(parent) != ".":
+                archive.addfile(normalised(_directory(str(parent))))
+        for path in sorted(root.rglob("*")):
+            name = (
+                str(Path(under) / path.relative_to(root)) if under else str(path.relative_to(root))
+            )
+            archive.add(path, arcname=name, recursive=False, filter=normalised)
+    return buffer.getvalue()
+
+
+def _directory(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name + "/")
+    info.type, info.mode = tarfile.DIRTYPE, 0o755
+    return info
+
+
+def oci_archive(image: Image, layers: Sequence[bytes] | None = None) -> bytes:
+    """The image as an OCI image layout in a tar, as `ctr images import` takes it: one layer of
+    its files, or the given `layers` (tars, lowest first)."""
+    stack = list(layers) if layers is not None else [layer_tar(image.files)]
     config = json.dumps(
         {
             "architecture": "amd64",
@@ -99,7 +127,7 @@ def oci_archive(image: Image) -> bytes:
                 "User": image.user,
                 "Labels": dict(image.labels),
             },
-            "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
+            "rootfs": {"type": "layers", "diff_ids": [_digest(layer) for layer in stack]},
             "history": [{"created_by": "gpuusage_dev.localcluster.images"}],
         },
         sort_keys=True,
@@ -109,7 +137,10 @@ def oci_archive(image: Image) -> bytes:
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
             "config": {"mediaType": OCI_CONFIG, "digest": _digest(config), "size": len(config)},
-            "layers": [{"mediaType": OCI_LAYER, "digest": _digest(layer), "size": len(layer)}],
+            "layers": [
+                {"mediaType": OCI_LAYER, "digest": _digest(layer), "size": len(layer)}
+                for layer in stack
+            ],
         },
         sort_keys=True,
     ).encode()
@@ -136,7 +167,7 @@ def oci_archive(image: Image) -> bytes:
         _add(archive, "index.json", index)
         _add(archive, "blobs/", type=tarfile.DIRTYPE, mode=0o755)
         _add(archive, "blobs/sha256/", type=tarfile.DIRTYPE, mode=0o755)
-        for blob in (layer, config, manifest):
+        for blob in (*stack, config, manifest):
             _add(archive, f"blobs/sha256/{_digest(blob).removeprefix('sha256:')}", blob)
     return buffer.getvalue()
 

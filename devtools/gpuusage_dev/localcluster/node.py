@@ -36,6 +36,7 @@ from gpuusage_dev.localcluster.containerd import (
 )
 from gpuusage_dev.localcluster.images import busybox_image, oci_archive, pause_image
 from gpuusage_dev.localcluster.pki import client_certificate
+from gpuusage_dev.localcluster.productimages import REPO, product_image, product_images
 
 DEFAULT_SCENARIO: dict[str, Any] = {
     "gpus": [
@@ -168,15 +169,18 @@ class Node:
         pki: Path | None = None,
         scenario: dict[str, Any] | None = None,
         binaries: NodeBinaries | None = None,
+        product: bool = False,
     ) -> None:
         """`name`, `server`, `pki` and `scenario` are needed to start it; stopping needs only
-        its folder."""
+        its folder. `product`: also build the product's images (productimages) and import them
+        under the names the manifests use."""
         self.directory = directory.resolve()
         self.name = name
         self.server = server
         self.pki = pki or self.directory / "pki"
         self.scenario = scenario if scenario is not None else DEFAULT_SCENARIO
         self._binaries = binaries
+        self.product = product
         self.containerd = Containerd(self.directory / "containerd")
         self.plugin: DevicePlugin | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
@@ -220,6 +224,9 @@ class Node:
         self._remember("containerd", self.containerd.pid)
         for image in (pause_image(payload), busybox_image(payload)):
             self.containerd.import_image(oci_archive(image))
+        if self.product:
+            for name, dockerfile in product_images().items():
+                self.containerd.import_image(product_image(REPO, dockerfile, name))
         conf = cni_config(self.directory / "cni" / "ipam")
         (self.containerd.cni_conf / "10-gpuusage.conflist").write_text(json.dumps(conf))
         ca = self.pki / "ca.crt"

@@ -1,0 +1,227 @@
+"""The product's images without Docker, from the same recipe as their Dockerfiles.
+
+A Dockerfile here says what an image holds: the requirements files its dependencies come from,
+the folders it copies, its environment, user, entrypoint and command (`recipe_of` reads those
+lines, so the two cannot drift). The base is the Debian release `python:3.11-slim` is built on,
+bookworm, whose own python3 is the same minor version (3.11), made with mmdebstrap from the
+distribution's packages. Three layers: that base, the dependencies (installed with pip for
+Python 3.11 into /usr/local/lib/python3.11/dist-packages, which Debian's python3 reads), and
+the copied sources. Each is cached under the project's cache folder by the hash of what makes
+it, so an image is rebuilt when its inputs change and only the layers that changed are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuusage.errors import GpuusageError
+from gpuusage_dev.localcluster.binaries import Progress, cache_root, file_lock, stderr_progress
+from gpuusage_dev.localcluster.images import Image, layer_from_directory, oci_archive
+
+DEBIAN_RELEASE = "bookworm"  # python:3.11-slim's; its python3 is 3.11
+BASE_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
+EXCLUDED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
+SITE = "usr/local/lib/python3.11/dist-packages"
+
+
+class ImageBuildError(GpuusageError):
+    """An image could not be built here (no mmdebstrap, not root, a failed step)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a Dockerfile's final image holds, read from its lines."""
+
+    requirements: tuple[str, ...]
+    """Requirements files (repository paths) its dependencies are installed from."""
+    copies: tuple[tuple[str, str], ...]
+    """(repository path, image path) of each COPY of our sources into the final image."""
+    env: tuple[str, ...] = ()
+    user: str = ""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def recipe_of(dockerfile: str) -> Recipe:
+    """The recipe of a Dockerfile of ours (two stages: dependencies, then the image)."""
+    requirements: list[str] = []
+    copies: list[tuple[str, str]] = []
+    env: list[str] = []
+    user = ""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    for raw in dockerfile.splitlines():
+        line = raw.strip()
+        if line.startswith("COPY --from="):
+            continue
+        if line.startswith("COPY "):
+            source, dest = line.split()[1:3]
+            if source.endswith("requirements.txt"):
+                requirements.append(source)
+            else:
+                copies.append((source, dest))
+        elif line.startswith("ENV "):
+            env += re.findall(r"(\w+=\S+)", line[4:])
+        elif line.startswith("USER "):
+            user = line.split()[1]
+        elif line.startswith("ENTRYPOINT "):
+            entrypoint = tuple(json.loads(line.split(" ", 1)[1]))
+        elif line.startswith("CMD "):
+            cmd = tuple(json.loads(line.split(" ", 1)[1]))
+    if not requirements or not copies or not entrypoint:
+        raise ImageBuildError("the Dockerfile has no requirements, COPY or ENTRYPOINT lines")
+    return Recipe(tuple(requirements), tuple(copies), tuple(env), user, entrypoint, cmd)
+
+
+def _hash(*parts: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:16]
+
+
+def _tree_bytes(root: Path) -> bytes:
+    """Every file below `root` (paths and contents) as one byte string, for hashing."""
+    found = b""
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            found += str(path.relative_to(root)).encode() + b"\0" + path.read_bytes()
+    return found
+
+
+def base_layer(progress: Progress = stderr_progress) -> bytes:
+    """The Debian base as a layer, made once with mmdebstrap (as root, from Debian's packages)."""
+    key = _hash(DEBIAN_RELEASE.encode(), " ".join(BASE_PACKAGES).encode(), str(EXCLUDED).encode())
+    cached = cache_root() / "images" / f"base-{DEBIAN_RELEASE}-{key}.tar"
+    if cached.exists():
+        return cached.read_bytes()
+    if shutil.which("mmdebstrap") is None:
+        raise ImageBuildError("mmdebstrap not found: apt-get install mmdebstrap")
+    with file_lock(cache_root() / "locks" / "images.lock"):
+        if cached.exists():
+            return cached.read_bytes()
+        progress(f"gpuusage: making a Debian {DEBIAN_RELEASE} base with mmdebstrap ...")
+        with tempfile.TemporaryDirectory(prefix="gpuusage-base-") as work:
+            rootfs = Path(work) / "rootfs"
+            options = [f"--dpkgopt=path-exclude={p}" for p in EXCLUDED]
+            run = subprocess.run(
+                [
+                    "mmdebstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(BASE_PACKAGES)}",
+                    "--mode=root",
+                    *options,
+                    DEBIAN_RELEASE,
+                    str(rootfs),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if run.returncode != 0:
+                raise ImageBuildError(f"mmdebstrap failed:\n{run.stderr[-2000:]}")
+            for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                shutil.rmtree(rootfs / leftover, ignore_errors=True)
+            layer = layer_from_directory(rootfs)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staged = cached.with_suffix(".new")
+        staged.write_bytes(layer)
+        staged.replace(cached)
+    return layer
+
+
+def dependencies_layer(repo: Path, recipe: Recipe) -> bytes:
+    """The recipe's requirements, installed by pip for Python 3.11 into Debian's local site."""
+    texts = [(repo / r).read_bytes() for r in recipe.requirements]
+    cached = cache_root() / "images" / f"deps-{_hash(*texts)}.tar"
+    if cached.exists():
+        return cached.read_bytes()
+    with tempfile.TemporaryDirectory(prefix="gpuusage-deps-") as work:
+        target = Path(work) / "site"
+        args = [arg for r in recipe.requirements for arg in ("-r", str(repo / r))]
+        run = subprocess.run(
+            [
+                *(sys.executable, "-m", "pip", "install", "-q", "--no-compile"),
+                *("--target", str(target), "--python-version", "3.11", "--only-binary=:all:"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if run.returncode != 0:
+            raise ImageBuildError(f"pip could not install {recipe.requirements}:\n{run.stderr}")
+        shutil.rmtree(target / "bin", ignore_errors=True)
+        layer = layer_from_directory(target, SITE)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_bytes(layer)
+    return layer
+
+
+def sources_layer(repo: Path, recipe: Recipe) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="gpuusage-app-") as work:
+        root = Path(work)
+        for source, dest in recipe.copies:
+            shutil.copytree(
+                repo / source,
+                root / dest.lstrip("/"),
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            )
+        return layer_from_directory(root)
+
+
+def product_image(
+    repo: Path, dockerfile: str, name: str, progress: Progress = stderr_progress
+) -> bytes:
+    """The OCI archive of the image `dockerfile` (a repository path) describes, named `name`;
+    cached by everything that makes it."""
+    text = (repo / dockerfile).read_bytes()
+    recipe = recipe_of(text.decode())
+    sources = b"".join(_tree_bytes(repo / s) for s, _ in recipe.copies)
+    requirements = b"".join((repo / r).read_bytes() for r in recipe.requirements)
+    key = _hash(text, sources, requirements, name.encode(), DEBIAN_RELEASE.encode())
+    cached = cache_root() / "images" / f"{name.replace('/', '_').replace(':', '_')}-{key}.tar"
+    if cached.exists():
+        return cached.read_bytes()
+    layers = [base_layer(progress), dependencies_layer(repo, recipe), sources_layer(repo, recipe)]
+    image = Image(
+        name,
+        {},
+        entrypoint=recipe.entrypoint,
+        cmd=recipe.cmd,
+        env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *recipe.env),
+        user=recipe.user,
+    )
+    archive = oci_archive(image, layers)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_bytes(archive)
+    progress(f"gpuusage: built image {name} ({len(archive) // 2**20} MiB)")
+    return archive
+
+
+REPO = Path(__file__).resolve().parents[3]
+"""The repository this module sits in (an editable install or a checkout); an installed wheel
+carries no Dockerfiles."""
+
+
+def product_images(repo: Path = REPO) -> dict[str, str]:
+    """Image name (as the manifests name it, from manifests/base/kustomization.yaml's images)
+    → the Dockerfile that builds it."""
+    import yaml  # noqa: PLC0415
+
+    kustomization = yaml.safe_load((repo / "manifests/base/kustomization.yaml").read_text())
+    found = {}
+    for entry in kustomization["images"]:
+        name = f"{entry.get('newName', entry['name'])}:{entry['newTag']}"
+        part = "nodeagent" if entry["name"].endswith("-agent") else "operator"
+        found[name] = f"{part}/Dockerfile"
+    return found
