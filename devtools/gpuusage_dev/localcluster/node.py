@@ -58,6 +58,8 @@ CGROUP_ROOT = "gpuusage-node"
 """The kubelet's --cgroup-root: its pods' cgroups live under /gpuusage-node/kubepods, so stopping
 the node removes its own cgroups and never another kubelet's."""
 POD_CIDR = "10.88.0.0/24"
+GPU_LABEL = "nvidia.com/gpu.present"
+"""What NVIDIA's feature discovery labels GPU nodes with, and the agent's DaemonSet selects."""
 DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 HOST_PATHS = (
     Path("/var/lib/kubelet"),
@@ -282,6 +284,7 @@ class Node:
                 f"--hostname-override={self.name}",
                 f"--node-ip={node_ip()}",
                 f"--cert-dir={self.directory / 'kubelet-pki'}",
+                f"--node-labels={GPU_LABEL}=true",
                 "--v=1",
             ],
         )
