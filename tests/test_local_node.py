@@ -7,7 +7,6 @@ without leaving anything behind. Skipped, with the reason, where the machine can
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,16 +16,17 @@ import pytest
 from kubernetes import client
 
 from gpuusage.kube.config import api_client
-from gpuusage_dev.localcluster.binaries import cache_root, file_lock
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.localcluster.containerd import mounts_below, node_prerequisites
+from gpuusage_dev.localcluster.containerd import mounts_below
 from gpuusage_dev.localcluster.node import (
     BRIDGE,
     CGROUP_ROOT,
     DEFAULT_SCENARIO,
     HOST_PATHS,
     Node,
+    cannot_run_node,
     cgroup_hierarchies,
+    running_node,
 )
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.cgroup import parse_cgroup_file
@@ -40,35 +40,15 @@ NAME = "gpu-node-a"
 GPUS = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"]]
 
 
-def _why_not() -> str | None:
-    return node_prerequisites() or (
-        None if shutil.which("busybox") else "busybox not found (apt-get install busybox-static)"
-    )
-
-
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Node]]:
-    why = _why_not()
+    why = cannot_run_node()
     if why is not None:
         pytest.skip(f"this machine cannot run a node: {why}")
     directory = tmp_path_factory.mktemp("node-cluster")
     before = {str(p) for p in HOST_PATHS if p.exists()}
-    with file_lock(cache_root() / "locks" / "node.lock"):  # one node per machine
-        cluster = LocalCluster(
-            directory,
-            authorization_modes=("Node", "RBAC"),
-            apiserver_args=["--enable-admission-plugins=NodeRestriction"],
-            tie_to_parent=True,
-        )
-        cluster.up()
-        running = Node(directory / "node", NAME, server=cluster.server, pki=directory / "pki")
-        try:
-            running.start()
-            running.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
-            yield cluster, running
-        finally:
-            running.stop()
-            cluster.down()
+    with running_node(directory, NAME) as running:
+        yield running
     # Nothing left: processes, mounts, cgroups, the bridge, folders outside its own.
     ours = str(directory)
     left = [

@@ -7,7 +7,6 @@ simulated part). Skipped, with the reason, where the machine cannot run a node."
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -18,10 +17,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
-from gpuusage_dev.localcluster.binaries import cache_root, file_lock
-from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.localcluster.containerd import node_prerequisites
-from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO, Node
+from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO, cannot_run_node, running_node
 from gpuusage_dev.localcluster.nodeinstall import overlay
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
@@ -37,47 +33,28 @@ GPUS = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"]]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    why = node_prerequisites() or (
-        None if shutil.which("busybox") else "busybox not found (apt-get install busybox-static)"
-    )
-    why = why or (None if shutil.which("mmdebstrap") else "mmdebstrap not found")
+    why = cannot_run_node(product=True)
     if why is not None:
         pytest.skip(f"this machine cannot run a node: {why}")
     directory = tmp_path_factory.mktemp("node-e2e")
-    with file_lock(cache_root() / "locks" / "node.lock"):  # one node per machine
-        cluster = LocalCluster(
-            directory,
-            authorization_modes=("Node", "RBAC"),
-            apiserver_args=["--enable-admission-plugins=NodeRestriction"],
-            tie_to_parent=True,
+    scenario = directory / "scenario"
+    scenario.mkdir()
+    world: dict[str, Any] = {"scenario": scenario}
+    _scenario(world, {})
+    with running_node(directory, NAME, product=True) as (cluster, node):
+        folder = overlay(
+            directory / "install",
+            apiserver_port=int(cluster.server.rsplit(":", 1)[1]),
+            scenario_dir=scenario,
+            kubelet_root=node.directory / "kubelet",
+            agent_args=("--interval", "1"),
         )
-        cluster.up()
-        node = Node(
-            directory / "node", NAME, server=cluster.server, pki=directory / "pki", product=True
-        )
-        scenario = directory / "scenario"
-        scenario.mkdir()
-        world: dict[str, Any] = {"cluster": cluster, "node": node, "scenario": scenario}
-        _scenario(world, {})
-        try:
-            node.start()
-            node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
-            folder = overlay(
-                directory / "install",
-                apiserver_port=int(cluster.server.rsplit(":", 1)[1]),
-                scenario_dir=scenario,
-                kubelet_root=node.directory / "kubelet",
-                agent_args=("--interval", "1"),
-            )
-            kubectl = [str(cluster.binaries.kubectl), "--kubeconfig", str(cluster.kubeconfig)]
-            subprocess.run([*kubectl, "apply", "-k", str(folder)], check=True, capture_output=True)
-            api, _ = api_client(cluster.kubeconfig)
-            world.update(api=api, core=client.CoreV1Api(api), kubectl=kubectl)
-            wait_for(lambda: _report(world).get("status"), timeout=90, what="the report reconciled")
-            yield world
-        finally:
-            node.stop()
-            cluster.down()
+        kubectl = [str(cluster.binaries.kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+        subprocess.run([*kubectl, "apply", "-k", str(folder)], check=True, capture_output=True)
+        api, _ = api_client(cluster.kubeconfig)
+        world.update(cluster=cluster, node=node, api=api, core=client.CoreV1Api(api))
+        wait_for(lambda: _report(world).get("status"), timeout=90, what="the report reconciled")
+        yield world
 
 
 def _scenario(world: dict[str, Any], processes: dict[str, list[dict[str, int]]]) -> None:
@@ -146,7 +123,7 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
         found = world["core"].read_namespaced_pod(pod.metadata.name, "ml")
         return found if _condition(found) == ("True", "ProcessesRunning") else None
 
-    found = wait_for(marked, timeout=60, what="train marked in use")
+    found = wait_for(marked, timeout=120, what="train marked in use")
     assert found.metadata.annotations[names.ANNOTATION_GPUS] == device
     assert found.metadata.annotations[names.ANNOTATION_GPU_MEMORY_MIB] == "4096"
     (process,) = [
@@ -161,7 +138,7 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
         found = world["core"].read_namespaced_pod(pod.metadata.name, "ml")
         return _condition(found) == ("True", "UsingUnallocatedGPU")
 
-    wait_for(outside, timeout=60, what="train caught outside its allocation")
+    wait_for(outside, timeout=120, what="train caught outside its allocation")
     entries = [
         e for e in _report(world)["status"].get("pods", []) if e["name"] == pod.metadata.name
     ]

@@ -83,22 +83,14 @@ def run_up(settings: LocalClusterSettings) -> int:
 def _up_with_node(settings: LocalClusterSettings, name: str) -> LocalCluster:
     import yaml  # noqa: PLC0415
 
-    from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
-    from gpuusage_dev.localcluster.containerd import (  # noqa: PLC0415
-        NodeUnavailable,
-        node_prerequisites,
-    )
-    from gpuusage_dev.localcluster.node import Node  # noqa: PLC0415
+    from gpuusage_dev.localcluster.containerd import NodeUnavailable  # noqa: PLC0415
+    from gpuusage_dev.localcluster.node import Node, cannot_run_node, node_cluster  # noqa: PLC0415
 
-    why = node_prerequisites()
+    why = cannot_run_node(product=True)
     if why is not None:
         raise NodeUnavailable(f"cannot run node {name} here: {why}")
     scenario = yaml.safe_load(settings.gpus.read_text()) if settings.gpus else None
-    cluster = LocalCluster(
-        settings.dir,
-        authorization_modes=("Node", "RBAC"),
-        apiserver_args=["--enable-admission-plugins=NodeRestriction"],
-    )
+    cluster = node_cluster(settings.dir)
     cluster.up(timeout=settings.timeout)
     node = Node(
         settings.dir / "node",

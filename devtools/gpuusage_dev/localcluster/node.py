@@ -17,7 +17,8 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,13 @@ import yaml
 
 from gpuusage.retry import poll_until
 from gpuusage_dev.deviceplugin import DevicePlugin, scenario_resources
-from gpuusage_dev.localcluster.binaries import NodeBinaries, ensure_node_binaries
-from gpuusage_dev.localcluster.cluster import ProcessRecord, record_of, terminate
+from gpuusage_dev.localcluster.binaries import (
+    NodeBinaries,
+    cache_root,
+    ensure_node_binaries,
+    file_lock,
+)
+from gpuusage_dev.localcluster.cluster import LocalCluster, ProcessRecord, record_of, terminate
 from gpuusage_dev.localcluster.containerd import (
     Containerd,
     NodeUnavailable,
@@ -487,3 +493,50 @@ def _remove_cgroups(name: str, timeout: float = 10.0) -> None:
 def _remove_netns() -> None:
     for netns in Path("/var/run/netns").glob("cni-*"):
         subprocess.run(["ip", "netns", "delete", netns.name], capture_output=True, check=False)
+
+
+def node_cluster(directory: Path, *, tie_to_parent: bool = False) -> LocalCluster:
+    """A local control plane a node can join as a real one does: the Node authorizer and
+    NodeRestriction on (kept across restarts)."""
+    return LocalCluster(
+        directory,
+        authorization_modes=("Node", "RBAC"),
+        apiserver_args=["--enable-admission-plugins=NodeRestriction"],
+        tie_to_parent=tie_to_parent,
+    )
+
+
+def cannot_run_node(product: bool = False) -> str | None:
+    """Why this machine cannot run a node (with the product's images), or None."""
+    why = node_prerequisites()
+    if why is None and shutil.which("busybox") is None:
+        why = "busybox not found (apt-get install busybox-static)"
+    if why is None and product and shutil.which("mmdebstrap") is None:
+        why = "mmdebstrap not found (apt-get install mmdebstrap)"
+    return why
+
+
+@contextmanager
+def running_node(
+    directory: Path, name: str, *, product: bool = False, scenario: dict[str, Any] | None = None
+) -> Iterator[tuple[LocalCluster, Node]]:
+    """A control plane and its node NAME, Ready with its devices, for the length of the block;
+    one at a time on a machine (a lock: the kubelet's registration socket is fixed)."""
+    with file_lock(cache_root() / "locks" / "node.lock"):
+        cluster = node_cluster(directory, tie_to_parent=True)
+        cluster.up()
+        node = Node(
+            directory / "node",
+            name,
+            server=cluster.server,
+            pki=directory / "pki",
+            scenario=scenario,
+            product=product,
+        )
+        try:
+            node.start()
+            node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
+            yield cluster, node
+        finally:
+            node.stop()
+            cluster.down()
