@@ -144,3 +144,30 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
     ]
     assert [(e["deviceUUID"], e.get("unallocated")) for e in entries] == [(other, True)]
     assert json.dumps(entries[0].get("allocatedDevices")) == json.dumps([device])
+
+
+def test_a_pod_without_a_request_using_a_gpu_is_flagged(installed: dict[str, Any]) -> None:
+    """A real pod that asked for no GPU (its container has every GPU, as with
+    NVIDIA_VISIBLE_DEVICES=all) runs on one: UsingUnrequestedGPU, with its Warning Event."""
+    world = installed
+    ensure_namespace(world["core"], "lab")
+    wait_for(lambda: world["core"].read_namespaced_service_account("default", "lab"), what="SA")
+    deployment: Any = _deployment("sneaky", "lab", 0)
+    deployment["spec"]["template"]["spec"]["containers"][0].pop("resources")
+    client.AppsV1Api(world["api"]).create_namespaced_deployment("lab", deployment)
+    pod = wait_for(lambda: _running(world, "lab", "sneaky"), timeout=90, what="sneaky running")
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    _scenario(world, {GPUS[-1]: [{"pid": _host_pid(world, cid), "usedMemoryMiB": 2048}]})
+
+    def flagged() -> bool:
+        found = world["core"].read_namespaced_pod(pod.metadata.name, "lab")
+        return _condition(found) == ("True", "UsingUnrequestedGPU")
+
+    wait_for(flagged, timeout=120, what="sneaky flagged")
+    # read raw: the kubelet's and scheduler's events have no eventTime, which the client's
+    # events.k8s.io model refuses
+    raw: Any = client.EventsV1Api(world["api"]).list_namespaced_event("lab", _preload_content=False)
+    events = json.loads(raw.data)["items"]
+    assert "UsingUnrequestedGPU" in {
+        e.get("reason") for e in events if e["regarding"].get("name") == pod.metadata.name
+    }
