@@ -257,6 +257,22 @@ def test_a_pid_nvml_lists_from_an_exited_process_does_not_charge_its_new_owner(
     assert Resolver(tmp_path).resolve(42).attribution.container_id == "e" * 64
 
 
+def test_the_boot_clock_is_read_once_per_newly_listed_pid(tmp_path: Path) -> None:
+    """Every cycle resolves every listed pid: the uptime is read only when a pid appears."""
+    write_process(tmp_path, 42, CGROUP, start_ticks=500)
+    reads: list[int] = []
+
+    def uptime() -> float:
+        reads.append(1)
+        return 1000.0
+
+    resolver = Resolver(tmp_path, boot_clock=uptime)
+    for _ in range(3):
+        assert resolver.resolve(42).attribution.pod_uid == POD_TRAIN
+        resolver.end_cycle()
+    assert len(reads) == 1
+
+
 @pytest.mark.parametrize(
     ("raw", "name"),
     [

@@ -137,7 +137,9 @@ class Resolver:
 
     def resolve(self, pid: int) -> Resolved:
         self._listed.add(pid)
-        listed_since = self._listed_since.setdefault(pid, self._boot_clock())
+        if pid not in self._listed_since:  # the clock is read once per newly listed pid
+            self._listed_since[pid] = self._boot_clock()
+        listed_since = self._listed_since[pid]
         ticks, found = self._read(pid)
         if ticks is not None and listed_since is not None and reused(ticks, listed_since):
             return Resolved(

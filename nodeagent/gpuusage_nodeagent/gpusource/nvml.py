@@ -23,8 +23,9 @@ Policies, each from an observed failure mode:
   Per-process utilization does not exist on MIG devices.
 * Process-utilization samples are read incrementally (from the last seen timestamp); a device
   that does not support them is not asked again. The driver keeps samples only for processes
-  that ran on the SMs, so a process without a sample since the last reading was inactive
-  (`active` False) where the device answers, and unknown (None) where it does not.
+  that used an engine, so a process without a sample since the last reading was inactive
+  (`active` False) where the device answers, and unknown (None) where it does not (nor for an
+  MPS client, sampled under the server's pid: see base.activity).
 * Pids are validated later against the proc root; one outside the valid range makes the whole
   list suspect (see above) and is counted as an error.
 """
@@ -484,10 +485,7 @@ class NvmlSource:
             try:
                 rows = self._list_by(call, kind, handle)
             except (nvml.NVMLError, _Unsupported) as exc:
-                absent = isinstance(
-                    exc,
-                    nvml.NVMLError_FunctionNotFound | nvml.NVMLError_NotSupported | _Unsupported,
-                ) or (error_reason(exc) == "ArgumentVersionMismatch")
+                absent = isinstance(exc, _Unsupported) or error_reason(exc) in _CALL_ABSENT
                 if not absent or last:
                     if isinstance(exc, nvml.NVMLError):
                         self._errors[error_reason(exc)] += 1
@@ -519,31 +517,24 @@ class NvmlSource:
 
     def _detail_processes(self, handle: Any, mode_name: str) -> list[tuple[int, int]]:
         """nvmlDeviceGetRunningProcessDetailList: the versioned call. Its list struct carries
-        the version and points at an array the caller owns (reused, grown on demand)."""
+        the version, the mode and the caller's array (see _into_array) with its length."""
         nvml = self._module()
         entry = getattr(nvml, "c_nvmlProcessDetail_v1_t", None)
         version = getattr(nvml, "nvmlProcessDetailList_v1", None)
         if entry is None or version is None or not hasattr(nvml, mode_name):
             raise _Unsupported("the bindings predate nvmlDeviceGetRunningProcessDetailList")
-        symbol = "nvmlDeviceGetRunningProcessDetailList"
-        fn = nvml._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound when absent
-        key = f"{symbol}:{mode_name}"
-        buffer = self._buffers.get(key)
-        if buffer is None:
-            buffer = self._buffers[key] = (entry * 64)()
-        while True:
+
+        def call(fn: Any, array: Any, count: Any) -> int:
             listing = nvml.c_nvmlProcessDetailList_v1_t()
             listing.version = version
             listing.mode = getattr(nvml, mode_name)
-            listing.numProcArrayEntries = len(buffer)
-            listing.procArray = ctypes.cast(buffer, ctypes.POINTER(entry))
-            ret = fn(handle, ctypes.byref(listing))
-            if ret != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
-                break
-            buffer = self._buffers[key] = (entry * (int(listing.numProcArrayEntries) * 2 + 16))()
-        nvml._nvmlCheckReturn(ret)
-        count = min(int(listing.numProcArrayEntries), len(buffer))
-        data = ctypes.string_at(buffer, count * ctypes.sizeof(entry))
+            listing.numProcArrayEntries = count.value
+            listing.procArray = ctypes.cast(array, ctypes.POINTER(entry))
+            ret = int(fn(handle, ctypes.byref(listing)))
+            count.value = listing.numProcArrayEntries  # what it filled, or how many there are
+            return ret
+
+        data = self._into_array("nvmlDeviceGetRunningProcessDetailList", entry, call)
         return list(_unpacker(entry, PROCESS_FIELDS).iter_unpack(data))
 
     def _into_array(self, symbol: str, entry: Any, call: Callable[[Any, Any, Any], int]) -> bytes:
