@@ -28,23 +28,31 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuusage.api import names
-from gpuusage.api.models import MAX_PROCESSES, DeviceError, Gpu, GpuNodeUsageSpec, MigDevice
+from gpuusage.api.models import (
+    MAX_PROCESSES,
+    BlindReason,
+    DeviceError,
+    Gpu,
+    GpuNodeUsageSpec,
+    MigDevice,
+)
 from gpuusage.api.summary import device_uuid
 from gpuusage_operator.allocation import Allocation
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.resolution import Resolution
 
-REASON_DEVICE = "DeviceNotReadable"
-REASON_UNRESOLVED = "ProcessesUnresolved"
-REASON_OMITTED = "ProcessesOmitted"
-REASON_NOT_VISIBLE = "ProcessesNotVisible"
+REASON_DEVICE: BlindReason = "DeviceNotReadable"
+REASON_UNRESOLVED: BlindReason = "ProcessesUnresolved"
+REASON_OMITTED: BlindReason = "ProcessesOmitted"
+REASON_NOT_VISIBLE: BlindReason = "ProcessesNotVisible"
 
 
 @dataclass(frozen=True)
 class Cause:
-    """Why the use of a pod is unknown: a pod condition reason and a sentence."""
+    """Why the use of a pod is unknown: a pod condition reason (also the status's name for a
+    blind device) and a sentence."""
 
-    reason: str
+    reason: BlindReason
     message: str
 
 

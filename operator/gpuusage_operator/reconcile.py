@@ -207,8 +207,14 @@ class Reconciler:
         kubelet = KubeletView.of(spec)
         candidates = lookup.requesting_on_node(spec.node_name)
 
+        handed = {uid: j.allocation for uid, j in judged.items()}  # the same rule, judged already
+
         def allocated(pod: PodSnapshot) -> Allocation:
-            return allocation_of(pod.claimed, dra, self.rules, kubelet)
+            """What the pod was handed, worked out once per reconcile (idle, held idle and
+            showback all ask)."""
+            if pod.uid not in handed:
+                handed[pod.uid] = allocation_of(pod.claimed, dra, self.rules, kubelet)
+            return handed[pod.uid]
 
         def seen_whole(pod: PodSnapshot, used: Iterable[str] = ()) -> bool:
             """Whether the report sees every device the pod could be using: a blind device

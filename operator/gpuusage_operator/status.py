@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import cast, get_args
 
 from gpuusage.api import names
 from gpuusage.api.models import (
@@ -26,7 +25,6 @@ from gpuusage.api.models import (
     MAX_PIDS_LISTED,
     MAX_POD_DEVICES,
     MAX_UNATTRIBUTED,
-    BlindReason,
     Condition,
     ContainerUsage,
     DeviceUsage,
@@ -43,7 +41,7 @@ from gpuusage.api.models import (
 )
 from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.allocation import Judgement, judgements
-from gpuusage_operator.certainty import BlindSpots, Cause, blind_spots
+from gpuusage_operator.certainty import BlindSpots, blind_spots
 from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Renewal, Sighting, stale_condition
 from gpuusage_operator.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.transitions import transition_time
@@ -139,7 +137,7 @@ def device_usages(
             unattributed_memory_mib=sum(r.process.used_memory_mib or 0 for r in outside),
             omitted_processes=device.omitted_processes,
             omitted_memory_mib=device.omitted_memory_mib,
-            blind=blind_reason(blind.on(uuid)),
+            blind=None if (cause := blind.on(uuid)) is None else cause.reason,
         )
 
     devices = []
@@ -148,16 +146,6 @@ def device_usages(
         devices.append(summary(uuid, gpu.index, None, gpu))
         devices += [summary(m.uuid, gpu.index, uuid, m) for m in gpu.mig_devices]
     return devices[:MAX_DEVICES]
-
-
-def blind_reason(cause: Cause | None) -> BlindReason | None:
-    """A blind spot's reason as the status names it (every Cause reason is one of them)."""
-    if cause is None:
-        return None
-    for reason in get_args(BlindReason):
-        if cause.reason == reason:
-            return cast(BlindReason, reason)
-    return "DeviceNotReadable"
 
 
 def unattributed(resolutions: Iterable[Resolution]) -> list[UnattributedProcess]:
