@@ -51,7 +51,7 @@ class DraWatch(OptionalWatch):
         self.slices: Informer[SliceState] = self._slices(self._apis[0][1])
         super().__init__(
             [self.claims, self.slices],
-            lambda: self._apis[0][1].list_resource_slice(limit=1, _preload_content=False),
+            lambda: None,  # unused: probe() below asks each version itself
             f"DRA (resource.k8s.io {', '.join(v for v, _ in self._apis)}) cannot be read (%s): "
             "pods with resource claims are taken to have GPUs of unknown devices",
         )
@@ -104,7 +104,6 @@ class DraWatch(OptionalWatch):
         self.version = version
         self.claims, self.slices = self._claims(resource), self._slices(resource)
         self._informers = [self.claims, self.slices]
-        self._probe = lambda: resource.list_resource_slice(limit=1, _preload_content=False)
 
     def lookup(self) -> DraLookup:
         if not self.available.is_set():
