@@ -139,11 +139,15 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
         return _condition(found) == ("True", "UsingUnallocatedGPU")
 
     wait_for(outside, timeout=120, what="train caught outside its allocation")
-    entries = [
-        e for e in _report(world)["status"].get("pods", []) if e["name"] == pod.metadata.name
-    ]
-    assert [(e["deviceUUID"], e.get("unallocated")) for e in entries] == [(other, True)]
-    assert json.dumps(entries[0].get("allocatedDevices")) == json.dumps([device])
+
+    def entries() -> list[dict[str, Any]]:
+        listed = _report(world)["status"].get("pods", [])
+        return [e for e in listed if e["name"] == pod.metadata.name]
+
+    # the status is written after the pods in the same reconcile: wait for it
+    wait_for(lambda: entries() and entries()[0]["deviceUUID"] == other, what="the status")
+    assert [(e["deviceUUID"], e.get("unallocated")) for e in entries()] == [(other, True)]
+    assert json.dumps(entries()[0].get("allocatedDevices")) == json.dumps([device])
 
 
 def test_a_pod_without_a_request_using_a_gpu_is_flagged(installed: dict[str, Any]) -> None:
