@@ -7,8 +7,11 @@ simulated part). Skipped, with the reason, where the machine cannot run a node."
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -175,3 +178,312 @@ def test_a_pod_without_a_request_using_a_gpu_is_flagged(installed: dict[str, Any
     assert "UsingUnrequestedGPU" in {
         e.get("reason") for e in events if e["regarding"].get("name") == pod.metadata.name
     }
+
+
+def _events(world: dict[str, Any], namespace: str, pod: str) -> list[str]:
+    """The reasons of the pod's Events, oldest first (read raw: the kubelet's and scheduler's
+    have no eventTime, which the client's events.k8s.io model refuses)."""
+    raw: Any = client.EventsV1Api(world["api"]).list_namespaced_event(
+        namespace, _preload_content=False
+    )
+    items = [e for e in json.loads(raw.data)["items"] if e["regarding"].get("name") == pod]
+    items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [str(e.get("reason")) for e in items]
+
+
+def _gpu_condition(world: dict[str, Any], namespace: str, pod: str) -> dict[str, Any] | None:
+    raw: Any = world["core"].read_namespaced_pod_status(pod, namespace, _preload_content=False)
+    conditions = json.loads(raw.data)["status"].get("conditions") or []
+    found = [c for c in conditions if c["type"] == names.POD_CONDITION_GPU_IN_USE]
+    return found[0] if found else None
+
+
+def _in_use(world: dict[str, Any], namespace: str, app: str, gpus: int = 1) -> dict[str, Any]:
+    """A Deployment's running pod with `gpus` GPUs whose real process the scenario puts on the
+    device the kubelet gave it, marked ProcessesRunning: its pod, device, pid, container ID."""
+    ensure_namespace(world["core"], namespace)
+    wait_for(lambda: world["core"].read_namespaced_service_account("default", namespace), what="SA")
+    deployment: Any = _deployment(app, namespace, gpus)
+    client.AppsV1Api(world["api"]).create_namespaced_deployment(namespace, deployment)
+    pod = wait_for(lambda: _running(world, namespace, app), timeout=90, what=f"{app} running")
+    return _put_on_its_device(world, pod)
+
+
+def _put_on_its_device(world: dict[str, Any], pod: client.V1Pod) -> dict[str, Any]:
+    namespace, name = pod.metadata.namespace, pod.metadata.name
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    socket = world["node"].directory / "kubelet" / "pod-resources" / "kubelet.sock"
+    given = {p.name: p for p in list_response(list_pods(socket, 5))}[name]
+    (device,) = given.containers[0].devices[0].device_ids
+    pid = _host_pid(world, cid)
+    _scenario(world, {device: [{"pid": pid, "usedMemoryMiB": 1024}]})
+
+    def marked() -> bool:
+        found = _gpu_condition(world, namespace, name)
+        return found is not None and (found["status"], found["reason"]) == (
+            "True",
+            "ProcessesRunning",
+        )
+
+    wait_for(marked, timeout=120, what=f"{name} marked in use")
+    return {"pod": pod, "device": device, "pid": pid, "cid": cid}
+
+
+def _remove(world: dict[str, Any], app: str) -> None:
+    """Delete the Deployment `app` (in its namespace of the same name): its GPU goes back."""
+    client.AppsV1Api(world["api"]).delete_namespaced_deployment(app, app)
+    wait_for(lambda: not world["core"].list_namespaced_pod(app).items, timeout=90, what="gone")
+    _scenario(world, {})
+
+
+def _status_pods(world: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(_report(world).get("status", {}).get("pods", []))
+
+
+def test_a_jobs_pod_is_marked_and_unmarked_when_its_work_ends(installed: dict[str, Any]) -> None:
+    """A Job's pod (restartPolicy Never) runs on its GPU: marked; its process ends, the driver
+    lists it no more, the Job completes: the marks go, use ended, nothing left in the status."""
+    world = installed
+    ensure_namespace(world["core"], "batch")
+    wait_for(lambda: world["core"].read_namespaced_service_account("default", "batch"), what="SA")
+    job: Any = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "epoch", "namespace": "batch"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": "epoch"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "gpuusage.local/busybox:1",
+                            "imagePullPolicy": "Never",
+                            # the work: until told to finish (SIGTERM), then success
+                            "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    client.BatchV1Api(world["api"]).create_namespaced_job("batch", job)
+    pod = wait_for(lambda: _running(world, "batch", "epoch"), timeout=90, what="epoch running")
+    used = _put_on_its_device(world, pod)
+    name = pod.metadata.name
+    assert (
+        world["core"].read_namespaced_pod(name, "batch").metadata.annotations[names.ANNOTATION_GPUS]
+        == used["device"]
+    )
+
+    os.kill(used["pid"], signal.SIGTERM)
+    _scenario(world, {})
+
+    def complete() -> bool:
+        status = client.BatchV1Api(world["api"]).read_namespaced_job_status("epoch", "batch")
+        return bool(status.status.succeeded)
+
+    wait_for(complete, timeout=90, what="the Job complete")
+
+    def ended() -> bool:
+        found = _gpu_condition(world, "batch", name)
+        return found is not None and (found["status"], found["reason"]) == (
+            "False",
+            "ProcessesEnded",
+        )
+
+    wait_for(ended, timeout=120, what="use ended")
+    annotations = world["core"].read_namespaced_pod(name, "batch").metadata.annotations or {}
+    assert names.ANNOTATION_GPUS not in annotations
+    assert [e for e in _status_pods(world) if e["name"] == name] == []
+    assert _events(world, "batch", name).count("GPUUseStarted") == 1
+    assert "GPUUseEnded" in _events(world, "batch", name)
+
+
+def test_a_pod_deleted_by_its_controller_loses_its_marks(installed: dict[str, Any]) -> None:
+    """The Deployment scaled to zero: the ReplicaSet deletes the pod, the kubelet kills its
+    process (the driver lists it no more): the report's status forgets the pod."""
+    world = installed
+    used = _in_use(world, "shrink", "shrink")
+    uid = used["pod"].metadata.uid
+    # the status is written after the pod in the same reconcile: wait for it
+    wait_for(
+        lambda: [e["uid"] for e in _status_pods(world) if e["namespace"] == "shrink"] == [uid],
+        what="the status listing the pod",
+    )
+    client.AppsV1Api(world["api"]).patch_namespaced_deployment_scale(
+        "shrink", "shrink", {"spec": {"replicas": 0}}
+    )
+    wait_for(
+        lambda: not world["core"].list_namespaced_pod("shrink").items,
+        timeout=90,
+        what="the pod deleted",
+    )
+    _scenario(world, {})
+    wait_for(
+        lambda: not [e for e in _status_pods(world) if e["namespace"] == "shrink"],
+        timeout=60,
+        what="the status without the pod",
+    )
+    assert all(
+        p.get("podUID") != uid
+        for g in _report(world)["spec"]["gpus"]
+        for p in g.get("processes", [])
+    )
+
+
+def test_the_agents_pod_recreated_by_its_daemonset_loses_nothing(
+    installed: dict[str, Any],
+) -> None:
+    """The agent's pod deleted: its DaemonSet starts another, which reads the same node and
+    republishes; the pod in use keeps its condition (same transition time), no Event says its
+    use ended or started again, and the report never went stale."""
+    world = installed
+    used = _in_use(world, "keep", "keep")
+    name = used["pod"].metadata.name
+    before = _gpu_condition(world, "keep", name)
+    stale_before = _stale_condition(world)
+    (agent,) = (
+        world["core"]
+        .list_namespaced_pod(
+            "gpuusage-system", label_selector="app.kubernetes.io/name=gpuusage-agent"
+        )
+        .items
+    )
+    world["core"].delete_namespaced_pod(agent.metadata.name, "gpuusage-system")
+
+    def replaced() -> client.V1Pod | None:
+        pods = (
+            world["core"]
+            .list_namespaced_pod(
+                "gpuusage-system", label_selector="app.kubernetes.io/name=gpuusage-agent"
+            )
+            .items
+        )
+        fresh = [
+            p for p in pods if p.metadata.uid != agent.metadata.uid and p.status.phase == "Running"
+        ]
+        return fresh[0] if fresh else None
+
+    new = wait_for(replaced, timeout=90, what="the DaemonSet's new agent pod")
+    started = new.status.container_statuses[0].state.running.started_at
+
+    def republished() -> bool:
+        observed = _report(world)["spec"]["observedAt"]
+        return datetime.fromisoformat(observed.replace("Z", "+00:00")) > started
+
+    wait_for(republished, timeout=60, what="a report from the new agent")
+    after = _gpu_condition(world, "keep", name)
+    assert after == before
+    assert _events(world, "keep", name).count("GPUUseStarted") == 1
+    assert "GPUUseEnded" not in _events(world, "keep", name)
+    assert _stale_condition(world) == stale_before
+    _remove(world, "keep")
+
+
+def _stale_condition(world: dict[str, Any]) -> dict[str, Any]:
+    conditions = _report(world)["status"].get("conditions", [])
+    (stale,) = [c for c in conditions if c["type"] == "Stale"]
+    return {k: stale[k] for k in ("status", "reason", "lastTransitionTime")}
+
+
+def _kubectl(world: dict[str, Any], *args: str, timeout: float = 180) -> str:
+    cluster = world["cluster"]
+    done = subprocess.run(
+        [str(cluster.binaries.kubectl), "--kubeconfig", str(cluster.kubeconfig), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done.stdout
+
+
+def _lease_renewed(world: dict[str, Any]) -> Any:
+    """When the agent last renewed its node's Lease: it vouches for an unchanged report."""
+    lease = client.CoordinationV1Api(world["api"]).read_namespaced_lease(NAME, "gpuusage-system")
+    return lease.spec.renew_time
+
+
+def _node_ready(world: dict[str, Any]) -> str:
+    node = world["core"].read_node(NAME)
+    return next(c.status for c in node.status.conditions if c.type == "Ready")
+
+
+def test_the_kubelet_stopped_leaves_the_truth_in_place(installed: dict[str, Any]) -> None:
+    """The kubelet stops (a crash, `systemctl stop kubelet`): the node goes NotReady, but its
+    containers, the agent among them, run on. The agent says the kubelet cannot be read; the
+    pod whose process still runs stays marked in use (true), and with its allocation unknown
+    nothing calls it outside its allocation. The kubelet back: Ready, read again."""
+    world = installed
+    used = _in_use(world, "steady", "steady")
+    name = used["pod"].metadata.name
+    before = _gpu_condition(world, "steady", name)
+    world["node"].stop_kubelet()
+    try:
+        wait_for(lambda: _node_ready(world) != "True", timeout=120, what="the node NotReady")
+        wait_for(
+            lambda: _report(world)["spec"].get("kubelet", {}).get("state") == "Unavailable",
+            timeout=60,
+            what="the agent saying the kubelet is unavailable",
+        )
+        renewed = _lease_renewed(world)
+        wait_for(lambda: _lease_renewed(world) != renewed, timeout=60, what="the Lease renewed")
+        assert _gpu_condition(world, "steady", name) == before
+        assert _stale_condition(world)["status"] == "False"
+    finally:
+        world["node"].start_kubelet()
+    wait_for(lambda: _node_ready(world) == "True", timeout=120, what="the node Ready again")
+    wait_for(
+        lambda: _report(world)["spec"].get("kubelet", {}).get("state") == "Read",
+        timeout=60,
+        what="the kubelet read again",
+    )
+    assert _gpu_condition(world, "steady", name) == before
+    assert "GPUUseEnded" not in _events(world, "steady", name)
+    _remove(world, "steady")
+
+
+def test_the_node_drained_and_cordoned(installed: dict[str, Any]) -> None:
+    """`kubectl drain`: the GPU pods are evicted (their processes end with them), the
+    operator's pod too; the agent's DaemonSet pod stays and keeps publishing. Uncordoned, the
+    operator comes back and the report's status has no pod that was evicted; the new pods,
+    which use no GPU yet, carry no marks."""
+    world = installed
+    used = _in_use(world, "drained", "drained")
+    old_uid = used["pod"].metadata.uid
+    agents = (
+        world["core"]
+        .list_namespaced_pod(
+            "gpuusage-system", label_selector="app.kubernetes.io/name=gpuusage-agent"
+        )
+        .items
+    )
+    _kubectl(
+        world, "drain", NAME, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=150s"
+    )
+    try:
+        _scenario(world, {})  # every GPU process was in an evicted pod
+        assert world["core"].read_node(NAME).spec.unschedulable is True
+        left = world["core"].list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NAME}")
+        running = [p for p in left.items if p.status.phase == "Running"]
+        assert {p.metadata.namespace for p in running} == {"gpuusage-system"}
+        assert {p.metadata.uid for p in running} == {p.metadata.uid for p in agents}
+        renewed = _lease_renewed(world)
+        wait_for(lambda: _lease_renewed(world) != renewed, timeout=60, what="the Lease renewed")
+    finally:
+        _kubectl(world, "uncordon", NAME)
+    new = wait_for(lambda: _running(world, "drained", "drained"), timeout=120, what="back")
+    assert new.metadata.uid != old_uid
+    wait_for(
+        lambda: not [e for e in _status_pods(world) if e["uid"] == old_uid],
+        timeout=120,
+        what="the evicted pod gone from the status",
+    )
+    assert _gpu_condition(world, "drained", new.metadata.name) is None
+    annotations = world["core"].read_namespaced_pod(new.metadata.name, "drained").metadata
+    assert names.ANNOTATION_GPUS not in (annotations.annotations or {})

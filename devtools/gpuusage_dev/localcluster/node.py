@@ -165,6 +165,10 @@ def kubelet_config(directory: Path, port: int) -> dict[str, Any]:
     }
 
 
+NODE_MONITOR_GRACE = 30
+"""Seconds without the kubelet's Lease before the node lifecycle controller says NotReady."""
+
+
 class Node:
     """The node NAME of the local cluster whose apiserver is `server`, its files in `directory`."""
 
@@ -274,11 +278,22 @@ class Node:
                 f"--root-ca-file={ca}",
                 "--use-service-account-credentials=true",
                 "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+                # NotReady 30 s after the kubelet's last Lease renewal (50 s by default)
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}s",
             ],
         )
         _create_cgroups(CGROUP_ROOT)
         config = self.directory / "kubelet-config.yaml"
         config.write_text(yaml.safe_dump(kubelet_config(self.directory, _free_port())))
+        self._spawn_kubelet()
+        self._wait_for_kubelet(timeout)
+        resources = scenario_resources(self.scenario)
+        if resources:
+            self.plugin = DevicePlugin(resources, self.directory / "device-plugin")
+            self.plugin.start(timeout, on_start=lambda pid: self._remember("device-plugin", pid))
+
+    def _spawn_kubelet(self) -> None:
+        config = self.directory / "kubelet-config.yaml"
         self._spawn(
             "kubelet",
             [
@@ -294,11 +309,20 @@ class Node:
                 "--v=1",
             ],
         )
+
+    def stop_kubelet(self, timeout: float = 15.0) -> None:
+        """Stop the kubelet alone, as a crash or `systemctl stop kubelet` does: containers,
+        containerd and the device plugin go on running; the node's Lease and status stop."""
+        for record in self._records():
+            if record.name == "kubelet":
+                terminate(record, timeout, self._children.pop("kubelet", None))
+
+    def start_kubelet(self, timeout: float = 120.0) -> None:
+        """Start the kubelet again with the same configuration and folders; it finds its pods
+        in containerd, and our device plugin registers again once its socket is back."""
+        (DEVICE_PLUGINS / "kubelet.sock").unlink(missing_ok=True)  # the stopped one's
+        self._spawn_kubelet()
         self._wait_for_kubelet(timeout)
-        resources = scenario_resources(self.scenario)
-        if resources:
-            self.plugin = DevicePlugin(resources, self.directory / "device-plugin")
-            self.plugin.start(timeout, on_start=lambda pid: self._remember("device-plugin", pid))
 
     def _wait_for_kubelet(self, timeout: float) -> None:
         """Until the kubelet's device manager listens (its registration socket), failing with
