@@ -209,7 +209,7 @@ def _in_use(world: dict[str, Any], namespace: str, app: str, gpus: int = 1) -> d
     return _put_on_its_device(world, pod)
 
 
-def _put_on_its_device(world: dict[str, Any], pod: client.V1Pod) -> dict[str, Any]:
+def _put_on_its_device(world: dict[str, Any], pod: Any) -> dict[str, Any]:
     namespace, name = pod.metadata.namespace, pod.metadata.name
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
     socket = world["node"].directory / "kubelet" / "pod-resources" / "kubelet.sock"
@@ -284,7 +284,7 @@ def test_a_jobs_pod_is_marked_and_unmarked_when_its_work_ends(installed: dict[st
     _scenario(world, {})
 
     def complete() -> bool:
-        status = client.BatchV1Api(world["api"]).read_namespaced_job_status("epoch", "batch")
+        status: Any = client.BatchV1Api(world["api"]).read_namespaced_job_status("epoch", "batch")
         return bool(status.status.succeeded)
 
     wait_for(complete, timeout=90, what="the Job complete")
@@ -374,7 +374,7 @@ def test_the_agents_pod_recreated_by_its_daemonset_loses_nothing(
 
     def republished() -> bool:
         observed = _report(world)["spec"]["observedAt"]
-        return datetime.fromisoformat(observed.replace("Z", "+00:00")) > started
+        return bool(datetime.fromisoformat(observed.replace("Z", "+00:00")) > started)
 
     wait_for(republished, timeout=60, what="a report from the new agent")
     after = _gpu_condition(world, "keep", name)
@@ -405,13 +405,15 @@ def _kubectl(world: dict[str, Any], *args: str, timeout: float = 180) -> str:
 
 def _lease_renewed(world: dict[str, Any]) -> Any:
     """When the agent last renewed its node's Lease: it vouches for an unchanged report."""
-    lease = client.CoordinationV1Api(world["api"]).read_namespaced_lease(NAME, "gpuusage-system")
+    lease: Any = client.CoordinationV1Api(world["api"]).read_namespaced_lease(
+        NAME, "gpuusage-system"
+    )
     return lease.spec.renew_time
 
 
 def _node_ready(world: dict[str, Any]) -> str:
     node = world["core"].read_node(NAME)
-    return next(c.status for c in node.status.conditions if c.type == "Ready")
+    return str(next(c.status for c in node.status.conditions if c.type == "Ready"))
 
 
 def test_the_kubelet_stopped_leaves_the_truth_in_place(installed: dict[str, Any]) -> None:
