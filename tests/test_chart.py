@@ -186,6 +186,7 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
         "agent.logLevel=debug",
         "operator.replicas=3",
         "operator.idleAfter=0",
+        "operator.restartGrace=30",
         "operator.staleAfter=90",
         "operator.draDrivers={gpu.nvidia.com,gpu.example.com}",
         "operator.fractionAnnotations={example.com/share}",
@@ -221,6 +222,7 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
     assert operator["args"][5:] == [
         "--stale-after=90",
         "--idle-after=0",
+        "--restart-grace=30",
         "--gpu-resources=example.com/gpu,hami.io/vgpu",
         "--dra-drivers=gpu.nvidia.com,gpu.example.com",
         "--fraction-annotations=example.com/share",

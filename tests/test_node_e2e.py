@@ -336,6 +336,52 @@ def test_a_pod_deleted_by_its_controller_loses_its_marks(installed: dict[str, An
     )
 
 
+def test_a_real_container_restart_is_continuous_use(installed: dict[str, Any]) -> None:
+    """The container's process killed: the kubelet starts the container again under a new ID
+    (restartCount 1). The driver drops the old process at once and lists the new one on the
+    same device: the pod's condition never changed, no Event pair, the report attributes the
+    new process to the same pod through its new container ID."""
+    world = installed
+    used = _in_use(world, "crashy", "crashy")
+    name = used["pod"].metadata.name
+    before = _gpu_condition(world, "crashy", name)
+    _scenario(world, {})  # the driver lists a process until it exits
+    os.kill(used["pid"], signal.SIGKILL)
+
+    def restarted() -> str | None:
+        found = world["core"].read_namespaced_pod(name, "crashy")
+        status = found.status.container_statuses[0]
+        cid = status.container_id.split("://", 1)[1] if status.container_id else None
+        fresh = status.restart_count == 1 and status.state.running and cid != used["cid"]
+        return str(cid) if fresh else None
+
+    cid = wait_for(restarted, timeout=90, what="the container restarted by the kubelet")
+    pid = _host_pid(world, cid)
+    _scenario(world, {used["device"]: [{"pid": pid, "usedMemoryMiB": 1024}]})
+
+    def attributed() -> bool:
+        listed = [p for g in _report(world)["spec"]["gpus"] for p in g.get("processes", [])]
+        return [(p["pid"], p.get("containerID"), p.get("podUID")) for p in listed] == [
+            (pid, cid, used["pod"].metadata.uid)
+        ]
+
+    wait_for(attributed, timeout=60, what="the new process attributed")
+    wait_for(
+        lambda: (
+            str(pid)
+            in world["core"]
+            .read_namespaced_pod(name, "crashy")
+            .metadata.annotations[names.ANNOTATION_USAGE]
+        ),
+        timeout=60,
+        what="the usage naming the new process",
+    )
+    assert _events(world, "crashy", name).count("GPUUseStarted") == 1
+    assert "GPUUseEnded" not in _events(world, "crashy", name)
+    assert _gpu_condition(world, "crashy", name) == before
+    _remove(world, "crashy")
+
+
 def test_the_agents_pod_recreated_by_its_daemonset_loses_nothing(
     installed: dict[str, Any],
 ) -> None:

@@ -528,3 +528,114 @@ def test_a_report_etcd_refuses_is_published_without_processes(tmp_path: Path) ->
                 operator.halt()
     finally:
         small.down()
+
+
+def _restart_container(world: dict[str, Any], name: str, *, running: bool) -> str:
+    """The pod's status as the kubelet writes it once the container exited: restarted under a
+    new container ID (running), or waiting to be (CrashLoopBackOff); the new ID."""
+    status = pod(world, name).status
+    assert status is not None
+    assert status.container_statuses
+    old = status.container_statuses[0]
+    new_id = uuid.uuid4().hex + uuid.uuid4().hex
+    exited = {"terminated": {"exitCode": 1, "finishedAt": format_time(datetime.now(UTC))}}
+    entry = {
+        "name": old.name,
+        "ready": running,
+        "restartCount": 1,
+        "image": old.image,
+        "imageID": old.image_id,
+        "lastState": exited,
+        **(
+            {"containerID": f"containerd://{new_id}", "state": {"running": {}}}
+            if running
+            else {"state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+        ),
+    }
+    world["core"].patch_namespaced_pod_status(
+        name, world["ns"], {"status": {"containerStatuses": [entry]}}
+    )
+    return new_id
+
+
+def test_a_container_restart_is_continuous_use(make_world: WorldFactory) -> None:
+    """The kubelet restarts train's container: its process leaves the GPU, a new one under
+    the new container ID arrives on it. The pod's condition never changes (same transition
+    time), no Event says its use ended and started again; the new process is the pod's."""
+    world = make_world()
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="start Event")
+    before = condition(pod(world, "train"))
+    world["scenario"](
+        [{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}]
+    )  # the process exited: the driver lists it no more
+    wait_for(lambda: not report(world)["spec"]["gpus"][0].get("processes"), what="gone")
+    new_id = _restart_container(world, "train", running=True)
+    write_process(world["proc"], 4343, pod_cgroup(world["train"], new_id), start_ticks=4343)
+    world["scenario"](
+        [
+            {
+                "index": 0,
+                "uuid": GPU0,
+                "memoryTotalMiB": 81920,
+                "processes": [{"pid": 4343, "usedMemoryMiB": 30720}],
+            }
+        ]
+    )
+    wait_for(lambda: _process(world, 4343).get("podUID") == world["train"], what="the new process")
+    assert _process(world, 4343)["containerID"] == new_id
+    wait_for(
+        lambda: "4343" in pod_annotations(world, "train")[names.ANNOTATION_USAGE],
+        what="the usage naming the new pid",
+    )
+    assert condition(pod(world, "train")) == before
+    assert events(world, "train") == ["GPUUseStarted"]
+
+
+def test_a_container_that_does_not_come_back_ends_its_use_after_the_grace(
+    make_world: WorldFactory,
+) -> None:
+    """train's container exits and the kubelet backs off before restarting it: the pod is
+    Unknown (ContainerRestarted) with its last use kept, without an Event; when the grace is
+    over with no process back, its use ended."""
+    world = make_world(operator_extras={"restart_grace": 8.0})
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    marks = pod_annotations(world, "train")
+    _restart_container(world, "train", running=False)
+    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
+    unknown = wait_for(
+        lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
+        timeout=30,
+        what="train Unknown while restarting",
+    )
+    assert unknown.reason == "ContainerRestarted"
+    assert "container trainer exited at" in str(unknown.message)
+    assert pod_annotations(world, "train") == marks
+    assert events(world, "train") == ["GPUUseStarted"]
+    ended = wait_for(
+        lambda: (c := condition(pod(world, "train"))).status == "False" and c,
+        timeout=30,
+        what="use ended once the grace is over",
+    )
+    assert ended.reason == "ProcessesEnded"
+    assert events(world, "train") == ["GPUUseEnded", "GPUUseStarted"]  # sorted
+
+
+def test_a_process_that_ends_while_its_container_runs_on_ends_its_use(
+    make_world: WorldFactory,
+) -> None:
+    """No restart: the process left the GPU, its container runs on. Once the marks settled
+    (the kubelet had time to report an exit, and reported none), the use ended."""
+    world = make_world()
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
+    gone = wait_for(lambda: not report(world)["spec"]["gpus"][0].get("processes"), what="gone")
+    assert gone
+    assert in_use(world, "train"), "the marks settle first"
+    ended = wait_for(
+        lambda: (c := condition(pod(world, "train"))).status == "False" and c,
+        timeout=30,
+        what="use ended",
+    )
+    assert ended.reason == "ProcessesEnded"
+    assert events(world, "train") == ["GPUUseEnded", "GPUUseStarted"]  # sorted

@@ -50,6 +50,7 @@ class Operator:
             driver_namespaces=settings.driver_namespace_set(),
             stale_after=timedelta(seconds=settings.stale_after),
             idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
+            restart_grace=timedelta(seconds=settings.restart_grace),
             instance=self.identity,
         )
         self.pods = PodWatch(

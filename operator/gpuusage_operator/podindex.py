@@ -65,6 +65,9 @@ class PodSnapshot:
     """Phase Running and not being deleted: only such a pod can leave requested GPUs idle."""
     started_at: str | None = None
     """status.startTime (RFC 3339): when the kubelet accepted the pod."""
+    exits: tuple[tuple[str, str], ...] = ()
+    """(container name, finishedAt) of each container's latest exit that the kubelet restarts
+    it from (its lastState, or its state while the pod runs on): see restarts."""
 
     @property
     def our_annotations(self) -> dict[str, str]:
@@ -146,7 +149,31 @@ def snapshot_of(
         pending_claims=pending,
         running=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
         started_at=status.get("startTime"),
+        exits=container_exits(status, (body.get("spec") or {}).get("restartPolicy")),
     )
+
+
+def container_exits(
+    status: Mapping[str, Any], restart_policy: str | None
+) -> tuple[tuple[str, str], ...]:
+    """Each app container's latest exit that a restart follows or will follow: the kubelet
+    keeps the one before the running container in lastState; while the pod is Running, a
+    terminated state is about to be restarted too, where the pod's restartPolicy says so."""
+    found: list[tuple[str, str]] = []
+    running = status.get("phase") == "Running"
+    for item in status.get("containerStatuses") or []:
+        state = (item.get("state") or {}).get("terminated") if running else None
+        if state and not _restarts(restart_policy or "Always", state.get("exitCode")):
+            state = None
+        last = (item.get("lastState") or {}).get("terminated")
+        finished = (state or last or {}).get("finishedAt")
+        if finished:
+            found.append((str(item.get("name", "")), str(finished)))
+    return tuple(found)
+
+
+def _restarts(policy: str, exit_code: object) -> bool:
+    return policy == "Always" or (policy == "OnFailure" and exit_code != 0)
 
 
 def index_keys(

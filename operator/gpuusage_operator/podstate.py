@@ -17,7 +17,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from gpuusage.api import names
@@ -28,6 +28,7 @@ from gpuusage_operator.dra import NO_DRA
 from gpuusage_operator.idle import Idle
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.resolution import PodUse
+from gpuusage_operator.restarts import RestartCause, restart_cause
 from gpuusage_operator.transitions import transition_time
 
 MAX_USAGE_BYTES = 4096
@@ -148,7 +149,7 @@ def desired_condition(
     use: PodUse | None,
     node: str,
     idle: Idle | None = None,
-    unknown: Cause | None = None,
+    unknown: Cause | RestartCause | None = None,
     *,
     judgement: Judgement | None = None,
 ) -> dict[str, str]:
@@ -281,7 +282,7 @@ class Verdict:
     state: UseState
     use: PodUse | None = None
     idle: Idle | None = None
-    unknown: Cause | None = None
+    unknown: Cause | RestartCause | None = None
     judgement: Judgement | None = None
 
 
@@ -293,10 +294,12 @@ def verdicts(
     stale: bool,
     blind: BlindSpots,
     judged: Mapping[str, Judgement] | None = None,
+    restarts: tuple[datetime, timedelta] | None = None,
 ) -> list[Verdict]:
     """Every pod a report speaks about: the pods it shows using GPUs (Unknown while it is
     stale), the idle ones, and the pods that carry our marks but are no longer listed: use
-    ended, unless the report is stale or blind where the pod was (see certainty), which
+    ended, unless the report is stale or blind where the pod was (see certainty), or a
+    container of it is restarting (given `restarts`: now and the grace; see restarts), which
     keeps them Unknown."""
     judged = judged or {}
     found = [
@@ -308,7 +311,11 @@ def verdicts(
     for pod in marked:
         if pod.uid in uses or pod.uid in idle_uids:
             continue
-        unknown = None if stale else why_unknown(pod, blind)
+        unknown: Cause | RestartCause | None = None
+        if not stale:
+            unknown = why_unknown(pod, blind)
+            if unknown is None and restarts is not None:
+                unknown = restart_cause(pod, *restarts)
         state: UseState = "Unknown" if stale or unknown else "Stopped"
         found.append(Verdict(pod, state, unknown=unknown))
     found += [Verdict(i.pod, "Idle", idle=i) for i in idle]

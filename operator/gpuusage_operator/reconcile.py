@@ -54,6 +54,7 @@ from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_dead
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import PodEvent, Verdict, annotation_patch, plan_pod, verdicts
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES, pod_uses, resolve_all
+from gpuusage_operator.restarts import RESTART_GRACE, RestartCause, settle_until
 from gpuusage_operator.showback import pod_allocations
 from gpuusage_operator.status import desired_status
 
@@ -103,6 +104,8 @@ class Reconciler:
     stale_after: timedelta = DEFAULT_STALE_AFTER
     idle_after: timedelta | None = DEFAULT_IDLE_AFTER
     """How long requested GPUs may go unused before the pod is flagged; None: never."""
+    restart_grace: timedelta = RESTART_GRACE
+    """How long after a container's exit its pod's missing use is a restart (see restarts)."""
     instance: str = field(default_factory=socket.gethostname)
     """Names this replica in Events (reportingInstance)."""
     counts: Counts = field(default_factory=Counts)
@@ -122,6 +125,9 @@ class Reconciler:
     does not change sends no event, so the housekeeping pass reconciles it then."""
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     """Report name → the UIDs of the pods its status lists."""
+    _absent: dict[str, datetime] = field(default_factory=dict)
+    """Pod UID → when a report first showed none of the processes of a pod marked in use
+    (see restarts: its marks settle before use is called ended)."""
     _due: set[str] = field(default_factory=set)
     """Reports to reconcile again without waiting for an event of their own (a pod they list
     was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
@@ -266,7 +272,21 @@ class Reconciler:
         # waits on the apiserver; the status follows.
         stale = status.stale
         marked = lookup.on_node_with_our_marks(spec.node_name)
-        for verdict in verdicts(uses, marked, idle, stale=stale, blind=blind, judged=judged):
+        for verdict in verdicts(
+            uses,
+            marked,
+            idle,
+            stale=stale,
+            blind=blind,
+            judged=judged,
+            restarts=(now, self.restart_grace),
+        ):
+            hold = self._settling(verdict, now)
+            if hold is not None:
+                wake.append(hold)
+                continue
+            if isinstance(verdict.unknown, RestartCause):
+                wake.append(verdict.unknown.until)
             self._pod(verdict, spec.node_name, now)
         if previous is None or previous != status:  # the bodies are built only to be compared
             wanted = status.to_patch()
@@ -354,6 +374,8 @@ class Reconciler:
         """Pods went away: the reports that list them are due, so that no status keeps naming
         a deleted pod until its report's next event. Called from the pod watch's thread."""
         self.mark_due({name for name, listed in list(self._listing.items()) if listed & uids})
+        for uid in uids:
+            self._absent.pop(uid, None)  # one at a time: the reconciles' threads use it too
 
     def mark_due(self, names: set[str]) -> None:
         """These reports are to be reconciled by the next housekeeping pass without an event of
@@ -383,6 +405,18 @@ class Reconciler:
                 self._clear(ref)
 
     # -- pods ------------------------------------------------------------------------------
+    def _settling(self, verdict: Verdict, now: datetime) -> datetime | None:
+        """Until when the pod's marks stay as they are (see restarts.settle_until); None: act
+        on the verdict now."""
+        uid = verdict.pod.uid
+        if verdict.state != "Stopped" and not isinstance(verdict.unknown, RestartCause):
+            self._absent.pop(uid, None)
+            return None
+        until = settle_until(verdict.pod, self._absent.setdefault(uid, now), now)
+        if until is None:
+            self._absent.pop(uid, None)
+        return until
+
     def _pod(self, verdict: Verdict, node: str, now: datetime) -> None:
         """Apply plan_pod's writes to one pod, then record what the pod now shows."""
         ref = verdict.pod

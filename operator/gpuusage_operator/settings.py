@@ -23,6 +23,10 @@ class OperatorSettings(CommandSettings):
     """Seconds a running pod may leave the GPUs it requested unused before it is flagged
     (status.idlePods, pod condition reason RequestedGPUsIdle, a Warning Event); 0: never. Judged
     at each report, so within one agent heartbeat of the threshold."""
+    restart_grace: float = Field(default=60.0, ge=0, le=3600)
+    """Seconds after a container's exit that its pod's GPU use, missing meanwhile, is Unknown
+    (reason ContainerRestarted) rather than ended, while the kubelet restarts the container;
+    use seen again within them went on (no Event). 0: a restart ends use at once."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
     standalone: bool = False
