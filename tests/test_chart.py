@@ -385,3 +385,25 @@ def test_the_pod_resources_socket_of_a_kubelet_with_another_root_dir(helm: Helm)
             m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"
         )
         assert mount["mountPath"] == "/var/lib/kubelet/pod-resources"
+
+
+def test_host_network_and_extra_volumes_reach_the_pods(helm: Helm) -> None:
+    """Where pods on GPU nodes cannot reach the apiserver's Service, both run on the node's
+    network; the agent takes more volumes and mounts (a CA bundle, a GPU scenario)."""
+    objects = _render(
+        helm,
+        "agent.hostNetwork=true",
+        "operator.hostNetwork=true",
+        "agent.extraVolumes[0].name=ca",
+        "agent.extraVolumes[0].configMap.name=corp-ca",
+        "agent.extraVolumeMounts[0].name=ca",
+        "agent.extraVolumeMounts[0].mountPath=/etc/ca",
+    )
+    for kind, name in (("DaemonSet", "gpuusage-agent"), ("Deployment", "gpuusage-operator")):
+        pod = _one(objects, kind, name)["spec"]["template"]["spec"]
+        assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    agent = _one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+    assert {"name": "ca", "configMap": {"name": "corp-ca"}} in agent["volumes"]
+    assert {"name": "ca", "mountPath": "/etc/ca"} in agent["containers"][0]["volumeMounts"]
+    plain = _one(_render(helm), "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in plain
