@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 from collections.abc import Iterator
@@ -21,7 +22,12 @@ from gpuusage_dev.localcluster.images import (
     oci_archive,
     pause_image,
 )
-from gpuusage_dev.localcluster.productimages import product_image, product_images, recipe_of
+from gpuusage_dev.localcluster.productimages import (
+    product_image,
+    product_images,
+    prune,
+    recipe_of,
+)
 from tests.fakenvml import gpu_uuid, mig_uuid
 
 FAKE_BUSYBOX = b"\x7fELF" + b"\0" * 60  # any bytes: only the layout is checked here
@@ -197,3 +203,19 @@ def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None
     )
     assert report.returncode == 0, report.stderr.decode()[-800:]
     assert json.loads(report.stdout)["spec"]["source"]["kind"] == "none"
+
+
+def test_the_cache_keeps_the_newest_builds_of_each_image(tmp_path: Path) -> None:
+    """Each source edit makes a new build; only the newest few of one image stay, another
+    image's builds (a name that merely starts the same) are left alone."""
+    builds = []
+    for n in range(5):
+        build = tmp_path / f"ghcr.io_gpuusage_gpuusage-agent_0.1.0-{n:016x}.tar"
+        build.write_bytes(b"x")
+        os.utime(build, (1_000_000 + n, 1_000_000 + n))
+        builds.append(build)
+    other = tmp_path / "ghcr.io_gpuusage_gpuusage-agent_0.1.0-extra-0000000000000000.tar"
+    other.write_bytes(b"y")
+    removed = prune(builds[-1], 3)
+    assert sorted(removed) == builds[:2]
+    assert sorted(p for p in tmp_path.iterdir()) == sorted([*builds[2:], other])

@@ -205,7 +205,27 @@ def product_image(
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_bytes(archive)
     progress(f"gpuusage: built image {name} ({len(archive) // 2**20} MiB)")
+    prune(cached, KEEP_BUILDS)
     return archive
+
+
+KEEP_BUILDS = 3
+"""Builds of one image kept in the cache (the newest): a few checkouts can share the cache
+without rebuilding each other's, and a day of edits does not fill the disk."""
+
+
+def prune(cached: Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest builds of the image `cached` is one build of (the same
+    name before the key); the removed."""
+    prefix = cached.name.rsplit("-", 1)[0] + "-"
+    builds = [
+        p for p in cached.parent.glob(f"{prefix}*.tar") if p.name.rsplit("-", 1)[0] + "-" == prefix
+    ]
+    builds.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = [p for p in builds[keep:] if p != cached]
+    for old in removed:
+        old.unlink(missing_ok=True)
+    return removed
 
 
 REPO = Path(__file__).resolve().parents[3]
