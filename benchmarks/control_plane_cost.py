@@ -18,22 +18,30 @@ the apiserver's and etcd's own counters before and after it:
    (an install without one, or liveness as before Leases): its report refreshed every
    --heartbeat (60 s), each refresh a new generation and so a status write.
 
-The writers' clock is simulated (renewTime, observedAt, the agent's refresh), their writes are
-real; the operator runs on real time. Only writes are counted (create, update, patch, delete):
-reads are served from the apiserver's cache and never reach etcd's history.
+0. **the real kubelet** (where this machine can run a node: root, containerd; see
+   `gpuusage local-cluster up --node`): a real kubelet registered with the same control plane,
+   steady for a minute, then measured over `--real-kubelet` minutes of real time (10 by
+   default) and scaled to the hour. Runs 1-4 then use that control plane too.
 
-    python benchmarks/control_plane_cost.py
+The writers' clock is simulated in runs 1-4 (renewTime, observedAt, the agent's refresh), their
+writes are real; the operator runs on real time. Only writes are counted (create, update,
+patch, delete): reads are served from the apiserver's cache and never reach etcd's history.
+
+    python benchmarks/control_plane_cost.py [--real-kubelet MINUTES]   # 0: runs 1-4 only
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import random
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -50,6 +58,7 @@ from gpuusage.kube.crds import install_crds  # noqa: E402
 from gpuusage.kube.rest import RestClient  # noqa: E402
 from gpuusage.retry import poll_until  # noqa: E402
 from gpuusage_dev.localcluster.cluster import ClusterState, LocalCluster  # noqa: E402
+from gpuusage_dev.localcluster.node import cannot_run_node, running_node  # noqa: E402
 from gpuusage_dev.simulation import (  # noqa: E402
     Background,
     create_running_pod,
@@ -411,11 +420,61 @@ def lease_size(api: client.ApiClient, namespace: str, name: str) -> int:
     return len(json.dumps(json.loads(data), separators=(",", ":")))
 
 
+# -- 0. the real kubelet -----------------------------------------------------------------------
+REAL_NODE = "kubelet-real"
+WARM_UP = 60.0
+"""Seconds the real node runs before it is measured: registration, the device plugin's
+resources, the first images and conditions are written in its first seconds."""
+
+
+def real_kubelet_hour(api: client.ApiClient, etcd: int, minutes: float) -> dict[str, Any]:
+    """The real kubelet's writes over `minutes` of real time, scaled to one hour; nothing else
+    writes meanwhile (the scheduler and controller-manager run without leader election, the
+    operator has no report to reconcile)."""
+    time.sleep(WARM_UP)
+    before = counters(api, etcd)
+    time.sleep(minutes * 60)
+    change = delta(before, counters(api, etcd))
+    scale = 60.0 / minutes
+    result = summary({k: v * scale for k, v in change.items()})
+    result["measured_minutes"] = minutes
+    result["lease_object_bytes"] = lease_size(api, "kube-node-lease", REAL_NODE)
+    return result
+
+
+@contextlib.contextmanager
+def control_plane(work: Path, real_kubelet: float) -> Iterator[tuple[LocalCluster, bool]]:
+    """The control plane the runs share: with a real node registered where the machine can run
+    one and it was asked for (True), else a control plane alone (False)."""
+    why = cannot_run_node() if real_kubelet > 0 else "not asked for (--real-kubelet 0)"
+    if why is None:
+        with running_node(work / "node-cluster", REAL_NODE) as (cluster, _node):
+            yield cluster, True
+        return
+    print(f"no real kubelet: {why}", file=sys.stderr, flush=True)
+    cluster = LocalCluster(work / "cluster")
+    cluster.up()
+    try:
+        yield cluster, False
+    finally:
+        cluster.down()
+
+
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="gpuusage-cost-") as folder:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--real-kubelet",
+        type=float,
+        default=10.0,
+        metavar="MINUTES",
+        help="minutes of real time to measure a real kubelet over (0: none)",
+    )
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuusage-cost-") as folder,
+        control_plane(Path(folder), args.real_kubelet) as (cluster, real),
+    ):
         work = Path(folder)
-        cluster = LocalCluster(work / "cluster")
-        cluster.up()
         stop_operator: list[Callable[[], None]] = []
         try:
             api, _ = api_client(cluster.kubeconfig)
@@ -439,6 +498,10 @@ def main() -> None:
             if not ready.wait(60):
                 raise TimeoutError("the operator did not start")
             results: dict[str, Any] = {}
+            if real:
+                label = "real kubelet"
+                results[label] = real_kubelet_hour(api, etcd, args.real_kubelet)
+                print(f"{label}: {json.dumps(results[label])}", file=sys.stderr, flush=True)
             for label, prepare in (
                 (
                     "kubelet heartbeat",
@@ -471,7 +534,6 @@ def main() -> None:
         finally:
             for halt in stop_operator:
                 halt()
-            cluster.down()
 
 
 if __name__ == "__main__":
