@@ -7,6 +7,7 @@ without leaving anything behind. Skipped, with the reason, where the machine can
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from gpuusage_dev.localcluster.node import (
     DEFAULT_SCENARIO,
     HOST_PATHS,
     Node,
+    another_kubelet,
     cannot_run_node,
     cgroup_hierarchies,
     running_node,
@@ -175,3 +177,21 @@ def test_the_kubelet_is_confined_as_a_node_is(node: tuple[LocalCluster, Node]) -
     )
     assert other.returncode != 0
     assert "forbidden" in other.stderr.lower()
+
+
+def test_a_second_node_is_refused_while_a_kubelet_serves_the_machine(tmp_path: Path) -> None:
+    """The device-plugin socket is fixed per machine: a live one refuses a second node with
+    the reason; a stopped kubelet's leftover socket file does not."""
+    path = tmp_path / "kubelet.sock"
+    assert another_kubelet(path) is None
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    try:
+        why = another_kubelet(path)
+        assert why is not None
+        assert f"another kubelet serves {path}" in why
+    finally:
+        server.close()
+    assert path.exists()
+    assert another_kubelet(path) is None, "nobody answers: a stopped kubelet's file"

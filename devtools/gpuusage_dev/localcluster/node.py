@@ -221,7 +221,7 @@ class Node:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
-        why = node_prerequisites()
+        why = node_prerequisites() or another_kubelet()
         if why is not None:
             raise NodeUnavailable(why)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -517,6 +517,27 @@ def _remove_cgroups(name: str, timeout: float = 10.0) -> None:
 def _remove_netns() -> None:
     for netns in Path("/var/run/netns").glob("cni-*"):
         subprocess.run(["ip", "netns", "delete", netns.name], capture_output=True, check=False)
+
+
+def another_kubelet(socket_path: Path | None = None) -> str | None:
+    """Why a node cannot start here because another kubelet serves the machine's fixed
+    device-plugin socket (a node of `local-cluster up --node`, a test run, a real kubelet),
+    or None. A socket file nobody answers on is a stopped kubelet's and no obstacle."""
+    path = socket_path or DEVICE_PLUGINS / "kubelet.sock"
+    if not path.exists():
+        return None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(2)
+        probe.connect(str(path))
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return (
+        f"another kubelet serves {path}: one node per machine (stop the other first, e.g. "
+        "`gpuusage local-cluster down --dir DIR`)"
+    )
 
 
 def node_cluster(directory: Path, *, tie_to_parent: bool = False) -> LocalCluster:
