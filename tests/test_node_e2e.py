@@ -12,6 +12,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,12 +21,18 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
-from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO, cannot_run_node, running_node
-from gpuusage_dev.localcluster.nodeinstall import overlay
+from gpuusage_dev.localcluster.node import (
+    DEFAULT_SCENARIO,
+    cannot_run_node,
+    running_node,
+    write_scenario,
+)
+from gpuusage_dev.localcluster.nodeinstall import SCENARIO_MOUNT, overlay
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
-from tests.conftest import wait_for
+from tests.conftest import Helm, wait_for
+from tests.test_chart import CHART
 from tests.test_local_node import _deployment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -55,19 +62,16 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         kubectl = [str(cluster.binaries.kubectl), "--kubeconfig", str(cluster.kubeconfig)]
         subprocess.run([*kubectl, "apply", "-k", str(folder)], check=True, capture_output=True)
         api, _ = api_client(cluster.kubeconfig)
-        world.update(cluster=cluster, node=node, api=api, core=client.CoreV1Api(api))
+        world.update(
+            cluster=cluster, node=node, api=api, core=client.CoreV1Api(api), install=folder
+        )
         wait_for(lambda: _report(world).get("status"), timeout=90, what="the report reconciled")
         yield world
 
 
 def _scenario(world: dict[str, Any], processes: dict[str, list[dict[str, int]]]) -> None:
-    """The node's GPUs with these processes (device UUID → pid and MiB), written whole."""
-    gpus = [
-        {**gpu, "processes": processes.get(gpu["uuid"], [])} for gpu in DEFAULT_SCENARIO["gpus"]
-    ]
-    staged = world["scenario"] / "gpus.new"
-    staged.write_text(yaml.safe_dump({"gpus": gpus}))
-    staged.replace(world["scenario"] / "gpus.yaml")
+    """The node's GPUs with these processes (device UUID → pid and MiB)."""
+    write_scenario(world["scenario"], processes)
 
 
 def _report(world: dict[str, Any]) -> dict[str, Any]:
@@ -85,13 +89,7 @@ def _running(world: dict[str, Any], namespace: str, app: str) -> client.V1Pod | 
 
 
 def _host_pid(world: dict[str, Any], container_id: str) -> int:
-    """The container's main process as the host sees it (containerd's task list)."""
-    tasks = world["node"].containerd.ctr("tasks", "ls").stdout.decode().splitlines()
-    for line in tasks[1:]:
-        fields = line.split()
-        if fields and fields[0] == container_id:
-            return int(fields[1])
-    raise AssertionError(f"no task for container {container_id}")
+    return int(world["node"].host_pid(container_id))
 
 
 def _condition(pod: client.V1Pod) -> tuple[str, str] | None:
@@ -535,3 +533,55 @@ def test_the_node_drained_and_cordoned(installed: dict[str, Any]) -> None:
     assert _gpu_condition(world, "drained", new.metadata.name) is None
     annotations = world["core"].read_namespaced_pod(new.metadata.name, "drained").metadata
     assert names.ANNOTATION_GPUS not in (annotations.annotations or {})
+
+
+def test_the_chart_installs_on_the_node_as_the_manifests_did(
+    installed: dict[str, Any], helm_binary: Path, tmp_path: Path
+) -> None:
+    """The manifests' install removed (`kubectl delete -k`), the chart installed with `helm
+    install` in its place, its values doing what the local node's overlay did: its agent and
+    operator mark a real pod from its real process."""
+    world = installed
+    cluster = world["cluster"]
+    _kubectl(world, "delete", "-k", str(world["install"]), "--wait=true", timeout=240)
+
+    def namespace_gone() -> bool:
+        listed = world["core"].list_namespace().items
+        return "gpuusage-system" not in {n.metadata.name for n in listed}
+
+    wait_for(namespace_gone, timeout=120, what="the namespace gone")
+    api_env = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": cluster.server.rsplit(":", 1)[1]},
+    ]
+    values = {
+        "agent": {
+            "hostNetwork": True,
+            "interval": 1,
+            "extraArgs": ["--gpu-source", f"fake:{SCENARIO_MOUNT}/gpus.yaml"],
+            "extraEnv": api_env,
+            "extraVolumes": [{"name": "scenario", "hostPath": {"path": str(world["scenario"])}}],
+            "extraVolumeMounts": [
+                {"name": "scenario", "mountPath": SCENARIO_MOUNT, "readOnly": True}
+            ],
+            "podResources": {
+                "hostPath": str(world["node"].directory / "kubelet" / "pod-resources")
+            },
+        },
+        "operator": {"hostNetwork": True, "replicas": 1, "extraEnv": api_env},
+    }
+    file = tmp_path / "values.yaml"
+    file.write_text(yaml.safe_dump(values))
+    helm = Helm(helm_binary, tmp_path / "helm", cluster.kubeconfig)
+    helm.run(
+        "install", "gpuusage", str(CHART), "-n", "gpuusage-system", "--create-namespace",
+        "-f", str(file), "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    daemonset: Any = client.AppsV1Api(world["api"]).read_namespaced_daemon_set(
+        "gpuusage-agent", "gpuusage-system"
+    )
+    assert daemonset.metadata.annotations["meta.helm.sh/release-name"] == "gpuusage"
+    wait_for(lambda: _report(world).get("status"), timeout=90, what="the chart's report")
+    used = _in_use(world, "charted", "charted")
+    found = world["core"].read_namespaced_pod(used["pod"].metadata.name, "charted")
+    assert found.metadata.annotations[names.ANNOTATION_GPUS] == used["device"]

@@ -54,7 +54,10 @@ class DemoSettings(CommandSettings):
     dir: Path | None = None
     """Folder for the demo cluster; a temporary one by default."""
     keep: bool = False
-    """Leave the demo cluster running at the end (stop it with `local-cluster down`)."""
+    """Leave the demo cluster running at the end (stop it with `local-cluster down`; on a real
+    node, until Enter is pressed)."""
+    simulated: bool = False
+    """Run the simulated node even where this machine can run a real one."""
 
 
 def run_up(settings: LocalClusterSettings) -> int:
@@ -158,6 +161,17 @@ def run_build(settings: BuildSettings) -> int:
 
 
 def run_demo(settings: DemoSettings) -> int:
+    """On a real node where this machine can run one (it says which it runs), else on the
+    simulated node."""
+    from gpuusage_dev.localcluster.node import cannot_run_node  # noqa: PLC0415
+
+    why = "--simulated" if settings.simulated else cannot_run_node(product=True)
+    if why is None:
+        from gpuusage_dev.nodedemo import run_node_demo  # noqa: PLC0415
+
+        print("gpuusage demo: on a real node (kubelet, containerd, runc; simulated GPUs)")
+        return run_node_demo(settings.dir, keep=settings.keep)
     from gpuusage_dev.demo import run_demo as demo  # noqa: PLC0415
 
+    print(f"gpuusage demo: on a simulated node (no real node here: {why})")
     return demo(settings.dir, keep=settings.keep)

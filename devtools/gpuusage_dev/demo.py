@@ -98,7 +98,7 @@ PODS = (
 )
 
 
-def _step(text: str) -> None:
+def step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
@@ -198,7 +198,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("kopf").setLevel(logging.ERROR)  # it warns that it runs in a thread
     cluster = LocalCluster(workdir / "cluster")
-    _step(f"starting a local control plane in {cluster.directory} (etcd + kube-apiserver)")
+    step(f"starting a local control plane in {cluster.directory} (etcd + kube-apiserver)")
     cluster.up()
     running: list[Background] = []
     kubelet: FakeKubelet | None = None
@@ -206,10 +206,10 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         api, _ = api_client(cluster.kubeconfig)
         core = client.CoreV1Api(api)
         events = client.EventsV1Api(api)
-        _step("installing the GpuNodeUsage CRD")
+        step("installing the GpuNodeUsage CRD")
         install_crds(api)
 
-        _step(
+        step(
             f"simulating node {DEMO_NODE}: {len(PODS)} pods, 4 GPUs (one time-sliced, one in MIG "
             "mode, one handed out by a DRA driver, one shared)"
         )
@@ -238,7 +238,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         kubelet.start()
         print(f"    kubelet PodResources socket at {kubelet.socket}")
 
-        _step(
+        step(
             "starting the operator and the node agent (its liveness: a Lease in "
             f"{DEMO_NAMESPACE}, renewed every few seconds; the report is written on change)"
         )
@@ -290,14 +290,14 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         )
         _wait(lambda: reason("research", "lab") == "HoldingIdleGPU", "the idle notebook's finding")
         kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
-        _show(kubectl, detail=True)
-        _step("who holds the GPU memory")
+        show(kubectl, detail=True)
+        step("who holds the GPU memory")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
         print("\n$ gpuusage top --by namespace", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
 
-        _step("the notebook's kernel exits (the scenario changes)")
+        step("the notebook's kernel exits (the scenario changes)")
         _scenario(scenario, notebook_running=False)
 
         def ended(namespace: str, pod: str) -> bool:
@@ -310,7 +310,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             )
 
         _wait(lambda: ended("research", "notebook"), "the notebook's use to end")
-        _show(kubectl, detail=False)
+        show(kubectl, detail=False)
     finally:
         for background in reversed(running):
             background.halt()
@@ -320,12 +320,12 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             print(f"\ncluster left running; export KUBECONFIG={cluster.kubeconfig}")
             print(f"stop it with: gpuusage local-cluster down --dir {cluster.directory}")
         else:
-            _step("stopping the local control plane")
+            step("stopping the local control plane")
             cluster.down()
     return 0
 
 
-def _show(kubectl: list[str], detail: bool) -> None:
+def show(kubectl: list[str], detail: bool) -> None:
     def run(*args: str) -> None:
         print(f"\n$ kubectl {' '.join(args)}", flush=True)
         subprocess.run([*kubectl, *args], check=False)
@@ -333,7 +333,7 @@ def _show(kubectl: list[str], detail: bool) -> None:
     condition = f'.status.conditions[?(@.type=="{names.POD_CONDITION_GPU_IN_USE}")]'
     escaped = names.GROUP.replace(".", "\\.")
     if detail:
-        _step("what kubectl shows")
+        step("what kubectl shows")
         run("get", "gpunodeusage", "-o", "wide")
         stale = f'.status.conditions[?(@.type=="{names.CONDITION_STALE}")]'
         run("get", "lease", "-n", DEMO_NAMESPACE)
@@ -365,7 +365,7 @@ def _show(kubectl: list[str], detail: bool) -> None:
             f"jsonpath={{.metadata.annotations.{escaped}/usage}}{{'\\n'}}"
             f"{{{condition}.message}}{{'\\n'}}",
         )
-        _step("allocated against used, per device (DRA claims, the kubelet, a share)")
+        step("allocated against used, per device (DRA claims, the kubelet, a share)")
         run(
             "get",
             "gpunodeusage",

@@ -310,6 +310,14 @@ class Node:
             ],
         )
 
+    def host_pid(self, container_id: str) -> int:
+        """A container's main process as the host sees it (containerd's task list)."""
+        for line in self.containerd.ctr("tasks", "ls").stdout.decode().splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == container_id:
+                return int(fields[1])
+        raise NodeUnavailable(f"containerd runs no task for container {container_id}")
+
     def stop_kubelet(self, timeout: float = 15.0) -> None:
         """Stop the kubelet alone, as a crash or `systemctl stop kubelet` does: containers,
         containerd and the device plugin go on running; the node's Lease and status stop."""
@@ -517,6 +525,20 @@ def _remove_cgroups(name: str, timeout: float = 10.0) -> None:
 def _remove_netns() -> None:
     for netns in Path("/var/run/netns").glob("cni-*"):
         subprocess.run(["ip", "netns", "delete", netns.name], capture_output=True, check=False)
+
+
+def write_scenario(
+    folder: Path,
+    processes: dict[str, list[dict[str, int]]],
+    scenario: dict[str, Any] = DEFAULT_SCENARIO,
+) -> None:
+    """`folder`/gpus.yaml, which the agent's fake GPU source reads: the scenario's GPUs with
+    these processes (device UUID → pid, MiB, engines), written whole and atomically (the agent
+    reads it while it changes)."""
+    gpus = [{**g, "processes": processes.get(g["uuid"], [])} for g in scenario["gpus"]]
+    staged = folder / "gpus.new"
+    staged.write_text(yaml.safe_dump({"gpus": gpus}))
+    staged.replace(folder / "gpus.yaml")
 
 
 def another_kubelet(socket_path: Path | None = None) -> str | None:

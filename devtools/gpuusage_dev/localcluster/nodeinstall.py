@@ -52,9 +52,11 @@ def overlay(
     scenario_dir: Path,
     kubelet_root: Path,
     agent_args: tuple[str, ...] = (),
+    operator_args: tuple[str, ...] = (),
 ) -> Path:
     """Write the overlay's kustomization into `directory`; its folder, for `kubectl apply -k`.
-    `agent_args`: more agent flags (tests shorten its interval)."""
+    `agent_args`, `operator_args`: more flags (tests shorten the agent's interval, the demo
+    the operator's --idle-after)."""
     agent = [
         *_api_env(apiserver_port),
         {
@@ -115,6 +117,14 @@ def overlay(
                     [
                         *_api_env(apiserver_port),
                         {"op": "replace", "path": "/spec/replicas", "value": 1},
+                        *(
+                            {
+                                "op": "add",
+                                "path": "/spec/template/spec/containers/0/args/-",
+                                "value": a,
+                            }
+                            for a in operator_args
+                        ),
                     ]
                 ),
             },

@@ -1,0 +1,36 @@
+"""`gpuusage demo` (what `make demo` runs): it says which node it runs on, and shows the
+findings it promises, on the simulated node and, where this machine can run one, on a real
+node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuusage_dev.commands import DemoSettings, run_demo
+from gpuusage_dev.localcluster.node import cannot_run_node
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+FINDINGS = ("UsingUnrequestedGPU", "UsingUnallocatedGPU", "HoldingIdleGPU", "GPUUseEnded")
+
+
+def test_the_simulated_demo(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_demo(DemoSettings(dir=tmp_path / "demo", simulated=True)) == 0
+    shown = capfd.readouterr().out
+    assert shown.startswith("gpuusage demo: on a simulated node (no real node here: --simulated)")
+    for finding in FINDINGS:
+        assert finding in shown, finding
+
+
+def test_the_demo_on_a_real_node(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    why = cannot_run_node(product=True)
+    if why is not None:
+        pytest.skip(f"this machine cannot run a node: {why}")
+    assert run_demo(DemoSettings(dir=tmp_path / "demo")) == 0
+    shown = capfd.readouterr().out
+    assert shown.startswith("gpuusage demo: on a real node")
+    for finding in FINDINGS:
+        assert finding in shown, finding
+    assert "kubelet gave it GPU-" in shown
