@@ -558,7 +558,7 @@ def test_the_chart_installs_on_the_node_as_the_manifests_did(
         "agent": {
             "hostNetwork": True,
             "interval": 1,
-            "extraArgs": ["--gpu-source", f"fake:{SCENARIO_MOUNT}/gpus.yaml"],
+            "extraArgs": [f"--gpu-source=fake:{SCENARIO_MOUNT}/gpus.yaml"],
             "extraEnv": api_env,
             "extraVolumes": [{"name": "scenario", "hostPath": {"path": str(world["scenario"])}}],
             "extraVolumeMounts": [
