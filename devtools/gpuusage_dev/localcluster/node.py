@@ -562,13 +562,15 @@ def another_kubelet(socket_path: Path | None = None) -> str | None:
     )
 
 
-def node_cluster(directory: Path, *, tie_to_parent: bool = False) -> LocalCluster:
+def node_cluster(
+    directory: Path, *, tie_to_parent: bool = False, apiserver_args: Sequence[str] = ()
+) -> LocalCluster:
     """A local control plane a node can join as a real one does: the Node authorizer and
-    NodeRestriction on (kept across restarts)."""
+    NodeRestriction on (kept across restarts), and any more apiserver flags."""
     return LocalCluster(
         directory,
         authorization_modes=("Node", "RBAC"),
-        apiserver_args=["--enable-admission-plugins=NodeRestriction"],
+        apiserver_args=["--enable-admission-plugins=NodeRestriction", *apiserver_args],
         tie_to_parent=tie_to_parent,
     )
 
@@ -585,12 +587,17 @@ def cannot_run_node(product: bool = False) -> str | None:
 
 @contextmanager
 def running_node(
-    directory: Path, name: str, *, product: bool = False, scenario: dict[str, Any] | None = None
+    directory: Path,
+    name: str,
+    *,
+    product: bool = False,
+    scenario: dict[str, Any] | None = None,
+    apiserver_args: Sequence[str] = (),
 ) -> Iterator[tuple[LocalCluster, Node]]:
     """A control plane and its node NAME, Ready with its devices, for the length of the block;
     one at a time on a machine (a lock: the kubelet's registration socket is fixed)."""
     with file_lock(cache_root() / "locks" / "node.lock"):
-        cluster = node_cluster(directory, tie_to_parent=True)
+        cluster = node_cluster(directory, tie_to_parent=True, apiserver_args=apiserver_args)
         cluster.up()
         node = Node(
             directory / "node",
