@@ -15,6 +15,7 @@ them, or on others:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import tempfile
@@ -189,4 +190,5 @@ def _listed(api: client.ApiClient) -> int:
 
 def _keep(kubeconfig: Path, workdir: Path) -> None:
     print(f"\nthe node runs until Enter is pressed; export KUBECONFIG={kubeconfig} ({workdir})")
-    input()
+    with contextlib.suppress(EOFError):  # no terminal: nothing to wait for
+        input()
