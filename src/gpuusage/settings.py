@@ -69,8 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[CommandSettings])
     for name, info in model.model_fields.items():
         base = _base_type(info.annotation)
         envs = env_names(model, name)
-        default = info.get_default(call_default_factory=True)
-        shown = "" if default in (None, "") else f"; default {default}"
+        shown = "; required" if info.is_required() else _shown_default(info)
         help_text = f"{info.description or ''} [env {', '.join(envs)}{shown}]".strip()
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
         if base is bool:
@@ -83,6 +82,19 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[CommandSettings])
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         short = [str(extra["short"])] if "short" in extra else []  # kubectl-style -n, -A, -o
         parser.add_argument(*short, flag_name(name), **kwargs)
+
+
+def _shown_default(info: Any) -> str:
+    """The default as a person types it (a list comma-separated, a flag on or off); nothing
+    for an empty one."""
+    default = info.get_default(call_default_factory=True)
+    if default is None or default == "" or default == () or default == []:
+        return ""
+    if isinstance(default, bool):
+        return f"; default {'on' if default else 'off'}"
+    if isinstance(default, list | tuple | set | frozenset):
+        return f"; default {','.join(str(d) for d in default)}"
+    return f"; default {default}"
 
 
 def resolve(
