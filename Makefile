@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint binaries crd monitoring chart clean
+.PHONY: demo demo-binaries test lint binaries crd monitoring chart clean
 
 $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -21,8 +21,14 @@ binaries: $(VENV)/.installed
 	@bash devtools/install-node-packages.sh
 	$(VENV)/bin/gpuusage local-cluster build --tools --node
 
-## The main job: the product on a local control plane, no GPU or cluster needed.
-demo: binaries
+# What the demo runs, and nothing the tests alone need (no kube-state-metrics, promtool, helm).
+demo-binaries: $(VENV)/.installed
+	@bash devtools/install-node-packages.sh
+	$(VENV)/bin/gpuusage local-cluster build --node
+
+## The main job: the product on a local control plane (a real node where the machine can run
+## one), no GPU or cluster needed.
+demo: demo-binaries
 	$(VENV)/bin/gpuusage demo
 
 ## The whole test suite against the real local control plane.

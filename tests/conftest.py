@@ -173,6 +173,11 @@ def token_kubeconfig(
         sa, namespace, client.AuthenticationV1TokenRequest(spec=spec)
     )
     assert issued.status is not None
+    return token_config(cluster, sa, str(issued.status.token), path)
+
+
+def token_config(cluster: LocalCluster, user: str, token: str, path: Path) -> Path:
+    """A kubeconfig at `path` that speaks to the cluster with this bearer token alone."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -185,9 +190,9 @@ def token_kubeconfig(
                 },
             }
         ],
-        "users": [{"name": sa, "user": {"token": issued.status.token}}],
-        "contexts": [{"name": sa, "context": {"cluster": "local", "user": sa}}],
-        "current-context": sa,
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
+        "current-context": user,
     }
     path.write_text(yaml.safe_dump(config))
     return path

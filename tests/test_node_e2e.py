@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,8 @@ from gpuusage_dev.localcluster.nodeinstall import SCENARIO_MOUNT, overlay
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
-from tests.conftest import Helm, wait_for
+from tests.conftest import Helm, token_config, wait_for
+from tests.examples import empty_report
 from tests.test_chart import CHART
 from tests.test_local_node import _deployment
 
@@ -533,6 +534,93 @@ def test_the_node_drained_and_cordoned(installed: dict[str, Any]) -> None:
     assert _gpu_condition(world, "drained", new.metadata.name) is None
     annotations = world["core"].read_namespaced_pod(new.metadata.name, "drained").metadata
     assert names.ANNOTATION_GPUS not in (annotations.annotations or {})
+
+
+TOKEN = "var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def _component(world: dict[str, Any], name: str) -> tuple[Any, int]:
+    """The running pod of gpuusage-`name` and its container's main process on the host."""
+    pods = (
+        world["core"]
+        .list_namespaced_pod(
+            "gpuusage-system", label_selector=f"app.kubernetes.io/name=gpuusage-{name}"
+        )
+        .items
+    )
+    (pod,) = [p for p in pods if p.status.phase == "Running"]
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    return pod, _host_pid(world, cid)
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def test_the_real_pods_hold_only_the_rights_the_readme_promises(
+    installed: dict[str, Any], tmp_path: Path
+) -> None:
+    """The DaemonSet's agent and the Deployment's operator as the kernel runs them: the user
+    their manifests name, no capability, no privilege escalation, a read-only root; and their
+    real projected tokens (read from their containers) allowed what the README's table says
+    and refused the rest: the agent's held to its own node's report and Lease."""
+    world = installed
+    group = (names.GROUP, names.VERSION, names.PLURAL)
+    apis: dict[str, client.ApiClient] = {}
+    for name in ("agent", "operator"):
+        pod, pid = _component(world, name)
+        status = _proc_status(pid)
+        wanted = pod.spec.security_context.run_as_user
+        assert status["Uid"].split()[:2] == [str(wanted)] * 2, name
+        assert status["CapEff"] == "0000000000000000", name
+        assert status["NoNewPrivs"] == "1", name
+        root = next(
+            line.split()
+            for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+            if line.split()[4] == "/"
+        )
+        assert "ro" in root[5].split(","), f"{name}'s root filesystem is read-only"
+        token = Path(f"/proc/{pid}/root/{TOKEN}").read_text()
+        config = token_config(world["cluster"], name, token, tmp_path / f"{name}.kubeconfig")
+        apis[name], _ = api_client(config)
+    agent = client.CustomObjectsApi(apis["agent"])
+    agent.patch_cluster_custom_object(*group, NAME, {"metadata": {}})  # its own: allowed
+    refusals: dict[str, Callable[[], Any]] = {
+        "another node's report": lambda: agent.create_cluster_custom_object(
+            *group, {**empty_report("other-node")}
+        ),
+        "its report's status": lambda: agent.patch_cluster_custom_object_status(
+            *group, NAME, {"status": {}}
+        ),
+        "deleting its report": lambda: agent.delete_cluster_custom_object(*group, NAME),
+        "secrets (agent)": lambda: client.CoreV1Api(apis["agent"]).list_namespaced_secret(
+            "gpuusage-system"
+        ),
+        "a pod (agent)": lambda: client.CoreV1Api(apis["agent"]).patch_namespaced_pod(
+            "x", "default", {"metadata": {}}
+        ),
+        "a report's spec (operator)": lambda: client.CustomObjectsApi(
+            apis["operator"]
+        ).patch_cluster_custom_object(*group, NAME, {"spec": {"gpus": []}}),
+        "deleting a pod (operator)": lambda: client.CoreV1Api(
+            apis["operator"]
+        ).delete_collection_namespaced_pod("default"),
+        "secrets (operator)": lambda: client.CoreV1Api(apis["operator"]).list_namespaced_secret(
+            "gpuusage-system"
+        ),
+    }
+    allowed = []
+    for what, call in refusals.items():
+        try:
+            call()
+        except client.ApiException as exc:
+            if exc.status in (403, 422):
+                continue
+            raise
+        allowed.append(what)
+    assert allowed == [], f"allowed: {allowed}"
+    client.CustomObjectsApi(apis["operator"]).get_cluster_custom_object(*group, NAME)
 
 
 def test_the_chart_installs_on_the_node_as_the_manifests_did(
