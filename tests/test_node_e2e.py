@@ -536,7 +536,16 @@ def test_the_node_drained_and_cordoned(installed: dict[str, Any]) -> None:
     assert names.ANNOTATION_GPUS not in (annotations.annotations or {})
 
 
-TOKEN = "var/run/secrets/kubernetes.io/serviceaccount/token"
+def _token_of(pid: int) -> str:
+    """The projected token the kubelet mounted into the process's container (found by its
+    mount point: the image may have /var/run as a link to /run)."""
+    mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    (point,) = [
+        m.split()[4]
+        for m in mounts
+        if m.split()[4].endswith("/secrets/kubernetes.io/serviceaccount")
+    ]
+    return Path(f"/proc/{pid}/root{point}/token").read_text()
 
 
 def _component(world: dict[str, Any], name: str) -> tuple[Any, int]:
@@ -581,7 +590,7 @@ def test_the_real_pods_hold_only_the_rights_the_readme_promises(
             if line.split()[4] == "/"
         )
         assert "ro" in root[5].split(","), f"{name}'s root filesystem is read-only"
-        token = Path(f"/proc/{pid}/root/{TOKEN}").read_text()
+        token = _token_of(pid)
         config = token_config(world["cluster"], name, token, tmp_path / f"{name}.kubeconfig")
         apis[name], _ = api_client(config)
     agent = client.CustomObjectsApi(apis["agent"])
