@@ -88,7 +88,7 @@ def _shown_default(info: Any) -> str:
     """The default as a person types it (a list comma-separated, a flag on or off); nothing
     for an empty one."""
     default = info.get_default(call_default_factory=True)
-    if default is None or default == "" or default == () or default == []:
+    if default is None or default in ("", (), []):
         return ""
     if isinstance(default, bool):
         return f"; default {'on' if default else 'off'}"
