@@ -83,7 +83,11 @@ def _render(
 def test_the_charts_copies_are_those_of_their_sources() -> None:
     assert chart.stale(REPO) == [], "run `make chart`"
     crds = {copy.name for _, copy in chart.copies(REPO) if copy.parent.name == "crds"}
-    assert crds == {"gpuusage.io_gpunodeusages.yaml", "kopf.dev_clusterkopfpeerings.yaml"}
+    assert crds == {
+        "gpuusage.io_gpunodeusages.yaml",
+        "gpuusage.io_gpuusagepolicies.yaml",
+        "kopf.dev_clusterkopfpeerings.yaml",
+    }
 
 
 def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
@@ -325,7 +329,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     )  # fmt: skip
     assert _status(cluster_helm, name, namespace)["info"]["status"] == "deployed"
     rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
-    assert len(rendered) == 30  # the monitoring overlay's 31 but the Namespace
+    assert len(rendered) == 31  # the monitoring overlay's 32 but the Namespace
     for kind, obj_ns, obj_name in rendered:
         if kind in ("CustomResourceDefinition", "Namespace"):
             continue  # crds/ only when missing (the session installed them); no Namespace

@@ -11,7 +11,13 @@ import yaml
 from pydantic import ValidationError
 
 from gpuusage.api import names
-from gpuusage.api.crd import render_crd, render_crd_yaml, render_peering_crd_yaml, to_structural
+from gpuusage.api.crd import (
+    render_crd,
+    render_crd_yaml,
+    render_peering_crd_yaml,
+    render_policy_crd_yaml,
+    to_structural,
+)
 from gpuusage.api.models import (
     MAX_REQUESTED_GPUS,
     GpuNodeUsage,
@@ -36,6 +42,8 @@ def test_crd_file_matches_the_models() -> None:
     )
     peering = REPO / "crds" / "kopf.dev_clusterkopfpeerings.yaml"
     assert peering.read_text() == render_peering_crd_yaml(), "regenerate with `make crd`"
+    policies = REPO / "crds" / "gpuusage.io_gpuusagepolicies.yaml"
+    assert policies.read_text() == render_policy_crd_yaml(), "regenerate with `make crd`"
 
 
 def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:

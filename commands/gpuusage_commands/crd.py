@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpuusage.api.crd import render_crd_yaml, render_peering_crd_yaml
+from gpuusage.api.crd import render_crd_yaml, render_peering_crd_yaml, render_policy_crd_yaml
 from gpuusage.settings import CommandSettings
 
 
@@ -14,10 +14,17 @@ class CrdSettings(CommandSettings):
     """Write the CRD YAML to this file instead of standard output."""
     peering: bool = False
     """Render kopf's ClusterKopfPeering CRD instead (the operator replicas' meeting point)."""
+    policy: bool = False
+    """Render the GpuUsagePolicy CRD instead (what gpuusage does about what it sees)."""
 
 
 def run_crd(settings: CrdSettings) -> int:
-    text = render_peering_crd_yaml() if settings.peering else render_crd_yaml()
+    if settings.peering:
+        text = render_peering_crd_yaml()
+    elif settings.policy:
+        text = render_policy_crd_yaml()
+    else:
+        text = render_crd_yaml()
     if settings.output is None:
         sys.stdout.write(text)
     else:

@@ -11,8 +11,9 @@ import copy
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from gpuusage.api import names
+from gpuusage.api import names, policy
 from gpuusage.api.models import (
     MAX_ALLOCATED_LISTED,
     MAX_KUBELET_DEVICES,
@@ -107,7 +108,7 @@ def to_structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     return out
 
 
-def _schema_of(model: type[GpuNodeUsageSpec] | type[GpuNodeUsageStatus]) -> JsonSchema:
+def _schema_of(model: type[BaseModel]) -> JsonSchema:
     raw = model.model_json_schema(by_alias=True, mode="serialization")
     defs = raw.pop("$defs", {})
     return to_structural(raw, defs)
@@ -317,3 +318,97 @@ def render_peering_crd_yaml() -> str:
     """The peering CRD as the YAML document stored in crds/."""
     body = yaml.safe_dump(render_peering_crd(), sort_keys=False, width=100)
     return HEADER.replace("gpuusage.api.models", "gpuusage.api.crd") + "---\n" + body
+
+
+POLICY_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {
+        "name": "Mode",
+        "type": "string",
+        "jsonPath": ".status.mode",
+        "description": "DryRun when no rule enforces, Enforce when every rule does, else Mixed",
+    },
+    {
+        "name": "Rules",
+        "type": "string",
+        "jsonPath": ".status.rules",
+        "description": "finding>action for each rule",
+    },
+    {
+        "name": "Actions",
+        "type": "integer",
+        "jsonPath": ".status.actionsTaken",
+        "description": "Enforced actions carried out",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _one_per_finding(field: str) -> dict[str, str]:
+    return {
+        "rule": f"!has(self.{field}) || self.{field}.all(r, "
+        f"self.{field}.exists_one(s, s.finding == r.finding))",
+        "message": f"{field}: at most one rule per finding",
+    }
+
+
+def render_policy_crd() -> dict[str, Any]:
+    """The GpuUsagePolicy CRD as a dict, ready for the API or for YAML."""
+    spec_schema = _schema_of(policy.GpuUsagePolicySpec)
+    spec_schema.setdefault("x-kubernetes-validations", []).extend(
+        [
+            {
+                "rule": "(has(self.rules) ? size(self.rules) : 0) + "
+                "(has(self.nodeRules) ? size(self.nodeRules) : 0) >= 1",
+                "message": "a policy needs at least one rule in rules or nodeRules",
+            },
+            _one_per_finding("rules"),
+            _one_per_finding("nodeRules"),
+        ]
+    )
+    root: JsonSchema = {
+        "type": "object",
+        "description": "What gpuusage does about what it sees: for the pods a namespace "
+        "selector and a pod selector pick, one rule per finding (Notify, or an action, as a "
+        "dry run unless the rule says Enforce); and rules for nodes.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": _schema_of(policy.GpuUsagePolicyStatus),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": names.POLICY_CRD_NAME, "labels": dict(INSTALL_LABELS)},
+        "spec": {
+            "group": names.GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": names.POLICY_KIND,
+                "listKind": f"{names.POLICY_KIND}List",
+                "plural": names.POLICY_PLURAL,
+                "singular": names.POLICY_SINGULAR,
+                "shortNames": list(names.POLICY_SHORT_NAMES),
+                "categories": list(names.CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": names.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": POLICY_PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def render_policy_crd_yaml() -> str:
+    """The policy CRD as the YAML document stored in crds/."""
+    body = yaml.safe_dump(render_policy_crd(), sort_keys=False, width=100)
+    return HEADER.replace("gpuusage.api.models", "gpuusage.api.policy") + "---\n" + body

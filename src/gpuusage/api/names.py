@@ -18,6 +18,17 @@ SHORT_NAMES: Final = ("gnu",)
 CATEGORIES: Final = ("gpuusage",)
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
+# GpuUsagePolicy: what to do about what gpuusage sees (cluster-scoped).
+POLICY_KIND: Final = "GpuUsagePolicy"
+POLICY_PLURAL: Final = "gpuusagepolicies"
+POLICY_SINGULAR: Final = "gpuusagepolicy"
+POLICY_SHORT_NAMES: Final = ("gup",)
+POLICY_CRD_NAME: Final = f"{POLICY_PLURAL}.{GROUP}"
+ANNOTATION_EXEMPT: Final = f"{GROUP}/exempt"
+"""On a pod or its namespace, "true": no policy acts on it."""
+NODE_CONDITION_ORPHANED: Final = f"{GROUP}/OrphanedGPUMemory"
+"""The Node condition type and the NoSchedule taint key of the OrphanedGPUMemory node rule."""
+
 # Pod annotations and condition written by the operator.
 ANNOTATION_GPUS: Final = f"{GROUP}/gpus"
 ANNOTATION_GPU_MEMORY_MIB: Final = f"{GROUP}/gpu-memory-mib"

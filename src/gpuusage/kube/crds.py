@@ -9,7 +9,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
-from gpuusage.api.crd import render_crd, render_peering_crd
+from gpuusage.api.crd import render_crd, render_peering_crd, render_policy_crd
 from gpuusage.retry import poll_until
 
 
@@ -73,14 +73,16 @@ def ensure_peering(api: client.ApiClient, name: str = names.DEFAULT_PEERING) -> 
 
 
 def install_crds(api: client.ApiClient, timeout: float = 60.0) -> None:
-    """Create or update both CRDs (idempotent), wait for Established=True, create the peering.
+    """Create or update our CRDs (idempotent), wait for Established=True, create the peering.
 
     Waiting matters: objects of a new kind are refused until the apiserver has built the
     schema and registered the endpoints.
     """
     ext = client.ApiextensionsV1Api(api)
     deadline = time.monotonic() + timeout
-    created = [_apply_crd(ext, render_crd()), _apply_crd(ext, render_peering_crd())]
+    created = [
+        _apply_crd(ext, render()) for render in (render_crd, render_policy_crd, render_peering_crd)
+    ]
     for name in created:
         _wait_established(ext, name, max(0.0, deadline - time.monotonic()))
     _wait_served(api, max(0.0, deadline - time.monotonic()))
