@@ -1,0 +1,190 @@
+"""Which pods a policy covers, and what it does next about one: announce, wait, act or record,
+hold on uncertainty, cancel. Pure."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
+from gpuusage_operator.policydecide import Announcement, Observation, Step, next_step
+from gpuusage_operator.policyselect import covers, exempt, selects
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+NOTICE = timedelta(minutes=5)
+IDLE = PodRule(finding="HoldingIdleGPU", after="30m", action="ScaleToZero", mode="Enforce")
+MISUSE = PodRule(finding="UsingUnrequestedGPU", after="0s", action="Evict")
+RULES = [IDLE, MISUSE]
+
+
+def _selector(raw: dict[str, object]) -> LabelSelector:
+    return LabelSelector.model_validate(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "labels", "expected"),
+    [
+        ({}, {}, True),
+        ({"matchLabels": {"app": "nb"}}, {"app": "nb", "x": "y"}, True),
+        ({"matchLabels": {"app": "nb"}}, {"app": "train"}, False),
+        (
+            {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]},
+            {"tier": "b"},
+            True,
+        ),
+        ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]}]}, {}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {}, True),
+        (
+            {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]},
+            {"tier": "a"},
+            False,
+        ),
+        ({"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}, {"gpu": ""}, True),
+        ({"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, {"gpu": "1"}, False),
+        (
+            {
+                "matchLabels": {"app": "nb"},
+                "matchExpressions": [{"key": "gpu", "operator": "Exists"}],
+            },
+            {"app": "nb"},
+            False,
+        ),
+    ],
+)
+def test_selectors_read_as_kubernetes_reads_them(
+    raw: dict[str, object], labels: dict[str, str], expected: bool
+) -> None:
+    assert selects(_selector(raw), labels) is expected
+
+
+def test_a_policy_covers_pods_its_two_selectors_pick_and_exemption_is_an_annotation() -> None:
+    spec = GpuUsagePolicySpec.model_validate(
+        {
+            "namespaceSelector": {"matchLabels": {"team": "research"}},
+            "podSelector": {"matchLabels": {"app": "notebook"}},
+            "rules": [{"finding": "HoldingIdleGPU", "action": "Notify"}],
+        }
+    )
+    assert covers(spec, {"team": "research"}, {"app": "notebook"})
+    assert not covers(spec, {"team": "ml"}, {"app": "notebook"})
+    assert not covers(spec, {"team": "research"}, {"app": "train"})
+    anywhere = GpuUsagePolicySpec.model_validate(
+        {"rules": [{"finding": "HoldingIdleGPU", "action": "Notify"}]}
+    )
+    assert covers(anywhere, {}, {})
+    assert exempt({"gpuusage.io/exempt": "true"})
+    assert not exempt({"gpuusage.io/exempt": "false"})
+    assert not exempt(None)
+
+
+def _step(
+    seen: Observation,
+    shown: Announcement | None = None,
+    *,
+    now: datetime = NOW,
+    rules: list[PodRule] | None = RULES,
+    is_exempt: bool = False,
+) -> Step:
+    return next_step("reclaim", rules, seen, shown, exempt=is_exempt, now=now, notice=NOTICE)
+
+
+IDLE_SINCE = NOW - timedelta(minutes=10)
+HELD = Observation("HoldingIdleGPU", certain=True, since=IDLE_SINCE)
+
+
+def test_a_finding_is_announced_first_with_its_deadline() -> None:
+    step = _step(HELD)
+    assert step.kind == "Announce"
+    assert step.announcement == Announcement(
+        "reclaim",
+        "HoldingIdleGPU",
+        "ScaleToZero",
+        "Enforce",
+        "30m",
+        IDLE_SINCE,
+        IDLE_SINCE + timedelta(minutes=30),
+    )
+
+
+def test_a_long_standing_finding_still_gets_its_notice() -> None:
+    """A policy created over a pod idle for hours warns before it acts."""
+    old = Observation("HoldingIdleGPU", certain=True, since=NOW - timedelta(hours=5))
+    step = _step(old)
+    assert step.announcement is not None
+    assert step.announcement.due == NOW + NOTICE
+
+
+def test_it_waits_then_acts_when_enforced() -> None:
+    shown = _step(HELD).announcement
+    assert shown is not None
+    waiting = _step(HELD, shown, now=NOW + timedelta(minutes=5))
+    assert (waiting.kind, waiting.until) == ("Wait", shown.due)
+    acting = _step(HELD, shown, now=shown.due)
+    assert (acting.kind, acting.announcement) == ("Act", shown)
+
+
+def test_a_dry_run_is_recorded_once() -> None:
+    dry = [PodRule(finding="HoldingIdleGPU", after="30m", action="ScaleToZero")]
+    shown = _step(HELD, rules=dry).announcement
+    assert shown is not None
+    assert shown.mode == "DryRun"
+    recorded = _step(HELD, shown, now=shown.due, rules=dry)
+    assert recorded.kind == "Record"
+    assert recorded.announcement is not None
+    assert recorded.announcement.recorded
+    assert (
+        _step(HELD, recorded.announcement, now=shown.due + timedelta(hours=1), rules=dry).kind
+        == "Nothing"
+    )
+
+
+def test_uncertainty_holds_everything_and_announces_nothing() -> None:
+    shown = _step(HELD).announcement
+    unknown = Observation(None, certain=False)
+    held = _step(unknown, shown, now=NOW + timedelta(hours=2))
+    assert (held.kind, held.announcement) == ("Hold", shown), "neither acted upon nor cancelled"
+    assert _step(Observation("HoldingIdleGPU", certain=False)).kind == "Nothing"
+
+
+@pytest.mark.parametrize(
+    ("seen", "rules", "is_exempt", "why"),
+    [
+        (Observation(None, certain=True), RULES, False, "FindingCleared"),
+        (Observation("UsingUnallocatedGPU", certain=True), RULES, False, "FindingCleared"),
+        (HELD, RULES, True, "Exempt"),
+        (HELD, None, False, "RuleRemoved"),
+        (HELD, [MISUSE], False, "RuleRemoved"),
+    ],
+)
+def test_what_ends_an_announcement_cancels_it(
+    seen: Observation, rules: list[PodRule] | None, is_exempt: bool, why: str
+) -> None:
+    shown = _step(HELD).announcement
+    step = _step(seen, shown, rules=rules, is_exempt=is_exempt, now=NOW + timedelta(hours=1))
+    assert (step.kind, step.why, step.announcement) == ("Cancel", why, None)
+
+
+def test_a_rule_made_stricter_warns_again_and_an_unchanged_one_keeps_its_deadline() -> None:
+    dry = [PodRule(finding="HoldingIdleGPU", after="30m", action="ScaleToZero")]
+    shown = _step(HELD, rules=dry).announcement
+    assert shown is not None
+    later = shown.due + timedelta(minutes=1)
+    stricter = _step(HELD, shown, now=later)
+    assert stricter.kind == "Announce"
+    assert stricter.announcement is not None
+    assert stricter.announcement.due == later + NOTICE
+    assert stricter.announcement.since == IDLE_SINCE, "the finding's start is kept"
+    assert _step(HELD, shown, now=NOW + timedelta(minutes=1), rules=dry).kind == "Wait"
+
+
+def test_another_finding_under_another_rule_replaces_the_announcement() -> None:
+    shown = _step(HELD).announcement
+    misuse = Observation("UsingUnrequestedGPU", certain=True)
+    step = _step(misuse, shown, now=NOW + timedelta(minutes=1))
+    assert step.kind == "Announce"
+    assert step.announcement is not None
+    assert (step.announcement.finding, step.announcement.action) == ("UsingUnrequestedGPU", "Evict")
+    assert step.announcement.since == NOW + timedelta(minutes=1), (
+        "its own start, not the idle one's"
+    )
