@@ -8,7 +8,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
-from gpuusage_operator.policydecide import Announcement, Observation, Step, next_step
+from gpuusage_operator.policydecide import (
+    Announcement,
+    Observation,
+    Step,
+    decode,
+    encode,
+    next_step,
+    observe,
+)
 from gpuusage_operator.policyselect import covers, exempt, selects
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -188,3 +196,55 @@ def test_another_finding_under_another_rule_replaces_the_announcement() -> None:
     assert step.announcement.since == NOW + timedelta(minutes=1), (
         "its own start, not the idle one's"
     )
+
+
+@pytest.mark.parametrize(
+    ("condition", "finding", "certain"),
+    [
+        (None, None, True),
+        ({"status": "True", "reason": "ProcessesRunning"}, None, True),
+        ({"status": "True", "reason": "HoldingIdleGPU"}, "HoldingIdleGPU", True),
+        ({"status": "True", "reason": "UsingUnallocatedGPU"}, "UsingUnallocatedGPU", True),
+        ({"status": "False", "reason": "RequestedGPUsIdle"}, "RequestedGPUsIdle", True),
+        ({"status": "False", "reason": "ProcessesEnded"}, None, True),
+        ({"status": "Unknown", "reason": "NodeReportStale"}, None, False),
+        ({"status": "Unknown", "reason": "ContainerRestarted"}, None, False),
+    ],
+)
+def test_a_pods_finding_is_what_its_condition_states(
+    condition: dict[str, str] | None, finding: str | None, certain: bool
+) -> None:
+    seen = observe(condition)
+    assert (seen.finding, seen.certain) == (finding, certain)
+
+
+def test_a_findings_start_comes_from_the_report_or_the_condition() -> None:
+    held = observe({"status": "True", "reason": "HoldingIdleGPU"}, held_idle_since=IDLE_SINCE)
+    assert held.since == IDLE_SINCE
+    idle = observe(
+        {
+            "status": "False",
+            "reason": "RequestedGPUsIdle",
+            "lastTransitionTime": "2026-11-25T11:00:00Z",
+        }
+    )
+    assert idle.since == datetime(2026, 11, 25, 11, 0, tzinfo=UTC)
+    assert observe({"status": "True", "reason": "UsingUnrequestedGPU"}).since is None
+
+
+def test_an_announcement_reads_back_as_written_and_a_garbled_one_is_none() -> None:
+    shown = _step(HELD).announcement
+    assert shown is not None
+    assert decode(encode(shown)) == shown
+    recorded = Announcement(**{**shown.__dict__, "recorded": True})
+    assert decode(encode(recorded)) == recorded
+    assert '"due":"2026-11-25T12:20:00Z"' in encode(shown)
+    for garbled in (
+        None,
+        "",
+        "{",
+        "[]",
+        '{"policy":"p"}',
+        encode(shown).replace("2026-11", "soon"),
+    ):
+        assert decode(garbled) is None, garbled

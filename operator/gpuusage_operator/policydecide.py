@@ -21,12 +21,14 @@ skipped. The steps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from gpuusage.api.policy import PodRule, parse_duration
+from gpuusage.api.times import format_time, parse_time
 
 StepKind = Literal["Announce", "Wait", "Act", "Record", "Hold", "Cancel", "Nothing"]
 
@@ -134,3 +136,68 @@ def _same_rule(shown: Announcement, rule: PodRule) -> bool:
         rule.mode,
         rule.after,
     )
+
+
+FINDING_OF: dict[tuple[str, str], str] = {
+    ("True", "HoldingIdleGPU"): "HoldingIdleGPU",
+    ("True", "UsingUnrequestedGPU"): "UsingUnrequestedGPU",
+    ("True", "UsingUnallocatedGPU"): "UsingUnallocatedGPU",
+    ("False", "RequestedGPUsIdle"): "RequestedGPUsIdle",
+}
+"""The pod condition (status, reason) that states each finding."""
+
+
+def observe(
+    condition: Mapping[str, str] | None, held_idle_since: datetime | None = None
+) -> Observation:
+    """A pod's finding as its GPUInUse condition states it: Unknown is uncertain; the finding's
+    start is the report's heldIdleSince for memory held idle, the condition's transition time
+    for requested GPUs left idle (it dates from the start of the idleness), unknown for
+    misuse (its announcement starts it)."""
+    if condition is None:
+        return Observation(None, certain=True)
+    status, reason = condition.get("status", ""), condition.get("reason", "")
+    if status == "Unknown":
+        return Observation(None, certain=False)
+    finding = FINDING_OF.get((status, reason))
+    since = None
+    if finding == "HoldingIdleGPU":
+        since = held_idle_since
+    elif finding == "RequestedGPUsIdle":
+        since = parse_time(condition.get("lastTransitionTime"))
+    return Observation(finding, certain=True, since=since)
+
+
+def encode(announcement: Announcement) -> str:
+    """The gpuusage.io/policy-action annotation's value: compact JSON a person can read."""
+    doc: dict[str, object] = {
+        "policy": announcement.policy,
+        "finding": announcement.finding,
+        "action": announcement.action,
+        "mode": announcement.mode,
+        "after": announcement.after,
+        "since": format_time(announcement.since),
+        "due": format_time(announcement.due),
+    }
+    if announcement.recorded:
+        doc["recorded"] = True
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def decode(text: str | None) -> Announcement | None:
+    """The announcement an annotation holds; None when absent or not one of ours (a hand edit
+    that cannot be read is replaced by a fresh announcement, never acted upon)."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        since, due = parse_time(doc["since"]), parse_time(doc["due"])
+        policy, finding, action, mode, after = (
+            str(doc[k]) for k in ("policy", "finding", "action", "mode", "after")
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+    if since is None or due is None:
+        return None
+    recorded = doc.get("recorded") is True
+    return Announcement(policy, finding, action, mode, after, since, due, recorded)
