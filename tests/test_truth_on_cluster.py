@@ -639,3 +639,18 @@ def test_a_process_that_ends_while_its_container_runs_on_ends_its_use(
     )
     assert ended.reason == "ProcessesEnded"
     assert events(world, "train") == ["GPUUseEnded", "GPUUseStarted"]  # sorted
+
+
+def test_a_pod_that_people_annotated_exempt_is_not_marked(make_world: WorldFactory) -> None:
+    """gpuusage.io/exempt is a people's annotation of our group (policies leave such a pod
+    alone): it marks nothing, so the operator never 'unmarks' the pod with a condition it
+    never had."""
+    exempt = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
+    world = make_world({"train": 1, "quiet": 0}, pod_extras={"quiet": exempt})
+    wait_for(lambda: in_use(world, "train"), what="train in use")
+    wait_for(
+        lambda: report(world, world["node"]).get("status", {}).get("observedGeneration"),
+        what="the report reconciled",
+    )
+    assert [c.type for c in conditions(pod(world, "quiet"))] == ["Ready"]
+    assert pod_annotations(world, "quiet") == {names.ANNOTATION_EXEMPT: "true"}

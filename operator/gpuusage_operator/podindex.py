@@ -74,6 +74,15 @@ class PodSnapshot:
         return dict(self.annotations)
 
     @property
+    def marked(self) -> bool:
+        """Whether it carries what the operator writes: a people's annotation of our group
+        (gpuusage.io/exempt) alone marks nothing, or the pod would be "unmarked" with a
+        condition it never had."""
+        return bool(self.condition) or any(
+            k in names.OPERATOR_ANNOTATIONS for k, _ in self.annotations
+        )
+
+    @property
     def our_condition(self) -> dict[str, str] | None:
         return dict(self.condition) if self.condition else None
 
@@ -185,7 +194,7 @@ def index_keys(
         return {}
     keys = {UID_KEY + ref.uid: ref}
     keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
-    if ref.node and (ref.annotations or ref.condition):
+    if ref.node and ref.marked:
         keys[MARKED_KEY + ref.node] = ref
     if ref.node and ref.running and (ref.gpu_requests > 0 or ref.claims or ref.fraction):
         keys[REQUESTING_KEY + ref.node] = ref

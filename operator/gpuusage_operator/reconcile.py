@@ -52,7 +52,7 @@ from gpuusage_operator.freshness import (
 from gpuusage_operator.holding import held_idle, next_held_deadline
 from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_deadline
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
-from gpuusage_operator.podstate import PodEvent, Verdict, annotation_patch, plan_pod, verdicts
+from gpuusage_operator.podstate import PodEvent, Verdict, plan_pod, verdicts
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES, pod_uses, resolve_all
 from gpuusage_operator.restarts import RESTART_GRACE, RestartCause, settle_until
 from gpuusage_operator.showback import pod_allocations
@@ -464,9 +464,11 @@ class Reconciler:
         self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
 
     def _clear(self, ref: PodSnapshot) -> None:
-        """Remove our annotations and condition from a pod (no Event: nothing was observed)."""
+        """Remove what the operator wrote on a pod, a policy's announcement too (no Event:
+        nothing was observed)."""
         try:
-            patch = annotation_patch(ref.our_annotations, None)
+            shown = ref.our_annotations
+            patch = {k: None for k in names.OPERATOR_ANNOTATIONS if k in shown} or None
             if patch is not None:
                 self._write_pod(ref, {"metadata": {"annotations": patch}}, False)
             if ref.our_condition is not None:

@@ -18,6 +18,12 @@ SHORT_NAMES: Final = ("gnu",)
 CATEGORIES: Final = ("gpuusage",)
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
+# Pod annotations and condition written by the operator.
+ANNOTATION_GPUS: Final = f"{GROUP}/gpus"
+ANNOTATION_GPU_MEMORY_MIB: Final = f"{GROUP}/gpu-memory-mib"
+ANNOTATION_USAGE: Final = f"{GROUP}/usage"
+POD_CONDITION_GPU_IN_USE: Final = f"{GROUP}/GPUInUse"
+
 # GpuUsagePolicy: what to do about what gpuusage sees (cluster-scoped).
 POLICY_KIND: Final = "GpuUsagePolicy"
 POLICY_PLURAL: Final = "gpuusagepolicies"
@@ -25,15 +31,19 @@ POLICY_SINGULAR: Final = "gpuusagepolicy"
 POLICY_SHORT_NAMES: Final = ("gup",)
 POLICY_CRD_NAME: Final = f"{POLICY_PLURAL}.{GROUP}"
 ANNOTATION_EXEMPT: Final = f"{GROUP}/exempt"
-"""On a pod or its namespace, "true": no policy acts on it."""
+"""On a pod or its namespace, "true": no policy acts on it. Written by people, not by us."""
+ANNOTATION_POLICY_ACTION: Final = f"{GROUP}/policy-action"
+"""On a pod: what a policy will do about it and when (the operator's announcement)."""
+OPERATOR_ANNOTATIONS: Final = (
+    ANNOTATION_GPUS,
+    ANNOTATION_GPU_MEMORY_MIB,
+    ANNOTATION_USAGE,
+    ANNOTATION_POLICY_ACTION,
+)
+"""The annotations the operator writes; a pod carrying one of them (or the condition) is
+marked. Others of our group (gpuusage.io/exempt) are people's and mark nothing."""
 NODE_CONDITION_ORPHANED: Final = f"{GROUP}/OrphanedGPUMemory"
 """The Node condition type and the NoSchedule taint key of the OrphanedGPUMemory node rule."""
-
-# Pod annotations and condition written by the operator.
-ANNOTATION_GPUS: Final = f"{GROUP}/gpus"
-ANNOTATION_GPU_MEMORY_MIB: Final = f"{GROUP}/gpu-memory-mib"
-ANNOTATION_USAGE: Final = f"{GROUP}/usage"
-POD_CONDITION_GPU_IN_USE: Final = f"{GROUP}/GPUInUse"
 
 # Conditions on GpuNodeUsage.status.
 CONDITION_READY: Final = "Ready"
