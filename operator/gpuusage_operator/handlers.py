@@ -31,6 +31,7 @@ from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.peering import Peering
 from gpuusage_operator.podwatch import PodWatch
+from gpuusage_operator.policywatch import PolicyWatch
 from gpuusage_operator.reconcile import Reconciler
 
 
@@ -47,6 +48,7 @@ def build_registry(
     dra: DraWatch,
     leases: LeaseWatch,
     clock: Clock = utc_now,
+    policies: PolicyWatch | None = None,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
@@ -111,6 +113,11 @@ def build_registry(
         memo["dra"].start()
         memo["leases"] = threading.Thread(target=leases.start, name="lease-start", daemon=True)
         memo["leases"].start()
+        if policies is not None:
+            memo["policies"] = threading.Thread(
+                target=policies.start, name="policy-start", daemon=True
+            )
+            memo["policies"].start()
         memo["housekeeping"] = asyncio.create_task(
             housekeeping(
                 reconciler,
@@ -130,6 +137,8 @@ def build_registry(
         pods.stop()
         dra.stop()
         leases.stop()
+        if policies is not None:
+            policies.stop()
         workers.shutdown(wait=False, cancel_futures=True)
         task = kwargs["memo"].get("housekeeping")
         if task is not None:

@@ -21,6 +21,8 @@ from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.peering import own_identity
 from gpuusage_operator.podwatch import PodWatch
+from gpuusage_operator.policyrun import PolicyRunner
+from gpuusage_operator.policywatch import PolicyWatch
 from gpuusage_operator.reconcile import Reconciler
 from gpuusage_operator.settings import OperatorSettings
 
@@ -69,6 +71,18 @@ class Operator:
             on_news=self.reconciler.mark_due,
         )
         self.reconciler.renewals = self.leases.renewal
+        self.policies = PolicyWatch(
+            client.CustomObjectsApi(self._watch_api),
+            client.CoreV1Api(self._watch_api),
+            health=self.health,
+        )
+        self.reconciler.policies = PolicyRunner(
+            self.policies,
+            client.CustomObjectsApi(self.api),
+            self.reconciler.annotate,
+            self.reconciler.record_event,
+            notice=timedelta(seconds=settings.policy_notice),
+        )
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
         self.peering = join_peering(settings, self.api, self.identity)
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
@@ -93,6 +107,7 @@ class Operator:
                 dra=self.dra,
                 leases=self.leases,
                 clock=self.clock,
+                policies=self.policies,
             )
             kopf.run(
                 registry=registry,
@@ -113,6 +128,7 @@ class Operator:
             self.pods.stop()
             self.dra.stop()
             self.leases.stop()
+            self.policies.stop()
             self._watch_api.close()  # type: ignore[no-untyped-call]
             self.api.close()  # type: ignore[no-untyped-call]
         return 0

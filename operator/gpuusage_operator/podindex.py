@@ -10,7 +10,7 @@ as the agent reports bare IDs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuusage.api import names
@@ -65,6 +65,9 @@ class PodSnapshot:
     """Phase Running and not being deleted: only such a pod can leave requested GPUs idle."""
     started_at: str | None = None
     """status.startTime (RFC 3339): when the kubelet accepted the pod."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """Its labels, for policies' pod selectors: kept only for pods a policy may act on (marked
+    by us, or holding GPUs), so the index stays small for the cluster's other pods."""
     exits: tuple[tuple[str, str], ...] = ()
     """(container name, finishedAt) of each container's latest exit that the kubelet restarts
     it from (its lastState, or its state while the pod runs on): see restarts."""
@@ -141,7 +144,7 @@ def snapshot_of(
         None,
     )
     claims, pending = pod_claims(body)
-    return PodSnapshot(
+    ref = PodSnapshot(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(uid),
@@ -160,6 +163,10 @@ def snapshot_of(
         started_at=status.get("startTime"),
         exits=container_exits(status, (body.get("spec") or {}).get("restartPolicy")),
     )
+    if ref.marked or ref.gpu_requests > 0 or ref.claims or ref.fraction:
+        labels = tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items()))
+        ref = replace(ref, labels=labels)
+    return ref
 
 
 def container_exits(

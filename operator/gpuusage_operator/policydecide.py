@@ -46,7 +46,9 @@ class Announcement:
     """When the finding began (as far as the operator knows)."""
     due: datetime
     recorded: bool = False
-    """A dry run's decision has been recorded (it is recorded once)."""
+    """The due step was taken for good (a dry run recorded, the action done or refused for
+    good): it is not taken again. An action that failed and is to be retried leaves it
+    unset."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,10 @@ def next_step(
         return Step("Announce", wanted)
     if now < shown.due:
         return Step("Wait", shown, until=shown.due)
-    if shown.mode == "Enforce":
-        return Step("Act", shown)
     if shown.recorded:
         return Step("Nothing", shown)
+    if shown.mode == "Enforce":
+        return Step("Act", shown)
     return Step("Record", replace(shown, recorded=True))
 
 

@@ -13,11 +13,12 @@ never stops the rest.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
 from collections import Counter as TallyCounter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -53,6 +54,7 @@ from gpuusage_operator.holding import held_idle, next_held_deadline
 from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_deadline
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import PodEvent, Verdict, plan_pod, verdicts
+from gpuusage_operator.policyrun import PolicyRunner
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES, pod_uses, resolve_all
 from gpuusage_operator.restarts import RESTART_GRACE, RestartCause, settle_until
 from gpuusage_operator.showback import pod_allocations
@@ -125,6 +127,7 @@ class Reconciler:
     does not change sends no event, so the housekeeping pass reconciles it then."""
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     """Report name → the UIDs of the pods its status lists."""
+    _event_seq: Iterator[int] = field(default_factory=itertools.count)
     _absent: dict[str, datetime] = field(default_factory=dict)
     """Pod UID → when a report first showed none of the processes of a pod marked in use
     (see restarts: its marks settle before use is called ended)."""
@@ -140,6 +143,8 @@ class Reconciler:
     """What counts as handing a pod a GPU (see allocation)."""
     driver_namespaces: frozenset[str] = frozenset(DEFAULT_DRIVER_NAMESPACES)
     """Where NVIDIA's daemons (the MPS server) run as pods (see resolution)."""
+    policies: PolicyRunner | None = None
+    """Carries out the GpuUsagePolicies about the pods each reconcile judges (None: none)."""
     renewals: Callable[[str], Renewal | None] = field(default=lambda node: None)
     """A node agent's Lease as the operator saw it renewed (see leasewatch); by default none
     is known, and freshness comes from the reports alone."""
@@ -287,7 +292,14 @@ class Reconciler:
                 continue
             if isinstance(verdict.unknown, RestartCause):
                 wake.append(verdict.unknown.until)
-            self._pod(verdict, spec.node_name, now)
+            shown = self._pod(verdict, spec.node_name, now)
+            if self.policies is not None and shown is not None:
+                since = verdict.judgement.held_idle_since if verdict.judgement else None
+                due = self.policies.visit(verdict.pod, shown, since, now)
+                if due is not None:
+                    wake.append(due)
+        if self.policies is not None:
+            self.policies.flush()
         if previous is None or previous != status:  # the bodies are built only to be compared
             wanted = status.to_patch()
             known = None if previous is None else previous.to_patch()
@@ -417,8 +429,9 @@ class Reconciler:
             self._absent.pop(uid, None)
         return until
 
-    def _pod(self, verdict: Verdict, node: str, now: datetime) -> None:
-        """Apply plan_pod's writes to one pod, then record what the pod now shows."""
+    def _pod(self, verdict: Verdict, node: str, now: datetime) -> dict[str, Any] | None:
+        """Apply plan_pod's writes to one pod, then record what the pod now shows; the
+        condition it shows (None when the writes failed or the pod is gone)."""
         ref = verdict.pod
         applied = self._applied.get(ref.uid)
         if applied is None or ref.resource_version not in applied.versions:
@@ -436,12 +449,12 @@ class Reconciler:
                     self._event(ref, plan.event, plan.event_note, now)
         except NotFound:
             self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
-            return
+            return None
         except Invalid as exc:
             if not is_other_object(exc):
                 self.counts.api_errors[type(exc).__name__] += 1
                 log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-                return
+                return None
             # The pod of this name is not the one decided for (deleted and recreated under
             # the same name while the index lagged): nothing was written to it. Read it again
             # and leave it to the next report, instead of retrying what was meant for another.
@@ -454,14 +467,27 @@ class Reconciler:
                 self.refresh(ref.namespace, ref.name, ref.uid)
             except Exception as error:  # the watch's next list brings it in all the same
                 log.warning("pod %s/%s: cannot read it again: %s", ref.namespace, ref.name, error)
-            return
+            return None
         except Exception as exc:  # one pod must not stop the others
             self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-            return
+            return None
         if plan.annotation_patch is None and plan.condition_patch is None:
-            return  # nothing written: what the index shows stays the truth
+            return plan.condition  # nothing written: what the index shows stays the truth
         self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
+        return plan.condition
+
+    def annotate(self, ref: PodSnapshot, patch: dict[str, str | None]) -> None:
+        """Patch annotations of a pod decided for (its UID a precondition); best effort: a
+        failure is counted and logged, and the next reconcile decides again."""
+        try:
+            self._write_pod(ref, {"metadata": {"annotations": patch}}, False)
+        except Exception as exc:
+            self.counts.api_errors[type(exc).__name__] += 1
+            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+
+    def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
+        self._event(ref, what, note, now)
 
     def _clear(self, ref: PodSnapshot) -> None:
         """Remove what the operator wrote on a pod, a policy's announcement too (no Event:
@@ -520,8 +546,11 @@ class Reconciler:
     def _event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
         event = client.EventsV1Event(
             # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
+            # Several Events of one pod in one reconcile share `now`: the sequence tells them
+            # apart (one name twice is refused as AlreadyExists, and the Event lost).
             metadata=client.V1ObjectMeta(
-                name=f"{ref.name}.{int(now.timestamp() * 1e9):x}"[:253], namespace=ref.namespace
+                name=f"{ref.name}.{int(now.timestamp() * 1e9) + next(self._event_seq):x}"[:253],
+                namespace=ref.namespace,
             ),
             event_time=now.astimezone(UTC),
             action="GPUUse",

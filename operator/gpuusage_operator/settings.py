@@ -27,6 +27,9 @@ class OperatorSettings(CommandSettings):
     """Seconds after a container's exit that its pod's GPU use, missing meanwhile, is Unknown
     (reason ContainerRestarted) rather than ended, while the kubelet restarts the container;
     use seen again within them went on (no Event). 0: a restart ends use at once."""
+    policy_notice: float = Field(default=300.0, ge=0, le=86400)
+    """Seconds a policy's announcement (the pod's gpuusage.io/policy-action annotation and a
+    Warning Event) comes at least before its deadline, so that the pod's owner can react."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
     standalone: bool = False

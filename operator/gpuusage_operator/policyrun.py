@@ -1,0 +1,211 @@
+"""Policies carried out: the thin edge between policydecide's steps and the API.
+
+Each reconcile asks the runner about each pod it judged (visit), with the pod's condition as
+this reconcile leaves it; the runner takes the one step the covering policy wants (see
+policydecide), writes the pod's announcement annotation and an Event, and remembers the
+decision for the policy's status, which `flush` writes once per reconcile. This version carries
+out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict needs rights the
+operator is not given by the base install, and is recorded as NotPermitted, with a Warning
+Event, instead of being attempted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpuusage.api import names
+from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec, Target
+from gpuusage.api.times import format_time
+from gpuusage_operator.podindex import PodSnapshot
+from gpuusage_operator.podstate import PodEvent
+from gpuusage_operator.policydecide import Announcement, Step, decode, encode, next_step, observe
+from gpuusage_operator.policyselect import exempt
+from gpuusage_operator.policywatch import PolicyWatch
+
+log = logging.getLogger(__name__)
+
+NOTICE = timedelta(minutes=5)
+"""The least warning an announcement gives before its deadline (--policy-notice)."""
+WHAT = {
+    "Notify": "tell its owner (an Event)",
+    "ScaleToZero": "scale its workload to zero",
+    "Suspend": "suspend its Job",
+    "DeletePod": "delete the pod",
+    "Evict": "evict the pod",
+}
+PERMITTED = frozenset({"Notify"})
+"""Actions this operator may carry out with the rights of the base install."""
+OPT_OUT = f"annotate the pod or its namespace {names.ANNOTATION_EXEMPT}=true to opt out"
+
+
+def mode_of(spec: GpuUsagePolicySpec) -> str:
+    modes = {r.mode for r in spec.rules} | {r.mode for r in spec.node_rules}
+    return modes.pop() if len(modes) == 1 else "Mixed"
+
+
+def rules_of(spec: GpuUsagePolicySpec) -> str:
+    listed = [f"{r.finding}>{r.action}" for r in spec.rules]
+    listed += [f"{r.finding}>{r.action}" for r in spec.node_rules]
+    return ",".join(listed)[:256]
+
+
+@dataclass
+class PolicyRunner:
+    watch: PolicyWatch
+    custom: Any
+    """A CustomObjectsApi: the policies' status is written through it."""
+    annotate: Callable[[PodSnapshot, dict[str, str | None]], None]
+    """Patch the pod's annotations (with its UID as precondition)."""
+    record: Callable[[PodSnapshot, PodEvent, str, datetime], None]
+    """Record an Event on the pod."""
+    notice: timedelta = NOTICE
+    _pending: dict[str, list[Decision]] = field(default_factory=dict)
+    _written: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def visit(
+        self,
+        pod: PodSnapshot,
+        condition: Mapping[str, str] | None,
+        held_idle_since: datetime | None,
+        now: datetime,
+    ) -> datetime | None:
+        """Take the covering policy's next step about the pod; when to look again."""
+        if not self.watch.synced:
+            return None  # a partial view neither acts nor cancels
+        ours = pod.our_annotations
+        shown = decode(ours.get(names.ANNOTATION_POLICY_ACTION))
+        policy, namespace_exempt = self.watch.covering(pod.namespace, dict(pod.labels))
+        if shown is not None and (policy is None or shown.policy != policy.name):
+            # the announcement's policy no longer covers the pod (deleted, reselected)
+            gone = self.watch.policy(shown.policy)
+            self._take(pod, Step("Cancel", why="RuleRemoved"), shown, gone is not None, now)
+            shown = None
+        if policy is None:
+            return None
+        step = next_step(
+            policy.name,
+            policy.spec.rules,
+            observe(condition, held_idle_since),
+            shown,
+            exempt=exempt(ours) or namespace_exempt,
+            now=now,
+            notice=self.notice,
+        )
+        self._take(pod, step, shown, True, now)
+        return step.until
+
+    def _take(
+        self, pod: PodSnapshot, step: Step, shown: Announcement | None, known: bool, now: datetime
+    ) -> None:
+        subject = step.announcement or shown
+        if step.kind in ("Wait", "Hold", "Nothing") or subject is None:
+            return
+        what = WHAT.get(subject.action, subject.action)
+        head = f"policy {subject.policy}: {subject.finding}"
+        if step.kind == "Cancel":
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: None})
+            why = {"FindingCleared": "the finding cleared", "Exempt": "the pod is exempt"}.get(
+                step.why, "the policy no longer covers the pod"
+            )
+            note = f"{head}: will not {what}: {why}"
+            self.record(pod, PodEvent("GPUPolicyCancelled", note), note, now)
+            if known:
+                self._decide(pod, subject, "Cancelled", now)
+            return
+        assert step.announcement is not None  # the other steps carry one
+        announced = step.announcement
+        if step.kind == "Announce":
+            note = (
+                f"{head} since {format_time(announced.since)}: will {what} at "
+                f"{format_time(announced.due)} ({announced.mode}); {OPT_OUT}"
+            )
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
+            self.record(pod, PodEvent("GPUPolicyPending", note, "Warning"), note, now)
+            self._decide(pod, announced, "Pending", now)
+            return
+        if step.kind == "Record":
+            note = f"{head}: would {what} now (DryRun: nothing done)"
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
+            self.record(pod, PodEvent("GPUPolicyDryRun", note), note, now)
+            self._decide(pod, announced, "DryRun", now)
+            return
+        done = replace(announced, recorded=True)
+        self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
+        if announced.action in PERMITTED:
+            note = f"{head} for {announced.after} or more"
+            self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
+            self._decide(pod, done, "Done", now)
+            return
+        note = (
+            f"{head}: would {what}, but the operator is not given the rights to (install the "
+            "policy actions part); nothing done"
+        )
+        self.record(pod, PodEvent("GPUPolicyNotPermitted", note, "Warning"), note, now)
+        self._decide(pod, done, "NotPermitted", now)
+
+    def _decide(self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime) -> None:
+        decision = Decision(
+            target=Target(kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid),
+            finding=subject.finding,
+            action=subject.action,
+            mode="Enforce" if subject.mode == "Enforce" else "DryRun",
+            decided_at=now,
+            due_at=subject.due,
+            done=outcome == "Done",
+            outcome=outcome,
+        )
+        with self._lock:
+            self._pending.setdefault(subject.policy, []).append(decision)
+
+    def flush(self) -> None:
+        """Write the decisions taken since the last flush into their policies' status (newest
+        first, at most MAX_DECISIONS), with the mode, the rules and the actions taken."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for name, decisions in pending.items():
+            policy = self.watch.policy(name)
+            if policy is None:
+                continue
+            earlier, taken = self._written.get(name) or self._stored(name)
+            fresh = [
+                d.model_dump(by_alias=True, mode="json", exclude_defaults=True)
+                for d in reversed(decisions)
+            ]
+            listed = (fresh + earlier)[:MAX_DECISIONS]
+            taken += sum(1 for d in decisions if d.done)
+            status = {
+                "observedGeneration": policy.generation,
+                "mode": mode_of(policy.spec),
+                "rules": rules_of(policy.spec),
+                "actionsTaken": taken,
+                "decisions": listed,
+            }
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    names.GROUP,
+                    names.VERSION,
+                    names.POLICY_PLURAL,
+                    name,
+                    {"status": status},
+                )
+            except Exception as exc:  # the status is a record; the pods carry the truth
+                log.warning("GpuUsagePolicy %s: status not written: %s", name, exc)
+                continue
+            self._written[name] = (listed, taken)
+
+    def _stored(self, name: str) -> tuple[list[dict[str, Any]], int]:
+        """What the policy's status held when first written by this replica."""
+        try:
+            body = self.custom.get_cluster_custom_object_status(
+                names.GROUP, names.VERSION, names.POLICY_PLURAL, name
+            )
+        except Exception:  # a status that cannot be read starts afresh
+            return [], 0
+        status = (body or {}).get("status") or {}
+        return list(status.get("decisions") or []), int(status.get("actionsTaken") or 0)

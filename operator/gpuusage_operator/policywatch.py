@@ -1,0 +1,137 @@
+"""The GpuUsagePolicies and the namespaces' labels, kept by informers (never a read per pod).
+
+A policy whose spec the models refuse (written past an older CRD, or with the schema bypassed)
+is left out and logged once per generation: a policy that cannot be read never acts. Without
+the CRD or the right to read it (an install without policies), nothing is watched and no
+policy exists, which is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpuusage.api import names
+from gpuusage.api.policy import GpuUsagePolicySpec
+from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.informer import Informer, OptionalWatch, watch_kwargs
+from gpuusage_operator.policyselect import covers, exempt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    generation: int
+    spec: GpuUsagePolicySpec
+
+
+class PolicyState:
+    """The readable policies now, by name."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, Policy] = {}
+        self._refused: set[tuple[str, int]] = set()
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name, generation = str(meta.get("name") or ""), int(meta.get("generation") or 0)
+        if event_type == "DELETED":
+            self.policies.pop(name, None)
+            return
+        try:
+            spec = GpuUsagePolicySpec.model_validate(obj.get("spec") or {})
+        except ValidationError as exc:
+            self.policies.pop(name, None)
+            if (name, generation) not in self._refused:
+                self._refused.add((name, generation))
+                log.warning("GpuUsagePolicy %s cannot be read, it does nothing: %s", name, exc)
+            return
+        self.policies[name] = Policy(name, generation, spec)
+
+    def ids(self) -> set[str]:
+        return set(self.policies)
+
+    def __len__(self) -> int:
+        return len(self.policies)
+
+
+@dataclass(frozen=True)
+class NamespaceFacts:
+    labels: Mapping[str, str]
+    exempt: bool
+
+
+class NamespaceState:
+    """Each namespace's labels and opt-out."""
+
+    def __init__(self) -> None:
+        self.namespaces: dict[str, NamespaceFacts] = {}
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if event_type == "DELETED":
+            self.namespaces.pop(name, None)
+            return
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        self.namespaces[name] = NamespaceFacts(labels, exempt(meta.get("annotations")))
+
+    def ids(self) -> set[str]:
+        return set(self.namespaces)
+
+    def __len__(self) -> int:
+        return len(self.namespaces)
+
+
+class PolicyWatch(OptionalWatch):
+    """Watches the policies and the namespaces; `covering` says which policy acts on a pod."""
+
+    def __init__(self, custom: Any, core: Any, *, health: ApiHealth | None = None) -> None:
+        group = (names.GROUP, names.VERSION, names.POLICY_PLURAL)
+        self.policies: Informer[PolicyState] = Informer(
+            "gpuusagepolicy",
+            lambda limit, token: custom.list_cluster_custom_object(
+                *group, limit=limit, _continue=token, _preload_content=False
+            ),
+            lambda version: custom.list_cluster_custom_object(*group, **watch_kwargs(version)),
+            PolicyState,
+            health=health,
+        )
+        self.namespaces: Informer[NamespaceState] = Informer(
+            "namespace",
+            lambda limit, token: core.list_namespace(
+                limit=limit, _continue=token, _preload_content=False
+            ),
+            lambda version: core.list_namespace(**watch_kwargs(version)),
+            NamespaceState,
+            health=health,
+        )
+        super().__init__(
+            [self.policies, self.namespaces],
+            lambda: custom.list_cluster_custom_object(*group, limit=1, _preload_content=False),
+            "GpuUsagePolicies cannot be read (%s): no policy acts",
+        )
+
+    def covering(self, namespace: str, pod_labels: Mapping[str, str]) -> tuple[Policy | None, bool]:
+        """The policy that acts on a pod (the first by name among those whose selectors pick
+        it), and whether its namespace opted out. None until both informers listed: a policy
+        never acts on a partial view."""
+        if not self.synced or not self.available.is_set():
+            return None, False
+        facts = self.namespaces.state.namespaces.get(namespace)
+        if facts is None:
+            return None, False
+        for name in sorted(self.policies.state.policies):
+            policy = self.policies.state.policies.get(name)
+            if policy is not None and covers(policy.spec, facts.labels, pod_labels):
+                return policy, facts.exempt
+        return None, facts.exempt
+
+    def policy(self, name: str) -> Policy | None:
+        return self.policies.state.policies.get(name)

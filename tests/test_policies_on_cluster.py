@@ -1,0 +1,155 @@
+"""Policies on the real control plane: announced first (the pod's annotation and a Warning
+Event with the deadline), a dry run recorded once and nothing done, a Notify carried out, an
+exempt pod left alone, an announcement cancelled when its finding clears, and the decisions in
+the policy's status."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuusage.api import names
+from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
+from tests.fakenvml import gpu_uuid
+from tests.worldview import events, pod, pod_annotations
+
+pytestmark = pytest.mark.cluster
+
+
+def _scenario(world: dict[str, Any], notebook_sm: int) -> None:
+    pids = world["pids"]
+    world["scenario"](
+        [
+            {
+                "index": 0,
+                "uuid": GPU0,
+                "memoryTotalMiB": 81920,
+                "processes": [
+                    {"pid": pids["train"], "usedMemoryMiB": 30720, "smUtil": 70},
+                    {"pid": pids["sneaky"], "usedMemoryMiB": 2048, "smUtil": 20},
+                ],
+            },
+            {
+                "index": 1,
+                "uuid": GPU1,
+                "memoryTotalMiB": 81920,
+                "processes": [
+                    {"pid": pids["notebook"], "usedMemoryMiB": 71680, "smUtil": notebook_sm}
+                ],
+            },
+            {
+                "index": 2,
+                "uuid": gpu_uuid(2),
+                "memoryTotalMiB": 81920,
+                "processes": [{"pid": pids["lab"], "usedMemoryMiB": 40960, "smUtil": 0}],
+            },
+        ]
+    )
+
+
+@pytest.fixture
+def policy(api: client.ApiClient) -> Iterator[dict[str, Any]]:
+    """A policy for one namespace, deleted afterwards (other tests' operators would apply it)."""
+    created: dict[str, Any] = {}
+    yield created
+    if created:
+        client.CustomObjectsApi(api).delete_cluster_custom_object(
+            names.GROUP, names.VERSION, names.POLICY_PLURAL, created["metadata"]["name"]
+        )
+
+
+def _announcement(world: dict[str, Any], name: str) -> dict[str, Any] | None:
+    text = pod_annotations(world, name).get(names.ANNOTATION_POLICY_ACTION)
+    return json.loads(text) if text else None
+
+
+def _status(api: client.ApiClient, name: str) -> dict[str, Any]:
+    body: Any = client.CustomObjectsApi(api).get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, name
+    )
+    return dict(body.get("status") or {})
+
+
+def test_a_dry_run_announces_records_once_and_does_nothing(
+    make_world: WorldFactory, api: client.ApiClient, policy: dict[str, Any]
+) -> None:
+    exempt = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
+    world = make_world(
+        {"train": 1, "notebook": 1, "lab": 1, "sneaky": 0},
+        idle_after=1.5,
+        agent_extras={"idle_window": 0.5},
+        operator_extras={"policy_notice": 2.0},
+        pod_extras={"lab": exempt},
+    )
+    _scenario(world, notebook_sm=0)
+    name = f"reclaim-{world['ns']}"
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.POLICY_KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": world["ns"]}},
+            "rules": [
+                {"finding": "HoldingIdleGPU", "after": "1s", "action": "ScaleToZero"},
+                {
+                    "finding": "UsingUnrequestedGPU",
+                    "after": "1s",
+                    "action": "Notify",
+                    "mode": "Enforce",
+                },
+            ],
+        },
+    }
+    created: Any = client.CustomObjectsApi(api).create_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
+    )
+    policy.update(created)
+    announced = wait_for(lambda: _announcement(world, "notebook"), what="the announcement")
+    assert (announced["policy"], announced["finding"], announced["action"]) == (
+        name,
+        "HoldingIdleGPU",
+        "ScaleToZero",
+    )
+    assert announced["mode"] == "DryRun"
+    wait_for(lambda: "GPUPolicyPending" in events(world, "notebook"), what="the warning")
+    wait_for(lambda: "GPUPolicyDryRun" in events(world, "notebook"), timeout=60, what="dry run")
+    wait_for(lambda: "GPUPolicyNotice" in events(world, "sneaky"), timeout=60, what="notice")
+
+    def outcomes() -> list[tuple[str, str]]:
+        listed = _status(api, name).get("decisions") or []
+        return sorted((d["target"]["name"], d["outcome"]) for d in listed)
+
+    wait_for(
+        lambda: (
+            outcomes()
+            == [
+                ("notebook", "DryRun"),
+                ("notebook", "Pending"),
+                ("sneaky", "Done"),
+                ("sneaky", "Pending"),
+            ]
+        ),
+        what="the decisions in the policy's status",
+    )
+    status = _status(api, name)
+    assert (status["mode"], status["actionsTaken"]) == ("Mixed", 1)
+    assert status["rules"] == "HoldingIdleGPU>ScaleToZero,UsingUnrequestedGPU>Notify"
+    # Nothing was done to the pod, and the dry run is recorded once.
+    counts = world["reconciler"].counts
+    seen = counts.reconciles
+    wait_for(lambda: counts.reconciles >= seen + 3, what="more reconciles")
+    assert events(world, "notebook").count("GPUPolicyDryRun") == 1
+    meta: Any = pod(world, "notebook").metadata
+    assert meta.deletion_timestamp is None
+    # The exempt pod, idle too, is left alone; the computing trainer is never announced.
+    assert _announcement(world, "lab") is None
+    assert _announcement(world, "train") is None
+    assert not [e for e in events(world, "lab") if e.startswith("GPUPolicy")]
+
+    _scenario(world, notebook_sm=60)  # the notebook computes again: the finding clears
+    wait_for(lambda: _announcement(world, "notebook") is None, what="the announcement gone")
+    wait_for(lambda: "GPUPolicyCancelled" in events(world, "notebook"), what="cancelled")
