@@ -141,8 +141,17 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         ("manifests/overlays/namespace", ("namespace.name=gpu-monitoring",), "elsewhere"),
         ("manifests/overlays/monitoring", ("monitoring.enabled=true",), NS),
         ("manifests/overlays/runtime-class", ("agent.runtimeClassName=nvidia",), NS),
+        ("manifests/overlays/policy-actions", ("operator.policyActions=true",), NS),
     ],
-    ids=["default", "base", "host-proc", "namespace", "monitoring", "runtime-class"],
+    ids=[
+        "default",
+        "base",
+        "host-proc",
+        "namespace",
+        "monitoring",
+        "runtime-class",
+        "policy-actions",
+    ],
 )
 def test_the_chart_renders_what_kustomize_builds(
     helm: Helm, kustomize: Kubectl, folder: str, sets: tuple[str, ...], namespace: str

@@ -21,6 +21,7 @@ from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.peering import own_identity
 from gpuusage_operator.podwatch import PodWatch
+from gpuusage_operator.policyact import Actor
 from gpuusage_operator.policyrun import PolicyRunner
 from gpuusage_operator.policywatch import PolicyWatch
 from gpuusage_operator.reconcile import Reconciler
@@ -82,6 +83,7 @@ class Operator:
             self.reconciler.annotate,
             self.reconciler.record_event,
             notice=timedelta(seconds=settings.policy_notice),
+            actor=Actor(self.api) if settings.policy_actions else None,
         )
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
         self.peering = join_peering(settings, self.api, self.identity)

@@ -4,9 +4,11 @@ Each reconcile asks the runner about each pod it judged (visit), with the pod's 
 this reconcile leaves it; the runner takes the one step the covering policy wants (see
 policydecide), writes the pod's announcement annotation and an Event, and remembers the
 decision for the policy's status, which `flush` writes once per reconcile. This version carries
-out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict needs rights the
-operator is not given by the base install, and is recorded as NotPermitted, with a Warning
-Event, instead of being attempted.
+out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict is carried out by
+an Actor (see policyact), which the operator has only with --policy-actions and the install's
+policy-actions part (the rights these need); without it the decision is recorded as
+NotPermitted, with a Warning Event, and nothing is attempted. An action refused for now (a
+PodDisruptionBudget) is tried again RETRY later.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec, Tar
 from gpuusage.api.times import format_time
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.podstate import PodEvent
+from gpuusage_operator.policyact import Actor, Result
 from gpuusage_operator.policydecide import Announcement, Step, decode, encode, next_step, observe
 from gpuusage_operator.policyselect import exempt
 from gpuusage_operator.policywatch import PolicyWatch
@@ -38,8 +41,8 @@ WHAT = {
     "DeletePod": "delete the pod",
     "Evict": "evict the pod",
 }
-PERMITTED = frozenset({"Notify"})
-"""Actions this operator may carry out with the rights of the base install."""
+RETRY = timedelta(minutes=1)
+"""How long after an action refused for now (a PodDisruptionBudget) it is tried again."""
 OPT_OUT = f"annotate the pod or its namespace {names.ANNOTATION_EXEMPT}=true to opt out"
 
 
@@ -64,6 +67,8 @@ class PolicyRunner:
     record: Callable[[PodSnapshot, PodEvent, str, datetime], None]
     """Record an Event on the pod."""
     notice: timedelta = NOTICE
+    actor: Actor | None = None
+    """Carries out enforced actions other than Notify (None: not turned on)."""
     _pending: dict[str, list[Decision]] = field(default_factory=dict)
     _written: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -136,18 +141,38 @@ class PolicyRunner:
             self._decide(pod, announced, "DryRun", now)
             return
         done = replace(announced, recorded=True)
-        self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
-        if announced.action in PERMITTED:
+        if announced.action == "Notify":
             note = f"{head} for {announced.after} or more"
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
             self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
             self._decide(pod, done, "Done", now)
             return
-        note = (
-            f"{head}: would {what}, but the operator is not given the rights to (install the "
-            "policy actions part); nothing done"
-        )
-        self.record(pod, PodEvent("GPUPolicyNotPermitted", note, "Warning"), note, now)
-        self._decide(pod, done, "NotPermitted", now)
+        if self.actor is None:
+            result = Result(
+                "NotPermitted",
+                "policy actions are not turned on (--policy-actions, with the install's "
+                "policy-actions part)",
+            )
+        else:
+            result = self.actor.act(pod.namespace, pod.name, pod.uid, announced.action)
+        if result.outcome == "Gone":
+            return  # the pod or its owner went meanwhile: nothing to act on, nothing to say
+        if result.outcome == "Refused":
+            later = replace(announced, due=now + RETRY)
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(later)})
+            again = format_time(later.due)
+            note = f"{head}: could not {what} yet: {result.detail}; trying again at {again}"
+            self.record(pod, PodEvent("GPUPolicyRefused", note, "Warning"), note, now)
+            self._decide(pod, later, "Refused", now)
+            return
+        self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
+        reason = {"Done": "GPUPolicyActed"}.get(result.outcome, f"GPUPolicy{result.outcome}")
+        if result.outcome == "Done":
+            note = f"{head}: {result.detail}"
+        else:
+            note = f"{head}: would {what}, but {result.detail}; nothing done"
+        self.record(pod, PodEvent(reason, note, "Warning"), note, now)
+        self._decide(pod, done, result.outcome, now)
 
     def _decide(self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime) -> None:
         decision = Decision(

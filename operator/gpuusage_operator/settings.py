@@ -30,6 +30,10 @@ class OperatorSettings(CommandSettings):
     policy_notice: float = Field(default=300.0, ge=0, le=86400)
     """Seconds a policy's announcement (the pod's gpuusage.io/policy-action annotation and a
     Warning Event) comes at least before its deadline, so that the pod's owner can react."""
+    policy_actions: bool = False
+    """Carry out enforced policy actions other than Notify (ScaleToZero, Suspend, DeletePod,
+    Evict); the rights they need come with the install's policy-actions part. Off: such
+    decisions are recorded as NotPermitted."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
     standalone: bool = False
