@@ -44,10 +44,21 @@ GPUS = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"]]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from installed_world(tmp_path_factory.mktemp("node-e2e"))
+
+
+def installed_world(
+    directory: Path,
+    *,
+    base: str = "manifests",
+    agent_args: tuple[str, ...] = ("--interval", "1"),
+    operator_args: tuple[str, ...] = (),
+) -> Iterator[dict[str, Any]]:
+    """The real node with the product installed by `kubectl apply -k` of `base` through the
+    local node's overlay: the world the tests share (skipped where no node can run)."""
     why = cannot_run_node(product=True)
     if why is not None:
         pytest.skip(f"this machine cannot run a node: {why}")
-    directory = tmp_path_factory.mktemp("node-e2e")
     scenario = directory / "scenario"
     scenario.mkdir()
     world: dict[str, Any] = {"scenario": scenario}
@@ -58,7 +69,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
             apiserver_port=int(cluster.server.rsplit(":", 1)[1]),
             scenario_dir=scenario,
             kubelet_root=node.directory / "kubelet",
-            agent_args=("--interval", "1"),
+            agent_args=agent_args,
+            operator_args=operator_args,
+            base=base,
         )
         kubectl = [str(cluster.binaries.kubectl), "--kubeconfig", str(cluster.kubeconfig)]
         subprocess.run([*kubectl, "apply", "-k", str(folder)], check=True, capture_output=True)

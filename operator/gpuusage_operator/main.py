@@ -76,6 +76,7 @@ class Operator:
             client.CustomObjectsApi(self._watch_api),
             client.CoreV1Api(self._watch_api),
             health=self.health,
+            on_change=lambda: self.reconciler.mark_due(self.pods.lookup().nodes_with_our_marks()),
         )
         self.reconciler.policies = PolicyRunner(
             self.policies,

@@ -102,15 +102,18 @@ class PolicyRunner:
             now=now,
             notice=self.notice,
         )
-        self._take(pod, step, shown, True, now)
-        return step.until
+        left = self._take(pod, step, shown, True, now)
+        if left is None or left.recorded:
+            return None
+        return left.due  # looked at again when due, though no report changes
 
     def _take(
         self, pod: PodSnapshot, step: Step, shown: Announcement | None, known: bool, now: datetime
-    ) -> None:
+    ) -> Announcement | None:
+        """Carry out the step; the announcement the pod carries afterwards."""
         subject = step.announcement or shown
         if step.kind in ("Wait", "Hold", "Nothing") or subject is None:
-            return
+            return step.announcement
         what = WHAT.get(subject.action, subject.action)
         head = f"policy {subject.policy}: {subject.finding}"
         if step.kind == "Cancel":
@@ -122,7 +125,7 @@ class PolicyRunner:
             self.record(pod, PodEvent("GPUPolicyCancelled", note), note, now)
             if known:
                 self._decide(pod, subject, "Cancelled", now)
-            return
+            return None
         assert step.announcement is not None  # the other steps carry one
         announced = step.announcement
         if step.kind == "Announce":
@@ -133,20 +136,20 @@ class PolicyRunner:
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
             self.record(pod, PodEvent("GPUPolicyPending", note, "Warning"), note, now)
             self._decide(pod, announced, "Pending", now)
-            return
+            return announced
         if step.kind == "Record":
             note = f"{head}: would {what} now (DryRun: nothing done)"
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
             self.record(pod, PodEvent("GPUPolicyDryRun", note), note, now)
             self._decide(pod, announced, "DryRun", now)
-            return
+            return announced
         done = replace(announced, recorded=True)
         if announced.action == "Notify":
             note = f"{head} for {announced.after} or more"
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
             self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
             self._decide(pod, done, "Done", now)
-            return
+            return done
         if self.actor is None:
             result = Result(
                 "NotPermitted",
@@ -156,7 +159,7 @@ class PolicyRunner:
         else:
             result = self.actor.act(pod.namespace, pod.name, pod.uid, announced.action)
         if result.outcome == "Gone":
-            return  # the pod or its owner went meanwhile: nothing to act on, nothing to say
+            return None  # the pod or its owner went meanwhile: nothing to act on or say
         if result.outcome == "Refused":
             later = replace(announced, due=now + RETRY)
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(later)})
@@ -164,7 +167,7 @@ class PolicyRunner:
             note = f"{head}: could not {what} yet: {result.detail}; trying again at {again}"
             self.record(pod, PodEvent("GPUPolicyRefused", note, "Warning"), note, now)
             self._decide(pod, later, "Refused", now)
-            return
+            return later
         self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
         reason = {"Done": "GPUPolicyActed"}.get(result.outcome, f"GPUPolicy{result.outcome}")
         if result.outcome == "Done":
@@ -173,6 +176,7 @@ class PolicyRunner:
             note = f"{head}: would {what}, but {result.detail}; nothing done"
         self.record(pod, PodEvent(reason, note, "Warning"), note, now)
         self._decide(pod, done, result.outcome, now)
+        return done
 
     def _decide(self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime) -> None:
         decision = Decision(

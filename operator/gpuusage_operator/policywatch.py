@@ -9,7 +9,7 @@ policy exists, which is logged once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,18 +32,24 @@ class Policy:
 
 
 class PolicyState:
-    """The readable policies now, by name."""
+    """The readable policies now, by name; `on_change` hears of each policy that came, changed
+    or went (a policy's pods are judged again without waiting for a report to change)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self.policies: dict[str, Policy] = {}
         self._refused: set[tuple[str, int]] = set()
+        self._on_change = on_change
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         name, generation = str(meta.get("name") or ""), int(meta.get("generation") or 0)
+        known = self.policies.get(name)
         if event_type == "DELETED":
-            self.policies.pop(name, None)
+            if self.policies.pop(name, None) is not None:
+                self._on_change()
             return
+        if known is not None and known.generation == generation:
+            return  # only its status changed (our own decisions)
         try:
             spec = GpuUsagePolicySpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
@@ -53,6 +59,7 @@ class PolicyState:
                 log.warning("GpuUsagePolicy %s cannot be read, it does nothing: %s", name, exc)
             return
         self.policies[name] = Policy(name, generation, spec)
+        self._on_change()
 
     def ids(self) -> set[str]:
         return set(self.policies)
@@ -92,7 +99,14 @@ class NamespaceState:
 class PolicyWatch(OptionalWatch):
     """Watches the policies and the namespaces; `covering` says which policy acts on a pod."""
 
-    def __init__(self, custom: Any, core: Any, *, health: ApiHealth | None = None) -> None:
+    def __init__(
+        self,
+        custom: Any,
+        core: Any,
+        *,
+        health: ApiHealth | None = None,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
         group = (names.GROUP, names.VERSION, names.POLICY_PLURAL)
         self.policies: Informer[PolicyState] = Informer(
             "gpuusagepolicy",
@@ -100,7 +114,7 @@ class PolicyWatch(OptionalWatch):
                 *group, limit=limit, _continue=token, _preload_content=False
             ),
             lambda version: custom.list_cluster_custom_object(*group, **watch_kwargs(version)),
-            PolicyState,
+            lambda: PolicyState(on_change),
             health=health,
         )
         self.namespaces: Informer[NamespaceState] = Informer(

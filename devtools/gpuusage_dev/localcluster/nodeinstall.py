@@ -53,10 +53,12 @@ def overlay(
     kubelet_root: Path,
     agent_args: tuple[str, ...] = (),
     operator_args: tuple[str, ...] = (),
+    base: str = "manifests",
 ) -> Path:
     """Write the overlay's kustomization into `directory`; its folder, for `kubectl apply -k`.
     `agent_args`, `operator_args`: more flags (tests shorten the agent's interval, the demo
-    the operator's --idle-after)."""
+    the operator's --idle-after); `base`: the install it builds on (a folder of the
+    repository: manifests/, or one of its overlays)."""
     agent = [
         *_api_env(apiserver_port),
         {
@@ -79,7 +81,7 @@ def overlay(
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         # kustomize takes bases by relative path only
-        "resources": [os.path.relpath(REPO / "manifests", directory)],
+        "resources": [os.path.relpath(REPO / base, directory)],
         "patches": [
             {
                 "target": {"kind": "DaemonSet", "name": "gpuusage-agent"},

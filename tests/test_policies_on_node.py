@@ -1,0 +1,193 @@
+"""Enforced policies on the real node, with the real controllers: an idle notebook Deployment
+scaled to zero (its ReplicaSet controller deletes the pod), a Job suspended (its controller
+deletes the running pod), an eviction a PodDisruptionBudget refuses not forced. The product is
+installed with manifests/overlays/policy-actions (the rights these actions need)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage_dev.simulation import ensure_namespace
+from gpuusage_nodeagent.podresources.kubelet import list_pods
+from gpuusage_nodeagent.podresources.wire import list_response
+from tests.conftest import wait_for
+from tests.test_local_node import _deployment
+from tests.test_node_e2e import (
+    _events,
+    _gpu_condition,
+    _host_pid,
+    _running,
+    _scenario,
+    installed_world,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from installed_world(
+        tmp_path_factory.mktemp("node-policies"),
+        base="manifests/overlays/policy-actions",
+        agent_args=("--interval", "1", "--idle-window", "1"),
+        operator_args=("--idle-after=3", "--policy-notice=2"),
+    )
+
+
+def _policy(world: dict[str, Any], namespace: str, rule: dict[str, Any]) -> None:
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.POLICY_KIND,
+        "metadata": {"name": namespace},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "rules": [{"after": "1s", "mode": "Enforce", **rule}],
+        },
+    }
+    client.CustomObjectsApi(world["api"]).create_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
+    )
+
+
+def _decisions(world: dict[str, Any], name: str) -> list[str]:
+    body: Any = client.CustomObjectsApi(world["api"]).get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, name
+    )
+    return [d["outcome"] for d in (body.get("status") or {}).get("decisions") or []]
+
+
+def _namespace(world: dict[str, Any], namespace: str) -> None:
+    ensure_namespace(world["core"], namespace)
+    wait_for(lambda: world["core"].read_namespaced_service_account("default", namespace), what="SA")
+
+
+def _idle_on_its_device(world: dict[str, Any], pod: Any) -> str:
+    """The pod's real process holds 8 GiB of the GPU the kubelet gave it and computes nothing;
+    its device."""
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    socket = world["node"].directory / "kubelet" / "pod-resources" / "kubelet.sock"
+    given = {p.name: p for p in list_response(list_pods(socket, 5))}[pod.metadata.name]
+    (device,) = given.containers[0].devices[0].device_ids
+    held = {"pid": _host_pid(world, cid), "usedMemoryMiB": 8192, "smUtil": 0}
+    _scenario(world, {device: [held]})
+    return str(device)
+
+
+def _reason(world: dict[str, Any], namespace: str, name: str) -> str | None:
+    found = _gpu_condition(world, namespace, name)
+    return None if found is None else str(found["reason"])
+
+
+def test_an_idle_notebook_deployment_is_scaled_to_zero(installed: dict[str, Any]) -> None:
+    world = installed
+    _namespace(world, "nb")
+    deployment: Any = _deployment("notebook", "nb", 1)
+    client.AppsV1Api(world["api"]).create_namespaced_deployment("nb", deployment)
+    pod = wait_for(lambda: _running(world, "nb", "notebook"), timeout=90, what="running")
+    name = pod.metadata.name
+    _idle_on_its_device(world, pod)
+    wait_for(lambda: _reason(world, "nb", name) == "HoldingIdleGPU", timeout=60, what="idle")
+    _policy(world, "nb", {"finding": "HoldingIdleGPU", "action": "ScaleToZero"})
+
+    def scaled() -> bool:
+        found: Any = client.AppsV1Api(world["api"]).read_namespaced_deployment("notebook", "nb")
+        return bool(found.spec.replicas == 0)
+
+    wait_for(scaled, timeout=90, what="the Deployment scaled to zero")
+    wait_for(
+        lambda: not world["core"].list_namespaced_pod("nb").items,
+        timeout=90,
+        what="the ReplicaSet controller deleting the pod",
+    )
+    _scenario(world, {})  # its process went with it
+    assert {"GPUPolicyPending", "GPUPolicyActed"} <= set(_events(world, "nb", name))
+    wait_for(lambda: "Done" in _decisions(world, "nb"), what="the decision in the status")
+
+
+def test_an_idle_job_is_suspended(installed: dict[str, Any]) -> None:
+    world = installed
+    _namespace(world, "batch")
+    job: Any = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "epoch", "namespace": "batch"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": "epoch"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "gpuusage.local/busybox:1",
+                            "imagePullPolicy": "Never",
+                            "command": ["/bin/sleep", "3600"],
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    client.BatchV1Api(world["api"]).create_namespaced_job("batch", job)
+    pod = wait_for(lambda: _running(world, "batch", "epoch"), timeout=90, what="running")
+    _idle_on_its_device(world, pod)
+    wait_for(
+        lambda: _reason(world, "batch", pod.metadata.name) == "HoldingIdleGPU",
+        timeout=60,
+        what="idle",
+    )
+    _policy(world, "batch", {"finding": "HoldingIdleGPU", "action": "Suspend"})
+
+    def suspended() -> bool:
+        found: Any = client.BatchV1Api(world["api"]).read_namespaced_job("epoch", "batch")
+        return bool(found.spec.suspend)
+
+    wait_for(suspended, timeout=90, what="the Job suspended")
+    wait_for(
+        lambda: (
+            not [
+                p
+                for p in world["core"].list_namespaced_pod("batch").items
+                if p.status.phase == "Running"
+            ]
+        ),
+        timeout=90,
+        what="the Job controller stopping its pod",
+    )
+    _scenario(world, {})
+    wait_for(lambda: "Done" in _decisions(world, "batch"), what="the decision in the status")
+
+
+def test_an_eviction_a_disruption_budget_refuses_is_not_forced(installed: dict[str, Any]) -> None:
+    world = installed
+    _namespace(world, "lab")
+    deployment: Any = _deployment("sneaky", "lab", 0)
+    deployment["spec"]["template"]["spec"]["containers"][0].pop("resources")
+    client.AppsV1Api(world["api"]).create_namespaced_deployment("lab", deployment)
+    budget = client.V1PodDisruptionBudget(
+        metadata=client.V1ObjectMeta(name="sneaky"),
+        spec=client.V1PodDisruptionBudgetSpec(
+            min_available=1, selector=client.V1LabelSelector(match_labels={"app": "sneaky"})
+        ),
+    )
+    client.PolicyV1Api(world["api"]).create_namespaced_pod_disruption_budget("lab", budget)
+    pod = wait_for(lambda: _running(world, "lab", "sneaky"), timeout=90, what="running")
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    gpu = "GPU-44440000-0000-4000-8000-000000000003"
+    _scenario(world, {gpu: [{"pid": _host_pid(world, cid), "usedMemoryMiB": 2048, "smUtil": 50}]})
+    name = pod.metadata.name
+    wait_for(lambda: _reason(world, "lab", name) == "UsingUnrequestedGPU", what="flagged")
+    _policy(world, "lab", {"finding": "UsingUnrequestedGPU", "action": "Evict"})
+    wait_for(lambda: "GPUPolicyRefused" in _events(world, "lab", name), timeout=60, what="refused")
+    assert "Refused" in _decisions(world, "lab")
+    still: Any = world["core"].read_namespaced_pod(name, "lab")
+    assert (still.status.phase, still.metadata.deletion_timestamp) == ("Running", None)
+    _scenario(world, {})
