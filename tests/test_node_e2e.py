@@ -248,6 +248,33 @@ def _remove(world: dict[str, Any], app: str) -> None:
     _scenario(world, {})
 
 
+def _job(name: str, namespace: str, command: list[str]) -> Any:
+    """A Job (restartPolicy Never, no retries) of one busybox pod with one GPU."""
+    container = {
+        "name": "main",
+        "image": "gpuusage.local/busybox:1",
+        "imagePullPolicy": "Never",
+        "command": command,
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
 def _status_pods(world: dict[str, Any]) -> list[dict[str, Any]]:
     return list(_report(world).get("status", {}).get("pods", []))
 
@@ -258,31 +285,8 @@ def test_a_jobs_pod_is_marked_and_unmarked_when_its_work_ends(installed: dict[st
     world = installed
     ensure_namespace(world["core"], "batch")
     wait_for(lambda: world["core"].read_namespaced_service_account("default", "batch"), what="SA")
-    job: Any = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "epoch", "namespace": "batch"},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": {"app": "epoch"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "gpuusage.local/busybox:1",
-                            "imagePullPolicy": "Never",
-                            # the work: until told to finish (SIGTERM), then success
-                            "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    # the work: until told to finish (SIGTERM), then success
+    job = _job("epoch", "batch", ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"])
     client.BatchV1Api(world["api"]).create_namespaced_job("batch", job)
     pod = wait_for(lambda: _running(world, "batch", "epoch"), timeout=90, what="epoch running")
     used = _put_on_its_device(world, pod)

@@ -21,6 +21,7 @@ from tests.test_node_e2e import (
     _events,
     _gpu_condition,
     _host_pid,
+    _job,
     _running,
     _scenario,
     installed_world,
@@ -112,30 +113,7 @@ def test_an_idle_notebook_deployment_is_scaled_to_zero(installed: dict[str, Any]
 def test_an_idle_job_is_suspended(installed: dict[str, Any]) -> None:
     world = installed
     _namespace(world, "batch")
-    job: Any = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "epoch", "namespace": "batch"},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": {"app": "epoch"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "gpuusage.local/busybox:1",
-                            "imagePullPolicy": "Never",
-                            "command": ["/bin/sleep", "3600"],
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    job = _job("epoch", "batch", ["/bin/sleep", "3600"])
     client.BatchV1Api(world["api"]).create_namespaced_job("batch", job)
     pod = wait_for(lambda: _running(world, "batch", "epoch"), timeout=90, what="running")
     _idle_on_its_device(world, pod)

@@ -213,39 +213,63 @@ def render_crd() -> dict[str, Any]:
             },
         ]
     )
-    root: JsonSchema = {
+    root = _root(
+        "GPU use on one node: what the agent observed (spec) and what the operator made of it "
+        "(status). Named after the node.",
+        spec_schema,
+        status_schema,
+    )
+    root.update(
+        {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.metadata.name == self.spec.nodeName",
+                    "message": "metadata.name must equal spec.nodeName: "
+                    "a GpuNodeUsage is named after its node",
+                }
+            ],
+        }
+    )
+    return _cluster_crd(
+        (names.KIND, names.PLURAL, names.SINGULAR, names.SHORT_NAMES), PRINTER_COLUMNS, root
+    )
+
+
+def _root(description: str, spec: JsonSchema, status: JsonSchema) -> JsonSchema:
+    """An object's schema: its spec (required) and status."""
+    return {
         "type": "object",
-        "description": "GPU use on one node: what the agent observed (spec) and what the "
-        "operator made of it (status). Named after the node.",
+        "description": description,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": spec_schema,
-            "status": status_schema,
+            "spec": spec,
+            "status": status,
         },
-        "x-kubernetes-validations": [
-            {
-                "rule": "self.metadata.name == self.spec.nodeName",
-                "message": "metadata.name must equal spec.nodeName: "
-                "a GpuNodeUsage is named after its node",
-            }
-        ],
     }
+
+
+def _cluster_crd(
+    kind: tuple[str, str, str, tuple[str, ...]], columns: list[dict[str, Any]], root: JsonSchema
+) -> dict[str, Any]:
+    """A cluster-scoped CRD of our group, one version with a status subresource: `kind` is
+    (kind, plural, singular, short names)."""
+    name, plural, singular, short = kind
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": names.CRD_NAME, "labels": dict(INSTALL_LABELS)},
+        "metadata": {"name": f"{plural}.{names.GROUP}", "labels": dict(INSTALL_LABELS)},
         "spec": {
             "group": names.GROUP,
             "scope": "Cluster",
             "names": {
-                "kind": names.KIND,
-                "listKind": f"{names.KIND}List",
-                "plural": names.PLURAL,
-                "singular": names.SINGULAR,
-                "shortNames": list(names.SHORT_NAMES),
+                "kind": name,
+                "listKind": f"{name}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short),
                 "categories": list(names.CATEGORIES),
             },
             "versions": [
@@ -254,7 +278,7 @@ def render_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": root},
                 }
             ],
@@ -365,47 +389,23 @@ def render_policy_crd() -> dict[str, Any]:
             _one_per_finding("nodeRules"),
         ]
     )
-    root: JsonSchema = {
-        "type": "object",
-        "description": "What gpuusage does about what it sees: for the pods a namespace "
-        "selector and a pod selector pick, one rule per finding (Notify, or an action, as a "
-        "dry run unless the rule says Enforce); and rules for nodes.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": spec_schema,
-            "status": _schema_of(policy.GpuUsagePolicyStatus),
-        },
-    }
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": names.POLICY_CRD_NAME, "labels": dict(INSTALL_LABELS)},
-        "spec": {
-            "group": names.GROUP,
-            "scope": "Cluster",
-            "names": {
-                "kind": names.POLICY_KIND,
-                "listKind": f"{names.POLICY_KIND}List",
-                "plural": names.POLICY_PLURAL,
-                "singular": names.POLICY_SINGULAR,
-                "shortNames": list(names.POLICY_SHORT_NAMES),
-                "categories": list(names.CATEGORIES),
-            },
-            "versions": [
-                {
-                    "name": names.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": POLICY_PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": root},
-                }
-            ],
-        },
-    }
+    root = _root(
+        "What gpuusage does about what it sees: for the pods a namespace selector and a pod "
+        "selector pick, one rule per finding (Notify, or an action, as a dry run unless the rule "
+        "says Enforce); and rules for nodes.",
+        spec_schema,
+        _schema_of(policy.GpuUsagePolicyStatus),
+    )
+    return _cluster_crd(
+        (
+            names.POLICY_KIND,
+            names.POLICY_PLURAL,
+            names.POLICY_SINGULAR,
+            names.POLICY_SHORT_NAMES,
+        ),
+        POLICY_PRINTER_COLUMNS,
+        root,
+    )
 
 
 def render_policy_crd_yaml() -> str:
