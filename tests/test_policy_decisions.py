@@ -18,6 +18,7 @@ from gpuusage_operator.policydecide import (
     observe,
 )
 from gpuusage_operator.policyselect import covers, exempt, selects
+from gpuusage_operator.policywatch import NamespaceState, PolicyState
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 NOTICE = timedelta(minutes=5)
@@ -248,3 +249,32 @@ def test_an_announcement_reads_back_as_written_and_a_garbled_one_is_none() -> No
         encode(shown).replace("2026-11", "soon"),
     ):
         assert decode(garbled) is None, garbled
+
+
+def _object(name: str, generation: int = 1, **more: object) -> dict[str, object]:
+    return {"metadata": {"name": name, "generation": generation, **more}}
+
+
+def test_what_changes_which_policy_covers_a_pod_asks_for_its_nodes_again() -> None:
+    """A policy that comes, changes or goes, a namespace whose labels or opt-out change: the
+    pods' nodes are reconciled again (no report need change). A policy's own status write
+    (same generation), a new namespace or an unreadable policy does not."""
+    calls: list[str] = []
+    policies = PolicyState(lambda: calls.append("policy"))
+    rules = {"rules": [{"finding": "HoldingIdleGPU", "action": "Notify"}]}
+    policies.apply("ADDED", {**_object("p"), "spec": rules})
+    policies.apply("MODIFIED", {**_object("p"), "spec": rules, "status": {"actionsTaken": 1}})
+    policies.apply("MODIFIED", {**_object("p", 2), "spec": rules})
+    policies.apply("MODIFIED", {**_object("q"), "spec": {"rules": [{"finding": "Nope"}]}})
+    policies.apply("DELETED", _object("p", 2))
+    assert calls == ["policy", "policy", "policy"]
+    assert policies.ids() == set()
+    namespaces = NamespaceState(lambda: calls.append("namespace"))
+    namespaces.apply("ADDED", _object("ml", labels={"team": "a"}))
+    namespaces.apply("MODIFIED", _object("ml", labels={"team": "a"}))
+    namespaces.apply("MODIFIED", _object("ml", labels={"team": "b"}))
+    namespaces.apply(
+        "MODIFIED", _object("ml", labels={"team": "b"}, annotations={"gpuusage.io/exempt": "true"})
+    )
+    assert calls[3:] == ["namespace", "namespace"]
+    assert namespaces.namespaces["ml"].exempt

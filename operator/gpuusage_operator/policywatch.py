@@ -75,10 +75,12 @@ class NamespaceFacts:
 
 
 class NamespaceState:
-    """Each namespace's labels and opt-out."""
+    """Each namespace's labels and opt-out; `on_change` hears when those of a namespace that
+    was already known change (which policy covers its pods may have changed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self.namespaces: dict[str, NamespaceFacts] = {}
+        self._on_change = on_change
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -87,7 +89,11 @@ class NamespaceState:
             self.namespaces.pop(name, None)
             return
         labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        self.namespaces[name] = NamespaceFacts(labels, exempt(meta.get("annotations")))
+        facts = NamespaceFacts(labels, exempt(meta.get("annotations")))
+        known = self.namespaces.get(name)
+        self.namespaces[name] = facts
+        if known is not None and known != facts:
+            self._on_change()
 
     def ids(self) -> set[str]:
         return set(self.namespaces)
@@ -123,7 +129,7 @@ class PolicyWatch(OptionalWatch):
                 limit=limit, _continue=token, _preload_content=False
             ),
             lambda version: core.list_namespace(**watch_kwargs(version)),
-            NamespaceState,
+            lambda: NamespaceState(on_change),
             health=health,
         )
         super().__init__(
