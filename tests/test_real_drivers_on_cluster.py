@@ -50,7 +50,11 @@ def test_a_device_that_lists_too_few_processes_never_ends_use(make_world: WorldF
     message = str(condition(pod(world, "train")).message)
     assert GPU0 in message
     assert "NVML does not list every process" in message
-    assert _devices(world) == {GPU0: "ProcessesNotVisible", GPU1: None}
+    # the status is written after the pods in the same reconcile: wait for it
+    wait_for(
+        lambda: _devices(world) == {GPU0: "ProcessesNotVisible", GPU1: None},
+        what="the status naming the blind device",
+    )
     assert report(world)["status"]["totals"]["blindDevices"] == 1
     assert _reason(world, "notebook") == ("True", "ProcessesRunning")
     assert events(world, "train") == ["GPUUseStarted"], "no end, no Event pair"
@@ -58,4 +62,4 @@ def test_a_device_that_lists_too_few_processes_never_ends_use(make_world: WorldF
     world["scenario"](gpus(train_hidden_mib=0))
     wait_for(lambda: _reason(world, "train") == ("False", "ProcessesEnded"), what="train ended")
     wait_for(lambda: events(world, "train") == ["GPUUseEnded", "GPUUseStarted"], what="one end")
-    assert _devices(world) == {GPU0: None, GPU1: None}
+    wait_for(lambda: _devices(world) == {GPU0: None, GPU1: None}, what="no blind device")
