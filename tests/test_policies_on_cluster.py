@@ -15,7 +15,7 @@ from kubernetes import client
 from gpuusage.api import names
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
-from tests.worldview import events, pod, pod_annotations
+from tests.worldview import events, pod, pod_annotations, scrape
 
 pytestmark = pytest.mark.cluster
 
@@ -137,6 +137,13 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
     )
     status = _status(api, name)
     assert (status["mode"], status["actionsTaken"]) == ("Mixed", 1)
+    counted = scrape(world["metrics_port"])
+    for action, outcome in (("ScaleToZero", "DryRun"), ("Notify", "Done")):
+        series = (
+            f'gpuusage_operator_policy_decisions_total{{action="{action}",outcome="{outcome}",'
+            f'policy="{name}"}} 1.0'
+        )
+        assert series in counted, counted
     assert status["rules"] == "HoldingIdleGPU>ScaleToZero,UsingUnrequestedGPU>Notify"
     # Nothing was done to the pod, and the dry run is recorded once.
     counts = world["reconciler"].counts

@@ -45,6 +45,17 @@ class _ReconcilerCollector(Collector):
         for kind, n in sorted(c.api_errors.items()):
             errors.add_metric([kind], n)
         yield errors
+        policies = self._reconciler.policies
+        if policies is not None:
+            decided = CounterMetricFamily(
+                "gpuusage_operator_policy_decisions",
+                "GpuUsagePolicy decisions taken by this replica, by policy, action and outcome "
+                "(Pending, DryRun, Done, Refused, NotPermitted, NotApplicable, Cancelled).",
+                labels=["policy", "action", "outcome"],
+            )
+            for (policy, action, outcome), n in sorted(policies.decided.items()):
+                decided.add_metric([policy, action, outcome], n)
+            yield decided
         yield CounterMetricFamily(
             "gpuusage_operator_status_write_conflicts",
             "Status writes of only what changed that the apiserver refused because the report "

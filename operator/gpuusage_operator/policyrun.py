@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter as TallyCounter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -69,6 +70,8 @@ class PolicyRunner:
     notice: timedelta = NOTICE
     actor: Actor | None = None
     """Carries out enforced actions other than Notify (None: not turned on)."""
+    decided: TallyCounter[tuple[str, str, str]] = field(default_factory=TallyCounter)
+    """Decisions taken by this replica, by (policy, action, outcome): the metric's counts."""
     _pending: dict[str, list[Decision]] = field(default_factory=dict)
     _written: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -191,6 +194,7 @@ class PolicyRunner:
         )
         with self._lock:
             self._pending.setdefault(subject.policy, []).append(decision)
+            self.decided[subject.policy, subject.action, outcome] += 1
 
     def flush(self) -> None:
         """Write the decisions taken since the last flush into their policies' status (newest
