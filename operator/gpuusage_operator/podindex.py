@@ -86,6 +86,12 @@ class PodSnapshot:
         )
 
     @property
+    def may_hold_gpus(self) -> bool:
+        """It asked for GPUs in one of the ways allocation counts (a request, a claim, a
+        scheduler's share)."""
+        return bool(self.gpu_requests > 0 or self.claims or self.fraction)
+
+    @property
     def our_condition(self) -> dict[str, str] | None:
         return dict(self.condition) if self.condition else None
 
@@ -163,7 +169,7 @@ def snapshot_of(
         started_at=status.get("startTime"),
         exits=container_exits(status, (body.get("spec") or {}).get("restartPolicy")),
     )
-    if ref.marked or ref.gpu_requests > 0 or ref.claims or ref.fraction:
+    if ref.marked or ref.may_hold_gpus:
         labels = tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items()))
         ref = replace(ref, labels=labels)
     return ref
@@ -203,7 +209,7 @@ def index_keys(
     keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
     if ref.node and ref.marked:
         keys[MARKED_KEY + ref.node] = ref
-    if ref.node and ref.running and (ref.gpu_requests > 0 or ref.claims or ref.fraction):
+    if ref.node and ref.running and ref.may_hold_gpus:
         keys[REQUESTING_KEY + ref.node] = ref
     return keys
 
