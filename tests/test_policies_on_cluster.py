@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -160,3 +161,61 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
     _scenario(world, notebook_sm=60)  # the notebook computes again: the finding clears
     wait_for(lambda: _announcement(world, "notebook") is None, what="the announcement gone")
     wait_for(lambda: "GPUPolicyCancelled" in events(world, "notebook"), what="cancelled")
+
+
+def test_enforced_actions_stop_at_the_policys_rate_limit(
+    make_world: WorldFactory, api: client.ApiClient, policy: dict[str, Any]
+) -> None:
+    """Two ownerless pods hold GPUs idle under an enforced DeletePod with one action per hour:
+    one is deleted, the other waits (RateLimited, a Warning Event, its announcement due an
+    hour after the first action), and the status keeps the action's time for the limit."""
+    world = make_world(
+        {"train": 1, "notebook": 1, "lab": 1, "sneaky": 0},
+        idle_after=1.5,
+        agent_extras={"idle_window": 0.5},
+        operator_extras={"policy_notice": 1.0, "policy_actions": True},
+    )
+    _scenario(world, notebook_sm=0)
+    name = f"limit-{world['ns']}"
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.POLICY_KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": world["ns"]}},
+            "maxActionsPerHour": 1,
+            "rules": [
+                {"finding": "HoldingIdleGPU", "action": "DeletePod", "mode": "Enforce"},
+            ],
+        },
+    }
+    created: Any = client.CustomObjectsApi(api).create_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
+    )
+    policy.update(created)
+
+    def outcome(pod_name: str) -> set[str]:
+        listed = _status(api, name).get("decisions") or []
+        return {d["outcome"] for d in listed if d["target"]["name"] == pod_name}
+
+    wait_for(
+        lambda: {"Done", "RateLimited"} <= outcome("notebook") | outcome("lab"),
+        timeout=60,
+        what="one pod deleted, the other rate-limited",
+    )
+    deleted = "notebook" if "Done" in outcome("notebook") else "lab"
+    waiting = "lab" if deleted == "notebook" else "notebook"
+    assert "Done" not in outcome(waiting)
+    gone: Any = pod(world, deleted).metadata
+    kept: Any = pod(world, waiting).metadata
+    assert gone.deletion_timestamp is not None
+    assert kept.deletion_timestamp is None
+    assert "GPUPolicyRateLimited" in events(world, waiting)
+    status = _status(api, name)
+    assert status["actionsTaken"] == 1
+    assert len(status["actedAt"]) == 1
+    announced = _announcement(world, waiting)
+    assert announced is not None
+    acted = datetime.fromisoformat(status["actedAt"][0].replace("Z", "+00:00"))
+    due = datetime.fromisoformat(announced["due"].replace("Z", "+00:00"))
+    assert due - acted == timedelta(hours=1)

@@ -17,6 +17,7 @@ from gpuusage_operator.policydecide import (
     next_step,
     observe,
 )
+from gpuusage_operator.policylimit import WINDOW, next_allowed, recent
 from gpuusage_operator.policyselect import covers, exempt, selects
 from gpuusage_operator.policywatch import NamespaceState, PolicyState
 
@@ -278,3 +279,30 @@ def test_what_changes_which_policy_covers_a_pod_asks_for_its_nodes_again() -> No
     )
     assert calls[3:] == ["namespace", "namespace"]
     assert namespaces.namespaces["ml"].exempt
+
+
+def test_rate_limits_count_a_sliding_hour_per_policy_and_across_the_cluster() -> None:
+    """A policy at its limit waits until its oldest action in the hour is an hour old; the
+    cluster's cap counts every policy's actions; actions older than an hour count no more."""
+    now = NOW
+    minutes = [now - timedelta(minutes=m) for m in (50, 20, 5)]
+    acted = {"a": minutes, "b": [now - timedelta(minutes=70)]}
+    assert next_allowed("a", acted, per_policy=4, cluster=10, now=now) is None
+    assert next_allowed("a", acted, per_policy=3, cluster=10, now=now) == minutes[0] + WINDOW
+    assert next_allowed("a", acted, per_policy=2, cluster=10, now=now) == minutes[1] + WINDOW
+    assert next_allowed("b", acted, per_policy=1, cluster=10, now=now) is None  # aged out
+    assert next_allowed("b", acted, per_policy=1, cluster=3, now=now) == minutes[0] + WINDOW
+    assert next_allowed("c", acted, per_policy=5, cluster=4, now=now) is None
+    assert recent([now + timedelta(seconds=1), *minutes], now) == minutes
+
+
+def test_a_policys_counted_actions_follow_its_status_without_judging_pods_again() -> None:
+    calls: list[str] = []
+    policies = PolicyState(lambda: calls.append("policy"))
+    rules = {"rules": [{"finding": "HoldingIdleGPU", "action": "Notify"}]}
+    policies.apply("ADDED", {**_object("p"), "spec": rules})
+    stamp = "2026-01-01T10:00:00Z"
+    written = {"actedAt": [stamp, "not a time"]}
+    policies.apply("MODIFIED", {**_object("p"), "spec": rules, "status": written})
+    assert calls == ["policy"]
+    assert policies.policies["p"].acted == (datetime(2026, 1, 1, 10, tzinfo=UTC),)

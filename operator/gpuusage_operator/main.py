@@ -85,6 +85,7 @@ class Operator:
             self.reconciler.record_event,
             notice=timedelta(seconds=settings.policy_notice),
             actor=Actor(self.api) if settings.policy_actions else None,
+            cluster_actions_per_hour=settings.policy_cluster_actions_per_hour,
         )
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
         self.peering = join_peering(settings, self.api, self.identity)

@@ -27,7 +27,7 @@ from kubernetes import client
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Conflict, Forbidden, NotFound, is_other_object, translate
 
-Outcome = Literal["Done", "Refused", "NotPermitted", "NotApplicable", "Gone"]
+Outcome = Literal["Done", "Refused", "RateLimited", "NotPermitted", "NotApplicable", "Gone"]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict is c
 an Actor (see policyact), which the operator has only with --policy-actions and the install's
 policy-actions part (the rights these need); without it the decision is recorded as
 NotPermitted, with a Warning Event, and nothing is attempted. An action refused for now (a
-PodDisruptionBudget) is tried again RETRY later.
+PodDisruptionBudget) is tried again RETRY later; one over the rate limits (see policylimit)
+when they allow it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.podstate import PodEvent
 from gpuusage_operator.policyact import Actor, Result
 from gpuusage_operator.policydecide import Announcement, Step, decode, encode, next_step, observe
+from gpuusage_operator.policylimit import CLUSTER_ACTIONS_PER_HOUR, next_allowed, recent
 from gpuusage_operator.policyselect import exempt
 from gpuusage_operator.policywatch import PolicyWatch
 
@@ -70,10 +72,13 @@ class PolicyRunner:
     notice: timedelta = NOTICE
     actor: Actor | None = None
     """Carries out enforced actions other than Notify (None: not turned on)."""
+    cluster_actions_per_hour: int = CLUSTER_ACTIONS_PER_HOUR
+    """All policies' enforced actions (but Notify) in any sliding hour."""
     decided: TallyCounter[tuple[str, str, str]] = field(default_factory=TallyCounter)
     """Decisions taken by this replica, by (policy, action, outcome): the metric's counts."""
     _pending: dict[str, list[Decision]] = field(default_factory=dict)
     _written: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
+    _acted: dict[str, list[datetime]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def visit(
@@ -153,24 +158,31 @@ class PolicyRunner:
             self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
             self._decide(pod, done, "Done", now)
             return done
+        allowed = self._allowed(announced.policy, now)
         if self.actor is None:
             result = Result(
                 "NotPermitted",
                 "policy actions are not turned on (--policy-actions, with the install's "
                 "policy-actions part)",
             )
+        elif allowed is not None:
+            result = Result("RateLimited", "its actions per hour (policy or cluster) are spent")
         else:
             result = self.actor.act(pod.namespace, pod.name, pod.uid, announced.action)
         if result.outcome == "Gone":
             return None  # the pod or its owner went meanwhile: nothing to act on or say
-        if result.outcome == "Refused":
-            later = replace(announced, due=now + RETRY)
+        if result.outcome in ("Refused", "RateLimited"):
+            later = replace(announced, due=allowed or now + RETRY)
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(later)})
             again = format_time(later.due)
             note = f"{head}: could not {what} yet: {result.detail}; trying again at {again}"
-            self.record(pod, PodEvent("GPUPolicyRefused", note, "Warning"), note, now)
-            self._decide(pod, later, "Refused", now)
+            reason = f"GPUPolicy{result.outcome}"
+            self.record(pod, PodEvent(reason, note, "Warning"), note, now)
+            self._decide(pod, later, result.outcome, now)
             return later
+        if result.outcome == "Done":
+            with self._lock:
+                self._acted.setdefault(announced.policy, []).append(now)
         self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
         reason = {"Done": "GPUPolicyActed"}.get(result.outcome, f"GPUPolicy{result.outcome}")
         if result.outcome == "Done":
@@ -180,6 +192,33 @@ class PolicyRunner:
         self.record(pod, PodEvent(reason, note, "Warning"), note, now)
         self._decide(pod, done, result.outcome, now)
         return done
+
+    def acted(self, now: datetime) -> dict[str, list[datetime]]:
+        """Each policy's enforced actions of the last hour: those its status lists (another
+        replica's, or this one's before a restart) and those this replica took since."""
+        with self._lock:
+            self._acted = {n: kept for n, t in self._acted.items() if (kept := recent(t, now))}
+            mine = {name: list(times) for name, times in self._acted.items()}
+        names_ = set(mine) | self.watch.policies.state.ids()
+        return {
+            name: recent(
+                set(mine.get(name, ())) | set(p.acted if (p := self.watch.policy(name)) else ()),
+                now,
+            )
+            for name in names_
+        }
+
+    def _allowed(self, policy: str, now: datetime) -> datetime | None:
+        """None when the policy may act now; else when the rate limits let it."""
+        found = self.watch.policy(policy)
+        per_policy = found.spec.max_actions_per_hour if found is not None else 0
+        return next_allowed(
+            policy,
+            self.acted(now),
+            per_policy=per_policy,
+            cluster=self.cluster_actions_per_hour,
+            now=now,
+        )
 
     def _decide(self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime) -> None:
         decision = Decision(
@@ -212,12 +251,14 @@ class PolicyRunner:
             ]
             listed = (fresh + earlier)[:MAX_DECISIONS]
             taken += sum(1 for d in decisions if d.done)
+            now = max(d.decided_at for d in decisions)
             status = {
                 "observedGeneration": policy.generation,
                 "mode": mode_of(policy.spec),
                 "rules": rules_of(policy.spec),
                 "actionsTaken": taken,
                 "decisions": listed,
+                "actedAt": [format_time(t) for t in self.acted(now).get(name, [])],
             }
             try:
                 self.custom.patch_cluster_custom_object_status(

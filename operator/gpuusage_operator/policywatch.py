@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from gpuusage.api import names
 from gpuusage.api.policy import GpuUsagePolicySpec
+from gpuusage.api.times import parse_time
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.informer import Informer, OptionalWatch, watch_kwargs
 from gpuusage_operator.policyselect import covers, exempt
@@ -29,6 +31,14 @@ class Policy:
     name: str
     generation: int
     spec: GpuUsagePolicySpec
+    acted: tuple[datetime, ...] = ()
+    """status.actedAt: the enforced actions of the last hour, as last written."""
+
+
+def _acted(obj: Mapping[str, Any]) -> tuple[datetime, ...]:
+    listed = ((obj.get("status") or {}).get("actedAt")) or []
+    found = (parse_time(t) for t in listed)
+    return tuple(t for t in found if t is not None)
 
 
 class PolicyState:
@@ -49,7 +59,9 @@ class PolicyState:
                 self._on_change()
             return
         if known is not None and known.generation == generation:
-            return  # only its status changed (our own decisions)
+            # only its status changed (decisions): no pod is judged again for it
+            self.policies[name] = replace(known, acted=_acted(obj))
+            return
         try:
             spec = GpuUsagePolicySpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
@@ -58,7 +70,7 @@ class PolicyState:
                 self._refused.add((name, generation))
                 log.warning("GpuUsagePolicy %s cannot be read, it does nothing: %s", name, exc)
             return
-        self.policies[name] = Policy(name, generation, spec)
+        self.policies[name] = Policy(name, generation, spec, _acted(obj))
         self._on_change()
 
     def ids(self) -> set[str]:

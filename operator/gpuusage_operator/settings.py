@@ -8,9 +8,11 @@ from typing import Annotated
 from pydantic import Field
 
 from gpuusage.api import names
+from gpuusage.api.policy import MAX_ACTIONS_PER_HOUR
 from gpuusage.settings import CommandSettings, comma_list
 from gpuusage_operator.allocation import AllocationRules
 from gpuusage_operator.peering import MAX_PRIORITY
+from gpuusage_operator.policylimit import CLUSTER_ACTIONS_PER_HOUR
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES
 
 
@@ -34,6 +36,11 @@ class OperatorSettings(CommandSettings):
     """Carry out enforced policy actions other than Notify (ScaleToZero, Suspend, DeletePod,
     Evict); the rights they need come with the install's policy-actions part. Off: such
     decisions are recorded as NotPermitted."""
+    policy_cluster_actions_per_hour: int = Field(
+        default=CLUSTER_ACTIONS_PER_HOUR, ge=1, le=MAX_ACTIONS_PER_HOUR
+    )
+    """Enforced policy actions that change something (all but Notify) that all policies
+    together take in any sliding hour; each policy has its own maxActionsPerHour too."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
     standalone: bool = False

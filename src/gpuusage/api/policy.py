@@ -40,6 +40,7 @@ MAX_RULES = 8
 MAX_NODE_RULES = 2
 MAX_DECISIONS = 50
 MAX_SELECTOR_ENTRIES = 16
+MAX_ACTIONS_PER_HOUR = 1000
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, min_length=2, max_length=24)]
 """Hours, minutes and seconds as kubectl writes them: 90s, 30m, 2h, 1h30m."""
@@ -155,6 +156,10 @@ class GpuUsagePolicySpec(ApiModel):
         default_factory=list
     )
     """Node findings, at most one rule per finding."""
+    max_actions_per_hour: Annotated[int, Field(ge=1, le=MAX_ACTIONS_PER_HOUR)] = 10
+    """Enforced actions that change something (all but Notify) this policy takes in any
+    sliding hour; beyond it an action waits (outcome RateLimited). The operator's
+    --policy-cluster-actions-per-hour caps all policies together."""
 
 
 class Target(ApiModel):
@@ -180,7 +185,7 @@ class Decision(ApiModel):
     """True once an enforced action was carried out."""
     outcome: Annotated[str, Field(pattern=r"^[A-Za-z]*$", max_length=64)] = ""
     """Why it stands as it does, as a reason word: Pending, Done, DryRun, Cancelled,
-    Refused (a PodDisruptionBudget), RateLimited, Exempt, OwnerUnreadable."""
+    Refused (a PodDisruptionBudget), RateLimited, NotPermitted, NotApplicable."""
 
 
 class GpuUsagePolicyStatus(ApiModel):
@@ -197,3 +202,8 @@ class GpuUsagePolicyStatus(ApiModel):
         default_factory=list
     )
     """The latest decisions, newest first."""
+    acted_at: Annotated[list[datetime], Field(max_length=MAX_ACTIONS_PER_HOUR)] = Field(
+        default_factory=list
+    )
+    """When the enforced actions of the last hour were taken (what the rate limits count, kept
+    here so that a restarted or another replica counts them too)."""
