@@ -109,5 +109,5 @@ def test_only_the_echo_of_our_own_status_write_is_skipped() -> None:
     reconciler.reconcile(_report("9"), nobody, NOW)
     assert api.writes == 3
     assert reconciler.is_echo(_event("103"))
-    reconciler.forget_node(NODE, nobody)
+    reconciler.forget_node(NODE, nobody, NOW)
     assert not reconciler.is_echo(_event("103"))

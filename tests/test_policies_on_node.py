@@ -5,25 +5,33 @@ installed with manifests/overlays/policy-actions (the rights these actions need)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
+from gpuusage.kube.config import api_client
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
-from tests.conftest import wait_for
+from tests.conftest import token_config, wait_for
 from tests.test_local_node import _deployment
 from tests.test_node_e2e import (
+    NAME,
+    _component,
     _events,
     _gpu_condition,
     _host_pid,
     _job,
+    _report,
     _running,
     _scenario,
+    _token_of,
     installed_world,
 )
 
@@ -169,3 +177,92 @@ def test_an_eviction_a_disruption_budget_refuses_is_not_forced(installed: dict[s
     still: Any = world["core"].read_namespaced_pod(name, "lab")
     assert (still.status.phase, still.metadata.deletion_timestamp) == ("Running", None)
     _scenario(world, {})
+
+
+def _node_marks(world: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """Our condition's status on the Node, and the effects of our taints."""
+    node: Any = world["core"].read_node(NAME)
+    ours = [c for c in node.status.conditions or [] if c.type == names.NODE_CONDITION_ORPHANED]
+    taints = [t.effect for t in node.spec.taints or [] if t.key == names.NODE_CONDITION_ORPHANED]
+    return (ours[0].status if ours else None), taints
+
+
+def _node_events(world: dict[str, Any]) -> list[str]:
+    listed = world["core"].list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={NAME}"
+    )
+    return [e.reason for e in listed.items]
+
+
+def test_orphaned_memory_taints_the_node_until_it_is_freed(
+    installed: dict[str, Any], tmp_path: Path
+) -> None:
+    """A process of no pod (this test's own, a host process) holds 2 GiB: under an enforced
+    Taint rule the node gets the condition and the NoSchedule taint, written by the real
+    operator with its real token, which admission refuses any other change to the Node; the
+    memory freed, both go. The kubelet's own conditions and taints are never touched."""
+    world = installed
+    gpu = _report(world)["spec"]["gpus"][0]["uuid"]
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.POLICY_KIND,
+        "metadata": {"name": "orphans"},
+        "spec": {
+            "nodeRules": [
+                {
+                    "finding": "OrphanedGPUMemory",
+                    "after": "2s",
+                    "minMemoryMiB": 1024,
+                    "action": "Taint",
+                    "mode": "Enforce",
+                }
+            ]
+        },
+    }
+    custom = client.CustomObjectsApi(world["api"])
+    custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.POLICY_PLURAL, body)
+    try:
+        before: Any = world["core"].read_node(NAME)
+        kubelet_conditions = {c.type for c in before.status.conditions}
+        _scenario(world, {gpu: [{"pid": os.getpid(), "usedMemoryMiB": 2048, "smUtil": 0}]})
+        wait_for(
+            lambda: _report(world)["status"]["orphaned"]["memoryMiB"] == 2048,
+            what="the orphaned memory in the report's status",
+        )
+        wait_for(lambda: _node_marks(world) == ("True", ["NoSchedule"]), timeout=60, what="taint")
+        assert "GPUPolicyActed" in _node_events(world)
+        assert "Done" in _decisions(world, "orphans")
+        after: Any = world["core"].read_node(NAME)
+        assert kubelet_conditions <= {c.type for c in after.status.conditions}
+
+        _, pid = _component(world, "operator")
+        config = token_config(world["cluster"], "op", _token_of(pid), tmp_path / "op.kubeconfig")
+        operator = client.CoreV1Api(api_client(config)[0])
+        refused: dict[str, dict[str, Any]] = {
+            "a label": {"metadata": {"labels": {"pwned": "yes"}}},
+            "unschedulable": {"spec": {"unschedulable": True}},
+            "a NoExecute taint": {
+                "spec": {"taints": [{"key": names.NODE_CONDITION_ORPHANED, "effect": "NoExecute"}]}
+            },
+        }
+        for what, patch in refused.items():
+            with pytest.raises(ApiException) as caught:
+                operator.patch_node(NAME, patch)
+            assert caught.value.status in (403, 422), what
+            assert "gpuusage operator may" in str(caught.value.body), what
+        ready = {"type": "Ready", "status": "False", "reason": "Pwned"}
+        with pytest.raises(ApiException) as caught:
+            operator.patch_node_status(NAME, {"status": {"conditions": [ready]}})
+        assert "may change no Node condition" in str(caught.value.body)
+        with pytest.raises(ApiException):
+            operator.delete_node(NAME)
+
+        _scenario(world, {})
+        wait_for(lambda: _node_marks(world) == ("False", []), timeout=60, what="marks cleared")
+        assert "GPUPolicyCleared" in _node_events(world)
+        assert world["core"].read_node(NAME).spec.unschedulable in (None, False)
+    finally:
+        _scenario(world, {})
+        custom.delete_cluster_custom_object(
+            names.GROUP, names.VERSION, names.POLICY_PLURAL, "orphans"
+        )

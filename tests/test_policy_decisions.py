@@ -7,16 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
-from gpuusage_operator.policydecide import (
-    Announcement,
-    Observation,
-    Step,
-    decode,
-    encode,
-    next_step,
-    observe,
-)
+from gpuusage_operator.policydecide import Observation, Step, next_step, observe
 from gpuusage_operator.policylimit import WINDOW, next_allowed, recent
 from gpuusage_operator.policyselect import covers, exempt, selects
 from gpuusage_operator.policywatch import NamespaceState, PolicyState

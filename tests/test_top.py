@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
+from gpuusage.api.announcement import Announcement, encode
 from gpuusage_commands.toptable import (
     PodRow,
     allocation_text,
@@ -22,11 +24,13 @@ from gpuusage_commands.toptable import (
     namespace_allocation_text,
     namespace_rows,
     order,
+    pending_text,
     pod_rows,
     read_statuses,
     render_namespace_table,
     render_table,
     select,
+    with_pending,
 )
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.conftest import CHILD_ENV
@@ -140,6 +144,7 @@ def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
         "MEMORY",
         "PROCESSES",
         "DEVICES",
+        "PENDING",
     ]
     assert table[1].split()[:6] == [NS_A, "trainer", NODE_1, "2", "2", "80Gi"]
     assert "4Gi (stale)" in table[2]
@@ -396,3 +401,23 @@ def test_a_pod_holding_memory_without_computing_is_marked() -> None:
     assert "70Gi (held idle since " in line
     (other,) = [x for x in table.splitlines() if x.startswith("busy")]
     assert "held idle" not in other
+
+
+def test_a_pending_policy_action_shows_from_the_pods_announcement() -> None:
+    """The announcement as the operator writes it: the action and its due time (DryRun said),
+    what came of it once taken or recorded; nothing for a pod without one or with a garbled
+    one."""
+    due = datetime(2026, 11, 25, 12, 30, tzinfo=UTC)
+    pending = Announcement("reclaim", "HoldingIdleGPU", "ScaleToZero", "Enforce", "30m", due, due)
+    rows = [PodRow(NS_A, "notebook", NODE_1, ["GPU-x"]), PodRow(NS_A, "trainer", NODE_1)]
+    key = names.ANNOTATION_POLICY_ACTION
+    with_pending(rows, {(NS_A, "notebook"): {key: encode(pending)}, (NS_A, "trainer"): {key: "{"}})
+    assert [r.pending for r in rows] == ["ScaleToZero at 2026-11-25T12:30:00Z", ""]
+    table = render_table(rows, all_namespaces=False).splitlines()
+    assert table[0].split()[-1] == "PENDING"
+    assert table[1].endswith("ScaleToZero at 2026-11-25T12:30:00Z")
+    assert table[2].split()[-2:] == ["<none>", "<none>"]
+    dry = replace(pending, mode="DryRun")
+    assert pending_text(encode(dry)).endswith("(DryRun)")
+    assert pending_text(encode(replace(dry, recorded=True))) == "ScaleToZero recorded (DryRun)"
+    assert pending_text(encode(replace(pending, recorded=True))) == "ScaleToZero taken"

@@ -4,6 +4,7 @@ The rows are built, chosen and rendered by the pure `toptable`."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -12,6 +13,7 @@ from pydantic import Field
 
 from gpuusage.api import names
 from gpuusage.errors import GpuusageError
+from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage.settings import CommandSettings
 from gpuusage_commands.toptable import (
@@ -27,7 +29,11 @@ from gpuusage_commands.toptable import (
     rows_of,
     select,
     select_handed,
+    with_pending,
 )
+
+MAX_NAMESPACE_LISTS = 5
+"""Beyond this many namespaces, one LIST of all pods replaces one per namespace."""
 
 
 class TopSettings(CommandSettings):
@@ -59,6 +65,34 @@ def _context_namespace(kubeconfig: Path | None) -> str:
     except Exception:  # in-cluster, or no kubeconfig: kubectl's default
         return "default"
     return str((current or {}).get("context", {}).get("namespace") or "default")
+
+
+def _pod_annotations(
+    api: Any, namespaces: set[str]
+) -> tuple[dict[tuple[str, str], dict[str, str]], str]:
+    """The annotations of the pods in these namespaces, by (namespace, name): where a policy's
+    pending action is announced. One LIST per namespace (all namespaces at once beyond a few);
+    a refusal is a warning, and the column stays empty."""
+    from kubernetes import client  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    core = client.CoreV1Api(api)
+    found: dict[tuple[str, str], dict[str, str]] = {}
+    try:
+        if len(namespaces) > MAX_NAMESPACE_LISTS:
+            answers = [core.list_pod_for_all_namespaces(_preload_content=False)]
+        else:
+            answers = [
+                core.list_namespaced_pod(ns, _preload_content=False) for ns in sorted(namespaces)
+            ]
+    except ApiException as exc:
+        return found, f"pending policy actions not shown: cannot list pods ({exc.status})"
+    for answer in answers:
+        for item in json.loads(raw.body(answer)).get("items") or []:
+            meta = item.get("metadata") or {}
+            key = (str(meta.get("namespace")), str(meta.get("name")))
+            found[key] = dict(meta.get("annotations") or {})
+    return found, ""
 
 
 def run_top(settings: TopSettings) -> int:
@@ -102,6 +136,12 @@ def run_top(settings: TopSettings) -> int:
         None if everywhere else settings.namespace or _context_namespace(settings.kubeconfig)
     )
     chosen = order(select(rows, namespace, node), settings.sort)
+    if chosen:
+        with api_client(settings.kubeconfig)[0] as again:
+            annotations, problem = _pod_annotations(again, {r.namespace for r in chosen})
+        if problem:
+            print(f"warning: {problem}", file=sys.stderr)
+        with_pending(chosen, annotations)
     if settings.output == "json":
         print(render_json(chosen))
         return 0

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from gpuusage.api import names
+from gpuusage.api.announcement import decode
 from gpuusage.api.models import GpuNodeUsageStatus, PodAllocation
 from gpuusage.api.summary import format_mib
 from gpuusage.api.times import format_time
@@ -49,6 +51,8 @@ class PodRow:
     held_idle_since: str | None = None
     """Set for a pod whose processes hold memory and have computed nothing since then."""
     stale: bool = False
+    pending: str = ""
+    """A policy's action announced on the pod (its gpuusage.io/policy-action annotation)."""
 
 
 NodeStatus = tuple[str, GpuNodeUsageStatus]
@@ -205,13 +209,33 @@ def _columns(lines: list[list[str]]) -> str:
     )
 
 
+def pending_text(annotation: str | None) -> str:
+    """What a pod's announcement says, in a cell: the action and when, or what came of it."""
+    shown = decode(annotation)
+    if shown is None:
+        return ""
+    if shown.recorded:
+        return f"{shown.action} {'recorded (DryRun)' if shown.mode == 'DryRun' else 'taken'}"
+    dry = " (DryRun)" if shown.mode == "DryRun" else ""
+    return f"{shown.action} at {format_time(shown.due)}{dry}"
+
+
+def with_pending(
+    rows: Iterable[PodRow], annotations: Mapping[tuple[str, str], Mapping[str, str]]
+) -> None:
+    """Fill each row's pending action from its pod's annotations, by (namespace, name)."""
+    for row in rows:
+        found = annotations.get((row.namespace, row.pod)) or {}
+        row.pending = pending_text(found.get(names.ANNOTATION_POLICY_ACTION))
+
+
 def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
     """kubectl-style columns. GPUS is what the pod uses, ALLOCATED what it was handed (see
     allocation_text); a pod using GPUs it never got is marked, and so are a pod leaving its
     requested GPUs idle, one holding memory without computing, and a stale node's possibly
     old numbers."""
     header = ["NAMESPACE"] if all_namespaces else []
-    header += ["NAME", "NODE", "GPUS", "ALLOCATED", "MEMORY", "PROCESSES", "DEVICES"]
+    header += ["NAME", "NODE", "GPUS", "ALLOCATED", "MEMORY", "PROCESSES", "DEVICES", "PENDING"]
     lines = [header]
     for r in rows:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
@@ -228,7 +252,8 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
             requested,
             memory,
             str(r.processes),
-            ",".join(r.devices),
+            ",".join(r.devices) or "<none>",
+            r.pending or "<none>",
         ]
         lines.append(cells)
     return _columns(lines)

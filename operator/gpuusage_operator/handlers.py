@@ -88,7 +88,7 @@ def build_registry(
         now = clock()
         if kwargs["type"] == "DELETED":
             node = (body.get("spec") or {}).get("nodeName") or name
-            await loop.run_in_executor(workers, reconciler.forget_node, node, lookup)
+            await loop.run_in_executor(workers, reconciler.forget_node, node, lookup, now)
             return
         if reconciler.is_echo(body):
             metrics.echoes_skipped.inc()

@@ -69,7 +69,7 @@ async def housekeeping(
             body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
         except Exception as exc:
             if isinstance(translate(exc), NotFound):
-                reconciler.forget_node(name, pods.lookup())
+                reconciler.forget_node(name, pods.lookup(), now)
                 return
             raise
         assert isinstance(body, dict)

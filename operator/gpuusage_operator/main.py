@@ -19,9 +19,11 @@ from gpuusage_operator.ha import join_peering
 from gpuusage_operator.handlers import build_registry
 from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
+from gpuusage_operator.nodemarks import NodeMarker
 from gpuusage_operator.peering import own_identity
 from gpuusage_operator.podwatch import PodWatch
 from gpuusage_operator.policyact import Actor
+from gpuusage_operator.policynoderun import NodeRunner
 from gpuusage_operator.policyrun import PolicyRunner
 from gpuusage_operator.policywatch import PolicyWatch
 from gpuusage_operator.reconcile import Reconciler
@@ -76,7 +78,7 @@ class Operator:
             client.CustomObjectsApi(self._watch_api),
             client.CoreV1Api(self._watch_api),
             health=self.health,
-            on_change=lambda: self.reconciler.mark_due(self.pods.lookup().nodes_with_our_marks()),
+            on_change=lambda: self.reconciler.mark_due(self.reconciler.known_reports()),
         )
         self.reconciler.policies = PolicyRunner(
             self.policies,
@@ -85,7 +87,13 @@ class Operator:
             self.reconciler.record_event,
             notice=timedelta(seconds=settings.policy_notice),
             actor=Actor(self.api) if settings.policy_actions else None,
+            clock=clock,
             cluster_actions_per_hour=settings.policy_cluster_actions_per_hour,
+        )
+        self.reconciler.nodes = NodeRunner(
+            self.reconciler.policies,
+            self.reconciler.record_node_event,
+            marker=NodeMarker(self.api) if settings.policy_actions else None,
         )
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
         self.peering = join_peering(settings, self.api, self.identity)

@@ -21,34 +21,16 @@ skipped. The steps:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
+from gpuusage.api.announcement import Announcement
 from gpuusage.api.policy import PodRule, parse_duration
-from gpuusage.api.times import format_time, parse_time
+from gpuusage.api.times import parse_time
 
 StepKind = Literal["Announce", "Wait", "Act", "Record", "Hold", "Cancel", "Nothing"]
-
-
-@dataclass(frozen=True)
-class Announcement:
-    """What the pod's gpuusage.io/policy-action annotation holds."""
-
-    policy: str
-    finding: str
-    action: str
-    mode: str
-    after: str
-    since: datetime
-    """When the finding began (as far as the operator knows)."""
-    due: datetime
-    recorded: bool = False
-    """The due step was taken for good (a dry run recorded, the action done or refused for
-    good): it is not taken again. An action that failed and is to be retried leaves it
-    unset."""
 
 
 @dataclass(frozen=True)
@@ -168,38 +150,3 @@ def observe(
     elif finding == "RequestedGPUsIdle":
         since = parse_time(condition.get("lastTransitionTime"))
     return Observation(finding, certain=True, since=since)
-
-
-def encode(announcement: Announcement) -> str:
-    """The gpuusage.io/policy-action annotation's value: compact JSON a person can read."""
-    doc: dict[str, object] = {
-        "policy": announcement.policy,
-        "finding": announcement.finding,
-        "action": announcement.action,
-        "mode": announcement.mode,
-        "after": announcement.after,
-        "since": format_time(announcement.since),
-        "due": format_time(announcement.due),
-    }
-    if announcement.recorded:
-        doc["recorded"] = True
-    return json.dumps(doc, separators=(",", ":"))
-
-
-def decode(text: str | None) -> Announcement | None:
-    """The announcement an annotation holds; None when absent or not one of ours (a hand edit
-    that cannot be read is replaced by a fresh announcement, never acted upon)."""
-    if not text:
-        return None
-    try:
-        doc = json.loads(text)
-        since, due = parse_time(doc["since"]), parse_time(doc["due"])
-        policy, finding, action, mode, after = (
-            str(doc[k]) for k in ("policy", "finding", "action", "mode", "after")
-        )
-    except (ValueError, KeyError, TypeError):
-        return None
-    if since is None or due is None:
-        return None
-    recorded = doc.get("recorded") is True
-    return Announcement(policy, finding, action, mode, after, since, due, recorded)

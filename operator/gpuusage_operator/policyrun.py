@@ -19,16 +19,17 @@ import threading
 from collections import Counter as TallyCounter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
 from gpuusage.api import names
+from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec, Target
 from gpuusage.api.times import format_time
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.podstate import PodEvent
 from gpuusage_operator.policyact import Actor, Result
-from gpuusage_operator.policydecide import Announcement, Step, decode, encode, next_step, observe
+from gpuusage_operator.policydecide import Step, next_step, observe
 from gpuusage_operator.policylimit import CLUSTER_ACTIONS_PER_HOUR, next_allowed, recent
 from gpuusage_operator.policyselect import exempt
 from gpuusage_operator.policywatch import PolicyWatch
@@ -47,6 +48,19 @@ WHAT = {
 RETRY = timedelta(minutes=1)
 """How long after an action refused for now (a PodDisruptionBudget) it is tried again."""
 OPT_OUT = f"annotate the pod or its namespace {names.ANNOTATION_EXEMPT}=true to opt out"
+
+
+class Subject(Protocol):
+    """What a decision is about: a rule's finding and action, and when it is due."""
+
+    @property
+    def finding(self) -> str: ...
+    @property
+    def action(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def due(self) -> datetime | None: ...
 
 
 def mode_of(spec: GpuUsagePolicySpec) -> str:
@@ -72,6 +86,8 @@ class PolicyRunner:
     notice: timedelta = NOTICE
     actor: Actor | None = None
     """Carries out enforced actions other than Notify (None: not turned on)."""
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    """Now, for a status written without a decision (the window of status.actedAt)."""
     cluster_actions_per_hour: int = CLUSTER_ACTIONS_PER_HOUR
     """All policies' enforced actions (but Notify) in any sliding hour."""
     decided: TallyCounter[tuple[str, str, str]] = field(default_factory=TallyCounter)
@@ -79,6 +95,8 @@ class PolicyRunner:
     _pending: dict[str, list[Decision]] = field(default_factory=dict)
     _written: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
     _acted: dict[str, list[datetime]] = field(default_factory=dict)
+    _shown: dict[str, int] = field(default_factory=dict)
+    """The generation whose mode and rules this replica last wrote, by policy."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def visit(
@@ -158,7 +176,7 @@ class PolicyRunner:
             self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
             self._decide(pod, done, "Done", now)
             return done
-        allowed = self._allowed(announced.policy, now)
+        allowed = self.allowed(announced.policy, now)
         if self.actor is None:
             result = Result(
                 "NotPermitted",
@@ -181,8 +199,7 @@ class PolicyRunner:
             self._decide(pod, later, result.outcome, now)
             return later
         if result.outcome == "Done":
-            with self._lock:
-                self._acted.setdefault(announced.policy, []).append(now)
+            self.count_action(announced.policy, now)
         self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
         reason = {"Done": "GPUPolicyActed"}.get(result.outcome, f"GPUPolicy{result.outcome}")
         if result.outcome == "Done":
@@ -208,7 +225,12 @@ class PolicyRunner:
             for name in names_
         }
 
-    def _allowed(self, policy: str, now: datetime) -> datetime | None:
+    def count_action(self, policy: str, now: datetime) -> None:
+        """An enforced action that changed something was taken: the rate limits count it."""
+        with self._lock:
+            self._acted.setdefault(policy, []).append(now)
+
+    def allowed(self, policy: str, now: datetime) -> datetime | None:
         """None when the policy may act now; else when the rate limits let it."""
         found = self.watch.policy(policy)
         per_policy = found.spec.max_actions_per_hour if found is not None else 0
@@ -221,8 +243,20 @@ class PolicyRunner:
         )
 
     def _decide(self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime) -> None:
+        self.decide(
+            subject.policy,
+            Target(kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid),
+            subject,
+            outcome,
+            now,
+        )
+
+    def decide(
+        self, policy: str, target: Target, subject: Subject, outcome: str, now: datetime
+    ) -> None:
+        """Remember a decision for the policy's status and the metric."""
         decision = Decision(
-            target=Target(kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid),
+            target=target,
             finding=subject.finding,
             action=subject.action,
             mode="Enforce" if subject.mode == "Enforce" else "DryRun",
@@ -232,14 +266,19 @@ class PolicyRunner:
             outcome=outcome,
         )
         with self._lock:
-            self._pending.setdefault(subject.policy, []).append(decision)
-            self.decided[subject.policy, subject.action, outcome] += 1
+            self._pending.setdefault(policy, []).append(decision)
+            self.decided[policy, subject.action, outcome] += 1
 
     def flush(self) -> None:
         """Write the decisions taken since the last flush into their policies' status (newest
         first, at most MAX_DECISIONS), with the mode, the rules and the actions taken."""
         with self._lock:
             pending, self._pending = self._pending, {}
+        for name in self.watch.policies.state.ids() - set(pending):
+            policy = self.watch.policy(name)
+            shown = policy is not None and self._shown.get(name) == policy.generation
+            if policy is not None and policy.observed != policy.generation and not shown:
+                pending[name] = []  # new or changed: its mode and rules are shown at once
         for name, decisions in pending.items():
             policy = self.watch.policy(name)
             if policy is None:
@@ -251,7 +290,7 @@ class PolicyRunner:
             ]
             listed = (fresh + earlier)[:MAX_DECISIONS]
             taken += sum(1 for d in decisions if d.done)
-            now = max(d.decided_at for d in decisions)
+            now = max((d.decided_at for d in decisions), default=self.clock())
             status = {
                 "observedGeneration": policy.generation,
                 "mode": mode_of(policy.spec),
@@ -272,6 +311,7 @@ class PolicyRunner:
                 log.warning("GpuUsagePolicy %s: status not written: %s", name, exc)
                 continue
             self._written[name] = (listed, taken)
+            self._shown[name] = policy.generation
 
     def _stored(self, name: str) -> tuple[list[dict[str, Any]], int]:
         """What the policy's status held when first written by this replica."""

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuusage.api import names
-from gpuusage.api.policy import GpuUsagePolicySpec
+from gpuusage.api.policy import GpuUsagePolicySpec, NodeRule
 from gpuusage.api.times import parse_time
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.informer import Informer, OptionalWatch, watch_kwargs
@@ -33,12 +33,19 @@ class Policy:
     spec: GpuUsagePolicySpec
     acted: tuple[datetime, ...] = ()
     """status.actedAt: the enforced actions of the last hour, as last written."""
+    observed: int | None = None
+    """status.observedGeneration: the generation whose mode and rules the status shows."""
 
 
-def _acted(obj: Mapping[str, Any]) -> tuple[datetime, ...]:
-    listed = ((obj.get("status") or {}).get("actedAt")) or []
-    found = (parse_time(t) for t in listed)
-    return tuple(t for t in found if t is not None)
+def _written(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the policy's status says that the operator reads back: actedAt, observedGeneration."""
+    status = obj.get("status") or {}
+    found = (parse_time(t) for t in status.get("actedAt") or [])
+    observed = status.get("observedGeneration")
+    return {
+        "acted": tuple(t for t in found if t is not None),
+        "observed": observed if isinstance(observed, int) else None,
+    }
 
 
 class PolicyState:
@@ -60,7 +67,7 @@ class PolicyState:
             return
         if known is not None and known.generation == generation:
             # only its status changed (decisions): no pod is judged again for it
-            self.policies[name] = replace(known, acted=_acted(obj))
+            self.policies[name] = replace(known, **_written(obj))
             return
         try:
             spec = GpuUsagePolicySpec.model_validate(obj.get("spec") or {})
@@ -70,7 +77,7 @@ class PolicyState:
                 self._refused.add((name, generation))
                 log.warning("GpuUsagePolicy %s cannot be read, it does nothing: %s", name, exc)
             return
-        self.policies[name] = Policy(name, generation, spec, _acted(obj))
+        self.policies[name] = Policy(name, generation, spec, **_written(obj))
         self._on_change()
 
     def ids(self) -> set[str]:
@@ -164,6 +171,20 @@ class PolicyWatch(OptionalWatch):
             if policy is not None and covers(policy.spec, facts.labels, pod_labels):
                 return policy, facts.exempt
         return None, facts.exempt
+
+    def node_rule(self) -> tuple[Policy, NodeRule] | None:
+        """The OrphanedGPUMemory rule that acts on nodes: the first by name among the policies
+        that have one (node rules cover every node with a report). None until listed."""
+        if not self.synced or not self.available.is_set():
+            return None
+        for name in sorted(self.policies.state.policies):
+            policy = self.policies.state.policies.get(name)
+            if policy is None:
+                continue
+            for rule in policy.spec.node_rules:
+                if rule.finding == "OrphanedGPUMemory":
+                    return policy, rule
+        return None
 
     def policy(self, name: str) -> Policy | None:
         return self.policies.state.policies.get(name)

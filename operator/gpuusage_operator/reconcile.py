@@ -31,6 +31,7 @@ from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Conflict, Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.mergepatch import merge_diff
+from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
     Allocation,
@@ -54,6 +55,7 @@ from gpuusage_operator.holding import held_idle, next_held_deadline
 from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_deadline
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import PodEvent, Verdict, plan_pod, verdicts
+from gpuusage_operator.policynoderun import NodeRunner
 from gpuusage_operator.policyrun import PolicyRunner
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES, pod_uses, resolve_all
 from gpuusage_operator.restarts import RESTART_GRACE, RestartCause, settle_until
@@ -61,7 +63,6 @@ from gpuusage_operator.showback import pod_allocations
 from gpuusage_operator.status import desired_status
 
 log = logging.getLogger(__name__)
-STRATEGIC = "application/strategic-merge-patch+json"
 COMPONENT = "gpuusage.io/operator"
 
 
@@ -145,6 +146,8 @@ class Reconciler:
     """Where NVIDIA's daemons (the MPS server) run as pods (see resolution)."""
     policies: PolicyRunner | None = None
     """Carries out the GpuUsagePolicies about the pods each reconcile judges (None: none)."""
+    nodes: NodeRunner | None = None
+    """Carries out the policies' node rules about each reconciled node (None: none)."""
     renewals: Callable[[str], Renewal | None] = field(default=lambda node: None)
     """A node agent's Lease as the operator saw it renewed (see leasewatch); by default none
     is known, and freshness comes from the reports alone."""
@@ -298,6 +301,12 @@ class Reconciler:
                 due = self.policies.visit(verdict.pod, shown, since, now)
                 if due is not None:
                     wake.append(due)
+        if self.nodes is not None:
+            due = self.nodes.visit(
+                spec.node_name, status.orphaned, certain=not stale and not blind, now=now
+            )
+            if due is not None:
+                wake.append(due)
         if self.policies is not None:
             self.policies.flush()
         if previous is None or previous != status:  # the bodies are built only to be compared
@@ -370,6 +379,11 @@ class Reconciler:
             if is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
         ]
 
+    def known_reports(self) -> set[str]:
+        """Every report reconciled since start (what a policy's node rules may concern: a
+        policy that comes, changes or goes reaches nodes whose pods carry no mark too)."""
+        return set(self._sightings)
+
     def idle_deadlines_passed(self, now: datetime) -> list[str]:
         """Reports with a pod whose idle time reached --idle-after since their last reconcile."""
         return [name for name, due in list(self._wakeups.items()) if due <= now]
@@ -401,7 +415,7 @@ class Reconciler:
             due, self._due = self._due, set()
         return due
 
-    def forget_node(self, node: str, lookup: PodLookup) -> None:
+    def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
         pods lose every mark gpuusage put on them (annotations and condition), at once."""
         with self._lock_of(node):
@@ -415,6 +429,8 @@ class Reconciler:
                 table.pop(node, None)
             for ref in lookup.on_node_with_our_marks(node):
                 self._clear(ref)
+            if self.nodes is not None:
+                self.nodes.forget(node, now)
 
     # -- pods ------------------------------------------------------------------------------
     def _settling(self, verdict: Verdict, now: datetime) -> datetime | None:
@@ -544,33 +560,51 @@ class Reconciler:
         return None if version is None else str(version)
 
     def _event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
+        regarding = client.V1ObjectReference(
+            api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
+        )
+        self._emit(ref.namespace, regarding, what, note, now)
+
+    def record_node_event(self, node: str, what: PodEvent, note: str, now: datetime) -> None:
+        """An Event about a Node, in the default namespace (where the kubelet records its
+        node's Events, and where `kubectl describe node` finds them)."""
+        regarding = client.V1ObjectReference(api_version="v1", kind="Node", name=node)
+        self._emit("default", regarding, what, note, now)
+
+    def _emit(
+        self,
+        namespace: str,
+        regarding: client.V1ObjectReference,
+        what: PodEvent,
+        note: str,
+        now: datetime,
+    ) -> None:
+        name = str(regarding.name)
         event = client.EventsV1Event(
             # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
-            # Several Events of one pod in one reconcile share `now`: the sequence tells them
-            # apart (one name twice is refused as AlreadyExists, and the Event lost).
+            # Several Events of one object in one reconcile share `now`: the sequence tells
+            # them apart (one name twice is refused as AlreadyExists, and the Event lost).
             metadata=client.V1ObjectMeta(
-                name=f"{ref.name}.{int(now.timestamp() * 1e9) + next(self._event_seq):x}"[:253],
-                namespace=ref.namespace,
+                name=f"{name}.{int(now.timestamp() * 1e9) + next(self._event_seq):x}"[:253],
+                namespace=namespace,
             ),
             event_time=now.astimezone(UTC),
             action="GPUUse",
             reason=what.reason,
             note=note[:1024],
             type=what.type,
-            regarding=client.V1ObjectReference(
-                api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
-            ),
+            regarding=regarding,
             reporting_controller=COMPONENT,
             reporting_instance=self.instance[:128],
         )
         try:
             retried(
-                lambda: self._events.create_namespaced_event(ref.namespace, event),
-                f"event on {ref.namespace}/{ref.name}",
+                lambda: self._events.create_namespaced_event(namespace, event),
+                f"event on {regarding.kind} {name}",
             )
             self.counts.events += 1
         except Exception as exc:  # an Event is best effort
-            log.warning("event on pod %s/%s not recorded: %s", ref.namespace, ref.name, exc)
+            log.warning("event on %s %s/%s not recorded: %s", regarding.kind, namespace, name, exc)
 
 
 def _echo_version(response: bytes, generation: int | None) -> str | None:

@@ -43,6 +43,7 @@ from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.allocation import Judgement, judgements
 from gpuusage_operator.certainty import BlindSpots, blind_spots
 from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Renewal, Sighting, stale_condition
+from gpuusage_operator.orphaned import orphaned_memory
 from gpuusage_operator.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.transitions import transition_time
 
@@ -262,6 +263,7 @@ def desired_status(
         report_seen_at=sighting.seen_at.replace(microsecond=0),
         conditions=[ready, stale],
         totals=node_totals(spec, usages, outside, len(idle), devices),
+        orphaned=orphaned_memory(resolutions, previous.orphaned if previous else None, now),
         devices=devices,
         pods=usages[:MAX_POD_DEVICES],
         unattributed=outside[:MAX_UNATTRIBUTED],

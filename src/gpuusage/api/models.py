@@ -542,6 +542,18 @@ class Totals(ApiModel):
     """used/total in a form people read, e.g. "30720Mi/163840Mi"."""
 
 
+class OrphanedMemory(ApiModel):
+    """GPU memory held by processes of no live pod: of pods that are gone (PodNotFound), of
+    containers no pod has (UnknownContainer), of no container (HostProcess). NVIDIA's daemons
+    and processes the agent could not attribute are not counted: neither is known to be of no
+    pod."""
+
+    memory_mib: MiB = Field(default=0, alias="memoryMiB")
+    processes: Annotated[int, Field(ge=0, le=MAX_COUNTED)] = 0
+    since: datetime | None = None
+    """Since when the node has held such memory without a break (by the operator's clock)."""
+
+
 class GpuNodeUsageStatus(ApiModel):
     """The operator's interpretation of the report. Written by the operator only."""
 
@@ -558,6 +570,9 @@ class GpuNodeUsageStatus(ApiModel):
         },
     )
     totals: Totals | None = None
+    orphaned: OrphanedMemory | None = None
+    """GPU memory held by processes of no live pod (absent: none); what the OrphanedGPUMemory
+    node rule of a policy acts upon."""
     devices: Annotated[list[DeviceUsage], Field(max_length=MAX_DEVICES)] = Field(
         default_factory=list
     )

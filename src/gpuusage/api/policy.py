@@ -135,7 +135,9 @@ class NodeRule(ApiModel):
     finding: NodeFinding
     after: Duration = "10m"
     """How long the orphaned memory must stay before the action."""
-    min_memory_mib: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] = 1024
+    min_memory_mib: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] = Field(
+        default=1024, alias="minMemoryMiB"
+    )
     """Orphaned memory on the node below this is not acted upon (bookkeeping, jitter)."""
     action: NodeAction
     """Notify (the Node condition gpuusage.io/OrphanedGPUMemory), or Taint (also the NoSchedule

@@ -33,6 +33,7 @@ from gpuusage.kube.errors import ApiError, TransientApiError, from_status
 
 IN_CLUSTER_CA = IN_CLUSTER_TOKEN.parent / "ca.crt"
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
 
 
 @dataclass(frozen=True)
