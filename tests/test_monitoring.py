@@ -56,6 +56,7 @@ ALERTS = (
     "GpuUsedOutsideAllocation",
     "GpuHeldIdle",
     "GpuRequestedButIdle",
+    "GpuPolicyActed",
 )
 RECORDS = (
     "namespace:gpuusage_gpu_memory_used_mib:sum",
@@ -446,13 +447,41 @@ def _promtool_test(
 
 @pytest.mark.cluster
 def test_kube_state_metrics_series_and_the_alerts_they_fire(
-    make_world: WorldFactory, state_metrics: int, promtool: Path, tmp_path: Path
+    make_world: WorldFactory,
+    state_metrics: int,
+    promtool: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     a = make_world(
         {"train": 1, "waiter": 1, "sneaky": 0, "stray": 0, "kernel": 1},
         idle_after=3.0,
         pod_extras={"stray": {"claims": {"gpu": "stray-gpu"}}},
         agent_extras={"idle_window": 0.5},
+        operator_extras={"policy_notice": 0.5},
+    )
+    # A policy tells the owner of a pod using a GPU it never requested (Notify, enforced).
+    custom = client.CustomObjectsApi(a["api"])
+    policy = f"notify-{a['ns']}"
+    rule = {"finding": "UsingUnrequestedGPU", "after": "1s", "action": "Notify", "mode": "Enforce"}
+    custom.create_cluster_custom_object(
+        names.GROUP,
+        names.VERSION,
+        names.POLICY_PLURAL,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.POLICY_KIND,
+            "metadata": {"name": policy},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": a["ns"]}},
+                "rules": [rule],
+            },
+        },
+    )
+    request.addfinalizer(
+        lambda: custom.delete_cluster_custom_object(
+            names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
+        )
     )
     b = make_world(  # reconciled by a's operator; slice asks for a MIG slice, frac has a share
         {"train": 1, "slice": 0, "frac": 0},
@@ -502,7 +531,11 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     ours = {a["node"], b["node"], c["node"]}
 
     def scrape() -> dict[Sample, float]:
-        return {k: v for k, v in _scrape(state_metrics).items() if dict(k[1]).get("node") in ours}
+        return {
+            k: v
+            for k, v in _scrape(state_metrics).items()
+            if dict(k[1]).get("node") in ours or dict(k[1]).get("policy") == policy
+        }
 
     def healthy_now() -> dict[Sample, float] | None:
         s = scrape()
@@ -513,6 +546,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
             and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
             and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=c["node"], pod="train") == 4096
+            and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 0
             and _value(
                 s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="False"
             )
@@ -587,6 +621,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
             and (_value(s, held, node=a["node"], pod="kernel") or 0) > 0
             and _value(s, "gpuusage_node_blind_devices", node=c["node"]) == 1
+            and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 1
             and _value(
                 s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="True"
             )
@@ -610,6 +645,12 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         == 4096
     )
     assert _value(trouble, "gpuusage_node_unrequested_pods", **node_a) == 1
+    assert _value(trouble, "gpuusage_node_orphaned_memory_mib", **node_a) == 4096  # Xorg
+    assert _value(healthy, "gpuusage_node_orphaned_memory_mib", **node_a) is None
+    orphaned_since = _value(trouble, "gpuusage_node_orphaned_since_timestamp_seconds", **node_a)
+    assert orphaned_since is not None
+    assert time.time() - 120 < orphaned_since <= time.time()
+    assert _value(trouble, "gpuusage_policy_info", policy=policy, mode="Enforce") == 1
     assert _value(trouble, "gpuusage_node_unallocated_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_idle_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_idle_pods", node=c["node"]) == 0, "blind: not idle"
@@ -638,6 +679,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         "GpuUsedOutsideAllocation": [{"namespace": a["ns"], "pod": "stray", "node": a["node"]}],
         "GpuHeldIdle": [{"namespace": a["ns"], "pod": "kernel", "node": a["node"]}],
         "GpuRequestedButIdle": [{"namespace": a["ns"], "pod": "waiter", "node": a["node"]}],
+        "GpuPolicyActed": [{"policy": policy}],
     }
     test_file = tmp_path / "alerts_test.yaml"
     test_file.write_text(yaml.safe_dump(_promtool_test(healthy, trouble, expected)))

@@ -89,6 +89,27 @@ OVERVIEW = Dashboard(
             width=4,
         ),
         Panel(
+            "Orphaned GPU memory",
+            "stat",
+            (_q("sum(gpuusage_node_orphaned_memory_mib) or vector(0)"),),
+            unit="mbytes",
+            description="Held by processes of no live pod: pods gone, containers of no pod, "
+            "host processes (what a policy's OrphanedGPUMemory rule acts on).",
+            width=4,
+        ),
+        Panel(
+            "Policy actions in the last hour",
+            "timeseries",
+            (
+                _q(
+                    "sum by (policy) (increase(gpuusage_policy_actions_taken[1h]))",
+                    "{{policy}}",
+                ),
+            ),
+            description="Enforced actions each GpuUsagePolicy carried out within the hour "
+            "(kubectl get gpuusagepolicy NAME -o yaml lists the decisions).",
+        ),
+        Panel(
             "Pods without an allocation, outside it, idle",
             "timeseries",
             (
