@@ -318,7 +318,7 @@ def test_admission_lets_the_operator_change_nothing_on_a_node_but_its_marks(
     except ApiException as exc:
         if exc.status != 409:
             raise
-    parts = [str(REPO / "manifests/policy-actions" / f) for f in ("rbac.yaml", "node-marks.yaml")]
+    parts = [str(REPO / "manifests/policy-actions" / f) for f in ("rbac.yaml", "admission.yaml")]
     kubectl.run("apply", *(a for p in parts for a in ("-f", p)))
     node = f"marks-{uuid.uuid4().hex[:6]}"
     other = {"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}
@@ -371,6 +371,37 @@ def test_admission_lets_the_operator_change_nothing_on_a_node_but_its_marks(
         )
         with pytest.raises(ApiException):
             operator.delete_node(node)
+        # Jobs: suspending is allowed, nothing else (a suspended Job's template is mutable).
+        ensure_namespace(core, "jobs-" + node)
+        job = client.V1Job(
+            metadata=client.V1ObjectMeta(name="epoch"),
+            spec=client.V1JobSpec(
+                template=client.V1PodTemplateSpec(
+                    spec=client.V1PodSpec(
+                        restart_policy="Never",
+                        containers=[client.V1Container(name="c", image="busybox")],
+                    )
+                )
+            ),
+        )
+        client.BatchV1Api(api).create_namespaced_job("jobs-" + node, job)
+        batch = client.BatchV1Api(operator_api)
+
+        def job_refused(patch: dict[str, Any]) -> str:
+            try:
+                batch.patch_namespaced_job("epoch", "jobs-" + node, patch)
+            except ApiException as exc:
+                return str(exc.body)
+            return ""
+
+        elsewhere = {"nodeSelector": {"kubernetes.io/hostname": "theirs"}}  # mutable now
+        assert "may only suspend a Job" in job_refused({"spec": {"parallelism": 5}})
+        assert job_refused({"spec": {"suspend": True}}) == ""
+        assert "may change nothing on a Job" in job_refused(
+            {"spec": {"template": {"spec": elsewhere}}}
+        )
+        assert "may only suspend" in job_refused({"spec": {"suspend": False}})
+        assert "may change nothing on a Job" in job_refused({"metadata": {"labels": {"a": "b"}}})
         assert marker.write(node, NodeMarks(), "freed", now).outcome == "Done"
         assert marker.read(node) == NodeMarks()
         found = core.read_node(node)
