@@ -5,8 +5,10 @@ installed with manifests/overlays/policy-actions (the rights these actions need)
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +268,123 @@ def test_orphaned_memory_taints_the_node_until_it_is_freed(
         custom.delete_cluster_custom_object(
             names.GROUP, names.VERSION, names.POLICY_PLURAL, "orphans"
         )
+
+
+def _given(world: dict[str, Any], pod: Any) -> tuple[str, int]:
+    """The device the kubelet gave the pod and its container's real pid on the host."""
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    socket = world["node"].directory / "kubelet" / "pod-resources" / "kubelet.sock"
+    given = {p.name: p for p in list_response(list_pods(socket, 5))}[pod.metadata.name]
+    (device,) = given.containers[0].devices[0].device_ids
+    return str(device), _host_pid(world, cid)
+
+
+def _unused_pid() -> int:
+    """A pid no process has (the agent can read no /proc files for it: unresolved)."""
+    return next(p for p in range(4_000_000, 4_100_000) if not Path(f"/proc/{p}").exists())
+
+
+def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
+    installed: dict[str, Any],
+) -> None:
+    """Three idle Deployment pods: under a DryRun ScaleToZero the first is recorded and left
+    running; the second, exempt by its pod template's annotation, is never announced; the
+    third, under an enforced rule, is announced, then its device turns blind (its process
+    replaced by one the agent cannot resolve) before the deadline: its condition turns
+    Unknown and, past the deadline, its Deployment still has its replica."""
+    world = installed
+    ns = "quiet"
+    _namespace(world, ns)
+    apps = client.AppsV1Api(world["api"])
+    for name in ("dry", "optout", "unsure"):
+        deployment: Any = _deployment(name, ns, 1)
+        if name == "optout":
+            template = deployment["spec"]["template"]["metadata"]
+            template["annotations"] = {names.ANNOTATION_EXEMPT: "true"}
+        apps.create_namespaced_deployment(ns, deployment)
+    pods: dict[str, Any] = {}
+    for name in ("dry", "optout", "unsure"):
+
+        def running(app: str = name) -> Any:
+            return _running(world, ns, app)
+
+        pods[name] = wait_for(running, timeout=90, what=f"{name} running")
+    given = {name: _given(world, pod) for name, pod in pods.items()}
+    idle = {
+        device: [{"pid": pid, "usedMemoryMiB": 8192, "smUtil": 0}] for device, pid in given.values()
+    }
+    _scenario(world, idle)
+    for name, pod in pods.items():
+
+        def idle_now(pod_name: str = pod.metadata.name) -> bool:
+            return _reason(world, ns, pod_name) == "HoldingIdleGPU"
+
+        wait_for(idle_now, timeout=60, what=f"{name} idle")
+    custom = client.CustomObjectsApi(world["api"])
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+    both = {"key": "app", "operator": "In", "values": ["dry", "optout"]}
+    bodies = {
+        "quiet-dry": ({"matchExpressions": [both]}, {"after": "1s", "mode": "DryRun"}),
+        "quiet-unsure": ({"matchLabels": {"app": "unsure"}}, {"after": "40s", "mode": "Enforce"}),
+    }
+    for policy, (pods_selected, rule) in bodies.items():
+        custom.create_cluster_custom_object(
+            names.GROUP,
+            names.VERSION,
+            names.POLICY_PLURAL,
+            {
+                "apiVersion": names.API_VERSION,
+                "kind": names.POLICY_KIND,
+                "metadata": {"name": policy},
+                "spec": {
+                    "namespaceSelector": selector,
+                    "podSelector": pods_selected,
+                    "rules": [{"finding": "HoldingIdleGPU", "action": "ScaleToZero", **rule}],
+                },
+            },
+        )
+    try:
+        dry, optout, unsure = (pods[n].metadata.name for n in ("dry", "optout", "unsure"))
+        wait_for(lambda: "DryRun" in _decisions(world, "quiet-dry"), timeout=60, what="dry run")
+        assert "GPUPolicyDryRun" in _events(world, ns, dry)
+        announced = wait_for(
+            lambda: _pod_annotation(world, ns, unsure), timeout=60, what="the announcement"
+        )
+        due = datetime.fromisoformat(json.loads(announced)["due"].replace("Z", "+00:00"))
+        # Before the deadline the device turns blind: the pod's use is no longer known.
+        device, _ = given["unsure"]
+        _scenario(
+            world,
+            {**idle, device: [{"pid": _unused_pid(), "usedMemoryMiB": 8192, "smUtil": 0}]},
+        )
+        wait_for(
+            lambda: (_gpu_condition(world, ns, unsure) or {}).get("status") == "Unknown",
+            timeout=60,
+            what="the pod's use Unknown",
+        )
+        assert datetime.now(UTC) < due, "the test needs the deadline still ahead"
+
+        def past_deadline_untouched() -> bool:
+            for name in ("dry", "unsure"):
+                found: Any = apps.read_namespaced_deployment(name, ns)
+                assert found.spec.replicas == 1, f"{name} was scaled"
+            return datetime.now(UTC) > due + timedelta(seconds=15)
+
+        wait_for(past_deadline_untouched, timeout=90, what="the deadline long past")
+        assert "GPUPolicyActed" not in _events(world, ns, unsure)
+        assert _pod_annotation(world, ns, unsure) is not None, "held, not cancelled"
+        assert _pod_annotation(world, ns, optout) is None
+        assert not [e for e in _events(world, ns, optout) if e.startswith("GPUPolicy")]
+        still: Any = world["core"].read_namespaced_pod(dry, ns)
+        assert (still.status.phase, still.metadata.deletion_timestamp) == ("Running", None)
+    finally:
+        for policy in bodies:
+            custom.delete_cluster_custom_object(
+                names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
+            )
+        _scenario(world, {})
+
+
+def _pod_annotation(world: dict[str, Any], namespace: str, pod: str) -> str | None:
+    found: Any = world["core"].read_namespaced_pod(pod, namespace)
+    return (found.metadata.annotations or {}).get(names.ANNOTATION_POLICY_ACTION)
