@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
+from gpuusage.api.announcement import decode
 from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process, Source
 from gpuusage.kube.crds import ensure_peering
 from gpuusage_dev.localcluster.cluster import LocalCluster
@@ -50,7 +51,7 @@ def _spec(node: str, container_id: str | None) -> dict[str, Any]:
 
 
 def _replica(
-    cluster: LocalCluster, peering: str, priority: int, log: Path
+    cluster: LocalCluster, peering: str, priority: int, log: Path, *extra: str
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
@@ -72,6 +73,7 @@ def _replica(
             "600",
             "--resync",
             "0.5",
+            *extra,
         ],
         env=CHILD_ENV,
         stdout=subprocess.DEVNULL,
@@ -179,3 +181,103 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
+    cluster: LocalCluster, api: client.ApiClient, setup: dict[str, Any], tmp_path: Path
+) -> None:
+    """A pod uses a GPU it never requested under an enforced Evict. The active replica
+    announces it (the annotation and one Pending Event) and is killed before the deadline;
+    the standby takes over, reads the deadline from the annotation, and evicts once: one
+    Pending, one Acted, each by one replica, one action in the policy's status."""
+    core = setup["core"]
+    ns, node = setup["ns"], setup["node"]
+    _uid, cid = create_running_pod(core, ns, "sneaky", node, "sneaky", gpus=0)
+    custom = client.CustomObjectsApi(api)
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": node},
+        "spec": _spec(node, cid),
+    }
+    custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
+    policy = f"evict-{ns}"
+    rule = {"finding": "UsingUnrequestedGPU", "after": "1s", "action": "Evict", "mode": "Enforce"}
+    custom.create_cluster_custom_object(
+        names.GROUP,
+        names.VERSION,
+        names.POLICY_PLURAL,
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.POLICY_KIND,
+            "metadata": {"name": policy},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "rules": [rule],
+            },
+        },
+    )
+    extra = ("--policy-actions", "--policy-notice", "6")
+    active = _replica(cluster, setup["peering"], 200, tmp_path / "active.log", *extra)
+    standby = _replica(cluster, setup["peering"], 100, tmp_path / "standby.log", *extra)
+
+    def policy_events() -> list[tuple[str, str]]:
+        found = client.EventsV1Api(api).list_namespaced_event(ns).items
+        return sorted(
+            (str(e.reason), str(e.reporting_instance))
+            for e in found
+            if str(e.reason).startswith("GPUPolicy")
+        )
+
+    try:
+        peers = wait_for(
+            lambda: len(p := _peers(api, setup["peering"])) == 2 and p,
+            what="both replicas in the peering",
+        )
+        identity = {prio: ident for ident, prio in peers.items()}
+
+        def announcement() -> str | None:
+            found: Any = core.read_namespaced_pod("sneaky", ns).metadata.annotations or {}
+            value = found.get(names.ANNOTATION_POLICY_ACTION)
+            return None if value is None else str(value)
+
+        announced = wait_for(announcement, what="the announcement")
+        active.send_signal(signal.SIGKILL)  # before the deadline (--policy-notice 6 s)
+        active.wait(10)
+        assert datetime.now(UTC) < decode_due(announced), "killed before the deadline"
+        assert policy_events() == [("GPUPolicyPending", identity[200])]
+        wait_for(
+            lambda: core.read_namespaced_pod("sneaky", ns).metadata.deletion_timestamp,
+            timeout=LIFETIME + 40,
+            what="the standby evicting the pod",
+        )
+        wait_for(
+            lambda: (
+                policy_events()
+                == [("GPUPolicyActed", identity[100]), ("GPUPolicyPending", identity[200])]
+            ),
+            what="one Acted Event, by the former standby",
+        )
+        assert announcement() != announced  # now marked as done
+
+        def status() -> dict[str, Any]:
+            found: Any = custom.get_cluster_custom_object(
+                names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
+            )
+            return dict(found.get("status") or {})
+
+        wait_for(lambda: status().get("actionsTaken") == 1, what="one action in the status")
+        outcomes = sorted(d["outcome"] for d in status()["decisions"])
+        assert outcomes == ["Done", "Pending"]
+    finally:
+        for proc in (active, standby):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        custom.delete_cluster_custom_object(names.GROUP, names.VERSION, names.POLICY_PLURAL, policy)
+
+
+def decode_due(annotation: str) -> datetime:
+    found = decode(annotation)
+    assert found is not None
+    return found.due
