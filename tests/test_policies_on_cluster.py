@@ -6,23 +6,16 @@ the policy's status."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
-from gpuusage.kube.config import api_client
-from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.simulation import ensure_namespace
-from gpuusage_operator.nodemarks import NodeMarker
-from gpuusage_operator.policynode import NodeMarks
-from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, token_kubeconfig, wait_for
+from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.worldview import events, pod, pod_annotations, scrape
 
@@ -301,117 +294,6 @@ def test_orphaned_memory_is_recorded_in_a_dry_run_then_marks_the_node_when_enfor
     assert other["key"] in kept
     assert names.NODE_CONDITION_ORPHANED not in kept
     assert "Cleared" in outcomes()
-
-
-def test_admission_lets_the_operator_change_nothing_on_a_node_but_its_marks(
-    cluster: LocalCluster, api: client.ApiClient, kubectl: Kubectl, tmp_path: Path
-) -> None:
-    """The policy-actions part's rights and admission policy, under a token of the operator's
-    ServiceAccount: its condition and taint come and go (every other taint and condition
-    kept); any other change to the Node is refused with the policy's message."""
-    core = client.CoreV1Api(api)
-    ensure_namespace(core, NS)
-    try:
-        core.create_namespaced_service_account(
-            NS, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=OPERATOR_SA))
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    parts = [str(REPO / "manifests/policy-actions" / f) for f in ("rbac.yaml", "admission.yaml")]
-    kubectl.run("apply", *(a for p in parts for a in ("-f", p)))
-    node = f"marks-{uuid.uuid4().hex[:6]}"
-    other = {"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}
-    core.create_node(
-        client.V1Node(
-            metadata=client.V1ObjectMeta(name=node), spec=client.V1NodeSpec(taints=[other])
-        )
-    )
-    config = token_kubeconfig(cluster, core, NS, OPERATOR_SA, None, path=tmp_path / "op")
-    operator_api, _ = api_client(config)
-    operator = client.CoreV1Api(operator_api)
-    try:
-
-        def refused(patch: dict[str, Any], status: bool = False) -> str:
-            call = operator.patch_node_status if status else operator.patch_node
-            try:
-                call(node, patch)
-            except ApiException as exc:
-                return str(exc.body)
-            return ""
-
-        # the admission policy takes a moment to be in force after it is created (each try a
-        # new label value: a patch that changes nothing is no change to refuse)
-        wait_for(
-            lambda: (
-                "may change nothing on a Node"
-                in refused({"metadata": {"labels": {"probe": uuid.uuid4().hex}}})
-            ),
-            what="the admission policy in force",
-        )
-        core.patch_node(node, {"metadata": {"labels": {"probe": None}}})
-        marker = NodeMarker(operator_api)
-        now = datetime.now(UTC)
-        assert marker.write(node, NodeMarks(True, True), "held", now).outcome == "Done"
-        assert marker.read(node) == NodeMarks(True, True)
-        found: Any = core.read_node(node)  # (the node lifecycle controller taints it too)
-        assert {other["key"], names.NODE_CONDITION_ORPHANED} <= {t.key for t in found.spec.taints}
-        key = names.NODE_CONDITION_ORPHANED
-        assert "may change no Node taint" in refused(
-            {"spec": {"taints": [other, {"key": key, "effect": "NoExecute"}]}}
-        )
-        assert "may change no Node taint" in refused({"spec": {"taints": [other]}})
-        assert "may change nothing on a Node" in refused({"spec": {"unschedulable": True}})
-        ready = {"type": "Ready", "status": "False", "reason": "Pwned", "message": "x"}
-        assert "may change no Node condition" in refused(
-            {"status": {"conditions": [ready]}}, status=True
-        )
-        assert "may change nothing on a Node" in refused(
-            {"status": {"capacity": {"nvidia.com/gpu": "100"}}}, status=True
-        )
-        with pytest.raises(ApiException):
-            operator.delete_node(node)
-        # Jobs: suspending is allowed, nothing else (a suspended Job's template is mutable).
-        ensure_namespace(core, "jobs-" + node)
-        job = client.V1Job(
-            metadata=client.V1ObjectMeta(name="epoch"),
-            spec=client.V1JobSpec(
-                template=client.V1PodTemplateSpec(
-                    spec=client.V1PodSpec(
-                        restart_policy="Never",
-                        containers=[client.V1Container(name="c", image="busybox")],
-                    )
-                )
-            ),
-        )
-        client.BatchV1Api(api).create_namespaced_job("jobs-" + node, job)
-        batch = client.BatchV1Api(operator_api)
-
-        def job_refused(patch: dict[str, Any]) -> str:
-            try:
-                batch.patch_namespaced_job("epoch", "jobs-" + node, patch)
-            except ApiException as exc:
-                return str(exc.body)
-            return ""
-
-        elsewhere = {"nodeSelector": {"kubernetes.io/hostname": "theirs"}}  # mutable now
-        assert "may only suspend a Job" in job_refused({"spec": {"parallelism": 5}})
-        assert job_refused({"spec": {"suspend": True}}) == ""
-        assert "may change nothing on a Job" in job_refused(
-            {"spec": {"template": {"spec": elsewhere}}}
-        )
-        assert "may only suspend" in job_refused({"spec": {"suspend": False}})
-        assert "may change nothing on a Job" in job_refused({"metadata": {"labels": {"a": "b"}}})
-        assert marker.write(node, NodeMarks(), "freed", now).outcome == "Done"
-        assert marker.read(node) == NodeMarks()
-        found = core.read_node(node)
-        kept = {t.key for t in found.spec.taints}
-        assert other["key"] in kept
-        assert names.NODE_CONDITION_ORPHANED not in kept
-    finally:
-        operator_api.close()  # type: ignore[no-untyped-call]
-        kubectl.run("delete", *(a for p in parts for a in ("-f", p)))
-        core.delete_node(node)
 
 
 def test_kubectl_get_shows_a_policys_mode_and_rules_before_it_decides_anything(

@@ -86,7 +86,7 @@ class Operator:
             self.reconciler.annotate,
             self.reconciler.record_event,
             notice=timedelta(seconds=settings.policy_notice),
-            actor=Actor(self.api) if settings.policy_actions else None,
+            actor=Actor(self.api, clock) if settings.policy_actions else None,
             clock=clock,
             cluster_actions_per_hour=settings.policy_cluster_actions_per_hour,
         )

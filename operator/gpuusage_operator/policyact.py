@@ -3,9 +3,15 @@ and changes what a person would change, through the API a person would use.
 
 * ScaleToZero: the pod's controlling workload through its `scale` subresource (a Deployment
   through its ReplicaSet, a StatefulSet, a ReplicaSet of its own); its controller deletes the
-  pod and the GPU is free, and scaling back up is the owner's choice.
+  pod and the GPU is free, and scaling back up is the owner's choice. A Kubeflow Notebook's
+  StatefulSet would be scaled up again by the notebook controller: the Notebook is stopped
+  instead, with the annotation its controller reads (kubeflow-resource-stopped, as its culler
+  does).
 * Suspend: the pod's controlling batch Job, `spec.suspend: true` (its controller deletes the
-  Job's running pods; resuming is the owner's choice).
+  Job's running pods; resuming is the owner's choice). A Job of a JobSet is suspended through
+  its JobSet, and a Job that Kueue manages (its queue-name label) through its Workload
+  (`spec.active: false`, Kueue's own way to stop a workload): either controller would undo a
+  suspension of the Job itself.
 * DeletePod: a pod no controller owns (a controller would only make another one).
 * Evict: the Eviction API, so that PodDisruptionBudgets hold: a refusal (429) is no failure to
   force through, it is tried again later.
@@ -18,12 +24,14 @@ install's policy-actions part; without them the apiserver answers 403 and the ou
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from kubernetes import client
 
+from gpuusage.api.times import format_time, utc_now
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Conflict, Forbidden, NotFound, is_other_object, translate
 
@@ -39,11 +47,39 @@ class Result:
 SCALABLE = {"Deployment": "deployments", "StatefulSet": "statefulsets", "ReplicaSet": "replicasets"}
 
 
-def controller_of(meta: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(kind, name, uid) of the object's controlling owner, if any."""
+NOTEBOOK_STOPPED = "kubeflow-resource-stopped"
+"""The annotation Kubeflow's notebook controller reads to scale a Notebook to zero."""
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta1", "workloads")
+
+
+@dataclass(frozen=True)
+class Owner:
+    kind: str
+    name: str
+    uid: str
+    api_version: str = ""
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0] if "/" in self.api_version else ""
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+
+def controller_of(meta: Mapping[str, Any]) -> Owner | None:
+    """The object's controlling owner, if any."""
     for ref in meta.get("ownerReferences") or []:
         if ref.get("controller"):
-            return str(ref.get("kind")), str(ref.get("name")), str(ref.get("uid"))
+            return Owner(
+                str(ref.get("kind")),
+                str(ref.get("name")),
+                str(ref.get("uid")),
+                str(ref.get("apiVersion") or ""),
+            )
     return None
 
 
@@ -56,7 +92,9 @@ def _read(response: Any) -> dict[str, Any]:
 class Actor:
     """Carries out enforced actions on pods through `api`."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, clock: Callable[[], datetime] = utc_now) -> None:
+        self._clock = clock
+        self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._apps = client.AppsV1Api(api)
         self._batch = client.BatchV1Api(api)
@@ -88,38 +126,81 @@ class Actor:
 
     def _scale_to_zero(self, namespace: str, meta: Mapping[str, Any]) -> Result:
         owner = controller_of(meta)
-        if owner is not None and owner[0] == "ReplicaSet":
-            rs = self._apps.read_namespaced_replica_set(owner[1], namespace, _preload_content=False)
-            above = controller_of(_read(rs))
-            if above is not None and above[0] == "Deployment":
+        if owner is not None and owner.kind in ("ReplicaSet", "StatefulSet"):
+            read = {
+                "ReplicaSet": self._apps.read_namespaced_replica_set,
+                "StatefulSet": self._apps.read_namespaced_stateful_set,
+            }[owner.kind]
+            above = controller_of(_read(read(owner.name, namespace, _preload_content=False)))
+            if above is not None and above.kind == "Deployment":
                 owner = above
-        if owner is None or owner[0] not in SCALABLE:
+            elif above is not None and (above.kind, above.group) == ("Notebook", "kubeflow.org"):
+                return self._stop_notebook(namespace, above)
+        if owner is None or owner.kind not in SCALABLE:
             return Result("NotApplicable", "no Deployment, StatefulSet or ReplicaSet owns the pod")
-        kind, workload, _ = owner
         body = {"spec": {"replicas": 0}}
         patch = {
             "Deployment": self._apps.patch_namespaced_deployment_scale,
             "StatefulSet": self._apps.patch_namespaced_stateful_set_scale,
             "ReplicaSet": self._apps.patch_namespaced_replica_set_scale,
-        }[kind]
-        patch(workload, namespace, body)
-        return Result("Done", f"scaled {kind} {namespace}/{workload} to zero")
+        }[owner.kind]
+        patch(owner.name, namespace, body)
+        return Result("Done", f"scaled {owner.kind} {namespace}/{owner.name} to zero")
+
+    def _stop_notebook(self, namespace: str, notebook: Owner) -> Result:
+        stamp = format_time(self._clock())
+        body = {"metadata": {"uid": notebook.uid, "annotations": {NOTEBOOK_STOPPED: stamp}}}
+        self._custom.patch_namespaced_custom_object(
+            notebook.group, notebook.version, namespace, "notebooks", notebook.name, body
+        )
+        return Result("Done", f"stopped Notebook {namespace}/{notebook.name} ({NOTEBOOK_STOPPED})")
 
     def _suspend(self, namespace: str, meta: Mapping[str, Any]) -> Result:
         owner = controller_of(meta)
-        if owner is None or owner[0] != "Job":
+        if owner is None or owner.kind != "Job":
             return Result("NotApplicable", "no Job owns the pod")
-        _, job, job_uid = owner
+        job = _read(self._batch.read_namespaced_job(owner.name, namespace, _preload_content=False))
+        above = controller_of(job)
+        if above is not None and (above.kind, above.group) == ("JobSet", "jobset.x-k8s.io"):
+            body = {"metadata": {"uid": above.uid}, "spec": {"suspend": True}}
+            self._custom.patch_namespaced_custom_object(
+                above.group, above.version, namespace, "jobsets", above.name, body
+            )
+            return Result("Done", f"suspended JobSet {namespace}/{above.name}")
+        if (job.get("labels") or {}).get(KUEUE_QUEUE):
+            return self._deactivate_workload(namespace, owner)
         self._batch.patch_namespaced_job(
-            job, namespace, {"metadata": {"uid": job_uid}, "spec": {"suspend": True}}
+            owner.name, namespace, {"metadata": {"uid": owner.uid}, "spec": {"suspend": True}}
         )
-        return Result("Done", f"suspended Job {namespace}/{job}")
+        return Result("Done", f"suspended Job {namespace}/{owner.name}")
+
+    def _deactivate_workload(self, namespace: str, job: Owner) -> Result:
+        listed: Any = self._custom.list_namespaced_custom_object(
+            *KUEUE_WORKLOADS[:2],
+            namespace,
+            KUEUE_WORKLOADS[2],
+            label_selector=f"{KUEUE_JOB_UID}={job.uid}",
+        )
+        items = list(listed.get("items") or [])
+        if len(items) != 1:
+            return Result(
+                "NotApplicable",
+                f"Kueue manages Job {namespace}/{job.name}, and {len(items)} Workloads are its",
+            )
+        found = items[0]["metadata"]
+        body = {"metadata": {"uid": found["uid"]}, "spec": {"active": False}}
+        self._custom.patch_namespaced_custom_object(
+            *KUEUE_WORKLOADS[:2], namespace, KUEUE_WORKLOADS[2], found["name"], body
+        )
+        return Result(
+            "Done", f"deactivated Kueue Workload {namespace}/{found['name']} of Job {job.name}"
+        )
 
     def _delete(self, namespace: str, name: str, uid: str, meta: Mapping[str, Any]) -> Result:
         owner = controller_of(meta)
         if owner is not None:
             return Result(
-                "NotApplicable", f"{owner[0]} {owner[1]} owns the pod: it would make another"
+                "NotApplicable", f"{owner.kind} {owner.name} owns the pod: it would make another"
             )
         self._core.delete_namespaced_pod(
             name,

@@ -1,0 +1,348 @@
+"""The policy-actions part on the real apiserver, under a token of the operator's
+ServiceAccount: its rights do what each action needs, and its admission policies let the
+operator make exactly those changes (a Node's OrphanedGPUMemory marks, a Job's, a JobSet's
+suspension, a Notebook's stop annotation, a Kueue Workload's deactivation) and no other."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuusage.api import names
+from gpuusage.kube import raw
+from gpuusage.kube.config import api_client
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.simulation import create_running_pod, ensure_namespace
+from gpuusage_operator.nodemarks import NodeMarker
+from gpuusage_operator.policyact import NOTEBOOK_STOPPED, Actor
+from gpuusage_operator.policynode import NodeMarks
+from tests.conftest import Kubectl, token_kubeconfig, wait_for
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+NS, OPERATOR_SA = "gpuusage-system", "gpuusage-operator"
+PARTS = [REPO / "manifests/policy-actions" / f for f in ("rbac.yaml", "admission.yaml")]
+
+
+@pytest.fixture
+def operator_api(
+    cluster: LocalCluster, api: client.ApiClient, kubectl: Kubectl, tmp_path: Path
+) -> Iterator[client.ApiClient]:
+    """An API client with a token of the operator's ServiceAccount, the policy-actions part's
+    rights and admission policies applied (and removed afterwards: other tests prove the base
+    install's rights); once the admission policies are in force."""
+    core = client.CoreV1Api(api)
+    ensure_namespace(core, NS)
+    try:
+        core.create_namespaced_service_account(
+            NS, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=OPERATOR_SA))
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    files = [a for p in PARTS for a in ("-f", str(p))]
+    kubectl.run("apply", *files)
+    config = token_kubeconfig(cluster, core, NS, OPERATOR_SA, None, path=tmp_path / "op")
+    operator, _ = api_client(config)
+    probe = f"probe-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=probe)))
+    try:
+
+        def in_force() -> bool:
+            # each try a new label value: a patch that changes nothing is nothing to refuse
+            labels = {"probe": uuid.uuid4().hex}
+            try:
+                client.CoreV1Api(operator).patch_node(probe, {"metadata": {"labels": labels}})
+            except ApiException as exc:
+                return "may change nothing on a Node" in str(exc.body)
+            return False
+
+        wait_for(in_force, what="the admission policies in force")
+        yield operator
+    finally:
+        operator.close()  # type: ignore[no-untyped-call]
+        core.delete_node(probe)
+        kubectl.run("delete", *files)
+
+
+def test_admission_lets_the_operator_change_nothing_on_a_node_but_its_marks(
+    api: client.ApiClient, operator_api: client.ApiClient
+) -> None:
+    """Its condition and taint come and go (every other taint and condition kept); any other
+    change to the Node is refused with the policy's message; on a Job only suspending."""
+    core = client.CoreV1Api(api)
+    node = f"marks-{uuid.uuid4().hex[:6]}"
+    other = {"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}
+    core.create_node(
+        client.V1Node(
+            metadata=client.V1ObjectMeta(name=node), spec=client.V1NodeSpec(taints=[other])
+        )
+    )
+    operator = client.CoreV1Api(operator_api)
+    try:
+
+        def refused(patch: dict[str, Any], status: bool = False) -> str:
+            call = operator.patch_node_status if status else operator.patch_node
+            try:
+                call(node, patch)
+            except ApiException as exc:
+                return str(exc.body)
+            return ""
+
+        marker = NodeMarker(operator_api)
+        now = datetime.now(UTC)
+        assert marker.write(node, NodeMarks(True, True), "held", now).outcome == "Done"
+        assert marker.read(node) == NodeMarks(True, True)
+        found: Any = core.read_node(node)  # (the node lifecycle controller taints it too)
+        assert {other["key"], names.NODE_CONDITION_ORPHANED} <= {t.key for t in found.spec.taints}
+        key = names.NODE_CONDITION_ORPHANED
+        assert "may change no Node taint" in refused(
+            {"spec": {"taints": [other, {"key": key, "effect": "NoExecute"}]}}
+        )
+        assert "may change no Node taint" in refused({"spec": {"taints": [other]}})
+        assert "may change nothing on a Node" in refused({"spec": {"unschedulable": True}})
+        ready = {"type": "Ready", "status": "False", "reason": "Pwned", "message": "x"}
+        assert "may change no Node condition" in refused(
+            {"status": {"conditions": [ready]}}, status=True
+        )
+        assert "may change nothing on a Node" in refused(
+            {"status": {"capacity": {"nvidia.com/gpu": "100"}}}, status=True
+        )
+        with pytest.raises(ApiException):
+            operator.delete_node(node)
+        # Jobs: suspending is allowed, nothing else (a suspended Job's template is mutable).
+        ensure_namespace(core, "jobs-" + node)
+        job = client.V1Job(
+            metadata=client.V1ObjectMeta(name="epoch"),
+            spec=client.V1JobSpec(
+                template=client.V1PodTemplateSpec(
+                    spec=client.V1PodSpec(
+                        restart_policy="Never",
+                        containers=[client.V1Container(name="c", image="busybox")],
+                    )
+                )
+            ),
+        )
+        client.BatchV1Api(api).create_namespaced_job("jobs-" + node, job)
+        batch = client.BatchV1Api(operator_api)
+
+        def job_refused(patch: dict[str, Any]) -> str:
+            try:
+                batch.patch_namespaced_job("epoch", "jobs-" + node, patch)
+            except ApiException as exc:
+                return str(exc.body)
+            return ""
+
+        elsewhere = {"nodeSelector": {"kubernetes.io/hostname": "theirs"}}  # mutable now
+        assert "may only suspend a Job" in job_refused({"spec": {"parallelism": 5}})
+        assert job_refused({"spec": {"suspend": True}}) == ""
+        assert "may change nothing on a Job" in job_refused(
+            {"spec": {"template": {"spec": elsewhere}}}
+        )
+        assert "may only suspend" in job_refused({"spec": {"suspend": False}})
+        assert "may change nothing on a Job" in job_refused({"metadata": {"labels": {"a": "b"}}})
+        assert marker.write(node, NodeMarks(), "freed", now).outcome == "Done"
+        assert marker.read(node) == NodeMarks()
+        found = core.read_node(node)
+        kept = {t.key for t in found.spec.taints}
+        assert other["key"] in kept
+        assert names.NODE_CONDITION_ORPHANED not in kept
+    finally:
+        core.delete_node(node)
+
+
+def _crd(group: str, kind: str, plural: str, version: str) -> dict[str, Any]:
+    """A stand-in CRD of another project (its real schema does not matter here)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+OTHERS = {
+    "notebook": ("kubeflow.org", "Notebook", "notebooks", "v1"),
+    "jobset": ("jobset.x-k8s.io", "JobSet", "jobsets", "v1alpha2"),
+    "workload": ("kueue.x-k8s.io", "Workload", "workloads", "v1beta1"),
+}
+
+
+def _made(response: Any) -> dict[str, Any]:
+    """An object as the apiserver answered it, as JSON."""
+    found: dict[str, Any] = json.loads(raw.body(response))
+    return found
+
+
+def _job_suspended(api: client.ApiClient, ns: str, name: str) -> bool:
+    found: Any = client.BatchV1Api(api).read_namespaced_job(name, ns)
+    return bool(found.spec.suspend)
+
+
+def _owned(core: client.CoreV1Api, ns: str, pod: str, owner: dict[str, Any], kind: str) -> str:
+    """Make the pod (running) owned by `owner` as its controller; its UID."""
+    meta = owner["metadata"]
+    api_version = owner.get("apiVersion") or ("apps/v1" if kind == "StatefulSet" else "batch/v1")
+    ref = {"apiVersion": api_version, "kind": kind, "name": meta["name"], "uid": meta["uid"]}
+    labels = (owner.get("spec") or {}).get("selector", {}).get("matchLabels") or {}
+    uid, _ = create_running_pod(core, ns, pod, "gpu-elsewhere", "main", gpus=1)
+    core.patch_namespaced_pod(
+        pod, ns, {"metadata": {"labels": labels, "ownerReferences": [{**ref, "controller": True}]}}
+    )
+    return uid
+
+
+def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_controllers_read(
+    api: client.ApiClient, operator_api: client.ApiClient, kubectl: Kubectl
+) -> None:
+    """A Notebook's pod (through its StatefulSet): ScaleToZero annotates the Notebook, the
+    StatefulSet is left to its controller. A JobSet's pod (through its Job): Suspend
+    suspends the JobSet. A Kueue-managed Job's pod: Suspend deactivates its Workload. Each
+    under the operator's token; any other change to those objects is refused."""
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([_crd(*o) for o in OTHERS.values()]))
+    for group, _, plural, _ in OTHERS.values():
+        kubectl.run("wait", "--for=condition=Established", f"crd/{plural}.{group}")
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    ns = f"kf-{uuid.uuid4().hex[:6]}"
+    ensure_namespace(core, ns)
+
+    def create(which: str, name: str, spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
+        group, kind, plural, version = OTHERS[which]
+        body = {
+            "apiVersion": f"{group}/{version}",
+            "kind": kind,
+            "metadata": {"name": name, **meta},
+            "spec": spec,
+        }
+        created: Any = custom.create_namespaced_custom_object(group, version, ns, plural, body)
+        return dict(created)
+
+    template = {"spec": {"containers": [{"name": "main", "image": "jupyter"}]}}
+    notebook = create("notebook", "lab", {"template": template})
+    owner = {
+        "apiVersion": notebook["apiVersion"],
+        "kind": "Notebook",
+        "name": "lab",
+        "uid": notebook["metadata"]["uid"],
+        "controller": True,
+    }
+    labels = {"statefulset": "lab"}
+    statefulset: Any = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "lab", "ownerReferences": [owner]},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "lab",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, **template},
+        },
+    }
+    apps: Any = client.AppsV1Api(api)
+    sts = _made(apps.create_namespaced_stateful_set(ns, statefulset, _preload_content=False))
+    lab_uid = _owned(core, ns, "lab-0", sts, "StatefulSet")
+
+    def job(name: str, owners: list[dict[str, Any]], job_labels: dict[str, str]) -> dict[str, Any]:
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "ownerReferences": owners, "labels": job_labels},
+            "spec": {
+                "managedBy": "example.com/elsewhere",  # the Job controller leaves it alone
+                "template": {
+                    "spec": {"restartPolicy": "Never", **template["spec"]},
+                },
+            },
+        }
+        batch: Any = client.BatchV1Api(api)
+        return _made(batch.create_namespaced_job(ns, body, _preload_content=False))
+
+    jobset = create("jobset", "train", {"replicatedJobs": [{"name": "w", "replicas": 1}]})
+    js_owner = {
+        "apiVersion": jobset["apiVersion"],
+        "kind": "JobSet",
+        "name": "train",
+        "uid": jobset["metadata"]["uid"],
+        "controller": True,
+    }
+    worker = job("train-w-0", [js_owner], {})
+    worker_uid = _owned(core, ns, "train-w-0-abc", worker, "Job")
+    queued = job("queued", [], {"kueue.x-k8s.io/queue-name": "gpus"})
+    queued_uid = _owned(core, ns, "queued-abc", queued, "Job")
+    create(
+        "workload",
+        "job-queued-1a2b3",
+        {"active": True, "queueName": "gpus", "podSets": [{"name": "main", "count": 1}]},
+        labels={"kueue.x-k8s.io/job-uid": queued["metadata"]["uid"]},
+    )
+
+    actor = Actor(operator_api)
+    result = actor.act(ns, "lab-0", lab_uid, "ScaleToZero")
+    assert (result.outcome, result.detail) == (
+        "Done",
+        f"stopped Notebook {ns}/lab ({NOTEBOOK_STOPPED})",
+    )
+    found: Any = custom.get_namespaced_custom_object("kubeflow.org", "v1", ns, "notebooks", "lab")
+    assert NOTEBOOK_STOPPED in found["metadata"]["annotations"]
+    kept: Any = client.AppsV1Api(api).read_namespaced_stateful_set("lab", ns)
+    assert kept.spec.replicas == 1, "the Notebook's controller scales its StatefulSet"
+
+    assert actor.act(ns, "train-w-0-abc", worker_uid, "Suspend").outcome == "Done"
+    found = custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", "train"
+    )
+    assert found["spec"]["suspend"] is True
+    assert not _job_suspended(api, ns, "train-w-0")
+
+    assert actor.act(ns, "queued-abc", queued_uid, "Suspend").outcome == "Done"
+    found = custom.get_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta1", ns, "workloads", "job-queued-1a2b3"
+    )
+    assert found["spec"]["active"] is False
+    assert not _job_suspended(api, ns, "queued")
+
+    # Anything else on those objects is refused under the operator's token.
+    theirs = client.CustomObjectsApi(operator_api)
+    attempts: dict[tuple[str, str, str, str], dict[str, Any]] = {
+        ("kubeflow.org", "v1", "notebooks", "lab"): {
+            "spec": {"template": {"spec": {"serviceAccountName": "admin"}}}
+        },
+        ("jobset.x-k8s.io", "v1alpha2", "jobsets", "train"): {
+            "spec": {"replicatedJobs": [{"name": "w", "replicas": 9}]}
+        },
+        ("kueue.x-k8s.io", "v1beta1", "workloads", "job-queued-1a2b3"): {"spec": {"active": True}},
+    }
+    for (group, version, plural, name), patch in attempts.items():
+        with pytest.raises(ApiException) as caught:
+            theirs.patch_namespaced_custom_object(group, version, ns, plural, name, patch)
+        assert caught.value.status == 403, plural
+        assert "the gpuusage operator may" in str(caught.value.body), plural
