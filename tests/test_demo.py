@@ -14,13 +14,21 @@ from gpuusage_dev.localcluster.node import cannot_run_node
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 FINDINGS = ("UsingUnrequestedGPU", "UsingUnallocatedGPU", "HoldingIdleGPU", "GPUUseEnded")
+POLICIES = (  # announced, recorded as a dry run, enforced; the policies' table
+    "GPUPolicyPending",
+    "GPUPolicyDryRun",
+    "GPUPolicyActed",
+    "reclaim-idle   DryRun",
+    "stop-misuse    Enforce",
+    "research/lab: Running, left alone",
+)
 
 
 def test_the_simulated_demo(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert run_demo(DemoSettings(dir=tmp_path / "demo", simulated=True)) == 0
     shown = capfd.readouterr().out
     assert shown.startswith("gpuusage demo: on a simulated node (no real node here: --simulated)")
-    for finding in FINDINGS:
+    for finding in FINDINGS + POLICIES:
         assert finding in shown, finding
 
 
@@ -31,6 +39,6 @@ def test_the_demo_on_a_real_node(tmp_path: Path, capfd: pytest.CaptureFixture[st
     assert run_demo(DemoSettings(dir=tmp_path / "demo")) == 0
     shown = capfd.readouterr().out
     assert shown.startswith("gpuusage demo: on a real node")
-    for finding in FINDINGS:
+    for finding in FINDINGS + POLICIES:
         assert finding in shown, finding
     assert "kubelet gave it GPU-" in shown

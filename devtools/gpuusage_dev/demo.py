@@ -8,8 +8,9 @@ shared by device-plugin pods and a fractional scheduler's pod), a DRA ResourceSl
 and a kubelet PodResources socket saying which device each device-plugin pod was given. It runs
 the agent and the operator, shows what a person sees with kubectl and `gpuusage top` (a pod
 with no allocation, a pod on a device outside its allocation, a DRA pod, a fractional pod and a
-notebook holding 70 GiB while computing nothing), ends one process to show the update, and
-cleans up.
+notebook holding 70 GiB while computing nothing), ends one process to show the update, puts
+two policies to work (a DryRun one for the idle notebook, an enforced one that evicts the pod
+outside its allocation), and cleans up.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
 from gpuusage.retry import poll_until
 from gpuusage_commands.top import TopSettings, run_top
+from gpuusage_dev.demopolicies import NOTICE, show_policies
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import (
@@ -251,6 +253,8 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             standalone=True,
             idle_after=IDLE_AFTER,
             lease_namespace=DEMO_NAMESPACE,
+            policy_notice=NOTICE,
+            policy_actions=True,
         )
         running.append(Background(lambda stop: run_operator(op, stop, ready)))
         if not ready.wait(60):
@@ -311,6 +315,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
 
         _wait(lambda: ended("research", "notebook"), "the notebook's use to end")
         show(kubectl, detail=False)
+        show_policies(step, kubectl, api, cluster.kubeconfig)
     finally:
         for background in reversed(running):
             background.halt()

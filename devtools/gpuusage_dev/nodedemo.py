@@ -11,6 +11,11 @@ them, or on others:
 - research/notebook asked for none and runs on train-0's GPU (NVIDIA_VISIBLE_DEVICES=all);
 - ml-team/train-1 was given one GPU and runs on another;
 - research/lab holds 70 GiB of its GPU and computes nothing.
+
+Then two policies, installed with the policy-actions part: a DryRun one for idle GPUs in
+research (it records that it would delete the lab pod, and leaves it running) and an enforced
+one for misuse in ml-team (it evicts train-1, which runs on a GPU it was not given), each
+announced on the pod first.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
-from gpuusage.retry import poll_until
 from gpuusage_commands.top import TopSettings, run_top
 from gpuusage_dev.demo import DEMO_NODE, IDLE_AFTER, show, step
+from gpuusage_dev.demopolicies import NOTICE, show_policies, wait_until
 from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO, running_node, write_scenario
 from gpuusage_dev.localcluster.nodeinstall import overlay
 from gpuusage_dev.simulation import ensure_namespace
@@ -61,17 +66,6 @@ def _pod(namespace: str, name: str, gpus: int) -> dict[str, Any]:
     }
 
 
-def _wait(predicate: Callable[[], Any], what: str, timeout: float = 120.0) -> None:
-    def probe() -> Any:
-        try:
-            return predicate()
-        except (client.ApiException, KeyError, IndexError, TypeError, StopIteration):
-            return None
-
-    if not poll_until(probe, timeout, 0.3):
-        raise TimeoutError(f"demo: timed out waiting for {what}")
-
-
 def run_node_demo(directory: Path | None, keep: bool = False) -> int:
     workdir = directory or Path(tempfile.mkdtemp(prefix="gpuusage-demo-"))
     scenario = workdir / "scenario"
@@ -90,7 +84,8 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
             scenario_dir=scenario,
             kubelet_root=node.directory / "kubelet",
             agent_args=("--interval", "1", "--idle-window", "2"),
-            operator_args=(f"--idle-after={IDLE_AFTER:g}",),
+            operator_args=(f"--idle-after={IDLE_AFTER:g}", f"--policy-notice={NOTICE:g}"),
+            base="manifests/overlays/policy-actions",
         )
         step("installing gpuusage as users do: kubectl apply -k (the GPUs come from a scenario)")
         subprocess.run([*kubectl, "apply", "-k", str(folder)], check=True)
@@ -99,11 +94,11 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
         step("four real pods, run by the kubelet with containerd and runc")
         for namespace, name, gpus in PODS:
             ensure_namespace(core, namespace)
-            _wait(_account(core, namespace), f"namespace {namespace}'s service account")
+            wait_until(_account(core, namespace), f"namespace {namespace}'s service account")
             pod: Any = _pod(namespace, name, gpus)  # the client sends a dict as it is
             core.create_namespaced_pod(namespace, pod)
         for namespace, name, _ in PODS:
-            _wait(_phase(core, namespace, name, "Running"), f"{namespace}/{name} running")
+            wait_until(_phase(core, namespace, name, "Running"), f"{namespace}/{name} running")
         socket = node.directory / "kubelet" / "pod-resources" / "kubelet.sock"
         given = {
             p.name: p.containers[0].devices[0].device_ids[0]
@@ -148,20 +143,26 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
             ]
             return found[0] if found else None
 
-        _wait(lambda: reason("research", "notebook") == "UsingUnrequestedGPU", "the notebook")
-        _wait(lambda: reason("ml-team", "train-1") == "UsingUnallocatedGPU", "train-1")
+        wait_until(lambda: reason("research", "notebook") == "UsingUnrequestedGPU", "the notebook")
+        wait_until(lambda: reason("ml-team", "train-1") == "UsingUnallocatedGPU", "train-1")
         print(f"    (lab computes nothing; flagged after --idle-after={IDLE_AFTER:g}s)")
-        _wait(lambda: reason("research", "lab") == "HoldingIdleGPU", "the idle lab")
-        _wait(lambda: _listed(api) == len(PODS), "the report's status")
+        wait_until(lambda: reason("research", "lab") == "HoldingIdleGPU", "the idle lab")
+        wait_until(lambda: _listed(api) == len(PODS), "the report's status")
         show(kubectl, detail=True)
         step("who holds the GPU memory")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
         step("the notebook's kernel leaves the GPU (the scenario changes)")
         write_scenario(scenario, use(notebook=False))
-        _wait(lambda: reason("research", "notebook") == "ProcessesEnded", "the notebook's end")
-        _wait(lambda: _listed(api) == len(PODS) - 1, "the report's status")
+        wait_until(lambda: reason("research", "notebook") == "ProcessesEnded", "the notebook's end")
+        wait_until(lambda: _listed(api) == len(PODS) - 1, "the report's status")
         show(kubectl, detail=False)
+        show_policies(step, kubectl, api, cluster.kubeconfig)
+        left = {
+            device: [p for p in listed if p["pid"] != pids["train-1"]]
+            for device, listed in use(notebook=False).items()
+        }
+        write_scenario(scenario, left)  # the evicted pod's process went with it
         if keep:
             _keep(cluster.kubeconfig, workdir)
             return 0
