@@ -330,6 +330,14 @@ def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_control
     assert found["spec"]["active"] is False
     assert not _job_suspended(api, ns, "queued")
 
+    # A pod a controller owns may not be deleted by the operator; one no controller owns may.
+    pods = client.CoreV1Api(operator_api)
+    with pytest.raises(ApiException) as refused:
+        pods.delete_namespaced_pod("lab-0", ns)
+    assert "may delete only pods that no controller owns" in str(refused.value.body)
+    create_running_pod(core, ns, "stray", "gpu-elsewhere", "main", gpus=1)
+    pods.delete_namespaced_pod("stray", ns)
+
     # Anything else on those objects is refused under the operator's token.
     theirs = client.CustomObjectsApi(operator_api)
     attempts: dict[tuple[str, str, str, str], dict[str, Any]] = {
