@@ -41,6 +41,7 @@ from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, en
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, token_kubeconfig, wait_for
 from tests.examples import empty_report
 from tests.fakenvml import mig_uuid
+from tests.worldview import create_policy, in_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "manifests" / "monitoring"
@@ -464,20 +465,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     custom = client.CustomObjectsApi(a["api"])
     policy = f"notify-{a['ns']}"
     rule = {"finding": "UsingUnrequestedGPU", "after": "1s", "action": "Notify", "mode": "Enforce"}
-    custom.create_cluster_custom_object(
-        names.GROUP,
-        names.VERSION,
-        names.POLICY_PLURAL,
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.POLICY_KIND,
-            "metadata": {"name": policy},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": a["ns"]}},
-                "rules": [rule],
-            },
-        },
-    )
+    create_policy(a["api"], policy, {"namespaceSelector": in_namespace(a["ns"]), "rules": [rule]})
     request.addfinalizer(
         lambda: custom.delete_cluster_custom_object(
             names.GROUP, names.VERSION, names.POLICY_PLURAL, policy

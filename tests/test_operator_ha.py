@@ -24,6 +24,7 @@ from gpuusage_dev.simulation import create_running_pod, ensure_namespace
 from gpuusage_operator.peering import live_peers
 from tests.conftest import CHILD_ENV, wait_for
 from tests.fakenvml import gpu_uuid
+from tests.worldview import create_policy, in_namespace
 
 pytestmark = pytest.mark.cluster
 LIFETIME = 10
@@ -203,20 +204,7 @@ def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
     custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
     policy = f"evict-{ns}"
     rule = {"finding": "UsingUnrequestedGPU", "after": "1s", "action": "Evict", "mode": "Enforce"}
-    custom.create_cluster_custom_object(
-        names.GROUP,
-        names.VERSION,
-        names.POLICY_PLURAL,
-        {
-            "apiVersion": names.API_VERSION,
-            "kind": names.POLICY_KIND,
-            "metadata": {"name": policy},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "rules": [rule],
-            },
-        },
-    )
+    create_policy(api, policy, {"namespaceSelector": in_namespace(ns), "rules": [rule]})
     extra = ("--policy-actions", "--policy-notice", "6")
     active = _replica(cluster, setup["peering"], 200, tmp_path / "active.log", *extra)
     standby = _replica(cluster, setup["peering"], 100, tmp_path / "standby.log", *extra)
@@ -242,10 +230,14 @@ def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
             return None if value is None else str(value)
 
         announced = wait_for(announcement, what="the announcement")
+        # the Event follows the annotation: wait for it rather than race it
+        wait_for(
+            lambda: policy_events() == [("GPUPolicyPending", identity[200])],
+            what="the Pending Event, by the active replica",
+        )
         active.send_signal(signal.SIGKILL)  # before the deadline (--policy-notice 6 s)
         active.wait(10)
         assert datetime.now(UTC) < decode_due(announced), "killed before the deadline"
-        assert policy_events() == [("GPUPolicyPending", identity[200])]
         wait_for(
             lambda: core.read_namespaced_pod("sneaky", ns).metadata.deletion_timestamp,
             timeout=LIFETIME + 40,

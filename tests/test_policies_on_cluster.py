@@ -6,9 +6,8 @@ the policy's status."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,12 +16,11 @@ from kubernetes import client
 from gpuusage.api import names
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
-from tests.worldview import events, pod, pod_annotations, scrape
+from tests.worldview import create_policy, events, in_namespace, pod, pod_annotations, scrape
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[1]
-NS, OPERATOR_SA = "gpuusage-system", "gpuusage-operator"
+PolicyMaker = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 def _scenario(world: dict[str, Any], notebook_sm: int) -> None:
@@ -57,13 +55,18 @@ def _scenario(world: dict[str, Any], notebook_sm: int) -> None:
 
 
 @pytest.fixture
-def policy(api: client.ApiClient) -> Iterator[dict[str, Any]]:
-    """A policy for one namespace, deleted afterwards (other tests' operators would apply it)."""
-    created: dict[str, Any] = {}
-    yield created
-    if created:
+def policy(api: client.ApiClient) -> Iterator[PolicyMaker]:
+    """Creates policies (deleted afterwards: other tests' operators would apply them)."""
+    made: list[str] = []
+
+    def make(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        made.append(name)
+        return create_policy(api, name, spec)
+
+    yield make
+    for name in made:
         client.CustomObjectsApi(api).delete_cluster_custom_object(
-            names.GROUP, names.VERSION, names.POLICY_PLURAL, created["metadata"]["name"]
+            names.GROUP, names.VERSION, names.POLICY_PLURAL, name
         )
 
 
@@ -80,7 +83,7 @@ def _status(api: client.ApiClient, name: str) -> dict[str, Any]:
 
 
 def test_a_dry_run_announces_records_once_and_does_nothing(
-    make_world: WorldFactory, api: client.ApiClient, policy: dict[str, Any]
+    make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
 ) -> None:
     exempt = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
     world = make_world(
@@ -92,12 +95,10 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
     )
     _scenario(world, notebook_sm=0)
     name = f"reclaim-{world['ns']}"
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.POLICY_KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": world["ns"]}},
+    policy(
+        name,
+        {
+            "namespaceSelector": in_namespace(world["ns"]),
             "rules": [
                 {"finding": "HoldingIdleGPU", "after": "1s", "action": "ScaleToZero"},
                 {
@@ -108,11 +109,7 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
                 },
             ],
         },
-    }
-    created: Any = client.CustomObjectsApi(api).create_cluster_custom_object(
-        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
     )
-    policy.update(created)
     announced = wait_for(lambda: _announcement(world, "notebook"), what="the announcement")
     assert (announced["policy"], announced["finding"], announced["action"]) == (
         name,
@@ -168,7 +165,7 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
 
 
 def test_enforced_actions_stop_at_the_policys_rate_limit(
-    make_world: WorldFactory, api: client.ApiClient, policy: dict[str, Any]
+    make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
 ) -> None:
     """Two ownerless pods hold GPUs idle under an enforced DeletePod with one action per hour:
     one is deleted, the other waits (RateLimited, a Warning Event, its announcement due an
@@ -181,22 +178,16 @@ def test_enforced_actions_stop_at_the_policys_rate_limit(
     )
     _scenario(world, notebook_sm=0)
     name = f"limit-{world['ns']}"
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.POLICY_KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": world["ns"]}},
+    policy(
+        name,
+        {
+            "namespaceSelector": in_namespace(world["ns"]),
             "maxActionsPerHour": 1,
             "rules": [
                 {"finding": "HoldingIdleGPU", "action": "DeletePod", "mode": "Enforce"},
             ],
         },
-    }
-    created: Any = client.CustomObjectsApi(api).create_cluster_custom_object(
-        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
     )
-    policy.update(created)
 
     def outcome(pod_name: str) -> set[str]:
         listed = _status(api, name).get("decisions") or []
@@ -233,7 +224,7 @@ def _node_marks(api: client.ApiClient, node: str) -> tuple[str | None, list[str]
 
 
 def test_orphaned_memory_is_recorded_in_a_dry_run_then_marks_the_node_when_enforced(
-    make_world: WorldFactory, api: client.ApiClient, policy: dict[str, Any]
+    make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
 ) -> None:
     """Xorg (a host process) holds 2 GiB: the report's status says so; a DryRun node rule
     records what it would do and leaves the Node alone; made Enforce, the Node gets the
@@ -246,17 +237,8 @@ def test_orphaned_memory_is_recorded_in_a_dry_run_then_marks_the_node_when_enfor
     world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": held}])
     name = f"orphans-{world['ns']}"
     rule = {"finding": "OrphanedGPUMemory", "after": "1s", "minMemoryMiB": 1024, "action": "Taint"}
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.POLICY_KIND,
-        "metadata": {"name": name},
-        "spec": {"nodeRules": [rule]},
-    }
     custom = client.CustomObjectsApi(api)
-    created: Any = custom.create_cluster_custom_object(
-        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
-    )
-    policy.update(created)
+    policy(name, {"nodeRules": [rule]})
 
     def outcomes() -> list[str]:
         listed = _status(api, name).get("decisions") or []
@@ -297,7 +279,7 @@ def test_orphaned_memory_is_recorded_in_a_dry_run_then_marks_the_node_when_enfor
 
 
 def test_kubectl_get_shows_a_policys_mode_and_rules_before_it_decides_anything(
-    make_world: WorldFactory, api: client.ApiClient, kubectl: Kubectl, policy: dict[str, Any]
+    make_world: WorldFactory, api: client.ApiClient, kubectl: Kubectl, policy: PolicyMaker
 ) -> None:
     world = make_world({"train": 1})
     world["scenario"](
@@ -311,22 +293,16 @@ def test_kubectl_get_shows_a_policys_mode_and_rules_before_it_decides_anything(
         ]
     )
     name = f"quiet-{world['ns']}"
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.POLICY_KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": world["ns"]}},
+    policy(
+        name,
+        {
+            "namespaceSelector": in_namespace(world["ns"]),
             "rules": [
                 {"finding": "HoldingIdleGPU", "action": "ScaleToZero", "mode": "Enforce"},
                 {"finding": "UsingUnallocatedGPU", "action": "Evict", "mode": "Enforce"},
             ],
         },
-    }
-    created: Any = client.CustomObjectsApi(api).create_cluster_custom_object(
-        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
     )
-    policy.update(created)
     wait_for(lambda: _status(api, name).get("observedGeneration") == 1, what="the status")
     lines = kubectl.run("get", "gpuusagepolicy", name).splitlines()
     assert lines[0].split() == ["NAME", "MODE", "RULES", "ACTIONS", "AGE"]

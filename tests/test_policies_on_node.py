@@ -36,6 +36,7 @@ from tests.test_node_e2e import (
     _token_of,
     installed_world,
 )
+from tests.worldview import create_policy, in_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -51,17 +52,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
 
 
 def _policy(world: dict[str, Any], namespace: str, rule: dict[str, Any]) -> None:
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.POLICY_KIND,
-        "metadata": {"name": namespace},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "rules": [{"after": "1s", "mode": "Enforce", **rule}],
-        },
-    }
-    client.CustomObjectsApi(world["api"]).create_cluster_custom_object(
-        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
+    rules = [{"after": "1s", "mode": "Enforce", **rule}]
+    create_policy(
+        world["api"], namespace, {"namespaceSelector": in_namespace(namespace), "rules": rules}
     )
 
 
@@ -205,24 +198,11 @@ def test_orphaned_memory_taints_the_node_until_it_is_freed(
     memory freed, both go. The kubelet's own conditions and taints are never touched."""
     world = installed
     gpu = _report(world)["spec"]["gpus"][0]["uuid"]
-    body = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.POLICY_KIND,
-        "metadata": {"name": "orphans"},
-        "spec": {
-            "nodeRules": [
-                {
-                    "finding": "OrphanedGPUMemory",
-                    "after": "2s",
-                    "minMemoryMiB": 1024,
-                    "action": "Taint",
-                    "mode": "Enforce",
-                }
-            ]
-        },
-    }
+    rule = {"finding": "OrphanedGPUMemory", "after": "2s", "minMemoryMiB": 1024}
+    create_policy(
+        world["api"], "orphans", {"nodeRules": [{**rule, "action": "Taint", "mode": "Enforce"}]}
+    )
     custom = client.CustomObjectsApi(world["api"])
-    custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.POLICY_PLURAL, body)
     try:
         before: Any = world["core"].read_node(NAME)
         kubelet_conditions = {c.type for c in before.status.conditions}
@@ -321,28 +301,18 @@ def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
 
         wait_for(idle_now, timeout=60, what=f"{name} idle")
     custom = client.CustomObjectsApi(world["api"])
-    selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
     both = {"key": "app", "operator": "In", "values": ["dry", "optout"]}
     bodies = {
         "quiet-dry": ({"matchExpressions": [both]}, {"after": "1s", "mode": "DryRun"}),
         "quiet-unsure": ({"matchLabels": {"app": "unsure"}}, {"after": "40s", "mode": "Enforce"}),
     }
     for policy, (pods_selected, rule) in bodies.items():
-        custom.create_cluster_custom_object(
-            names.GROUP,
-            names.VERSION,
-            names.POLICY_PLURAL,
-            {
-                "apiVersion": names.API_VERSION,
-                "kind": names.POLICY_KIND,
-                "metadata": {"name": policy},
-                "spec": {
-                    "namespaceSelector": selector,
-                    "podSelector": pods_selected,
-                    "rules": [{"finding": "HoldingIdleGPU", "action": "ScaleToZero", **rule}],
-                },
-            },
-        )
+        spec = {
+            "namespaceSelector": in_namespace(ns),
+            "podSelector": pods_selected,
+            "rules": [{"finding": "HoldingIdleGPU", "action": "ScaleToZero", **rule}],
+        }
+        create_policy(world["api"], policy, spec)
     try:
         dry, optout, unsure = (pods[n].metadata.name for n in ("dry", "optout", "unsure"))
         wait_for(lambda: "DryRun" in _decisions(world, "quiet-dry"), timeout=60, what="dry run")

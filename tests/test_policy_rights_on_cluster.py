@@ -195,6 +195,13 @@ OTHERS = {
 }
 
 
+def _controller(owner: dict[str, Any]) -> dict[str, Any]:
+    """An owner reference naming `owner` (as created) as the controller."""
+    meta = owner["metadata"]
+    ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"]}
+    return {**ref, "uid": meta["uid"], "controller": True}
+
+
 def _made(response: Any) -> dict[str, Any]:
     """An object as the apiserver answered it, as JSON."""
     found: dict[str, Any] = json.loads(raw.body(response))
@@ -247,13 +254,7 @@ def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_control
 
     template = {"spec": {"containers": [{"name": "main", "image": "jupyter"}]}}
     notebook = create("notebook", "lab", {"template": template})
-    owner = {
-        "apiVersion": notebook["apiVersion"],
-        "kind": "Notebook",
-        "name": "lab",
-        "uid": notebook["metadata"]["uid"],
-        "controller": True,
-    }
+    owner = _controller(notebook)
     labels = {"statefulset": "lab"}
     statefulset: Any = {
         "apiVersion": "apps/v1",
@@ -287,13 +288,7 @@ def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_control
         return _made(batch.create_namespaced_job(ns, body, _preload_content=False))
 
     jobset = create("jobset", "train", {"replicatedJobs": [{"name": "w", "replicas": 1}]})
-    js_owner = {
-        "apiVersion": jobset["apiVersion"],
-        "kind": "JobSet",
-        "name": "train",
-        "uid": jobset["metadata"]["uid"],
-        "controller": True,
-    }
+    js_owner = _controller(jobset)
     worker = job("train-w-0", [js_owner], {})
     worker_uid = _owned(core, ns, "train-w-0-abc", worker, "Job")
     queued = job("queued", [], {"kueue.x-k8s.io/queue-name": "gpus"})

@@ -54,3 +54,22 @@ def renewed_at(api: client.ApiClient, name: str, namespace: str) -> datetime | N
     """A Lease's renewTime (None while there is no Lease or no renewal)."""
     found = client.CoordinationV1Api(api).read_namespaced_lease(name, namespace)
     return found.spec.renew_time if found.spec is not None else None
+
+
+def in_namespace(namespace: str) -> dict[str, Any]:
+    """A policy's namespace selector for one namespace (the label every namespace carries)."""
+    return {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+
+
+def create_policy(api: client.ApiClient, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Create the GpuUsagePolicy `name` with `spec`; the object as created."""
+    body = {
+        "apiVersion": names.API_VERSION,
+        "kind": names.POLICY_KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    created: Any = client.CustomObjectsApi(api).create_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, body
+    )
+    return dict(created)
