@@ -274,7 +274,11 @@ class PolicyRunner:
         first, at most MAX_DECISIONS), with the mode, the rules and the actions taken."""
         with self._lock:
             pending, self._pending = self._pending, {}
-        for name in self.watch.policies.state.ids() - set(pending):
+        known = self.watch.policies.state.ids()
+        for table in (self._written, self._shown):  # nothing kept of policies gone
+            for gone in set(table) - known:
+                del table[gone]
+        for name in known - set(pending):
             policy = self.watch.policy(name)
             shown = policy is not None and self._shown.get(name) == policy.generation
             if policy is not None and policy.observed != policy.generation and not shown:
@@ -309,6 +313,8 @@ class PolicyRunner:
                 )
             except Exception as exc:  # the status is a record; the pods carry the truth
                 log.warning("GpuUsagePolicy %s: status not written: %s", name, exc)
+                if not decisions:  # its mode and rules alone: tried again when it changes
+                    self._shown[name] = policy.generation
                 continue
             self._written[name] = (listed, taken)
             self._shown[name] = policy.generation
