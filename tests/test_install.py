@@ -483,3 +483,63 @@ def test_the_agent_renews_its_own_nodes_lease_and_no_other(world: dict[str, Any]
     )
     operator = client.CoordinationV1Api(world["operator"])
     _denied(lambda: operator.patch_namespaced_lease(world["a"], home, renewal))
+
+
+def test_operator_token_may_write_only_its_marks_on_a_pod(world: dict[str, Any]) -> None:
+    """Admission (gpuusage-operator-own-marks) holds the operator's `patch pods` to its own
+    annotations and condition: the image, labels, people's annotations (exempt), another
+    condition and the phase are refused under its token; its annotation and condition pass.
+    The policy's annotation list is names.OPERATOR_ANNOTATIONS."""
+    core = client.CoreV1Api(world["operator"])
+    ns = world["ns"]
+    pod = client.CoreV1Api(world["admin"]).read_namespaced_pod("train", ns)
+    assert pod.metadata is not None
+    assert pod.spec is not None
+    uid = {"uid": pod.metadata.uid}
+    image = {"containers": [{"name": pod.spec.containers[0].name, "image": "evil"}]}
+    refusals: dict[str, tuple[dict[str, Any], bool]] = {
+        "the image": ({"spec": image}, False),
+        "a label": ({"metadata": {"labels": {"pwned": "yes"}}}, False),
+        "people's annotation": (
+            {"metadata": {"annotations": {names.ANNOTATION_EXEMPT: "true"}}},
+            False,
+        ),
+        "another annotation": ({"metadata": {"annotations": {"example.com/x": "1"}}}, False),
+        "another condition": (
+            {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+            True,
+        ),
+        "the phase": ({"status": {"phase": "Failed"}}, True),
+    }
+    for what, (patch, status) in refusals.items():
+        call = core.patch_namespaced_pod_status if status else core.patch_namespaced_pod
+
+        def refused(c: Callable[..., Any] = call, p: dict[str, Any] = patch) -> bool:
+            return _refused(lambda: c("train", ns, p))
+
+        # the admission policy comes into force shortly after the install
+        wait_for(refused, what=f"{what} refused")
+    ours = {names.ANNOTATION_USAGE: "{}"}
+    core.patch_namespaced_pod("train", ns, {"metadata": {**uid, "annotations": ours}})
+    condition = {"type": names.POD_CONDITION_GPU_IN_USE, "status": "Unknown", "reason": "Test"}
+    core.patch_namespaced_pod_status("train", ns, {"status": {"conditions": [condition]}})
+    gone = {"type": names.POD_CONDITION_GPU_IN_USE, "$patch": "delete"}
+    core.patch_namespaced_pod_status("train", ns, {"status": {"conditions": [gone]}})
+    core.patch_namespaced_pod(
+        "train", ns, {"metadata": {"annotations": {names.ANNOTATION_USAGE: None}}}
+    )
+    shipped = yaml.safe_load_all(
+        (REPO / "manifests/base/admission/operator-own-marks.yaml").read_text()
+    )
+    (vap,) = [d for d in shipped if d["kind"] == "ValidatingAdmissionPolicy"]
+    (ours_var,) = [v for v in vap["spec"]["variables"] if v["name"] == "ours"]
+    listed = ours_var["expression"].strip("[] ").replace("'", "").split(",")
+    assert [k.strip() for k in listed] == list(names.OPERATOR_ANNOTATIONS)
+
+
+def _refused(call: Callable[[], Any]) -> bool:
+    try:
+        call()
+    except ApiException as exc:
+        return exc.status == 403 and "the gpuusage operator may" in str(exc.body)
+    return False
