@@ -50,7 +50,10 @@ def test_an_unreadable_device_makes_the_use_of_its_pods_unknown() -> None:
     on_mig = why_unknown(marked(MIG), blind)
     assert on_mig is not None, "a MIG device of a lost GPU is lost too"
     assert on_mig.reason == REASON_DEVICE
-    assert "GpuIsLost: fell off the bus" in on_mig.message
+    # what the agent wrote about the device stays in the report: never on a tenant's pod
+    assert "fell off the bus" not in on_mig.message
+    assert "GpuIsLost" not in on_mig.message
+    assert "spec.gpus[].error says why" in on_mig.message
     assert why_unknown(marked(GPU0), blind) is None, "the readable GPU still tells"
     assert why_unknown(marked(f"{GPU0},{GPU1}"), blind) is not None
     assert why_unknown(marked(None), blind) is not None, "devices unknown: any blind spot"
@@ -65,7 +68,8 @@ def test_no_gpu_library_means_nothing_is_known() -> None:
     )
     cause = why_unknown(marked(GPU0), blind_spots(spec, []))
     assert cause is not None
-    assert "DriverNotLoaded" in cause.message
+    assert "DriverNotLoaded" not in cause.message, "the agent's words stay in the report"
+    assert "cannot read its GPUs" in cause.message
 
 
 def test_a_device_no_longer_reported_is_not_an_ending() -> None:
@@ -86,7 +90,8 @@ def test_an_unattributable_process_hides_whose_it_is() -> None:
     assert cause is not None
     assert cause.reason == REASON_UNRESOLVED
     assert "process 99" in cause.message
-    assert "cannot read /proc/99/cgroup" in cause.message
+    assert "cannot read /proc/99/cgroup" not in cause.message, "the agent's words stay"
+    assert "status.unattributed says why" in cause.message
     assert why_unknown(marked(MIG), blind) is None
     # A host process or a process of a known container says nothing of the kind.
     known = Process(pid=98, container_id=CTR_TRAIN, pod_uid=POD_TRAIN)

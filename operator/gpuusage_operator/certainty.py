@@ -15,8 +15,10 @@ where the report could see: "could not read" is not "exited". A report is blind
 * on a device whose processes the agent did not all list (more than a report may hold).
 
 A pod the operator last knew to use GPUs, whose processes this report does not show, is then
-`Unknown` (with the reason) when the report is blind on a device the pod was using; only a
-report that could see all of them says its use ended. A pod already marked as not using GPUs
+`Unknown` when the report is blind on a device the pod was using, with the reason and a
+message the operator composes (what the agent wrote about the device or process stays in the
+report and never reaches the pod's tenant); only a report that could see all of them says its
+use ended. A pod already marked as not using GPUs
 stays so: nothing in a blind spot says it started. Idle detection asks the same question, pod
 by pod: only a report that sees every device a pod could be using can show that it uses none
 (see sees_all): one blind device never switches judgement off for the whole node.
@@ -81,8 +83,12 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
     """Where the report `spec`, resolved to `resolutions`, cannot see."""
     node = spec.node_name
     if spec.source is not None and not spec.source.available:
-        why = spec.source.message or "the GPU library is unavailable"
-        return BlindSpots(Cause(REASON_DEVICE, f"node {node} cannot read its GPUs: {why}"))
+        return BlindSpots(
+            Cause(
+                REASON_DEVICE,
+                f"node {node} cannot read its GPUs (its report's spec.source says why)",
+            )
+        )
     devices: dict[str, Cause] = {}
     reported: set[str] = set()
     for gpu in spec.gpus:
@@ -96,13 +102,14 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
             if device.error is not None and device.error.reason == REASON_NOT_VISIBLE:
                 devices[uuid] = Cause(
                     REASON_NOT_VISIBLE,
-                    f"device {uuid} on node {node}: {device.error.message}",
+                    f"device {uuid} on node {node} holds memory that the processes the driver "
+                    "lists do not hold (processes the node agent cannot see)",
                 )
             elif error is not None:
                 devices[uuid] = Cause(
                     REASON_DEVICE,
-                    f"device {uuid} on node {node} could not "
-                    f"be read ({error.reason}: {error.message})",
+                    f"device {uuid} on node {node} could not be read (its report's "
+                    "spec.gpus[].error says why)",
                 )
             elif device.omitted_processes:
                 devices[uuid] = Cause(
@@ -115,7 +122,7 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
             devices[r.device_uuid] = Cause(
                 REASON_UNRESOLVED,
                 f"process {r.process.pid} on device {r.device_uuid} of node {node} could not be "
-                f"attributed to a pod ({r.message})",
+                "attributed to a pod (its report's status.unattributed says why)",
             )
     return BlindSpots(None, devices, frozenset(reported))
 
