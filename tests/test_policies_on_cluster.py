@@ -163,6 +163,14 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
     wait_for(lambda: _announcement(world, "notebook") is None, what="the announcement gone")
     wait_for(lambda: "GPUPolicyCancelled" in events(world, "notebook"), what="cancelled")
 
+    # The sneaky pod's notice was given (enforced, done): when its misuse ends, its
+    # announcement goes quietly, as nothing is called off.
+    pids = world["pids"]
+    train = {"pid": pids["train"], "usedMemoryMiB": 30720, "smUtil": 70}
+    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": [train]}])
+    wait_for(lambda: _announcement(world, "sneaky") is None, what="the done one removed")
+    assert "GPUPolicyCancelled" not in events(world, "sneaky")
+
 
 def test_enforced_actions_stop_at_the_policys_rate_limit(
     make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker

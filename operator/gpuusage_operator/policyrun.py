@@ -144,6 +144,8 @@ class PolicyRunner:
         head = f"policy {subject.policy}: {subject.finding}"
         if step.kind == "Cancel":
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: None})
+            if subject.recorded and subject.mode == "Enforce":
+                return None  # taken (or given up) already: nothing is called off
             why = {"FindingCleared": "the finding cleared", "Exempt": "the pod is exempt"}.get(
                 step.why, "the policy no longer covers the pod"
             )
