@@ -63,6 +63,12 @@ class _ReconcilerCollector(Collector):
             value=c.status_conflicts,
         )
         yield CounterMetricFamily(
+            "gpuusage_operator_events_dropped",
+            "Events not written because their object's rate (a burst of 25, then one every 5 "
+            "minutes) was spent, as client-go's recorder drops them.",
+            value=c.events_dropped,
+        )
+        yield CounterMetricFamily(
             "gpuusage_operator_pod_writes_refused_for_uid",
             "Pod writes the apiserver refused because the pod of that name had been replaced by "
             "another (its UID differed from the one the write was decided for).",

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
+from gpuusage.api.times import format_micro_time
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Conflict, Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.mergepatch import merge_diff
@@ -42,6 +43,7 @@ from gpuusage_operator.allocation import (
 )
 from gpuusage_operator.certainty import blind_spots, devices_of, sees_all
 from gpuusage_operator.dra import NO_DRA, DraLookup
+from gpuusage_operator.eventbook import EventBook, Write
 from gpuusage_operator.freshness import (
     DEFAULT_STALE_AFTER,
     MAX_CLOCK_SKEW,
@@ -78,6 +80,9 @@ class Counts:
     since it was read (then the whole status was sent)."""
     pod_writes: int = 0
     events: int = 0
+    """Events created, and series of identical ones updated."""
+    events_dropped: int = 0
+    """Events not written: their object's rate was spent (see eventbook)."""
     uid_refusals: int = 0
     """Pod writes the apiserver refused because the pod of that name had another UID."""
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
@@ -129,6 +134,9 @@ class Reconciler:
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     """Report name → the UIDs of the pods its status lists."""
     _event_seq: Iterator[int] = field(default_factory=itertools.count)
+    events_book: EventBook = field(default_factory=EventBook)
+    """Series of identical Events and each object's rate (see eventbook)."""
+    _book_lock: threading.Lock = field(default_factory=threading.Lock)
     _absent: dict[str, datetime] = field(default_factory=dict)
     """Pod UID → when a report first showed none of the processes of a pod marked in use
     (see restarts: its marks settle before use is called ended)."""
@@ -579,32 +587,77 @@ class Reconciler:
         note: str,
         now: datetime,
     ) -> None:
+        """Write the Event, join it to an identical recent one's series, or drop it when its
+        object's rate is spent (see eventbook). Best effort: a failure is logged."""
         name = str(regarding.name)
+        note = note[:1024]
+        subject = f"{regarding.kind}/{namespace}/{name}/{regarding.uid or ''}"
+        key = (subject, what.reason, what.type, note)
+        with self._book_lock:
+            write = self.events_book.decide(key, now)
+        if write.kind == "drop":
+            self.counts.events_dropped += 1
+            return
+        where = f"event on {regarding.kind} {namespace}/{name}"
+        try:
+            if write.kind == "series" and self._series(namespace, write, now, where):
+                return
+            created = self._create_event(namespace, regarding, what, note, now)
+            with self._book_lock:
+                self.events_book.written(key, created, now)
+            self.counts.events += 1
+        except Exception as exc:  # an Event is best effort
+            log.warning("%s not recorded: %s", where, exc)
+
+    def _series(self, namespace: str, write: Write, now: datetime, where: str) -> bool:
+        """Count one more on the series' Event; False when that Event is gone (expired)."""
+        series = {"count": write.count, "lastObservedTime": format_micro_time(now)}
+        try:
+            retried(
+                lambda: raw.body(
+                    self._events.patch_namespaced_event(
+                        write.name, namespace, {"series": series}, _preload_content=False
+                    )
+                ),
+                where,
+            )
+        except NotFound:
+            return False
+        self.counts.events += 1
+        return True
+
+    def _create_event(
+        self,
+        namespace: str,
+        regarding: client.V1ObjectReference,
+        what: PodEvent,
+        note: str,
+        now: datetime,
+    ) -> str:
+        """Create the Event; its name."""
+        # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
+        # Several Events of one object in one reconcile share `now`: the sequence tells them
+        # apart (one name twice is refused as AlreadyExists, and the Event lost).
+        stamp = int(now.timestamp() * 1e9) + next(self._event_seq)
+        name = f"{regarding.name}.{stamp:x}"[:253]
         event = client.EventsV1Event(
-            # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
-            # Several Events of one object in one reconcile share `now`: the sequence tells
-            # them apart (one name twice is refused as AlreadyExists, and the Event lost).
-            metadata=client.V1ObjectMeta(
-                name=f"{name}.{int(now.timestamp() * 1e9) + next(self._event_seq):x}"[:253],
-                namespace=namespace,
-            ),
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
             event_time=now.astimezone(UTC),
             action="GPUUse",
             reason=what.reason,
-            note=note[:1024],
+            note=note,
             type=what.type,
             regarding=regarding,
             reporting_controller=COMPONENT,
             reporting_instance=self.instance[:128],
         )
-        try:
-            retried(
-                lambda: self._events.create_namespaced_event(namespace, event),
-                f"event on {regarding.kind} {name}",
-            )
-            self.counts.events += 1
-        except Exception as exc:  # an Event is best effort
-            log.warning("event on %s %s/%s not recorded: %s", regarding.kind, namespace, name, exc)
+        retried(
+            lambda: raw.body(
+                self._events.create_namespaced_event(namespace, event, _preload_content=False)
+            ),
+            f"event on {regarding.kind} {namespace}/{regarding.name}",
+        )
+        return name
 
 
 def _echo_version(response: bytes, generation: int | None) -> str | None:
