@@ -13,14 +13,13 @@ never stops the rest.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import socket
 import threading
 from collections import Counter as TallyCounter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from kubernetes import client
@@ -28,7 +27,6 @@ from pydantic import ValidationError
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
-from gpuusage.api.times import format_micro_time
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Conflict, Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.mergepatch import merge_diff
@@ -43,7 +41,7 @@ from gpuusage_operator.allocation import (
 )
 from gpuusage_operator.certainty import blind_spots, devices_of, sees_all
 from gpuusage_operator.dra import NO_DRA, DraLookup
-from gpuusage_operator.eventbook import EventBook, Write
+from gpuusage_operator.eventrecord import EventRecorder
 from gpuusage_operator.freshness import (
     DEFAULT_STALE_AFTER,
     MAX_CLOCK_SKEW,
@@ -133,10 +131,6 @@ class Reconciler:
     does not change sends no event, so the housekeeping pass reconciles it then."""
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     """Report name → the UIDs of the pods its status lists."""
-    _event_seq: Iterator[int] = field(default_factory=itertools.count)
-    events_book: EventBook = field(default_factory=EventBook)
-    """Series of identical Events and each object's rate (see eventbook)."""
-    _book_lock: threading.Lock = field(default_factory=threading.Lock)
     _absent: dict[str, datetime] = field(default_factory=dict)
     """Pod UID → when a report first showed none of the processes of a pod marked in use
     (see restarts: its marks settle before use is called ended)."""
@@ -166,7 +160,9 @@ class Reconciler:
     def __post_init__(self) -> None:
         self._core = client.CoreV1Api(self.api)
         self._custom = self.reports_api or client.CustomObjectsApi(self.api)
-        self._events = client.EventsV1Api(self.api)
+        self.events = EventRecorder(
+            client.EventsV1Api(self.api), self.counts, self.instance, COMPONENT
+        )
 
     # -- reports ---------------------------------------------------------------------------
     def is_echo(self, body: Mapping[str, Any]) -> bool:
@@ -571,93 +567,13 @@ class Reconciler:
         regarding = client.V1ObjectReference(
             api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
         )
-        self._emit(ref.namespace, regarding, what, note, now)
+        self.events.record(ref.namespace, regarding, what, note, now)
 
     def record_node_event(self, node: str, what: PodEvent, note: str, now: datetime) -> None:
         """An Event about a Node, in the default namespace (where the kubelet records its
         node's Events, and where `kubectl describe node` finds them)."""
         regarding = client.V1ObjectReference(api_version="v1", kind="Node", name=node)
-        self._emit("default", regarding, what, note, now)
-
-    def _emit(
-        self,
-        namespace: str,
-        regarding: client.V1ObjectReference,
-        what: PodEvent,
-        note: str,
-        now: datetime,
-    ) -> None:
-        """Write the Event, join it to an identical recent one's series, or drop it when its
-        object's rate is spent (see eventbook). Best effort: a failure is logged."""
-        name = str(regarding.name)
-        note = note[:1024]
-        subject = f"{regarding.kind}/{namespace}/{name}/{regarding.uid or ''}"
-        key = (subject, what.reason, what.type, note)
-        with self._book_lock:
-            write = self.events_book.decide(key, now)
-        if write.kind == "drop":
-            self.counts.events_dropped += 1
-            return
-        where = f"event on {regarding.kind} {namespace}/{name}"
-        try:
-            if write.kind == "series" and self._series(namespace, write, now, where):
-                return
-            created = self._create_event(namespace, regarding, what, note, now)
-            with self._book_lock:
-                self.events_book.written(key, created, now)
-            self.counts.events += 1
-        except Exception as exc:  # an Event is best effort
-            log.warning("%s not recorded: %s", where, exc)
-
-    def _series(self, namespace: str, write: Write, now: datetime, where: str) -> bool:
-        """Count one more on the series' Event; False when that Event is gone (expired)."""
-        series = {"count": write.count, "lastObservedTime": format_micro_time(now)}
-        try:
-            retried(
-                lambda: raw.body(
-                    self._events.patch_namespaced_event(
-                        write.name, namespace, {"series": series}, _preload_content=False
-                    )
-                ),
-                where,
-            )
-        except NotFound:
-            return False
-        self.counts.events += 1
-        return True
-
-    def _create_event(
-        self,
-        namespace: str,
-        regarding: client.V1ObjectReference,
-        what: PodEvent,
-        note: str,
-        now: datetime,
-    ) -> str:
-        """Create the Event; its name."""
-        # kubelet's naming: <object>.<time in ns, hex> (generateName may not end in '.').
-        # Several Events of one object in one reconcile share `now`: the sequence tells them
-        # apart (one name twice is refused as AlreadyExists, and the Event lost).
-        stamp = int(now.timestamp() * 1e9) + next(self._event_seq)
-        name = f"{regarding.name}.{stamp:x}"[:253]
-        event = client.EventsV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            event_time=now.astimezone(UTC),
-            action="GPUUse",
-            reason=what.reason,
-            note=note,
-            type=what.type,
-            regarding=regarding,
-            reporting_controller=COMPONENT,
-            reporting_instance=self.instance[:128],
-        )
-        retried(
-            lambda: raw.body(
-                self._events.create_namespaced_event(namespace, event, _preload_content=False)
-            ),
-            f"event on {regarding.kind} {namespace}/{regarding.name}",
-        )
-        return name
+        self.events.record("default", regarding, what, note, now)
 
 
 def _echo_version(response: bytes, generation: int | None) -> str | None:
