@@ -97,22 +97,26 @@ def _pod_annotations(
 
 def run_top(settings: TopSettings) -> int:
     """Print (or emit as JSON) the pods using GPUs, as the settings select and order them."""
+    api, _source = api_client(settings.kubeconfig)
+    with api:  # one client for the reports and the pods' announcements
+        return _show(settings, api)
+
+
+def _show(settings: TopSettings, api: Any) -> int:
     from kubernetes import client  # noqa: PLC0415
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
-    api, _source = api_client(settings.kubeconfig)
-    with api:
-        try:
-            listed = client.CustomObjectsApi(api).list_cluster_custom_object(
-                names.GROUP, names.VERSION, names.PLURAL
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                raise GpuusageError(
-                    "no GpuNodeUsage API on this cluster: is gpuusage installed? "
-                    "(kubectl apply -k manifests/)"
-                ) from exc
-            raise GpuusageError(f"cannot list {names.PLURAL}: {exc.status} {exc.reason}") from exc
+    try:
+        listed = client.CustomObjectsApi(api).list_cluster_custom_object(
+            names.GROUP, names.VERSION, names.PLURAL
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            raise GpuusageError(
+                "no GpuNodeUsage API on this cluster: is gpuusage installed? "
+                "(kubectl apply -k manifests/)"
+            ) from exc
+        raise GpuusageError(f"cannot list {names.PLURAL}: {exc.status} {exc.reason}") from exc
     items = cast(list[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
     statuses, warnings = read_statuses(items)
     rows = rows_of(statuses)
@@ -137,8 +141,7 @@ def run_top(settings: TopSettings) -> int:
     )
     chosen = order(select(rows, namespace, node), settings.sort)
     if chosen:
-        with api_client(settings.kubeconfig)[0] as again:
-            annotations, problem = _pod_annotations(again, {r.namespace for r in chosen})
+        annotations, problem = _pod_annotations(api, {r.namespace for r in chosen})
         if problem:
             print(f"warning: {problem}", file=sys.stderr)
         with_pending(chosen, annotations)
