@@ -466,7 +466,7 @@ class Reconciler:
                 conditions = {"status": {"conditions": [plan.condition_patch]}}
                 versions.add(self._write_pod(ref, conditions, True))
                 if plan.event is not None:
-                    self._event(ref, plan.event, plan.event_note, now)
+                    self.record_event(ref, plan.event, plan.event_note, now)
         except NotFound:
             self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
             return None
@@ -505,9 +505,6 @@ class Reconciler:
         except Exception as exc:
             self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-
-    def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
-        self._event(ref, what, note, now)
 
     def _clear(self, ref: PodSnapshot) -> None:
         """Remove what the operator wrote on a pod, a policy's announcement too (no Event:
@@ -563,7 +560,8 @@ class Reconciler:
         version = raw.written_metadata(answer).get("resourceVersion")
         return None if version is None else str(version)
 
-    def _event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
+    def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
+        """An Event about the pod (see eventrecord: new, a series, or dropped)."""
         regarding = client.V1ObjectReference(
             api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
         )
