@@ -224,16 +224,27 @@ def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
         )
         identity = {prio: ident for ident, prio in peers.items()}
 
+        def status() -> dict[str, Any]:
+            found: Any = custom.get_cluster_custom_object(
+                names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
+            )
+            return dict(found.get("status") or {})
+
         def announcement() -> str | None:
             found: Any = core.read_namespaced_pod("sneaky", ns).metadata.annotations or {}
             value = found.get(names.ANNOTATION_POLICY_ACTION)
             return None if value is None else str(value)
 
         announced = wait_for(announcement, what="the announcement")
-        # the Event follows the annotation: wait for it rather than race it
+        # the Event follows the annotation, and the status follows both at the end of the
+        # reconcile: wait for them rather than race them
         wait_for(
             lambda: policy_events() == [("GPUPolicyPending", identity[200])],
             what="the Pending Event, by the active replica",
+        )
+        wait_for(
+            lambda: [d["outcome"] for d in status().get("decisions") or []] == ["Pending"],
+            what="the Pending decision in the policy's status",
         )
         active.send_signal(signal.SIGKILL)  # before the deadline (--policy-notice 6 s)
         active.wait(10)
@@ -251,12 +262,6 @@ def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
             what="one Acted Event, by the former standby",
         )
         assert announcement() != announced  # now marked as done
-
-        def status() -> dict[str, Any]:
-            found: Any = custom.get_cluster_custom_object(
-                names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
-            )
-            return dict(found.get("status") or {})
 
         wait_for(lambda: status().get("actionsTaken") == 1, what="one action in the status")
         outcomes = sorted(d["outcome"] for d in status()["decisions"])
