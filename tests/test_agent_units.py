@@ -320,6 +320,7 @@ def attributed_from(spec: GpuNodeUsageSpec) -> AttributedReading:
                     tuple(p.types),
                     p.sm_util_percent,
                     p.memory_util_percent,
+                    None if p.activity_unknown else True,
                 )
             )
             found[p.pid] = Resolved(CgroupAttribution(p.container_id, p.pod_uid), p.name)

@@ -107,3 +107,27 @@ def test_the_next_deadline_is_when_the_idle_processes_reach_idle_after() -> None
     assert POD.uid in held_idle([use], T, due, AFTER)
     assert next_held_deadline([use], T, due, AFTER) is None, "flagged by then: nothing to wait"
     assert next_held_deadline([use], T, T, None) is None
+
+
+def test_computing_is_told_per_device_and_never_guessed() -> None:
+    """The bill's GPU-hours computing: a device where one of the pod's processes works is
+    computing, one where all are quiet for the agent's window is not, and one whose device
+    tells nothing of activity (MIG, MPS clients) is neither."""
+    quiet = T - timedelta(minutes=10)
+    told = [
+        Resolution(gpu_uuid(0), Process(pid=1, idle_since=quiet, used_memory_mib=10), POD),
+        Resolution(gpu_uuid(0), Process(pid=2, used_memory_mib=10), POD),
+        Resolution(gpu_uuid(1), Process(pid=3, idle_since=quiet, used_memory_mib=10), POD),
+        Resolution(gpu_uuid(1), Process(pid=4, activity_unknown=True, used_memory_mib=10), POD),
+        Resolution(gpu_uuid(2), Process(pid=5, activity_unknown=True, used_memory_mib=10), POD),
+    ]
+    usages = pod_usages([PodUse(POD, "n1", T, tuple(told))], {POD.uid: ALLOCATED})
+    assert {u.device_uuid: u.computing for u in usages} == {
+        gpu_uuid(0): True,
+        gpu_uuid(1): False,
+        gpu_uuid(2): None,
+    }
+    # as the status's list is written: defaults left out
+    written = [u.model_dump(mode="json", by_alias=True, exclude_defaults=True) for u in usages]
+    assert [w.get("computing") for w in written] == [True, False, None]
+    assert "computing" not in written[2], "unknown is left out, not written as false"

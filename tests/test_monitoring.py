@@ -72,6 +72,18 @@ RECORDS = (
     "namespace:gpuusage_gpu_hours_allocated:sum1h",
     "namespace:gpuusage_mig_device_hours_allocated:sum1h",
     "namespace:gpuusage_gpu_share_hours_allocated:sum1h",
+    "namespace:gpuusage_gpus_computing:count",
+    "namespace:gpuusage_gpu_hours_computing:sum1h",
+    "namespace:gpuusage_gpu_held_efficiency:ratio1h",
+    "namespace:gpuusage_gpu_computing_efficiency:ratio1h",
+    "namespace_pod:gpuusage_gpus_used:count",
+    "namespace_pod:gpuusage_gpus_computing:count",
+    "namespace_pod:gpuusage_gpu_memory_used_mib:sum",
+    "namespace_pod:gpuusage_gpus_allocated:sum",
+    "namespace_pod:gpuusage_gpu_hours_used:sum1h",
+    "namespace_pod:gpuusage_gpu_hours_computing:sum1h",
+    "namespace_pod:gpuusage_gpu_memory_used_mib_hours:sum1h",
+    "namespace_pod:gpuusage_gpu_hours_allocated:sum1h",
 )
 
 Sample = tuple[str, frozenset[tuple[str, str]]]
@@ -326,20 +338,24 @@ def _input_series(phases: list[tuple[Mapping[Sample, float], int]]) -> list[dict
 
 def _showback_test(
     phases: list[tuple[Mapping[Sample, float], int]],
-    expected: Mapping[tuple[str, str], float | None],
+    expected: Mapping[tuple[str, ...], float | None],
 ) -> dict[str, Any]:
     """A promtool unit test of the recording rules on these phases (see _input_series), the
-    expected values per (rule, namespace) at their end (None: no series)."""
+    expected values per (rule, namespace) or (rule, namespace, pod) at their end (None: no
+    series)."""
     end = sum(minutes for _, minutes in phases) - 1
+
+    def selector(rule: str, namespace: str, pod: str | None = None) -> str:
+        labels = f'namespace="{namespace}"' + (f',pod="{pod}"' if pod else "")
+        return f"{rule}{{{labels}}}"
+
     tests = [
         {
-            "expr": f'{rule}{{namespace="{namespace}"}}',
+            "expr": selector(*key),
             "eval_time": f"{end}m",
-            "exp_samples": []
-            if value is None
-            else [{"labels": f'{rule}{{namespace="{namespace}"}}', "value": value}],
+            "exp_samples": [] if value is None else [{"labels": selector(*key), "value": value}],
         }
-        for (rule, namespace), value in expected.items()
+        for key, value in expected.items()
     ]
     return {
         "rule_files": [str(RULES)],
@@ -489,7 +505,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     create_allocated_claim(resource, a["ns"], "stray-gpu", a["node"], ["gpu-0"])
     a["scenario"](
         [
-            _gpu(0, GPU0, 21504, [(train, 20480), (stray, 1024)]),
+            _gpu(0, GPU0, 21504, [(train, 20480), (stray, 1024)], sm={train: 90}),
             _gpu(1, GPU1, 12288, [(waiter, 8192), (kernel, 4096)], sm={kernel: 40}),
         ]
     )
@@ -535,6 +551,8 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
             and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=c["node"], pod="train") == 4096
             and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 0
+            and _value(s, "gpuusage_pod_gpu_computing", node=a["node"], pod="kernel") == 1
+            and _value(s, "gpuusage_pod_gpu_computing", node=a["node"], pod="train") == 1
             and _value(
                 s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="False"
             )
@@ -576,6 +594,10 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert _value(healthy, held, **node_a, pod="kernel") == 0
     assert _value(healthy, "gpuusage_node_held_idle_pods", **node_a) == 0
     assert _value(healthy, "gpuusage_node_blind_devices", node=c["node"]) == 0
+    # Computing is told only where the device tells: no series (never 0) for the waiter, whose
+    # GPU reports no utilization for it, nor for b's pods on a MIG slice.
+    assert _value(healthy, "gpuusage_pod_gpu_computing", **node_a, pod="waiter") is None
+    assert _value(healthy, "gpuusage_pod_gpu_computing", node=b["node"], pod="train") is None
     observed = _value(healthy, "gpuusage_node_observed_timestamp_seconds", **node_a)
     assert observed is not None
     assert abs(observed - time.time()) < 60
@@ -585,7 +607,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     # and computes nothing (idle after 0.5 s, flagged 3 s later), and node b's agent dies.
     a["scenario"](
         [
-            _gpu(0, GPU0, 80896, [(train, 80896)]),
+            _gpu(0, GPU0, 80896, [(train, 80896)], sm={train: 95}),
             _gpu(
                 1,
                 GPU1,
@@ -608,6 +630,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_pod_gpu_unallocated", node=a["node"], pod="stray") == 1
             and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
             and (_value(s, held, node=a["node"], pod="kernel") or 0) > 0
+            and _value(s, "gpuusage_pod_gpu_computing", node=a["node"], pod="kernel") == 0
             and _value(s, "gpuusage_node_blind_devices", node=c["node"]) == 1
             and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 1
             and _value(
@@ -700,6 +723,27 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         ("namespace:gpuusage_mig_device_hours_allocated:sum1h", a["ns"]): 0.0,
         ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", b["ns"]): 0.5,
         ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", a["ns"]): None,  # no share
+        # The bill of use. Computing: both GPUs while healthy (train, kernel), GPU0 alone in
+        # the trouble (the kernel idles); nothing on b's MIG slice, whose activity is untold.
+        ("namespace:gpuusage_gpu_hours_computing:sum1h", a["ns"]): 1.5,
+        ("namespace:gpuusage_gpu_hours_computing:sum1h", b["ns"]): None,
+        ("namespace:gpuusage_gpu_held_efficiency:ratio1h", a["ns"]): 2.0 / 4.0,
+        ("namespace:gpuusage_gpu_computing_efficiency:ratio1h", a["ns"]): 1.5 / 4.0,
+        ("namespace:gpuusage_gpu_held_efficiency:ratio1h", b["ns"]): None,  # no whole GPU used
+        # per pod
+        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", a["ns"], "train"): 1.0,
+        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a["ns"], "train"): 1.0,
+        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a["ns"], "train"): 1.0,
+        ("namespace_pod:gpuusage_gpu_memory_used_mib_hours:sum1h", a["ns"], "train"): (
+            20480 + 80896
+        )
+        / 2,
+        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a["ns"], "kernel"): 0.5,
+        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a["ns"], "kernel"): 1.0,
+        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a["ns"], "sneaky"): 0.5,
+        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", a["ns"], "sneaky"): None,
+        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a["ns"], "waiter"): None,
+        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", b["ns"], "train"): 1.0,
     }
     showback = tmp_path / "showback_test.yaml"
     showback.write_text(yaml.safe_dump(_showback_test([(healthy, 30), (trouble, 30)], hours)))

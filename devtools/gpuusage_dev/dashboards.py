@@ -283,6 +283,71 @@ NAMESPACE = Dashboard(
             width=12,
         ),
         Panel(
+            "GPU-hours computing in the range",
+            "stat",
+            (
+                _q(
+                    "sum(sum_over_time("
+                    'namespace:gpuusage_gpus_computing:count{namespace=~"$namespace"}[$__range]'
+                    ")) / 60"
+                ),
+            ),
+            description="Whole GPUs on which a pod's process used an engine within the agent's "
+            "--idle-window; devices that do not tell (MIG, MPS clients) never count.",
+            width=12,
+        ),
+        Panel(
+            "Efficiency in the range: GPU-hours held and computing per GPU-hour handed",
+            "stat",
+            (
+                _q(
+                    "sum by (namespace) (sum_over_time("
+                    'namespace:gpuusage_gpus_used:count{namespace=~"$namespace"}[$__range]))'
+                    " / sum by (namespace) (sum_over_time("
+                    'namespace:gpuusage_gpus_allocated:sum{namespace=~"$namespace"}[$__range]))'
+                    " > 0",
+                    "held {{namespace}}",
+                ),
+                _q(
+                    "sum by (namespace) (sum_over_time("
+                    'namespace:gpuusage_gpus_computing:count{namespace=~"$namespace"}[$__range]))'
+                    " / sum by (namespace) (sum_over_time("
+                    'namespace:gpuusage_gpus_allocated:sum{namespace=~"$namespace"}[$__range]))'
+                    " > 0",
+                    "computing {{namespace}}",
+                ),
+            ),
+            unit="percentunit",
+            description="Whole GPUs only: held is memory in use, computing an engine in use. "
+            "Over 100 % means use beyond what was handed (GPUs used without a request).",
+            width=24,
+        ),
+        Panel(
+            "Pods: GPU-hours handed, held and computing in the range",
+            "table",
+            (
+                _q(
+                    "sum by (pod) (sum_over_time("
+                    'namespace_pod:gpuusage_gpus_allocated:sum{namespace=~"$namespace"}'
+                    "[$__range])) / 60",
+                    "handed {{pod}}",
+                ),
+                _q(
+                    "sum by (pod) (sum_over_time("
+                    'namespace_pod:gpuusage_gpus_used:count{namespace=~"$namespace"}'
+                    "[$__range])) / 60",
+                    "held {{pod}}",
+                ),
+                _q(
+                    "sum by (pod) (sum_over_time("
+                    'namespace_pod:gpuusage_gpus_computing:count{namespace=~"$namespace"}'
+                    "[$__range])) / 60",
+                    "computing {{pod}}",
+                ),
+            ),
+            width=24,
+        ),
+        Panel(
             "Pods by GPU memory",
             "table",
             (

@@ -64,6 +64,7 @@ def attribute(
         memory_util_percent=process.memory_util_percent,
         resolve_error=None if error is None else safe_text(error, MAX_DETAIL),
         idle_since=idle_since,
+        activity_unknown=process.active is None,
     )
 
 
@@ -187,7 +188,7 @@ class AttributedReading:
     def _key(self, device: Gpu | MigDevice, p: RawProcess) -> Exact:
         name, container_id, pod_uid, error = attribution(p, self.found.get(p.pid))
         idle = self.idle.get((device.uuid or "", p.pid)) if self.idle else None
-        return p.pid, name, container_id, pod_uid, p.types, error, idle
+        return p.pid, name, container_id, pod_uid, p.types, error, idle, p.active is None
 
     def unresolved(self) -> int:
         """Processes the resolver could not attribute (for the agent's metrics)."""

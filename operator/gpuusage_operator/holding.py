@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from gpuusage.api.models import Process
 from gpuusage_operator.resolution import PodUse
 
 
@@ -32,6 +33,17 @@ def held_idle_since(use: PodUse, seen_at: datetime) -> datetime | None:
     latest = max(s for s in sinces if s is not None)  # the pod idles since its last one went
     since = seen_at - max(use.observed_at - latest, timedelta(0))
     return since.replace(microsecond=0)  # whole seconds: the status does not move with jitter
+
+
+def computing(processes: Iterable[Process]) -> bool | None:
+    """Whether a pod computes on one device, from its processes there: True when one whose
+    activity the device tells has not been idle for the agent's --idle-window, False when all
+    such have, None when the device tells of none (MIG devices, MPS clients, some GPUs): GPU
+    time counted as computing is never a guess."""
+    told = [p for p in processes if not p.activity_unknown]
+    if not told:
+        return None
+    return any(p.idle_since is None for p in told)
 
 
 def held_idle(

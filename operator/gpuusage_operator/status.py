@@ -43,6 +43,7 @@ from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.allocation import Judgement, judgements
 from gpuusage_operator.certainty import BlindSpots, blind_spots
 from gpuusage_operator.freshness import DEFAULT_STALE_AFTER, Renewal, Sighting, stale_condition
+from gpuusage_operator.holding import computing
 from gpuusage_operator.orphaned import orphaned_memory
 from gpuusage_operator.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.transitions import transition_time
@@ -85,6 +86,7 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                     allocated_by=list(allocation.sources),
                     unallocated=judgement.finding == "Unallocated" and uuid in judgement.outside,
                     held_idle_since=judgement.held_idle_since,
+                    computing=computing(r.process for r in entries),
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))

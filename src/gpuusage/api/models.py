@@ -219,6 +219,10 @@ class Process(ApiModel):
     encoder, decoder; by the node's clock), once that has lasted the agent's --idle-window;
     absent while it works, and where per-process utilization is not reported (MIG devices, MPS
     clients, some GPUs)."""
+    activity_unknown: bool = False
+    """True where the device does not say whether this process uses its engines (MIG devices,
+    MPS clients, GPUs without per-process utilization, a failed query): it is then neither
+    idle nor computing, only holding memory."""
 
 
 class MigDevice(ApiModel):
@@ -416,6 +420,12 @@ class PodUsage(ApiModel):
     held_idle_since: datetime | None = None
     """Set when every process of the pod, on every device, has computed nothing for the
     operator's --idle-after while holding memory: since when, by the operator's clock."""
+    computing: bool | None = None
+    """Whether the pod computes on this device: true when one of its processes here used an
+    engine (SMs, memory controller, encoder, decoder) within the agent's --idle-window, false
+    when all have been quiet for it; absent where the device does not say (MIG devices, MPS
+    clients, some GPUs) or the agent predates this field. The bill of use counts GPU-hours
+    computing from it."""
 
 
 BlindReason = Literal[
