@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuusage.api import names
+from gpuusage_commands.bill import query as bill_query
 from gpuusage_dev import configstamp
 from gpuusage_dev.dashboards import DASHBOARDS
 from gpuusage_dev.dashboards import render as render_dashboard
@@ -339,10 +340,11 @@ def _input_series(phases: list[tuple[Mapping[Sample, float], int]]) -> list[dict
 def _showback_test(
     phases: list[tuple[Mapping[Sample, float], int]],
     expected: Mapping[tuple[str, ...], float | None],
+    queries: Mapping[str, tuple[str, float]] | None = None,
 ) -> dict[str, Any]:
     """A promtool unit test of the recording rules on these phases (see _input_series), the
     expected values per (rule, namespace) or (rule, namespace, pod) at their end (None: no
-    series)."""
+    series); `queries`: more expressions, each with its one sample's labels and value."""
     end = sum(minutes for _, minutes in phases) - 1
 
     def selector(rule: str, namespace: str, pod: str | None = None) -> str:
@@ -356,6 +358,13 @@ def _showback_test(
             "exp_samples": [] if value is None else [{"labels": selector(*key), "value": value}],
         }
         for key, value in expected.items()
+    ] + [
+        {
+            "expr": expr,
+            "eval_time": f"{end}m",
+            "exp_samples": [{"labels": labels, "value": value}],
+        }
+        for expr, (labels, value) in (queries or {}).items()
     ]
     return {
         "rule_files": [str(RULES)],
@@ -745,8 +754,16 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a["ns"], "waiter"): None,
         ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", b["ns"], "train"): 1.0,
     }
+    # `gpuusage top --by namespace --window 1h` asks Prometheus exactly these.
+    ns_a = f'{{namespace="{a["ns"]}"}}'
+    bill = {
+        bill_query("handed", "1h", a["ns"]): (ns_a, 4.0),
+        bill_query("held", "1h", a["ns"]): (ns_a, 2.0),
+        bill_query("computing", "1h", a["ns"]): (ns_a, 1.5),
+        bill_query("memory", "1h", a["ns"]): (ns_a, (33792 + 88064) / 2 / 1024),
+    }
     showback = tmp_path / "showback_test.yaml"
-    showback.write_text(yaml.safe_dump(_showback_test([(healthy, 30), (trouble, 30)], hours)))
+    showback.write_text(yaml.safe_dump(_showback_test([(healthy, 30), (trouble, 30)], hours, bill)))
     result = _promtool(promtool, "test", "rules", str(showback))
     assert result.returncode == 0, result.stdout + result.stderr
     # Had b stayed fresh, its hours would differ: the same expectations must fail.

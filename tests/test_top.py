@@ -95,7 +95,7 @@ REPORTS = [
     _report(
         NODE_1,
         {
-            "GPU-aaa": [BIG, _pod(NS_B, "embed", 2048, [3], requested=0)],
+            "GPU-aaa": [{**BIG, "computing": True}, _pod(NS_B, "embed", 2048, [3], requested=0)],
             "GPU-bbb": [{**BIG, "usedMemoryMiB": 20480}],
         },
     ),
@@ -215,13 +215,15 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
         "NAMESPACE",
         "PODS",
         "GPUS",
+        "COMPUTING",
         "ALLOCATED",
         "MEMORY",
         "IDLE",
         "UNALLOCATED",
     ]
-    assert table[1].split() == [NS_A, "2", "3", "3", "84Gi", "(stale)", "0", "0"]
-    assert table[2].split() == ["vision", "4", "2", "4", "+", "1", "share", "9.8Gi", "1", "1"]
+    assert a.computing == 1, "the trainer computes on one of its two GPUs"
+    assert table[1].split() == [NS_A, "2", "3", "1", "3", "84Gi", "(stale)", "0", "0"]
+    assert table[2].split() == ["vision", "4", "2", "0", "4", "+", "1", "share", "9.8Gi", "1", "1"]
 
 
 def test_what_pods_were_handed_comes_from_the_reports_that_list_it() -> None:

@@ -6,17 +6,34 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from pydantic import Field
 
 from gpuusage.api import names
+from gpuusage.api.times import format_time
 from gpuusage.errors import GpuusageError
 from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage.settings import CommandSettings
+from gpuusage_commands.bill import (
+    HEADER,
+    RULES,
+    Bill,
+    bills,
+    cells,
+    query,
+    read_vector,
+    statement,
+    window_minutes,
+)
+from gpuusage_commands.prometheus import base_url, instant_query
 from gpuusage_commands.toptable import (
+    NamespaceRow,
     SortKey,
     allocations_by_node,
     namespace_rows,
@@ -48,6 +65,11 @@ class TopSettings(CommandSettings):
     by: Literal["pod", "namespace"] = "pod"
     """One row a pod, or one a namespace (its pods' GPUs, allocation and memory summed; every
     namespace unless -n names one)."""
+    window: str | None = None
+    """With --by namespace: also each namespace's bill over this window (e.g. 24h, 7d):
+    GPU-hours handed, held, computing, GiB-hours and efficiency, from --prometheus."""
+    prometheus: str | None = None
+    """Prometheus' base URL (one that evaluates gpuusage's showback rules), for --window."""
     output: Literal["table", "json"] = Field(default="table", json_schema_extra={"short": "-o"})
     """Output format."""
     kubeconfig: Path | None = None
@@ -95,8 +117,33 @@ def _pod_annotations(
     return found, ""
 
 
+def _checked(settings: TopSettings) -> None:
+    """Refuse what cannot work before asking anyone anything."""
+    if settings.window is None:
+        return
+    if settings.by != "namespace":
+        raise GpuusageError("--window needs --by namespace (the bill is kept per namespace)")
+    if not settings.prometheus:
+        raise GpuusageError(
+            "--window needs --prometheus URL: the hours come from the showback rules "
+            "Prometheus evaluates (the reports hold only what is true now)"
+        )
+    window_minutes(settings.window)
+    base_url(settings.prometheus)
+
+
+def read_bills(url: str, window: str, namespace: str | None, at: float) -> dict[str, Bill]:
+    """Each namespace's bill over the window ending at `at`, one query per column."""
+    columns = {
+        column: read_vector(instant_query(url, query(column, window, namespace), at))
+        for column in RULES
+    }
+    return bills(columns)
+
+
 def run_top(settings: TopSettings) -> int:
     """Print (or emit as JSON) the pods using GPUs, as the settings select and order them."""
+    _checked(settings)
     api, _source = api_client(settings.kubeconfig)
     with api:  # one client for the reports and the pods' announcements
         return _show(settings, api)
@@ -126,6 +173,8 @@ def _show(settings: TopSettings, api: Any) -> int:
     if settings.by == "namespace":
         handed = select_handed(allocations_by_node(statuses), settings.namespace, node)
         summed = namespace_rows(select(rows, settings.namespace, node), handed)
+        if settings.window and settings.prometheus:
+            return _show_bill(settings, summed, settings.window, settings.prometheus)
         if settings.output == "json":
             print(render_namespace_json(summed))
         elif summed:
@@ -156,4 +205,28 @@ def _show(settings: TopSettings, api: Any) -> int:
         )
         return 0
     print(render_table(chosen, everywhere))
+    return 0
+
+
+def _show_bill(settings: TopSettings, summed: list[NamespaceRow], window: str, url: str) -> int:
+    """The namespaces now, with their bill over the window beside (a namespace billed in the
+    window that uses nothing now gets a row too)."""
+    at = time.time()
+    billed = read_bills(url, window, settings.namespace, at)
+    now = {r.namespace for r in summed}
+    rows = summed + sorted(
+        (NamespaceRow(ns) for ns in billed if ns not in now),
+        key=lambda r: -billed[r.namespace].handed,
+    )
+    when = format_time(datetime.fromtimestamp(int(at), UTC))
+    if settings.output == "json":
+        items = [
+            {**asdict(r), "bill": asdict(billed[r.namespace]) if r.namespace in billed else None}
+            for r in rows
+        ]
+        answer = {"window": window, "at": when, "prometheus": url, "items": items}
+        print(json.dumps(answer, indent=2))
+        return 0
+    print(render_namespace_table(rows, (HEADER, {ns: cells(b) for ns, b in billed.items()})))
+    print(statement(window, when, url))
     return 0

@@ -50,6 +50,9 @@ class PodRow:
     """Set for a pod that requested GPUs and has used none since then (status.idlePods)."""
     held_idle_since: str | None = None
     """Set for a pod whose processes hold memory and have computed nothing since then."""
+    computing: list[str] = field(default_factory=list)
+    """Devices on which it computes (status.pods[].computing: an engine used within the
+    agent's --idle-window; devices that do not tell are not listed)."""
     stale: bool = False
     pending: str = ""
     """A policy's action announced on the pod (its gpuusage.io/policy-action annotation)."""
@@ -102,6 +105,8 @@ def rows_of(statuses: Iterable[NodeStatus]) -> list[PodRow]:
             row.allocated_by = list(pod.allocated_by)
             row.allocated_devices = list(pod.allocated_devices)
             row.unallocated = row.unallocated or pod.unallocated
+            if pod.computing and pod.device_uuid not in row.computing:
+                row.computing.append(pod.device_uuid)
             _hand(row, handed.get(pod.uid))
             if pod.held_idle_since is not None:
                 row.held_idle_since = format_time(pod.held_idle_since)
@@ -273,6 +278,8 @@ class NamespaceRow:
     """Pods with processes on a GPU."""
     devices: int = 0
     """GPUs and MIG devices its pods use (a device two of its pods share counts once)."""
+    computing: int = 0
+    """Of those, the ones on which one of its pods computes (where the device tells)."""
     memory_mib: int = 0
     allocated_gpus: int = 0
     """Whole GPUs its running pods were handed (device-plugin GPUs, the GPUs DRA claims got),
@@ -327,11 +334,13 @@ def namespace_rows(
     handed = handed or {}
     found: dict[str, NamespaceRow] = {}
     devices: dict[str, set[tuple[str, str]]] = {}
+    computing: dict[str, set[tuple[str, str]]] = {}
     for r in rows:
         ns = found.setdefault(r.namespace, NamespaceRow(r.namespace))
         if r.devices:
             ns.pods += 1
         devices.setdefault(r.namespace, set()).update((r.node, d) for d in r.devices)
+        computing.setdefault(r.namespace, set()).update((r.node, d) for d in r.computing)
         ns.memory_mib += r.memory_mib
         if r.node not in handed:
             ns.allocated_gpus += allocated_count(r)
@@ -349,6 +358,7 @@ def namespace_rows(
                 ns.share_gpus += a.gpu_share or 0.0
     for name, used in devices.items():
         found[name].devices = len(used)
+        found[name].computing = len(computing[name])
     return sorted(found.values(), key=lambda n: (-n.memory_mib, n.namespace))
 
 
@@ -363,10 +373,16 @@ def namespace_allocation_text(row: NamespaceRow) -> str:
     return " + ".join(parts)
 
 
-def render_namespace_table(rows: list[NamespaceRow]) -> str:
-    """kubectl-style columns, one line a namespace."""
-    header = ["NAMESPACE", "PODS", "GPUS", "ALLOCATED", "MEMORY", "IDLE", "UNALLOCATED"]
-    lines = [header]
+def render_namespace_table(
+    rows: list[NamespaceRow], extra: tuple[list[str], Mapping[str, list[str]]] | None = None
+) -> str:
+    """kubectl-style columns, one line a namespace; `extra`: more columns (their header, and
+    each namespace's cells), such as the bill over a window."""
+    header = ["NAMESPACE", "PODS", "GPUS", "COMPUTING", "ALLOCATED", "MEMORY", "IDLE"]
+    header += ["UNALLOCATED"]
+    more_header, more = extra or ([], {})
+    lines = [header + more_header]
+    blank = ["-"] * len(more_header)
     for r in rows:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
         lines.append(
@@ -374,10 +390,12 @@ def render_namespace_table(rows: list[NamespaceRow]) -> str:
                 r.namespace,
                 str(r.pods),
                 str(r.devices),
+                str(r.computing),
                 namespace_allocation_text(r),
                 memory,
                 str(r.idle_pods),
                 str(r.unallocated_pods),
+                *more.get(r.namespace, blank),
             ]
         )
     return _columns(lines)
