@@ -125,3 +125,35 @@ def test_monitoring_tools_come_from_the_version_keyed_cache_without_go(
     cached.parent.mkdir(parents=True)
     _executable(cached)
     assert tools.ensure_tool(tools.KUBE_STATE_METRICS, progress=lambda _: None) == cached
+
+
+def test_a_first_build_says_what_it_makes_and_about_how_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo` on a fresh machine: the control plane and the node's programs, not the
+    tests' tools; once cached, nothing is said."""
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    for tool in tools.TOOLS:
+        monkeypatch.delenv(tool.env, raising=False)
+    plan = binaries.first_build_plan(node=True, tools=False, root=tmp_path)
+    assert plan is not None
+    assert "kube-apiserver, etcd, kubectl; kubelet, kube-scheduler" in plan
+    assert "about 7.5 minutes on 2 cores" in plan
+    assert "promtool" not in plan
+    everything = binaries.first_build_plan(node=True, tools=True, root=tmp_path)
+    assert everything is not None
+    assert "promtool" in everything
+    assert "about 15.5 minutes" in everything
+    plane = binaries.cached_binaries(tmp_path)
+    made = [
+        plane.kube_apiserver,
+        plane.etcd,
+        plane.kubectl,
+        *binaries.cached_node_binaries(tmp_path).all,
+        *(tool.cached(tmp_path) for tool in tools.TOOLS),
+    ]
+    for path in made:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    assert binaries.first_build_plan(node=True, tools=True, root=tmp_path) is None

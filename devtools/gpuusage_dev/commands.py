@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -142,9 +143,13 @@ def run_build(settings: BuildSettings) -> int:
     from gpuusage_dev.localcluster.binaries import (  # noqa: PLC0415
         ensure_binaries,
         ensure_node_binaries,
+        first_build_plan,
     )
     from gpuusage_dev.localcluster.tools import TOOLS, ensure_tool, monitoring_crds  # noqa: PLC0415
 
+    plan = first_build_plan(settings.node, settings.tools)
+    if plan:
+        print(plan, file=sys.stderr, flush=True)
     found = ensure_binaries()
     for path in (found.kube_apiserver, found.etcd, found.kubectl):
         print(path)

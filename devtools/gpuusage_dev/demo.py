@@ -298,7 +298,10 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         step("who holds the GPU memory")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
-        print("\n$ gpuusage top --by namespace", flush=True)
+        print(
+            "\n$ gpuusage top --by namespace   # now; with --window 24h --prometheus URL: hours",
+            flush=True,
+        )
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
 
         step("the notebook's kernel exits (the scenario changes)")

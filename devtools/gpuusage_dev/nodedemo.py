@@ -152,6 +152,8 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
         step("who holds the GPU memory")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
+        print("\n$ gpuusage top --by namespace   # now; with --window 24h --prometheus URL: hours")
+        run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
         step("the notebook's kernel leaves the GPU (the scenario changes)")
         write_scenario(scenario, use(notebook=False))
         wait_until(lambda: reason("research", "notebook") == "ProcessesEnded", "the notebook's end")

@@ -109,7 +109,10 @@ def base_layer(progress: Progress = stderr_progress) -> bytes:
     with file_lock(cache_root() / "locks" / "images.lock"):
         if cached.exists():
             return cached.read_bytes()
-        progress(f"gpuusage: making a Debian {DEBIAN_RELEASE} base with mmdebstrap ...")
+        progress(
+            f"gpuusage: making a Debian {DEBIAN_RELEASE} base with mmdebstrap "
+            "(once; about a minute) ..."
+        )
         with tempfile.TemporaryDirectory(prefix="gpuusage-base-") as work:
             rootfs = Path(work) / "rootfs"
             options = [f"--dpkgopt=path-exclude={p}" for p in EXCLUDED]
