@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.parse
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,15 @@ from kubernetes import client
 
 from gpuusage.kube.config import KubeConfigError
 from gpuusage.kube.errors import Forbidden, NotFound, TransientApiError
-from gpuusage.kube.rest import RestClient, RestConfig, config_from_kubeconfig, in_cluster_config
+from gpuusage.kube.rest import (
+    RestClient,
+    RestConfig,
+    _proxy_for,
+    config_from_kubeconfig,
+    in_cluster_config,
+)
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
+from tests.tcpproxy import tcp_proxy
 
 
 def _kubeconfig(
@@ -152,3 +161,47 @@ def test_no_answer_is_transient(tmp_path: Path) -> None:
     rest = RestClient(RestConfig(server=f"https://127.0.0.1:{free_port()}"), timeout=2)
     with pytest.raises(TransientApiError, match="no answer"):
         rest.get("/version")
+
+
+def test_one_connection_serves_every_request_and_an_idle_close_is_survived(
+    cluster: LocalCluster,
+) -> None:
+    """The agent's client keeps its TLS connection open (one handshake, not one a request);
+    a connection the server closed while idle is replaced without the caller seeing it; a
+    server that is gone is a transient error."""
+    rest, _ = RestClient.from_kubeconfig(cluster.kubeconfig)
+    server = urllib.parse.urlsplit(cluster.server)
+    with rest, tcp_proxy((server.hostname or "", server.port or 443)) as proxy:
+        through = RestClient(
+            replace(rest.config, server=f"https://127.0.0.1:{proxy.port}"), timeout=5
+        )
+        for _ in range(20):
+            assert through.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
+        assert (through.connections_opened, proxy.accepted) == (1, 1)
+        proxy.cut()  # as a server closes an idle keep-alive connection
+        assert through.get("/version")["major"] == "1"
+        assert (through.connections_opened, proxy.accepted) == (2, 2)
+        with pytest.raises(NotFound):  # an error answer keeps the connection
+            through.get("/api/v1/nodes/no-such-node")
+        through.get("/version")
+        assert proxy.accepted == 2
+        proxy.close()
+        with pytest.raises(TransientApiError, match="no answer"):
+            through.get("/version")
+        through.close()
+
+
+def test_requests_go_through_the_environments_proxy_unless_exempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = urllib.parse.urlsplit("https://10.0.0.1:6443")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "")
+    found = _proxy_for(server)
+    assert found is not None
+    assert (found.hostname, found.port) == ("proxy.corp", 3128)
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1")
+    assert _proxy_for(server) is None
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.delenv("https_proxy", raising=False)
+    assert _proxy_for(server) is None
