@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-binaries test lint binaries crd monitoring chart clean
+.PHONY: demo demo-binaries test lint binaries crd monitoring chart lock clean
 
 $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -57,6 +57,10 @@ monitoring: $(VENV)/.installed
 # The Helm chart's copies of the CRDs and of the monitoring files (Helm reads only its folder).
 chart: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.chart
+
+# Each image's dependency lock (pinned, with wheel hashes) from its requirements files.
+lock: $(VENV)/.installed
+	$(PY) -m gpuusage_dev.lock
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -147,7 +147,7 @@ def test_the_recipe_is_read_from_the_dockerfile(dockerfile: str) -> None:
     """What the image holds comes from the Dockerfile's own lines: they cannot drift."""
     recipe = recipe_of((REPO / dockerfile).read_text())
     part = dockerfile.split("/", maxsplit=1)[0]
-    assert recipe.requirements == ("src/requirements.txt", f"{part}/requirements.txt")
+    assert recipe.requirements == (f"{part}/requirements.lock",)
     assert [dest for _, dest in recipe.copies] == [
         "/app/gpuusage",
         f"/app/gpuusage_{part}",

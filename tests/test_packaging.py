@@ -103,7 +103,7 @@ def test_wheel_in_a_fresh_virtualenv_imports_every_module(tmp_path: Path, wheel:
 def _image(tmp_path: Path, part: str) -> tuple[Path, dict[str, str]]:
     """The image's recipe in a virtualenv: its requirements installed, its COPY lines copied."""
     recipe = (REPO / part / "Dockerfile").read_text()
-    requirements = re.findall(r"^COPY (\S+requirements\.txt) ", recipe, re.MULTILINE)
+    requirements = re.findall(r"^COPY (\S+requirements\.lock) ", recipe, re.MULTILINE)
     copied = re.findall(r"^COPY (?!--)(\S+) /app/(\S+)$", recipe, re.MULTILINE)
     assert requirements
     assert copied
@@ -111,7 +111,11 @@ def _image(tmp_path: Path, part: str) -> tuple[Path, dict[str, str]]:
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     args = [arg for file in requirements for arg in ("-r", str(REPO / file))]
-    subprocess.run([python, "-m", "pip", "install", "-q", *args], check=True, cwd=tmp_path)
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", *args],
+        check=True,
+        cwd=tmp_path,
+    )
     app = tmp_path / "app"
     for source, target in copied:
         shutil.copytree(REPO / source, app / target)

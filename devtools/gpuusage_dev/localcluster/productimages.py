@@ -65,7 +65,7 @@ def recipe_of(dockerfile: str) -> Recipe:
             continue
         if line.startswith("COPY "):
             source, dest = line.split()[1:3]
-            if source.endswith("requirements.txt"):
+            if source.endswith(("requirements.txt", "requirements.lock")):
                 requirements.append(source)
             else:
                 copies.append((source, dest))
@@ -151,6 +151,8 @@ def dependencies_layer(repo: Path, recipe: Recipe) -> bytes:
     with tempfile.TemporaryDirectory(prefix="gpuusage-deps-") as work:
         target = Path(work) / "site"
         args = [arg for r in recipe.requirements for arg in ("-r", str(repo / r))]
+        if any(r.endswith(".lock") for r in recipe.requirements):
+            args = ["--require-hashes", "--no-deps", *args]  # as the Dockerfile installs it
         run = subprocess.run(
             [
                 *(sys.executable, "-m", "pip", "install", "-q", "--no-compile"),
