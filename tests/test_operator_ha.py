@@ -172,6 +172,11 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
             what="the end Event, recorded by the former standby",
         )
         assert "this replica is active" in (tmp_path / "standby.log").read_text()
+        # One Event per transition across the two replicas: none written twice, none counted
+        # twice in a series.
+        written = client.EventsV1Api(api).list_namespaced_event(setup["ns"]).items
+        assert sorted(str(e.reason) for e in written) == ["GPUUseEnded", "GPUUseStarted"]
+        assert all(e.series is None for e in written)
         print(f"failover after SIGKILL of the active replica: {failover:.1f} s")
 
         standby.send_signal(signal.SIGTERM)  # a clean stop leaves the peering at once

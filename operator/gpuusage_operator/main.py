@@ -63,6 +63,7 @@ class Operator:
             health=self.health,
             on_deleted=self.reconciler.pods_deleted,
             on_requesting=self.reconciler.mark_due,  # reports are named after their nodes
+            on_marks=self.reconciler.marks_changed,
             rules=rules,
         )
         self.dra = DraWatch(resource_apis(self._watch_api), health=self.health)

@@ -343,10 +343,15 @@ def plan_pod(
     shown_condition: Mapping[str, Any] | None,
     node: str,
     now: datetime,
+    *,
+    remembered: Mapping[str, Any] | None = None,
 ) -> PodPlan:
     """From what the pod shows now to what its verdict wants. An Unknown pod keeps the last
     known use in its annotations; an idle pod's condition dates from the start of its
-    idleness, so that the time reads back as the same idle_since on the next report."""
+    idleness, so that the time reads back as the same idle_since on the next report.
+    `remembered`: the condition the operator last wrote, where someone removed it since: the
+    transition is judged from it (no Event for a condition put back as it was) and its
+    transition time kept when its status stands."""
     if verdict.state == "InUse" and verdict.use is not None:
         wanted: dict[str, str] = desired_annotations(verdict.use)
     elif verdict.state == "Unknown":
@@ -359,7 +364,12 @@ def plan_pod(
     patch = annotation_patch(shown_annotations, wanted or None)
     since = verdict.idle.since if verdict.idle is not None else now
     cpatch = condition_patch([shown_condition] if shown_condition else [], condition, since)
-    event = event_for(shown_condition, condition) if cpatch is not None else None
+    previous = shown_condition if remembered is None else remembered
+    if cpatch is not None and remembered is not None:
+        kept = condition_patch([remembered], condition, since)
+        when = (kept or remembered).get("lastTransitionTime") or format_time(since)
+        cpatch = {**condition, "lastTransitionTime": when}
+    event = event_for(previous, condition) if cpatch is not None else None
     return PodPlan(
         annotations=wanted,
         annotation_patch=patch,

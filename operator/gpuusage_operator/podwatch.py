@@ -21,7 +21,13 @@ from gpuusage.kube import raw
 from gpuusage_operator.allocation import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.informer import Informer, watch_kwargs
-from gpuusage_operator.podindex import REQUESTING_KEY, PodLookup, PodSnapshot, index_keys
+from gpuusage_operator.podindex import (
+    REQUESTING_KEY,
+    UID_KEY,
+    PodLookup,
+    PodSnapshot,
+    index_keys,
+)
 
 
 @dataclass
@@ -33,6 +39,9 @@ class IndexState:
     """Hears the nodes a pod started or stopped holding GPUs on (running with an allocation):
     what their reports list as handed changed, with no event of the reports' own. Only for
     changes the watch reports (MODIFIED), never for a list, which would make every node due."""
+    on_marks: Callable[[PodSnapshot], None] = lambda pod: None
+    """Hears a pod whose gpuusage.io/ annotations or GPUInUse condition changed (MODIFIED):
+    what it carries is compared with what it should carry without waiting for a report."""
 
     keys_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     by_key: dict[str, dict[str, PodSnapshot]] = field(default_factory=dict)
@@ -66,6 +75,9 @@ class IndexState:
             changed = before ^ {k for k in keys if k.startswith(REQUESTING_KEY)}
             if changed:
                 self.on_requesting({k[len(REQUESTING_KEY) :] for k in changed})
+            old, new = self.by_key.get(UID_KEY + uid, {}).get(uid), keys.get(UID_KEY + uid)
+            if old is not None and new is not None and _marks(old) != _marks(new):
+                self.on_marks(new)
         self.put(uid, keys)
 
     def ids(self) -> set[str]:
@@ -73,6 +85,10 @@ class IndexState:
 
     def __len__(self) -> int:
         return len(self.keys_of)
+
+
+def _marks(pod: PodSnapshot) -> tuple[object, ...]:
+    return pod.annotations, pod.condition
 
 
 class PodWatch(Informer[IndexState]):
@@ -87,6 +103,7 @@ class PodWatch(Informer[IndexState]):
         health: ApiHealth | None = None,
         on_deleted: Callable[[set[str]], None] = lambda uids: None,
         on_requesting: Callable[[set[str]], None] = lambda nodes: None,
+        on_marks: Callable[[PodSnapshot], None] = lambda pod: None,
         rules: AllocationRules = DEFAULT_RULES,
     ) -> None:
         self._core = core  # kubernetes.client.CoreV1Api
@@ -96,7 +113,7 @@ class PodWatch(Informer[IndexState]):
                 limit=limit, _continue=token, _preload_content=False
             ),
             lambda version: core.list_pod_for_all_namespaces(**watch_kwargs(version)),
-            lambda: IndexState(rules=rules, on_requesting=on_requesting),
+            lambda: IndexState(rules=rules, on_requesting=on_requesting, on_marks=on_marks),
             retry_seconds=retry_seconds,
             wait=wait,
             health=health,

@@ -404,8 +404,26 @@ class Reconciler:
         """Pods went away: the reports that list them are due, so that no status keeps naming
         a deleted pod until its report's next event. Called from the pod watch's thread."""
         self.mark_due({name for name, listed in list(self._listing.items()) if listed & uids})
-        for uid in uids:
-            self._absent.pop(uid, None)  # one at a time: the reconciles' threads use it too
+        for uid in uids:  # one at a time: the reconciles' threads use them too
+            self._absent.pop(uid, None)
+            self._applied.pop(uid, None)
+
+    def remembered_pods(self) -> set[str]:
+        """The pods (by UID) of which the operator keeps something: what it wrote on them,
+        since when their processes were absent. Bounded by the pods that exist."""
+        return set(self._applied) | set(self._absent)
+
+    def marks_changed(self, pod: PodSnapshot) -> None:
+        """A pod's gpuusage.io/ annotations or GPUInUse condition changed. Unless that is the
+        echo of our own write, someone edited them: its node's report is due, and its reconcile
+        compares what the pod carries with what it should carry (level-triggered, as a
+        controller is), without waiting for a report event. Called from the pod watch's
+        thread."""
+        applied = self._applied.get(pod.uid)
+        if applied is not None and pod.resource_version in applied.versions:
+            return
+        if pod.node:
+            self.mark_due({pod.node})
 
     def mark_due(self, names: set[str]) -> None:
         """These reports are to be reconciled by the next housekeeping pass without an event of
@@ -454,9 +472,14 @@ class Reconciler:
         condition it shows (None when the writes failed or the pod is gone)."""
         ref = verdict.pod
         applied = self._applied.get(ref.uid)
+        # Our condition gone from the pod (removed by hand) is put back as it was, with its
+        # transition time and no Event: nothing happened to the pod's GPU use.
+        remembered = applied.condition if applied is not None and not ref.condition else None
         if applied is None or ref.resource_version not in applied.versions:
             applied = Applied(ref.our_annotations, ref.our_condition)
-        plan = plan_pod(verdict, applied.annotations, applied.condition, node, now)
+        plan = plan_pod(
+            verdict, applied.annotations, applied.condition, node, now, remembered=remembered
+        )
         versions = {ref.resource_version}
         try:
             if plan.annotation_patch is not None:
