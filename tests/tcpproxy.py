@@ -9,6 +9,7 @@ import contextlib
 import select
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 
@@ -23,6 +24,7 @@ class TcpProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._stalled = threading.Event()
+        self._stalled_pairs: set[int] = set()
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -47,7 +49,8 @@ class TcpProxy:
         try:
             while not self._closed.is_set():
                 ready, _, _ = select.select(list(peers), [], [], 0.2)
-                if self._stalled.is_set():
+                if self._stalled.is_set() or id(a) in self._stalled_pairs:
+                    time.sleep(0.05)
                     continue  # read nothing, forward nothing, close nothing
                 for sock in ready:
                     data = sock.recv(65536)
@@ -77,6 +80,13 @@ class TcpProxy:
             self._stalled.set()
         else:
             self._stalled.clear()
+
+    def stall_existing(self) -> int:
+        """Stop forwarding on the connections open now, without closing them (what a peer
+        that vanished leaves: a half-open connection); new connections work. How many."""
+        with self._lock:
+            self._stalled_pairs |= {id(client) for client, _ in self._pairs}
+            return len(self._pairs)
 
     def close(self) -> None:
         self._closed.set()

@@ -62,8 +62,8 @@ class DraWatch(OptionalWatch):
             lambda limit, token: resource.list_resource_claim_for_all_namespaces(
                 limit=limit, _continue=token, _preload_content=False
             ),
-            lambda version: resource.list_resource_claim_for_all_namespaces(
-                **watch_kwargs(version)
+            lambda version, idle: resource.list_resource_claim_for_all_namespaces(
+                **watch_kwargs(version, idle)
             ),
             ClaimState,
             health=self._health,
@@ -75,7 +75,7 @@ class DraWatch(OptionalWatch):
             lambda limit, token: resource.list_resource_slice(
                 limit=limit, _continue=token, _preload_content=False
             ),
-            lambda version: resource.list_resource_slice(**watch_kwargs(version)),
+            lambda version, idle: resource.list_resource_slice(**watch_kwargs(version, idle)),
             SliceState,
             health=self._health,
         )

@@ -22,10 +22,12 @@ import kopf
 
 from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
+from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import ActiveGate
 from gpuusage_operator.housekeeping import housekeeping
+from gpuusage_operator.informer import WATCH_IDLE
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
 from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
@@ -49,6 +51,7 @@ def build_registry(
     leases: LeaseWatch,
     clock: Clock = utc_now,
     policies: PolicyWatch | None = None,
+    timeouts: tuple[float, float] = (REQUEST_TIMEOUT, WATCH_IDLE),
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
@@ -59,7 +62,7 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings, peering)
+        configure_kopf(settings, peering, *timeouts)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

@@ -24,6 +24,7 @@ from contextlib import closing
 from typing import Any, Generic, Protocol, TypeVar
 
 from gpuusage.kube import raw
+from gpuusage.kube.config import CONNECT_TIMEOUT
 from gpuusage.kube.errors import Forbidden, NotFound, translate
 from gpuusage.retry import doubling
 from gpuusage_operator.apihealth import ApiHealth
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 
 PAGE = 500
 WATCH_SECONDS = 300
+WATCH_IDLE = 150.0
+"""Seconds a watch may receive nothing, not even a bookmark, before its connection is taken
+for dead (a peer gone without closing it, a dropped NAT entry) and the state listed again.
+Measured on kube-apiserver v1.34.4: a quiet watch that asks for bookmarks gets its first
+after about 120 s, then one every 61 s."""
 MAX_RETRY = 5.0
 
 
@@ -49,8 +55,8 @@ S = TypeVar("S", bound=State)
 
 ListPage = Callable[[int, str | None], Any]
 """(limit, continue token) → the raw response of one page of the list."""
-WatchFrom = Callable[[str], Any]
-"""resourceVersion → the raw response of a watch stream from there."""
+WatchFrom = Callable[[str, float], Any]
+"""(resourceVersion, idle timeout) → the raw response of a watch stream from there."""
 
 
 class WatchExpired(Exception):
@@ -76,8 +82,10 @@ class Informer(Generic[S]):
         wait: Callable[[float], bool] | None = None,
         health: ApiHealth | None = None,
         on_deleted: Callable[[set[str]], None] = lambda ids: None,
+        idle_timeout: float = WATCH_IDLE,
     ) -> None:
         self.what = what
+        self.idle_timeout = idle_timeout
         self._list_page, self._watch_from, self._new_state = list_page, watch_from, new_state
         self._health = health or ApiHealth()
         self._on_deleted = on_deleted
@@ -156,7 +164,7 @@ class Informer(Generic[S]):
         return str(meta.get("resourceVersion") or "")
 
     def _watch(self, version: str) -> str:
-        response = self._watch_from(version)
+        response = self._watch_from(version, self.idle_timeout)
         self._stream = response
         self.watching.set()
         if self.stopped.is_set():  # stop() came between the check and the request
@@ -180,14 +188,16 @@ class Informer(Generic[S]):
         return version
 
 
-def watch_kwargs(version: str) -> dict[str, Any]:
-    """The arguments of a watch call, the same for every kind."""
+def watch_kwargs(version: str, idle: float = WATCH_IDLE) -> dict[str, Any]:
+    """The arguments of a watch call, the same for every kind: bookmarks asked for, so that a
+    quiet watch still hears from the server, and a read timeout of `idle` seconds."""
     return {
         "watch": True,
         "resource_version": version,
         "allow_watch_bookmarks": True,
         "timeout_seconds": WATCH_SECONDS,
         "_preload_content": False,
+        "_request_timeout": (CONNECT_TIMEOUT, idle),
     }
 
 
@@ -202,6 +212,7 @@ class OptionalWatch:
         self, informers: list[Informer[Any]], probe: Callable[[], Any], unavailable: str
     ) -> None:
         self._informers = informers
+        self.informers: tuple[Informer[Any], ...] = tuple(informers)
         self._probe = probe
         self._unavailable = unavailable
         self.available = threading.Event()

@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from gpuusage.api import names
-from gpuusage.kube.config import api_client
+from gpuusage.kube.config import CONNECT_TIMEOUT, REQUEST_TIMEOUT, api_client
 from gpuusage.retry import Backoff
 from gpuusage_operator.peering import Peering
 
@@ -43,7 +43,12 @@ class NoDiffBase(kopf.DiffBaseStorage):
         """Nothing to keep."""
 
 
-def configure_kopf(settings: kopf.OperatorSettings, peering: Peering | None) -> None:
+def configure_kopf(
+    settings: kopf.OperatorSettings,
+    peering: Peering | None,
+    request_timeout: float = REQUEST_TIMEOUT,
+    watch_idle: float = 70.0,
+) -> None:
     """kopf's settings for this operator (the startup handler applies them)."""
     settings.posting.enabled = False
     if peering is not None:
@@ -52,6 +57,14 @@ def configure_kopf(settings: kopf.OperatorSettings, peering: Peering | None) -> 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
+    # Client-side bounds on every request and watch of kopf's (reports, peering), as ours have
+    # (kube.config): a half-open connection fails instead of freezing a watch. A watch that
+    # hears nothing, not even a bookmark, for the inactivity timeout is started again.
+    settings.networking.connect_timeout = CONNECT_TIMEOUT
+    settings.networking.request_timeout = request_timeout
+    settings.watching.connect_timeout = CONNECT_TIMEOUT
+    settings.watching.client_timeout = 300 + request_timeout
+    settings.watching.inactivity_timeout = watch_idle
     # kopf gives up a request after its backoffs (54 s in all) and then stops watching reports
     # for good: several apiserver restarts in a row left the operator deaf until it was
     # restarted (benchmarks/README.md, fault soak). Retry for as long as it takes.

@@ -95,7 +95,9 @@ class LeaseWatch(OptionalWatch):
             lambda limit, token: coordination.list_namespaced_lease(
                 namespace, limit=limit, _continue=token, _preload_content=False
             ),
-            lambda version: coordination.list_namespaced_lease(namespace, **watch_kwargs(version)),
+            lambda version, idle: coordination.list_namespaced_lease(
+                namespace, **watch_kwargs(version, idle)
+            ),
             lambda: LeaseState(self._memory, clock, on_news),
             health=health,
             on_deleted=self._forget,

@@ -42,11 +42,16 @@ class Operator:
         # Every call retries with its own bounded backoff (kube.errors.retried, the pod watch's
         # relist, the next report): urllib3's own retries would only multiply the waits.
         self.api, source = api_client(
-            settings.kubeconfig, pool_size=settings.workers + 4, retries=0
+            settings.kubeconfig,
+            pool_size=settings.workers + 4,
+            retries=0,
+            request_timeout=settings.api_timeout,
         )
         log.info("API from %s (%s)", source.origin, source.detail)
         self.identity = own_identity()
-        self._watch_api, _ = api_client(settings.kubeconfig, retries=0)  # the watch's own
+        self._watch_api, _ = api_client(  # the watch's own
+            settings.kubeconfig, retries=0, request_timeout=settings.api_timeout
+        )
         self.health = ApiHealth()
         rules = settings.allocation_rules()
         self.reconciler = Reconciler(
@@ -97,6 +102,13 @@ class Operator:
             marker=NodeMarker(self.api) if settings.policy_actions else None,
         )
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
+        for informer in (
+            self.pods,
+            *self.dra.informers,
+            *self.leases.informers,
+            *self.policies.informers,
+        ):
+            informer.idle_timeout = settings.watch_idle_timeout
         self.peering = join_peering(settings, self.api, self.identity)
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
 
@@ -121,6 +133,7 @@ class Operator:
                 leases=self.leases,
                 clock=self.clock,
                 policies=self.policies,
+                timeouts=(settings.api_timeout, settings.watch_idle_timeout),
             )
             kopf.run(
                 registry=registry,

@@ -112,7 +112,7 @@ class PodWatch(Informer[IndexState]):
             lambda limit, token: core.list_pod_for_all_namespaces(
                 limit=limit, _continue=token, _preload_content=False
             ),
-            lambda version: core.list_pod_for_all_namespaces(**watch_kwargs(version)),
+            lambda version, idle: core.list_pod_for_all_namespaces(**watch_kwargs(version, idle)),
             lambda: IndexState(rules=rules, on_requesting=on_requesting, on_marks=on_marks),
             retry_seconds=retry_seconds,
             wait=wait,

@@ -138,7 +138,9 @@ class PolicyWatch(OptionalWatch):
             lambda limit, token: custom.list_cluster_custom_object(
                 *group, limit=limit, _continue=token, _preload_content=False
             ),
-            lambda version: custom.list_cluster_custom_object(*group, **watch_kwargs(version)),
+            lambda version, idle: custom.list_cluster_custom_object(
+                *group, **watch_kwargs(version, idle)
+            ),
             lambda: PolicyState(on_change),
             health=health,
         )
@@ -147,7 +149,7 @@ class PolicyWatch(OptionalWatch):
             lambda limit, token: core.list_namespace(
                 limit=limit, _continue=token, _preload_content=False
             ),
-            lambda version: core.list_namespace(**watch_kwargs(version)),
+            lambda version, idle: core.list_namespace(**watch_kwargs(version, idle)),
             lambda: NamespaceState(on_change),
             health=health,
         )

@@ -9,8 +9,10 @@ from pydantic import Field
 
 from gpuusage.api import names
 from gpuusage.api.policy import MAX_ACTIONS_PER_HOUR
+from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage.settings import CommandSettings, comma_list
 from gpuusage_operator.allocation import AllocationRules
+from gpuusage_operator.informer import WATCH_IDLE
 from gpuusage_operator.peering import MAX_PRIORITY
 from gpuusage_operator.policylimit import CLUSTER_ACTIONS_PER_HOUR
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES
@@ -43,6 +45,13 @@ class OperatorSettings(CommandSettings):
     together take in any sliding hour; each policy has its own maxActionsPerHour too."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
+    api_timeout: float = Field(default=REQUEST_TIMEOUT, ge=1, le=600)
+    """Seconds any API request may wait for the next bytes of its answer before it fails (a
+    client-side read timeout; connecting has 10 s): no call hangs on a dead connection."""
+    watch_idle_timeout: float = Field(default=WATCH_IDLE, ge=1, le=3600)
+    """Seconds a watch of pods, Leases, DRA objects or policies may receive nothing, not even
+    a bookmark, before its connection is taken for dead and its objects listed again (a
+    half-open connection: a peer gone without closing it, a dropped NAT entry)."""
     standalone: bool = False
     """Run without peering (one replica only, e.g. on a workstation). Otherwise replicas share
     the ClusterKopfPeering named by --peering and exactly one of them is active."""

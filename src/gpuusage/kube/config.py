@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuusage.errors import GpuusageError
 
@@ -58,12 +58,17 @@ def choose_source(
 
 
 def api_client(
-    kubeconfig: Path | None = None, pool_size: int | None = None, *, retries: int | None = None
+    kubeconfig: Path | None = None,
+    pool_size: int | None = None,
+    *,
+    retries: int | None = None,
+    request_timeout: float | None = None,
 ) -> tuple[client.ApiClient, ApiSource]:
     """A fresh ApiClient of the `kubernetes` package for the chosen source; pool_size sets how
     many connections it keeps (the default suits one thread at a time); retries, how often
     urllib3 itself retries a failed request (its default 3; 0 for callers that retry with
-    their own backoff, so that an outage is seen within one request's timeout).
+    their own backoff, so that an outage is seen within one request's timeout);
+    request_timeout, the read timeout of every request that names none (REQUEST_TIMEOUT).
 
     Imported here, not at module level: the node agent resolves the same sources without that
     package (see gpuusage.kube.rest).
@@ -90,4 +95,27 @@ def api_client(
         configuration.connection_pool_maxsize = pool_size
     if retries is not None:
         configuration.retries = retries
-    return client.ApiClient(configuration), source
+    api = client.ApiClient(configuration)
+    with_timeouts(api.rest_client, request_timeout or REQUEST_TIMEOUT)
+    return api, source
+
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds to connect and shake hands with the apiserver, for every request."""
+REQUEST_TIMEOUT = 60.0
+"""Seconds a request may wait for the next bytes of its answer (a read timeout): a half-open
+connection fails within this instead of holding a caller for good. Watches set their own."""
+
+
+def with_timeouts(rest: Any, read: float = REQUEST_TIMEOUT) -> None:
+    """Give every request of this `kubernetes` REST client a client-side timeout unless the
+    call names one (`_request_timeout`): the package itself sends none, so a connection whose
+    peer vanished without closing it would block its caller forever."""
+    send = rest.request
+
+    def request(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = (CONNECT_TIMEOUT, read)
+        return send(*args, **kwargs)
+
+    rest.request = request
