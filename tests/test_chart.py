@@ -37,6 +37,8 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
 }
 
 Key = tuple[str, str, str]
