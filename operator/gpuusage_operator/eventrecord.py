@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from kubernetes import client
 from gpuusage.api.times import format_micro_time
 from gpuusage.kube import raw
 from gpuusage.kube.errors import NotFound, retried
+from gpuusage_operator.debounce import WriteBudget
 from gpuusage_operator.eventbook import EventBook, Write
 from gpuusage_operator.podstate import PodEvent
 
@@ -28,6 +30,11 @@ class EventCounts(Protocol):
     events_dropped: int
 
 
+EVENT_RATE, EVENT_BURST = 20.0, 200
+"""Event writes a second across the cluster once the burst is spent (client-go's recorder
+allows a component far fewer per object; this bounds them all together)."""
+
+
 @dataclass
 class EventRecorder:
     api: Any
@@ -36,6 +43,9 @@ class EventRecorder:
     instance: str
     component: str
     book: EventBook = field(default_factory=EventBook)
+    budget: WriteBudget = field(default_factory=lambda: WriteBudget(EVENT_RATE, EVENT_BURST))
+    """Event writes across all objects (a second limit, beside each object's in the book)."""
+    monotonic: Callable[[], float] = time.monotonic
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _seq: Iterator[int] = field(default_factory=itertools.count)
 
@@ -55,6 +65,8 @@ class EventRecorder:
         key = (subject, what.reason, what.type, note)
         with self._lock:
             write = self.book.decide(key, now)
+            if write.kind != "drop" and not self.budget.take(self.monotonic()):
+                write = Write("drop")
         if write.kind == "drop":
             self.counts.events_dropped += 1
             return

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +25,10 @@ from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.debounce import DEFAULT_INTERVAL, Debounce
 from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import ActiveGate
-from gpuusage_operator.housekeeping import housekeeping
+from gpuusage_operator.housekeeping import housekeeping, revisit
 from gpuusage_operator.informer import WATCH_IDLE
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
 from gpuusage_operator.leasewatch import LeaseWatch
@@ -35,6 +37,8 @@ from gpuusage_operator.peering import Peering
 from gpuusage_operator.podwatch import PodWatch
 from gpuusage_operator.policywatch import PolicyWatch
 from gpuusage_operator.reconcile import Reconciler
+
+log = logging.getLogger(__name__)
 
 
 def build_registry(
@@ -52,6 +56,7 @@ def build_registry(
     clock: Clock = utc_now,
     policies: PolicyWatch | None = None,
     timeouts: tuple[float, float] = (REQUEST_TIMEOUT, WATCH_IDLE),
+    report_interval: float = DEFAULT_INTERVAL,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
@@ -71,6 +76,20 @@ def build_registry(
         return connection_info(kubeconfig)
 
     known: set[str] = set()  # report names kopf's watch has shown: the metric, housekeeping
+    debounce = Debounce(report_interval)
+
+    async def held(name: str) -> None:
+        """The held reconcile of a report rewritten too often: its latest version, now."""
+        loop = asyncio.get_running_loop()
+        debounce.ran(name, loop.time())
+        if not await gate.active():
+            return
+        try:
+            await loop.run_in_executor(workers, revisit, reconciler, pods, dra, name, clock())
+        except Exception as exc:
+            metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
+            log.warning("reconciling report %s: %s", name, exc)
+
     metrics.active.set_function(lambda: float(gate.last))
     metrics.reports.set_function(lambda: len(known))
 
@@ -90,12 +109,20 @@ def build_registry(
         lookup = pods.lookup()
         now = clock()
         if kwargs["type"] == "DELETED":
+            debounce.forget(name)
             node = (body.get("spec") or {}).get("nodeName") or name
             await loop.run_in_executor(workers, reconciler.forget_node, node, lookup, now)
             return
         if reconciler.is_echo(body):
             metrics.echoes_skipped.inc()
             return
+        wait = debounce.wait(name, loop.time())
+        if wait > 0:  # rewritten within the interval: its latest version, once it has passed
+            metrics.reports_held.inc()
+            if debounce.hold(name):
+                loop.call_later(wait, lambda: asyncio.ensure_future(held(name)))
+            return
+        debounce.ran(name, loop.time())
         started = time.monotonic()
         try:
             await loop.run_in_executor(

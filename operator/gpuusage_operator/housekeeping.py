@@ -31,6 +31,22 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 5.0
 
 
+def revisit(
+    reconciler: Reconciler, pods: PodWatch, dra: DraWatch | None, name: str, now: datetime
+) -> None:
+    """Read a report and reconcile it (a report found gone loses its pods' marks)."""
+    custom = client.CustomObjectsApi(reconciler.api)
+    try:
+        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
+    except Exception as exc:
+        if isinstance(translate(exc), NotFound):
+            reconciler.forget_node(name, pods.lookup(), now)
+            return
+        raise
+    assert isinstance(body, dict)
+    reconciler.reconcile(body, pods.lookup(), now, NO_DRA if dra is None else dra.lookup())
+
+
 async def housekeeping(
     reconciler: Reconciler,
     pods: PodWatch,
@@ -64,16 +80,8 @@ async def housekeeping(
         health.succeeded()
         return True
 
-    def revisit(name: str, now: datetime) -> None:
-        try:
-            body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
-        except Exception as exc:
-            if isinstance(translate(exc), NotFound):
-                reconciler.forget_node(name, pods.lookup(), now)
-                return
-            raise
-        assert isinstance(body, dict)
-        reconciler.reconcile(body, pods.lookup(), now, NO_DRA if dra is None else dra.lookup())
+    def again(name: str, now: datetime) -> None:
+        revisit(reconciler, pods, dra, name, now)
 
     while True:
         await asyncio.sleep(interval)
@@ -92,6 +100,6 @@ async def housekeeping(
         due |= {n for n in pods.lookup().nodes_with_our_marks() if n not in known}
         for name in sorted(due):
             try:
-                await loop.run_in_executor(None, revisit, name, now)
+                await loop.run_in_executor(None, again, name, now)
             except Exception as exc:  # keep going with the other reports
                 log.warning("revisiting report %s: %s", name, exc)

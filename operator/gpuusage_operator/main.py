@@ -14,6 +14,7 @@ from kubernetes import client
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
 from gpuusage_operator.apihealth import ApiHealth
+from gpuusage_operator.debounce import WriteBudget
 from gpuusage_operator.drawatch import DraWatch, resource_apis
 from gpuusage_operator.ha import join_peering
 from gpuusage_operator.handlers import build_registry
@@ -62,6 +63,7 @@ class Operator:
             idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
             restart_grace=timedelta(seconds=settings.restart_grace),
             instance=self.identity,
+            write_budget=WriteBudget(settings.pod_writes_per_second, settings.pod_write_burst),
         )
         self.pods = PodWatch(
             client.CoreV1Api(self._watch_api),

@@ -65,8 +65,14 @@ class _ReconcilerCollector(Collector):
         yield CounterMetricFamily(
             "gpuusage_operator_events_dropped",
             "Events not written because their object's rate (a burst of 25, then one every 5 "
-            "minutes) was spent, as client-go's recorder drops them.",
+            "minutes) or the cluster-wide one (a burst of 200, then 20 a second) was spent.",
             value=c.events_dropped,
+        )
+        yield CounterMetricFamily(
+            "gpuusage_operator_pod_writes_deferred",
+            "Pods whose writes waited for a later reconcile of their report because the "
+            "cluster-wide budget of pod writes (a burst of 500, then 50 a second) was spent.",
+            value=c.writes_deferred,
         )
         yield CounterMetricFamily(
             "gpuusage_operator_pod_writes_refused_for_uid",
@@ -135,6 +141,12 @@ class OperatorMetrics:
         self.echoes_skipped = Counter(
             "gpuusage_operator_echoes_skipped_total",
             "Report events skipped because they only echo this replica's own status write.",
+            registry=r,
+        )
+        self.reports_held = Counter(
+            "gpuusage_operator_report_events_held_total",
+            "Report events that came within a second of the report's last reconcile: held, "
+            "and the report's latest version reconciled once the second had passed.",
             registry=r,
         )
         self.active = Gauge(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections import Counter as TallyCounter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,7 @@ from gpuusage_operator.allocation import (
     judgements,
 )
 from gpuusage_operator.certainty import blind_spots, devices_of, sees_all
+from gpuusage_operator.debounce import WriteBudget
 from gpuusage_operator.dra import NO_DRA, DraLookup
 from gpuusage_operator.eventrecord import EventRecorder
 from gpuusage_operator.freshness import (
@@ -83,6 +85,8 @@ class Counts:
     """Events not written: their object's rate was spent (see eventbook)."""
     uid_refusals: int = 0
     """Pod writes the apiserver refused because the pod of that name had another UID."""
+    writes_deferred: int = 0
+    """Pods whose writes waited for a later reconcile: the cluster-wide budget was spent."""
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
     """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
 
@@ -138,6 +142,8 @@ class Reconciler:
     """Reports to reconcile again without waiting for an event of their own (a pod they list
     was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
     _due_lock: threading.Lock = field(default_factory=threading.Lock)
+    _edited: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    """Pod UID → (resourceVersion, node) of a change of its marks the pod watch saw."""
     _report_locks: dict[str, threading.Lock] = field(default_factory=dict)
     """One per report: its reconciles (a watch event's, the housekeeping pass's) never run at
     once, or both would decide from the same pod state and both write (two start Events)."""
@@ -153,6 +159,10 @@ class Reconciler:
     renewals: Callable[[str], Renewal | None] = field(default=lambda node: None)
     """A node agent's Lease as the operator saw it renewed (see leasewatch); by default none
     is known, and freshness comes from the reports alone."""
+    write_budget: WriteBudget = field(default_factory=WriteBudget)
+    """Pod writes across all reports (see debounce): over it, a pod's writes wait for the
+    next reconcile of its report, which is made due."""
+    monotonic: Callable[[], float] = time.monotonic
     reports_api: Any = None
     """Where report statuses are written (a kubernetes CustomObjectsApi); by default one on
     `api`. Tests pass a stand-in that answers as the apiserver does."""
@@ -419,11 +429,9 @@ class Reconciler:
         compares what the pod carries with what it should carry (level-triggered, as a
         controller is), without waiting for a report event. Called from the pod watch's
         thread."""
-        applied = self._applied.get(pod.uid)
-        if applied is not None and pod.resource_version in applied.versions:
-            return
-        if pod.node:
-            self.mark_due({pod.node})
+        if pod.node:  # judged when taken: our own write's echo may come before we note it
+            with self._due_lock:
+                self._edited[pod.uid] = (pod.resource_version, pod.node)
 
     def mark_due(self, names: set[str]) -> None:
         """These reports are to be reconciled by the next housekeeping pass without an event of
@@ -433,8 +441,15 @@ class Reconciler:
                 self._due |= names
 
     def take_due(self) -> set[str]:
+        """The reports due, with the nodes of pods whose marks someone else edited (a change
+        that is not the echo of one of our writes, as noted by the time it is taken)."""
         with self._due_lock:
             due, self._due = self._due, set()
+            edited, self._edited = self._edited, {}
+        for uid, (version, node) in edited.items():
+            applied = self._applied.get(uid)
+            if applied is None or version not in applied.versions:
+                due.add(node)
         return due
 
     def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
@@ -481,6 +496,11 @@ class Reconciler:
             verdict, applied.annotations, applied.condition, node, now, remembered=remembered
         )
         versions = {ref.resource_version}
+        writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
+        if writes and not self.write_budget.take(self.monotonic(), writes):
+            self.counts.writes_deferred += 1
+            self.mark_due({node})  # its report is reconciled again at the next pass
+            return None
         try:
             if plan.annotation_patch is not None:
                 annotations = {"metadata": {"annotations": plan.annotation_patch}}

@@ -12,6 +12,7 @@ from gpuusage.api.policy import MAX_ACTIONS_PER_HOUR
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage.settings import CommandSettings, comma_list
 from gpuusage_operator.allocation import AllocationRules
+from gpuusage_operator.debounce import DEFAULT_WRITE_BURST, DEFAULT_WRITE_RATE
 from gpuusage_operator.informer import WATCH_IDLE
 from gpuusage_operator.peering import MAX_PRIORITY
 from gpuusage_operator.policylimit import CLUSTER_ACTIONS_PER_HOUR
@@ -45,6 +46,11 @@ class OperatorSettings(CommandSettings):
     together take in any sliding hour; each policy has its own maxActionsPerHour too."""
     resync: float = Field(default=10.0, gt=0)
     """Seconds between checks of the reports' freshness."""
+    pod_writes_per_second: float = Field(default=DEFAULT_WRITE_RATE, gt=0, le=10000)
+    """Pod writes (annotations, condition) a second across the cluster once the burst is
+    spent; over it, a pod's writes wait for the next reconcile of its report."""
+    pod_write_burst: int = Field(default=DEFAULT_WRITE_BURST, ge=2, le=100000)
+    """Pod writes allowed at once before the rate applies (at least the two of one pod)."""
     api_timeout: float = Field(default=REQUEST_TIMEOUT, ge=1, le=600)
     """Seconds any API request may wait for the next bytes of its answer before it fails (a
     client-side read timeout; connecting has 10 s): no call hangs on a dead connection."""
