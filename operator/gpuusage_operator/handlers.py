@@ -24,6 +24,7 @@ import kopf
 from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import REQUEST_TIMEOUT
+from gpuusage.retry import doubling
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.debounce import DEFAULT_INTERVAL, Debounce
 from gpuusage_operator.drawatch import DraWatch
@@ -39,6 +40,9 @@ from gpuusage_operator.policywatch import PolicyWatch
 from gpuusage_operator.reconcile import Reconciler
 
 log = logging.getLogger(__name__)
+RETRY_CAP = 60.0
+RETRY = doubling(1.0, RETRY_CAP)
+"""A failed reconcile is tried again after 1, 2, 4 ... then every 60 seconds."""
 
 
 def build_registry(
@@ -77,18 +81,32 @@ def build_registry(
 
     known: set[str] = set()  # report names kopf's watch has shown: the metric, housekeeping
     debounce = Debounce(report_interval)
+    failures: dict[str, int] = {}
+    """Report name → reconciles that failed in a row: each is tried again after a backoff,
+    its latest version, until one succeeds (the next event may be minutes away)."""
+
+    def failed(name: str, exc: Exception) -> None:
+        attempt = failures.get(name, 0)
+        failures[name] = attempt + 1
+        delay = RETRY.delay(attempt) or RETRY_CAP
+        metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
+        log.warning("reconciling report %s failed (%s); again in %.0f s", name, exc, delay)
+        asyncio.get_running_loop().call_later(delay, lambda: asyncio.ensure_future(held(name)))
 
     async def held(name: str) -> None:
-        """The held reconcile of a report rewritten too often: its latest version, now."""
+        """A reconcile held back (a report rewritten too often) or tried again after a
+        failure: the report's latest version, now."""
         loop = asyncio.get_running_loop()
         debounce.ran(name, loop.time())
-        if not await gate.active():
+        if name not in known or not await gate.active():
+            failures.pop(name, None)  # gone, or another replica's now
             return
         try:
             await loop.run_in_executor(workers, revisit, reconciler, pods, dra, name, clock())
         except Exception as exc:
-            metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
-            log.warning("reconciling report %s: %s", name, exc)
+            failed(name, exc)
+        else:
+            failures.pop(name, None)
 
     metrics.active.set_function(lambda: float(gate.last))
     metrics.reports.set_function(lambda: len(known))
@@ -129,8 +147,9 @@ def build_registry(
                 workers, reconciler.reconcile, dict(body), lookup, now, dra.lookup()
             )
         except Exception as exc:
-            metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
-            raise  # kopf logs it; the next report event (heartbeat) tries again
+            failed(name, exc)  # tried again after a backoff, until it succeeds
+        else:
+            failures.pop(name, None)
         finally:
             metrics.reconcile_seconds.observe(time.monotonic() - started)
 

@@ -531,9 +531,10 @@ class Reconciler:
             except Exception as error:  # the watch's next list brings it in all the same
                 log.warning("pod %s/%s: cannot read it again: %s", ref.namespace, ref.name, error)
             return None
-        except Exception as exc:  # one pod must not stop the others
+        except Exception as exc:  # one pod must not stop the others; tried again next pass
             self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+            self.mark_due({node})
             return None
         if plan.annotation_patch is None and plan.condition_patch is None:
             return plan.condition  # nothing written: what the index shows stays the truth
