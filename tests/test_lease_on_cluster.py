@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import WorldFactory, wait_for
-from tests.worldview import condition, pod, renewed_at, report
+from tests.worldview import condition, pod, refusing, renewed_at, report
 
 pytestmark = pytest.mark.cluster
 
@@ -123,43 +123,6 @@ def test_a_report_the_apiserver_refuses_is_not_kept_fresh_by_the_lease(
     world = _leased(make_world)
     wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
     wait_for(lambda: condition(pod(world, "train")).status == "True", what="train in use")
-    admission = client.AdmissionregistrationV1Api(world["api"])
-    name = f"refuse-{world['node']}"
-    admission.create_validating_admission_policy(
-        {  # type: ignore[arg-type]
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": ["gpuusage.io"],
-                            "apiVersions": ["*"],
-                            "operations": ["CREATE", "UPDATE"],
-                            "resources": ["gpunodeusages"],
-                        }
-                    ]
-                },
-                "matchConditions": [
-                    {
-                        "name": "this-node",
-                        "expression": f"object.metadata.name == '{world['node']}'",
-                    }
-                ],
-                "validations": [{"expression": "false", "message": "refused by a test policy"}],
-            },
-        }
-    )
-    admission.create_validating_admission_policy_binding(
-        {  # type: ignore[arg-type]
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        }
-    )
     custom = client.CustomObjectsApi(world["api"])
 
     def in_force() -> bool:
@@ -171,15 +134,13 @@ def test_a_report_the_apiserver_refuses_is_not_kept_fresh_by_the_lease(
             return exc.status == 422 and "refused by a test policy" in str(exc.body)
         return False
 
-    try:
+    name = f"refuse-{world['node']}"
+    with refusing(world["api"], name, world["node"], "gpunodeusages", ["CREATE", "UPDATE"]):
         wait_for(in_force, what="the policy in force")  # policies are compiled asynchronously
         world["write"](notebook=False)  # a change the agent must publish, and cannot
         stale = wait_for(lambda: (c := _stale(world))["status"] == "True" and c, what="stale")
         assert f"no renewal of Lease {world['ns']}/{world['node']}" in stale["message"]
         wait_for(lambda: condition(pod(world, "train")).status == "Unknown", what="pods Unknown")
-    finally:
-        admission.delete_validating_admission_policy_binding(name)
-        admission.delete_validating_admission_policy(name)
     wait_for(lambda: _stale(world)["status"] == "False", what="fresh once admitted")
     world["write"](notebook=True)  # the next change is published whole
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="the change shown")

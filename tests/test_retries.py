@@ -7,13 +7,11 @@ from __future__ import annotations
 import re
 import time
 import urllib.request
-from typing import Any
 
 import pytest
-from kubernetes import client
 
 from tests.conftest import WorldFactory, wait_for
-from tests.worldview import condition, pod, report
+from tests.worldview import condition, pod, refusing, report
 
 
 def _failures(port: int) -> float:
@@ -32,41 +30,13 @@ def test_a_failed_status_write_is_tried_again_without_a_new_report(
 ) -> None:
     world = make_world({"train": 1, "notebook": 1}, leases=True, agent_lease=True, stale_after=60)
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="marked")
-    admission = client.AdmissionregistrationV1Api(world["api"])
-    name = f"refuse-status-{world['node']}"
-    policy: dict[str, Any] = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["gpuusage.io"],
-                        "apiVersions": ["*"],
-                        "operations": ["UPDATE"],
-                        "resources": ["gpunodeusages/status"],
-                    }
-                ]
-            },
-            "matchConditions": [
-                {"name": "this-node", "expression": f"object.metadata.name == '{world['node']}'"}
-            ],
-            "validations": [{"expression": "false", "message": "refused by a test policy"}],
-        },
-    }
-    admission.create_validating_admission_policy(policy)  # type: ignore[arg-type]
-    admission.create_validating_admission_policy_binding(
-        {  # type: ignore[arg-type]
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        }
-    )
-    removed = False
-    try:
+    with refusing(
+        world["api"],
+        f"refuse-status-{world['node']}",
+        world["node"],
+        "gpunodeusages/status",
+        ["UPDATE"],
+    ):
         # Policies are compiled asynchronously: change the node until a status write fails.
         before, notebook = _failures(world["metrics_port"]), True
         deadline = time.monotonic() + 30
@@ -75,24 +45,17 @@ def test_a_failed_status_write_is_tried_again_without_a_new_report(
             notebook = not notebook
             world["write"](notebook=notebook)
             time.sleep(1.0)
-        admission.delete_validating_admission_policy_binding(name)
-        admission.delete_validating_admission_policy(name)
-        removed = True
-        generation = report(world)["metadata"]["generation"]
-        # The agent refreshes an unchanged report only after 60 s: the retry alone gets here.
-        wait_for(
-            lambda: report(world).get("status", {}).get("observedGeneration") == generation,
-            timeout=20,
-            what="the status written by a retry",
-        )
-        wanted = "True" if notebook else "False"
-        wait_for(
-            lambda: condition(pod(world, "notebook")).status == wanted,
-            timeout=10,
-            what="the pod's marks as the node shows",
-        )
-        assert report(world)["metadata"]["generation"] == generation, "no new report came"
-    finally:
-        if not removed:
-            admission.delete_validating_admission_policy_binding(name)
-            admission.delete_validating_admission_policy(name)
+    generation = report(world)["metadata"]["generation"]
+    # The agent refreshes an unchanged report only after 60 s: the retry alone gets here.
+    wait_for(
+        lambda: report(world).get("status", {}).get("observedGeneration") == generation,
+        timeout=20,
+        what="the status written by a retry",
+    )
+    wanted = "True" if notebook else "False"
+    wait_for(
+        lambda: condition(pod(world, "notebook")).status == wanted,
+        timeout=10,
+        what="the pod's marks as the node shows",
+    )
+    assert report(world)["metadata"]["generation"] == generation, "no new report came"

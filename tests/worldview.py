@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -73,3 +75,47 @@ def create_policy(api: client.ApiClient, name: str, spec: dict[str, Any]) -> dic
         names.GROUP, names.VERSION, names.POLICY_PLURAL, body
     )
     return dict(created)
+
+
+@contextmanager
+def refusing(
+    api: client.ApiClient, name: str, node: str, resource: str, operations: list[str]
+) -> Iterator[None]:
+    """While in the block, an admission policy `name` refuses these operations on this
+    node's report (`resource`: gpunodeusages or gpunodeusages/status), as a webhook or a new
+    schema may; policies are compiled asynchronously, so callers wait until it is in force."""
+    admission = client.AdmissionregistrationV1Api(api)
+    rule = {
+        "apiGroups": [names.GROUP],
+        "apiVersions": ["*"],
+        "operations": operations,
+        "resources": [resource],
+    }
+    admission.create_validating_admission_policy(
+        {  # type: ignore[arg-type]
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [rule]},
+                "matchConditions": [
+                    {"name": "this-node", "expression": f"object.metadata.name == '{node}'"}
+                ],
+                "validations": [{"expression": "false", "message": "refused by a test policy"}],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {  # type: ignore[arg-type]
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }
+    )
+    try:
+        yield
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
