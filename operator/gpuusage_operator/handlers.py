@@ -101,12 +101,15 @@ def build_registry(
         if name not in known or not await gate.active():
             failures.pop(name, None)  # gone, or another replica's now
             return
+        started = time.monotonic()
         try:
             await loop.run_in_executor(workers, revisit, reconciler, pods, dra, name, clock())
         except Exception as exc:
             failed(name, exc)
         else:
             failures.pop(name, None)
+        finally:
+            metrics.reconcile_seconds.observe(time.monotonic() - started)
 
     metrics.active.set_function(lambda: float(gate.last))
     metrics.reports.set_function(lambda: len(known))

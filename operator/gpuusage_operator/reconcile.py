@@ -29,9 +29,8 @@ from pydantic import ValidationError
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage.kube import raw
-from gpuusage.kube.errors import Conflict, Invalid, NotFound, is_other_object, retried
+from gpuusage.kube.errors import Conflict, retried
 from gpuusage.kube.mergepatch import merge_diff
-from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
     Allocation,
@@ -56,7 +55,8 @@ from gpuusage_operator.freshness import (
 from gpuusage_operator.holding import held_idle, next_held_deadline
 from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_deadline
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
-from gpuusage_operator.podstate import PodEvent, Verdict, plan_pod, verdicts
+from gpuusage_operator.podmarker import PodMarker
+from gpuusage_operator.podstate import PodEvent, Verdict, verdicts
 from gpuusage_operator.policynoderun import NodeRunner
 from gpuusage_operator.policyrun import PolicyRunner
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES, pod_uses, resolve_all
@@ -101,14 +101,6 @@ class Counts:
 
 
 @dataclass
-class Applied:
-    annotations: dict[str, str]
-    condition: dict[str, str] | None
-    versions: frozenset[str | None] = frozenset()
-    """resourceVersions of the pod from just before our writes up to the last of them."""
-
-
-@dataclass
 class Reconciler:
     api: client.ApiClient
     stale_after: timedelta = DEFAULT_STALE_AFTER
@@ -122,7 +114,6 @@ class Reconciler:
     refresh: Callable[[str, str, str], None] = lambda namespace, name, stale_uid: None
     """Reads one pod into the index again (PodWatch.refresh): called when a write for a pod was
     refused because the pod of that name is now another one."""
-    _applied: dict[str, Applied] = field(default_factory=dict)
     unattributed: dict[str, TallyCounter[str]] = field(default_factory=dict)
     """Report name → its processes that belong to no pod, by reason (for the metrics)."""
     _sightings: dict[str, Sighting] = field(default_factory=dict)
@@ -172,6 +163,16 @@ class Reconciler:
         self._custom = self.reports_api or client.CustomObjectsApi(self.api)
         self.events = EventRecorder(
             client.EventsV1Api(self.api), self.counts, self.instance, COMPONENT
+        )
+        self.marker = PodMarker(
+            self._core,
+            self.counts,
+            self.events,
+            self.write_budget,
+            self.monotonic,
+            due=self.mark_due,
+            # late-bound: main sets `refresh` once the pod watch exists
+            refresh=lambda namespace, name, uid: self.refresh(namespace, name, uid),  # noqa: PLW0108
         )
 
     # -- reports ---------------------------------------------------------------------------
@@ -309,7 +310,7 @@ class Reconciler:
                 continue
             if isinstance(verdict.unknown, RestartCause):
                 wake.append(verdict.unknown.until)
-            shown = self._pod(verdict, spec.node_name, now)
+            shown = self.marker.mark(verdict, spec.node_name, now)
             if self.policies is not None and shown is not None:
                 since = verdict.judgement.held_idle_since if verdict.judgement else None
                 due = self.policies.visit(verdict.pod, shown, since, now)
@@ -416,12 +417,12 @@ class Reconciler:
         self.mark_due({name for name, listed in list(self._listing.items()) if listed & uids})
         for uid in uids:  # one at a time: the reconciles' threads use them too
             self._absent.pop(uid, None)
-            self._applied.pop(uid, None)
+            self.marker.forget(uid)
 
     def remembered_pods(self) -> set[str]:
         """The pods (by UID) of which the operator keeps something: what it wrote on them,
         since when their processes were absent. Bounded by the pods that exist."""
-        return set(self._applied) | set(self._absent)
+        return self.marker.remembered() | set(self._absent)
 
     def marks_changed(self, pod: PodSnapshot) -> None:
         """A pod's gpuusage.io/ annotations or GPUInUse condition changed. Unless that is the
@@ -447,8 +448,7 @@ class Reconciler:
             due, self._due = self._due, set()
             edited, self._edited = self._edited, {}
         for uid, (version, node) in edited.items():
-            applied = self._applied.get(uid)
-            if applied is None or version not in applied.versions:
+            if not self.marker.wrote(uid, version):
                 due.add(node)
         return due
 
@@ -465,7 +465,7 @@ class Reconciler:
             ):
                 table.pop(node, None)
             for ref in lookup.on_node_with_our_marks(node):
-                self._clear(ref)
+                self.marker.clear(ref)
             if self.nodes is not None:
                 self.nodes.forget(node, now)
 
@@ -482,140 +482,15 @@ class Reconciler:
             self._absent.pop(uid, None)
         return until
 
-    def _pod(self, verdict: Verdict, node: str, now: datetime) -> dict[str, Any] | None:
-        """Apply plan_pod's writes to one pod, then record what the pod now shows; the
-        condition it shows (None when the writes failed or the pod is gone)."""
-        ref = verdict.pod
-        applied = self._applied.get(ref.uid)
-        # Our condition gone from the pod (removed by hand) is put back as it was, with its
-        # transition time and no Event: nothing happened to the pod's GPU use.
-        remembered = applied.condition if applied is not None and not ref.condition else None
-        if applied is None or ref.resource_version not in applied.versions:
-            applied = Applied(ref.our_annotations, ref.our_condition)
-        plan = plan_pod(
-            verdict, applied.annotations, applied.condition, node, now, remembered=remembered
-        )
-        versions = {ref.resource_version}
-        writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
-        if writes and not self.write_budget.take(self.monotonic(), writes):
-            self.counts.writes_deferred += 1
-            self.mark_due({node})  # its report is reconciled again at the next pass
-            return None
-        try:
-            if plan.annotation_patch is not None:
-                annotations = {"metadata": {"annotations": plan.annotation_patch}}
-                versions.add(self._write_pod(ref, annotations, False))
-            if plan.condition_patch is not None:
-                conditions = {"status": {"conditions": [plan.condition_patch]}}
-                versions.add(self._write_pod(ref, conditions, True))
-                if plan.event is not None:
-                    self.record_event(ref, plan.event, plan.event_note, now)
-        except NotFound:
-            self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
-            return None
-        except Invalid as exc:
-            if not is_other_object(exc):
-                self.counts.api_errors[type(exc).__name__] += 1
-                log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-                return None
-            # The pod of this name is not the one decided for (deleted and recreated under
-            # the same name while the index lagged): nothing was written to it. Read it again
-            # and leave it to the next report, instead of retrying what was meant for another.
-            self._applied.pop(ref.uid, None)
-            self.counts.uid_refusals += 1
-            log.info(
-                "pod %s/%s is no longer %s; reading it again", ref.namespace, ref.name, ref.uid
-            )
-            try:
-                self.refresh(ref.namespace, ref.name, ref.uid)
-            except Exception as error:  # the watch's next list brings it in all the same
-                log.warning("pod %s/%s: cannot read it again: %s", ref.namespace, ref.name, error)
-            return None
-        except Exception as exc:  # one pod must not stop the others; tried again next pass
-            self.counts.api_errors[type(exc).__name__] += 1
-            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-            self.mark_due({node})
-            return None
-        if plan.annotation_patch is None and plan.condition_patch is None:
-            return plan.condition  # nothing written: what the index shows stays the truth
-        self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
-        return plan.condition
-
     def annotate(self, ref: PodSnapshot, patch: dict[str, str | None]) -> None:
-        """Patch annotations of a pod decided for (its UID a precondition); best effort: a
-        failure is counted and logged, and the next reconcile decides again."""
-        try:
-            self._write_pod(ref, {"metadata": {"annotations": patch}}, False)
-        except Exception as exc:
-            self.counts.api_errors[type(exc).__name__] += 1
-            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-
-    def _clear(self, ref: PodSnapshot) -> None:
-        """Remove what the operator wrote on a pod, a policy's announcement too (no Event:
-        nothing was observed)."""
-        try:
-            shown = ref.our_annotations
-            patch = {k: None for k in names.OPERATOR_ANNOTATIONS if k in shown} or None
-            if patch is not None:
-                self._write_pod(ref, {"metadata": {"annotations": patch}}, False)
-            if ref.our_condition is not None:
-                gone = {"type": names.POD_CONDITION_GPU_IN_USE, "$patch": "delete"}
-                self._write_pod(ref, {"status": {"conditions": [gone]}}, True)
-        except (NotFound, Invalid):
-            pass  # deleted, or replaced by another pod of that name: nothing of ours on it
-        except Exception as exc:  # one pod must not stop the others
-            self.counts.api_errors[type(exc).__name__] += 1
-            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-        self._applied.pop(ref.uid, None)
-
-    def _write_pod(self, ref: PodSnapshot, body: dict[str, Any], status: bool) -> str | None:
-        """Patch the pod (or its status); the resourceVersion the write produced.
-
-        The patch carries the UID the decision was made for: the apiserver refuses a patch
-        whose metadata.uid differs from the stored pod's (422, the field is immutable), so a
-        pod recreated under the same name never receives its predecessor's marks.
-        """
-        body = {**body, "metadata": {**body.get("metadata", {}), "uid": ref.uid}}
-        # Raw responses: deserialising the returned V1Pod cost more CPU than the rest of the
-        # reconcile; only its resourceVersion is needed.
-        if status:
-            answer = retried(
-                lambda: raw.body(
-                    self._core.patch_namespaced_pod_status(
-                        ref.name,
-                        ref.namespace,
-                        body,
-                        _content_type=STRATEGIC,
-                        _preload_content=False,
-                    )
-                ),
-                f"pods/status {ref.namespace}/{ref.name}",
-            )
-        else:
-            answer = retried(
-                lambda: raw.body(
-                    self._core.patch_namespaced_pod(
-                        ref.name, ref.namespace, body, _preload_content=False
-                    )
-                ),
-                f"pod {ref.namespace}/{ref.name}",
-            )
-        self.counts.pod_writes += 1
-        version = raw.written_metadata(answer).get("resourceVersion")
-        return None if version is None else str(version)
+        """Patch annotations of a pod decided for (see PodMarker.annotate)."""
+        self.marker.annotate(ref, patch)
 
     def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
-        """An Event about the pod (see eventrecord: new, a series, or dropped)."""
-        regarding = client.V1ObjectReference(
-            api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
-        )
-        self.events.record(ref.namespace, regarding, what, note, now)
+        self.marker.record_event(ref, what, note, now)
 
     def record_node_event(self, node: str, what: PodEvent, note: str, now: datetime) -> None:
-        """An Event about a Node, in the default namespace (where the kubelet records its
-        node's Events, and where `kubectl describe node` finds them)."""
-        regarding = client.V1ObjectReference(api_version="v1", kind="Node", name=node)
-        self.events.record("default", regarding, what, note, now)
+        self.marker.record_node_event(node, what, note, now)
 
 
 def _echo_version(response: bytes, generation: int | None) -> str | None:
