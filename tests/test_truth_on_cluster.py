@@ -597,8 +597,9 @@ def test_a_container_that_does_not_come_back_ends_its_use_after_the_grace(
 ) -> None:
     """train's container exits and the kubelet backs off before restarting it: the pod is
     Unknown (ContainerRestarted) with its last use kept, without an Event; when the grace is
-    over with no process back, its use ended."""
-    world = make_world(operator_extras={"restart_grace": 8.0})
+    over with no process back, its use ended. (Unknown lasts from the marks' settling, 5 s
+    after the exit, to the grace's end: 15 s leaves a loaded machine time to see it.)"""
+    world = make_world(operator_extras={"restart_grace": 15.0})
     wait_for(lambda: in_use(world, "train"), what="train in use")
     marks = pod_annotations(world, "train")
     _restart_container(world, "train", running=False)
