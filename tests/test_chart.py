@@ -340,7 +340,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     )  # fmt: skip
     assert _status(cluster_helm, name, namespace)["info"]["status"] == "deployed"
     rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
-    assert len(rendered) == 33  # the monitoring overlay's 34 but the Namespace
+    assert len(rendered) == 35  # the monitoring overlay's 36 but the Namespace
     for kind, obj_ns, obj_name in rendered:
         if kind in ("CustomResourceDefinition", "Namespace"):
             continue  # crds/ only when missing (the session installed them); no Namespace

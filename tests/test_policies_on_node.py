@@ -168,7 +168,8 @@ def test_an_eviction_a_disruption_budget_refuses_is_not_forced(installed: dict[s
     wait_for(lambda: _reason(world, "lab", name) == "UsingUnrequestedGPU", what="flagged")
     _policy(world, "lab", {"finding": "UsingUnrequestedGPU", "action": "Evict"})
     wait_for(lambda: "GPUPolicyRefused" in _events(world, "lab", name), timeout=60, what="refused")
-    assert "Refused" in _decisions(world, "lab")
+    # the policy's status is written at the end of the reconcile, after the Event
+    wait_for(lambda: "Refused" in _decisions(world, "lab"), timeout=30, what="recorded")
     still: Any = world["core"].read_namespaced_pod(name, "lab")
     assert (still.status.phase, still.metadata.deletion_timestamp) == ("Running", None)
     _scenario(world, {})
@@ -212,8 +213,8 @@ def test_orphaned_memory_taints_the_node_until_it_is_freed(
             what="the orphaned memory in the report's status",
         )
         wait_for(lambda: _node_marks(world) == ("True", ["NoSchedule"]), timeout=60, what="taint")
-        assert "GPUPolicyActed" in _node_events(world)
-        assert "Done" in _decisions(world, "orphans")
+        wait_for(lambda: "GPUPolicyActed" in _node_events(world), what="the Event on the Node")
+        wait_for(lambda: "Done" in _decisions(world, "orphans"), what="the decision recorded")
         after: Any = world["core"].read_node(NAME)
         assert kubelet_conditions <= {c.type for c in after.status.conditions}
 
