@@ -242,7 +242,7 @@ def test_orphaned_memory_taints_the_node_until_it_is_freed(
 
         _scenario(world, {})
         wait_for(lambda: _node_marks(world) == ("False", []), timeout=60, what="marks cleared")
-        assert "GPUPolicyCleared" in _node_events(world)
+        wait_for(lambda: "GPUPolicyCleared" in _node_events(world), what="the Event on the Node")
         assert world["core"].read_node(NAME).spec.unschedulable in (None, False)
     finally:
         _scenario(world, {})
