@@ -52,6 +52,8 @@ def test_a_pod_whose_process_starts_and_ends_every_cycle_gets_two_events_with_co
     make_world: WorldFactory, api: client.ApiClient
 ) -> None:
     world = make_world({"train": 1, "notebook": 1})
+    # in use first: a pod whose use was never seen gets no condition to end
+    wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
     cycles = 4
     for _ in range(cycles):
         world["write"](notebook=False)
