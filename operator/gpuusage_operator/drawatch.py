@@ -102,8 +102,11 @@ class DraWatch(OptionalWatch):
 
     def _use(self, version: str, resource: Any) -> None:
         self.version = version
+        idle = self.claims.idle_timeout  # as the operator set it on the first version's
         self.claims, self.slices = self._claims(resource), self._slices(resource)
-        self._informers = [self.claims, self.slices]
+        self.informers = [self.claims, self.slices]
+        for informer in self.informers:
+            informer.idle_timeout = idle
 
     def lookup(self) -> DraLookup:
         if not self.available.is_set():

@@ -211,8 +211,7 @@ class OptionalWatch:
     def __init__(
         self, informers: list[Informer[Any]], probe: Callable[[], Any], unavailable: str
     ) -> None:
-        self._informers = informers
-        self.informers: tuple[Informer[Any], ...] = tuple(informers)
+        self.informers = informers
         self._probe = probe
         self._unavailable = unavailable
         self.available = threading.Event()
@@ -232,16 +231,16 @@ class OptionalWatch:
     def start(self) -> None:
         if self.probe():
             self.available.set()
-            for informer in self._informers:
+            for informer in self.informers:
                 threading.Thread(target=informer.run, name=informer.what, daemon=True).start()
         self.decided.set()
 
     def stop(self) -> None:
-        for informer in self._informers:
+        for informer in self.informers:
             informer.stop()
 
     @property
     def synced(self) -> bool:
         return self.decided.is_set() and (
-            not self.available.is_set() or all(i.synced.is_set() for i in self._informers)
+            not self.available.is_set() or all(i.synced.is_set() for i in self.informers)
         )
