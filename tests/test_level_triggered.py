@@ -73,9 +73,61 @@ def test_hand_edits_of_the_marks_are_put_right_without_a_new_report(
 def test_what_the_operator_remembers_of_a_pod_goes_with_it(make_world: WorldFactory) -> None:
     world = make_world({"train": 1, "notebook": 1})
     reconciler = world["reconciler"]
-    wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="marked")
-    uid = world["notebook"]
-    assert uid in reconciler.remembered_pods()
+    uid, other = world["notebook"], world["train"]
+    # Remembered once the writes have answered (the condition can be read on the pod a moment
+    # before the marker notes what it wrote).
+    wait_for(lambda: {uid, other} <= reconciler.remembered_pods(), what="both pods marked")
     world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
     wait_for(lambda: uid not in reconciler.remembered_pods(), timeout=15, what="forgotten")
-    assert world["train"] in reconciler.remembered_pods(), "the other pod is still marked"
+    assert other in reconciler.remembered_pods(), "the other pod is still marked"
+
+
+class _Intruder:
+    """The operator's CoreV1Api, with another writer's edit landing just before the
+    operator's write of the pod's condition to False (once), after its annotation write."""
+
+    def __init__(self, core: Any, pod: str, edit: Any) -> None:
+        self._core = core
+        self._pod = pod
+        self._edit = edit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+    def patch_namespaced_pod_status(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        body = args[1] if len(args) > 1 else kwargs.get("body", {})
+        wanted = [c.get("status") for c in body.get("status", {}).get("conditions", [])]
+        if self._edit is not None and name == self._pod and wanted == ["False"]:
+            edit, self._edit = self._edit, None
+            edit()
+        return self._core.patch_namespaced_pod_status(name, *args, **kwargs)
+
+
+@pytest.mark.cluster
+def test_an_edit_between_the_operators_two_writes_is_put_right(make_world: WorldFactory) -> None:
+    """The versions of a pod the operator takes for the echoes of its writes must show what it
+    wrote: a hand edit landing between its annotation write and its condition write would
+    otherwise hide in the condition write's version and stay."""
+    world = make_world({"train": 1, "notebook": 1})
+    core: client.CoreV1Api = world["core"]
+    ns = world["ns"]
+    wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
+    marker = world["reconciler"].marker
+    memory = names.ANNOTATION_GPU_MEMORY_MIB
+    planted = {memory: "1"}
+    marker.core = _Intruder(
+        marker.core,
+        "notebook",
+        lambda: core.patch_namespaced_pod("notebook", ns, {"metadata": {"annotations": planted}}),
+    )
+    world["write"](notebook=False)  # use ends: annotations removed, then the condition False
+    wait_for(
+        lambda: condition(pod(world, "notebook")).status == "False", what="the use's end marked"
+    )
+    assert marker.core._edit is None, "the edit landed between the two writes"
+    wait_for(
+        lambda: memory not in pod_annotations(world, "notebook"),
+        timeout=15,
+        what="the planted annotation removed",
+    )
+    assert world["reconciler"].counts.pod_errors == 0

@@ -134,21 +134,7 @@ def snapshot_of(
             cid = bare_container_id(item.get("containerID"))
             if cid:
                 containers.append((cid, str(item.get("name", ""))))
-    ours = tuple(
-        sorted(
-            (k, str(v))
-            for k, v in (meta.get("annotations") or {}).items()
-            if k.startswith(names.GROUP + "/")
-        )
-    )
-    condition = next(
-        (
-            c
-            for c in status.get("conditions") or []
-            if c.get("type") == names.POD_CONDITION_GPU_IN_USE
-        ),
-        None,
-    )
+    ours, condition = marks_of(body)
     claims, pending = pod_claims(body)
     ref = PodSnapshot(
         namespace=str(meta.get("namespace", "")),
@@ -157,7 +143,7 @@ def snapshot_of(
         node=(body.get("spec") or {}).get("nodeName"),
         containers=tuple(containers),
         annotations=ours,
-        condition=tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else (),
+        condition=condition,
         resource_version=meta.get("resourceVersion"),
         gpu_requests=gpu_requests(body.get("spec") or {}, rules),
         gpu_resources=gpu_resources(body.get("spec") or {}, rules),
@@ -173,6 +159,33 @@ def snapshot_of(
         labels = tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items()))
         ref = replace(ref, labels=labels)
     return ref
+
+
+Marks = tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
+
+
+def marks_of(body: Mapping[str, Any]) -> Marks:
+    """What a pod object carries of our group: its gpuusage.io/ annotations and the fields of
+    its GPUInUse condition (empty: none), each as sorted (key, value) pairs, as PodSnapshot
+    keeps them."""
+    meta = body.get("metadata") or {}
+    ours = tuple(
+        sorted(
+            (k, str(v))
+            for k, v in (meta.get("annotations") or {}).items()
+            if k.startswith(names.GROUP + "/")
+        )
+    )
+    condition = next(
+        (
+            c
+            for c in (body.get("status") or {}).get("conditions") or []
+            if c.get("type") == names.POD_CONDITION_GPU_IN_USE
+        ),
+        None,
+    )
+    fields = tuple(sorted((k, str(v)) for k, v in condition.items())) if condition else ()
+    return ours, fields
 
 
 def container_exits(

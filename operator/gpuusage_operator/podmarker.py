@@ -25,8 +25,8 @@ from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.debounce import WriteBudget
 from gpuusage_operator.eventrecord import EventRecorder
-from gpuusage_operator.podindex import PodSnapshot
-from gpuusage_operator.podstate import PodEvent, Verdict, plan_pod
+from gpuusage_operator.podindex import PodSnapshot, marks_of
+from gpuusage_operator.podstate import PodEvent, Verdict, plan_pod, shows
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +96,16 @@ class PodMarker:
             self.counts.writes_deferred += 1
             self.due({node})  # its report is reconciled again at the next pass
             return None
+        answer: dict[str, Any] = {}
         try:
             if plan.annotation_patch is not None:
                 annotations = {"metadata": {"annotations": plan.annotation_patch}}
-                versions.add(self.write(ref, annotations, False))
+                answer = self.write(ref, annotations, False)
+                versions.add(_version(answer))
             if plan.condition_patch is not None:
                 conditions = {"status": {"conditions": [plan.condition_patch]}}
-                versions.add(self.write(ref, conditions, True))
+                answer = self.write(ref, conditions, True)
+                versions.add(_version(answer))
                 if plan.event is not None:
                     self.record_event(ref, plan.event, plan.event_note, now)
         except NotFound:
@@ -133,6 +136,13 @@ class PodMarker:
             return None
         if plan.annotation_patch is None and plan.condition_patch is None:
             return plan.condition  # nothing written: what the index shows stays the truth
+        annotated, condition = marks_of(answer)
+        if answer and not shows(dict(annotated), dict(condition) if condition else None, plan):
+            # Someone else edited the pod's marks while we wrote (between our two writes,
+            # or before the first): none of these versions shows our plan, so none is taken
+            # for our echo, and the next pass compares what the pod then carries.
+            versions = set()
+            self.due({node})
         self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
         return plan.condition
 
@@ -163,8 +173,9 @@ class PodMarker:
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
         self._applied.pop(ref.uid, None)
 
-    def write(self, ref: PodSnapshot, body: dict[str, Any], status: bool) -> str | None:
-        """Patch the pod (or its status); the resourceVersion the write produced.
+    def write(self, ref: PodSnapshot, body: dict[str, Any], status: bool) -> dict[str, Any]:
+        """Patch the pod (or its status); the pod as the write left it (empty where the
+        answer was not a pod).
 
         The patch carries the UID the decision was made for: the apiserver refuses a patch
         whose metadata.uid differs from the stored pod's (422, the field is immutable), so a
@@ -196,8 +207,7 @@ class PodMarker:
                 f"pod {ref.namespace}/{ref.name}",
             )
         self.counts.pod_writes += 1
-        version = raw.written_metadata(answer).get("resourceVersion")
-        return None if version is None else str(version)
+        return raw.written_object(answer)
 
     def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
         """An Event about the pod (see eventrecord: new, a series, or dropped)."""
@@ -211,3 +221,8 @@ class PodMarker:
         node's Events, and where `kubectl describe node` finds them)."""
         regarding = client.V1ObjectReference(api_version="v1", kind="Node", name=node)
         self.events.record("default", regarding, what, note, now)
+
+
+def _version(pod: dict[str, Any]) -> str | None:
+    version = (pod.get("metadata") or {}).get("resourceVersion")
+    return None if version is None else str(version)

@@ -380,6 +380,16 @@ def plan_pod(
     )
 
 
+def shows(
+    annotations: Mapping[str, str], condition: Mapping[str, str] | None, plan: PodPlan
+) -> bool:
+    """Whether a pod carrying these marks carries what the plan brings it to: nothing of the
+    plan left to write (a usage annotation within its rounding counts as the same)."""
+    if annotation_patch(annotations, plan.annotations or None) is not None:
+        return False
+    return condition is not None and all(condition.get(k) == v for k, v in plan.condition.items())
+
+
 def judge_alone(use: PodUse) -> Judgement:
     """A pod's judgement from what it says itself (no claims known, default rules)."""
     return judge(use.pod.claimed, use.devices, NO_DRA, DEFAULT_RULES, DeviceFacts())

@@ -3,7 +3,8 @@
 The operator reads what it writes and watches as plain JSON: deserialising model objects
 (a whole V1Pod per patch, per watch event) cost more CPU than the rest of its work. `body` and
 `json_lines` are the only place that knows how such a response is wrapped and when its
-connection goes back to the pool; `written_metadata` reads what a write answered.
+connection goes back to the pool; `written_object` and `written_metadata` read what a write
+answered.
 """
 
 from __future__ import annotations
@@ -29,13 +30,19 @@ def body(response: Any) -> bytes:
         raw.release_conn()
 
 
-def written_metadata(data: bytes) -> dict[str, Any]:
-    """metadata of the object a write returned; empty when the answer is not such an object
-    (the write itself succeeded: what it returned only adds detail)."""
+def written_object(data: bytes) -> dict[str, Any]:
+    """The object a write returned; empty when the answer is not an object (the write itself
+    succeeded: what it returned only adds detail)."""
     try:
-        meta = json.loads(data)["metadata"]
-    except (ValueError, KeyError, TypeError):
+        found = json.loads(data)
+    except ValueError:
         return {}
+    return found if isinstance(found, dict) else {}
+
+
+def written_metadata(data: bytes) -> dict[str, Any]:
+    """metadata of the object a write returned; empty when the answer is not such an object."""
+    meta = written_object(data).get("metadata")
     return meta if isinstance(meta, dict) else {}
 
 
