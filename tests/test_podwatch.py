@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
+from gpuusage_operator.podindex import snapshot_of
 from gpuusage_operator.podwatch import IndexState, PodWatch
 
 CID_A, CID_B = "a" * 64, "b" * 64
@@ -28,26 +29,42 @@ def pod(
 
 
 def test_events_add_change_and_remove_keys() -> None:
+    """Pods with our marks (or GPUs) are kept whole, keyed by UID and container IDs; plain
+    pods are packed under their UID alone, and a pod moves between the two as it changes."""
     state = IndexState()
     state.apply("ADDED", pod(UID_1, "p1", None))
-    assert state.by_key.keys() == {f"uid:{UID_1}"}
+    assert state.by_key == {}, "a plain pod has no keys"
+    assert state.lookup().by_uid(UID_1) == snapshot_of(pod(UID_1, "p1", None))
     state.apply("MODIFIED", pod(UID_1, "p1", CID_A, marked=True, rv="2"))
     state.apply("ADDED", pod(UID_2, "p2", CID_B))
-    assert set(state.by_key) == {
-        f"uid:{UID_1}",
-        f"cid:{CID_A}",
-        "marked:n1",
-        f"uid:{UID_2}",
-        f"cid:{CID_B}",
-    }
-    # A container restart: the new ID replaces the old one, the old key is gone.
-    state.apply("MODIFIED", pod(UID_1, "p1", CID_B.replace("b", "c"), rv="3"))
-    assert f"cid:{CID_A}" not in state.by_key
-    assert "marked:n1" not in state.by_key, "the pod lost our marks"
+    assert set(state.by_key) == {f"uid:{UID_1}", f"cid:{CID_A}", "marked:n1"}
+    lookup = state.lookup()
+    assert lookup.by_container(CID_A) == snapshot_of(pod(UID_1, "p1", CID_A, True, "2"))
+    assert lookup.by_container(CID_B) is None, "plain: no key per container"
+    assert lookup.plain_with_container(CID_B) == snapshot_of(pod(UID_2, "p2", CID_B))
+    assert lookup.by_uid(UID_2) == snapshot_of(pod(UID_2, "p2", CID_B))
+    assert len(state) == 2
+    assert state.ids() == {UID_1, UID_2}
+    # Our marks gone and a container restarted: plain again, the old keys are gone.
+    state.apply("MODIFIED", pod(UID_1, "p1", "c" * 64, rv="3"))
+    assert state.by_key == {}
+    assert state.lookup().by_uid(UID_1) == snapshot_of(pod(UID_1, "p1", "c" * 64, rv="3"))
     state.apply("DELETED", pod(UID_2, "p2", CID_B))
-    assert set(state.by_key) == {f"uid:{UID_1}", "cid:" + "c" * 64}
+    assert state.lookup().by_uid(UID_2) is None
+    assert state.lookup().plain_with_container(CID_B) is None
     assert len(state) == 1
     state.apply("DELETED", {"metadata": {}})  # no uid: ignored, no crash
+
+
+def test_a_plain_pod_that_gains_marks_is_heard() -> None:
+    """Someone (or our own write) puts a gpuusage.io/ annotation on a plain pod: the
+    level-triggered comparison hears it as it would for a pod kept whole."""
+    heard: list[str | None] = []
+    state = IndexState(on_marks=lambda ref: heard.append(ref.resource_version))
+    state.apply("ADDED", pod(UID_1, "p1", CID_A))
+    state.apply("MODIFIED", pod(UID_1, "p1", CID_A, marked=True, rv="2"))
+    state.apply("MODIFIED", pod(UID_1, "p1", CID_A, rv="3"))
+    assert heard == ["2", "3"]
 
 
 class FakeRaw:
@@ -125,8 +142,9 @@ def test_list_is_paginated_then_watch_resumes_from_its_version() -> None:
     assert core.calls[1]["_continue"] == "next"
     assert watch._watch(version) == "106"
     assert core.calls[2]["resource_version"] == "100"
-    assert watch.lookup().by_container(CID_A) is None
-    ref = watch.lookup().by_container(CID_B)
+    assert watch.lookup().by_uid(UID_1) is None
+    assert watch.lookup().plain_with_container(CID_A) is None
+    ref = watch.lookup().plain_with_container(CID_B)
     assert ref is not None
     assert ref.name == "p2"
 

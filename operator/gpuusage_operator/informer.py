@@ -11,18 +11,20 @@ Semantics (the pod index's, see podwatch, and the DRA indexes', see drawatch):
 * Retries back off (doubling up to MAX_RETRY, jittered) and the backoff starts over after
   every successful list, so once the API is back the state is whole again within one short
   retry, however long the outage was.
-* Lines are parsed as plain JSON (no model objects) and handed to the state at once.
+* Lines are parsed as plain JSON (no model objects) and handed to the state at once; a list
+  page's items are parsed one at a time (raw.list_items), and the memory a list freed is given
+  back to the system (see memory).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import closing
 from typing import Any, Generic, Protocol, TypeVar
 
+from gpuusage import memory
 from gpuusage.kube import raw
 from gpuusage.kube.config import CONNECT_TIMEOUT
 from gpuusage.kube.errors import Forbidden, NotFound, translate
@@ -83,8 +85,10 @@ class Informer(Generic[S]):
         health: ApiHealth | None = None,
         on_deleted: Callable[[set[str]], None] = lambda ids: None,
         idle_timeout: float = WATCH_IDLE,
+        trim: Callable[[], object] = memory.trim,
     ) -> None:
         self.what = what
+        self._trim = trim
         self.idle_timeout = idle_timeout
         self._list_page, self._watch_from, self._new_state = list_page, watch_from, new_state
         self._health = health or ApiHealth()
@@ -144,16 +148,17 @@ class Informer(Generic[S]):
         state = self._new_state()
         token: str | None = None
         while True:
-            page = json.loads(raw.body(self._list_page(PAGE, token)))
-            for obj in page.get("items") or []:
+            fields: dict[str, Any] = {}
+            for obj in raw.list_items(raw.body(self._list_page(PAGE, token)), fields):
                 state.apply("ADDED", obj)
-            meta = page.get("metadata") or {}
+            meta = fields.get("metadata") or {}
             token = meta.get("continue")
             if not token:
                 break
         with self.writing:
             gone = self.state.ids() - state.ids()
             self.state = state  # one assignment: readers see the old state or the new one
+        self._trim()  # the pages read, and the state replaced, are freed: see memory
         self.relists += 1
         self._health.succeeded()
         if gone and self.relists > 1:

@@ -1,17 +1,18 @@
 """What the operator remembers about pods: a few fields, keyed by container ID and pod UID.
 
 The index keeps an entry for every pod in the cluster, so the entry is deliberately small (no
-specs, no full statuses): on a 5,000-pod cluster the index must stay a few megabytes. One pod
-is indexed under several keys: its UID and each container ID it has had reported in its status
+specs, no full statuses). A pod that may hold GPUs or carries our marks is kept whole, as a
+PodSnapshot under several keys: its UID and each container ID it has had reported in its status
 (init, regular and ephemeral containers), with the runtime scheme (`containerd://`) stripped,
-as the agent reports bare IDs.
+as the agent reports bare IDs. Every other pod, most of a cluster's, is kept packed under its
+UID alone (see podpack: under 0.5 KiB resident a pod).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpuusage.api import names
 from gpuusage_operator.allocation import (
@@ -216,15 +217,42 @@ def index_keys(
 ) -> dict[str, PodSnapshot]:
     """The keys one pod is indexed under, each with the same small PodSnapshot."""
     ref = snapshot_of(body, rules)
-    if ref is None:
-        return {}
+    return {} if ref is None else snapshot_keys(ref)
+
+
+def snapshot_keys(ref: PodSnapshot) -> dict[str, PodSnapshot]:
+    """The keys a snapshot is indexed under when it is kept whole (not packed)."""
     keys = {UID_KEY + ref.uid: ref}
     keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
     if ref.node and ref.marked:
         keys[MARKED_KEY + ref.node] = ref
-    if ref.node and ref.running and ref.may_hold_gpus:
-        keys[REQUESTING_KEY + ref.node] = ref
+    requesting = requesting_node(ref)
+    if requesting:
+        keys[REQUESTING_KEY + requesting] = ref
     return keys
+
+
+def requesting_node(ref: PodSnapshot | None) -> str | None:
+    """The node a running pod that may hold GPUs runs on (idle detection follows it)."""
+    if ref is not None and ref.node and ref.running and ref.may_hold_gpus:
+        return ref.node
+    return None
+
+
+class PlainLookup(Protocol):
+    """The plain pods, kept packed (see podpack)."""
+
+    def get(self, uid: str) -> PodSnapshot | None: ...
+
+    def with_container(self, container_id: str) -> PodSnapshot | None: ...
+
+
+class _NoPlain:
+    def get(self, uid: str) -> PodSnapshot | None:
+        return None
+
+    def with_container(self, container_id: str) -> PodSnapshot | None:
+        return None
 
 
 class PodLookup:
@@ -232,11 +260,14 @@ class PodLookup:
 
     The index maps each key to the pods under it (a mapping uid → PodSnapshot, or any collection of
     PodRefs); several pods could in theory claim one key: the last one is taken, and such
-    ambiguity is rare enough to ignore.
+    ambiguity is rare enough to ignore. Plain pods (no GPU, none of our marks) are kept apart,
+    packed, under their UID alone: `by_uid` finds them, `by_container` does not (see
+    `plain_with_container`).
     """
 
-    def __init__(self, index: Mapping[str, Any]) -> None:
+    def __init__(self, index: Mapping[str, Any], plain: PlainLookup | None = None) -> None:
         self._index = index
+        self._plain = plain or _NoPlain()
 
     def _all(self, key: str) -> list[PodSnapshot]:
         found = self._index.get(key)
@@ -252,10 +283,16 @@ class PodLookup:
         return refs[-1] if refs else None
 
     def by_container(self, container_id: str) -> PodSnapshot | None:
+        """The pod keyed under this container ID: plain pods are not (a scan finds them)."""
         return self._one(CONTAINER_KEY + container_id)
 
     def by_uid(self, uid: str) -> PodSnapshot | None:
-        return self._one(UID_KEY + uid)
+        return self._one(UID_KEY + uid) or self._plain.get(uid)
+
+    def plain_with_container(self, container_id: str) -> PodSnapshot | None:
+        """The plain pod whose status lists this container ID: a scan of every plain pod, for
+        a process whose cgroup names no pod UID."""
+        return self._plain.with_container(container_id)
 
     def on_node_with_our_marks(self, node: str) -> list[PodSnapshot]:
         """Pods of a node that carry our annotations or condition (for clean-up).

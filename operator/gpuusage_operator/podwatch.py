@@ -22,17 +22,20 @@ from gpuusage_operator.allocation import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.informer import Informer, watch_kwargs
 from gpuusage_operator.podindex import (
-    REQUESTING_KEY,
     UID_KEY,
     PodLookup,
     PodSnapshot,
-    index_keys,
+    requesting_node,
+    snapshot_keys,
+    snapshot_of,
 )
+from gpuusage_operator.podpack import PlainPods, packable
 
 
 @dataclass
 class IndexState:
-    """uid → the keys it is indexed under; key → {uid: PodSnapshot}."""
+    """Pods kept whole: uid → the keys it is indexed under, key → {uid: PodSnapshot}; plain
+    pods (see podpack) packed, under their UID alone."""
 
     rules: AllocationRules = DEFAULT_RULES
     on_requesting: Callable[[set[str]], None] = lambda nodes: None
@@ -45,8 +48,10 @@ class IndexState:
 
     keys_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     by_key: dict[str, dict[str, PodSnapshot]] = field(default_factory=dict)
+    plain: PlainPods = field(default_factory=PlainPods)
 
     def put(self, uid: str, keys: Mapping[str, PodSnapshot]) -> None:
+        """Keep a pod whole under these keys."""
         self.remove(uid)
         for key, ref in keys.items():
             self.by_key[key] = {**self.by_key.get(key, {}), uid: ref}
@@ -54,12 +59,17 @@ class IndexState:
             self.keys_of[uid] = tuple(keys)
 
     def remove(self, uid: str) -> None:
+        if self.plain.remove(uid):
+            return
         for key in self.keys_of.pop(uid, ()):
             rest = {u: r for u, r in self.by_key.get(key, {}).items() if u != uid}
             if rest:
                 self.by_key[key] = rest
             else:
                 self.by_key.pop(key, None)
+
+    def get(self, uid: str) -> PodSnapshot | None:
+        return self.by_key.get(UID_KEY + uid, {}).get(uid) or self.plain.get(uid)
 
     def apply(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) for one pod object."""
@@ -69,22 +79,30 @@ class IndexState:
         if event_type == "DELETED":
             self.remove(uid)
             return
-        keys = index_keys(pod, self.rules)
+        new = snapshot_of(pod, self.rules)
+        if new is None:
+            return
         if event_type == "MODIFIED":
-            before = {k for k in self.keys_of.get(uid, ()) if k.startswith(REQUESTING_KEY)}
-            changed = before ^ {k for k in keys if k.startswith(REQUESTING_KEY)}
-            if changed:
-                self.on_requesting({k[len(REQUESTING_KEY) :] for k in changed})
-            old, new = self.by_key.get(UID_KEY + uid, {}).get(uid), keys.get(UID_KEY + uid)
-            if old is not None and new is not None and _marks(old) != _marks(new):
+            old = self.get(uid)
+            before, after = requesting_node(old), requesting_node(new)
+            if before != after:
+                self.on_requesting({node for node in (before, after) if node})
+            if old is not None and _marks(old) != _marks(new):
                 self.on_marks(new)
-        self.put(uid, keys)
+        if packable(new, pod):
+            self.remove(uid)
+            self.plain.put(new)
+        else:
+            self.put(uid, snapshot_keys(new))
+
+    def lookup(self) -> PodLookup:
+        return PodLookup(self.by_key, self.plain)
 
     def ids(self) -> set[str]:
-        return set(self.keys_of)
+        return set(self.keys_of) | self.plain.uids()
 
     def __len__(self) -> int:
-        return len(self.keys_of)
+        return len(self.keys_of) + len(self.plain)
 
 
 def _marks(pod: PodSnapshot) -> tuple[object, ...]:
@@ -122,7 +140,7 @@ class PodWatch(Informer[IndexState]):
         self.refreshes = 0
 
     def lookup(self) -> PodLookup:
-        return PodLookup(self.state.by_key)
+        return self.state.lookup()
 
     def refresh(self, namespace: str, name: str, stale_uid: str) -> None:
         """Read one pod again, after a write for `stale_uid` was refused because the pod of

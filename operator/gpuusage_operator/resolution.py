@@ -3,8 +3,11 @@
 The order of evidence, strongest first:
 
 1. The container ID is in a pod's status: that pod and that container.
-2. The pod UID is known (the container ID is not in the pod's status yet, e.g. right after a
-   container restart): that pod, container unknown.
+2. The pod UID is known: that pod, and the container if its status lists the ID (not yet,
+   e.g. right after a container restart: container unknown). Plain pods (no GPU, none of our
+   marks) are found this way only: the index keeps no key per container for them.
+   Without a UID (a kubelet without per-pod cgroups), the plain pods are searched for the
+   container ID.
 3. A pod UID no pod in the cluster has: `PodNotFound` (deleted, or not yet seen by the watch).
 4. A container ID without a pod: `UnknownContainer` (docker run on the host, a kind node).
 5. The agent could not attribute the pid: `Unresolved`, with the agent's reason.
@@ -112,7 +115,8 @@ def _resolve(node: str, device_uuid: str, process: Process, lookup: PodLookup) -
         if pod is not None:
             if pod.node != node:
                 return _elsewhere(node, device_uuid, process, pod)
-            return Resolution(device_uuid, process, pod)
+            named = pod.container_name(process.container_id) if process.container_id else None
+            return Resolution(device_uuid, process, pod, named)
         return Resolution(
             device_uuid,
             process,
@@ -121,6 +125,11 @@ def _resolve(node: str, device_uuid: str, process: Process, lookup: PodLookup) -
             message=f"no pod with UID {process.pod_uid}",
         )
     if process.container_id:
+        pod = lookup.plain_with_container(process.container_id)
+        if pod is not None:
+            if pod.node != node:
+                return _elsewhere(node, device_uuid, process, pod)
+            return Resolution(device_uuid, process, pod, pod.container_name(process.container_id))
         return Resolution(
             device_uuid,
             process,

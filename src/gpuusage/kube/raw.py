@@ -3,14 +3,14 @@
 The operator reads what it writes and watches as plain JSON: deserialising model objects
 (a whole V1Pod per patch, per watch event) cost more CPU than the rest of its work. `body` and
 `json_lines` are the only place that knows how such a response is wrapped and when its
-connection goes back to the pool; `written_object` and `written_metadata` read what a write
-answered.
+connection goes back to the pool; `list_items` parses a list page one item at a time;
+`written_object` and `written_metadata` read what a write answered.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 
@@ -44,6 +44,56 @@ def written_metadata(data: bytes) -> dict[str, Any]:
     """metadata of the object a write returned; empty when the answer is not such an object."""
     meta = written_object(data).get("metadata")
     return meta if isinstance(meta, dict) else {}
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = " \t\n\r"
+
+
+def list_items(data: bytes, fields: dict[str, Any]) -> Iterator[Any]:
+    """The items of a list response one at a time, each parsed as it is reached: a page of
+    thousands of pods is never held parsed all at once (what that costs stays resident; see
+    benchmarks/pod_index_memory.py). The list's other top-level fields (its metadata: the
+    resourceVersion, the continue token) are put in `fields` as they are read, the ones after
+    `items` once the items are all read. Raises ValueError where the body is no JSON object."""
+    text = data.decode()
+    at = _skip(text, 0)
+    if text[at : at + 1] != "{":
+        raise ValueError("a list response is a JSON object")
+    at = _skip(text, at + 1)
+    while text[at : at + 1] != "}":
+        key, at = _DECODER.raw_decode(text, at)
+        at = _skip(text, at)
+        if text[at : at + 1] != ":":
+            raise ValueError(f"expected ':' at {at}")
+        at = _skip(text, at + 1)
+        if key == "items" and text[at : at + 1] == "[":
+            at = _skip(text, at + 1)
+            while text[at : at + 1] != "]":
+                item, at = _DECODER.raw_decode(text, at)
+                yield item
+                del item
+                at = _skip(text, at)
+                if text[at : at + 1] == ",":
+                    at = _skip(text, at + 1)
+                elif text[at : at + 1] != "]":
+                    raise ValueError(f"expected ',' or ']' at {at}")
+            at += 1
+        else:
+            value, at = _DECODER.raw_decode(text, at)
+            if key != "items":  # null: no items
+                fields[key] = value
+        at = _skip(text, at)
+        if text[at : at + 1] == ",":
+            at = _skip(text, at + 1)
+        elif text[at : at + 1] != "}":
+            raise ValueError(f"expected ',' or '}}' at {at}")
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at] in _SPACE:
+        at += 1
+    return at
 
 
 def shutdown(response: Any) -> None:
