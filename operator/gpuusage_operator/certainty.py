@@ -26,7 +26,7 @@ by pod: only a report that sees every device a pod could be using can show that 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gpuusage.api import names
@@ -138,7 +138,11 @@ def sees_all(blind: BlindSpots, devices: Iterable[str] | None) -> bool:
 
 
 def devices_of(
-    allocation: Allocation, used: Iterable[str], pod: PodSnapshot, spec: GpuNodeUsageSpec
+    allocation: Allocation,
+    used: Iterable[str],
+    pod: PodSnapshot,
+    spec: GpuNodeUsageSpec,
+    last: LastDevices | None = None,
 ) -> list[str] | None:
     """The devices a pod could be using, for sees_all: what it uses, what it was last seen
     on, and its allocated devices with the MIG devices of an allocated GPU (a MIG device made
@@ -149,7 +153,7 @@ def devices_of(
     children: dict[str, list[str]] = {
         g.uuid: [m.uuid for m in g.mig_devices] for g in spec.gpus if g.uuid
     }
-    found = [*used, *(last_devices(pod) or [])]
+    found = [*used, *((last or last_devices)(pod) or [])]
     for given in allocation.devices:
         parent = given.uuid or given.parent_uuid or ""
         found += [parent, *children.get(parent, [])]
@@ -158,12 +162,25 @@ def devices_of(
 
 def last_devices(pod: PodSnapshot) -> list[str] | None:
     """The devices the pod's annotation last named; None when it names none."""
-    listed = pod.our_annotations.get(names.ANNOTATION_GPUS)
+    return devices_named(pod.our_annotations.get(names.ANNOTATION_GPUS))
+
+
+def devices_named(listed: str | None) -> list[str] | None:
+    """The devices of a `gpuusage.io/gpus` value; None for none."""
     devices = [d for d in (listed or "").split(",") if d]
     return devices or None
 
 
-def why_unknown(pod: PodSnapshot, blind: BlindSpots) -> Cause | None:
+LastDevices = Callable[[PodSnapshot], list[str] | None]
+"""Where a pod was last seen using GPUs. The pod's annotation is only the pod's word: anyone
+who may edit the pod can write it, and a device named there that the node does not report makes
+the pod's use Unknown (see why_unknown) and withholds idle judgement. The operator passes what
+it wrote itself (see podmarker.PodMarker.last_devices)."""
+
+
+def why_unknown(
+    pod: PodSnapshot, blind: BlindSpots, last: LastDevices | None = None
+) -> Cause | None:
     """Why this report cannot say that the pod's GPU use ended, or None when it can.
 
     Asked of pods with our marks whose processes the report does not show.
@@ -171,7 +188,7 @@ def why_unknown(pod: PodSnapshot, blind: BlindSpots) -> Cause | None:
     condition = pod.our_condition
     if condition is None or condition.get("status") == "False":
         return None  # not known to be using GPUs
-    devices = last_devices(pod)
+    devices = (last or last_devices)(pod)
     if devices is None:  # in use, but on which device is not known: any blind spot counts
         return blind.everywhere or next(iter(blind.devices.values()), None)
     for uuid in devices:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from kubernetes import client
 
@@ -52,9 +53,16 @@ class ActiveGate:
     REMEMBER_YES = 1.0
 
     def __init__(
-        self, api: client.ApiClient, peering: Peering | None, clock: Clock = utc_now
+        self,
+        api: client.ApiClient,
+        peering: Peering | None,
+        clock: Clock = utc_now,
+        on_active: Callable[[], None] = lambda: None,
     ) -> None:
         self._custom = client.CustomObjectsApi(api)
+        self._on_active = on_active
+        """Called when this replica turns active after a spell on standby (another replica
+        may have written meanwhile)."""
         self._peering = peering
         self._clock = clock
         self._settled_at = time.monotonic() + (peering.settle if peering else 0.0)
@@ -87,6 +95,8 @@ class ActiveGate:
             self._yes_until = time.monotonic() + self.REMEMBER_YES
         if answer != self._last:
             log.info("this replica is %s", "active" if answer else "on standby")
+            if answer and self._last is False:
+                self._on_active()
             self._last = answer
         return answer
 

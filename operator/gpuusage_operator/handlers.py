@@ -64,7 +64,7 @@ def build_registry(
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
-    gate = ActiveGate(reconciler.api, peering, clock)
+    gate = ActiveGate(reconciler.api, peering, clock, reconciler.marker.forget_written)
     # Reconciles spend most of their time waiting for the apiserver: with asyncio's default
     # pool (CPU count + 4 threads) a slower apiserver turned into a growing backlog.
     workers = ThreadPoolExecutor(max_workers=reconcile_workers, thread_name_prefix="reconcile")

@@ -23,10 +23,12 @@ from gpuusage.api import names
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
+from gpuusage_operator.certainty import devices_named, last_devices
 from gpuusage_operator.debounce import WriteBudget
 from gpuusage_operator.eventrecord import EventRecorder
 from gpuusage_operator.podindex import PodSnapshot, marks_of
 from gpuusage_operator.podstate import PodEvent, Verdict, plan_pod, shows
+from gpuusage_operator.restarts import in_use
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +65,14 @@ class PodMarker:
     """Reads one pod into the index again: called when a write was refused because the pod
     of that name is now another one."""
     _applied: dict[str, Applied] = field(default_factory=dict)
+    _written: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
+    `_applied`, kept when someone else edits the pod: where a pod was last seen using GPUs is
+    the operator's knowledge, not the pod's word (see last_devices)."""
 
     def remembered(self) -> set[str]:
         """The pods (by UID) it remembers writing on."""
-        return set(self._applied)
+        return set(self._applied) | set(self._written)
 
     def wrote(self, uid: str, version: str | None) -> bool:
         """Whether this version of the pod is (the echo of) one of our writes."""
@@ -76,6 +82,24 @@ class PodMarker:
     def forget(self, uid: str) -> None:
         """The pod is gone: nothing of it is kept."""
         self._applied.pop(uid, None)
+        self._written.pop(uid, None)
+
+    def forget_written(self) -> None:
+        """Another replica may have written since (this one was on standby): what this one
+        wrote is no longer known to be the latest."""
+        self._written.clear()
+
+    def last_devices(self, pod: PodSnapshot) -> list[str] | None:
+        """Where the pod was last seen using GPUs: what this replica wrote, where it wrote;
+        otherwise (after a restart or a failover) the pod's annotation, but only while our
+        condition says it is or may be in use (a condition tenants cannot write: pods/status).
+        An annotation planted on a pod never seen in use, or over what we wrote, naming a
+        device the node does not report, would otherwise make its use Unknown for good and
+        keep it from ever being judged idle."""
+        written = self._written.get(pod.uid)
+        if written is not None:
+            return devices_named(written.get(names.ANNOTATION_GPUS))
+        return last_devices(pod) if in_use(pod) else None
 
     def mark(self, verdict: Verdict, node: str, now: datetime) -> dict[str, Any] | None:
         """Apply plan_pod's writes to one pod, then record what the pod now shows; the
@@ -88,7 +112,13 @@ class PodMarker:
         if applied is None or ref.resource_version not in applied.versions:
             applied = Applied(ref.our_annotations, ref.our_condition)
         plan = plan_pod(
-            verdict, applied.annotations, applied.condition, node, now, remembered=remembered
+            verdict,
+            applied.annotations,
+            applied.condition,
+            node,
+            now,
+            remembered=remembered,
+            known=self._written.get(ref.uid),
         )
         versions = {ref.resource_version}
         writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
@@ -109,7 +139,7 @@ class PodMarker:
                 if plan.event is not None:
                     self.record_event(ref, plan.event, plan.event_note, now)
         except NotFound:
-            self._applied.pop(ref.uid, None)  # deleted meanwhile: nothing to mark
+            self.forget(ref.uid)  # deleted meanwhile: nothing to mark
             return None
         except Invalid as exc:
             if not is_other_object(exc):
@@ -134,6 +164,8 @@ class PodMarker:
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             self.due({node})
             return None
+        if plan.annotation_patch is not None:
+            self._written[ref.uid] = dict(plan.annotations)
         if plan.annotation_patch is None and plan.condition_patch is None:
             return plan.condition  # nothing written: what the index shows stays the truth
         annotated, condition = marks_of(answer)
@@ -171,7 +203,7 @@ class PodMarker:
         except Exception as exc:  # one pod must not stop the others
             self.counts.api_errors[type(exc).__name__] += 1
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
-        self._applied.pop(ref.uid, None)
+        self.forget(ref.uid)
 
     def write(self, ref: PodSnapshot, body: dict[str, Any], status: bool) -> dict[str, Any]:
         """Patch the pod (or its status); the pod as the write left it (empty where the

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from gpuusage.api import names
 from gpuusage.api.times import format_time
 from gpuusage_operator.allocation import DEFAULT_RULES, DeviceFacts, Judgement, judge
-from gpuusage_operator.certainty import BlindSpots, Cause, why_unknown
+from gpuusage_operator.certainty import BlindSpots, Cause, LastDevices, why_unknown
 from gpuusage_operator.dra import NO_DRA
 from gpuusage_operator.idle import Idle
 from gpuusage_operator.podindex import PodSnapshot
@@ -295,12 +295,13 @@ def verdicts(
     blind: BlindSpots,
     judged: Mapping[str, Judgement] | None = None,
     restarts: tuple[datetime, timedelta] | None = None,
+    last: LastDevices | None = None,
 ) -> list[Verdict]:
     """Every pod a report speaks about: the pods it shows using GPUs (Unknown while it is
     stale), the idle ones, and the pods that carry our marks but are no longer listed: use
     ended, unless the report is stale or blind where the pod was (see certainty), or a
     container of it is restarting (given `restarts`: now and the grace; see restarts), which
-    keeps them Unknown."""
+    keeps them Unknown. `last`: where each pod was last seen (by default its annotation)."""
     judged = judged or {}
     found = [
         Verdict(use.pod, "Unknown" if stale else "InUse", use, judgement=judged.get(uid))
@@ -313,7 +314,7 @@ def verdicts(
             continue
         unknown: Cause | RestartCause | None = None
         if not stale:
-            unknown = why_unknown(pod, blind)
+            unknown = why_unknown(pod, blind, last)
             if unknown is None and restarts is not None:
                 unknown = restart_cause(pod, *restarts)
         state: UseState = "Unknown" if stale or unknown else "Stopped"
@@ -345,17 +346,20 @@ def plan_pod(
     now: datetime,
     *,
     remembered: Mapping[str, Any] | None = None,
+    known: Mapping[str, str] | None = None,
 ) -> PodPlan:
     """From what the pod shows now to what its verdict wants. An Unknown pod keeps the last
     known use in its annotations; an idle pod's condition dates from the start of its
     idleness, so that the time reads back as the same idle_since on the next report.
     `remembered`: the condition the operator last wrote, where someone removed it since: the
     transition is judged from it (no Event for a condition put back as it was) and its
-    transition time kept when its status stands."""
+    transition time kept when its status stands. `known`: the annotations the operator last
+    wrote on the pod, where it remembers them: an Unknown pod keeps those, not what someone may
+    have written over them since."""
     if verdict.state == "InUse" and verdict.use is not None:
         wanted: dict[str, str] = desired_annotations(verdict.use)
     elif verdict.state == "Unknown":
-        wanted = dict(shown_annotations)
+        wanted = dict(shown_annotations if known is None else known)
     else:
         wanted = {}
     condition = desired_condition(

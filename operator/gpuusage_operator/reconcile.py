@@ -248,7 +248,9 @@ class Reconciler:
         def seen_whole(pod: PodSnapshot, used: Iterable[str] = ()) -> bool:
             """Whether the report sees every device the pod could be using: a blind device
             withholds judgement on its own pods, never on the whole node."""
-            return sees_all(blind, devices_of(allocated(pod), used, pod, spec))
+            return sees_all(
+                blind, devices_of(allocated(pod), used, pod, spec, self.marker.last_devices)
+            )
 
         idle = []
         wake: list[datetime] = []
@@ -303,6 +305,7 @@ class Reconciler:
             blind=blind,
             judged=judged,
             restarts=(now, self.restart_grace),
+            last=self.marker.last_devices,
         ):
             hold = self._settling(verdict, now)
             if hold is not None:
