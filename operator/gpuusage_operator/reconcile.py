@@ -1,14 +1,16 @@
 """Apply what the pure core wants: GpuNodeUsage status, pod annotations, pod condition, Events.
 
 One idempotent reconcile per report, run in kopf's executor (the `kubernetes` client is
-synchronous). Writes happen only where the desired state differs from what is known: the pod
-index (our annotations and condition are part of each entry) or, after our own writes, a
-last-applied cache that covers the moment before the watch delivers them. The cache is trusted
-only while the index shows a resourceVersion this replica produced or saw before writing: once
-anyone else changes the pod (another replica after a failover, a person removing an
-annotation) the index wins. An unchanged report therefore costs no write at all, and nothing a
-replica remembers can mask what is really on the pod. One pod failing (deleted meanwhile: 404)
-never stops the rest.
+synchronous): decide judges the report, podmarker writes the pods, statuswriter the status;
+this room keeps what the operator knows between reports (when it saw each report change, what
+its status lists, when a report is next due) and the order of the writes. Writes happen only
+where the desired state differs from what is known: the pod index (our annotations and
+condition are part of each entry) or, after our own writes, a last-applied cache that covers
+the moment before the watch delivers them. The cache is trusted only while the index shows a
+resourceVersion this replica produced or saw before writing: once anyone else changes the pod
+(another replica after a failover, a person removing an annotation) the index wins. An
+unchanged report therefore costs no write at all, and nothing a replica remembers can mask
+what is really on the pod. One pod failing (deleted meanwhile: 404) never stops the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import socket
 import threading
 import time
 from collections import Counter as TallyCounter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,21 +28,13 @@ from typing import Any
 from kubernetes import client
 from pydantic import ValidationError
 
-from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
-from gpuusage.kube import raw
-from gpuusage.kube.errors import Conflict, retried
-from gpuusage.kube.mergepatch import merge_diff
 from gpuusage_operator.allocation import (
     DEFAULT_RULES,
-    Allocation,
     AllocationRules,
-    KubeletView,
-    allocation_of,
-    judgements,
 )
-from gpuusage_operator.certainty import blind_spots, devices_of, sees_all
 from gpuusage_operator.debounce import WriteBudget
+from gpuusage_operator.decide import Judging, decide
 from gpuusage_operator.dra import NO_DRA, DraLookup
 from gpuusage_operator.eventrecord import EventRecorder
 from gpuusage_operator.freshness import (
@@ -52,17 +46,15 @@ from gpuusage_operator.freshness import (
     is_stale,
     sight,
 )
-from gpuusage_operator.holding import held_idle, next_held_deadline
-from gpuusage_operator.idle import DEFAULT_IDLE_AFTER, idle_pods, next_idle_deadline
+from gpuusage_operator.idle import DEFAULT_IDLE_AFTER
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podmarker import PodMarker
-from gpuusage_operator.podstate import PodEvent, Verdict, verdicts
+from gpuusage_operator.podstate import PodEvent, Verdict
 from gpuusage_operator.policynoderun import NodeRunner
 from gpuusage_operator.policyrun import PolicyRunner
-from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES, pod_uses, resolve_all
+from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.restarts import RESTART_GRACE, RestartCause, settle_until
-from gpuusage_operator.showback import pod_allocations
-from gpuusage_operator.status import desired_status
+from gpuusage_operator.statuswriter import echo_version, write_status
 
 log = logging.getLogger(__name__)
 COMPONENT = "gpuusage.io/operator"
@@ -174,6 +166,14 @@ class Reconciler:
             # late-bound: main sets `refresh` once the pod watch exists
             refresh=lambda namespace, name, uid: self.refresh(namespace, name, uid),  # noqa: PLW0108
         )
+        self._judging = Judging(
+            self.rules,
+            self.driver_namespaces,
+            self.stale_after,
+            self.idle_after,
+            self.restart_grace,
+            self.marker.last_devices,
+        )
 
     # -- reports ---------------------------------------------------------------------------
     def is_echo(self, body: Mapping[str, Any]) -> bool:
@@ -226,87 +226,24 @@ class Reconciler:
             stale_after=self.stale_after,
         )
         self._sightings[name] = sighting
-        resolutions = list(resolve_all(spec, lookup, self.driver_namespaces))
-        self.unattributed[name] = TallyCounter(r.reason for r in resolutions if r.reason)
-        uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
-        judged = judgements(uses, spec, dra, self.rules)
         renewal = self.renewals(name)
-        fresh = not is_stale(alive_at(sighting, renewal), now, self.stale_after)
-        blind = blind_spots(spec, resolutions)
-        kubelet = KubeletView.of(spec)
-        candidates = lookup.requesting_on_node(spec.node_name)
-
-        handed = {uid: j.allocation for uid, j in judged.items()}  # the same rule, judged already
-
-        def allocated(pod: PodSnapshot) -> Allocation:
-            """What the pod was handed, worked out once per reconcile (idle, held idle and
-            showback all ask)."""
-            if pod.uid not in handed:
-                handed[pod.uid] = allocation_of(pod.claimed, dra, self.rules, kubelet)
-            return handed[pod.uid]
-
-        def seen_whole(pod: PodSnapshot, used: Iterable[str] = ()) -> bool:
-            """Whether the report sees every device the pod could be using: a blind device
-            withholds judgement on its own pods, never on the whole node."""
-            return sees_all(
-                blind, devices_of(allocated(pod), used, pod, spec, self.marker.last_devices)
-            )
-
-        idle = []
-        wake: list[datetime] = []
-        if fresh:
-            judgeable = [p for p in candidates if p.uid not in uses and seen_whole(p)]
-            idle = idle_pods(
-                judgeable,
-                uses,
-                now,
-                self.idle_after,
-                lambda pod: allocation_of(pod.claimed, dra, self.rules),
-            )
-            whole = [u for u in uses.values() if seen_whole(u.pod, u.devices)]
-            in_use = frozenset(uses)
-            wake += [
-                d
-                for d in (
-                    next_idle_deadline(judgeable, in_use, now, self.idle_after),
-                    next_held_deadline(whole, sighting.seen_at, now, self.idle_after),
-                )
-                if d is not None
-            ]
-            held = held_idle(whole, sighting.seen_at, now, self.idle_after)
-            judged = {
-                uid: replace(j, held_idle_since=held[uid]) if uid in held else j
-                for uid, j in judged.items()
-            }
-        allocations = pod_allocations(candidates, allocated)
-        status = desired_status(
+        decision = decide(
             spec,
-            resolutions,
-            now,
+            previous,
             generation=generation,
             sighting=sighting,
-            previous=previous,
-            stale_after=self.stale_after,
-            idle=[i.entry() for i in idle],
-            allocations=allocations,
-            judged=judged,
             renewal=renewal,
-            blind=blind,
+            lookup=lookup,
+            dra=dra,
+            now=now,
+            judging=self._judging,
         )
+        self.unattributed[name] = TallyCounter(r.reason for r in decision.resolutions if r.reason)
+        status, stale = decision.status, decision.status.stale
+        wake = list(decision.wake)
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
-        stale = status.stale
-        marked = lookup.on_node_with_our_marks(spec.node_name)
-        for verdict in verdicts(
-            uses,
-            marked,
-            idle,
-            stale=stale,
-            blind=blind,
-            judged=judged,
-            restarts=(now, self.restart_grace),
-            last=self.marker.last_devices,
-        ):
+        for verdict in decision.verdicts:
             hold = self._settling(verdict, now)
             if hold is not None:
                 wake.append(hold)
@@ -321,7 +258,7 @@ class Reconciler:
                     wake.append(due)
         if self.nodes is not None:
             due = self.nodes.visit(
-                spec.node_name, status.orphaned, certain=not stale and not blind, now=now
+                spec.node_name, status.orphaned, certain=not stale and not decision.blind, now=now
             )
             if due is not None:
                 wake.append(due)
@@ -331,13 +268,16 @@ class Reconciler:
             wanted = status.to_patch()
             known = None if previous is None else previous.to_patch()
             if known != wanted:
-                response = self._write_status(name, body["metadata"], known, wanted)
-                written = _echo_version(response, body["metadata"].get("generation"))
-        self._listing[name] = (
-            frozenset(uses)
-            | frozenset(i.pod.uid for i in idle)
-            | frozenset(a.uid for a in allocations[0])
-        )
+                response = write_status(
+                    self._custom,
+                    self.counts,
+                    name=name,
+                    meta=body["metadata"],
+                    known=known,
+                    wanted=wanted,
+                )
+                written = echo_version(response, body["metadata"].get("generation"))
+        self._listing[name] = decision.listing
         if wake:
             self._wakeups[name] = min(wake)
         else:
@@ -346,47 +286,6 @@ class Reconciler:
             self._echoes[name] = written  # a failed pod write is retried on the echo instead
         self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
         return stale
-
-    def _write_status(
-        self,
-        name: str,
-        meta: Mapping[str, Any],
-        known: dict[str, Any] | None,
-        wanted: dict[str, Any],
-    ) -> bytes:
-        """Write the status; what the write returned.
-
-        Only what changed is sent, on condition that the report is still the version it was
-        read at (its resourceVersion in the patch: the apiserver refuses the write with 409
-        when anyone wrote since, because then what changed is not known). On that refusal, or
-        without a status to compare with, the whole status is sent.
-        """
-
-        def send(patch: dict[str, Any]) -> bytes:
-            data = retried(
-                lambda: raw.body(
-                    self._custom.patch_cluster_custom_object_status(
-                        names.GROUP,
-                        names.VERSION,
-                        names.PLURAL,
-                        name,
-                        patch,
-                        _preload_content=False,
-                    )
-                ),
-                f"status of {name}",
-            )
-            self.counts.status_writes += 1
-            return data
-
-        version = meta.get("resourceVersion")
-        if known is not None and version:
-            change = {"metadata": {"resourceVersion": version}, "status": merge_diff(known, wanted)}
-            try:
-                return send(change)
-            except Conflict:
-                self.counts.status_conflicts += 1
-        return send({"status": wanted})
 
     def staleness_flipped(self, now: datetime) -> list[str]:
         """Reports whose freshness by `now` differs from what their status says: they send no
@@ -494,14 +393,3 @@ class Reconciler:
 
     def record_node_event(self, node: str, what: PodEvent, note: str, now: datetime) -> None:
         self.marker.record_node_event(node, what, note, now)
-
-
-def _echo_version(response: bytes, generation: int | None) -> str | None:
-    """The resourceVersion our status write produced, if that version shows the spec we
-    reconciled: an agent write that landed between our read and our write raised the
-    generation, and then the event of that version must be reconciled, not skipped."""
-    meta = raw.written_metadata(response)
-    version = meta.get("resourceVersion")
-    if not isinstance(version, str) or generation is None or meta.get("generation") != generation:
-        return None
-    return version
