@@ -24,34 +24,24 @@ DEFAULT_WRITE_BURST = 500
 
 @dataclass
 class Debounce:
-    """When each report was last reconciled, and which have a reconcile held back."""
+    """When each report was last reconciled: an event within the interval waits for the rest
+    of it (the work queue merges every event meanwhile into one reconcile of the latest)."""
 
     interval: float = DEFAULT_INTERVAL
     _last: dict[str, float] = field(default_factory=dict)
-    _held: set[str] = field(default_factory=set)
 
     def wait(self, name: str, now: float) -> float:
         """Seconds before this report may be reconciled again (0: now)."""
         last = self._last.get(name)
         return 0.0 if last is None else max(0.0, last + self.interval - now)
 
-    def hold(self, name: str) -> bool:
-        """Hold a reconcile of this report back; False when one already is (nothing to add:
-        the held one reconciles the latest version)."""
-        if name in self._held:
-            return False
-        self._held.add(name)
-        return True
-
     def ran(self, name: str, now: float) -> None:
-        """A reconcile of this report starts now (its held one, if any, is this one)."""
+        """A reconcile of this report starts now."""
         self._last[name] = now
-        self._held.discard(name)
 
     def forget(self, name: str) -> None:
         """The report is gone."""
         self._last.pop(name, None)
-        self._held.discard(name)
 
     def __len__(self) -> int:
         return len(self._last)

@@ -78,16 +78,26 @@ class ActiveGate:
         return is_active(status, self._peering.identity, self._peering.priority, self._clock())
 
     async def active(self) -> bool:
+        """active_now, from the event loop (a read of the peering object runs in a thread)."""
+        if self._peering is None:
+            self._last = True
+            return True
+        if time.monotonic() < self._yes_until:
+            return True
+        return await asyncio.get_running_loop().run_in_executor(None, self.active_now)
+
+    def active_now(self) -> bool:
+        """Whether this replica may write now (blocks while the peers settle at start)."""
         if self._peering is None:
             self._last = True
             return True
         wait = self._settled_at - time.monotonic()
         if wait > 0:
-            await asyncio.sleep(wait)
+            time.sleep(wait)
         if time.monotonic() < self._yes_until:
             return True
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(None, self._read)
+            answer = self._read()
         except Exception as exc:  # cannot tell: a standby must not write
             log.warning("cannot read peering %s: %s", self._peering.name, exc)
             answer = False

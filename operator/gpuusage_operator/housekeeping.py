@@ -1,50 +1,27 @@
-"""The operator's housekeeping pass: the work no report event triggers.
+"""What is left for a clock: the API probe, and marks for nodes without a report.
 
-Staleness needs a clock, not an event (a dead agent sends none). Timers and daemons would put a
-finalizer on every report, so one background task checks the reconciler's small table of
-sightings instead, and fetches and reconciles a report only when its freshness flips, when a
-pod of it has been idle for --idle-after (a report that does not change sends no event), when
-a pod it lists was deleted, or when pods carry our marks for a node without a report. It also
-probes the API, so that an outage is logged once and its end once.
+Everything else that no report event triggers is a deadline in the work queue (see
+workqueue: a pod's idle time, marks settling, a report turning stale). Every `interval` this
+pass checks that the API answers, so that an outage is logged once and its end once, and
+queues the nodes whose pods carry our marks while kopf has shown no report for them (a report
+deleted while no replica watched: the worker's read confirms the absence and clears them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from datetime import datetime
+from collections.abc import Callable
 
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage.api.times import Clock, utc_now
-from gpuusage.kube.errors import NotFound, translate
+from gpuusage.kube.errors import translate
 from gpuusage_operator.apihealth import ApiHealth
-from gpuusage_operator.dra import NO_DRA
-from gpuusage_operator.drawatch import DraWatch
 from gpuusage_operator.ha import ActiveGate
-from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.podwatch import PodWatch
-from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.reconcile import DUE, Reconciler
 
-log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 5.0
-
-
-def revisit(
-    reconciler: Reconciler, pods: PodWatch, dra: DraWatch | None, name: str, now: datetime
-) -> None:
-    """Read a report and reconcile it (a report found gone loses its pods' marks)."""
-    custom = client.CustomObjectsApi(reconciler.api)
-    try:
-        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
-    except Exception as exc:
-        if isinstance(translate(exc), NotFound):
-            reconciler.forget_node(name, pods.lookup(), now)
-            return
-        raise
-    assert isinstance(body, dict)
-    reconciler.reconcile(body, pods.lookup(), now, NO_DRA if dra is None else dra.lookup())
 
 
 async def housekeeping(
@@ -55,16 +32,10 @@ async def housekeeping(
     *,
     health: ApiHealth,
     known: set[str],
-    clock: Clock = utc_now,
-    dra: DraWatch | None = None,
-    leases: LeaseWatch | None = None,
+    ready: Callable[[], bool],
 ) -> None:
-    """Every `interval`: check that the API answers, then revisit the reports that send no
-    event of their own but need a reconcile: those whose freshness flipped (a dead agent writes
-    nothing), those with a pod idle for --idle-after by now, those listing a pod that was
-    deleted, and nodes whose pods carry our marks while kopf has delivered no report for them
-    (a report deleted while no replica watched; `known` holds the names of the reports kopf's
-    watch has shown, and a GET confirms the absence)."""
+    """See the module's docstring; `known` holds the names of the reports kopf's watch has
+    shown, `ready` whether the indexes are synced."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
 
@@ -80,26 +51,11 @@ async def housekeeping(
         health.succeeded()
         return True
 
-    def again(name: str, now: datetime) -> None:
-        revisit(reconciler, pods, dra, name, now)
-
     while True:
         await asyncio.sleep(interval)
         if not await loop.run_in_executor(None, probe):
             continue
-        ready = (
-            pods.synced.is_set()
-            and (dra is None or dra.synced)
-            and (leases is None or leases.synced)
-        )
-        if not ready or not await gate.active():
+        if not ready() or not await gate.active():
             continue
-        now = clock()
-        due = set(reconciler.staleness_flipped(now)) | reconciler.take_due()
-        due |= set(reconciler.idle_deadlines_passed(now))
-        due |= {n for n in pods.lookup().nodes_with_our_marks() if n not in known}
-        for name in sorted(due):
-            try:
-                await loop.run_in_executor(None, again, name, now)
-            except Exception as exc:  # keep going with the other reports
-                log.warning("revisiting report %s: %s", name, exc)
+        for node in pods.lookup().nodes_with_our_marks() - known:
+            reconciler.queue.add(node, DUE)

@@ -37,11 +37,16 @@ class LeaseState:
     """The Leases present now; what was seen of them lives in the shared `memory`."""
 
     def __init__(
-        self, memory: dict[str, Seen], clock: Clock, on_news: Callable[[set[str]], None]
+        self,
+        memory: dict[str, Seen],
+        clock: Clock,
+        on_news: Callable[[set[str]], None],
+        on_renewed: Callable[[str], None] = lambda name: None,
     ) -> None:
         self._memory = memory
         self._clock = clock
         self._on_news = on_news
+        self._on_renewed = on_renewed
         self._names: set[str] = set()
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
@@ -62,6 +67,7 @@ class LeaseState:
             self._on_news({name})
         elif known.renew_time != renew:
             self._memory[name] = Seen(renew, self._now(), witnessed=True)
+            self._on_renewed(name)
 
     def _now(self) -> datetime:
         return self._clock().replace(microsecond=0)  # as the status keeps times
@@ -76,7 +82,8 @@ class LeaseState:
 class LeaseWatch(OptionalWatch):
     """Watches the Leases of one namespace; `renewal(node)` says what was seen of a node's.
     `on_news` hears the nodes whose Lease appeared or went (what their reports' freshness is
-    judged by changed, with no event of the report's own)."""
+    judged by changed, with no event of the report's own), `on_renewed` each renewal (a stale
+    report may be fresh again)."""
 
     def __init__(
         self,
@@ -86,6 +93,7 @@ class LeaseWatch(OptionalWatch):
         clock: Clock = utc_now,
         health: ApiHealth | None = None,
         on_news: Callable[[set[str]], None] = lambda nodes: None,
+        on_renewed: Callable[[str], None] = lambda name: None,
     ) -> None:
         self.namespace = namespace
         self._on_news = on_news
@@ -98,7 +106,7 @@ class LeaseWatch(OptionalWatch):
             lambda version, idle: coordination.list_namespaced_lease(
                 namespace, **watch_kwargs(version, idle)
             ),
-            lambda: LeaseState(self._memory, clock, on_news),
+            lambda: LeaseState(self._memory, clock, on_news, on_renewed),
             health=health,
             on_deleted=self._forget,
         )

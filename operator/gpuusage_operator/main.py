@@ -80,6 +80,7 @@ class Operator:
             clock=clock,
             health=self.health,
             on_news=self.reconciler.mark_due,
+            on_renewed=self.reconciler.lease_renewed,
         )
         self.reconciler.renewals = self.leases.renewal
         self.policies = PolicyWatch(

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from collections import Counter as TallyCounter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,9 +54,15 @@ from gpuusage_operator.policyrun import PolicyRunner
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.restarts import RESTART_GRACE, RestartCause, settle_until
 from gpuusage_operator.statuswriter import echo_version, write_status
+from gpuusage_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 COMPONENT = "gpuusage.io/operator"
+DUE, DEADLINE, STALENESS, EDITED = "due", "deadline", "staleness", "edited"
+"""Why a report was queued (see workqueue): a pod event or a policy change, a deadline of
+its judgement, the time it would turn stale, a pod's marks edited."""
+STALE_MARGIN = 0.05
+"""Seconds past the moment a report would turn stale (is_stale: strictly older)."""
 
 
 @dataclass
@@ -113,23 +118,15 @@ class Reconciler:
     _echoes: dict[str, str] = field(default_factory=dict)
     """Report name → the resourceVersion our last status write gave it, when that reconcile
     wrote everything it wanted: the watch event of that version only echoes our own write."""
-    _wakeups: dict[str, datetime] = field(default_factory=dict)
-    """Report name → when a pod of it would be judged idle if nothing changed: a report that
-    does not change sends no event, so the housekeeping pass reconciles it then."""
     _listing: dict[str, frozenset[str]] = field(default_factory=dict)
     """Report name → the UIDs of the pods its status lists."""
     _absent: dict[str, datetime] = field(default_factory=dict)
     """Pod UID → when a report first showed none of the processes of a pod marked in use
     (see restarts: its marks settle before use is called ended)."""
-    _due: set[str] = field(default_factory=set)
-    """Reports to reconcile again without waiting for an event of their own (a pod they list
-    was deleted). Filled by the pod watch's thread, taken by the housekeeping pass."""
-    _due_lock: threading.Lock = field(default_factory=threading.Lock)
-    _edited: dict[str, tuple[str | None, str]] = field(default_factory=dict)
-    """Pod UID → (resourceVersion, node) of a change of its marks the pod watch saw."""
-    _report_locks: dict[str, threading.Lock] = field(default_factory=dict)
-    """One per report: its reconciles (a watch event's, the housekeeping pass's) never run at
-    once, or both would decide from the same pod state and both write (two start Events)."""
+    queue: WorkQueue = field(default_factory=WorkQueue)
+    """Every reason to reconcile a report, by its name (see workqueue): the operator's workers
+    take them one report at a time, so two reconciles of one report never run at once (both
+    would decide from the same pod state and both write: two start Events)."""
 
     rules: AllocationRules = DEFAULT_RULES
     """What counts as handing a pod a GPU (see allocation)."""
@@ -192,17 +189,8 @@ class Reconciler:
         self, body: dict[str, Any], lookup: PodLookup, now: datetime, dra: DraLookup = NO_DRA
     ) -> bool:
         """Bring status and pods in line with one report; True when the report is stale.
-        `dra` tells what the pods' claims got (by default nothing is known of claims)."""
-        with self._lock_of(body["metadata"]["name"]):
-            return self._reconcile(body, lookup, now, dra)
-
-    def _lock_of(self, name: str) -> threading.Lock:
-        with self._due_lock:
-            return self._report_locks.setdefault(name, threading.Lock())
-
-    def _reconcile(
-        self, body: dict[str, Any], lookup: PodLookup, now: datetime, dra: DraLookup
-    ) -> bool:
+        `dra` tells what the pods' claims got (by default nothing is known of claims). One
+        at a time per report: the queue's workers call it (tests, alone)."""
         name = body["metadata"]["name"]
         self.counts.reconciles += 1
         self._echoes.pop(name, None)
@@ -278,32 +266,43 @@ class Reconciler:
                 )
                 written = echo_version(response, body["metadata"].get("generation"))
         self._listing[name] = decision.listing
-        if wake:
-            self._wakeups[name] = min(wake)
-        else:
-            self._wakeups.pop(name, None)
         if written is not None and self.counts.pod_writes_missed == missed:
             self._echoes[name] = written  # a failed pod write is retried on the echo instead
         self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
+        if wake:  # a report that does not change sends no event: judged again then
+            self.queue.add_after(name, (min(wake) - now).total_seconds(), DEADLINE)
+        self.watch_staleness(name, now)
         return stale
 
-    def staleness_flipped(self, now: datetime) -> list[str]:
-        """Reports whose freshness by `now` differs from what their status says: they send no
-        event when their agent stops, so the housekeeping pass reconciles them."""
-        return [
-            name
-            for name, seen in list(self._sightings.items())
-            if is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
-        ]
+    def staleness_flipped(self, name: str, now: datetime) -> bool:
+        """Whether the report's freshness by `now` differs from what its status says."""
+        seen = self._sightings.get(name)
+        if seen is None:
+            return False
+        return is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
+
+    def watch_staleness(self, name: str, now: datetime) -> None:
+        """A fresh report turns stale with no event (a dead agent writes nothing): its name is
+        queued for when it would, with the reason STALENESS (the worker checks that it has,
+        a Lease renewed meanwhile may have kept it fresh, and reconciles only then)."""
+        seen = self._sightings.get(name)
+        if seen is None or seen.stale:
+            return
+        turns = alive_at(seen, self.renewals(name)) + self.stale_after
+        delay = (turns - now).total_seconds() + STALE_MARGIN
+        self.queue.add_after(name, delay, STALENESS)
+
+    def lease_renewed(self, name: str) -> None:
+        """A node's Lease was renewed: a report whose status says stale may be fresh again
+        (its agent back without a report change). Called from the Lease watch's thread."""
+        seen = self._sightings.get(name)
+        if seen is not None and seen.stale:
+            self.mark_due({name})
 
     def known_reports(self) -> set[str]:
         """Every report reconciled since start (what a policy's node rules may concern: a
         policy that comes, changes or goes reaches nodes whose pods carry no mark too)."""
         return set(self._sightings)
-
-    def idle_deadlines_passed(self, now: datetime) -> list[str]:
-        """Reports with a pod whose idle time reached --idle-after since their last reconcile."""
-        return [name for name, due in list(self._wakeups.items()) if due <= now]
 
     def clock_skews(self) -> dict[str, float]:
         """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
@@ -333,43 +332,33 @@ class Reconciler:
         controller is), without waiting for a report event. Called from the pod watch's
         thread."""
         if pod.node:  # judged when taken: our own write's echo may come before we note it
-            with self._due_lock:
-                self._edited[pod.uid] = (pod.resource_version, pod.node)
+            self.queue.add(pod.node, (EDITED, pod.uid, pod.resource_version))
+
+    def only_echoes(self, reasons: Iterable[Hashable]) -> bool:
+        """Whether a report was queued only for pod edits that echo our own writes (judged
+        now, when a worker takes it: the echo may have come before the write's answer)."""
+        listed = list(reasons)
+        edits = [r for r in listed if isinstance(r, tuple) and r[:1] == (EDITED,)]
+        return (
+            bool(edits)
+            and len(edits) == len(listed)
+            and all(self.marker.wrote(uid, version) for _, uid, version in edits)
+        )
 
     def mark_due(self, names: set[str]) -> None:
-        """These reports are to be reconciled by the next housekeeping pass without an event of
-        their own (any thread)."""
-        if names:
-            with self._due_lock:
-                self._due |= names
-
-    def take_due(self) -> set[str]:
-        """The reports due, with the nodes of pods whose marks someone else edited (a change
-        that is not the echo of one of our writes, as noted by the time it is taken)."""
-        with self._due_lock:
-            due, self._due = self._due, set()
-            edited, self._edited = self._edited, {}
-        for uid, (version, node) in edited.items():
-            if not self.marker.wrote(uid, version):
-                due.add(node)
-        return due
+        """These reports are to be reconciled without an event of their own (any thread)."""
+        for name in names:
+            self.queue.add(name, DUE)
 
     def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
         pods lose every mark gpuusage put on them (annotations and condition), at once."""
-        with self._lock_of(node):
-            for table in (
-                self._echoes,
-                self._sightings,
-                self.unattributed,
-                self._listing,
-                self._wakeups,
-            ):
-                table.pop(node, None)
-            for ref in lookup.on_node_with_our_marks(node):
-                self.marker.clear(ref)
-            if self.nodes is not None:
-                self.nodes.forget(node, now)
+        for table in (self._echoes, self._sightings, self.unattributed, self._listing):
+            table.pop(node, None)
+        for ref in lookup.on_node_with_our_marks(node):
+            self.marker.clear(ref)
+        if self.nodes is not None:
+            self.nodes.forget(node, now)
 
     # -- pods ------------------------------------------------------------------------------
     def _settling(self, verdict: Verdict, now: datetime) -> datetime | None:

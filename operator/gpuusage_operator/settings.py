@@ -45,7 +45,7 @@ class OperatorSettings(CommandSettings):
     """Enforced policy actions that change something (all but Notify) that all policies
     together take in any sliding hour; each policy has its own maxActionsPerHour too."""
     resync: float = Field(default=10.0, gt=0)
-    """Seconds between checks of the reports' freshness."""
+    """Seconds between housekeeping passes: an API probe, and marks of nodes without a report."""
     pod_writes_per_second: float = Field(default=DEFAULT_WRITE_RATE, gt=0, le=10000)
     """Pod writes (annotations, condition) a second across the cluster once the burst is
     spent; over it, a pod's writes wait for the next reconcile of its report."""
