@@ -21,6 +21,7 @@ from gpuusage.kube.rest import (
     config_from_kubeconfig,
     in_cluster_config,
 )
+from gpuusage.retry import poll_until
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
 from tests.tcpproxy import tcp_proxy
 
@@ -151,7 +152,14 @@ def test_service_account_token_and_rbac(
             ],
         )
     )
-    assert "items" in rest.get("/api/v1/nodes")
+
+    def listed() -> bool:
+        try:
+            return "items" in rest.get("/api/v1/nodes")
+        except Forbidden:  # the authorizer's cache sees a new binding a moment later
+            return False
+
+    assert poll_until(listed, 15, 0.1), "the binding's right granted"
     token_file.write_text("rotated-garbage")  # the token is re-read on every request
     with pytest.raises(Forbidden, match="401"):
         rest.get("/api/v1/nodes")
