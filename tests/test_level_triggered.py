@@ -27,7 +27,8 @@ def test_hand_edits_of_the_marks_are_put_right_without_a_new_report(
     ns = world["ns"]
     memory = names.ANNOTATION_GPU_MEMORY_MIB
     wait_for(lambda: pod_annotations(world, "train").get(memory) == "30720", what="marked")
-    marked = condition(pod(world, "train"))
+    # The condition is written after the annotations: read it once it is there.
+    marked = wait_for(lambda: condition(pod(world, "train")), what="the condition written")
     assert marked.status == "True"
 
     def settled() -> int | None:
