@@ -143,7 +143,10 @@ class PodWatch(threading.Thread):
         super().__init__(daemon=True)
         self.core = client.CoreV1Api(api)
         self.values: dict[str, str] = {}
-        self.expected: dict[str, tuple[str, float]] = {}  # pod → (value, sent at)
+        # pod → (value, when its PATCH returned; None while the PATCH is still on its way)
+        self.expected: dict[str, tuple[str, float | None]] = {}
+        self.early: dict[str, float] = {}  # pod → when its value arrived before the PATCH returned
+        self.arrived_early = 0
         self.latencies: list[float] = []
         self.lock = threading.Lock()
         self.version: str | None = None
@@ -185,13 +188,29 @@ class PodWatch(threading.Thread):
                 self.values[key] = value
             wanted = self.expected.get(key)
             if wanted is not None and value == wanted[0]:
-                self.latencies.append(now - wanted[1])
                 del self.expected[key]
+                if wanted[1] is None:
+                    self.early[key] = now
+                else:
+                    self.latencies.append(now - wanted[1])
         return str(meta["resourceVersion"])
 
-    def expect(self, pod: str, value: int, sent: float) -> None:
+    def expect(self, pod: str, value: int) -> None:
+        """Registered before the PATCH is sent: the operator can write the pod, and the watch
+        deliver it, before the PATCH call returns here (with the expectation registered only
+        afterwards, such an update was never matched and counted as not applied)."""
         with self.lock:
-            self.expected[pod] = (str(value), sent)
+            self.expected[pod] = (str(value), None)
+
+    def sent(self, pod: str, at: float) -> None:
+        """The PATCH returned at `at`: latency counts from here, as the module says."""
+        with self.lock:
+            arrived = self.early.pop(pod, None)
+            if arrived is not None:
+                self.arrived_early += 1
+                self.latencies.append(max(0.0, arrived - at))
+            elif pod in self.expected:
+                self.expected[pod] = (self.expected[pod][0], at)
 
     def annotated(self) -> int:
         with self.lock:
@@ -252,14 +271,16 @@ def run_rate(
     """Change reports at `rate` per second for `seconds`; latency of each change to its pod."""
     with watcher.lock:
         watcher.latencies.clear()
+        watcher.arrived_early = 0
     sent, late = 0, 0
     start = time.monotonic()
     slots = [(node, slot) for slot in range(world.per_node) for node in world.nodes]
 
     def send(node: str, slot: int) -> None:
         pod, value = world.grow(node, slot)
+        watcher.expect(pod, value)
         world.publish(node)
-        watcher.expect(pod, value, time.monotonic())
+        watcher.sent(pod, time.monotonic())
 
     futures = []
     while time.monotonic() - start < seconds:
@@ -282,7 +303,7 @@ def run_rate(
                 break
         time.sleep(0.2)
     with watcher.lock:
-        lat, missing = list(watcher.latencies), len(watcher.expected)
+        lat, missing, early = list(watcher.latencies), len(watcher.expected), watcher.arrived_early
         watcher.expected.clear()
     return {
         "rate_target": rate,
@@ -290,6 +311,7 @@ def run_rate(
         "updates": sent,
         "applied": len(lat),
         "not_applied_after_60s": missing,
+        "seen_before_the_patch_returned": early,
         "latency_p50_s": round(percentile(lat, 0.50), 3) if lat else None,
         "latency_p99_s": round(percentile(lat, 0.99), 3) if lat else None,
         "latency_max_s": round(max(lat), 3) if lat else None,
@@ -311,8 +333,10 @@ def run_burst(
     def send(node: str) -> None:
         pod, value = world.grow(node, 0)
         expected[pod] = (node, value)
-        watcher.expect(pod, value, time.monotonic())
+        watcher.expect(pod, value)
+        before = time.monotonic()  # here latency counts from the PATCH being sent
         world.publish(node)
+        watcher.sent(pod, before)
 
     start = time.monotonic()
     list(pool.map(send, nodes))
