@@ -172,6 +172,65 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
     assert "GPUPolicyCancelled" not in events(world, "sneaky")
 
 
+def _notes(world: dict[str, Any], name: str, reason: str) -> list[str]:
+    listed = client.EventsV1Api(world["api"]).list_namespaced_event(world["ns"])
+    return [
+        str(e.note)
+        for e in listed.items
+        if e.regarding and e.regarding.name == name and e.reason == reason
+    ]
+
+
+def test_a_tenant_annotating_their_pod_exempt_escapes_no_policy_that_ignores_it(
+    make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
+) -> None:
+    """The sneaky pod's owner wrote gpuusage.io/exempt on it; a policy with podOptOut: Ignored
+    announces and acts all the same, and does not tell the owner to annotate the pod. The
+    namespace's opt-out still counts: it calls off what was announced."""
+    exempt = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
+    world = make_world(
+        {"train": 1, "notebook": 1, "lab": 1, "sneaky": 0},
+        idle_after=1.5,
+        agent_extras={"idle_window": 0.5},
+        operator_extras={"policy_notice": 2.0},
+        pod_extras={"sneaky": exempt},
+    )
+    _scenario(world, notebook_sm=60)
+    name = f"misuse-{world['ns']}"
+    policy(
+        name,
+        {
+            "namespaceSelector": in_namespace(world["ns"]),
+            "podOptOut": "Ignored",
+            "rules": [
+                {
+                    "finding": "UsingUnrequestedGPU",
+                    "after": "1s",
+                    "action": "Notify",
+                    "mode": "Enforce",
+                },
+                {"finding": "HoldingIdleGPU", "after": "1h", "action": "ScaleToZero"},
+            ],
+        },
+    )
+    announced = wait_for(lambda: _announcement(world, "sneaky"), what="the exempt pod announced")
+    assert (announced["policy"], announced["finding"]) == (name, "UsingUnrequestedGPU")
+    wait_for(lambda: "GPUPolicyNotice" in events(world, "sneaky"), timeout=60, what="notice")
+    warning = wait_for(lambda: _notes(world, "sneaky", "GPUPolicyPending"), what="the warning")
+    assert "annotate the pod" not in warning[0], warning
+    assert "only its namespace's opts out" in warning[0], warning
+    assert pod_annotations(world, "sneaky")[names.ANNOTATION_EXEMPT] == "true"
+
+    # The idle lab pod is announced (due in an hour); its namespace opts out: called off.
+    wait_for(lambda: _announcement(world, "lab"), what="the idle pod announced")
+    world["core"].patch_namespace(world["ns"], {"metadata": {"annotations": exempt["annotations"]}})
+    wait_for(lambda: _announcement(world, "lab") is None, what="the announcement called off")
+    cancelled = wait_for(
+        lambda: _notes(world, "lab", "GPUPolicyCancelled"), what="the cancellation Event"
+    )
+    assert "opted out" in cancelled[0], cancelled
+
+
 def test_enforced_actions_stop_at_the_policys_rate_limit(
     make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
 ) -> None:
@@ -283,7 +342,8 @@ def test_orphaned_memory_is_recorded_in_a_dry_run_then_marks_the_node_when_enfor
     kept = {t.key for t in found.spec.taints}
     assert other["key"] in kept
     assert names.NODE_CONDITION_ORPHANED not in kept
-    assert "Cleared" in outcomes()
+    # The policy's status is written after the Node's marks: read it once it is there.
+    wait_for(lambda: "Cleared" in outcomes(), what="the Cleared decision in the policy's status")
 
 
 def test_kubectl_get_shows_a_policys_mode_and_rules_before_it_decides_anything(

@@ -119,6 +119,7 @@ def _twice() -> dict[str, Any]:
         ({"podSelector": {}}, ("a policy needs at least one rule",)),
         (_twice(), ("rules: at most one rule per finding",)),
         (_selector_without_values(), ("values: required for In and NotIn",)),
+        ({**EXAMPLE, "podOptOut": "Never"}, ("spec.podOptOut", "Unsupported value")),
     ],
     ids=[
         "unknown finding",
@@ -129,6 +130,7 @@ def _twice() -> dict[str, Any]:
         "no rule",
         "two rules for one finding",
         "selector without values",
+        "unknown pod opt-out",
     ],
 )
 def test_a_policy_that_could_never_work_is_refused_naming_the_field(

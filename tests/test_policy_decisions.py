@@ -11,7 +11,7 @@ from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
 from gpuusage_operator.policydecide import Observation, Step, next_step, observe
 from gpuusage_operator.policylimit import WINDOW, next_allowed, recent
-from gpuusage_operator.policyselect import covers, exempt, selects
+from gpuusage_operator.policyselect import covers, exempt, opt_out_hint, opted_out, selects
 from gpuusage_operator.policywatch import NamespaceState, PolicyState
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -79,6 +79,33 @@ def test_a_policy_covers_pods_its_two_selectors_pick_and_exemption_is_an_annotat
     assert exempt({"gpuusage.io/exempt": "true"})
     assert not exempt({"gpuusage.io/exempt": "false"})
     assert not exempt(None)
+
+
+@pytest.mark.parametrize(
+    ("pod_opt_out", "pod_exempt", "namespace_exempt", "expected"),
+    [
+        ("Allowed", False, False, False),
+        ("Allowed", True, False, True),
+        ("Allowed", False, True, True),
+        ("Ignored", True, False, False),
+        ("Ignored", False, True, True),
+        ("Ignored", True, True, True),
+    ],
+)
+def test_a_pods_own_opt_out_counts_only_where_the_policy_allows_it(
+    pod_opt_out: str, pod_exempt: bool, namespace_exempt: bool, expected: bool
+) -> None:
+    spec = GpuUsagePolicySpec.model_validate({"podOptOut": pod_opt_out})
+    annotations = {"gpuusage.io/exempt": "true"} if pod_exempt else {}
+    assert opted_out(spec, annotations, namespace_exempt) is expected
+    told = opt_out_hint(spec)
+    assert ("annotate the pod" in told) is (pod_opt_out == "Allowed")
+
+
+def test_pods_may_opt_out_unless_the_policy_says_otherwise() -> None:
+    assert GpuUsagePolicySpec.model_validate({}).pod_opt_out == "Allowed"
+    with pytest.raises(ValueError, match="podOptOut"):
+        GpuUsagePolicySpec.model_validate({"podOptOut": "Never"})
 
 
 def _step(

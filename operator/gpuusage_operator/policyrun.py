@@ -31,7 +31,7 @@ from gpuusage_operator.podstate import PodEvent
 from gpuusage_operator.policyact import Actor, Result
 from gpuusage_operator.policydecide import Step, next_step, observe
 from gpuusage_operator.policylimit import CLUSTER_ACTIONS_PER_HOUR, next_allowed, recent
-from gpuusage_operator.policyselect import exempt
+from gpuusage_operator.policyselect import opt_out_hint, opted_out
 from gpuusage_operator.policywatch import PolicyWatch
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,6 @@ WHAT = {
 }
 RETRY = timedelta(minutes=1)
 """How long after an action refused for now (a PodDisruptionBudget) it is tried again."""
-OPT_OUT = f"annotate the pod or its namespace {names.ANNOTATION_EXEMPT}=true to opt out"
 
 
 class Subject(Protocol):
@@ -124,19 +123,27 @@ class PolicyRunner:
             policy.spec.rules,
             observe(condition, held_idle_since),
             shown,
-            exempt=exempt(ours) or namespace_exempt,
+            exempt=opted_out(policy.spec, ours, namespace_exempt),
             now=now,
             notice=self.notice,
         )
-        left = self._take(pod, step, shown, True, now)
+        left = self._take(pod, step, shown, True, now, hint=opt_out_hint(policy.spec))
         if left is None or left.recorded:
             return None
         return left.due  # looked at again when due, though no report changes
 
     def _take(
-        self, pod: PodSnapshot, step: Step, shown: Announcement | None, known: bool, now: datetime
+        self,
+        pod: PodSnapshot,
+        step: Step,
+        shown: Announcement | None,
+        known: bool,
+        now: datetime,
+        *,
+        hint: str = "",
     ) -> Announcement | None:
-        """Carry out the step; the announcement the pod carries afterwards."""
+        """Carry out the step; the announcement the pod carries afterwards (`hint`: how the
+        owner may opt out, told with an announcement)."""
         subject = step.announcement or shown
         if step.kind in ("Wait", "Hold", "Nothing") or subject is None:
             return step.announcement
@@ -146,9 +153,10 @@ class PolicyRunner:
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: None})
             if subject.recorded and subject.mode == "Enforce":
                 return None  # taken (or given up) already: nothing is called off
-            why = {"FindingCleared": "the finding cleared", "Exempt": "the pod is exempt"}.get(
-                step.why, "the policy no longer covers the pod"
-            )
+            why = {
+                "FindingCleared": "the finding cleared",
+                "Exempt": "the pod or its namespace opted out",
+            }.get(step.why, "the policy no longer covers the pod")
             note = f"{head}: will not {what}: {why}"
             self.record(pod, PodEvent("GPUPolicyCancelled", note), note, now)
             if known:
@@ -159,7 +167,7 @@ class PolicyRunner:
         if step.kind == "Announce":
             note = (
                 f"{head} since {format_time(announced.since)}: will {what} at "
-                f"{format_time(announced.due)} ({announced.mode}); {OPT_OUT}"
+                f"{format_time(announced.due)} ({announced.mode}); {hint}"
             )
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
             self.record(pod, PodEvent("GPUPolicyPending", note, "Warning"), note, now)

@@ -33,6 +33,7 @@ PodAction = Literal["Notify", "ScaleToZero", "Suspend", "DeletePod", "Evict"]
 NodeFinding = Literal["OrphanedGPUMemory"]
 NodeAction = Literal["Notify", "Taint"]
 Mode = Literal["DryRun", "Enforce"]
+PodOptOut = Literal["Allowed", "Ignored"]
 
 DURATION_PATTERN = r"^([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,6}s)?$"
 _DURATION = re.compile(r"^(?:(\d{1,6})h)?(?:(\d{1,6})m)?(?:(\d{1,6})s)?$")
@@ -162,6 +163,11 @@ class GpuUsagePolicySpec(ApiModel):
     """Enforced actions that change something (all but Notify) this policy takes in any
     sliding hour; beyond it an action waits (outcome RateLimited). The operator's
     --policy-cluster-actions-per-hour caps all policies together."""
+    pod_opt_out: PodOptOut = "Allowed"
+    """Whether a pod's own gpuusage.io/exempt annotation takes it out of this policy (Allowed)
+    or counts for nothing (Ignored). Whoever may edit a pod may write the annotation, so a
+    policy against misuse that a tenant must not escape says Ignored; a namespace's annotation
+    (which tenants seldom may write) counts either way."""
 
 
 class Target(ApiModel):
