@@ -21,6 +21,7 @@ POLICIES = (  # announced, recorded as a dry run, enforced; the policies' table
     "reclaim-idle   DryRun",
     "stop-misuse    Enforce",
     "research/lab: Running, left alone",
+    "(Enforce); this policy ignores a pod's own gpuusage.io/exempt",  # the misuse policy's
 )
 
 

@@ -32,9 +32,9 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 120.0) 
 NOTICE = 5.0
 """Seconds between a policy's announcement and its action in the demo (--policy-notice)."""
 POLICIES = (
-    # name, namespace, finding, action, mode
-    ("reclaim-idle", "research", "HoldingIdleGPU", "DeletePod", "DryRun"),
-    ("stop-misuse", "ml-team", "UsingUnallocatedGPU", "Evict", "Enforce"),
+    # name, namespace, finding, action, mode, podOptOut (misuse: the owner may not opt out)
+    ("reclaim-idle", "research", "HoldingIdleGPU", "DeletePod", "DryRun", "Allowed"),
+    ("stop-misuse", "ml-team", "UsingUnallocatedGPU", "Evict", "Enforce", "Ignored"),
 )
 
 
@@ -49,17 +49,18 @@ def show_policies(
         "ml-team, enforced (evict)"
     )
     custom = client.CustomObjectsApi(api)
-    for name, namespace, finding, action, mode in POLICIES:
+    for name, namespace, finding, action, mode, opt_out in POLICIES:
         selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
         rule = {"finding": finding, "after": "1s", "action": action, "mode": mode}
         body = {
             "apiVersion": names.API_VERSION,
             "kind": names.POLICY_KIND,
             "metadata": {"name": name},
-            "spec": {"namespaceSelector": selector, "rules": [rule]},
+            "spec": {"namespaceSelector": selector, "podOptOut": opt_out, "rules": [rule]},
         }
         custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.POLICY_PLURAL, body)
-        print(f"    {name}: {namespace}, {finding} -> {action} ({mode})")
+        owners = "" if opt_out == "Allowed" else "; a pod's own opt-out ignored"
+        print(f"    {name}: {namespace}, {finding} -> {action} ({mode}{owners})")
 
     def announced(namespace: str, name: str) -> bool:
         meta: Any = core.read_namespaced_pod(name, namespace).metadata
