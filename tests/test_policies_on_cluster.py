@@ -54,6 +54,23 @@ def _scenario(world: dict[str, Any], notebook_sm: int) -> None:
     )
 
 
+EXEMPT = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
+
+
+def _world(make_world: WorldFactory, exempt_pod: str, notebook_sm: int) -> dict[str, Any]:
+    """The four pods of `_scenario` on it, one of them annotated exempt by its owner; short
+    idle and notice times so that policies decide within a test."""
+    world = make_world(
+        {"train": 1, "notebook": 1, "lab": 1, "sneaky": 0},
+        idle_after=1.5,
+        agent_extras={"idle_window": 0.5},
+        operator_extras={"policy_notice": 2.0},
+        pod_extras={exempt_pod: EXEMPT},
+    )
+    _scenario(world, notebook_sm=notebook_sm)
+    return world
+
+
 @pytest.fixture
 def policy(api: client.ApiClient) -> Iterator[PolicyMaker]:
     """Creates policies (deleted afterwards: other tests' operators would apply them)."""
@@ -85,15 +102,7 @@ def _status(api: client.ApiClient, name: str) -> dict[str, Any]:
 def test_a_dry_run_announces_records_once_and_does_nothing(
     make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
 ) -> None:
-    exempt = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
-    world = make_world(
-        {"train": 1, "notebook": 1, "lab": 1, "sneaky": 0},
-        idle_after=1.5,
-        agent_extras={"idle_window": 0.5},
-        operator_extras={"policy_notice": 2.0},
-        pod_extras={"lab": exempt},
-    )
-    _scenario(world, notebook_sm=0)
+    world = _world(make_world, exempt_pod="lab", notebook_sm=0)
     name = f"reclaim-{world['ns']}"
     policy(
         name,
@@ -187,15 +196,7 @@ def test_a_tenant_annotating_their_pod_exempt_escapes_no_policy_that_ignores_it(
     """The sneaky pod's owner wrote gpuusage.io/exempt on it; a policy with podOptOut: Ignored
     announces and acts all the same, and does not tell the owner to annotate the pod. The
     namespace's opt-out still counts: it calls off what was announced."""
-    exempt = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
-    world = make_world(
-        {"train": 1, "notebook": 1, "lab": 1, "sneaky": 0},
-        idle_after=1.5,
-        agent_extras={"idle_window": 0.5},
-        operator_extras={"policy_notice": 2.0},
-        pod_extras={"sneaky": exempt},
-    )
-    _scenario(world, notebook_sm=60)
+    world = _world(make_world, exempt_pod="sneaky", notebook_sm=60)
     name = f"misuse-{world['ns']}"
     policy(
         name,
@@ -223,7 +224,7 @@ def test_a_tenant_annotating_their_pod_exempt_escapes_no_policy_that_ignores_it(
 
     # The idle lab pod is announced (due in an hour); its namespace opts out: called off.
     wait_for(lambda: _announcement(world, "lab"), what="the idle pod announced")
-    world["core"].patch_namespace(world["ns"], {"metadata": {"annotations": exempt["annotations"]}})
+    world["core"].patch_namespace(world["ns"], {"metadata": EXEMPT})
     wait_for(lambda: _announcement(world, "lab") is None, what="the announcement called off")
     cancelled = wait_for(
         lambda: _notes(world, "lab", "GPUPolicyCancelled"), what="the cancellation Event"
