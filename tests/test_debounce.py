@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -49,7 +51,16 @@ def test_a_report_rewritten_twenty_times_a_second_is_reconciled_about_once_a_sec
     world["agent"].halt()  # from here on the test writes the report, as a runaway agent would
     custom = client.CustomObjectsApi(world["api"])
     spec = report(world)["spec"]
-    before = reconciler.counts.reconciles
+    # Count this report's reconciles only: the operator also reconciles the reports other
+    # tests left in the cluster (each turning stale in its time).
+    counted: Counter[str] = Counter()
+    reconcile = reconciler.reconcile
+
+    def counting(body: dict[str, Any], *args: Any) -> bool:
+        counted[body["metadata"]["name"]] += 1
+        return bool(reconcile(body, *args))
+
+    reconciler.reconcile = counting
     started = time.monotonic()
     last = 0
     for n in range(100):
@@ -67,8 +78,9 @@ def test_a_report_rewritten_twenty_times_a_second_is_reconciled_about_once_a_sec
         timeout=15,
         what="the latest version reconciled",
     )
-    reconciles = reconciler.counts.reconciles - before
-    print(f"100 rewrites in {elapsed:.1f} s: {reconciles} reconciles")
+    reconciles = counted[world["node"]]
+    others = sum(counted.values()) - reconciles
+    print(f"100 rewrites in {elapsed:.1f} s: {reconciles} reconciles (other reports: {others})")
     assert reconciles <= elapsed + 4, f"{reconciles} reconciles in {elapsed:.1f} s"
 
 
