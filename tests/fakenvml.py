@@ -11,19 +11,40 @@ R550); `v3_grown=True` is the 535.43-535.86 driver whose _v3 symbol writes the g
 struct into the caller's array of 24-byte ones. A process with `listed=False` holds memory the
 driver counts but lists in no process list (a pid the driver cannot map into the caller's pid
 namespace, a hidden runtime).
+
+The machines behave as the real driver was measured to (gpusource.drivermodel): each CUDA
+context costs the driver bookkeeping memory no process is charged with; per-process utilization
+is a sampler on the machine's clock (`tick` moves it on), one process per sample, about 5 a
+second, 72 kept (the first read finds the ring full of the processes' current work), a read
+returning each process's latest sample; MPS clients' work is sampled under the server's pid;
+with `own_pid_namespace=True` the caller is outside the host's pid namespace and, as the open
+kernel module does, every list and sample leaves out the pids it cannot map (all of them);
+with `costs=True` each call takes as long as it took on the real driver.
 """
 
 from __future__ import annotations
 
 import ctypes
 import struct
+import time
 import uuid as uuidlib
 from ctypes import Array
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pynvml
 import pytest
+
+from gpuusage_nodeagent.driverfacts import call_cost_ms
+from gpuusage_nodeagent.gpusource.drivermodel import (
+    MPS_SERVER,
+    Sampler,
+    Work,
+    bookkeeping_mib,
+    under_mps_server,
+    work_of,
+)
 
 MIB = 1024 * 1024
 NO_MIG = 0xFFFFFFFF
@@ -45,8 +66,10 @@ class FakeProcess:
     mem: int | None = None
     enc: int = 0
     dec: int = 0
-    earlier_sm: tuple[int, ...] = ()
-    """SM samples the driver kept before the latest one (`sm`) since the last query."""
+    """What a sample of it shows; any above 0: busy (see drivermodel), sampled when its turn
+    comes; all 0 or None: it has no work and is never sampled."""
+    duty: float | None = None
+    """Share of the time it has work, when busy (None: all the time)."""
     listed: bool = True
     """False: its memory is counted on the device, but no process list shows it."""
 
@@ -81,6 +104,22 @@ class FakeGpu:
     util_supported: bool = True
     minor: int | None = None
     """The device node's minor number; None: its index."""
+    sampler: Sampler | None = None
+    """Its utilization sampler, made at the first query."""
+
+    def work(self) -> dict[int, Work]:
+        """What the sampler sees its processes do (an MPS client's work under the server)."""
+        work = {}
+        for p in self.processes:
+            w = work_of(p.sm, p.mem, p.enc, p.dec)
+            work[p.pid] = w if p.duty is None or not w.duty else Work(p.duty, *_engines(w))
+        clients = [p.pid for p in self.processes if "mps" in p.kinds]
+        server = next((p.pid for p in self.processes if p.name == MPS_SERVER.encode()), None)
+        return under_mps_server(work, clients, server)
+
+
+def _engines(work: Work) -> tuple[int, int, int, int]:
+    return work.sm, work.mem, work.enc, work.dec
 
 
 def gpu_uuid(seed: int) -> str:
@@ -115,6 +154,9 @@ class FakeMachine:
         detail_missing: bool = False,
         v3_grown: bool = False,
         memory_v2_missing: bool = False,
+        bookkeeping: bool = True,
+        own_pid_namespace: bool = False,
+        costs: bool = False,
     ) -> None:
         self.gpus = gpus
         self.driver = driver
@@ -124,8 +166,44 @@ class FakeMachine:
         self.detail_missing = detail_missing
         self.v3_grown = v3_grown
         self.memory_v2_missing = memory_v2_missing
+        self.bookkeeping = bookkeeping
+        self.own_pid_namespace = own_pid_namespace
+        self.costs = costs
         self.calls: list[str] = []
         self.initialised = False
+        self.clock_us = 1_700_000_000_000_000
+        """The driver's clock (µs), moved on by tick."""
+
+    def now(self) -> datetime:
+        """The driver's clock as a datetime (a source's clock on this machine)."""
+        return datetime.fromtimestamp(self.clock_us / 1_000_000, UTC)
+
+    def tick(self, seconds: float) -> None:
+        """Let `seconds` pass: every GPU's sampler samples its processes' current work."""
+        self._advance()
+        self.clock_us += int(seconds * 1_000_000)
+        self._advance()
+
+    def _advance(self) -> None:
+        for gpu in self.gpus:
+            if gpu.mig is None and gpu.util_supported:
+                if gpu.sampler is None:
+                    gpu.sampler = Sampler(gpu.uuid, history=True)
+                gpu.sampler.advance(self.clock_us, gpu.work())
+
+    def charge(self, call: str, handle: Handle | None = None) -> None:
+        """With `costs`: spend what the call cost on the real driver."""
+        if not self.costs:
+            return
+        processes = 0
+        if handle is not None:
+            gpu = self._gpu(handle)
+            processes = (
+                len(gpu.processes) if handle.mig is None else len(self._mig(handle).processes)
+            )
+        end = time.perf_counter() + call_cost_ms(call, processes) / 1000
+        while time.perf_counter() < end:
+            pass
 
     # -- lookup helpers --------------------------------------------------------------------
     def _gpu(self, handle: Handle) -> FakeGpu:
@@ -144,11 +222,14 @@ class FakeMachine:
         if gpu.process_error is not None:
             raise _err(gpu.process_error)
         procs = self._mig(handle).processes if handle.mig is not None else gpu.processes
+        if self.own_pid_namespace:
+            return []  # the open kernel module: no host pid maps into the caller's namespace
         return [p for p in procs if kind in p.kinds and p.listed]
 
     # -- the emulated C symbols ------------------------------------------------------------
     def _c_process_fn(self, kind: str, grown: bool = False) -> Any:
         def fn(handle: Handle, count_ref: Any, array: Array[Any] | None) -> int:
+            self.charge("process_list", handle)
             try:
                 procs = self._procs(handle, kind)
             except pynvml.NVMLError as exc:
@@ -173,6 +254,7 @@ class FakeMachine:
         """nvmlDeviceGetRunningProcessDetailList: a versioned list struct pointing at the
         caller's array."""
         listing = listing_ref._obj
+        self.charge("process_list", handle)
         if listing.version != pynvml.nvmlProcessDetailList_v1:
             return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         kind = {0: "compute", 1: "graphics", 2: "mps"}[int(listing.mode)]
@@ -210,16 +292,15 @@ class FakeMachine:
         self, handle: Handle, array: Array[Any] | None, count_ref: Any, since: Any
     ) -> int:
         self.calls.append(f"utilization:{handle}")
+        self.charge("nvmlDeviceGetProcessUtilization", handle)
         gpu = self._gpu(handle)
         if handle.mig is not None or not gpu.util_supported:
             return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        stamp = int(getattr(since, "value", since)) + 1_000_000
-        samples = [
-            (p.pid, stamp - len(p.earlier_sm) + n, sm, p.mem or 0, p.enc, p.dec)
-            for p in gpu.processes
-            if p.sm is not None
-            for n, sm in enumerate((*p.earlier_sm, p.sm))
-        ]
+        self._advance()
+        assert gpu.sampler is not None
+        samples = gpu.sampler.read(int(getattr(since, "value", since)))
+        if self.own_pid_namespace:
+            samples = []
         if not samples:
             return int(pynvml.NVML_ERROR_NOT_FOUND)
         count = count_ref._obj
@@ -266,6 +347,7 @@ class FakeMachine:
             return Handle(index)
 
         def uuid(handle: Handle) -> str:
+            self.charge("nvmlDeviceGetUUID")
             if handle.mig is not None:
                 return self._mig(handle).uuid
             gpu = self._gpu(handle)
@@ -276,17 +358,22 @@ class FakeMachine:
         def name(handle: Handle) -> str:
             return self._mig(handle).name if handle.mig is not None else self._gpu(handle).name
 
+        def kept(processes: list[FakeProcess]) -> int:
+            """What the driver keeps for their contexts (see drivermodel)."""
+            return bookkeeping_mib(len(processes)) if self.bookkeeping else 0
+
         def memory(handle: Handle, version: int | None = None) -> Any:
             self.calls.append(f"memory:{handle}")
+            self.charge("nvmlDeviceGetMemoryInfo")
             if handle.mig is not None:
                 mig = self._mig(handle)
                 reserved = mig.reserved_mib
-                used = reserved + sum(p.used_mib or 0 for p in mig.processes)
+                used = reserved + sum(p.used_mib or 0 for p in mig.processes) + kept(mig.processes)
                 total = mig.total_mib
             else:
                 gpu = self._gpu(handle)
                 reserved = gpu.reserved_mib
-                used = reserved + sum(p.used_mib or 0 for p in gpu.processes)
+                used = reserved + sum(p.used_mib or 0 for p in gpu.processes) + kept(gpu.processes)
                 used = used if gpu.used_mib is None else gpu.used_mib
                 total = gpu.total_mib
             if not version:
@@ -316,6 +403,8 @@ class FakeMachine:
             return info
 
         def mig_mode(handle: Handle) -> list[int]:
+            self.calls.append(f"migmode:{handle}")
+            self.charge("nvmlDeviceGetMigMode")
             gpu = self._gpu(handle)
             if gpu.mig is None:
                 raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)

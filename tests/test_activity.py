@@ -6,12 +6,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from gpuusage_nodeagent.activity import ActivityTracker
+from gpuusage_nodeagent.activity import (
+    ACTIVE,
+    ActivityTracker,
+    Verdict,
+    samples_needed,
+    seconds_needed,
+)
 from gpuusage_nodeagent.change import meaningful_change
 from gpuusage_nodeagent.gpusource.fake import FakeSource
-from gpuusage_nodeagent.main import NodeReader
+from gpuusage_nodeagent.gpusource.sampling import SampleBatch
+from gpuusage_nodeagent.main import NodeReader, wait_polling
 from gpuusage_nodeagent.resolver import Resolver
 from tests.fakenvml import gpu_uuid, mig_uuid
 
@@ -24,33 +32,107 @@ def _at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
+def _batch(seconds: float, span: float, busy: tuple[int, ...] = (), others: int = 0) -> SampleBatch:
+    """A read of the sampler at `seconds` covering `span` seconds, showing `busy` at work and
+    `others` more pids sampled."""
+    sampled = frozenset(busy) | frozenset(range(1000, 1000 + others))
+    return SampleBatch(_at(seconds), span, frozenset(busy), sampled)
+
+
+def _verdict(
+    tracker: ActivityTracker,
+    at: float,
+    active: bool | None,
+    *,
+    busy: tuple[int, ...] = (),
+    span: float = 10,
+    listed: int = 1,
+) -> Verdict:
+    """The tracker's verdict on pid 42 after one read at `at`, with `listed` processes on the
+    device (42 and others never seen at work)."""
+    processes = [(42, active), *((900 + n, False) for n in range(listed - 1))]
+    return tracker.device(KEY[0], processes, [_batch(at, span, busy)], _at(at))[42]
+
+
 def test_idle_once_quiet_for_the_whole_window_since_the_quiet_began() -> None:
     tracker = ActivityTracker(WINDOW)
-    assert tracker.idle_since(KEY, True, _at(0)) is None
-    assert tracker.idle_since(KEY, False, _at(10)) is None
-    assert tracker.idle_since(KEY, False, _at(309)) is None, "not yet the whole window"
-    assert tracker.idle_since(KEY, False, _at(310)) == _at(10)
-    assert tracker.idle_since(KEY, False, _at(900)) == _at(10), "the same time, cycle after cycle"
-    assert tracker.idle_since(KEY, True, _at(910)) is None, "active again at once"
-    assert tracker.idle_since(KEY, False, _at(920)) is None, "the quiet starts over"
-    assert tracker.idle_since(KEY, False, _at(1220)) == _at(920)
+    assert _verdict(tracker, 0, True, busy=(42,)) == ACTIVE
+    assert _verdict(tracker, 10, False) == ACTIVE
+    assert _verdict(tracker, 309, False) == ACTIVE, "not yet the whole window"
+    assert _verdict(tracker, 310, False) == Verdict(idle_since=_at(10))
+    assert _verdict(tracker, 900, False).idle_since == _at(10), "the same, cycle after cycle"
+    assert _verdict(tracker, 910, True, busy=(42,)) == ACTIVE, "active again at once"
+    assert _verdict(tracker, 920, False) == ACTIVE, "the quiet starts over"
+    assert _verdict(tracker, 1220, False).idle_since == _at(920)
 
 
 def test_unknown_is_never_idle_and_starts_the_quiet_over() -> None:
     tracker = ActivityTracker(WINDOW)
-    tracker.idle_since(KEY, False, _at(0))
-    assert tracker.idle_since(KEY, None, _at(400)) is None
-    assert tracker.idle_since(KEY, False, _at(410)) is None
-    assert tracker.idle_since(KEY, False, _at(710)) == _at(410)
+    _verdict(tracker, 0, False)
+    assert _verdict(tracker, 400, None) == ACTIVE
+    assert _verdict(tracker, 410, False) == ACTIVE
+    assert _verdict(tracker, 710, False).idle_since == _at(410)
     for later in range(0, 3600, 60):
-        assert tracker.idle_since((mig_uuid(0), 7), None, _at(later)) is None
+        verdicts = tracker.device(mig_uuid(0), [(7, None)], [], _at(later))
+        assert verdicts[7] == ACTIVE
 
 
 def test_a_process_gone_is_forgotten() -> None:
     tracker = ActivityTracker(WINDOW)
-    tracker.idle_since(KEY, False, _at(0))
+    _verdict(tracker, 0, False)
     tracker.forget_except([])
-    assert tracker.idle_since(KEY, False, _at(400)) is None, "a new process under an old pid"
+    assert _verdict(tracker, 400, False) == ACTIVE, "a new process under an old pid"
+
+
+def test_samples_needed_grow_with_the_processes_sharing_the_sampler() -> None:
+    """(1 - 1/N)^S below one in a million: a lone process needs one sample, two need 20,
+    32 need 436, 64 need 878; at the counted rate of 4 a second, 64 need 220 s."""
+    assert [samples_needed(n) for n in (1, 2, 8, 32, 64)] == [1, 20, 104, 436, 878]
+    assert seconds_needed(64) == pytest.approx(219.5)
+    assert samples_needed(32, doubt=1e-3) < samples_needed(32)
+
+
+def test_a_quiet_process_among_many_is_unsure_until_the_samples_vouch_for_it() -> None:
+    """32 processes on the device: 4 s of reads say little about one the sampler has not
+    named; quiet for the window it is unsure (activity not known), and idle only once the
+    reads since its quiet began make a busy process's miss less likely than one in a million
+    (436 samples: 109 s at 4 a second)."""
+    tracker = ActivityTracker(timedelta(seconds=4))
+    _verdict(tracker, 0, False, listed=32, span=1)
+    t, verdicts = 0, []
+    while t < 130:
+        t += 1
+        verdicts.append((t, _verdict(tracker, t, False, listed=32, span=1)))
+    unsure = [t for t, v in verdicts if v.unsure]
+    idle = [t for t, v in verdicts if v.idle_since is not None]
+    assert unsure[0] == 4, "quiet for the window, the samples not enough: not known"
+    assert idle[0] == unsure[-1] + 1
+    assert idle[0] == 109, "idle once 436 samples passed since its quiet began"
+    assert all(v.idle_since == _at(0) for _, v in verdicts if v.idle_since)
+
+
+def test_a_read_later_than_the_ring_lasts_tells_nothing() -> None:
+    """The driver keeps 72 samples: a read 20 s after the last may have lost the ones that
+    named the process, so its quiet starts over at that read."""
+    tracker = ActivityTracker(timedelta(seconds=30))
+    _verdict(tracker, 0, False, listed=2, span=5)
+    assert _verdict(tracker, 40, False, listed=2, span=5).idle_since == _at(0)
+    assert _verdict(tracker, 60, False, listed=2, span=20) == ACTIVE, "the ring ran over"
+    assert _verdict(tracker, 85, False, listed=2, span=5) == ACTIVE
+    assert _verdict(tracker, 95, False, listed=2, span=10).idle_since == _at(60)
+
+
+def test_a_read_that_sampled_nothing_vouches_for_every_quiet_process() -> None:
+    """Had a listed process been at work, the sampler would have named someone; a read with
+    no sample at all over a span of samples is what an idle device looks like."""
+    tracker = ActivityTracker(timedelta(seconds=10))
+    device = gpu_uuid(0)
+    processes = [(pid, False) for pid in range(1, 9)]
+    tracker.device(device, processes, [_batch(0, 1)], _at(0))
+    verdicts = tracker.device(device, processes, [_batch(t, 1) for t in range(1, 11)], _at(10))
+    assert not any(v.idle_since for v in verdicts.values()), "(7/8)^40 is not enough"
+    verdicts = tracker.device(device, processes, [_batch(t, 1) for t in range(11, 30)], _at(29))
+    assert all(v.idle_since == _at(0) for v in verdicts.values())
 
 
 def _scenario(path: Path, sm: dict[int, int | None]) -> None:
@@ -73,7 +155,7 @@ def test_only_the_transitions_change_the_report(tmp_path: Path) -> None:
     now = [T0]
     reader = NodeReader(
         "n1",
-        FakeSource(path),
+        FakeSource(path, clock=lambda: now[0]),
         Resolver(tmp_path),
         clock=lambda: now[0],
         activity=ActivityTracker(WINDOW),
@@ -99,3 +181,33 @@ def test_only_the_transitions_change_the_report(tmp_path: Path) -> None:
     again = cycle(900, {5: 3, 6: 31, 7: None})
     assert meaningful_change(last, again.fingerprint(), 64), "active again: one change"
     assert all(p.idle_since is None for p in again.spec().gpus[0].processes)
+
+
+def test_between_cycles_the_samplers_are_read_often_enough_for_the_ring(tmp_path: Path) -> None:
+    """With --interval 60 the agent reads the samplers every 5 s between cycles (the driver's
+    72 samples last about 14 s), and not once more after the cycle is due."""
+    clock = [100.0]
+    polls: list[float] = []
+
+    class Stop:  # a threading.Event on the test's clock
+        def is_set(self) -> bool:
+            return False
+
+        def wait(self, seconds: float) -> bool:
+            clock[0] += seconds
+            return False
+
+    class Source:
+        def read(self) -> Any:
+            raise AssertionError("a wait reads no GPU")
+
+        def poll(self) -> None:
+            polls.append(clock[0])
+
+        def close(self) -> None:
+            """Nothing to release."""
+
+    reader = NodeReader("n1", Source(), Resolver(tmp_path))
+    wait_polling(reader, Stop(), 160.0, monotonic=lambda: clock[0])  # type: ignore[arg-type]
+    assert polls == [105.0 + 5 * n for n in range(11)]
+    assert clock[0] == 160.0

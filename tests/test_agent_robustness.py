@@ -141,6 +141,9 @@ def test_an_unexpected_failure_costs_a_cycle_not_the_agent(tmp_path: Path) -> No
                 raise RuntimeError("a bug in a source")
             return Reading(SOURCE, [])
 
+        def poll(self) -> None:
+            """No sampler."""
+
         def close(self) -> None:
             """Nothing to release."""
 

@@ -127,12 +127,18 @@ def test_a_cycle_that_fails_renews_nothing(tmp_path: Path) -> None:
         def read(self) -> Reading:
             raise RuntimeError("a bug in a source")
 
+        def poll(self) -> None:
+            """No sampler."""
+
         def close(self) -> None:
             """Nothing to release."""
 
     class Working:
         def read(self) -> Reading:
             return Reading(SOURCE, [])
+
+        def poll(self) -> None:
+            """No sampler."""
 
         def close(self) -> None:
             """Nothing to release."""

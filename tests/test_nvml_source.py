@@ -8,6 +8,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from gpuusage_nodeagent.gpusource.drivermodel import bookkeeping_mib
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource, cuda_version
 from tests.fakenvml import (
     FakeGpu,
@@ -49,7 +50,9 @@ def test_full_dgx_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     assert proc.name == "python3.11"
     assert proc.used_memory_mib == 2048 + 10_000 % 7 * 512
     assert proc.types == ("compute",)
-    assert (proc.sm_util_percent, proc.memory_util_percent) == (0, 0)
+    assert (proc.sm_util_percent, proc.memory_util_percent) == (None, None), (
+        "at 0 % it has no work: the sampler never names it"
+    )
     assert listed[1].sm_util_percent == 1
     assert sum(len(reading.processes_of(g)) for g in reading.gpus) == 64
     assert len(reading.all_processes()) == 64
@@ -109,7 +112,9 @@ def test_mig_devices_are_queried_per_handle(monkeypatch: pytest.MonkeyPatch) -> 
     assert reading.processes_of(slice3)[0].sm_util_percent is None, "none per process on MIG"
     assert [p.pid for p in reading.processes_of(gpu.mig_devices[0])] == [400]
     parent = [c for c in machine.calls if c.endswith("Handle(gpu=0, mig=None)")]
-    assert not [c for c in parent if not c.startswith("memory:")], "no process list of the parent"
+    assert not [c for c in parent if c.split(":")[0] not in ("memory", "migmode")], (
+        "no process list of the parent"
+    )
     assert reading.gpus[1].mig_enabled is False
 
 
@@ -319,11 +324,12 @@ def test_memory_reports_the_reserved_part_and_the_lower_of_two_readings(
     reading = source.read()
     memory = reading.gpus[0].memory
     assert memory is not None
-    assert (memory.used_mib, memory.reserved_mib) == (530 + 1024, 530)
+    kept = bookkeeping_mib(1)  # the driver's for the one context
+    assert (memory.used_mib, memory.reserved_mib) == (530 + 1024 + kept, 530)
     machine.memory_v2_missing = True
     old = _source(machine, monkeypatch).read().gpus[0].memory
     assert old is not None
-    assert (old.used_mib, old.reserved_mib) == (530 + 1024, None)
+    assert (old.used_mib, old.reserved_mib) == (530 + 1024 + kept, None)
 
     real_list = machine._c_process_fn("compute")
 
@@ -345,7 +351,7 @@ def test_memory_reports_the_reserved_part_and_the_lower_of_two_readings(
     reading = _source(machine, monkeypatch).read()
     memory = reading.gpus[0].memory
     assert memory is not None
-    assert memory.used_mib == 530 + 1024, "the reading before the list"
+    assert memory.used_mib == 530 + 1024 + kept, "the reading before the list"
 
 
 def test_process_utilization_unsupported_is_not_asked_again(
@@ -409,15 +415,16 @@ def test_cuda_version_format() -> None:
 
 
 def test_activity_since_the_last_reading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The driver keeps samples only for processes that ran: none means inactive where the
-    device answers; any busy sample since the last query means active, whatever the latest."""
+    """The driver's sampler names only processes at work: no sample since the last reading
+    means not seen at work where the device answers; a busy sample since the last query means
+    active, whatever the process does at the reading; the percentage is its latest sample's."""
     gpu = FakeGpu(
         uuid=gpu_uuid(0),
         processes=[
-            FakeProcess(pid=10),  # no sample: quiet
-            FakeProcess(pid=11, sm=40),
-            FakeProcess(pid=12, sm=0, earlier_sm=(0, 35)),  # busy, then quiet at the end
-            FakeProcess(pid=13, sm=0, earlier_sm=(0,)),
+            FakeProcess(pid=10),  # no work: never sampled
+            FakeProcess(pid=11, sm=0),
+            FakeProcess(pid=12, sm=35),
+            FakeProcess(pid=13, sm=0),
         ],
     )
     blind = FakeGpu(uuid=gpu_uuid(1), util_supported=False, processes=[FakeProcess(pid=20, sm=9)])
@@ -425,7 +432,13 @@ def test_activity_since_the_last_reading(monkeypatch: pytest.MonkeyPatch) -> Non
         uuid=gpu_uuid(2),
         mig=[FakeMig(index=0, uuid=mig_uuid(0), processes=[FakeProcess(pid=30, sm=50)])],
     )
-    reading = _source(FakeMachine([gpu, blind, mig_gpu]), monkeypatch).read()
+    machine = FakeMachine([gpu, blind, mig_gpu])
+    source = _source(machine, monkeypatch)
+    source.read()
+    machine.tick(2)  # 12 alone at work
+    gpu.processes[1].sm, gpu.processes[2].sm = 40, 0
+    machine.tick(2)  # then 11 alone, 12 quiet at the reading
+    reading = source.read()
     by_pid = {p.pid: p for p in reading.all_processes()}
     assert {pid: by_pid[pid].active for pid in (10, 11, 12, 13)} == {
         10: False,
@@ -433,9 +446,13 @@ def test_activity_since_the_last_reading(monkeypatch: pytest.MonkeyPatch) -> Non
         12: True,
         13: False,
     }
-    assert by_pid[12].sm_util_percent == 0, "the published percentage is the latest sample"
+    assert by_pid[12].sm_util_percent == 35, "the published percentage is its latest sample's"
+    assert by_pid[13].sm_util_percent is None, "never sampled: no percentage"
     assert by_pid[20].active is None, "the device does not report it"
     assert by_pid[30].active is None, "MIG devices have no per-process utilization"
+    machine.tick(2)
+    later = {p.pid: p.active for p in source.read().all_processes()}
+    assert (later[11], later[12]) == (True, False), "12 had no sample since the last reading"
     quiet = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=10)])])
     (only,) = _source(quiet, monkeypatch).read().all_processes()
     assert only.active is False, "no sample at all (NOT_FOUND): nobody ran"
@@ -461,3 +478,22 @@ def test_activity_counts_every_engine_and_mps_clients_are_unknown(
     reading = _source(FakeMachine([gpu]), monkeypatch).read()
     active = {p.pid: p.active for p in reading.processes_of(reading.gpus[0])}
     assert active == {5: True, 6: True, 7: False, 8: False, 9: None, 10: True}
+
+
+def test_mig_mode_is_asked_once_per_nvml_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change of MIG mode takes a GPU reset, which ends the session's handles: the mode is
+    read once a session (0.7 ms a call on the real driver), again after a new nvmlInit."""
+    machine = FakeMachine(
+        [
+            FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=5)]),
+            FakeGpu(uuid=gpu_uuid(1), mig=[FakeMig(index=0, uuid=mig_uuid(0))]),
+        ]
+    )
+    source = _source(machine, monkeypatch)
+    for _ in range(3):
+        reading = source.read()
+    assert [g.mig_enabled for g in reading.gpus] == [False, True]
+    assert sum(c.startswith("migmode:") for c in machine.calls) == 2
+    source.close()
+    source.read()
+    assert sum(c.startswith("migmode:") for c in machine.calls) == 4

@@ -1,45 +1,169 @@
 """Since when has each process computed nothing? Pure, with the clock passed in.
 
-Per-process SM utilization comes every cycle and is noise to a report: a process busy in
-bursts, or between two epochs, must not turn idle and active again every cycle, and no write may
-follow from a percentage alone. So the agent publishes one thing per process, its `idleSince`:
-set once the process has used none of the device's engines (SMs, memory controller, encoder,
-decoder) for a whole `window` (to the moment its quiet began), and cleared the first cycle it
-works again. The report changes only at those transitions.
+Per-process utilization comes every cycle and is noise to a report: a process busy in bursts,
+or between two epochs, must not turn idle and active again every cycle, and no write may follow
+from a percentage alone. So the agent publishes one thing per process, its `idleSince`: set once
+the process has used none of the device's engines (SMs, memory controller, encoder, decoder)
+for a whole `window` (to the moment its quiet began), and cleared the first cycle it works
+again. The report changes only at those transitions.
+
+The driver's per-process utilization is a sampler, not a meter (measured: see driverfacts):
+about 5 samples a second, each naming the one process active on the engine at that instant. A
+quiet process is therefore either idle or busy and not sampled yet, and on a GPU that many busy
+processes share the second lasts: with 32 of them and a 4 s window, 20 were published idle. An
+idle mark feeds policies that delete pods, so quiet alone is not enough. For each quiet
+process the tracker adds up the evidence of every read of the sampler since its quiet began:
+had it been busy, it would have taken its share (1/N, N the processes on the device) of each
+sample the driver took meanwhile (the read's span times the sampler's rate, counted a fifth
+low), so the chance that a busy process went unsampled through all of them is the product of
+(1 - 1/N) per sample. It is published idle only when that chance is below `doubt` (one in a
+million) as well as quiet for the window; quiet for the window without enough samples yet, its
+activity is published as not known (never idle). A read later than the driver's ring lasts
+cannot tell what it missed: the quiet starts over.
 
 Where the device does not report per-process utilization (MIG devices, some GPUs, a failed
-query, MPS clients) nothing is known: the process is never idle, and its quiet time starts over.
+read, MPS clients) nothing is known: the process is never idle, and its quiet time starts over.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from gpuusage_nodeagent.driverfacts import RING_LASTS, SAMPLES_PER_SECOND_COUNTED
+from gpuusage_nodeagent.gpusource.sampling import SampleBatch
 
 Key = tuple[str, int]
 """(device UUID, pid)."""
 
 DEFAULT_WINDOW = timedelta(minutes=5)
+DEFAULT_DOUBT = 1e-6
+"""The chance, at most, that a process published idle was busy and went unsampled."""
+
+
+def samples_needed(processes: int, doubt: float = DEFAULT_DOUBT) -> int:
+    """Samples a busy process among `processes` on a device must have been missed by before
+    its quiet is taken for idle."""
+    if processes <= 1:
+        return 1
+    return math.ceil(math.log(doubt) / math.log(1 - 1 / processes))
+
+
+def seconds_needed(
+    processes: int, doubt: float = DEFAULT_DOUBT, rate: float = SAMPLES_PER_SECOND_COUNTED
+) -> float:
+    """Seconds of sampler reads a quiet process among `processes` needs (docs/real-driver.md
+    has the table)."""
+    return samples_needed(processes, doubt) / rate
+
+
+@dataclass
+class _Quiet:
+    since: datetime
+    log_missed: float = 0.0
+    """ln of the chance that a busy process went unsampled through the reads since `since`."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One cycle's answer for one process."""
+
+    idle_since: datetime | None = None
+    """Since when it is idle (quiet for the window, and the sampler vouches for it)."""
+    unsure: bool = False
+    """Quiet for the window, but the sampler has not shown enough to call it idle."""
+
+
+ACTIVE = Verdict()
+UNSURE = Verdict(unsure=True)
 
 
 class ActivityTracker:
-    """Remembers, per process on a device, since when it has been quiet."""
+    """Remembers, per process on a device, since when it has been quiet and what the sampler's
+    reads since then say."""
 
-    def __init__(self, window: timedelta = DEFAULT_WINDOW) -> None:
+    def __init__(
+        self,
+        window: timedelta = DEFAULT_WINDOW,
+        doubt: float = DEFAULT_DOUBT,
+        rate: float = SAMPLES_PER_SECOND_COUNTED,
+    ) -> None:
         self.window = window
-        self._quiet_since: dict[Key, datetime] = {}
+        self._log_doubt = math.log(doubt)
+        self._rate = rate
+        self._quiet: dict[Key, _Quiet] = {}
+        self._known: set[Key] = set()
+        self._listed: dict[str, int] = {}  # processes a device listed at the last cycle
 
-    def idle_since(self, key: Key, active: bool | None, now: datetime) -> datetime | None:
-        """This cycle's answer for one process: since when it is idle, or None (active,
-        quiet for less than the window, or not known)."""
-        if not active and active is not None:
-            since = self._quiet_since.setdefault(key, now)
-            return since if now - since >= self.window else None
-        self._quiet_since.pop(key, None)
-        return None
+    def device(
+        self,
+        uuid: str,
+        processes: Sequence[tuple[int, bool | None]],
+        batches: Sequence[SampleBatch],
+        now: datetime,
+    ) -> dict[int, Verdict]:
+        """This cycle's verdicts for a device's processes, given as (pid, active) with `active`
+        as the source tells it (None: not known), and its sampler's reads since the last
+        cycle."""
+        listed = max(len(processes), self._listed.get(uuid, 0))
+        self._listed[uuid] = len(processes)
+        verdicts: dict[int, Verdict] = {}
+        for pid, active in processes:
+            key = (uuid, pid)
+            if active is None or not batches:
+                self._quiet.pop(key, None)
+                self._known.add(key)
+                verdicts[pid] = ACTIVE
+                continue
+            # A process first listed now takes only the read at this reading: the earlier
+            # ones may predate it.
+            seen = batches if key in self._known else batches[-1:]
+            self._known.add(key)
+            quiet = self._follow(self._quiet.get(key), seen, pid, listed)
+            if quiet is None or active:
+                self._quiet.pop(key, None)
+                verdicts[pid] = ACTIVE
+                continue
+            self._quiet[key] = quiet
+            verdicts[pid] = self._verdict(quiet, now)
+        return verdicts
+
+    def _follow(
+        self, quiet: _Quiet | None, batches: Iterable[SampleBatch], pid: int, listed: int
+    ) -> _Quiet | None:
+        """A process's quiet after the reads, in their order; None: it was seen at work."""
+        for batch in batches:
+            if pid in batch.busy:
+                quiet = None
+            elif quiet is None or batch.span > RING_LASTS:
+                quiet = _Quiet(batch.at)
+            else:
+                quiet.log_missed += self._log_missed(batch, listed)
+        return quiet
+
+    def _log_missed(self, batch: SampleBatch, listed: int) -> float:
+        """ln of the chance that a busy process went unsampled through one read's span."""
+        samples = math.floor(batch.span * self._rate)
+        if samples == 0:
+            return 0.0
+        sharing = max(listed, len(batch.sampled) + 1)
+        if sharing <= 1:
+            return -math.inf
+        return samples * math.log(1 - 1 / sharing)
+
+    def _verdict(self, quiet: _Quiet, now: datetime) -> Verdict:
+        if now - quiet.since < self.window:
+            return ACTIVE
+        if quiet.log_missed <= self._log_doubt:
+            return Verdict(idle_since=quiet.since)
+        return UNSURE
 
     def forget_except(self, seen: Iterable[Key]) -> None:
         """Drop processes no longer listed (a pid reused later starts afresh)."""
         keep = set(seen)
-        for key in [k for k in self._quiet_since if k not in keep]:
-            del self._quiet_since[key]
+        self._quiet = {k: v for k, v in self._quiet.items() if k in keep}
+        self._known &= keep
+        devices = {uuid for uuid, _ in keep}
+        self._listed = {u: n for u, n in self._listed.items() if u in devices}

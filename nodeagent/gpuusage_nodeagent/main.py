@@ -25,10 +25,11 @@ from gpuusage.errors import GpuusageError
 from gpuusage.kube.errors import ApiError
 from gpuusage.kube.rest import RestClient
 from gpuusage.settings import comma_list
-from gpuusage_nodeagent.activity import ActivityTracker
+from gpuusage_nodeagent.activity import ActivityTracker, Key
 from gpuusage_nodeagent.caps import capped
 from gpuusage_nodeagent.cgroup import Roots, kubelet_roots
-from gpuusage_nodeagent.gpusource.base import GpuSource
+from gpuusage_nodeagent.driverfacts import SAMPLE_READ_EVERY
+from gpuusage_nodeagent.gpusource.base import GpuSource, Reading
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
@@ -40,7 +41,7 @@ from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.selfcheck import Setup, gather, nvml_note, pid_namespace_note, with_notes
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_nodeagent.visibility import DEFAULT_ALLOWANCE_MIB, with_blind_devices
+from gpuusage_nodeagent.visibility import Allowance, with_blind_devices
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class NodeReader:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         kubelet: Kubelet | None = None,
         activity: ActivityTracker | None = None,
-        unexplained_memory_mib: int = DEFAULT_ALLOWANCE_MIB,
+        allowance: Allowance | None = None,
         setup: Setup | None = None,
     ) -> None:
         self.node_name = node_name
@@ -80,12 +81,16 @@ class NodeReader:
         self.clock = clock
         self.kubelet = kubelet
         self.activity = activity or ActivityTracker()
-        self.unexplained_memory_mib = unexplained_memory_mib
+        self.allowance = allowance or Allowance()
         self.setup = setup
         """How the agent was started (see selfcheck); None: nothing to say about it."""
 
+    def poll(self) -> None:
+        """Between two readings: read the GPUs' utilization samplers (see activity)."""
+        self.source.poll()
+
     def read(self) -> AttributedReading:
-        reading = capped(with_blind_devices(self.source.read(), self.unexplained_memory_mib))
+        reading = capped(with_blind_devices(self.source.read(), self.allowance))
         if self.setup is not None and reading.source.kind == "nvml":
             notes = [pid_namespace_note(self.setup)]
             if not reading.source.available:
@@ -94,20 +99,38 @@ class NodeReader:
         now = self.clock()
         found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
         self.resolver.end_cycle()
-        seen = {
-            (uuid, p.pid): p.active for uuid, listed in reading.processes.items() for p in listed
-        }
-        idle = {
-            key: since
-            for key, active in seen.items()
-            if (since := self.activity.idle_since(key, active, now)) is not None
-        }
-        self.activity.forget_except(seen)
+        reading, idle = judge_activity(self.activity, reading, now)
         allocated = None
         if self.kubelet is not None:
             pods = {r.attribution.pod_uid for r in found.values() if r.attribution.pod_uid}
             allocated = self.kubelet.read(pods, device_aliases(reading.gpus))
         return AttributedReading(self.node_name, now, reading, found, allocated, idle)
+
+
+def judge_activity(
+    tracker: ActivityTracker, reading: Reading, now: datetime
+) -> tuple[Reading, dict[Key, datetime]]:
+    """The idle processes, since when; and the reading as it is published: a process quiet for
+    the window whose idleness the sampler cannot vouch for yet has its activity not known."""
+    idle: dict[Key, datetime] = {}
+    unsure: dict[str, set[int]] = {}
+    for uuid, listed in reading.processes.items():
+        told = [(p.pid, p.active) for p in listed]
+        verdicts = tracker.device(uuid, told, reading.samples.get(uuid, ()), now)
+        for pid, verdict in verdicts.items():
+            if verdict.idle_since is not None:
+                idle[(uuid, pid)] = verdict.idle_since
+            elif verdict.unsure:
+                unsure.setdefault(uuid, set()).add(pid)
+    tracker.forget_except(
+        (uuid, p.pid) for uuid, listed in reading.processes.items() for p in listed
+    )
+    if not unsure:
+        return reading, idle
+    processes = dict(reading.processes)
+    for uuid, pids in unsure.items():
+        processes[uuid] = [p._replace(active=None) if p.pid in pids else p for p in processes[uuid]]
+    return replace(reading, processes=processes), idle
 
 
 def settle_memory() -> None:
@@ -177,7 +200,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         resolver,
         kubelet=kubelet,
         activity=ActivityTracker(timedelta(seconds=settings.idle_window)),
-        unexplained_memory_mib=settings.unexplained_memory_mib,
+        allowance=Allowance(settings.unexplained_memory_mib, settings.context_memory_mib),
         setup=setup,
     )
     try:
@@ -300,5 +323,26 @@ def run_cycles(
                     log.error("renewing the Lease of %s failed: %s", settings.node_name, exc)
         if settings.once:
             break
-        stop.wait(max(0.0, settings.interval - (time.monotonic() - started)))
+        wait_polling(reader, stop, started + settings.interval)
     return failed
+
+
+def wait_polling(
+    reader: NodeReader,
+    stop: threading.Event,
+    until: float,
+    every: float = SAMPLE_READ_EVERY,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> None:
+    """Wait for the next cycle (monotonic time `until`), reading the samplers every `every`
+    seconds meanwhile, so that the driver's ring of samples never runs over between two reads
+    whatever --interval is."""
+    while not stop.is_set():
+        left = until - monotonic()
+        if left <= 0 or stop.wait(min(left, every)):
+            return
+        if until - monotonic() > 0:
+            try:
+                reader.poll()
+            except Exception:  # a bug must not end the node's agent; the cycle reads again
+                log.exception("reading the GPUs' samplers failed")

@@ -37,8 +37,13 @@ class AgentSettings(CommandSettings):
     """Memory changes smaller than this (per process and per device) do not cause a write."""
     unexplained_memory_mib: int = Field(default=256, ge=0)
     """Memory in use on a device beyond the driver's reserved part and what its listed
-    processes hold, in MiB, above which the device is reported as one whose processes NVML
-    does not all list (ProcessesNotVisible): its pods' use is then unknown, never ended."""
+    processes hold, in MiB, above which (plus --context-memory-mib for each listed process) the
+    device is reported as one whose processes NVML does not all list (ProcessesNotVisible): its
+    pods' use is then unknown, never ended."""
+    context_memory_mib: int = Field(default=8, ge=0, le=1024)
+    """MiB allowed per listed process on top of --unexplained-memory-mib: the driver keeps
+    memory of its own for every CUDA context that no process is charged with (5.8 MiB measured
+    on driver 580), so a GPU shared by many processes is not taken for one that hides some."""
     gpu_source: str = "nvml"
     """nvml (the driver), none (no GPUs), or fake:PATH (a scenario file)."""
     proc_root: Path = Path("/proc")
@@ -48,8 +53,11 @@ class AgentSettings(CommandSettings):
     /proc files cannot be read; after that its pod's use is reported as unknown (never as
     ended)."""
     idle_window: float = Field(default=300.0, gt=0)
-    """Seconds a process must use none of its device's SMs before it is published as idle
-    (`idleSince`); shorter pauses are no change, so utilization noise causes no write."""
+    """Seconds a process must use none of its device's engines before it is published as idle
+    (`idleSince`); shorter pauses are no change, so utilization noise causes no write. On a GPU
+    many processes share, the driver's sampler may need longer to show a quiet process is not
+    merely unsampled: until it does, the process is published with its activity unknown, never
+    idle (docs/real-driver.md has the time each process count needs)."""
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's PodResources socket, read each cycle for the device IDs each pod was given
     (mount its folder read-only); when its folder is not there, allocations stay counts."""

@@ -8,12 +8,22 @@ and lists fewer processes, or none. Taking that list as the truth would call pod
 "idle" while they compute.
 
 So the agent compares what the driver counts with what the list explains: memory in use, less
-the driver's reserved part, less what the listed processes hold, beyond `allowance_mib` (the
-driver's bookkeeping besides its reserved part, and allocator jitter between the reads; see
-gpusource.nvml, which reads memory around the lists and keeps the lower figure). More than that
-makes the device blind: it keeps its listed processes, and its `error` says
-`ProcessesNotVisible`, which the operator turns into `Unknown` for the pods that were on it,
-never into "ended" or "idle".
+the driver's reserved part, less what the listed processes hold, beyond an allowance. The
+driver keeps memory of its own for every CUDA context that no process is charged with (about
+5.8 MiB a context, measured: see driverfacts), so a GPU shared by many processes shows hundreds
+of MiB no process explains while every one of them is listed (559 MiB at 96 contexts). The
+allowance therefore grows with the contexts the device lists: `base_mib` (allocator jitter
+between the reads; gpusource.nvml reads memory around the lists and keeps the lower figure)
+plus `per_context_mib` for each listed process. More than that makes the device blind: it keeps
+its listed processes, and its `error` says `ProcessesNotVisible`, which the operator turns into
+`Unknown` for the pods that were on it, never into "ended" or "idle".
+
+What the rule can see: a device that lists none of its processes (an agent outside the host's
+pid namespace on the open kernel module), and a hidden process holding more than the base plus
+the margin per context (8 - 5.8 MiB) times the contexts: at 64 listed contexts, anything from
+about 400 MiB, so a hidden process of 1 GiB or more is always seen. What it cannot see: a hidden
+process holding less than that, and a hidden process on a device whose listed processes' memory
+is not told (nothing is weighed there).
 
 Where the driver does not tell the reserved part (drivers older than R510, the memory call v1),
 up to RESERVED_UNTOLD of the device's memory is taken as reserved (conservative: a few hundred
@@ -26,9 +36,10 @@ is weighed on its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gpuusage.api.models import MAX_DETAIL, DeviceError, Gpu, Memory, MigDevice, safe_text
+from gpuusage_nodeagent.driverfacts import CONTEXT_ALLOWANCE_MIB
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 
 DEFAULT_ALLOWANCE_MIB = 256
@@ -56,38 +67,53 @@ def unexplained_mib(memory: Memory | None, processes: Sequence[RawProcess]) -> i
     return max(memory.used_mib - reserved - listed, 0)
 
 
+@dataclass(frozen=True)
+class Allowance:
+    """Memory in use that no listed process explains and still no sign of a hidden one."""
+
+    base_mib: int = DEFAULT_ALLOWANCE_MIB
+    per_context_mib: int = CONTEXT_ALLOWANCE_MIB
+
+    def for_contexts(self, contexts: int) -> int:
+        """The allowance on a device that lists `contexts` processes."""
+        return self.base_mib + self.per_context_mib * contexts
+
+
 def blindness(
-    device: Gpu | MigDevice, processes: Sequence[RawProcess], allowance_mib: int
+    device: Gpu | MigDevice, processes: Sequence[RawProcess], allowance: Allowance
 ) -> DeviceError | None:
     """The error that says a device's list does not explain its memory, or None."""
     missing = unexplained_mib(device.memory, processes)
-    if missing is None or missing <= allowance_mib:
+    allowed = allowance.for_contexts(len(processes))
+    if missing is None or missing <= allowed:
         return None
     what = "that its listed processes do not hold" if processes else "but no process listed"
     message = (
-        f"memory in use {what} (beyond the driver's reserved part and {allowance_mib} MiB): "
+        f"{missing} MiB in use {what} (beyond the driver's reserved part and the {allowed} MiB "
+        f"allowed for its bookkeeping of {len(processes)} contexts): "
         "NVML does not list every process"
     )
     message += MIG_HINT if isinstance(device, MigDevice) else PID_HINT
     return DeviceError(reason=REASON, message=safe_text(message, MAX_DETAIL))
 
 
-def with_blind_devices(reading: Reading, allowance_mib: int = DEFAULT_ALLOWANCE_MIB) -> Reading:
+def with_blind_devices(reading: Reading, allowance: Allowance | None = None) -> Reading:
     """The reading with every device whose list does not explain its memory marked blind.
     Devices with an error already (nothing was listed) are left as they are."""
+    allowance = allowance or Allowance()
     changed = False
     gpus: list[Gpu] = []
     for gpu in reading.gpus:
         update: dict[str, object] = {}
         if gpu.error is None and not gpu.mig_enabled:
-            error = blindness(gpu, reading.processes_of(gpu), allowance_mib)
+            error = blindness(gpu, reading.processes_of(gpu), allowance)
             if error is not None:
                 update["error"] = error
         migs = []
         for mig in gpu.mig_devices:
             error = None
             if mig.error is None and gpu.error is None:
-                error = blindness(mig, reading.processes_of(mig), allowance_mib)
+                error = blindness(mig, reading.processes_of(mig), allowance)
             migs.append(mig if error is None else mig.model_copy(update={"error": error}))
         if any(m is not o for m, o in zip(migs, gpu.mig_devices, strict=True)):
             update["mig_devices"] = migs

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from gpuusage.api.models import Gpu, MigDevice, ProcessType, Source
+from gpuusage_nodeagent.gpusource.sampling import SampleBatch
 
 
 class RawProcess(NamedTuple):
@@ -31,19 +32,13 @@ class RawProcess(NamedTuple):
     sm_util_percent: int | None = None
     memory_util_percent: int | None = None
     active: bool | None = None
-    """Whether the process used any of the device's engines since the last reading (see
-    activity): True, False (the device reports per-process utilization and had none for it),
-    None (not known: MIG devices, GPUs without per-process utilization, a failed query, MPS
-    clients)."""
+    """Whether a sample showed the process at work on any of the device's engines since the
+    last reading: True, False (the device's sampler was read and named it at work in none of
+    its samples, which on a shared GPU does not yet mean it was idle: see activity), None (not
+    known: MIG devices, GPUs without per-process utilization, a failed read, MPS clients)."""
 
 
 NO_PROCESSES: tuple[RawProcess, ...] = ()
-
-
-def any_engine(*percents: int | None) -> bool:
-    """Whether a utilization sample shows work on any engine: SMs, the memory controller, the
-    video encoder, the video decoder (a transcoding pod uses NVENC/NVDEC and no SM)."""
-    return any(p for p in percents if p)
 
 
 def activity(types: tuple[ProcessType, ...], busy: bool | None) -> bool | None:
@@ -70,6 +65,9 @@ class Reading:
     errors: Counter[str] = field(default_factory=Counter)
     """GPU library errors during this reading, by kind (e.g. GpuIsLost), for metrics."""
     processes: Mapping[str, Sequence[RawProcess]] = field(default_factory=dict)
+    samples: Mapping[str, Sequence[SampleBatch]] = field(default_factory=dict)
+    """The reads of each device's utilization sampler since the last reading, by device UUID;
+    absent for a device whose sampler was not read (see activity)."""
 
     def processes_of(self, device: Gpu | MigDevice) -> Sequence[RawProcess]:
         """The processes the reading lists on `device` (none for a device without a UUID:
@@ -88,6 +86,10 @@ class GpuSource(Protocol):
     them in the reading instead, so one bad device never hides the others."""
 
     def read(self) -> Reading: ...
+
+    def poll(self) -> None:
+        """Read the devices' utilization samplers between two readings (the driver keeps only
+        its last 72 samples); the next reading hands them over. Must not raise."""
 
     def close(self) -> None: ...
 

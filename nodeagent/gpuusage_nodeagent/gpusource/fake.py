@@ -1,7 +1,11 @@
 """A GPU source that reads a scenario file: the demo, tests and benchmarks use it.
 
 The format is DESIGN.md's, extended: MIG devices, utilization, per-process names and types,
-and injected NVML errors (on the library, on a GPU, on its process list). The file is read on
+and injected NVML errors (on the library, on a GPU, on its process list). It behaves as the real
+driver was measured to (see drivermodel): a device's memory in use includes the driver's
+bookkeeping per process unless the file gives it, and a process's utilization is what the
+driver's sampler shows of it: one process per sample, about 5 samples a second, so that on a
+GPU several busy processes share, a busy one can go unsampled for a while. The file is read on
 every reading, so editing it changes what the agent reports, as a process starting or ending
 would. A file that becomes invalid is reported in the log and in the published object while the
 last good reading is kept, so a typo loses nothing. Invalid means anything the agent could not
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,7 +46,16 @@ from gpuusage.api.models import (
     safe_text,
 )
 from gpuusage.errors import GpuusageError
-from gpuusage_nodeagent.gpusource.base import RawProcess, Reading, activity, any_engine
+from gpuusage_nodeagent.gpusource.base import RawProcess, Reading, activity
+from gpuusage_nodeagent.gpusource.drivermodel import (
+    MPS_SERVER,
+    Sampler,
+    Work,
+    bookkeeping_mib,
+    under_mps_server,
+    work_of,
+)
+from gpuusage_nodeagent.gpusource.sampling import Latest, SampleBatch, SampleCursor
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +99,12 @@ class FakeProcess(_Strict):
     memUtil: Annotated[int, Field(ge=0, le=100)] | None = None
     encUtil: Annotated[int, Field(ge=0, le=100)] | None = None
     decUtil: Annotated[int, Field(ge=0, le=100)] | None = None
-    """Per-process utilization of the SMs, memory controller, encoder and decoder; all absent:
-    the device reports none for it."""
+    """What a sample of the process shows on the SMs, memory controller, encoder and decoder:
+    any above 0 makes it busy (sampled when its turn comes, see drivermodel); all 0: idle (never
+    sampled); all absent: the device reports no utilization for it."""
+
+    def told(self) -> bool:
+        return any(e is not None for e in (self.smUtil, self.memUtil, self.encUtil, self.decUtil))
 
 
 class FakeUtilization(_Strict):
@@ -101,8 +120,8 @@ class FakeMig(_Strict):
     computeInstanceId: int | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
     memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
-    """Defaults to the sum of the processes' memory; more than they hold emulates processes
-    NVML does not list."""
+    """Defaults to the sum of the processes' memory and the driver's bookkeeping for them; more
+    than that emulates processes NVML does not list."""
     processes: Annotated[list[FakeProcess], Field(max_length=MAX_SCENARIO_PROCESSES)] = Field(
         default_factory=list
     )
@@ -119,8 +138,8 @@ class FakeGpu(_Strict):
     name: ProductName | None = None
     memoryTotalMiB: Annotated[int, Field(ge=0, le=MAX_MIB)]
     memoryUsedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
-    """Defaults to the sum of the processes' memory (and the reserved part); more than they
-    hold emulates processes NVML does not list."""
+    """Defaults to the sum of the processes' memory, the driver's bookkeeping for them and the
+    reserved part; more than that emulates processes NVML does not list."""
     minorNumber: Annotated[int, Field(ge=0, le=254)] | None = None
     """The device node's minor number (/dev/nvidia<minor>)."""
     memoryReservedMiB: Annotated[int, Field(ge=0, le=MAX_MIB)] | None = None
@@ -214,24 +233,17 @@ def built(scenario: Scenario, path: Path) -> Built:
         raise ScenarioError(f"GPU scenario {path} is invalid: {_problems(exc)}") from exc
 
 
-def _processes(procs: list[FakeProcess], with_utilization: bool) -> list[RawProcess]:
-    found = []
-    for proc in procs:
-        types = tuple(dict.fromkeys(proc.types))
-        engines = (proc.smUtil, proc.memUtil, proc.encUtil, proc.decUtil)
-        sampled = with_utilization and any(e is not None for e in engines)
-        found.append(
-            RawProcess(
-                pid=proc.pid,
-                name=proc.name,
-                used_memory_mib=proc.usedMemoryMiB,
-                types=types,
-                sm_util_percent=proc.smUtil if with_utilization else None,
-                memory_util_percent=proc.memUtil if with_utilization else None,
-                active=activity(types, any_engine(*engines) if sampled else None),
-            )
+def _processes(procs: list[FakeProcess]) -> list[RawProcess]:
+    """The processes as listed, their utilization not read yet (see FakeSource._sampled)."""
+    return [
+        RawProcess(
+            pid=proc.pid,
+            name=proc.name,
+            used_memory_mib=proc.usedMemoryMiB,
+            types=tuple(dict.fromkeys(proc.types)),
         )
-    return found
+        for proc in procs
+    ]
 
 
 def _or(given: int | None, default: int) -> int:
@@ -239,7 +251,8 @@ def _or(given: int | None, default: int) -> int:
 
 
 def _used(procs: list[FakeProcess]) -> int:
-    return sum(p.usedMemoryMiB or 0 for p in procs)
+    """What a device's processes hold, with what the driver keeps for their contexts."""
+    return sum(p.usedMemoryMiB or 0 for p in procs) + bookkeeping_mib(len(procs))
 
 
 def scenario_gpus(
@@ -268,7 +281,7 @@ def scenario_gpus(
             )
         elif spec.migDevices is not None:
             for m in spec.migDevices:
-                processes[m.uuid] = _processes(m.processes, with_utilization=False)
+                processes[m.uuid] = _processes(m.processes)
             migs = [
                 MigDevice(
                     index=m.index,
@@ -290,7 +303,7 @@ def scenario_gpus(
                 for m in spec.migDevices
             ]
         elif not spec.processesError:
-            processes[spec.uuid] = _processes(spec.processes, with_utilization=True)
+            processes[spec.uuid] = _processes(spec.processes)
         used = spec.memoryUsedMiB
         if used is None:
             used = (spec.memoryReservedMiB or 0) + _used(spec.processes)
@@ -325,14 +338,76 @@ def scenario_gpus(
     return gpus
 
 
-class FakeSource:
-    """GpuSource over a scenario file, re-read on every reading."""
+def sampled_work(spec: FakeGpu) -> dict[int, Work] | None:
+    """What the sampler of a GPU sees its processes do; None where it reports nothing (MIG,
+    a failed process list, no process told)."""
+    if spec.migDevices is not None or spec.processesError or spec.error:
+        return None
+    told = [p for p in spec.processes if p.told()]
+    if not told:
+        return None
+    work = {p.pid: work_of(p.smUtil, p.memUtil, p.encUtil, p.decUtil) for p in told}
+    clients = [p.pid for p in told if "mps" in p.types]
+    server = next((p.pid for p in spec.processes if p.name == MPS_SERVER), None)
+    return under_mps_server(work, clients, server)
 
-    def __init__(self, path: Path) -> None:
+
+def _with_samples(process: RawProcess, latest: Latest) -> RawProcess:
+    """A told process with what the samples since the last reading showed of it."""
+    sm, mem, busy = latest.get(process.pid, (None, None, False))
+    return process._replace(
+        sm_util_percent=sm, memory_util_percent=mem, active=activity(process.types, busy)
+    )
+
+
+class FakeSource:
+    """GpuSource over a scenario file, re-read on every reading, with the driver's sampler
+    model per GPU (see drivermodel) on the injected clock."""
+
+    def __init__(
+        self, path: Path, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
         self.path = path
+        self.clock = clock
         self._last_good: Scenario = load_scenario(path)  # fail fast on a bad file at start
         built(self._last_good, path)
         self._last_error: str | None = None
+        self._samplers: dict[str, tuple[Sampler, SampleCursor]] = {}
+
+    def poll(self) -> None:
+        """Read each GPU's sampler as the last valid scenario has its processes working."""
+        now = self.clock()
+        for spec in self._last_good.gpus:
+            work = sampled_work(spec)
+            if work is not None:
+                self._sample(spec.uuid, work, now)
+
+    def _sample(self, uuid: str, work: dict[int, Work], now: datetime) -> SampleCursor:
+        sampler, cursor = self._samplers.get(uuid) or (Sampler(uuid, history=True), SampleCursor())
+        self._samplers[uuid] = (sampler, cursor)
+        sampler.advance(int(now.timestamp() * 1_000_000), work)
+        cursor.take(sampler.read(cursor.since_us), now)
+        return cursor
+
+    def _sampled(
+        self, scenario: Scenario, processes: dict[str, list[RawProcess]]
+    ) -> dict[str, list[SampleBatch]]:
+        """Each GPU's processes with what its sampler showed since the last reading; the
+        batches of reads, by UUID."""
+        now = self.clock()
+        batches: dict[str, list[SampleBatch]] = {}
+        for spec in scenario.gpus:
+            work = sampled_work(spec)
+            if work is None or spec.uuid not in processes:
+                self._samplers.pop(spec.uuid, None)
+                continue
+            found, latest = self._sample(spec.uuid, work, now).drain()
+            batches[spec.uuid] = found
+            told = work.keys() | {p.pid for p in spec.processes if p.told()}
+            processes[spec.uuid] = [
+                _with_samples(p, latest) if p.pid in told else p for p in processes[spec.uuid]
+            ]
+        return batches
 
     def read(self) -> Reading:
         note = None
@@ -365,7 +440,8 @@ class FakeSource:
             cuda_version=scenario.cudaVersion,
             agent_version=__version__,
         )
-        return Reading(source, gpus, errors, processes)
+        samples = self._sampled(scenario, processes)
+        return Reading(source, gpus, errors, processes, samples)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -19,5 +19,8 @@ class NullSource:
         )
         return Reading(source, [])
 
+    def poll(self) -> None:
+        """No sampler to read."""
+
     def close(self) -> None:
         """Nothing to release."""

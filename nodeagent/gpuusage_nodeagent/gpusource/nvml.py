@@ -21,11 +21,17 @@ Policies, each from an observed failure mode:
   explains (see visibility). `reservedMiB` comes from the versioned memory call (R510+).
 * MIG: processes are queried per MIG device handle; the parent handle only gives aggregates.
   Per-process utilization does not exist on MIG devices.
-* Process-utilization samples are read incrementally (from the last seen timestamp); a device
-  that does not support them is not asked again. The driver keeps samples only for processes
-  that used an engine, so a process without a sample since the last reading was inactive
-  (`active` False) where the device answers, and unknown (None) where it does not (nor for an
-  MPS client, sampled under the server's pid: see base.activity).
+* Process-utilization samples are read incrementally (from the last seen timestamp), at each
+  reading and between readings (`poll`, every few seconds: the driver keeps only its last 72
+  samples); a device that does not support them is not asked again. Each read is handed on as
+  a SampleBatch, from which the activity rule judges whether a quiet process is idle or merely
+  unsampled (the sampler names one process per sample, about 5 a second). A process without a
+  sample showing work since the last reading is `active` False where the device answers, and
+  unknown (None) where it does not (nor for an MPS client, sampled under the server's pid: see
+  base.activity).
+* What cannot change while NVML stays initialised is read once: the versions, each GPU's name
+  and PCI bus ID, and its MIG mode (a change of MIG mode takes a GPU reset, which ends the
+  session's handles); nvmlDeviceGetMigMode cost 0.7 ms a call on the real driver.
 * Pids are validated later against the proc root; one outside the valid range makes the whole
   list suspect (see above) and is counted as an error.
 """
@@ -40,6 +46,7 @@ import re
 import struct
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -63,13 +70,8 @@ from gpuusage.api.models import (
     Utilization,
     safe_text,
 )
-from gpuusage_nodeagent.gpusource.base import (
-    RawProcess,
-    Reading,
-    activity,
-    any_engine,
-    error_reason,
-)
+from gpuusage_nodeagent.gpusource.base import RawProcess, Reading, activity, error_reason
+from gpuusage_nodeagent.gpusource.sampling import Latest, SampleBatch, SampleCursor
 from gpuusage_nodeagent.resolver import clean_name
 
 log = logging.getLogger(__name__)
@@ -183,14 +185,21 @@ def cuda_version(raw: int) -> str:
 class NvmlSource:
     """GpuSource over pynvml. `nvml` is the pynvml module (tests pass it with faked functions)."""
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self._nvml = nvml
+        self._clock = clock
         self._initialised = False
         self._init_error: str | None = None
         self._list_call: dict[str, int] = {}  # kind → index into LIST_CALLS of the call in use
         self._memory_v2 = True  # until the driver or the bindings show they lack it
         self._known_uuid: dict[int, str] = {}
-        self._util_since: dict[str, int] = {}
+        self._cursors: dict[str, SampleCursor] = {}  # each device's sampler reads, by UUID
+        self._sampled: dict[str, Any] = {}  # the handles of the devices whose sampler is read
+        self._batches: dict[str, list[SampleBatch]] = {}  # this reading's, by UUID
         self._util_unsupported: set[str] = set()
         self._errors: Counter[str] = Counter()
         # Process names by pid: asked of NVML once per process, kept while the pid stays listed.
@@ -202,6 +211,7 @@ class NvmlSource:
         # Kept only when read completely, so a transient failure is retried next cycle.
         self._source: Source | None = None
         self._static: dict[str, tuple[str | None, str | None, int | None]] = {}
+        self._mig_mode: dict[str, bool] = {}
 
     # -- library ---------------------------------------------------------------------------
     def _module(self) -> ModuleType:
@@ -233,7 +243,7 @@ class NvmlSource:
         if self._init_error:
             log.info("NVML initialised after earlier failure: %s", self._init_error)
         self._initialised, self._init_error = True, None
-        self._source, self._static = None, {}
+        self._source, self._static, self._mig_mode, self._sampled = None, {}, {}, {}
         return True
 
     def close(self) -> None:
@@ -263,8 +273,16 @@ class NvmlSource:
             return None
 
     # -- reading ---------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Read the sampler of every device read at the last reading (see the docstring)."""
+        if not self._initialised:
+            return
+        for uuid, handle in list(self._sampled.items()):
+            self._sample(handle, uuid)
+
     def read(self) -> Reading:
         self._errors = Counter()
+        self._batches = {}
         self._names_seen = {}
         try:
             return self._read()
@@ -297,7 +315,7 @@ class NvmlSource:
         if count > MAX_GPUS:  # a report holds so many (see api.models); say what is left out
             note = f"{count - MAX_GPUS} GPUs beyond the first {MAX_GPUS} are not reported"
             source = source.model_copy(update={"message": note})
-        return Reading(source, gpus, self._errors, processes)
+        return Reading(source, gpus, self._errors, processes, self._batches)
 
     def _read_source(self) -> Source:
         nvml = self._module()
@@ -359,7 +377,7 @@ class NvmlSource:
             )
         self._known_uuid[index] = uuid
         error: DeviceError | None = None
-        mig_enabled = self._mig_enabled(handle)
+        mig_enabled = self._mig_enabled(handle, uuid)
         mig_devices: list[MigDevice] = []
         before = self._memory(handle)
         try:
@@ -418,16 +436,23 @@ class NvmlSource:
             gpu_percent=min(int(rates.gpu), 100), memory_percent=min(int(rates.memory), 100)
         )
 
-    def _mig_enabled(self, handle: Any) -> bool | None:
+    def _mig_enabled(self, handle: Any, uuid: str) -> bool | None:
+        """The GPU's current MIG mode, asked once per NVML session (see the docstring)."""
+        known = self._mig_mode.get(uuid)
+        if known is not None:
+            return known
         nvml = self._module()
         try:
             current, _pending = nvml.nvmlDeviceGetMigMode(handle)
         except nvml.NVMLError_NotSupported:
-            return False  # not a MIG-capable GPU: an answer, not an error
+            enabled = False  # not a MIG-capable GPU: an answer, not an error
         except nvml.NVMLError as exc:
             self._errors[error_reason(exc)] += 1
             return None
-        return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+        else:
+            enabled = bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+        self._mig_mode[uuid] = enabled
+        return enabled
 
     def _mig_devices(
         self, parent: Any, processes_by_uuid: dict[str, list[RawProcess]]
@@ -621,35 +646,38 @@ class NvmlSource:
         )
         return list(_unpacker(entry, SAMPLE_FIELDS).iter_unpack(data))
 
-    def _process_utilization(
-        self, handle: Any, uuid: str
-    ) -> dict[int, tuple[int, int, bool]] | None:
-        """Per pid with samples since the last reading: the latest SM and memory percentages
-        and whether any sample used an engine (SMs, memory controller, encoder, decoder; see
-        base.any_engine). None: the device does not tell."""
+    def _sample(self, handle: Any, uuid: str) -> bool:
+        """One read of a device's sampler into its cursor; False where it could not be read."""
         nvml = self._module()
         if uuid in self._util_unsupported:
-            return None
+            return False
+        cursor = self._cursors.setdefault(uuid, SampleCursor())
         try:
-            samples = self._raw_samples(handle, self._util_since.get(uuid, 0))
+            samples = self._raw_samples(handle, cursor.since_us)
         except nvml.NVMLError_NotSupported:
             self._util_unsupported.add(uuid)
-            return None
+            self._sampled.pop(uuid, None)
+            return False
         except nvml.NVMLError_NotFound:
-            return {}  # no samples since the last reading: no process ran
+            samples = []  # no sample since the last read: nothing ran
         except nvml.NVMLError as exc:
             self._errors[error_reason(exc)] += 1
+            return False
+        cursor.take(samples, self._clock())
+        self._sampled[uuid] = handle
+        return True
+
+    def _process_utilization(self, handle: Any, uuid: str) -> Latest | None:
+        """Per pid with samples since the last reading: the latest sample's SM and memory
+        percentages and whether any sample showed work (see sampling). None: the device does
+        not tell, or its sampler could not be read now. The reads since the last reading go
+        into this reading's batches."""
+        read = self._sample(handle, uuid)
+        cursor = self._cursors.get(uuid)
+        if cursor is None:
             return None
-        latest: dict[int, tuple[int, int, int]] = {}
-        busy: set[int] = set()
-        newest = 0
-        for pid, stamp, sm, mem, enc, dec in samples:
-            if any_engine(sm, mem, enc, dec):
-                busy.add(pid)
-            known = latest.get(pid)
-            if known is None or stamp >= known[0]:
-                latest[pid] = (stamp, sm if sm <= 100 else 100, mem if mem <= 100 else 100)
-                newest = stamp if stamp > newest else newest
-        if latest:
-            self._util_since[uuid] = newest
-        return {pid: (sm, mem, pid in busy) for pid, (_, sm, mem) in latest.items()}
+        batches, latest = cursor.drain()
+        if not read:
+            return None
+        self._batches[uuid] = batches
+        return latest

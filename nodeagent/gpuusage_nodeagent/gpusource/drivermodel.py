@@ -1,0 +1,155 @@
+"""The driver as it was measured (see driverfacts), for the fake sources: the scenario source
+the demo runs on, and the tests' fake NVML. Pure but for a seeded random choice.
+
+What it reproduces, each a way the real driver differs from a naive fake:
+
+* Bookkeeping: the driver keeps about 5.8 MiB per CUDA context that no process is charged
+  with, so a device's used memory is more than its processes' and its reserved part.
+* The utilization sampler: about 5 samples a second, each naming the one process active on the
+  engine at that instant (none when nothing runs), the last 72 kept. A read from a timestamp
+  returns at most one entry per process, its latest since then. A busy process among many can
+  go unsampled for seconds; an idle one never appears.
+* MPS: the clients' work is sampled under the MPS server's pid; the clients get no sample.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import zlib
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpuusage_nodeagent.driverfacts import CONTEXT_MIB, SAMPLE_RING, SAMPLES_PER_SECOND
+
+Sample = tuple[int, int, int, int, int, int]
+"""(pid, timestamp in µs, SM %, memory %, encoder %, decoder %), as NVML's sample struct."""
+
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
+def bookkeeping_mib(contexts: int) -> int:
+    """Memory the driver keeps for `contexts` CUDA contexts beyond what it charges processes."""
+    return round(CONTEXT_MIB * contexts)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one process does on its device's engines: the share of the time it has work there
+    (1.0 always, 0 never) and the percentages a sample of it shows."""
+
+    duty: float
+    sm: int = 0
+    mem: int = 0
+    enc: int = 0
+    dec: int = 0
+
+
+IDLE = Work(0.0)
+
+
+def work_of(sm: int | None, mem: int | None, enc: int | None, dec: int | None) -> Work:
+    """A process busy on any engine in the scenario's terms: at work all the time."""
+    values = (sm or 0, mem or 0, enc or 0, dec or 0)
+    return Work(1.0 if any(values) else 0.0, *values)
+
+
+def under_mps_server(
+    work: Mapping[int, Work], clients: Iterable[int], server: int | None
+) -> dict[int, Work]:
+    """The work as the sampler sees it: an MPS client's goes to the server's pid (and is lost
+    where no server is listed), the clients themselves are never sampled."""
+    seen = dict(work)
+    busiest = IDLE
+    for pid in clients:
+        client = seen.pop(pid, IDLE)
+        if client.duty > busiest.duty:
+            busiest = client
+    if server is not None and busiest.duty > seen.get(server, IDLE).duty:
+        seen[server] = busiest
+    return seen
+
+
+TIME_SLICE_US = 100_000
+"""The mean time slice of the model's engine, fitted to the measured reads: with 48 busy
+processes, a read every 1, 5 and 10 s returns 5, 24 and 36 of them (measured: 5, 24-25, 39-41),
+with 32 busy 5, 21 and 28 (measured on the H100: 5, 22-23, 30-31)."""
+
+
+class Sampler:
+    """One device's per-process utilization sampler over a time-sliced engine: the processes
+    with work take turns (slices of random length, mean TIME_SLICE_US); a process with work part
+    of the time (duty below 1) takes its turn only then; each sample names the one on the engine
+    at that instant, none when nobody has work."""
+
+    def __init__(
+        self,
+        seed: int | str = 0,
+        rate: float = SAMPLES_PER_SECOND,
+        ring: int = SAMPLE_RING,
+        history: bool = False,
+    ) -> None:
+        """`history`: at the first advance, the ring is full of samples of the work as it is
+        then, as a driver's is when the agent starts beside running processes."""
+        if isinstance(seed, str):
+            seed = zlib.crc32(seed.encode())
+        self._random = random.Random(seed)
+        self._period_us = int(1_000_000 / rate)
+        self._capacity = ring
+        self._ring: deque[Sample] = deque(maxlen=ring)
+        self._next_us: int | None = None
+        self._history = history
+        self._running: int | None = None  # the pid on the engine, until _slice_end_us
+        self._slice_end_us = 0
+        self.taken = 0
+        """Samples taken so far (those that named a process)."""
+
+    def advance(self, now_us: int, work: Mapping[int, Work]) -> None:
+        """Take the samples due up to `now_us` with `work` as it has been since the last call."""
+        if self._next_us is None:
+            past = (self._capacity - 1) * self._period_us if self._history else 0
+            self._next_us = self._slice_end_us = now_us - past
+        due = (now_us - self._next_us) // self._period_us + 1
+        if due > self._capacity:  # older instants would only fall out of the ring
+            self._next_us += (due - self._capacity) * self._period_us
+            self._slice_end_us = max(self._slice_end_us, self._next_us - self._period_us)
+        turns = sorted(pid for pid, w in work.items() if w.duty > 0)
+        while self._next_us <= now_us:
+            pid = self._on_engine(self._next_us, turns, work)
+            if pid is not None:
+                w = work[pid]
+                self._ring.append((pid, self._next_us, w.sm, w.mem, w.enc, w.dec))
+                self.taken += 1
+            self._next_us += self._period_us
+
+    def _on_engine(self, at_us: int, turns: list[int], work: Mapping[int, Work]) -> int | None:
+        """Who runs at `at_us`: the slices since the last instant passed in turn."""
+        if not turns:
+            self._running = None
+            return None
+        while self._slice_end_us < at_us or self._running not in turns:
+            self._running = self._next_turn(turns, work)
+            if self._running is None:  # nobody has work now
+                self._slice_end_us = at_us
+                return None
+            self._slice_end_us += self._random.randint(0, 2 * TIME_SLICE_US)
+        return self._running
+
+    def _next_turn(self, turns: list[int], work: Mapping[int, Work]) -> int | None:
+        """The next process in turn that has work now (one round at most)."""
+        start = bisect.bisect_right(turns, self._running if self._running is not None else -1)
+        for step in range(len(turns)):
+            pid = turns[(start + step) % len(turns)]
+            if work[pid].duty >= 1 or self._random.random() < work[pid].duty:
+                return pid
+        return None
+
+    def read(self, since_us: int) -> list[Sample]:
+        """What NVML returns for a read from `since_us`: each process's latest sample after it,
+        oldest first."""
+        latest: dict[int, Sample] = {}
+        for sample in self._ring:
+            if sample[1] > since_us:
+                latest[sample[0]] = sample
+        return sorted(latest.values(), key=lambda s: s[1])
