@@ -122,6 +122,16 @@ def _engines(work: Work) -> tuple[int, int, int, int]:
     return work.sm, work.mem, work.enc, work.dec
 
 
+COSTED = {
+    "nvmlDeviceGetProcessUtilization": "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetMigMode": "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMemoryInfo": "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetUUID": "nvmlDeviceGetUUID",
+}
+"""The calls whose real cost was measured (driverfacts.CALL_COST_MS), by function name; every
+process-list call costs as `process_list`."""
+
+
 def gpu_uuid(seed: int) -> str:
     return "GPU-" + str(uuidlib.UUID(int=seed * 0x1000_0000_0001 + 0xABCDEF))
 
@@ -191,19 +201,28 @@ class FakeMachine:
                     gpu.sampler = Sampler(gpu.uuid, history=True)
                 gpu.sampler.advance(self.clock_us, gpu.work())
 
-    def charge(self, call: str, handle: Handle | None = None) -> None:
-        """With `costs`: spend what the call cost on the real driver."""
-        if not self.costs:
-            return
-        processes = 0
-        if handle is not None:
-            gpu = self._gpu(handle)
-            processes = (
-                len(gpu.processes) if handle.mig is None else len(self._mig(handle).processes)
-            )
-        end = time.perf_counter() + call_cost_ms(call, processes) / 1000
-        while time.perf_counter() < end:
-            pass
+    def costed(self, name: str, fn: Any) -> Any:
+        """With `costs`: `fn` taking as long as the call took on the real driver (or its own
+        time, where that is longer), spent on the CPU as the driver spends it."""
+        call = COSTED.get(name, "process_list" if "RunningProcess" in name else None)
+        if not self.costs or call is None:
+            return fn
+
+        def charged(*args: Any) -> Any:
+            end = time.perf_counter() + call_cost_ms(call, self._processes_on(args[0])) / 1000
+            try:
+                return fn(*args)
+            finally:
+                while time.perf_counter() < end:
+                    pass
+
+        return charged
+
+    def _processes_on(self, handle: Any) -> int:
+        if not isinstance(handle, Handle):
+            return 0
+        on = self._gpu(handle) if handle.mig is None else self._mig(handle)
+        return len(on.processes)
 
     # -- lookup helpers --------------------------------------------------------------------
     def _gpu(self, handle: Handle) -> FakeGpu:
@@ -229,7 +248,6 @@ class FakeMachine:
     # -- the emulated C symbols ------------------------------------------------------------
     def _c_process_fn(self, kind: str, grown: bool = False) -> Any:
         def fn(handle: Handle, count_ref: Any, array: Array[Any] | None) -> int:
-            self.charge("process_list", handle)
             try:
                 procs = self._procs(handle, kind)
             except pynvml.NVMLError as exc:
@@ -254,7 +272,6 @@ class FakeMachine:
         """nvmlDeviceGetRunningProcessDetailList: a versioned list struct pointing at the
         caller's array."""
         listing = listing_ref._obj
-        self.charge("process_list", handle)
         if listing.version != pynvml.nvmlProcessDetailList_v1:
             return 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         kind = {0: "compute", 1: "graphics", 2: "mps"}[int(listing.mode)]
@@ -292,7 +309,6 @@ class FakeMachine:
         self, handle: Handle, array: Array[Any] | None, count_ref: Any, since: Any
     ) -> int:
         self.calls.append(f"utilization:{handle}")
-        self.charge("nvmlDeviceGetProcessUtilization", handle)
         gpu = self._gpu(handle)
         if handle.mig is not None or not gpu.util_supported:
             return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -328,7 +344,7 @@ class FakeMachine:
         table["nvmlDeviceGetProcessUtilization"] = self._c_utilization
         if name not in table:
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        return table[name]
+        return self.costed(name, table[name])
 
     # -- installation ----------------------------------------------------------------------
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,7 +363,6 @@ class FakeMachine:
             return Handle(index)
 
         def uuid(handle: Handle) -> str:
-            self.charge("nvmlDeviceGetUUID")
             if handle.mig is not None:
                 return self._mig(handle).uuid
             gpu = self._gpu(handle)
@@ -364,7 +379,6 @@ class FakeMachine:
 
         def memory(handle: Handle, version: int | None = None) -> Any:
             self.calls.append(f"memory:{handle}")
-            self.charge("nvmlDeviceGetMemoryInfo")
             if handle.mig is not None:
                 mig = self._mig(handle)
                 reserved = mig.reserved_mib
@@ -404,7 +418,6 @@ class FakeMachine:
 
         def mig_mode(handle: Handle) -> list[int]:
             self.calls.append(f"migmode:{handle}")
-            self.charge("nvmlDeviceGetMigMode")
             gpu = self._gpu(handle)
             if gpu.mig is None:
                 raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -461,7 +474,7 @@ class FakeMachine:
         }
         patches["_nvmlGetFunctionPointer"] = self._function_pointer
         for attr, value in patches.items():
-            monkeypatch.setattr(pynvml, attr, value)
+            monkeypatch.setattr(pynvml, attr, self.costed(attr, value))
 
 
 def dgx_h100(processes_per_gpu: int = 8, first_pid: int = 10_000) -> FakeMachine:

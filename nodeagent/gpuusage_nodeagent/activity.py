@@ -78,6 +78,8 @@ class Verdict:
 
 ACTIVE = Verdict()
 UNSURE = Verdict(unsure=True)
+LOST = math.nan
+"""What a read later than the ring lasts says: nothing (its quiet starts over)."""
 
 
 class ActivityTracker:
@@ -109,19 +111,23 @@ class ActivityTracker:
         cycle."""
         listed = max(len(processes), self._listed.get(uuid, 0))
         self._listed[uuid] = len(processes)
+        # What each read says of any process it did not show at work: the same for all.
+        evidence = [(b.busy, b.at, self._log_missed(b, listed)) for b in batches]
         verdicts: dict[int, Verdict] = {}
         for pid, active in processes:
             key = (uuid, pid)
-            if active is None or not batches:
+            if active is None or not evidence:
                 self._quiet.pop(key, None)
                 self._known.add(key)
                 verdicts[pid] = ACTIVE
                 continue
             # A process first listed now takes only the read at this reading: the earlier
             # ones may predate it.
-            seen = batches if key in self._known else batches[-1:]
-            self._known.add(key)
-            quiet = self._follow(self._quiet.get(key), seen, pid, listed)
+            if key in self._known:
+                quiet = self._follow(self._quiet.get(key), evidence, pid)
+            else:
+                self._known.add(key)
+                quiet = self._follow(None, evidence[-1:], pid)
             if quiet is None or active:
                 self._quiet.pop(key, None)
                 verdicts[pid] = ACTIVE
@@ -130,21 +136,25 @@ class ActivityTracker:
             verdicts[pid] = self._verdict(quiet, now)
         return verdicts
 
+    @staticmethod
     def _follow(
-        self, quiet: _Quiet | None, batches: Iterable[SampleBatch], pid: int, listed: int
+        quiet: _Quiet | None, evidence: Iterable[tuple[frozenset[int], datetime, float]], pid: int
     ) -> _Quiet | None:
         """A process's quiet after the reads, in their order; None: it was seen at work."""
-        for batch in batches:
-            if pid in batch.busy:
+        for busy, at, log_missed in evidence:
+            if pid in busy:
                 quiet = None
-            elif quiet is None or batch.span > RING_LASTS:
-                quiet = _Quiet(batch.at)
+            elif quiet is None or math.isnan(log_missed):
+                quiet = _Quiet(at)
             else:
-                quiet.log_missed += self._log_missed(batch, listed)
+                quiet.log_missed += log_missed
         return quiet
 
     def _log_missed(self, batch: SampleBatch, listed: int) -> float:
-        """ln of the chance that a busy process went unsampled through one read's span."""
+        """ln of the chance that a busy process went unsampled through one read's span; LOST
+        where the read came later than the driver's ring lasts."""
+        if batch.span > RING_LASTS:
+            return LOST
         samples = math.floor(batch.span * self._rate)
         if samples == 0:
             return 0.0
