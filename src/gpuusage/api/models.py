@@ -209,20 +209,23 @@ class Process(ApiModel):
     types: Annotated[list[ProcessType], Field(max_length=3)] = Field(default_factory=list)
     """NVML process lists the process appeared in: compute, graphics, mps."""
     sm_util_percent: Percent | None = None
-    """Streaming-multiprocessor utilization by this process, when the device reports it."""
+    """Streaming-multiprocessor utilization in the process's latest sample since the agent's
+    last cycle: one instant's value, not an average (the driver samples one process at a
+    time); absent when no sample named it or the device reports none."""
     memory_util_percent: Percent | None = None
-    """Memory-controller utilization by this process, when the device reports it."""
+    """Memory-controller utilization in the same sample as smUtilPercent."""
     resolve_error: Detail | None = None
     """Why the process could not be attributed (e.g. it exited during the observation)."""
     idle_since: datetime | None = None
     """Since when the process has used none of the device's engines (SMs, memory controller,
-    encoder, decoder; by the node's clock), once that has lasted the agent's --idle-window;
-    absent while it works, and where per-process utilization is not reported (MIG devices, MPS
-    clients, some GPUs)."""
+    encoder, decoder; by the node's clock), once that has lasted the agent's --idle-window and
+    the driver's samples since make a missed busy process improbable; absent while it works,
+    and where per-process utilization is not reported (MIG devices, MPS clients, some GPUs)."""
     activity_unknown: bool = False
-    """True where the device does not say whether this process uses its engines (MIG devices,
-    MPS clients, GPUs without per-process utilization, a failed query): it is then neither
-    idle nor computing, only holding memory."""
+    """True where it is not known whether this process uses its engines: the device does not
+    say (MIG devices, MPS clients, GPUs without per-process utilization, a failed read), or the
+    process has been quiet for the window on a GPU so shared that the driver's sampler cannot
+    vouch for it yet. It is then neither idle nor computing, only holding memory."""
 
 
 class MigDevice(ApiModel):
