@@ -78,10 +78,15 @@ def test_unknown_is_never_idle_and_starts_the_quiet_over() -> None:
 
 
 def test_a_process_gone_is_forgotten() -> None:
+    """A pid the device stopped listing, listed again later, is a new process; so is every
+    process of a device no longer read."""
     tracker = ActivityTracker(WINDOW)
     _verdict(tracker, 0, False)
-    tracker.forget_except([])
+    tracker.device(KEY[0], [], [_batch(10, 10)], _at(10))
     assert _verdict(tracker, 400, False) == ACTIVE, "a new process under an old pid"
+    assert _verdict(tracker, 700, False).idle_since == _at(400)
+    tracker.forget_devices_except([])
+    assert _verdict(tracker, 1000, False) == ACTIVE, "the device's processes start afresh"
 
 
 def test_samples_needed_grow_with_the_processes_sharing_the_sampler() -> None:

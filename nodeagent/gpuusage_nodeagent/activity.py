@@ -95,9 +95,8 @@ class ActivityTracker:
         self.window = window
         self._log_doubt = math.log(doubt)
         self._rate = rate
-        self._quiet: dict[Key, _Quiet] = {}
-        self._known: set[Key] = set()
-        self._listed: dict[str, int] = {}  # processes a device listed at the last cycle
+        self._quiet: dict[str, dict[int, _Quiet]] = {}  # by device UUID, then pid
+        self._known: dict[str, set[int]] = {}  # the pids each device listed at the last cycle
 
     def device(
         self,
@@ -108,31 +107,29 @@ class ActivityTracker:
     ) -> dict[int, Verdict]:
         """This cycle's verdicts for a device's processes, given as (pid, active) with `active`
         as the source tells it (None: not known), and its sampler's reads since the last
-        cycle."""
-        listed = max(len(processes), self._listed.get(uuid, 0))
-        self._listed[uuid] = len(processes)
+        cycle. What the tracker remembers of the device is then only of these processes."""
+        known = self._known.get(uuid, set())
+        listed = max(len(processes), len(known))
+        was_quiet = self._quiet.get(uuid, {})
+        quiet_now: dict[int, _Quiet] = {}
+        self._known[uuid], self._quiet[uuid] = {pid for pid, _ in processes}, quiet_now
         # What each read says of any process it did not show at work: the same for all.
         evidence = [(b.busy, b.at, self._log_missed(b, listed)) for b in batches]
         verdicts: dict[int, Verdict] = {}
         for pid, active in processes:
-            key = (uuid, pid)
             if active is None or not evidence:
-                self._quiet.pop(key, None)
-                self._known.add(key)
                 verdicts[pid] = ACTIVE
                 continue
             # A process first listed now takes only the read at this reading: the earlier
             # ones may predate it.
-            if key in self._known:
-                quiet = self._follow(self._quiet.get(key), evidence, pid)
+            if pid in known:
+                quiet = self._follow(was_quiet.get(pid), evidence, pid)
             else:
-                self._known.add(key)
                 quiet = self._follow(None, evidence[-1:], pid)
             if quiet is None or active:
-                self._quiet.pop(key, None)
                 verdicts[pid] = ACTIVE
                 continue
-            self._quiet[key] = quiet
+            quiet_now[pid] = quiet
             verdicts[pid] = self._verdict(quiet, now)
         return verdicts
 
@@ -170,10 +167,8 @@ class ActivityTracker:
             return Verdict(idle_since=quiet.since)
         return UNSURE
 
-    def forget_except(self, seen: Iterable[Key]) -> None:
-        """Drop processes no longer listed (a pid reused later starts afresh)."""
-        keep = set(seen)
-        self._quiet = {k: v for k, v in self._quiet.items() if k in keep}
-        self._known &= keep
-        devices = {uuid for uuid, _ in keep}
-        self._listed = {u: n for u, n in self._listed.items() if u in devices}
+    def forget_devices_except(self, listed: Iterable[str]) -> None:
+        """Drop the devices no longer read (their processes' quiet starts afresh)."""
+        keep = set(listed)
+        self._known = {u: pids for u, pids in self._known.items() if u in keep}
+        self._quiet = {u: quiet for u, quiet in self._quiet.items() if u in keep}

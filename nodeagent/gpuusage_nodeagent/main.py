@@ -122,9 +122,7 @@ def judge_activity(
                 idle[(uuid, pid)] = verdict.idle_since
             elif verdict.unsure:
                 unsure.setdefault(uuid, set()).add(pid)
-    tracker.forget_except(
-        (uuid, p.pid) for uuid, listed in reading.processes.items() for p in listed
-    )
+    tracker.forget_devices_except(reading.processes)
     if not unsure:
         return reading, idle
     processes = dict(reading.processes)

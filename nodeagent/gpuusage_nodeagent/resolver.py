@@ -133,10 +133,24 @@ class Resolver:
         self._failing: dict[int, float] = {}
         """pid → when its files were first found unreadable (clock), while they stay so."""
         self._listed: set[int] = set()
+        self._steady: dict[int, tuple[tuple[int, int], FileId, Resolved]] = {}
+        """pid → (cache key, stat file identity, answer) of a process resolved without a
+        problem: while its stat file stays the same, the answer stands (a process's start
+        time, cgroup and name do not change, and it was listed without a break since)."""
         self.reads = 0  # cgroup files read; lets tests and metrics see the cache working
 
     def resolve(self, pid: int) -> Resolved:
         self._listed.add(pid)
+        steady = self._steady.get(pid)
+        if steady is not None:  # the same process as last cycle (its stat file unchanged)
+            try:
+                st = os.stat(f"{self._prefix}{pid}/stat")
+            except OSError:
+                pass
+            else:
+                if (st.st_ino, st.st_mtime_ns) == steady[1]:
+                    self._seen.add(steady[0])
+                    return steady[2]
         if pid not in self._listed_since:  # the clock is read once per newly listed pid
             self._listed_since[pid] = self._boot_clock()
         listed_since = self._listed_since[pid]
@@ -152,6 +166,9 @@ class Resolver:
         if found.error is None and ticks is not None:
             self._last[pid] = (ticks, found)
             self._failing.pop(pid, None)
+            known = self._identity.get(pid)
+            if known is not None and known[0][1] == ticks:
+                self._steady[pid] = (known[0], known[1], found)
             return found
         last = self._last.get(pid)
         if last is None or (ticks is not None and ticks != last[0]):
@@ -221,6 +238,7 @@ class Resolver:
         self._listed_since = {
             pid: v for pid, v in self._listed_since.items() if pid in self._listed
         }
+        self._steady = {pid: v for pid, v in self._steady.items() if pid in self._listed}
         self._seen = set()
         self._listed = set()
 

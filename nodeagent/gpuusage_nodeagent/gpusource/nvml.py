@@ -600,11 +600,22 @@ class NvmlSource:
         nvml = self._module()
         merged: dict[int, tuple[tuple[ProcessType, ...], int | None]] = {}
         kinds: tuple[ProcessType, ...] = ("compute", "graphics", "mps")
+        listed: list[tuple[ProcessType, list[tuple[int, int]]]] = []
         for kind in kinds:
             try:
                 entries = self._process_list(kind, handle)
             except nvml.NVMLError_NotSupported:
                 continue  # e.g. MPS on pre-Volta, graphics on compute-only boards
+            if entries:
+                listed.append((kind, entries))
+        if len(listed) == 1:  # the usual case: one list, nothing to merge
+            kind, entries = listed[0]
+            only = (kind,)
+            merged = {
+                pid: (only, None if used == NOT_AVAILABLE else min(used // MIB, MAX_MIB))
+                for pid, used in entries
+            }
+        for kind, entries in listed if len(listed) > 1 else ():
             for pid, used_bytes in entries:
                 used = None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
                 known = merged.get(pid)
