@@ -497,3 +497,19 @@ def test_mig_mode_is_asked_once_per_nvml_session(monkeypatch: pytest.MonkeyPatch
     source.close()
     source.read()
     assert sum(c.startswith("migmode:") for c in machine.calls) == 4
+
+
+def test_errors_of_the_sampler_reads_between_readings_are_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sampler read between two readings that fails is counted in the next reading's
+    errors (the agent's metrics), not lost."""
+    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=5, sm=50)])])
+    source = _source(machine, monkeypatch)
+    assert not source.read().errors
+    real = machine._c_utilization
+    monkeypatch.setattr(machine, "_c_utilization", lambda *args: int(pynvml.NVML_ERROR_UNKNOWN))
+    source.poll()
+    monkeypatch.setattr(machine, "_c_utilization", real)
+    assert source.read().errors == Counter({"Unknown": 1})
+    assert not source.read().errors

@@ -281,13 +281,15 @@ class NvmlSource:
             self._sample(handle, uuid)
 
     def read(self) -> Reading:
-        self._errors = Counter()
+        """The node's GPUs; its errors are those since the last reading (the sampler reads
+        between readings count too)."""
         self._batches = {}
         self._names_seen = {}
         try:
             return self._read()
         finally:
             self._names = self._names_seen
+            self._errors = Counter()  # the reading keeps the one it was given
 
     def _read(self) -> Reading:
         if not self._init():
