@@ -131,8 +131,8 @@ def test_a_lone_idle_notebook_beside_a_busy_trainer_is_found_within_its_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The notebook holding 70 GiB next to a trainer: idle once quiet for the window (300 s)
-    plus what the sampler needs for two processes (20 samples), read every 10 s with the
-    sampler read every 5 s between; the trainer is never idle."""
+    plus what the sampler needs for two processes (20 samples), read every 10 s (the default
+    --interval); the trainer is never idle."""
     notebook = FakeProcess(pid=5, used_mib=71680, sm=30)
     machine = _machine([notebook, FakeProcess(pid=6, used_mib=30720, sm=90)])
     machine.install(monkeypatch)
@@ -142,9 +142,7 @@ def test_a_lone_idle_notebook_beside_a_busy_trainer_is_found_within_its_window(
     notebook.sm = 0
     found = None
     for cycle in range(1, 60):
-        machine.tick(5)
-        source.poll()
-        machine.tick(5)
+        machine.tick(10)
         reading = _cycle(source, tracker, machine)
         assert 6 not in _idle(reading)
         if 5 in _idle(reading):
@@ -159,8 +157,8 @@ def test_without_reads_between_long_cycles_the_ring_runs_over_and_nothing_is_idl
 ) -> None:
     """With --interval 60 the ring (72 samples, about 14 s) runs over between two cycles:
     read only then, a quiet process is never vouched for (its samples may have been lost);
-    read every 5 s between cycles, it is found."""
-    for polls, expected in ((0, False), (11, True)):
+    read every 10 s between cycles, it is found."""
+    for polls, expected in ((0, False), (5, True)):
         notebook = FakeProcess(pid=5, sm=0)
         machine = _machine([notebook, FakeProcess(pid=6, sm=90)])
         machine.install(monkeypatch)

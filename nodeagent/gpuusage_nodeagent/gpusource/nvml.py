@@ -22,10 +22,11 @@ Policies, each from an observed failure mode:
 * MIG: processes are queried per MIG device handle; the parent handle only gives aggregates.
   Per-process utilization does not exist on MIG devices.
 * Process-utilization samples are read incrementally (from the last seen timestamp), at each
-  reading and between readings (`poll`, every few seconds: the driver keeps only its last 72
-  samples); a device that does not support them is not asked again. Each read is handed on as
-  a SampleBatch, from which the activity rule judges whether a quiet process is idle or merely
-  unsampled (the sampler names one process per sample, about 5 a second). A process without a
+  reading and between readings (`poll`, where readings are further apart than the driver's
+  ring of 72 samples lasts); a device that does not support them is not asked again. Each
+  read is handed on as a SampleBatch, from which the activity rule judges whether a quiet
+  process is idle or merely unsampled (the sampler names one process per sample, about 5 a
+  second). A process without a
   sample showing work since the last reading is `active` False where the device answers, and
   unknown (None) where it does not (nor for an MPS client, sampled under the server's pid: see
   base.activity).
@@ -520,7 +521,7 @@ class NvmlSource:
                 log.info("%s process list: no %s call (%s); trying the next", kind, call, exc)
                 self._list_call[kind] = index + 1
                 continue
-            bad = [pid for pid, _ in rows if impossible(pid)]
+            bad = [pid for pid, _ in rows if not 1 <= pid <= MAX_PID]  # impossible(pid)
             if not bad:
                 if garbled and self._list_call.get(kind, 0) != index:
                     log.warning(

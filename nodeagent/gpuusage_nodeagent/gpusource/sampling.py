@@ -57,13 +57,14 @@ class SampleCursor:
         busy: set[int] = set()
         sampled: set[int] = set()
         newest = self.since_us
+        latest = self._latest
         for pid, stamp, sm, mem, enc, dec in samples:
             sampled.add(pid)
-            if any_engine(sm, mem, enc, dec):
+            if sm or mem or enc or dec:  # any_engine, inlined: this runs per sample
                 busy.add(pid)
-            known = self._latest.get(pid)
+            known = latest.get(pid)
             if known is None or stamp >= known[0]:
-                self._latest[pid] = (stamp, min(sm, 100), min(mem, 100))
+                latest[pid] = (stamp, sm if sm <= 100 else 100, mem if mem <= 100 else 100)
             newest = max(newest, stamp)
         self.since_us = newest
         span = 0.0 if self._last is None else max((at - self._last).total_seconds(), 0.0)
