@@ -46,9 +46,13 @@ from gpuusage_nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
 from gpuusage_nodeagent.main import NodeReader, settle_memory  # noqa: E402
 from gpuusage_nodeagent.metrics import AgentMetrics  # noqa: E402
 from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
+from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
 from tests.fakenvml import FakeMachine, dgx_h100  # noqa: E402
 
 OTHER_PROCESSES = 3000
+REFRESH = timedelta(seconds=AgentSettings.model_fields["report_refresh"].default)
+"""After this an unchanged report is written again: 300 s in the default install (its Lease
+shows the agent alive between writes)."""
 
 
 def unavoidable_ms(gpus: int, per_gpu: int) -> float:
@@ -144,7 +148,7 @@ def main() -> None:
                 attributed = reader.read()
             new = attributed.fingerprint()
             decision = decide(
-                published, published_at, new, now, heartbeat=timedelta(seconds=60), threshold_mib=64
+                published, published_at, new, now, heartbeat=REFRESH, threshold_mib=64
             )
             if decision.write:  # the spec is built only for a write, as the publisher does
                 spec = attributed.spec()

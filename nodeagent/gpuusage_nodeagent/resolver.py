@@ -137,6 +137,9 @@ class Resolver:
         """pid → (cache key, stat file identity, answer) of a process resolved without a
         problem: while its stat file stays the same, the answer stands (a process's start
         time, cgroup and name do not change, and it was listed without a break since)."""
+        self._listed_before: set[int] = set()
+        self._settled = True
+        """Whether every pid of this cycle kept last cycle's answer (see end_cycle)."""
         self.reads = 0  # cgroup files read; lets tests and metrics see the cache working
 
     def resolve(self, pid: int) -> Resolved:
@@ -151,6 +154,7 @@ class Resolver:
                 if (st.st_ino, st.st_mtime_ns) == steady[1]:
                     self._seen.add(steady[0])
                     return steady[2]
+        self._settled = False
         if pid not in self._listed_since:  # the clock is read once per newly listed pid
             self._listed_since[pid] = self._boot_clock()
         listed_since = self._listed_since[pid]
@@ -231,6 +235,11 @@ class Resolver:
 
     def end_cycle(self) -> None:
         """Forget processes not seen since the previous call."""
+        if self._settled and self._listed == self._listed_before:
+            # The same processes as last cycle, each answered as then: nothing to forget.
+            self._seen, self._listed = set(), set()
+            return
+        self._listed_before, self._settled = self._listed, True
         self._cache = {k: v for k, v in self._cache.items() if k in self._seen}
         self._identity = {pid: v for pid, v in self._identity.items() if v[0] in self._seen}
         self._last = {pid: v for pid, v in self._last.items() if pid in self._listed}
