@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-binaries test test-gpu lint binaries crd monitoring chart lock clean
+.PHONY: demo demo-binaries test test-gpu check lint binaries crd monitoring chart lock clean
 
 $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -34,6 +34,11 @@ demo: demo-binaries
 ## The whole test suite against the real local control plane.
 test: binaries
 	$(PY) -m pytest
+
+## The inner loop: lint and the pure unit tests (no control plane, node, helm or command
+## runs; well under a minute). `make test` is the whole suite, and what CI runs.
+check: $(VENV)/.installed lint
+	$(PY) -m pytest -q -m "not cluster and not slow and not gpu" -p no:cacheprovider
 
 ## The real-GPU suite (tests/gpu): CUDA tenants and the agent on the machine's real driver;
 ## every test skips, saying why, where no GPU is found. Root makes the cgroup tests run.

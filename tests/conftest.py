@@ -98,6 +98,20 @@ class Helm:
         return proc
 
 
+BUILT_TOOLS = {"cluster": "cluster", "helm_binary": "slow"}
+"""Fixtures that need what the tests build from Go modules, and the marker a test using one
+gets: `make check`, the inner loop, runs neither."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts the control plane is a cluster test, one that runs helm a slow one,
+    whether or not it says so."""
+    for item in items:
+        for fixture, marker in BUILT_TOOLS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(getattr(pytest.mark, marker))
+
+
 @pytest.fixture(scope="session")
 def helm_binary() -> Path:
     from gpuusage_dev.localcluster.tools import HELM, ensure_tool  # noqa: PLC0415

@@ -16,6 +16,8 @@ from gpuusage_dev.simulation import write_process
 from tests.conftest import CHILD_ENV
 from tests.fakenvml import gpu_uuid, mig_uuid
 
+pytestmark = pytest.mark.slow  # each runs the agent's command line
+
 CORPUS: list[dict[str, Any]] = yaml.safe_load(
     (Path(__file__).parent / "data" / "cgroup_corpus.yaml").read_text()
 )

@@ -183,6 +183,7 @@ def _check(command: str) -> str | None:
     return None
 
 
+@pytest.mark.slow  # each runs a command
 @pytest.mark.parametrize(("document", "command"), COMMANDS, ids=[f"{d}: {c}" for d, c in COMMANDS])
 def test_every_command_shown_exists(document: str, command: str) -> None:
     problem = _check(command)
