@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The real-GPU suite (tests/gpu) on a GPU machine, as root, without the project's virtualenv:
+# the wheels devtools/gpu-wheels.sh fetched into .whl are installed into /tmp/site first.
+# Figures go to $GPUUSAGE_GPU_FIGURES (default: gpu-figures.json, or $OUT/ where that is set).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G '.whl/*.whl' >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+roots="$PWD/src:$PWD/nodeagent:$PWD/operator:$PWD/commands:$PWD/devtools:$PWD"
+export PYTHONPATH="$roots${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export GPUUSAGE_GPU_FIGURES="${GPUUSAGE_GPU_FIGURES:-${OUT:-.}/gpu-figures.json}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+# tests/conftest.py (the control plane's fixtures) is not needed here: stop at tests/gpu.
+exec python3 -m pytest -m gpu tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -v "$@"
