@@ -250,6 +250,10 @@ def test_a_pid_nvml_lists_from_an_exited_process_does_not_charge_its_new_owner(
     assert found.error is not None
     assert "pid 42 was reused" in found.error
     resolver.end_cycle()
+    again = resolver.resolve(42)  # the next cycle, nothing changed: never the old answer
+    assert again.error is not None
+    assert "pid 42 was reused" in again.error
+    resolver.end_cycle()
     resolver.end_cycle()  # not listed for a cycle: the next listing is a new one
     assert resolver.resolve(42).attribution.container_id == "e" * 64
     # Without the proc root's uptime nothing is judged (a tree without one, as in tests).

@@ -133,10 +133,10 @@ class Resolver:
         self._failing: dict[int, float] = {}
         """pid → when its files were first found unreadable (clock), while they stay so."""
         self._listed: set[int] = set()
-        self._steady: dict[int, tuple[tuple[int, int], FileId, Resolved]] = {}
-        """pid → (cache key, stat file identity, answer) of a process resolved without a
-        problem: while its stat file stays the same, the answer stands (a process's start
-        time, cgroup and name do not change, and it was listed without a break since)."""
+        self._steady: dict[int, Resolved] = {}
+        """pid → the answer for a process resolved without a problem: while its stat file keeps
+        the identity in `_identity`, the answer stands (a process's start time, cgroup and
+        name do not change, and it was listed without a break since)."""
         self._listed_before: set[int] = set()
         self._settled = True
         """Whether every pid of this cycle kept last cycle's answer (see end_cycle)."""
@@ -144,21 +144,18 @@ class Resolver:
 
     def resolve(self, pid: int) -> Resolved:
         self._listed.add(pid)
+        identity = self._stat_identity(pid)
+        known = self._identity.get(pid)
         steady = self._steady.get(pid)
-        if steady is not None:  # the same process as last cycle (its stat file unchanged)
-            try:
-                st = os.stat(f"{self._prefix}{pid}/stat")
-            except OSError:
-                pass
-            else:
-                if (st.st_ino, st.st_mtime_ns) == steady[1]:
-                    self._seen.add(steady[0])
-                    return steady[2]
+        if steady is not None and known is not None and identity == known[1]:
+            self._seen.add(known[0])  # the same process as last cycle: its answer stands
+            return steady
         self._settled = False
+        self._steady.pop(pid, None)
         if pid not in self._listed_since:  # the clock is read once per newly listed pid
             self._listed_since[pid] = self._boot_clock()
         listed_since = self._listed_since[pid]
-        ticks, found = self._read(pid)
+        ticks, found = self._read(pid, identity)
         if ticks is not None and listed_since is not None and reused(ticks, listed_since):
             return Resolved(
                 CgroupAttribution(),
@@ -172,7 +169,7 @@ class Resolver:
             self._failing.pop(pid, None)
             known = self._identity.get(pid)
             if known is not None and known[0][1] == ticks:
-                self._steady[pid] = (known[0], known[1], found)
+                self._steady[pid] = found
             return found
         last = self._last.get(pid)
         if last is None or (ticks is not None and ticks != last[0]):
@@ -180,13 +177,17 @@ class Resolver:
         since = self._failing.setdefault(pid, self._clock())
         return carried_over(last[1], found.error or "", self._clock() - since, self.grace)
 
-    def _read(self, pid: int) -> tuple[int | None, Resolved]:
-        """(start time if known, what the files say) for one pid."""
-        try:  # (inode, mtime) of the stat file: its identity, see the class docstring
+    def _stat_identity(self, pid: int) -> FileId | None:
+        """(inode, mtime) of the pid's stat file: its identity, see the class docstring."""
+        try:
             st = os.stat(f"{self._prefix}{pid}/stat")
-            identity: FileId | None = (st.st_ino, st.st_mtime_ns)
         except OSError:
-            identity = None
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _read(self, pid: int, identity: FileId | None) -> tuple[int | None, Resolved]:
+        """(start time if known, what the files say) for one pid whose stat file has
+        `identity` now."""
         known = self._identity.get(pid)
         if identity is not None and known is not None and known[1] == identity:
             cached = self._cache.get(known[0])

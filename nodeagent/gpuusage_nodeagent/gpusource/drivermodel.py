@@ -102,8 +102,6 @@ class Sampler:
         self._history = history
         self._running: int | None = None  # the pid on the engine, until _slice_end_us
         self._slice_end_us = 0
-        self.taken = 0
-        """Samples taken so far (those that named a process)."""
 
     def advance(self, now_us: int, work: Mapping[int, Work]) -> None:
         """Take the samples due up to `now_us` with `work` as it has been since the last call."""
@@ -120,7 +118,6 @@ class Sampler:
             if pid is not None:
                 w = work[pid]
                 self._ring.append((pid, self._next_us, w.sm, w.mem, w.enc, w.dec))
-                self.taken += 1
             self._next_us += self._period_us
 
     def _on_engine(self, at_us: int, turns: list[int], work: Mapping[int, Work]) -> int | None:

@@ -104,6 +104,15 @@ _MIG_UUID = re.compile(MIG_UUID_PATTERN)
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory unknown
 
 
+def _used_mib(used_bytes: int) -> int | None:
+    """A process's memory from NVML's figure (None where NVML says it is not available)."""
+    return None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
+
+
+Merged = dict[int, tuple[tuple[ProcessType, ...], int | None]]
+"""pid → (the lists it is in, its memory in MiB or None)."""
+
+
 @functools.cache
 def _unpacker(entry: Any, fields: tuple[str, ...]) -> struct.Struct:
     """Unpacks `fields` (32- or 64-bit unsigned) of one ctypes struct, located by the struct's
@@ -521,7 +530,7 @@ class NvmlSource:
                 log.info("%s process list: no %s call (%s); trying the next", kind, call, exc)
                 self._list_call[kind] = index + 1
                 continue
-            bad = [pid for pid, _ in rows if not 1 <= pid <= MAX_PID]  # impossible(pid)
+            bad = [pid for pid, _ in rows if impossible(pid)]
             if not bad:
                 if garbled and self._list_call.get(kind, 0) != index:
                     log.warning(
@@ -599,9 +608,26 @@ class NvmlSource:
         )
         return list(_unpacker(entry, PROCESS_FIELDS).iter_unpack(data))
 
+    @staticmethod
+    def _merged(listed: list[tuple[ProcessType, list[tuple[int, int]]]]) -> Merged:
+        """Several kinds' lists as one: a process listed by more than one kind is one process,
+        with the larger figure."""
+        merged: Merged = {}
+        for kind, entries in listed:
+            for pid, used_bytes in entries:
+                used = _used_mib(used_bytes)
+                known = merged.get(pid)
+                if known is None:
+                    merged[pid] = ((kind,), used)
+                else:
+                    types, before = known
+                    if kind not in types:
+                        types += (kind,)
+                    merged[pid] = (types, before if used is None else max(used, before or 0))
+        return merged
+
     def _processes(self, handle: Any, uuid: str, with_utilization: bool) -> list[RawProcess]:
         nvml = self._module()
-        merged: dict[int, tuple[tuple[ProcessType, ...], int | None]] = {}
         kinds: tuple[ProcessType, ...] = ("compute", "graphics", "mps")
         listed: list[tuple[ProcessType, list[tuple[int, int]]]] = []
         for kind in kinds:
@@ -613,22 +639,10 @@ class NvmlSource:
                 listed.append((kind, entries))
         if len(listed) == 1:  # the usual case: one list, nothing to merge
             kind, entries = listed[0]
-            only = (kind,)
-            merged = {
-                pid: (only, None if used == NOT_AVAILABLE else min(used // MIB, MAX_MIB))
-                for pid, used in entries
-            }
-        for kind, entries in listed if len(listed) > 1 else ():
-            for pid, used_bytes in entries:
-                used = None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
-                known = merged.get(pid)
-                if known is None:
-                    merged[pid] = ((kind,), used)
-                else:  # listed by another kind too: one process, the larger figure
-                    types, before = known
-                    if kind not in types:
-                        types += (kind,)
-                    merged[pid] = (types, before if used is None else max(used, before or 0))
+            only: tuple[ProcessType, ...] = (kind,)
+            merged: Merged = {pid: (only, _used_mib(used)) for pid, used in entries}
+        else:
+            merged = self._merged(listed)
         utilization = self._process_utilization(handle, uuid) if with_utilization else None
         samples = utilization or {}
         quiet: tuple[int | None, int | None, bool | None] = (

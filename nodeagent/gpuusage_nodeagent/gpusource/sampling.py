@@ -60,7 +60,7 @@ class SampleCursor:
         latest = self._latest
         for pid, stamp, sm, mem, enc, dec in samples:
             sampled.add(pid)
-            if sm or mem or enc or dec:  # any_engine, inlined: this runs per sample
+            if any_engine(sm, mem, enc, dec):
                 busy.add(pid)
             known = latest.get(pid)
             if known is None or stamp >= known[0]:
