@@ -619,7 +619,11 @@ def test_a_container_that_does_not_come_back_ends_its_use_after_the_grace(
         what="use ended once the grace is over",
     )
     assert ended.reason == "ProcessesEnded"
-    assert events(world, "train") == ["GPUUseEnded", "GPUUseStarted"]  # sorted
+    # The Event follows the condition's write: wait for it, then hold it to be the only pair.
+    wait_for(
+        lambda: events(world, "train") == ["GPUUseEnded", "GPUUseStarted"],  # sorted
+        what="the end Event after the condition",
+    )
 
 
 def test_a_process_that_ends_while_its_container_runs_on_ends_its_use(
@@ -639,7 +643,11 @@ def test_a_process_that_ends_while_its_container_runs_on_ends_its_use(
         what="use ended",
     )
     assert ended.reason == "ProcessesEnded"
-    assert events(world, "train") == ["GPUUseEnded", "GPUUseStarted"]  # sorted
+    # The Event follows the condition's write: wait for it, then hold it to be the only pair.
+    wait_for(
+        lambda: events(world, "train") == ["GPUUseEnded", "GPUUseStarted"],  # sorted
+        what="the end Event after the condition",
+    )
 
 
 def test_a_pod_that_people_annotated_exempt_is_not_marked(make_world: WorldFactory) -> None:
