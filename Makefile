@@ -31,9 +31,12 @@ demo-binaries: $(VENV)/.installed
 demo: demo-binaries
 	$(VENV)/bin/gpuusage demo
 
-## The whole test suite against the real local control plane.
+## The whole test suite against the real local control plane: TEST_WORKERS workers side by
+## side, each with its own control plane; the tests of the machine's one node run one after
+## another in one of them (the `node` marker; see docs/testing.md).
+TEST_WORKERS ?= 4
 test: binaries
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 ## The inner loop: lint and the pure unit tests (no control plane, node, helm or command
 ## runs; well under a minute). `make test` is the whole suite, and what CI runs.

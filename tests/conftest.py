@@ -103,13 +103,61 @@ BUILT_TOOLS = {"cluster": "cluster", "helm_binary": "slow"}
 gets: `make check`, the inner loop, runs neither."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+MACHINE_GROUP = "machine"
+"""The one group of tests that use what this machine has once (the kubelet's device-plugin
+socket, containerd's host folders, the CNI bridge): under `pytest -n`, they run one after
+another in one worker; every other test runs where a worker is free."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that starts the control plane is a cluster test, one that runs helm a slow one,
-    whether or not it says so."""
+    whether or not it says so. For parallel runs (`--dist loadgroup`): the node's tests share
+    one group; a test using a module's fixture runs in its module's group, so that the fixture
+    (an installed product, a built wheel) is made once, not once per worker."""
     for item in items:
         for fixture, marker in BUILT_TOOLS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(getattr(pytest.mark, marker))
+        group = _parallel_group(item) if config.pluginmanager.hasplugin("xdist") else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has written the groups into the items' ids
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A parallel run in which a test did not get its group (xdist's loadgroup silently
+    groups nothing on some pytest releases) fails that test at once with the reason, rather
+    than letting the node's tests wait on each other's node and time out far from the cause
+    (a worker's collection error would be lost in xdist's internal error)."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    for item in session.items:
+        group = _parallel_group(item)
+        if group and "@" not in item.nodeid:
+            item.stash[UNGROUPED] = group
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if UNGROUPED in item.stash:
+        pytest.fail(
+            f"--dist loadgroup did not put this test in its group ({item.stash[UNGROUPED]}): "
+            "this pytest-xdist does not group on this pytest (see pyproject.toml's pin)",
+            pytrace=False,
+        )
+
+
+def _parallel_group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("node") is not None:
+        return MACHINE_GROUP
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d.scope == "module" for chain in defs for d in chain):
+        return item.nodeid.split("::", 1)[0]
+    return None
 
 
 @pytest.fixture(scope="session")

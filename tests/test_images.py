@@ -99,6 +99,7 @@ def containerd(tmp_path: Path) -> Iterator[Containerd]:
 
 
 @pytest.mark.slow
+@pytest.mark.node
 def test_real_containerd_imports_and_runs_the_images(containerd: Containerd) -> None:
     """Debian's containerd takes both archives under their names, and runc runs busybox."""
     busybox = shutil.which("busybox")
@@ -159,6 +160,7 @@ def test_the_recipe_is_read_from_the_dockerfile(dockerfile: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.node
 def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None:
     """Built without Docker (Debian bookworm's python3 3.11 from mmdebstrap, the requirements,
     the sources), imported under the manifests' name, run by runc as uid 65532: the agent

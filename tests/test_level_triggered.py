@@ -5,7 +5,6 @@ the report stays as it is; what the operator remembers of a pod goes with the po
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -13,7 +12,15 @@ from kubernetes import client
 
 from gpuusage.api import names
 from tests.conftest import WorldFactory, wait_for
-from tests.worldview import condition, conditions, events, pod, pod_annotations, report
+from tests.worldview import (
+    condition,
+    conditions,
+    events,
+    pod,
+    pod_annotations,
+    renewed_at,
+    report,
+)
 
 
 @pytest.mark.cluster
@@ -40,7 +47,17 @@ def test_hand_edits_of_the_marks_are_put_right_without_a_new_report(
         if stale.get("reason") != "LeaseRenewed":
             return None
         generation = found["metadata"]["generation"]
-        time.sleep(3)  # three of the agent's 1 s heartbeats: a write would have come
+        # The agent renews its Lease in its cycle: two renewals later (5 s, five of its 1 s
+        # heartbeats) a write would have come.
+        seen = [renewed_at(world["api"], world["node"], ns)]
+        while len(seen) < 3:
+            seen.append(
+                wait_for(
+                    lambda: (t := renewed_at(world["api"], world["node"], ns)) != seen[-1] and t,
+                    timeout=15,
+                    what="the agent's Lease renewed",
+                )
+            )
         return generation if report(world)["metadata"]["generation"] == generation else None
 
     generation = wait_for(settled, timeout=30, what="the report refreshed only every 60 s")

@@ -29,6 +29,7 @@ from gpuusage_dev.localcluster.node import (
     cannot_run_node,
     cgroup_hierarchies,
     running_node,
+    sockets_too_long,
 )
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.cgroup import parse_cgroup_file
@@ -36,7 +37,7 @@ from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
 from tests.conftest import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
 NAME = "gpu-node-a"
 GPUS = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"]]
@@ -195,3 +196,15 @@ def test_a_second_node_is_refused_while_a_kubelet_serves_the_machine(tmp_path: P
         server.close()
     assert path.exists()
     assert another_kubelet(path) is None, "nobody answers: a stopped kubelet's file"
+
+
+def test_a_folder_too_deep_for_the_nodes_sockets_is_refused_with_the_reason() -> None:
+    """A node's deepest socket past containerd's limit is refused before anything starts,
+    naming the path and its length, not left to a daemon's failure in a log."""
+    fits = Path("/tmp") / ("d" * 64)  # the kubelet's socket: 104 characters
+    assert sockets_too_long(fits) is None
+    deep = Path("/tmp") / ("d" * 65)
+    why = sockets_too_long(deep)
+    assert why is not None
+    assert f"{deep}/kubelet/pod-resources/kubelet.sock is 105 characters" in why
+    assert "pick a shorter --dir" in why

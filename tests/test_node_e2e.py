@@ -36,7 +36,7 @@ from tests.examples import empty_report
 from tests.test_chart import CHART
 from tests.test_local_node import _deployment
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
 NAME = "gpu-node-a"
 GPUS = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"]]

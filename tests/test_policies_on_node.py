@@ -38,7 +38,7 @@ from tests.test_node_e2e import (
 )
 from tests.worldview import create_policy, in_namespace
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
 
 @pytest.fixture(scope="module")

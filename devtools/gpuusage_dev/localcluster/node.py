@@ -221,7 +221,7 @@ class Node:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
-        why = node_prerequisites() or another_kubelet()
+        why = node_prerequisites() or another_kubelet() or sockets_too_long(self.directory)
         if why is not None:
             raise NodeUnavailable(why)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -473,6 +473,27 @@ class Node:
                 f"node {self.name} not Ready with its devices within {timeout:.0f} s "
                 f"(logs in {self.directory})"
             )
+
+
+SOCKET_PATH_MAX = 104
+"""The longest unix socket path containerd accepts (BSD's sun_path; Linux allows 107)."""
+
+LONGEST_SOCKETS = ("kubelet/pod-resources/kubelet.sock", "containerd/containerd.sock.ttrpc")
+"""The node's deepest sockets below its folder (the kubelet's PodResources, containerd's
+ttrpc endpoint)."""
+
+
+def sockets_too_long(directory: Path) -> str | None:
+    """Why the node cannot live in `directory` because its sockets' paths would be too long
+    (each daemon fails on its own, far from the cause), or None."""
+    for socket_path in (directory.resolve() / s for s in LONGEST_SOCKETS):
+        if len(str(socket_path)) > SOCKET_PATH_MAX:
+            return (
+                f"the node's folder {directory} is too deep for its unix sockets "
+                f"({socket_path} is {len(str(socket_path))} characters, more than "
+                f"{SOCKET_PATH_MAX}): pick a shorter --dir"
+            )
+    return None
 
 
 def _free_port() -> int:
