@@ -13,7 +13,7 @@ import pytest
 
 from gpuusage import procfs
 from gpuusage_dev.localcluster.binaries import ensure_binaries
-from gpuusage_dev.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, _is_running
+from gpuusage_dev.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, is_running
 from tests.conftest import CHILD_ENV
 
 pytestmark = pytest.mark.cluster
@@ -40,7 +40,7 @@ def _live_processes_using(directory: Path) -> list[tuple[int, list[str]]]:
         argv = procfs.cmdline(pid)
         if not argv or not any(str(directory) in a for a in argv):
             continue
-        if _is_running(ProcessRecord("?", pid, procfs.start_ticks(pid))):
+        if is_running(ProcessRecord("?", pid, procfs.start_ticks(pid))):
             found.append((pid, argv))
     return found
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from gpuusage_dev.localcluster.node import (
     CGROUP_ROOT,
     DEFAULT_SCENARIO,
     HOST_PATHS,
+    NODE_COMPONENTS,
     Node,
     another_kubelet,
     cannot_run_node,
@@ -35,7 +37,7 @@ from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.cgroup import parse_cgroup_file
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
-from tests.conftest import wait_for
+from tests.conftest import CHILD_ENV, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
@@ -145,6 +147,56 @@ def test_a_deployment_pod_runs_with_a_device_the_kubelet_hands_out(
     ]
     assert found, "the container's processes are on the host"
     assert {(f.container_id, f.pod_uid) for f in found} == {(cid, pod.metadata.uid)}
+
+
+def test_the_nodes_parts_crash_and_come_back_and_the_containers_outlive_them(
+    node: tuple[LocalCluster, Node],
+) -> None:
+    """`local-cluster restart --component` on each of the node's parts: it is killed (SIGKILL)
+    and started again with a new pid while the other parts keep theirs; the pod's container
+    is the same process throughout (never restarted), and the node is Ready with its devices
+    after each. The fixture then proves `down` leaves nothing behind."""
+    cluster, running = node
+    api, _ = api_client(cluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    ensure_namespace(core, "crash")
+    wait_for(lambda: core.read_namespaced_service_account("default", "crash"), what="SA")
+    deployment: Any = _deployment("steady", "crash", 1)
+    client.AppsV1Api(api).create_namespaced_deployment("crash", deployment)
+    pod = wait_for(lambda: _running_pod(core, "crash", "steady"), timeout=90, what="running")
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    process = running.host_pid(cid)
+    for component in NODE_COMPONENTS:
+        before = running.pids()
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "gpuusage.cli", "local-cluster", "restart"),
+                *("--dir", str(cluster.directory), "--component", component),
+            ],
+            env=CHILD_ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"crashed and restarted the node's {component}; node {NAME} Ready" in done.stdout
+        after = running.pids()
+        assert after.keys() == before.keys()
+        assert after[component] != before[component]
+        assert {k: v for k, v in after.items() if k != component} == {
+            k: v for k, v in before.items() if k != component
+        }
+        assert running.host_pid(cid) == process, f"the container outlived the {component}"
+        now: Any = core.read_namespaced_pod(pod.metadata.name, "crash")
+        assert now.metadata.uid == pod.metadata.uid
+        assert now.status.container_statuses[0].restart_count == 0
+
+
+def _running_pod(core: client.CoreV1Api, namespace: str, app: str) -> client.V1Pod | None:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+    ready = [p for p in pods if p.status and p.status.phase == "Running"]
+    return ready[0] if ready else None
 
 
 def _read(path: Path) -> bytes:

@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ def installed_world(
     base: str = "manifests",
     agent_args: tuple[str, ...] = ("--interval", "1"),
     operator_args: tuple[str, ...] = (),
-) -> Iterator[dict[str, Any]]:
+) -> Generator[dict[str, Any], None, None]:
     """The real node with the product installed by `kubectl apply -k` of `base` through the
     local node's overlay: the world the tests share (skipped where no node can run)."""
     why = cannot_run_node(product=True)

@@ -14,7 +14,7 @@ from gpuusage.cli import build_parser, main
 from gpuusage.kube.config import KubeConfigError, choose_source
 from gpuusage.procfs import cmdline, start_ticks
 from gpuusage.settings import CommandSettings, SettingsError, add_arguments, resolve
-from gpuusage_dev.commands import LocalClusterSettings
+from gpuusage_dev.commands import LocalClusterSettings, RestartSettings
 
 
 class Example(CommandSettings):
@@ -77,6 +77,21 @@ def test_cli_reports_bad_settings_without_a_traceback(
     err = capsys.readouterr().err
     assert "$GPUUSAGE_TIMEOUT" in err
     assert "Traceback" not in err
+
+
+def test_an_outage_is_only_for_the_nodes_parts(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--down-for` keeps a node part away; the control plane's restart has no such outage,
+    and saying so is refused before anything is stopped."""
+    for component in ([], ["--component", "etcd"]):
+        with pytest.raises(SystemExit) as caught:
+            main(["local-cluster", "restart", "--dir", "/tmp/x", "--down-for", "5", *component])
+        assert caught.value.code == 2
+        assert "--down-for is for the node's parts" in capsys.readouterr().err
+    namespace = build_parser().parse_args(
+        ["local-cluster", "restart", "--dir", "/x", "--component", "kubelet", "--down-for", "30"]
+    )
+    settings = resolve(RestartSettings, namespace, {})
+    assert (settings.component, settings.down_for) == ("kubelet", 30.0)
 
 
 def test_local_cluster_dir_is_required() -> None:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gpuusage.settings import CommandSettings
 
@@ -35,10 +35,24 @@ class LocalClusterSettings(CommandSettings):
 class RestartSettings(CommandSettings):
     dir: Path
     """Folder of a running local cluster (as given to `up`)."""
-    component: Literal["apiserver", "etcd"] | None = None
-    """Restart only this component; default both (the apiserver stops first, starts last)."""
+    component: Literal["apiserver", "etcd", "kubelet", "containerd", "device-plugin"] | None = None
+    """Restart only this component; default both etcd and the apiserver (the apiserver stops
+    first, starts last). The node's parts (a cluster started with --node) crash with SIGKILL,
+    as on a real node, and start again: running containers survive the kubelet's and
+    containerd's crash."""
+    down_for: float = Field(default=0.0, ge=0)
+    """Seconds a node part stays down before it starts again (a kubelet away for an upgrade)."""
     timeout: float = Field(default=120.0, gt=0)
-    """Seconds to wait for the apiserver's /readyz afterwards."""
+    """Seconds to wait for the part to be back: the apiserver's /readyz; the node Ready with
+    every device the plugin lists."""
+
+    @model_validator(mode="after")
+    def _down_for_a_node_part(self) -> RestartSettings:
+        if self.down_for and self.component in (None, "apiserver", "etcd"):
+            raise ValueError(
+                "--down-for is for the node's parts: kubelet, containerd, device-plugin"
+            )
+        return self
 
 
 class BuildSettings(CommandSettings):
@@ -130,11 +144,20 @@ def run_down(settings: LocalClusterSettings) -> int:
 
 def run_restart(settings: RestartSettings) -> int:
     from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
+    from gpuusage_dev.localcluster.node import NODE_COMPONENTS, Node  # noqa: PLC0415
 
     cluster = LocalCluster(settings.dir)
-    cluster.restart(settings.component, timeout=settings.timeout)
-    what = settings.component or "etcd and kube-apiserver"
-    print(f"restarted {what}; local control plane ready at {cluster.server}")
+    component = settings.component
+    if component is None or component in ("apiserver", "etcd"):
+        cluster.restart(component, timeout=settings.timeout)
+        what = component or "etcd and kube-apiserver"
+        print(f"restarted {what}; local control plane ready at {cluster.server}")
+        return 0
+    assert component in NODE_COMPONENTS
+    node = Node.load(settings.dir / "node")
+    node.restart(component, settings.down_for, settings.timeout)
+    node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig, settings.timeout)
+    print(f"crashed and restarted the node's {component}; node {node.name} Ready")
     return 0
 
 

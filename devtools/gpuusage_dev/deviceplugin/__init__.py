@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpuusage.api.resources import MIG_RESOURCE_PREFIX, mig_profile
+from gpuusage.retry import poll_until
 from gpuusage_dev.fakekubelet import GRPC_MODULE, KUBELET_MODULE
 from gpuusage_dev.localcluster.binaries import (
     BinariesError,
@@ -73,8 +73,14 @@ class DevicePlugin:
         self.kubelet_socket = kubelet_socket
         self.binary = binary or ensure_device_plugin()
         self.registered: set[str] = set()
-        self._process: subprocess.Popen[str] | None = None
-        self._all = threading.Event()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def registrations(self) -> Path:
+        """Where the plugin says "registered <resource>" each time the kubelet accepts it: a
+        file, not a pipe, so that it outlives whoever started it (`local-cluster restart`
+        exits; a plugin writing to a closed pipe would die at the kubelet's next restart)."""
+        return self.folder / "registrations.log"
 
     def start(
         self, timeout: float = 60.0, on_start: Callable[[int], None] | None = None
@@ -84,23 +90,26 @@ class DevicePlugin:
         self.folder.mkdir(parents=True, exist_ok=True)
         listed = self.folder / "resources.json"
         listed.write_text(json.dumps(self.resources))
-        self._process = subprocess.Popen(
-            [
-                str(self.binary),
-                "--kubelet-socket",
-                str(self.kubelet_socket),
-                "--resources",
-                str(listed),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=(self.folder / "device-plugin.log").open("ab"),
-            text=True,
-            start_new_session=True,
-        )
+        said = self.registrations.stat().st_size if self.registrations.exists() else 0
+        with (
+            self.registrations.open("ab") as out,
+            (self.folder / "device-plugin.log").open("ab") as log,
+        ):
+            self._process = subprocess.Popen(
+                [
+                    str(self.binary),
+                    "--kubelet-socket",
+                    str(self.kubelet_socket),
+                    "--resources",
+                    str(listed),
+                ],
+                stdout=out,
+                stderr=log,
+                start_new_session=True,
+            )
         if on_start is not None:
             on_start(self._process.pid)
-        threading.Thread(target=self._follow, daemon=True).start()
-        if not self._all.wait(timeout):
+        if not poll_until(lambda: self._all_registered(said), timeout, 0.1):
             self.stop()
             raise BinariesError(
                 f"the device plugin did not register {sorted(self.resources)} with the kubelet "
@@ -108,15 +117,15 @@ class DevicePlugin:
             )
         return self
 
-    def _follow(self) -> None:
-        process = self._process
-        assert process is not None
-        assert process.stdout is not None
-        for line in process.stdout:
-            if line.startswith("registered "):
-                self.registered.add(line.split(" ", 1)[1].strip())
-                if self.registered >= set(self.resources):
-                    self._all.set()
+    def _all_registered(self, since: int) -> bool:
+        """Whether every resource was registered since byte `since` of the registrations."""
+        with self.registrations.open("rb") as said:
+            said.seek(since)
+            lines = said.read().decode(errors="replace").splitlines()
+        self.registered = {
+            line.split(" ", 1)[1].strip() for line in lines if line.startswith("registered ")
+        }
+        return self.registered >= set(self.resources)
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -11,6 +11,7 @@ life with PR_SET_PDEATHSIG, so a killed test run leaves nothing behind either.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import json
 import os
@@ -99,7 +100,7 @@ def _set_pdeathsig() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
-def _is_running(record: ProcessRecord) -> bool:
+def is_running(record: ProcessRecord) -> bool:
     ticks = procfs.start_ticks(record.pid)
     if ticks is None or (record.start_ticks is not None and ticks != record.start_ticks):
         return False
@@ -115,12 +116,27 @@ def record_of(name: str, pid: int) -> ProcessRecord:
     return ProcessRecord(name, pid, procfs.start_ticks(pid))
 
 
+def kill(record: ProcessRecord, child: subprocess.Popen[Any] | None = None) -> None:
+    """SIGKILL, as a crash or the OOM killer ends a process, to the recorded process if it is
+    still the one recorded; `child`, when we started it, is reaped."""
+    if is_running(record):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signal.SIGKILL)
+    if child is not None:
+        child.wait(timeout=10)
+
+
 def terminate(
     record: ProcessRecord, timeout: float, child: subprocess.Popen[Any] | None = None
 ) -> None:
     """SIGTERM, then SIGKILL after `timeout`, to the recorded process if it is still the one
-    recorded (a reused pid is left alone); `child`, when we started it, is reaped."""
-    if not _is_running(record):
+    recorded (a reused pid is left alone); `child`, when we started it, is reaped (a child
+    that is not the recorded process, one another process has since replaced, is only
+    reaped if it ended)."""
+    if child is not None and child.pid != record.pid:
+        child.poll()
+        child = None
+    if not is_running(record):
         if child is not None:
             child.poll()
         return
@@ -132,7 +148,7 @@ def terminate(
     while time.monotonic() < deadline:
         if child is not None and child.poll() is not None:
             return
-        if child is None and not _is_running(record):
+        if child is None and not is_running(record):
             return
         time.sleep(0.05)
     try:
@@ -215,7 +231,7 @@ class LocalCluster:
     def up(self, timeout: float = 90.0) -> None:
         """Start etcd and kube-apiserver, wait for /readyz, write the kubeconfig."""
         existing = ClusterState.load(self.state_path)
-        if existing and any(_is_running(p) for p in existing.processes):
+        if existing and any(is_running(p) for p in existing.processes):
             raise ClusterError(
                 f"a local cluster is already running in {self.directory}; "
                 f"stop it with `gpuusage local-cluster down --dir {self.directory}`"
@@ -259,7 +275,7 @@ class LocalCluster:
         ]
         # The apiserver first: stopped after etcd, it waits for etcd until it is killed.
         records.sort(key=lambda r: r.name != "kube-apiserver")
-        stopped = [r for r in records if _is_running(r)]
+        stopped = [r for r in records if is_running(r)]
         for record in stopped:
             self._terminate(record, timeout)
         if state:
@@ -289,13 +305,13 @@ class LocalCluster:
         wait until the apiserver is ready (which needs etcd)."""
         state = self._require_state()
         program = COMPONENTS[component]
-        if any(p.name == program and _is_running(p) for p in state.processes):
+        if any(p.name == program and is_running(p) for p in state.processes):
             raise ClusterError(f"{program} of {self.directory} is already running")
         if self._pki is None:
             self._pki = self._existing_pki()
         argv = self._etcd_argv if component == "etcd" else self._apiserver_argv
         self._start(program, argv(self.binaries))
-        if any(p.name == "kube-apiserver" and _is_running(p) for p in state.processes):
+        if any(p.name == "kube-apiserver" and is_running(p) for p in state.processes):
             self.wait_ready(timeout)
 
     def restart(self, component: Component | None = None, timeout: float = 90.0) -> None:

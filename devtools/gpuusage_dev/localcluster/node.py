@@ -17,11 +17,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -33,7 +34,14 @@ from gpuusage_dev.localcluster.binaries import (
     ensure_node_binaries,
     file_lock,
 )
-from gpuusage_dev.localcluster.cluster import LocalCluster, ProcessRecord, record_of, terminate
+from gpuusage_dev.localcluster.cluster import (
+    LocalCluster,
+    ProcessRecord,
+    is_running,
+    kill,
+    record_of,
+    terminate,
+)
 from gpuusage_dev.localcluster.containerd import (
     Containerd,
     NodeUnavailable,
@@ -165,6 +173,10 @@ def kubelet_config(directory: Path, port: int) -> dict[str, Any]:
     }
 
 
+NodeComponent = Literal["kubelet", "containerd", "device-plugin"]
+"""The node's parts that fail on their own on a real node (upgrades, crashes, redeploys)."""
+NODE_COMPONENTS: tuple[NodeComponent, ...] = get_args(NodeComponent)
+
 NODE_MONITOR_GRACE = 30
 """Seconds without the kubelet's Lease before the node lifecycle controller says NotReady."""
 
@@ -208,6 +220,42 @@ class Node:
         """The processes started, so that `stop` from another process finds them."""
         return self.directory / "node.json"
 
+    @property
+    def settings_path(self) -> Path:
+        """What the node was started with, so that another process can start a part again."""
+        return self.directory / "node-settings.json"
+
+    @classmethod
+    def load(cls, directory: Path) -> Node:
+        """The node started in `directory` (by this or another process), able to crash and
+        start its parts again; an error naming the folder when no node was started there."""
+        node = cls(directory)
+        try:
+            saved = json.loads(node.settings_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise NodeUnavailable(
+                f"no node was started in {node.directory} (`gpuusage local-cluster up --node "
+                "NAME` starts one)"
+            ) from exc
+        return cls(
+            directory,
+            saved["name"],
+            server=saved["server"],
+            pki=Path(saved["pki"]),
+            scenario=saved["scenario"],
+            product=saved["product"],
+        )
+
+    def _save_settings(self) -> None:
+        settings = {
+            "name": self.name,
+            "server": self.server,
+            "pki": str(self.pki),
+            "scenario": self.scenario,
+            "product": self.product,
+        }
+        self.settings_path.write_text(json.dumps(settings))
+
     def _records(self) -> list[ProcessRecord]:
         try:
             listed = json.loads(self.state_path.read_text())
@@ -216,7 +264,15 @@ class Node:
         return [ProcessRecord(**r) for r in listed]
 
     def _remember(self, name: str, pid: int) -> None:
-        records = [*self._records(), record_of(name, pid)]
+        """Record a started part; one started again takes its old record's place (the order
+        `stop` goes by stays the order they were first started in)."""
+        fresh = record_of(name, pid)
+        records = self._records()
+        at = next((i for i, r in enumerate(records) if r.name == name), None)
+        if at is None:
+            records.append(fresh)
+        else:
+            records[at] = fresh
         self.state_path.write_text(json.dumps([asdict(r) for r in records]))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -226,6 +282,7 @@ class Node:
             raise NodeUnavailable(why)
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "manifests").mkdir(exist_ok=True)
+        self._save_settings()
         self._save_sysctls()
         self._save_host_paths()
         busybox = shutil.which("busybox")
@@ -287,6 +344,9 @@ class Node:
         config.write_text(yaml.safe_dump(kubelet_config(self.directory, _free_port())))
         self._spawn_kubelet()
         self._wait_for_kubelet(timeout)
+        self._start_device_plugin(timeout)
+
+    def _start_device_plugin(self, timeout: float) -> None:
         resources = scenario_resources(self.scenario)
         if resources:
             self.plugin = DevicePlugin(resources, self.directory / "device-plugin")
@@ -331,6 +391,49 @@ class Node:
         (DEVICE_PLUGINS / "kubelet.sock").unlink(missing_ok=True)  # the stopped one's
         self._spawn_kubelet()
         self._wait_for_kubelet(timeout)
+
+    def crash(self, component: NodeComponent, timeout: float = 15.0) -> None:
+        """Kill one part with SIGKILL, as a crash or the OOM killer does: nothing of it is
+        told, nothing is cleaned up. The rest runs on: containers outlive the kubelet and
+        containerd (their shims hold them), the kubelet outlives the device plugin."""
+        for record in self._records():
+            if record.name == component:
+                kill(record, self._children.pop(component, None))
+        if component == "device-plugin":
+            self.plugin = None
+        if not poll_until(lambda: not self._running(component), timeout, 0.05):
+            raise NodeUnavailable(f"the node's {component} did not die within {timeout:.0f} s")
+
+    def start_component(self, component: NodeComponent, timeout: float = 120.0) -> None:
+        """Start a crashed or stopped part again with the configuration and folders it had:
+        the kubelet finds its pods in containerd, containerd its shims and containers, the
+        device plugin registers with the kubelet again."""
+        if self._running(component):
+            raise NodeUnavailable(f"the node's {component} is already running")
+        if component == "kubelet":
+            self.start_kubelet(timeout)
+        elif component == "containerd":
+            self.containerd.start(timeout)
+            self._remember("containerd", self.containerd.pid)
+        else:
+            self._start_device_plugin(timeout)
+
+    def restart(
+        self, component: NodeComponent, down_for: float = 0.0, timeout: float = 120.0
+    ) -> None:
+        """Crash one part and start it again after `down_for` seconds (an upgrade's or a
+        crash loop's outage)."""
+        self.crash(component)
+        if down_for > 0:
+            time.sleep(down_for)  # the outage itself, not a wait for something to happen
+        self.start_component(component, timeout)
+
+    def pids(self) -> dict[str, int]:
+        """The pid of each of the node's processes that runs now, by part."""
+        return {r.name: r.pid for r in self._records() if is_running(r)}
+
+    def _running(self, component: NodeComponent) -> bool:
+        return any(r.name == component and is_running(r) for r in self._records())
 
     def _wait_for_kubelet(self, timeout: float) -> None:
         """Until the kubelet's device manager listens (its registration socket), failing with
