@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
 from gpuusage.api import names  # noqa: E402
 from gpuusage.retry import poll_until  # noqa: E402
 from gpuusage_dev.localcluster.node import Node, write_scenario  # noqa: E402
+from gpuusage_dev.localcluster.workloads import sleeper_deployment  # noqa: E402
 from gpuusage_dev.simulation import ensure_namespace  # noqa: E402
 from gpuusage_nodeagent.podresources.kubelet import list_pods  # noqa: E402
 from gpuusage_nodeagent.podresources.wire import list_response  # noqa: E402
@@ -68,31 +69,6 @@ class Workload:
     device: str
     reason: str
     memory_mib: int
-
-
-def _deployment(name: str, gpus: int) -> dict[str, Any]:
-    labels = {"app": name}
-    container: dict[str, Any] = {
-        "name": "main",
-        "image": "gpuusage.local/busybox:1",
-        "imagePullPolicy": "Never",
-        "command": ["/bin/sleep", "36000"],
-    }
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"terminationGracePeriodSeconds": 1, "containers": [container]},
-            },
-        },
-    }
 
 
 def _running(core: client.CoreV1Api, namespace: str, selector: str) -> Any:
@@ -126,7 +102,7 @@ def put_to_work(world: dict[str, Any]) -> dict[str, Workload]:
     )
     apps = client.AppsV1Api(world["api"])
     for name, gpus in (("train", 1), ("serve", 1), ("sneak", 0)):
-        body: Any = _deployment(name, gpus)
+        body: Any = sleeper_deployment(name, NAMESPACE, gpus, seconds=36000)
         apps.create_namespaced_deployment(NAMESPACE, body)
     pods = {
         name: _wait_running(core, NAMESPACE, f"app={name}") for name in ("train", "serve", "sneak")

@@ -33,6 +33,7 @@ from gpuusage_dev.localcluster.node import (
     running_node,
     sockets_too_long,
 )
+from gpuusage_dev.localcluster.workloads import sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.cgroup import parse_cgroup_file
 from gpuusage_nodeagent.podresources.kubelet import list_pods
@@ -84,34 +85,6 @@ def _alive(proc: Path) -> bool:
     return stat[stat.rfind(")") + 2] != "Z"
 
 
-def _deployment(name: str, namespace: str, gpus: int) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "gpuusage.local/busybox:1",
-                            "imagePullPolicy": "Never",
-                            "command": ["/bin/sleep", "3600"],
-                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 def test_a_deployment_pod_runs_with_a_device_the_kubelet_hands_out(
     node: tuple[LocalCluster, Node],
 ) -> None:
@@ -124,7 +97,7 @@ def test_a_deployment_pod_runs_with_a_device_the_kubelet_hands_out(
     core = client.CoreV1Api(api)
     ensure_namespace(core, "ml")
     wait_for(lambda: core.read_namespaced_service_account("default", "ml"), what="default SA")
-    deployment: Any = _deployment("train", "ml", 1)  # the client sends a dict as it is
+    deployment: Any = sleeper_deployment("train", "ml", 1)  # the client sends a dict as it is
     client.AppsV1Api(api).create_namespaced_deployment("ml", deployment)
 
     def running_pod() -> client.V1Pod | None:
@@ -161,7 +134,7 @@ def test_the_nodes_parts_crash_and_come_back_and_the_containers_outlive_them(
     core = client.CoreV1Api(api)
     ensure_namespace(core, "crash")
     wait_for(lambda: core.read_namespaced_service_account("default", "crash"), what="SA")
-    deployment: Any = _deployment("steady", "crash", 1)
+    deployment: Any = sleeper_deployment("steady", "crash", 1)
     client.AppsV1Api(api).create_namespaced_deployment("crash", deployment)
     pod = wait_for(lambda: _running_pod(core, "crash", "steady"), timeout=90, what="running")
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]

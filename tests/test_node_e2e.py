@@ -28,13 +28,13 @@ from gpuusage_dev.localcluster.node import (
     write_scenario,
 )
 from gpuusage_dev.localcluster.nodeinstall import SCENARIO_MOUNT, overlay
+from gpuusage_dev.localcluster.workloads import sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
 from tests.conftest import Helm, token_config, wait_for
 from tests.examples import empty_report
 from tests.test_chart import CHART
-from tests.test_local_node import _deployment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
@@ -123,7 +123,7 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
     world = installed
     ensure_namespace(world["core"], "ml")
     wait_for(lambda: world["core"].read_namespaced_service_account("default", "ml"), what="SA")
-    deployment: Any = _deployment("train", "ml", 1)
+    deployment: Any = sleeper_deployment("train", "ml", 1)
     client.AppsV1Api(world["api"]).create_namespaced_deployment("ml", deployment)
     pod = wait_for(lambda: _running(world, "ml", "train"), timeout=90, what="train running")
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
@@ -171,8 +171,7 @@ def test_a_pod_without_a_request_using_a_gpu_is_flagged(installed: dict[str, Any
     world = installed
     ensure_namespace(world["core"], "lab")
     wait_for(lambda: world["core"].read_namespaced_service_account("default", "lab"), what="SA")
-    deployment: Any = _deployment("sneaky", "lab", 0)
-    deployment["spec"]["template"]["spec"]["containers"][0].pop("resources")
+    deployment: Any = sleeper_deployment("sneaky", "lab", 0)
     client.AppsV1Api(world["api"]).create_namespaced_deployment("lab", deployment)
     pod = wait_for(lambda: _running(world, "lab", "sneaky"), timeout=90, what="sneaky running")
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
@@ -215,7 +214,7 @@ def _in_use(world: dict[str, Any], namespace: str, app: str, gpus: int = 1) -> d
     device the kubelet gave it, marked ProcessesRunning: its pod, device, pid, container ID."""
     ensure_namespace(world["core"], namespace)
     wait_for(lambda: world["core"].read_namespaced_service_account("default", namespace), what="SA")
-    deployment: Any = _deployment(app, namespace, gpus)
+    deployment: Any = sleeper_deployment(app, namespace, gpus)
     client.AppsV1Api(world["api"]).create_namespaced_deployment(namespace, deployment)
     pod = wait_for(lambda: _running(world, namespace, app), timeout=90, what=f"{app} running")
     return _put_on_its_device(world, pod)

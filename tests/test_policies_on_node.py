@@ -18,11 +18,11 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
+from gpuusage_dev.localcluster.workloads import sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
 from tests.conftest import token_config, wait_for
-from tests.test_local_node import _deployment
 from tests.test_node_e2e import (
     NAME,
     _component,
@@ -90,7 +90,7 @@ def _reason(world: dict[str, Any], namespace: str, name: str) -> str | None:
 def test_an_idle_notebook_deployment_is_scaled_to_zero(installed: dict[str, Any]) -> None:
     world = installed
     _namespace(world, "nb")
-    deployment: Any = _deployment("notebook", "nb", 1)
+    deployment: Any = sleeper_deployment("notebook", "nb", 1)
     client.AppsV1Api(world["api"]).create_namespaced_deployment("nb", deployment)
     pod = wait_for(lambda: _running(world, "nb", "notebook"), timeout=90, what="running")
     name = pod.metadata.name
@@ -150,8 +150,7 @@ def test_an_idle_job_is_suspended(installed: dict[str, Any]) -> None:
 def test_an_eviction_a_disruption_budget_refuses_is_not_forced(installed: dict[str, Any]) -> None:
     world = installed
     _namespace(world, "lab")
-    deployment: Any = _deployment("sneaky", "lab", 0)
-    deployment["spec"]["template"]["spec"]["containers"][0].pop("resources")
+    deployment: Any = sleeper_deployment("sneaky", "lab", 0)
     client.AppsV1Api(world["api"]).create_namespaced_deployment("lab", deployment)
     budget = client.V1PodDisruptionBudget(
         metadata=client.V1ObjectMeta(name="sneaky"),
@@ -278,7 +277,7 @@ def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
     _namespace(world, ns)
     apps = client.AppsV1Api(world["api"])
     for name in ("dry", "optout", "unsure"):
-        deployment: Any = _deployment(name, ns, 1)
+        deployment: Any = sleeper_deployment(name, ns, 1)
         if name == "optout":
             template = deployment["spec"]["template"]["metadata"]
             template["annotations"] = {names.ANNOTATION_EXEMPT: "true"}

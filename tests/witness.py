@@ -61,19 +61,24 @@ class Witness:
                 self._stop.wait(0.5)
 
     def _pods(self) -> None:
-        core = client.CoreV1Api(self.api)
-        raw: Any = core.list_namespaced_pod(self.namespace, _preload_content=False)
+        self._list_and_watch(client.CoreV1Api(self.api).list_namespaced_pod, self._saw_pod)
+
+    def _list_and_watch(self, lister: Any, saw: Any) -> None:
+        """What `lister` lists in the namespace, then each change from that version on. Read
+        raw: the kubelet's and scheduler's Events have no eventTime, which the client's
+        events.k8s.io model refuses."""
+        raw: Any = lister(self.namespace, _preload_content=False)
         listed = json.loads(raw.data)
-        for pod in listed["items"]:
-            self._saw_pod(pod)
-        changes = core.list_namespaced_pod(
+        for item in listed["items"]:
+            saw(item)
+        changes = lister(
             self.namespace,
             watch=True,
             resource_version=listed["metadata"]["resourceVersion"],
             timeout_seconds=20,
             _preload_content=False,
         )
-        self._follow(changes, self._saw_pod)
+        self._follow(changes, saw)
 
     def _saw_pod(self, pod: dict[str, Any]) -> None:
         conditions = (pod.get("status") or {}).get("conditions") or []
@@ -90,21 +95,8 @@ class Witness:
                         self.conditions.append(seen)
 
     def _events(self) -> None:
-        # Read raw: the kubelet's and scheduler's Events have no eventTime, which the client's
-        # events.k8s.io model refuses.
         events = client.EventsV1Api(self.api)
-        raw: Any = events.list_namespaced_event(self.namespace, _preload_content=False)
-        listed = json.loads(raw.data)
-        for event in listed["items"]:
-            self._saw_event(event)
-        changes = events.list_namespaced_event(
-            self.namespace,
-            watch=True,
-            resource_version=listed["metadata"]["resourceVersion"],
-            timeout_seconds=20,
-            _preload_content=False,
-        )
-        self._follow(changes, self._saw_event)
+        self._list_and_watch(events.list_namespaced_event, self._saw_event)
 
     def mark(self) -> int:
         """Where the record stands now: `since` tells what was seen after it."""

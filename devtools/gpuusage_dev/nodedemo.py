@@ -37,6 +37,7 @@ from gpuusage_dev.demo import DEMO_NODE, IDLE_AFTER, show, step
 from gpuusage_dev.demopolicies import NOTICE, show_policies, wait_until
 from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO, running_node, write_scenario
 from gpuusage_dev.localcluster.nodeinstall import overlay
+from gpuusage_dev.localcluster.workloads import sleeper_pod
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
@@ -47,23 +48,6 @@ PODS = (  # namespace, name, GPUs requested
     ("ml-team", "train-1", 1),
     ("research", "lab", 1),
 )
-
-
-def _pod(namespace: str, name: str, gpus: int) -> dict[str, Any]:
-    container: dict[str, Any] = {
-        "name": "main",
-        "image": "gpuusage.local/busybox:1",
-        "imagePullPolicy": "Never",
-        "command": ["/bin/sleep", "3600"],
-    }
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"terminationGracePeriodSeconds": 1, "containers": [container]},
-    }
 
 
 def run_node_demo(directory: Path | None, keep: bool = False) -> int:
@@ -95,7 +79,7 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
         for namespace, name, gpus in PODS:
             ensure_namespace(core, namespace)
             wait_until(_account(core, namespace), f"namespace {namespace}'s service account")
-            pod: Any = _pod(namespace, name, gpus)  # the client sends a dict as it is
+            pod: Any = sleeper_pod(namespace, name, gpus)  # the client sends a dict as it is
             core.create_namespaced_pod(namespace, pod)
         for namespace, name, _ in PODS:
             wait_until(_phase(core, namespace, name, "Running"), f"{namespace}/{name} running")

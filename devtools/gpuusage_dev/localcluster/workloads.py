@@ -1,0 +1,53 @@
+"""What runs on the real node as a GPU workload: busybox asleep, asking for whole GPUs. The
+tests, the demo and the benchmarks put its real pid on a GPU through the scenario file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+BUSYBOX = "gpuusage.local/busybox:1"
+"""Imported into the node's containerd by hand (images): nothing is pulled."""
+
+
+def sleeper(gpus: int, seconds: int = 3600) -> dict[str, Any]:
+    """The container: `gpus` whole GPUs in its limits; at 0 no request at all, as a pod that
+    never asked for a GPU is written."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": BUSYBOX,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sleep", str(seconds)],
+    }
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return container
+
+
+def sleeper_pod(namespace: str, name: str, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [sleeper(gpus)]},
+    }
+
+
+def sleeper_deployment(name: str, namespace: str, gpus: int, seconds: int = 3600) -> dict[str, Any]:
+    """One replica, labelled app=`name`."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [sleeper(gpus, seconds)],
+                },
+            },
+        },
+    }
