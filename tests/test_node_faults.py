@@ -91,6 +91,13 @@ def test_a_node_part_that_fails_leaves_no_wrong_mark(
         assert (last.status, last.reason) == ("True", work.reason), work.name
         started = ["GPUUseStarted"] if work.reason == "ProcessesRunning" else []
         assert [r for r in witness.reasons(work.uid) if r != work.reason] == started
+    # The agent's and the operator's pods, recreated by some faults, carry no GPU marks.
+    listed: Any = client.CoreV1Api(world["api"]).list_namespaced_pod("gpuusage-system")
+    for system in listed.items:
+        marks = [k for k in system.metadata.annotations or {} if k.startswith(names.GROUP)]
+        conditions = [c.type for c in system.status.conditions or []]
+        assert marks == [], system.metadata.name
+        assert names.POD_CONDITION_GPU_IN_USE not in conditions, system.metadata.name
     # What the pods showed while it lasted (docs/node-faults.md).
     shown = sorted({(c.status, c.reason) for c in witness.since(mark)})
     print(f"\n{fault}: fresh {recovered:.1f} s after its return; the pods showed {shown}")
