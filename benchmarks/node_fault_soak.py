@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
 
 from gpuusage.api import names  # noqa: E402
 from gpuusage.retry import poll_until  # noqa: E402
-from gpuusage_dev.localcluster.node import Node, write_scenario  # noqa: E402
+from gpuusage_dev.localcluster.node import Node, NodeComponent, write_scenario  # noqa: E402
 from gpuusage_dev.localcluster.workloads import sleeper_deployment  # noqa: E402
 from gpuusage_dev.simulation import ensure_namespace  # noqa: E402
 from gpuusage_nodeagent.podresources.kubelet import list_pods  # noqa: E402
@@ -164,36 +164,33 @@ def _marked(core: client.CoreV1Api, work: Workload) -> bool:
 Fault = Callable[[dict[str, Any], dict[str, Workload], random.Random | None], float]
 
 
-def _node_ready(world: dict[str, Any]) -> float:
+def _part_back(world: dict[str, Any], part: NodeComponent, away: float = 0.0) -> float:
+    """The node's part crashed, away `away` seconds (the outage itself), started again; when
+    the node was Ready with its devices."""
+    node: Node = world["node"]
+    node.restart(part, down_for=away)
     cluster = world["cluster"]
-    world["node"].wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
+    node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
     return time.time()
 
 
 def kubelet(world: dict[str, Any], _: dict[str, Workload], rng: random.Random | None) -> float:
-    node: Node = world["node"]
-    node.crash("kubelet")
-    time.sleep(KUBELET_AWAY_S if rng is None else rng.uniform(5, KUBELET_AWAY_S))  # the outage
-    node.start_component("kubelet")
-    return _node_ready(world)
+    away = KUBELET_AWAY_S if rng is None else rng.uniform(5, KUBELET_AWAY_S)
+    return _part_back(world, "kubelet", away)
 
 
 def containerd(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:
-    node: Node = world["node"]
-    node.crash("containerd")
-    node.start_component("containerd")
-    return _node_ready(world)
+    return _part_back(world, "containerd")
 
 
 def device_plugin(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:
-    node: Node = world["node"]
-    node.crash("device-plugin")
-    node.start_component("device-plugin")
-    return _node_ready(world)
+    return _part_back(world, "device-plugin")
 
 
-def _component(core: client.CoreV1Api, part: str) -> Any:
-    return _running(core, SYSTEM, f"app.kubernetes.io/name=gpuusage-{part}")
+def _ready(core: client.CoreV1Api, part: str) -> Any:
+    """The running pod of gpuusage-`part` once its container is ready, else None."""
+    pod = _running(core, SYSTEM, f"app.kubernetes.io/name=gpuusage-{part}")
+    return pod if _ready_since(pod) else None
 
 
 def _ready_since(pod: Any) -> float | None:
@@ -204,17 +201,13 @@ def _ready_since(pod: Any) -> float | None:
     return float(status.state.running.started_at.timestamp())
 
 
-def agent_pod_deleted(
-    world: dict[str, Any], _: dict[str, Workload], __: random.Random | None
-) -> float:
-    core: client.CoreV1Api = world["core"]
-    old = _wait("the agent's pod", lambda: _component(core, "agent"))
-    core.delete_namespaced_pod(old.metadata.name, SYSTEM)
+def _replaced(core: client.CoreV1Api, part: str, old: Any) -> float:
+    """When the pod that took the deleted `old` one's place had its container ready."""
     return float(
         _wait(
-            "the DaemonSet's new agent pod ready",
+            f"a new {part} pod ready",
             lambda: (
-                (new := _component(core, "agent")) is not None
+                (new := _ready(core, part)) is not None
                 and new.metadata.uid != old.metadata.uid
                 and _ready_since(new)
             ),
@@ -222,12 +215,18 @@ def agent_pod_deleted(
     )
 
 
+def agent_pod_deleted(
+    world: dict[str, Any], _: dict[str, Workload], __: random.Random | None
+) -> float:
+    core: client.CoreV1Api = world["core"]
+    old = _wait("the agent ready", lambda: _ready(core, "agent"))
+    core.delete_namespaced_pod(old.metadata.name, SYSTEM)
+    return _replaced(core, "agent", old)
+
+
 def agent_killed(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:
     core: client.CoreV1Api = world["core"]
-    pod = _wait(
-        "the agent ready",
-        lambda: _ready_since(_component(core, "agent")) and _component(core, "agent"),
-    )
+    pod = _wait("the agent ready", lambda: _ready(core, "agent"))
     status = pod.status.container_statuses[0]
     pid = world["node"].host_pid(status.container_id.split("://")[1])
     os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer ends a container at its limit
@@ -235,7 +234,7 @@ def agent_killed(world: dict[str, Any], _: dict[str, Workload], __: random.Rando
         _wait(
             "the agent's container restarted and ready",
             lambda: (
-                (new := _component(core, "agent")) is not None
+                (new := _ready(core, "agent")) is not None
                 and new.status.container_statuses[0].restart_count > status.restart_count
                 and _ready_since(new)
             ),
@@ -250,24 +249,12 @@ def operator_killed_while_writing(
     """train's memory changes, and the operator's pod is killed at once: the write may be
     half done, or not begun; its successor must finish it."""
     core: client.CoreV1Api = world["core"]
-    old = _wait(
-        "the operator ready",
-        lambda: _ready_since(_component(core, "operator")) and _component(core, "operator"),
-    )
+    old = _wait("the operator ready", lambda: _ready(core, "operator"))
     train = work["train"]
     train.memory_mib = 3072 if train.memory_mib != 3072 else 1024
     _write(world, work)
     core.delete_namespaced_pod(old.metadata.name, SYSTEM, grace_period_seconds=0)
-    return float(
-        _wait(
-            "the operator's new pod ready",
-            lambda: (
-                (new := _component(core, "operator")) is not None
-                and new.metadata.uid != old.metadata.uid
-                and _ready_since(new)
-            ),
-        )
-    )
+    return _replaced(core, "operator", old)
 
 
 def apiserver(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:

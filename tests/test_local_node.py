@@ -100,12 +100,9 @@ def test_a_deployment_pod_runs_with_a_device_the_kubelet_hands_out(
     deployment: Any = sleeper_deployment("train", "ml", 1)  # the client sends a dict as it is
     client.AppsV1Api(api).create_namespaced_deployment("ml", deployment)
 
-    def running_pod() -> client.V1Pod | None:
-        pods = core.list_namespaced_pod("ml", label_selector="app=train").items
-        ready = [p for p in pods if p.status and p.status.phase == "Running"]
-        return ready[0] if ready else None
-
-    pod = wait_for(running_pod, timeout=90, what="the Deployment's pod running")
+    pod = wait_for(
+        lambda: _running_pod(core, "ml", "train"), timeout=90, what="the Deployment's pod running"
+    )
     assert pod.spec.node_name == NAME
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
     socket = running.directory / "kubelet" / "pod-resources" / "kubelet.sock"
