@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The real-GPU suite (tests/gpu) on a GPU machine, as root, without the project's virtualenv:
 # the wheels devtools/gpu-wheels.sh fetched into .whl are installed into /tmp/site first.
-# Figures go to $GPUUSAGE_GPU_FIGURES (default: gpu-figures.json, or $OUT/ where that is set).
+# Then the agent's cycle on the real driver beside the calls it cannot avoid
+# (benchmarks/agent_cycle_gpu.py). Arguments go to pytest (say --timeout 180).
+# Figures go to $GPUUSAGE_GPU_FIGURES (default: gpu-figures.json, or $OUT/ where that is set)
+# and agent-cycle-gpu.json beside it; the exit status is the suite's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G '.whl/*.whl' >/dev/null; then
@@ -13,5 +16,10 @@ roots="$PWD/src:$PWD/nodeagent:$PWD/operator:$PWD/commands:$PWD/devtools:$PWD"
 export PYTHONPATH="$roots${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export GPUUSAGE_GPU_FIGURES="${GPUUSAGE_GPU_FIGURES:-${OUT:-.}/gpu-figures.json}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+uname -r; python3 --version
 # tests/conftest.py (the control plane's fixtures) is not needed here: stop at tests/gpu.
-exec python3 -m pytest -m gpu tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -v "$@"
+status=0
+python3 -m pytest -m gpu tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -v "$@" || status=$?
+python3 benchmarks/agent_cycle_gpu.py \
+  --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/agent-cycle-gpu.json" || true
+exit "$status"

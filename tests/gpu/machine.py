@@ -94,6 +94,22 @@ class Tenants:
         env: dict[str, str] | None = None,
     ) -> int:
         """Start one tenant; its host pid once its memory is allocated."""
+        return self._ready(self._launch(mib, busy, cgroup, own_pid_namespace, env))
+
+    def start_many(self, count: int, mib: int, busy: float) -> list[int]:
+        """Start `count` tenants side by side (one after another, 96 of them took minutes of
+        interpreter and CUDA start-up); their host pids once each has its memory."""
+        launched = [self._launch(mib, busy, None, False, None) for _ in range(count)]
+        return [self._ready(one) for one in launched]
+
+    def _launch(
+        self,
+        mib: int,
+        busy: float,
+        cgroup: Path | None,
+        own_pid_namespace: bool,
+        env: dict[str, str] | None,
+    ) -> tuple[subprocess.Popen[str], bool]:
         command = [sys.executable, "-m", "tests.gpu.tenant", "--mib", str(mib), "--busy", str(busy)]
         if cgroup is not None:
             command += ["--cgroup", str(cgroup)]
@@ -110,6 +126,10 @@ class Tenants:
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
         )
         self.processes.append(process)
+        return process, own_pid_namespace
+
+    def _ready(self, launched: tuple[subprocess.Popen[str], bool]) -> int:
+        process, own_pid_namespace = launched
         assert process.stdout is not None
         line = process.stdout.readline()
         if not line.startswith("ready"):
@@ -117,9 +137,6 @@ class Tenants:
         pid = process.pid if not own_pid_namespace else _only_child(process.pid)
         self.host_pid[process.pid] = pid
         return pid
-
-    def start_many(self, count: int, mib: int, busy: float) -> list[int]:
-        return [self.start(mib=mib, busy=busy) for _ in range(count)]
 
     @staticmethod
     def kill(host_pid: int) -> None:
