@@ -160,6 +160,7 @@ class Tenants:
                     break
                 except OSError:
                     time.sleep(0.1)
+        self.processes, self.cgroups, self.host_pid = [], [], {}  # a second close: nothing
 
 
 def _only_child(pid: int) -> int:

@@ -181,7 +181,7 @@ def test_no_blind_read_while_tenants_are_killed(tenants: Tenants, figures: dict[
 
 
 @pytest.mark.skipif(not shutil.which("nvidia-cuda-mps-control"), reason="no MPS control daemon")
-def test_mps_server_and_clients(tenants: Tenants, tmp_path: Path) -> None:
+def test_mps_server_and_clients(tenants: Tenants, tmp_path: Path, figures: dict[str, Any]) -> None:
     """The server is listed with its own memory; clients in the compute and MPS lists; their
     work is sampled under the server's pid: clients' activity not known, never idle."""
     env = {
@@ -196,11 +196,17 @@ def test_mps_server_and_clients(tenants: Tenants, tmp_path: Path) -> None:
         reads = list(cycles(reader, 8))
         gpu = _first_gpu(reads[-1])
         server = [p for p in gpu.processes if p.name == MPS_SERVER[:15] or p.name == MPS_SERVER]
-        assert server, [p.name for p in gpu.processes]
         mine = {p.pid: p for p in gpu.processes if p.pid in clients}
+        figures["mps"] = {
+            "server_mib": [p.used_memory_mib for p in server],
+            "clients": {str(p.pid): sorted(p.types) for p in mine.values()},
+        }
+        assert server, [p.name for p in gpu.processes]
+        assert set(mine) == clients
         assert all("mps" in p.types for p in mine.values())
         assert all(p.activity_unknown and p.idle_since is None for p in mine.values())
     finally:
+        tenants.close()  # the daemon's quit waits for its clients to be gone
         subprocess.run(
-            ["nvidia-cuda-mps-control"], input="quit\n", text=True, env=full, check=False
+            ["nvidia-cuda-mps-control"], input="quit\n", text=True, env=full, timeout=60, check=True
         )
