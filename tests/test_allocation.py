@@ -20,18 +20,12 @@ from gpuusage.api.models import (
 )
 from gpuusage.api.resources import mig_profile
 from gpuusage_operator.allocation import (
-    DEFAULT_RULES,
     AllocatedDevice,
     Allocation,
-    AllocationRules,
     DeviceFacts,
     Judgement,
     KubeletView,
-    PodClaims,
     allocation_of,
-    fraction_of,
-    gpu_requests,
-    gpu_resources,
     judge,
 )
 from gpuusage_operator.dra import (
@@ -43,6 +37,14 @@ from gpuusage_operator.dra import (
 )
 from gpuusage_operator.podindex import PodSnapshot
 from gpuusage_operator.podstate import REASON_UNALLOCATED, desired_condition, event_for
+from gpuusage_operator.requests import (
+    DEFAULT_RULES,
+    AllocationRules,
+    PodClaims,
+    fraction_of,
+    gpu_requests,
+    gpu_resources,
+)
 from gpuusage_operator.resolution import PodUse, Resolution
 from gpuusage_operator.status import pod_usages
 

@@ -135,12 +135,12 @@ def test_a_first_build_says_what_it_makes_and_about_how_long(
     monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
     for tool in tools.TOOLS:
         monkeypatch.delenv(tool.env, raising=False)
-    plan = binaries.first_build_plan(node=True, tools=False, root=tmp_path)
+    plan = tools.first_build_plan(node=True, tools=False, root=tmp_path)
     assert plan is not None
     assert "kube-apiserver, etcd, kubectl; kubelet, kube-scheduler" in plan
     assert "about 7.5 minutes on 2 cores" in plan
     assert "promtool" not in plan
-    everything = binaries.first_build_plan(node=True, tools=True, root=tmp_path)
+    everything = tools.first_build_plan(node=True, tools=True, root=tmp_path)
     assert everything is not None
     assert "promtool" in everything
     assert "about 15.5 minutes" in everything
@@ -156,4 +156,4 @@ def test_a_first_build_says_what_it_makes_and_about_how_long(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("#!/bin/sh\n")
         path.chmod(0o755)
-    assert binaries.first_build_plan(node=True, tools=True, root=tmp_path) is None
+    assert tools.first_build_plan(node=True, tools=True, root=tmp_path) is None

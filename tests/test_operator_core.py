@@ -10,7 +10,6 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.models import Process
-from gpuusage_operator.allocation import gpu_requests
 from gpuusage_operator.freshness import Sighting
 from gpuusage_operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
 from gpuusage_operator.podindex import PodLookup, index_keys, snapshot_of
@@ -22,6 +21,7 @@ from gpuusage_operator.podstate import (
     event_for,
     usage_json,
 )
+from gpuusage_operator.requests import gpu_requests
 from gpuusage_operator.resolution import pod_uses, resolve_all, resolve_process
 from gpuusage_operator.status import desired_status
 from tests.examples import (

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gpuusage.api.models import MAX_ALLOCATIONS
-from gpuusage_operator.allocation import AllocatedDevice, Allocation, Share, share_of
+from gpuusage_operator.allocation import AllocatedDevice, Allocation
 from gpuusage_operator.podindex import PodSnapshot, snapshot_of
+from gpuusage_operator.requests import Share, share_of
 from gpuusage_operator.showback import pod_allocation, pod_allocations
 from tests.fakenvml import gpu_uuid, mig_uuid
 

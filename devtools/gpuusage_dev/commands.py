@@ -166,9 +166,13 @@ def run_build(settings: BuildSettings) -> int:
     from gpuusage_dev.localcluster.binaries import (  # noqa: PLC0415
         ensure_binaries,
         ensure_node_binaries,
-        first_build_plan,
     )
-    from gpuusage_dev.localcluster.tools import TOOLS, ensure_tool, monitoring_crds  # noqa: PLC0415
+    from gpuusage_dev.localcluster.tools import (  # noqa: PLC0415
+        TOOLS,
+        ensure_tool,
+        first_build_plan,
+        monitoring_crds,
+    )
 
     plan = first_build_plan(settings.node, settings.tools)
     if plan:

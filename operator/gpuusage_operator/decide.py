@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage_operator.allocation import (
     Allocation,
-    AllocationRules,
     Judgement,
     KubeletView,
     allocation_of,
@@ -31,6 +30,7 @@ from gpuusage_operator.holding import held_idle, next_held_deadline
 from gpuusage_operator.idle import Idle, idle_pods, next_idle_deadline
 from gpuusage_operator.podindex import PodLookup, PodSnapshot
 from gpuusage_operator.podstate import Verdict, verdicts
+from gpuusage_operator.requests import AllocationRules
 from gpuusage_operator.resolution import PodUse, Resolution, pod_uses, resolve_all
 from gpuusage_operator.showback import pod_allocations
 from gpuusage_operator.status import desired_status

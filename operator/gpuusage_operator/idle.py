@@ -27,9 +27,10 @@ from datetime import datetime, timedelta
 
 from gpuusage.api.models import IdlePod
 from gpuusage.api.times import parse_time
-from gpuusage_operator.allocation import DEFAULT_RULES, Allocation, allocation_of
+from gpuusage_operator.allocation import Allocation, allocation_of
 from gpuusage_operator.dra import NO_DRA
 from gpuusage_operator.podindex import PodSnapshot
+from gpuusage_operator.requests import DEFAULT_RULES
 
 DEFAULT_IDLE_AFTER = timedelta(minutes=30)
 

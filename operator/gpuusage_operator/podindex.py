@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpuusage.api import names
-from gpuusage_operator.allocation import (
+from gpuusage_operator.dra import pod_claims
+from gpuusage_operator.requests import (
     DEFAULT_RULES,
     AllocationRules,
     PodClaims,
@@ -24,7 +25,6 @@ from gpuusage_operator.allocation import (
     gpu_resources,
     mig_requests,
 )
-from gpuusage_operator.dra import pod_claims
 
 UID_KEY = "uid:"
 CONTAINER_KEY = "cid:"

@@ -22,11 +22,12 @@ from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
-from gpuusage_operator.allocation import DEFAULT_RULES, DeviceFacts, Judgement, judge
+from gpuusage_operator.allocation import DeviceFacts, Judgement, judge
 from gpuusage_operator.certainty import BlindSpots, Cause, LastDevices, why_unknown
 from gpuusage_operator.dra import NO_DRA
 from gpuusage_operator.idle import Idle
 from gpuusage_operator.podindex import PodSnapshot
+from gpuusage_operator.requests import DEFAULT_RULES
 from gpuusage_operator.resolution import PodUse
 from gpuusage_operator.restarts import RestartCause, restart_cause
 from gpuusage_operator.transitions import transition_time

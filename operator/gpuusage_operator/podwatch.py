@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuusage.kube import raw
-from gpuusage_operator.allocation import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.apihealth import ApiHealth
 from gpuusage_operator.informer import Informer, watch_kwargs
 from gpuusage_operator.podindex import (
@@ -30,6 +29,7 @@ from gpuusage_operator.podindex import (
     snapshot_of,
 )
 from gpuusage_operator.podpack import PlainPods, packable
+from gpuusage_operator.requests import DEFAULT_RULES, AllocationRules
 
 
 @dataclass

@@ -28,10 +28,6 @@ from kubernetes import client
 from pydantic import ValidationError
 
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
-from gpuusage_operator.allocation import (
-    DEFAULT_RULES,
-    AllocationRules,
-)
 from gpuusage_operator.debounce import WriteBudget
 from gpuusage_operator.decide import Judging, decide
 from gpuusage_operator.dra import NO_DRA, DraLookup
@@ -51,6 +47,7 @@ from gpuusage_operator.podmarker import PodMarker
 from gpuusage_operator.podstate import PodEvent, Verdict
 from gpuusage_operator.policynoderun import NodeRunner
 from gpuusage_operator.policyrun import PolicyRunner
+from gpuusage_operator.requests import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.restarts import RESTART_GRACE, RestartCause, settle_until
 from gpuusage_operator.statuswriter import echo_version, write_status

@@ -11,11 +11,11 @@ from gpuusage.api import names
 from gpuusage.api.policy import MAX_ACTIONS_PER_HOUR
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage.settings import CommandSettings, comma_list
-from gpuusage_operator.allocation import AllocationRules
 from gpuusage_operator.debounce import DEFAULT_WRITE_BURST, DEFAULT_WRITE_RATE
 from gpuusage_operator.informer import WATCH_IDLE
 from gpuusage_operator.peering import MAX_PRIORITY
 from gpuusage_operator.policylimit import CLUSTER_ACTIONS_PER_HOUR
+from gpuusage_operator.requests import AllocationRules
 from gpuusage_operator.resolution import DEFAULT_DRIVER_NAMESPACES
 
 

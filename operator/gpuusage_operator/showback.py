@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gpuusage.api.models import MAX_ALLOCATIONS, PodAllocation
-from gpuusage_operator.allocation import Allocation, share_of
+from gpuusage_operator.allocation import Allocation
 from gpuusage_operator.podindex import PodSnapshot
+from gpuusage_operator.requests import share_of
 
 
 def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | None:

@@ -96,18 +96,18 @@ def cached_node_binaries(root: Path | None = None) -> NodeBinaries:
     return NodeBinaries(kube / "kubelet", kube / "kube-scheduler", kube / "kube-controller-manager")
 
 
-def _absent(paths: tuple[Path, ...]) -> list[Path]:
+def absent(paths: tuple[Path, ...]) -> list[Path]:
     return [p for p in paths if not (p.is_file() and os.access(p, os.X_OK))]
 
 
-def _missing(binaries: Binaries) -> list[Path]:
-    return _absent((binaries.kube_apiserver, binaries.etcd, binaries.kubectl))
+def missing_binaries(binaries: Binaries) -> list[Path]:
+    return absent((binaries.kube_apiserver, binaries.etcd, binaries.kubectl))
 
 
 def from_assets(assets: Path) -> Binaries:
     """Binaries from a KUBEBUILDER_ASSETS-style folder; all three must be present."""
     found = Binaries(assets / "kube-apiserver", assets / "etcd", assets / "kubectl")
-    missing = _missing(found)
+    missing = missing_binaries(found)
     if missing:
         names = ", ".join(p.name for p in missing)
         raise BinariesError(
@@ -117,40 +117,6 @@ def from_assets(assets: Path) -> Binaries:
     return found
 
 
-FIRST_BUILD_MINUTES = {"control plane": 6.0, "node": 1.5, "tools": 8.0}
-"""What a first build takes on 2 cores with empty Go caches, measured: kube-apiserver and
-kubectl 325 s with their modules' download, etcd 30 s, the node's three programs 90 s more
-(sharing the apiserver's packages); the monitoring and packaging tools about 8 minutes more (a
-whole first `make test` build took 18.5 minutes against `make demo`'s 10)."""
-
-
-def first_build_plan(node: bool, tools: bool, root: Path | None = None) -> str | None:
-    """What a build is about to make for the first time, and about how long it takes; None
-    when everything is cached (or KUBEBUILDER_ASSETS names the control plane's binaries)."""
-    root = root or cache_root()
-    parts: list[tuple[str, str]] = []
-    if not os.environ.get("KUBEBUILDER_ASSETS") and _missing(cached_binaries(root)):
-        parts.append(("control plane", "kube-apiserver, etcd, kubectl"))
-    if node and _absent(cached_node_binaries(root).all):
-        parts.append(("node", "kubelet, kube-scheduler, kube-controller-manager"))
-    if tools and _tools_missing(root):
-        parts.append(("tools", "kube-state-metrics, promtool, helm"))
-    if not parts:
-        return None
-    minutes = sum(FIRST_BUILD_MINUTES[kind] for kind, _ in parts)
-    what = "; ".join(names for _, names in parts)
-    return (
-        f"gpuusage: first run on this machine: building {what} from Go modules, about "
-        f"{minutes:g} minutes on 2 cores (fewer with more); cached in {root} afterwards"
-    )
-
-
-def _tools_missing(root: Path) -> bool:
-    from gpuusage_dev.localcluster.tools import TOOLS  # noqa: PLC0415 (tools imports this)
-
-    return any(not os.environ.get(tool.env) and not tool.cached(root).is_file() for tool in TOOLS)
-
-
 def ensure_binaries(progress: Progress = stderr_progress) -> Binaries:
     """Return usable binaries, building any that are missing from the cache."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
@@ -158,15 +124,17 @@ def ensure_binaries(progress: Progress = stderr_progress) -> Binaries:
         return from_assets(Path(assets))
     root = cache_root()
     wanted = cached_binaries(root)
-    if not _missing(wanted):
+    if not missing_binaries(wanted):
         return wanted
     go = require_go()
     with file_lock(root / "locks" / "build.lock"):
-        if wanted.kube_apiserver in _missing(wanted) or wanted.kubectl in _missing(wanted):
+        if wanted.kube_apiserver in missing_binaries(wanted) or wanted.kubectl in missing_binaries(
+            wanted
+        ):
             build_kubernetes(go, _kubernetes_dir(root), root / "work", progress)
-        if wanted.etcd in _missing(wanted):
+        if wanted.etcd in missing_binaries(wanted):
             build_etcd(go, _etcd_dir(root), root / "work", progress)
-    still = _missing(wanted)
+    still = missing_binaries(wanted)
     if still:
         raise BinariesError(f"build finished but {', '.join(map(str, still))} is missing")
     return wanted
@@ -178,11 +146,11 @@ def ensure_node_binaries(progress: Progress = stderr_progress) -> NodeBinaries:
     apiserver's build cache is warm; 8 from an empty one)."""
     root = cache_root()
     wanted = cached_node_binaries(root)
-    if not _absent(wanted.all):
+    if not absent(wanted.all):
         return wanted
     go = require_go(NODE_HINT)
     with file_lock(root / "locks" / "build.lock"):
-        if _absent(wanted.all):
+        if absent(wanted.all):
             build_kubernetes(
                 go,
                 _kubernetes_dir(root),
@@ -190,7 +158,7 @@ def ensure_node_binaries(progress: Progress = stderr_progress) -> NodeBinaries:
                 progress,
                 commands=("kubelet", "kube-scheduler", "kube-controller-manager"),
             )
-    still = _absent(wanted.all)
+    still = absent(wanted.all)
     if still:
         raise BinariesError(f"build finished but {', '.join(map(str, still))} is missing")
     return wanted
@@ -334,10 +302,10 @@ def ensure_go_program(
     key = hashlib.sha256(text + "".join(requires).encode()).hexdigest()
     root = cache_root()
     wanted = root / "bin" / f"{name}-{key[:12]}" / name
-    if _absent((wanted,)):
+    if absent((wanted,)):
         go = require_go(hint)
         with file_lock(root / "locks" / "build.lock"):
-            if _absent((wanted,)):
+            if absent((wanted,)):
                 module = root / "work" / name
                 module.mkdir(parents=True, exist_ok=True)
                 listed = "".join(f"\t{r}\n" for r in requires)
@@ -357,7 +325,7 @@ def ensure_go_program(
                     progress=progress,
                     rename={name.replace("-", ""): name},
                 )
-    if _absent((wanted,)):
+    if absent((wanted,)):
         raise BinariesError(f"build finished but {wanted} is missing")
     return wanted
 

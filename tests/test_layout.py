@@ -1,0 +1,135 @@
+"""The code's layout as the docs describe it: no import circle between a package's modules.
+
+A circle means two modules that cannot be read, tested or moved apart; each package is meant
+to read in one pass from its edges to its pure core. Imports under TYPE_CHECKING count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "gpuusage": REPO / "src" / "gpuusage",
+    "gpuusage_operator": REPO / "operator" / "gpuusage_operator",
+    "gpuusage_nodeagent": REPO / "nodeagent" / "gpuusage_nodeagent",
+    "gpuusage_commands": REPO / "commands" / "gpuusage_commands",
+    "gpuusage_dev": REPO / "devtools" / "gpuusage_dev",
+}
+
+Graph = dict[str, set[str]]
+
+
+def modules(package: str, folder: Path) -> dict[str, Path]:
+    """Dotted module name → file, for every module of the package (a package is its
+    __init__)."""
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join((package, *parts))] = path
+    return found
+
+
+def _imported(tree: ast.AST, here: str, is_package: bool) -> Iterator[str]:
+    """Every dotted name an import statement of the module names (for `from a import b`: both
+    `a` and `a.b`, since `b` may be a module)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def import_graph(package: str, folder: Path) -> Graph:
+    """Module → the package's modules it imports (not itself, not its own parent packages,
+    which Python imports on the way in any case)."""
+    known = modules(package, folder)
+    graph: Graph = {}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        targets = set()
+        for imported in _imported(tree, name, path.name == "__init__.py"):
+            if imported in known and imported != name and not name.startswith(f"{imported}."):
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def circles(graph: Graph) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_circles_are_found() -> None:
+    """The check can fail: a circle of three, and one through a package's __init__."""
+    graph = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert circles(graph) == [["p.a", "p.b", "p.c"]]
+    assert circles({"p.a": {"p.b"}, "p.b": set()}) == []
+
+
+def test_the_graph_reads_every_form_of_import(tmp_path: Path) -> None:
+    room = tmp_path / "pkg" / "room"
+    room.mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (room / "__init__.py").write_text("from pkg.room import one\n")
+    (room / "one.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.room.two import X\n"
+    )
+    (room / "two.py").write_text("from . import one\nimport pkg.top\n")
+    (tmp_path / "pkg" / "top.py").write_text("from pkg.room import two\n")
+    graph = import_graph("pkg", tmp_path / "pkg")
+    assert graph == {
+        "pkg": set(),
+        "pkg.room": {"pkg.room.one"},
+        "pkg.room.one": {"pkg.room.two"},
+        "pkg.room.two": {"pkg.room.one", "pkg.top"},
+        "pkg.top": {"pkg.room", "pkg.room.two"},
+    }
+    assert circles(graph) == [["pkg.room", "pkg.room.one", "pkg.room.two", "pkg.top"]]
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_circle(package: str) -> None:
+    assert circles(import_graph(package, PACKAGES[package])) == []
