@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpuusage.api.times import format_micro_time
-from gpuusage_operator.leasewatch import LeaseWatch
+from gpuusage_operator.informers.leases import LeaseWatch
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 

@@ -23,9 +23,9 @@ from gpuusage_nodeagent.main import NodeReader, run_cycles
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_operator.certainty import REASON_OMITTED, blind_spots, why_unknown
-from gpuusage_operator.podindex import PodLookup, PodSnapshot
-from gpuusage_operator.resolution import resolve_all
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+from gpuusage_operator.judge.certainty import REASON_OMITTED, blind_spots, why_unknown
+from gpuusage_operator.judge.resolution import resolve_all
 from tests.fakenvml import FakeGpu, FakeMachine, dgx_h100, gpu_uuid
 
 SOURCE = Source(kind="fake", available=True)

@@ -19,7 +19,15 @@ from gpuusage.api.models import (
     Process,
 )
 from gpuusage.api.resources import mig_profile
-from gpuusage_operator.allocation import (
+from gpuusage_operator.index.dra import (
+    NO_DRA,
+    ClaimState,
+    DraLookup,
+    SliceState,
+    pod_claims,
+)
+from gpuusage_operator.index.pods import PodSnapshot
+from gpuusage_operator.judge.allocation import (
     AllocatedDevice,
     Allocation,
     DeviceFacts,
@@ -28,16 +36,8 @@ from gpuusage_operator.allocation import (
     allocation_of,
     judge,
 )
-from gpuusage_operator.dra import (
-    NO_DRA,
-    ClaimState,
-    DraLookup,
-    SliceState,
-    pod_claims,
-)
-from gpuusage_operator.podindex import PodSnapshot
-from gpuusage_operator.podstate import REASON_UNALLOCATED, desired_condition, event_for
-from gpuusage_operator.requests import (
+from gpuusage_operator.judge.podstate import REASON_UNALLOCATED, desired_condition, event_for
+from gpuusage_operator.judge.requests import (
     DEFAULT_RULES,
     AllocationRules,
     PodClaims,
@@ -45,8 +45,8 @@ from gpuusage_operator.requests import (
     gpu_requests,
     gpu_resources,
 )
-from gpuusage_operator.resolution import PodUse, Resolution
-from gpuusage_operator.status import pod_usages
+from gpuusage_operator.judge.resolution import PodUse, Resolution
+from gpuusage_operator.judge.status import pod_usages
 
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
 GPU1 = "GPU-11111111-1111-2222-3333-444444444444"

@@ -58,10 +58,10 @@ from gpuusage.api.models import (
     Utilization,
 )
 from gpuusage.api.models import GpuNodeUsageStatus as Status
-from gpuusage_operator.freshness import Sighting
-from gpuusage_operator.podindex import PodLookup, PodSnapshot
-from gpuusage_operator.resolution import resolve_all
-from gpuusage_operator.status import desired_status
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.resolution import resolve_all
+from gpuusage_operator.judge.status import desired_status
 from tests.conftest import Kubectl
 from tests.examples import (
     CTR_INFER,

@@ -6,15 +6,15 @@ from datetime import UTC, datetime
 
 from gpuusage.api import names
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Process, Source
-from gpuusage_operator.certainty import (
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+from gpuusage_operator.judge.certainty import (
     REASON_DEVICE,
     REASON_UNRESOLVED,
     blind_spots,
     why_unknown,
 )
-from gpuusage_operator.podindex import PodLookup, PodSnapshot
-from gpuusage_operator.podstate import desired_condition, event_for
-from gpuusage_operator.resolution import resolve_all
+from gpuusage_operator.judge.podstate import desired_condition, event_for
+from gpuusage_operator.judge.resolution import resolve_all
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_operator.debounce import Debounce, WriteBudget
+from gpuusage_operator.controller.debounce import Debounce, WriteBudget
 from tests.conftest import GPU0, WorldFactory, wait_for
 from tests.worldview import condition, pod, pod_annotations, report
 

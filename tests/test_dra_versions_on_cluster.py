@@ -11,10 +11,10 @@ from kubernetes import client
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
-from gpuusage_operator.allocation import allocation_of
-from gpuusage_operator.drawatch import DraWatch, resource_apis
-from gpuusage_operator.podindex import index_keys
-from gpuusage_operator.requests import DEFAULT_RULES
+from gpuusage_operator.index.pods import index_keys
+from gpuusage_operator.informers.dra import DraWatch, resource_apis
+from gpuusage_operator.judge.allocation import allocation_of
+from gpuusage_operator.judge.requests import DEFAULT_RULES
 from tests.conftest import wait_for
 from tests.fakenvml import gpu_uuid
 

@@ -13,10 +13,10 @@ from gpuusage_dev.simulation import pod_cgroup, write_process
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.main import NodeReader
 from gpuusage_nodeagent.resolver import Resolver
-from gpuusage_operator.allocation import judgements
-from gpuusage_operator.freshness import Sighting
-from gpuusage_operator.resolution import pod_uses, resolve_all
-from gpuusage_operator.status import desired_status
+from gpuusage_operator.judge.allocation import judgements
+from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.resolution import pod_uses, resolve_all
+from gpuusage_operator.judge.status import desired_status
 from tests.fakenvml import FakeGpu, FakeMachine, FakeProcess, gpu_uuid
 from tests.test_operator_core import lookup, pod
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuusage_operator.podindex import PodLookup
-from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.index.pods import PodLookup
 from tests.examples import example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)

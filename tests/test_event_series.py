@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpuusage_operator.eventbook import BURST, REFILL, SERIES_WINDOW, EventBook, Write
+from gpuusage_operator.writers.eventbook import BURST, REFILL, SERIES_WINDOW, EventBook, Write
 from tests.conftest import WorldFactory, wait_for
 from tests.worldview import condition, pod
 

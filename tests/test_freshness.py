@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from gpuusage.api import names
 from gpuusage.api.models import Condition, GpuNodeUsageStatus
 from gpuusage.api.times import format_time
-from gpuusage_operator.freshness import (
+from gpuusage_operator.judge.freshness import (
     Renewal,
     Sighting,
     alive_at,

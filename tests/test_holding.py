@@ -8,17 +8,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuusage.api.models import Process
-from gpuusage_operator.allocation import Allocation, Judgement
-from gpuusage_operator.holding import held_idle, held_idle_since, next_held_deadline
-from gpuusage_operator.podindex import PodSnapshot
-from gpuusage_operator.podstate import (
+from gpuusage_operator.index.pods import PodSnapshot
+from gpuusage_operator.judge.allocation import Allocation, Judgement
+from gpuusage_operator.judge.holding import held_idle, held_idle_since, next_held_deadline
+from gpuusage_operator.judge.podstate import (
     REASON_HELD_IDLE,
     REASON_UNREQUESTED,
     desired_condition,
     event_for,
 )
-from gpuusage_operator.resolution import PodUse, Resolution
-from gpuusage_operator.status import pod_usages
+from gpuusage_operator.judge.resolution import PodUse, Resolution
+from gpuusage_operator.judge.status import pod_usages
 from tests.fakenvml import gpu_uuid
 
 T = datetime(2026, 11, 24, 9, 0, 0, tzinfo=UTC)

@@ -10,11 +10,11 @@ import pytest
 
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
-from gpuusage_operator.allocation import AllocatedDevice, Allocation
-from gpuusage_operator.certainty import blind_spots
-from gpuusage_operator.idle import idle_pods, idle_since, next_idle_deadline
-from gpuusage_operator.podindex import REQUESTING_KEY, PodSnapshot, index_keys, snapshot_of
-from gpuusage_operator.podstate import condition_patch, desired_condition
+from gpuusage_operator.index.pods import REQUESTING_KEY, PodSnapshot, index_keys, snapshot_of
+from gpuusage_operator.judge.allocation import AllocatedDevice, Allocation
+from gpuusage_operator.judge.certainty import blind_spots
+from gpuusage_operator.judge.idle import idle_pods, idle_since, next_idle_deadline
+from gpuusage_operator.judge.podstate import condition_patch, desired_condition
 from tests.examples import example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)

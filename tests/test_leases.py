@@ -21,7 +21,7 @@ from gpuusage_nodeagent.main import NodeReader, run_cycles
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_operator.leasewatch import LeaseState, Seen
+from gpuusage_operator.informers.leases import LeaseState, Seen
 from tests.test_agent_robustness import SOURCE
 
 T0 = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)

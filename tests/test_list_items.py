@@ -9,7 +9,7 @@ import pytest
 
 from gpuusage import memory
 from gpuusage.kube import raw
-from gpuusage_operator.informer import Informer
+from gpuusage_operator.informers.informer import Informer
 
 
 def items_of(body: str) -> tuple[list[Any], dict[str, Any]]:

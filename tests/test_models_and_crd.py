@@ -27,7 +27,7 @@ from gpuusage.api.models import (
     Process,
 )
 from gpuusage.api.summary import format_mib
-from gpuusage_operator.status import node_totals
+from gpuusage_operator.judge.status import node_totals
 from tests.examples import example_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,10 +11,10 @@ import pytest
 from gpuusage.api import names
 from gpuusage.api.models import OrphanedMemory, Process
 from gpuusage.api.policy import NodeRule
-from gpuusage_operator.nodemarks import marks_of, taints_with
-from gpuusage_operator.orphaned import orphaned_memory
-from gpuusage_operator.policynode import NodeMarks, node_step
-from gpuusage_operator.resolution import Resolution
+from gpuusage_operator.judge.orphaned import orphaned_memory
+from gpuusage_operator.judge.resolution import Resolution
+from gpuusage_operator.policies.nodemarks import marks_of, taints_with
+from gpuusage_operator.policies.noderule import NodeMarks, node_step
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 KEY = names.NODE_CONDITION_ORPHANED

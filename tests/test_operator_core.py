@@ -10,10 +10,10 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.models import Process
-from gpuusage_operator.freshness import Sighting
-from gpuusage_operator.peering import MAX_PRIORITY, is_active, live_peers, random_priority
-from gpuusage_operator.podindex import PodLookup, index_keys, snapshot_of
-from gpuusage_operator.podstate import (
+from gpuusage_operator.ha.peering import MAX_PRIORITY, is_active, live_peers, random_priority
+from gpuusage_operator.index.pods import PodLookup, index_keys, snapshot_of
+from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.podstate import (
     annotation_patch,
     condition_patch,
     desired_annotations,
@@ -21,9 +21,9 @@ from gpuusage_operator.podstate import (
     event_for,
     usage_json,
 )
-from gpuusage_operator.requests import gpu_requests
-from gpuusage_operator.resolution import pod_uses, resolve_all, resolve_process
-from gpuusage_operator.status import desired_status
+from gpuusage_operator.judge.requests import gpu_requests
+from gpuusage_operator.judge.resolution import pod_uses, resolve_all, resolve_process
+from gpuusage_operator.judge.status import desired_status
 from tests.examples import (
     CTR_INFER,
     CTR_NOTEBOOK,

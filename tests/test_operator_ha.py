@@ -21,7 +21,7 @@ from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process, Source
 from gpuusage.kube.crds import ensure_peering
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_running_pod, ensure_namespace
-from gpuusage_operator.peering import live_peers
+from gpuusage_operator.ha.peering import live_peers
 from tests.conftest import CHILD_ENV, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.worldview import create_policy, in_namespace

@@ -20,12 +20,12 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_operator.debounce import WriteBudget
-from gpuusage_operator.ha import ActiveGate
-from gpuusage_operator.peering import Peering
-from gpuusage_operator.podindex import PodSnapshot
-from gpuusage_operator.podmarker import PodMarker
-from gpuusage_operator.podstate import Verdict, plan_pod
+from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.ha.leader import ActiveGate
+from gpuusage_operator.ha.peering import Peering
+from gpuusage_operator.index.pods import PodSnapshot
+from gpuusage_operator.judge.podstate import Verdict, plan_pod
+from gpuusage_operator.writers.pods import PodMarker
 from tests.conftest import WorldFactory, wait_for
 from tests.worldview import condition, conditions, pod, pod_annotations, report
 

@@ -9,10 +9,10 @@ import pytest
 
 from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
-from gpuusage_operator.policydecide import Observation, Step, next_step, observe
-from gpuusage_operator.policylimit import WINDOW, next_allowed, recent
-from gpuusage_operator.policyselect import covers, exempt, opt_out_hint, opted_out, selects
-from gpuusage_operator.policywatch import NamespaceState, PolicyState
+from gpuusage_operator.informers.policies import NamespaceState, PolicyState
+from gpuusage_operator.policies.limit import WINDOW, next_allowed, recent
+from gpuusage_operator.policies.rule import Observation, Step, next_step, observe
+from gpuusage_operator.policies.select import covers, exempt, opt_out_hint, opted_out, selects
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 NOTICE = timedelta(minutes=5)

@@ -22,9 +22,9 @@ from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_running_pod, ensure_namespace
-from gpuusage_operator.nodemarks import NodeMarker
-from gpuusage_operator.policyact import NOTEBOOK_STOPPED, Actor
-from gpuusage_operator.policynode import NodeMarks
+from gpuusage_operator.policies.act import NOTEBOOK_STOPPED, Actor
+from gpuusage_operator.policies.nodemarks import NodeMarker
+from gpuusage_operator.policies.noderule import NodeMarks
 from tests.conftest import Kubectl, token_kubeconfig, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -19,7 +19,7 @@ import pytest
 import urllib3
 
 from gpuusage.kube import raw
-from gpuusage_operator.informer import OptionalWatch
+from gpuusage_operator.informers.informer import OptionalWatch
 
 HOLD = 0.5
 

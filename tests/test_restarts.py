@@ -11,10 +11,10 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
-from gpuusage_operator.certainty import BlindSpots
-from gpuusage_operator.podindex import PodSnapshot, container_exits, snapshot_of
-from gpuusage_operator.podstate import desired_condition, event_for, plan_pod, verdicts
-from gpuusage_operator.restarts import (
+from gpuusage_operator.index.pods import PodSnapshot, container_exits, snapshot_of
+from gpuusage_operator.judge.certainty import BlindSpots
+from gpuusage_operator.judge.podstate import desired_condition, event_for, plan_pod, verdicts
+from gpuusage_operator.judge.restarts import (
     REASON_RESTARTED,
     SETTLE,
     restart_cause,

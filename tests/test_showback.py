@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from gpuusage.api.models import MAX_ALLOCATIONS
-from gpuusage_operator.allocation import AllocatedDevice, Allocation
-from gpuusage_operator.podindex import PodSnapshot, snapshot_of
-from gpuusage_operator.requests import Share, share_of
-from gpuusage_operator.showback import pod_allocation, pod_allocations
+from gpuusage_operator.index.pods import PodSnapshot, snapshot_of
+from gpuusage_operator.judge.allocation import AllocatedDevice, Allocation
+from gpuusage_operator.judge.requests import Share, share_of
+from gpuusage_operator.judge.showback import pod_allocation, pod_allocations
 from tests.fakenvml import gpu_uuid, mig_uuid
 
 UID = "11111111-2222-4333-8444-555555555555"

@@ -20,8 +20,8 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.mergepatch import merge_diff
-from gpuusage_operator.podindex import PodLookup
-from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.index.pods import PodLookup
 from tests.examples import example_spec
 from tests.test_echo import apply_merge_patch
 

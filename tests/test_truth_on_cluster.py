@@ -31,9 +31,9 @@ from gpuusage_dev.simulation import (
 )
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.informers.pods import PodWatch
 from gpuusage_operator.main import run_operator
-from gpuusage_operator.podwatch import PodWatch
-from gpuusage_operator.reconcile import Reconciler
 from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.worldview import condition, conditions, events, pod, pod_annotations, report, scrape
@@ -360,7 +360,7 @@ def test_an_etcd_outage_is_logged_once_and_its_end_once(
 ) -> None:
     world = make_world()
     wait_for(lambda: in_use(world, "train"), what="train in use")
-    caplog.set_level(logging.WARNING, logger="gpuusage_operator.apihealth")
+    caplog.set_level(logging.WARNING, logger="gpuusage_operator.informers.apihealth")
     cluster.stop("etcd")
     try:
         wait_for(
@@ -384,7 +384,7 @@ def test_an_etcd_outage_is_logged_once_and_its_end_once(
     said = [
         r.getMessage().split(" (")[0].split(" after")[0]
         for r in caplog.records
-        if r.name == "gpuusage_operator.apihealth"
+        if r.name == "gpuusage_operator.informers.apihealth"
     ]
     assert said == ["Kubernetes API unavailable", "Kubernetes API available again"]
     assert _metric(world, "gpuusage_operator_api_available") == 1

@@ -24,18 +24,18 @@ from gpuusage_nodeagent.visibility import (
     unexplained_mib,
     with_blind_devices,
 )
-from gpuusage_operator.allocation import AllocatedDevice, Allocation
-from gpuusage_operator.certainty import (
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+from gpuusage_operator.judge.allocation import AllocatedDevice, Allocation
+from gpuusage_operator.judge.certainty import (
     REASON_NOT_VISIBLE,
     blind_spots,
     devices_of,
     sees_all,
     why_unknown,
 )
-from gpuusage_operator.freshness import Sighting
-from gpuusage_operator.podindex import PodLookup, PodSnapshot
-from gpuusage_operator.resolution import resolve_all
-from gpuusage_operator.status import desired_status
+from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.resolution import resolve_all
+from gpuusage_operator.judge.status import desired_status
 from tests.fakenvml import FakeGpu, FakeMachine, FakeMig, FakeProcess, gpu_uuid, mig_uuid
 from tests.test_certainty import marked
 

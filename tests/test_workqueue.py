@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from gpuusage.retry import Backoff
-from gpuusage_operator.workqueue import WorkQueue
+from gpuusage_operator.controller.workqueue import WorkQueue
 
 
 class Clock:

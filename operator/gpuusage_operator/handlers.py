@@ -3,10 +3,10 @@
 * kopf stays the framework for what it does well: watching reports, peering, startup and
   login. Reports are handled with `on.event`, not `on.create/update`: no diff-base annotation
   (which would copy the whole spec into metadata) and no finalizer on objects the agent owns.
-  An event only hands the report's body to the workers (see reportworkers) and queues its name
+  An event only hands the report's body to the workers (see controller.workers) and queues its name
   (see workqueue): one worker per report at a time, deadlines, retries with a backoff.
-* The pod index keeps a few fields per pod (see podindex), never whole bodies, and is kept by
-  our own list-and-watch (see podwatch for why not a kopf index). Reports are reconciled only
+* The pod index keeps a few fields per pod (see index.pods), never whole bodies, and is kept by
+  our own list-and-watch (see informers.pods for why not a kopf index). Reports are reconciled only
   once it holds the complete first listing.
 * Every write path first asks the ActiveGate (see ha); the housekeeping pass (see
   housekeeping) probes the API and finds marks of nodes without a report; kopf's settings and
@@ -26,20 +26,20 @@ import kopf
 from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import REQUEST_TIMEOUT
-from gpuusage_operator.apihealth import ApiHealth
-from gpuusage_operator.debounce import DEFAULT_INTERVAL, Debounce
-from gpuusage_operator.drawatch import DraWatch
-from gpuusage_operator.ha import ActiveGate
-from gpuusage_operator.housekeeping import housekeeping
-from gpuusage_operator.informer import WATCH_IDLE
+from gpuusage_operator.controller.debounce import DEFAULT_INTERVAL, Debounce
+from gpuusage_operator.controller.housekeeping import housekeeping
+from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.workers import Deleted, ReportWorkers
+from gpuusage_operator.ha.leader import ActiveGate
+from gpuusage_operator.ha.peering import Peering
+from gpuusage_operator.informers.apihealth import ApiHealth
+from gpuusage_operator.informers.dra import DraWatch
+from gpuusage_operator.informers.informer import WATCH_IDLE
+from gpuusage_operator.informers.leases import LeaseWatch
+from gpuusage_operator.informers.pods import PodWatch
+from gpuusage_operator.informers.policies import PolicyWatch
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
-from gpuusage_operator.leasewatch import LeaseWatch
 from gpuusage_operator.metrics import OperatorMetrics
-from gpuusage_operator.peering import Peering
-from gpuusage_operator.podwatch import PodWatch
-from gpuusage_operator.policywatch import PolicyWatch
-from gpuusage_operator.reconcile import Reconciler
-from gpuusage_operator.reportworkers import Deleted, ReportWorkers
 
 log = logging.getLogger(__name__)
 

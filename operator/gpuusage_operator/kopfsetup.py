@@ -11,7 +11,7 @@ import kopf
 from gpuusage.api import names
 from gpuusage.kube.config import CONNECT_TIMEOUT, REQUEST_TIMEOUT, api_client
 from gpuusage.retry import Backoff
-from gpuusage_operator.peering import Peering
+from gpuusage_operator.ha.peering import Peering
 
 
 def retry_forever() -> Backoff:

@@ -13,21 +13,21 @@ from kubernetes import client
 
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
-from gpuusage_operator.apihealth import ApiHealth
-from gpuusage_operator.debounce import WriteBudget
-from gpuusage_operator.drawatch import DraWatch, resource_apis
-from gpuusage_operator.ha import join_peering
+from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.ha.leader import join_peering
+from gpuusage_operator.ha.peering import own_identity
 from gpuusage_operator.handlers import build_registry
-from gpuusage_operator.leasewatch import LeaseWatch
+from gpuusage_operator.informers.apihealth import ApiHealth
+from gpuusage_operator.informers.dra import DraWatch, resource_apis
+from gpuusage_operator.informers.leases import LeaseWatch
+from gpuusage_operator.informers.pods import PodWatch
+from gpuusage_operator.informers.policies import PolicyWatch
 from gpuusage_operator.metrics import OperatorMetrics
-from gpuusage_operator.nodemarks import NodeMarker
-from gpuusage_operator.peering import own_identity
-from gpuusage_operator.podwatch import PodWatch
-from gpuusage_operator.policyact import Actor
-from gpuusage_operator.policynoderun import NodeRunner
-from gpuusage_operator.policyrun import PolicyRunner
-from gpuusage_operator.policywatch import PolicyWatch
-from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.policies.act import Actor
+from gpuusage_operator.policies.nodemarks import NodeMarker
+from gpuusage_operator.policies.noderun import NodeRunner
+from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)

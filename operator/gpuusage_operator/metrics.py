@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuusage.api.models import UnattributedReason
-from gpuusage_operator.apihealth import ApiHealth
-from gpuusage_operator.reconcile import Reconciler
+from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.informers.apihealth import ApiHealth
 
 UNATTRIBUTED_REASONS: tuple[str, ...] = get_args(UnattributedReason)
 

@@ -1,0 +1,61 @@
+"""What is left for a clock: the API probe, and marks for nodes without a report.
+
+Everything else that no report event triggers is a deadline in the work queue (see
+workqueue: a pod's idle time, marks settling, a report turning stale). Every `interval` this
+pass checks that the API answers, so that an outage is logged once and its end once, and
+queues the nodes whose pods carry our marks while kopf has shown no report for them (a report
+deleted while no replica watched: the worker's read confirms the absence and clears them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.kube.errors import translate
+from gpuusage_operator.controller.reconcile import DUE, Reconciler
+from gpuusage_operator.ha.leader import ActiveGate
+from gpuusage_operator.informers.apihealth import ApiHealth
+from gpuusage_operator.informers.pods import PodWatch
+
+PROBE_TIMEOUT = 5.0
+
+
+async def housekeeping(
+    reconciler: Reconciler,
+    pods: PodWatch,
+    interval: float,
+    gate: ActiveGate,
+    *,
+    health: ApiHealth,
+    known: set[str],
+    ready: Callable[[], bool],
+) -> None:
+    """See the module's docstring; `known` holds the names of the reports kopf's watch has
+    shown, `ready` whether the indexes are synced."""
+    loop = asyncio.get_running_loop()
+    custom = client.CustomObjectsApi(reconciler.api)
+
+    def probe() -> bool:
+        """A read that needs etcd (a consistent list), so that its outage is noticed too."""
+        try:
+            custom.list_cluster_custom_object(
+                names.GROUP, names.VERSION, names.PLURAL, limit=1, _request_timeout=PROBE_TIMEOUT
+            )
+        except Exception as exc:
+            health.failed("probe", translate(exc))
+            return False
+        health.succeeded()
+        return True
+
+    while True:
+        await asyncio.sleep(interval)
+        if not await loop.run_in_executor(None, probe):
+            continue
+        if not ready() or not await gate.active():
+            continue
+        for node in pods.lookup().nodes_with_our_marks() - known:
+            reconciler.queue.add(node, DUE)

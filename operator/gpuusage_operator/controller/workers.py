@@ -1,0 +1,163 @@
+"""The operator's workers: each takes a report's name from the work queue and reconciles it.
+
+A name comes with the reasons it was queued for (see workqueue, reconcile): a report event
+(its body waits here, the latest one), a deadline, a pod event, a retry. The worker reconciles
+the report's latest version: the event's body, or, with none waiting, the report read afresh
+(a report found gone loses its pods' marks). A deadline of staleness that a Lease renewal made
+moot, or pod edits that only echo our own writes, cost no reconcile. A reconcile that fails is
+queued again after a backoff (1 s doubling to 60 s) until it succeeds; one that succeeds starts
+its backoff over. Nothing is written unless this replica is the active one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.api.times import Clock
+from gpuusage.kube.errors import NotFound, translate
+from gpuusage_operator.controller.debounce import Debounce
+from gpuusage_operator.controller.reconcile import STALENESS, Reconciler
+from gpuusage_operator.ha.leader import ActiveGate
+from gpuusage_operator.informers.dra import DraWatch
+from gpuusage_operator.informers.pods import PodWatch
+from gpuusage_operator.metrics import OperatorMetrics
+
+log = logging.getLogger(__name__)
+NOT_READY_AGAIN = 0.2
+"""Seconds before a name taken while the indexes are not synced yet is tried again."""
+EVENT = "event"
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """The report was deleted: its node's pods lose our marks."""
+
+    node: str
+
+
+class ReportWorkers:
+    """The worker threads and the report bodies waiting for them."""
+
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        pods: PodWatch,
+        dra: DraWatch,
+        gate: ActiveGate,
+        metrics: OperatorMetrics,
+        *,
+        debounce: Debounce,
+        clock: Clock,
+        ready: Callable[[], bool],
+        workers: int,
+    ) -> None:
+        self.reconciler, self.queue = reconciler, reconciler.queue
+        self._pods, self._dra, self._gate, self._metrics = pods, dra, gate, metrics
+        self._debounce, self._clock, self._ready = debounce, clock, ready
+        self._count = workers
+        self._pending: dict[str, dict[str, Any] | Deleted] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def offer(self, name: str, body: dict[str, Any] | Deleted) -> None:
+        """A report event: its body replaces any waiting, and the name is queued (after what is
+        left of the report's debounce interval)."""
+        with self._lock:
+            self._pending[name] = body
+        if isinstance(body, Deleted):
+            self._debounce.forget(name)
+        self.queue.add(name, EVENT)
+
+    def start(self) -> None:
+        for n in range(self._count):
+            thread = threading.Thread(target=self._run, name=f"reconcile-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self.queue.shut_down()
+
+    def _run(self) -> None:
+        while True:
+            taken = self.queue.get()
+            if taken is None:
+                return
+            name, reasons = taken
+            started = time.monotonic()
+            try:
+                ran = self.work(name, reasons)
+            except Exception as exc:
+                delay = self.queue.add_rate_limited(name)
+                self._metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()
+                log.warning("reconciling report %s failed (%s); again in %.0f s", name, exc, delay)
+            else:
+                self.queue.forget(name)
+                if ran:
+                    self._metrics.reconcile_seconds.observe(time.monotonic() - started)
+            finally:
+                self.queue.done(name)
+
+    def _later(self, name: str, reasons: frozenset[Hashable], delay: float) -> None:
+        for reason in reasons or {None}:
+            self.queue.add_after(name, delay, reason)
+
+    def work(self, name: str, reasons: frozenset[Hashable]) -> bool:
+        """One name's work; whether a reconcile ran. A report is reconciled at most once per
+        debounce interval, whatever the reasons: sooner, they wait for the rest of it (its
+        latest body too)."""
+        if not self._ready():
+            self._later(name, reasons, NOT_READY_AGAIN)
+            return False
+        if not self._gate.active_now():
+            with self._lock:  # kopf lists every report again when this replica resumes
+                self._pending.pop(name, None)
+            return False
+        now = self._clock()
+        reconciler = self.reconciler
+        if reasons == {STALENESS} and not reconciler.staleness_flipped(name, now):
+            reconciler.watch_staleness(name, now)  # renewed meanwhile: the next deadline
+            return False
+        if reconciler.only_echoes(reasons):
+            return False
+        wait = self._debounce.wait(name, time.monotonic())
+        if wait > 0:  # reconciled less than an interval ago (a report rewritten too often)
+            if EVENT in reasons:
+                self._metrics.reports_held.inc()
+            self._later(name, reasons, wait)
+            return False
+        with self._lock:
+            body = self._pending.pop(name, None)
+        if isinstance(body, Deleted):
+            reconciler.forget_node(body.node, self._pods.lookup(), now)
+            return True
+        self._debounce.ran(name, time.monotonic())
+        if body is None:
+            revisit(reconciler, self._pods, self._dra, name, now)
+        else:
+            reconciler.reconcile(body, self._pods.lookup(), now, self._dra.lookup())
+        return True
+
+
+def revisit(
+    reconciler: Reconciler, pods: PodWatch, dra: DraWatch, name: str, now: datetime
+) -> None:
+    """Read a report and reconcile it (a report found gone loses its pods' marks)."""
+    custom = client.CustomObjectsApi(reconciler.api)
+    try:
+        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
+    except Exception as exc:
+        if isinstance(translate(exc), NotFound):
+            reconciler.forget_node(name, pods.lookup(), now)
+            return
+        raise
+    assert isinstance(body, dict)
+    reconciler.reconcile(body, pods.lookup(), now, dra.lookup())

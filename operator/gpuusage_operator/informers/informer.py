@@ -1,0 +1,251 @@
+"""List then watch one kind of object into an in-memory state, as client-go's informers do.
+
+Semantics (the pod index's, see informers.pods, and the DRA indexes', see informers.dra):
+
+* `synced` is set once a full list is in; readers wait for it, so nothing is ever resolved
+  against a half-built or outdated state.
+* A watch that ends cleanly (its server-side timeout) resumes from the last resourceVersion
+  (bookmarks keep it fresh). Any interruption (the API away, a 410 Gone, a broken stream)
+  clears `synced` and lists again, as client-go's reflector does: objects may have been deleted
+  and recreated meanwhile. The new state replaces the old one in one assignment.
+* Retries back off (doubling up to MAX_RETRY, jittered) and the backoff starts over after
+  every successful list, so once the API is back the state is whole again within one short
+  retry, however long the outage was.
+* Lines are parsed as plain JSON (no model objects) and handed to the state at once; a list
+  page's items are parsed one at a time (raw.list_items), and the memory a list freed is given
+  back to the system (see memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import closing
+from typing import Any, Generic, Protocol, TypeVar
+
+from gpuusage import memory
+from gpuusage.kube import raw
+from gpuusage.kube.config import CONNECT_TIMEOUT
+from gpuusage.kube.errors import Forbidden, NotFound, translate
+from gpuusage.retry import doubling
+from gpuusage_operator.informers.apihealth import ApiHealth
+
+log = logging.getLogger(__name__)
+
+PAGE = 500
+WATCH_SECONDS = 300
+WATCH_IDLE = 150.0
+"""Seconds a watch may receive nothing, not even a bookmark, before its connection is taken
+for dead (a peer gone without closing it, a dropped NAT entry) and the state listed again.
+Measured on kube-apiserver v1.34.4: a quiet watch that asks for bookmarks gets its first
+after about 120 s, then one every 61 s."""
+MAX_RETRY = 5.0
+
+
+class State(Protocol):
+    """What an informer keeps: objects applied one event at a time."""
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None: ...
+
+    def ids(self) -> set[str]: ...
+
+    def __len__(self) -> int: ...
+
+
+S = TypeVar("S", bound=State)
+
+ListPage = Callable[[int, str | None], Any]
+"""(limit, continue token) → the raw response of one page of the list."""
+WatchFrom = Callable[[str, float], Any]
+"""(resourceVersion, idle timeout) → the raw response of a watch stream from there."""
+
+
+class WatchExpired(Exception):
+    """The watch cannot resume from its resourceVersion (410 Gone, or another watch error)."""
+
+
+class Informer(Generic[S]):
+    """Keeps a state current from the API; run() blocks, so it runs in a thread.
+
+    `wait(seconds)` pauses between retries and returns True when the loop should stop; tests
+    inject one to see the backoff without sleeping. `on_deleted` hears the ids of objects that
+    went away (from a DELETED event, or missing from a new list).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        list_page: ListPage,
+        watch_from: WatchFrom,
+        new_state: Callable[[], S],
+        *,
+        retry_seconds: float = 1.0,
+        wait: Callable[[float], bool] | None = None,
+        health: ApiHealth | None = None,
+        on_deleted: Callable[[set[str]], None] = lambda ids: None,
+        idle_timeout: float = WATCH_IDLE,
+        trim: Callable[[], object] = memory.trim,
+    ) -> None:
+        self.what = what
+        self._trim = trim
+        self.idle_timeout = idle_timeout
+        self._list_page, self._watch_from, self._new_state = list_page, watch_from, new_state
+        self._health = health or ApiHealth()
+        self._on_deleted = on_deleted
+        self.state: S = new_state()
+        self._backoff = doubling(retry_seconds, MAX_RETRY)
+        self.writing = threading.Lock()
+        """Held by every writer of `state` (the loop, and callers that read an object again)."""
+        self.synced = threading.Event()
+        self.stopped = threading.Event()
+        self._wait = wait or self.stopped.wait
+        self.relists = 0
+        self._stream: Any = None  # the watch response being read, for stop()
+        self.watching = threading.Event()
+        """Set while a watch stream is open (after each list, until it ends)."""
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self.stopped.is_set():
+            try:
+                if version is None:
+                    version = self.list_all()
+                    failures = 0  # reconnected: the next outage starts its backoff afresh
+                version = self._watch(version)
+            except Exception as exc:  # the API is away, or the watch cannot resume: list again
+                if self.stopped.is_set():
+                    break  # shutting down, perhaps with the control plane: nothing to report
+                self.synced.clear()  # readers wait for the new list
+                version = None
+                if isinstance(exc, WatchExpired):
+                    log.info("%s watch expired (%s); listing again", self.what, exc)
+                    continue
+                delay = self._backoff.delay(failures) or MAX_RETRY
+                failures += 1
+                self._health.failed(f"{self.what} watch", exc)
+                log.warning(
+                    "%s watch interrupted: %s (listing again in %.1fs)", self.what, exc, delay
+                )
+                if self._wait(delay):
+                    break
+
+    def stop(self) -> None:
+        """Stop the loop, and end the watch it may be blocked in: an open watch would keep the
+        thread, and the apiserver's shutdown, waiting for up to WATCH_SECONDS."""
+        self.stopped.set()
+        stream = self._stream
+        if stream is not None:
+            raw.shutdown(stream)
+
+    def list_all(self) -> str:
+        """List every object (paginated) into a new state that replaces the old one; the
+        list's resourceVersion, for the watch to resume from."""
+        state = self._new_state()
+        token: str | None = None
+        while True:
+            fields: dict[str, Any] = {}
+            for obj in raw.list_items(raw.body(self._list_page(PAGE, token)), fields):
+                state.apply("ADDED", obj)
+            meta = fields.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+        with self.writing:
+            gone = self.state.ids() - state.ids()
+            self.state = state  # one assignment: readers see the old state or the new one
+        self._trim()  # the pages read, and the state replaced, are freed: see memory
+        self.relists += 1
+        self._health.succeeded()
+        if gone and self.relists > 1:
+            self._on_deleted(gone)
+        again = "synced" if self.relists == 1 else "listed again"
+        log.info("%s index %s: %d objects", self.what, again, len(state))
+        self.synced.set()
+        return str(meta.get("resourceVersion") or "")
+
+    def _watch(self, version: str) -> str:
+        response = self._watch_from(version, self.idle_timeout)
+        self._stream = response
+        self.watching.set()
+        if self.stopped.is_set():  # stop() came between the check and the request
+            raw.shutdown(response)
+        with closing(raw.json_lines(response)) as events:  # closed now, however it is left
+            for event in events:
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    code, reason, message = obj.get("code"), obj.get("reason"), obj.get("message")
+                    raise WatchExpired(f"{code} {reason}: {message}")
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    with self.writing:
+                        self.state.apply(str(kind), obj)
+                    uid = (obj.get("metadata") or {}).get("uid")
+                    if kind == "DELETED" and uid:
+                        self._on_deleted({str(uid)})
+                if self.stopped.is_set():
+                    break
+        self.watching.clear()
+        return version
+
+
+def watch_kwargs(version: str, idle: float = WATCH_IDLE) -> dict[str, Any]:
+    """The arguments of a watch call, the same for every kind: bookmarks asked for, so that a
+    quiet watch still hears from the server, and a read timeout of `idle` seconds."""
+    return {
+        "watch": True,
+        "resource_version": version,
+        "allow_watch_bookmarks": True,
+        "timeout_seconds": WATCH_SECONDS,
+        "_preload_content": False,
+        "_request_timeout": (CONNECT_TIMEOUT, idle),
+    }
+
+
+class OptionalWatch:
+    """Informers for an API the cluster may not serve, or the operator may not read (DRA, the
+    agents' Leases): `start` asks once with `probe` (one small list call). A 404 or a 403 says
+    it cannot be read, for good (an operator restart picks up a new API or new permissions):
+    `unavailable` is logged once, with the error, and nothing is watched. Other errors are the
+    informers' to retry. `synced` holds once that is decided and, when watched, listed."""
+
+    def __init__(
+        self, informers: list[Informer[Any]], probe: Callable[[], Any], unavailable: str
+    ) -> None:
+        self.informers = informers
+        self._probe = probe
+        self._unavailable = unavailable
+        self.available = threading.Event()
+        self.decided = threading.Event()
+        """Set once it is known whether the API can be read (then `available` says)."""
+
+    def probe(self) -> bool:
+        try:
+            raw.body(self._probe())  # read to its end: see raw.body
+        except Exception as exc:
+            error = translate(exc)
+            if isinstance(error, NotFound | Forbidden):
+                log.warning(self._unavailable, error)
+                return False
+        return True
+
+    def start(self) -> None:
+        if self.probe():
+            self.available.set()
+            for informer in self.informers:
+                threading.Thread(target=informer.run, name=informer.what, daemon=True).start()
+        self.decided.set()
+
+    def stop(self) -> None:
+        for informer in self.informers:
+            informer.stop()
+
+    @property
+    def synced(self) -> bool:
+        return self.decided.is_set() and (
+            not self.available.is_set() or all(i.synced.is_set() for i in self.informers)
+        )

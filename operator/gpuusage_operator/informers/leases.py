@@ -1,0 +1,134 @@
+"""The node agents' Leases, kept by an informer in the agents' namespace (never a read per
+report), and what the operator saw of their renewals, by its own clock.
+
+What was seen outlives the informer's lists: a list after an interruption finds each Lease as
+it is now, and only a renewTime different from the one last seen counts as a renewal (seen at
+that moment), so a relist never makes a dead agent look alive. Leases whose holder is not a
+gpuusage agent are ignored. Without a namespace to watch, or without permission to read Leases
+(an older install's RBAC), nothing is known of Leases: the reports' own rewrites show liveness,
+and the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpuusage.api import names
+from gpuusage.api.times import Clock, utc_now
+from gpuusage_operator.informers.apihealth import ApiHealth
+from gpuusage_operator.informers.informer import Informer, OptionalWatch, watch_kwargs
+from gpuusage_operator.judge.freshness import Renewal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Seen:
+    renew_time: str | None
+    seen_at: datetime
+    witnessed: bool
+
+
+class LeaseState:
+    """The Leases present now; what was seen of them lives in the shared `memory`."""
+
+    def __init__(
+        self,
+        memory: dict[str, Seen],
+        clock: Clock,
+        on_news: Callable[[set[str]], None],
+        on_renewed: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self._memory = memory
+        self._clock = clock
+        self._on_news = on_news
+        self._on_renewed = on_renewed
+        self._names: set[str] = set()
+
+    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        spec = obj.get("spec") or {}
+        if event_type == "DELETED" or not str(spec.get("holderIdentity") or "").startswith(
+            names.LEASE_HOLDER_PREFIX
+        ):
+            self._names.discard(name)
+            if self._memory.pop(name, None) is not None:
+                self._on_news({name})
+            return
+        self._names.add(name)
+        renew = spec.get("renewTime")
+        known = self._memory.get(name)
+        if known is None:
+            self._memory[name] = Seen(renew, self._now(), witnessed=False)
+            self._on_news({name})
+        elif known.renew_time != renew:
+            self._memory[name] = Seen(renew, self._now(), witnessed=True)
+            self._on_renewed(name)
+
+    def _now(self) -> datetime:
+        return self._clock().replace(microsecond=0)  # as the status keeps times
+
+    def ids(self) -> set[str]:
+        return set(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class LeaseWatch(OptionalWatch):
+    """Watches the Leases of one namespace; `renewal(node)` says what was seen of a node's.
+    `on_news` hears the nodes whose Lease appeared or went (what their reports' freshness is
+    judged by changed, with no event of the report's own), `on_renewed` each renewal (a stale
+    report may be fresh again)."""
+
+    def __init__(
+        self,
+        coordination: Any,
+        namespace: str,
+        *,
+        clock: Clock = utc_now,
+        health: ApiHealth | None = None,
+        on_news: Callable[[set[str]], None] = lambda nodes: None,
+        on_renewed: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self.namespace = namespace
+        self._on_news = on_news
+        self._memory: dict[str, Seen] = {}
+        self.informer: Informer[LeaseState] = Informer(
+            "lease",
+            lambda limit, token: coordination.list_namespaced_lease(
+                namespace, limit=limit, _continue=token, _preload_content=False
+            ),
+            lambda version, idle: coordination.list_namespaced_lease(
+                namespace, **watch_kwargs(version, idle)
+            ),
+            lambda: LeaseState(self._memory, clock, on_news, on_renewed),
+            health=health,
+            on_deleted=self._forget,
+        )
+        super().__init__(
+            [self.informer],
+            lambda: coordination.list_namespaced_lease(namespace, limit=1, _preload_content=False),
+            f"the agents' Leases in {namespace} cannot be read (%s): liveness from reports only",
+        )
+
+    def _forget(self, names: set[str]) -> None:
+        """Leases gone while the watch was interrupted (found missing by a new list)."""
+        gone = {name for name in names if self._memory.pop(name, None) is not None}
+        self._on_news(gone)
+
+    def probe(self) -> bool:
+        if not self.namespace:
+            log.info("no Lease namespace (--lease-namespace, POD_NAMESPACE): liveness from reports")
+            return False
+        return super().probe()
+
+    def renewal(self, node: str) -> Renewal | None:
+        seen = self._memory.get(node)
+        if seen is None or not self.available.is_set():
+            return None
+        return Renewal(f"{self.namespace}/{node}", seen.seen_at, seen.witnessed)

@@ -1,0 +1,160 @@
+"""The pod index, kept by our own list-then-watch of all pods (see informer for the semantics).
+
+Why not a kopf index: kopf 1.45 holds every resource handler until every object of every
+indexed resource has been indexed, and it does so with one toggle per object in a set that
+every waiting worker re-scans on every change. At thousands of pods that startup took minutes
+of CPU before the first report was handled (benchmarks/README.md). This watch is linear: one
+paginated list, then one watch stream, each pod reduced to a PodSnapshot at once.
+
+Readers get consistent snapshots without locks: every change replaces the small per-key
+mapping instead of mutating it, and a relist swaps the whole state in one assignment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuusage.kube import raw
+from gpuusage_operator.index.podpack import PlainPods, packable
+from gpuusage_operator.index.pods import (
+    UID_KEY,
+    PodLookup,
+    PodSnapshot,
+    requesting_node,
+    snapshot_keys,
+    snapshot_of,
+)
+from gpuusage_operator.informers.apihealth import ApiHealth
+from gpuusage_operator.informers.informer import Informer, watch_kwargs
+from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
+
+
+@dataclass
+class IndexState:
+    """Pods kept whole: uid → the keys it is indexed under, key → {uid: PodSnapshot}; plain
+    pods (see index.podpack) packed, under their UID alone."""
+
+    rules: AllocationRules = DEFAULT_RULES
+    on_requesting: Callable[[set[str]], None] = lambda nodes: None
+    """Hears the nodes a pod started or stopped holding GPUs on (running with an allocation):
+    what their reports list as handed changed, with no event of the reports' own. Only for
+    changes the watch reports (MODIFIED), never for a list, which would make every node due."""
+    on_marks: Callable[[PodSnapshot], None] = lambda pod: None
+    """Hears a pod whose gpuusage.io/ annotations or GPUInUse condition changed (MODIFIED):
+    what it carries is compared with what it should carry without waiting for a report."""
+
+    keys_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    by_key: dict[str, dict[str, PodSnapshot]] = field(default_factory=dict)
+    plain: PlainPods = field(default_factory=PlainPods)
+
+    def put(self, uid: str, keys: Mapping[str, PodSnapshot]) -> None:
+        """Keep a pod whole under these keys."""
+        self.remove(uid)
+        for key, ref in keys.items():
+            self.by_key[key] = {**self.by_key.get(key, {}), uid: ref}
+        if keys:
+            self.keys_of[uid] = tuple(keys)
+
+    def remove(self, uid: str) -> None:
+        if self.plain.remove(uid):
+            return
+        for key in self.keys_of.pop(uid, ()):
+            rest = {u: r for u, r in self.by_key.get(key, {}).items() if u != uid}
+            if rest:
+                self.by_key[key] = rest
+            else:
+                self.by_key.pop(key, None)
+
+    def get(self, uid: str) -> PodSnapshot | None:
+        return self.by_key.get(UID_KEY + uid, {}).get(uid) or self.plain.get(uid)
+
+    def apply(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED) for one pod object."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        if event_type == "DELETED":
+            self.remove(uid)
+            return
+        new = snapshot_of(pod, self.rules)
+        if new is None:
+            return
+        if event_type == "MODIFIED":
+            old = self.get(uid)
+            before, after = requesting_node(old), requesting_node(new)
+            if before != after:
+                self.on_requesting({node for node in (before, after) if node})
+            if old is not None and _marks(old) != _marks(new):
+                self.on_marks(new)
+        if packable(new, pod):
+            self.remove(uid)
+            self.plain.put(new)
+        else:
+            self.put(uid, snapshot_keys(new))
+
+    def lookup(self) -> PodLookup:
+        return PodLookup(self.by_key, self.plain)
+
+    def ids(self) -> set[str]:
+        return set(self.keys_of) | self.plain.uids()
+
+    def __len__(self) -> int:
+        return len(self.keys_of) + len(self.plain)
+
+
+def _marks(pod: PodSnapshot) -> tuple[object, ...]:
+    return pod.annotations, pod.condition
+
+
+class PodWatch(Informer[IndexState]):
+    """The pod informer, with the lookups and the one-pod refresh the reconciler needs."""
+
+    def __init__(
+        self,
+        core: Any,
+        retry_seconds: float = 1.0,
+        wait: Callable[[float], bool] | None = None,
+        *,
+        health: ApiHealth | None = None,
+        on_deleted: Callable[[set[str]], None] = lambda uids: None,
+        on_requesting: Callable[[set[str]], None] = lambda nodes: None,
+        on_marks: Callable[[PodSnapshot], None] = lambda pod: None,
+        rules: AllocationRules = DEFAULT_RULES,
+    ) -> None:
+        self._core = core  # kubernetes.client.CoreV1Api
+        super().__init__(
+            "pod",
+            lambda limit, token: core.list_pod_for_all_namespaces(
+                limit=limit, _continue=token, _preload_content=False
+            ),
+            lambda version, idle: core.list_pod_for_all_namespaces(**watch_kwargs(version, idle)),
+            lambda: IndexState(rules=rules, on_requesting=on_requesting, on_marks=on_marks),
+            retry_seconds=retry_seconds,
+            wait=wait,
+            health=health,
+            on_deleted=on_deleted,
+        )
+        self.refreshes = 0
+
+    def lookup(self) -> PodLookup:
+        return self.state.lookup()
+
+    def refresh(self, namespace: str, name: str, stale_uid: str) -> None:
+        """Read one pod again, after a write for `stale_uid` was refused because the pod of
+        that name now has another UID: the entry of the old pod goes, the new pod's comes in.
+        One LIST by name (the operator may list pods, not get them); errors are the caller's."""
+        page = json.loads(
+            raw.body(
+                self._core.list_namespaced_pod(
+                    namespace, field_selector=f"metadata.name={name}", _preload_content=False
+                )
+            )
+        )
+        with self.writing:
+            self.state.remove(stale_uid)
+            for found in page.get("items") or []:
+                self.state.apply("ADDED", found)
+        self.refreshes += 1

@@ -1,0 +1,276 @@
+"""What the cluster handed a pod, and whether its use stays inside it. Pure (what the pod
+asks for is read in `requests`).
+
+Three ways a pod gets a GPU, each counted (`sources`):
+
+* **DevicePlugin**: `nvidia.com/gpu`, `nvidia.com/mig-<profile>` and any configured extra
+  resource name (HAMi's, a vendor's variant) in its containers' limits: a count in the pod;
+  which devices the kubelet chose, the agent reads from the kubelet's PodResources API and
+  publishes in its report (`spec.kubelet`), by pod namespace and name.
+* **DRA**: its ResourceClaims whose allocation results come from a configured driver
+  (`gpu.nvidia.com` by default), each result mapped through its ResourceSlice to the device's
+  UUID (a MIG device without one, created at prepare time, by its parent GPU and profile).
+* **Fractional**: a scheduler's share in the pod's annotations (KAI / Run:ai `gpu-fraction`,
+  `gpu-memory`; configurable): a share of some GPU.
+
+Two findings follow, and nothing is judged where the allocation cannot be known:
+
+* `Unrequested`: the pod uses a GPU and has no allocation of any kind. A pod whose claims
+  cannot be read (the claim is not there yet, the cluster serves no DRA API to the operator)
+  is never called unrequested, nor one the kubelet lists with GPU devices.
+* `Unallocated`: the pod's allocation is known device by device (every source: the kubelet's
+  device IDs are all devices of this node and cover every GPU resource the pod requests, every
+  DRA result is mapped; a fractional share never is) and it uses a device outside it. A MIG
+  device counts as inside when it is allocated itself, when its parent GPU is allocated whole,
+  or (dynamic MIG) when an allocated device without a UUID has its parent GPU and profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal
+
+from gpuusage.api.models import GpuNodeUsageSpec, KubeletPod
+from gpuusage.api.resources import mig_profile
+from gpuusage_operator.index.dra import NO_DRA, DraLookup
+from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules, PodClaims
+
+if TYPE_CHECKING:
+    from gpuusage_operator.judge.resolution import PodUse
+
+Source = Literal["DevicePlugin", "DRA", "Fractional"]
+Match = Literal["UUID", "ParentAndProfile"]
+Finding = Literal["Unrequested", "Unallocated"]
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One device a pod got: its UUID, or for a dynamic MIG device its parent and profile."""
+
+    via: str
+    """Where it is known from: "claim <name>", or "kubelet"."""
+    uuid: str | None
+    parent_uuid: str | None = None
+    profile: str | None = None
+
+    @property
+    def match(self) -> Match:
+        return "UUID" if self.uuid else "ParentAndProfile"
+
+    @property
+    def shown(self) -> str:
+        return self.uuid or f"{self.parent_uuid}/{self.profile}"
+
+    @property
+    def from_claim(self) -> bool:
+        """Got through a DRA claim (not the kubelet's view of a device-plugin request)."""
+        return self.via.startswith("claim ")
+
+    @property
+    def is_mig(self) -> bool:
+        """A MIG slice: a MIG UUID, or one created at prepare time (parent and profile)."""
+        return self.uuid is None or self.uuid.startswith("MIG-")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    sources: tuple[Source, ...] = ()
+    devices: tuple[AllocatedDevice, ...] = ()
+    complete: bool = False
+    """`devices` is the whole allocation (every source known device by device)."""
+    unknown: str = ""
+    """Why part of the allocation cannot be known (a claim not found, DRA unreadable)."""
+    detail: str = ""
+    """The allocation in words, for messages: "1 nvidia.com/gpu", "claim train-gpu: GPU-…"."""
+
+
+@dataclass(frozen=True)
+class KubeletView:
+    """The report's `kubelet` section as a lookup by pod (empty: not read, or unavailable)."""
+
+    pods: Mapping[tuple[str, str], KubeletPod] = field(default_factory=dict)
+    known: frozenset[str] = frozenset()
+    """Every GPU and MIG UUID of the report: a kubelet ID outside it is not a device we see."""
+
+    @classmethod
+    def of(cls, spec: GpuNodeUsageSpec) -> KubeletView:
+        if spec.kubelet is None or spec.kubelet.state != "Read":
+            return cls()
+        known = {g.uuid for g in spec.gpus if g.uuid} | {
+            m.uuid for g in spec.gpus for m in g.mig_devices
+        }
+        pods = {(p.namespace, p.name): p for p in spec.kubelet.pods}
+        return cls(pods, frozenset(known))
+
+
+NO_KUBELET = KubeletView()
+
+
+def _plugin_devices(pod: PodClaims, kubelet: KubeletView) -> list[AllocatedDevice] | None:
+    """The devices the kubelet gave the pod, when they are known one by one: listed, all of
+    this node, none under a plugin's own name, every requested GPU resource among them."""
+    entry = kubelet.pods.get((pod.namespace, pod.name))
+    if (
+        entry is None
+        or entry.other_devices
+        or not entry.devices
+        or not set(pod.resources) <= set(entry.resources)
+        or not set(entry.devices) <= kubelet.known
+    ):
+        return None
+    return [AllocatedDevice("kubelet", uuid) for uuid in entry.devices]
+
+
+def allocation_of(
+    pod: PodClaims,
+    dra: DraLookup,
+    rules: AllocationRules,
+    kubelet: KubeletView = NO_KUBELET,
+) -> Allocation:
+    sources: list[Source] = []
+    words: list[str] = []
+    devices: list[AllocatedDevice] = []
+    unknown: list[str] = []
+    listed = (pod.namespace, pod.name) in kubelet.pods
+    if pod.gpu_requests > 0 or listed:
+        sources.append("DevicePlugin")
+        count = pod.gpu_requests
+        words.append(
+            f"{count} GPU{'s' if count != 1 else ''} (device plugin)"
+            if count
+            else "GPUs the kubelet lists"
+        )
+        # Only for a pod whose own request names the resources: the kubelet's entry must cover
+        # each of them, which cannot be checked for resources the operator does not count.
+        given = _plugin_devices(pod, kubelet) if pod.resources else None
+        if given is None:
+            unknown.append("the device plugin's devices are not known one by one")
+        else:
+            devices.extend(given)
+    if pod.fraction:
+        sources.append("Fractional")
+        words.append(f"a share ({pod.fraction})")
+    if pod.pending_claims:
+        unknown.append(f"{pod.pending_claims} claim(s) not generated yet")
+    for name in pod.claims:
+        claim = dra.claim(pod.namespace, name) if dra.available else None
+        if claim is None or not claim.allocated:
+            why = "DRA cannot be read" if not dra.available else "not found or not allocated"
+            unknown.append(f"claim {name}: {why}")
+            continue
+        gpu_results = [r for r in claim.results if r.driver in rules.dra_drivers]
+        for result in gpu_results:
+            device = dra.device(result)
+            if device is None or not (device.uuid or (device.parent_uuid and device.profile)):
+                unknown.append(f"claim {name}: device {result.device} not in any ResourceSlice")
+                continue
+            devices.append(
+                AllocatedDevice(f"claim {name}", device.uuid, device.parent_uuid, device.profile)
+            )
+        if gpu_results:
+            words.append(f"claim {name}")
+    if any(w.startswith("claim ") for w in words):
+        sources.append("DRA")
+    complete = bool(sources) and "Fractional" not in sources and not unknown
+    if devices:
+        words.append("devices " + ", ".join(d.shown for d in devices))
+    return Allocation(
+        tuple(sources), tuple(devices), complete, "; ".join(unknown), "; ".join(words)
+    )
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the report says of the devices in use: a MIG device's parent GPU and profile."""
+
+    mig_parent: Mapping[str, str] = field(default_factory=dict)
+    mig_profile: Mapping[str, str] = field(default_factory=dict)
+
+
+def device_facts(spec: GpuNodeUsageSpec) -> DeviceFacts:
+    parents: dict[str, str] = {}
+    profiles: dict[str, str] = {}
+    for gpu in spec.gpus:
+        for mig in gpu.mig_devices:
+            if gpu.uuid:
+                parents[mig.uuid] = gpu.uuid
+            profile = mig_profile(mig.name)
+            if profile:
+                profiles[mig.uuid] = profile
+    return DeviceFacts(parents, profiles)
+
+
+def inside(device: str, allocation: Allocation, facts: DeviceFacts) -> bool:
+    """Whether a used device (GPU or MIG UUID) is within a device-level allocation."""
+    parent, profile = facts.mig_parent.get(device), facts.mig_profile.get(device)
+    for given in allocation.devices:
+        if given.uuid is not None and given.uuid in (device, parent):
+            return True
+        if (
+            given.uuid is None
+            and parent
+            and (given.parent_uuid, given.profile)
+            == (
+                parent,
+                profile,
+            )
+        ):
+            return True
+    return False
+
+
+def finding(
+    allocation: Allocation, used: Sequence[str], facts: DeviceFacts
+) -> tuple[Finding | None, list[str]]:
+    """The finding for a pod using `used`, and the devices outside its allocation."""
+    if not allocation.sources:
+        return (None, []) if allocation.unknown else ("Unrequested", list(used))
+    if not allocation.complete:
+        return None, []
+    outside = [d for d in used if not inside(d, allocation, facts)]
+    return ("Unallocated", outside) if outside else (None, [])
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A pod's allocation and what its use means against it."""
+
+    allocation: Allocation
+    finding: Finding | None = None
+    outside: tuple[str, ...] = ()
+    """The used devices outside the allocation (for Unallocated)."""
+    held_idle_since: datetime | None = None
+    """Since when the pod holds memory and computes nothing, once that is a finding (see
+    holding); the allocation findings come first."""
+
+
+def judge(
+    pod: PodClaims,
+    used: Sequence[str],
+    dra: DraLookup,
+    rules: AllocationRules,
+    facts: DeviceFacts,
+    *,
+    kubelet: KubeletView = NO_KUBELET,
+) -> Judgement:
+    allocation = allocation_of(pod, dra, rules, kubelet)
+    found, outside = finding(allocation, used, facts)
+    return Judgement(allocation, found, tuple(outside))
+
+
+def judgements(
+    uses: Mapping[str, PodUse],
+    spec: GpuNodeUsageSpec,
+    dra: DraLookup = NO_DRA,
+    rules: AllocationRules = DEFAULT_RULES,
+) -> dict[str, Judgement]:
+    """Each using pod's judgement, by UID (the defaults know no claims: nothing is judged
+    unrequested for a pod that has some)."""
+    facts = device_facts(spec)
+    kubelet = KubeletView.of(spec)
+    return {
+        uid: judge(use.pod.claimed, use.devices, dra, rules, facts, kubelet=kubelet)
+        for uid, use in uses.items()
+    }

@@ -1,0 +1,164 @@
+"""Judging one report: from what the agent published and the pods the operator knows to the
+status the report should show, and the pods it speaks about. Pure (the pod index and DRA are
+read through their lookups); the reconciler writes what is decided (see reconcile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
+from gpuusage_operator.index.dra import DraLookup
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+from gpuusage_operator.judge.allocation import (
+    Allocation,
+    Judgement,
+    KubeletView,
+    allocation_of,
+    judgements,
+)
+from gpuusage_operator.judge.certainty import (
+    BlindSpots,
+    LastDevices,
+    blind_spots,
+    devices_of,
+    sees_all,
+)
+from gpuusage_operator.judge.freshness import Renewal, Sighting, alive_at, is_stale
+from gpuusage_operator.judge.holding import held_idle, next_held_deadline
+from gpuusage_operator.judge.idle import Idle, idle_pods, next_idle_deadline
+from gpuusage_operator.judge.podstate import Verdict, verdicts
+from gpuusage_operator.judge.requests import AllocationRules
+from gpuusage_operator.judge.resolution import PodUse, Resolution, pod_uses, resolve_all
+from gpuusage_operator.judge.showback import pod_allocations
+from gpuusage_operator.judge.status import desired_status
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What judging a report takes besides the report: the operator's settings, and where it
+    saw each pod last using GPUs."""
+
+    rules: AllocationRules
+    driver_namespaces: frozenset[str]
+    stale_after: timedelta
+    idle_after: timedelta | None
+    restart_grace: timedelta
+    last: LastDevices
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one report says, judged."""
+
+    resolutions: list[Resolution]
+    uses: dict[str, PodUse]
+    """The pods it shows using GPUs, by UID."""
+    judged: dict[str, Judgement]
+    idle: list[Idle]
+    blind: BlindSpots
+    status: GpuNodeUsageStatus
+    verdicts: list[Verdict]
+    """Every pod the report speaks about, with what it should carry (see podstate)."""
+    wake: list[datetime]
+    """When the judgement changes with nothing else changing (a pod's idle time reaching
+    --idle-after): the report is to be judged again then."""
+    listing: frozenset[str]
+    """The UIDs of the pods the status lists (a deletion of one makes the report due)."""
+
+
+def decide(
+    spec: GpuNodeUsageSpec,
+    previous: GpuNodeUsageStatus | None,
+    *,
+    generation: int | None,
+    sighting: Sighting,
+    renewal: Renewal | None,
+    lookup: PodLookup,
+    dra: DraLookup,
+    now: datetime,
+    judging: Judging,
+) -> Decision:
+    """Judge one report (see the module's docstring)."""
+    rules = judging.rules
+    resolutions = list(resolve_all(spec, lookup, judging.driver_namespaces))
+    uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
+    judged = judgements(uses, spec, dra, rules)
+    fresh = not is_stale(alive_at(sighting, renewal), now, judging.stale_after)
+    blind = blind_spots(spec, resolutions)
+    kubelet = KubeletView.of(spec)
+    candidates = lookup.requesting_on_node(spec.node_name)
+
+    handed = {uid: j.allocation for uid, j in judged.items()}  # the same rule, judged already
+
+    def allocated(pod: PodSnapshot) -> Allocation:
+        """What the pod was handed, worked out once per report (idle, held idle and showback
+        all ask)."""
+        if pod.uid not in handed:
+            handed[pod.uid] = allocation_of(pod.claimed, dra, rules, kubelet)
+        return handed[pod.uid]
+
+    def seen_whole(pod: PodSnapshot, used: Iterable[str] = ()) -> bool:
+        """Whether the report sees every device the pod could be using: a blind device
+        withholds judgement on its own pods, never on the whole node."""
+        return sees_all(blind, devices_of(allocated(pod), used, pod, spec, judging.last))
+
+    idle: list[Idle] = []
+    wake: list[datetime] = []
+    if fresh:
+        judgeable = [p for p in candidates if p.uid not in uses and seen_whole(p)]
+        idle = idle_pods(
+            judgeable,
+            uses,
+            now,
+            judging.idle_after,
+            lambda pod: allocation_of(pod.claimed, dra, rules),
+        )
+        whole = [u for u in uses.values() if seen_whole(u.pod, u.devices)]
+        in_use = frozenset(uses)
+        wake += [
+            d
+            for d in (
+                next_idle_deadline(judgeable, in_use, now, judging.idle_after),
+                next_held_deadline(whole, sighting.seen_at, now, judging.idle_after),
+            )
+            if d is not None
+        ]
+        held = held_idle(whole, sighting.seen_at, now, judging.idle_after)
+        judged = {
+            uid: replace(j, held_idle_since=held[uid]) if uid in held else j
+            for uid, j in judged.items()
+        }
+    allocations = pod_allocations(candidates, allocated)
+    status = desired_status(
+        spec,
+        resolutions,
+        now,
+        generation=generation,
+        sighting=sighting,
+        previous=previous,
+        stale_after=judging.stale_after,
+        idle=[i.entry() for i in idle],
+        allocations=allocations,
+        judged=judged,
+        renewal=renewal,
+        blind=blind,
+    )
+    found = verdicts(
+        uses,
+        lookup.on_node_with_our_marks(spec.node_name),
+        idle,
+        stale=status.stale,
+        blind=blind,
+        judged=judged,
+        restarts=(now, judging.restart_grace),
+        last=judging.last,
+    )
+    listing = (
+        frozenset(uses)
+        | frozenset(i.pod.uid for i in idle)
+        | frozenset(a.uid for a in allocations[0])
+    )
+    return Decision(resolutions, uses, judged, idle, blind, status, found, wake, listing)

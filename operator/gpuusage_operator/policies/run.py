@@ -1,0 +1,341 @@
+"""Policies carried out: the thin edge between policies.rule's steps and the API.
+
+Each reconcile asks the runner about each pod it judged (visit), with the pod's condition as
+this reconcile leaves it; the runner takes the one step the covering policy wants (see
+policies.rule), writes the pod's announcement annotation and an Event, and remembers the
+decision for the policy's status, which `flush` writes once per reconcile. This version carries
+out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict is carried out by
+an Actor (see policies.act), which the operator has only with --policy-actions and the install's
+policy-actions part (the rights these need); without it the decision is recorded as
+NotPermitted, with a Warning Event, and nothing is attempted. An action refused for now (a
+PodDisruptionBudget) is tried again RETRY later; one over the rate limits (see policies.limit)
+when they allow it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter as TallyCounter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from gpuusage.api import names
+from gpuusage.api.announcement import Announcement, decode, encode
+from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec, Target
+from gpuusage.api.times import format_time
+from gpuusage_operator.index.pods import PodSnapshot
+from gpuusage_operator.informers.policies import PolicyWatch
+from gpuusage_operator.judge.podstate import PodEvent
+from gpuusage_operator.policies.act import Actor, Result
+from gpuusage_operator.policies.limit import CLUSTER_ACTIONS_PER_HOUR, next_allowed, recent
+from gpuusage_operator.policies.rule import Step, next_step, observe
+from gpuusage_operator.policies.select import opt_out_hint, opted_out
+
+log = logging.getLogger(__name__)
+
+NOTICE = timedelta(minutes=5)
+"""The least warning an announcement gives before its deadline (--policy-notice)."""
+WHAT = {
+    "Notify": "tell its owner (an Event)",
+    "ScaleToZero": "scale its workload to zero",
+    "Suspend": "suspend its Job",
+    "DeletePod": "delete the pod",
+    "Evict": "evict the pod",
+}
+RETRY = timedelta(minutes=1)
+"""How long after an action refused for now (a PodDisruptionBudget) it is tried again."""
+
+
+class Subject(Protocol):
+    """What a decision is about: a rule's finding and action, and when it is due."""
+
+    @property
+    def finding(self) -> str: ...
+    @property
+    def action(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def due(self) -> datetime | None: ...
+
+
+def mode_of(spec: GpuUsagePolicySpec) -> str:
+    modes = {r.mode for r in spec.rules} | {r.mode for r in spec.node_rules}
+    return modes.pop() if len(modes) == 1 else "Mixed"
+
+
+def rules_of(spec: GpuUsagePolicySpec) -> str:
+    listed = [f"{r.finding}>{r.action}" for r in spec.rules]
+    listed += [f"{r.finding}>{r.action}" for r in spec.node_rules]
+    return ",".join(listed)[:256]
+
+
+@dataclass
+class PolicyRunner:
+    watch: PolicyWatch
+    custom: Any
+    """A CustomObjectsApi: the policies' status is written through it."""
+    annotate: Callable[[PodSnapshot, dict[str, str | None]], None]
+    """Patch the pod's annotations (with its UID as precondition)."""
+    record: Callable[[PodSnapshot, PodEvent, str, datetime], None]
+    """Record an Event on the pod."""
+    notice: timedelta = NOTICE
+    actor: Actor | None = None
+    """Carries out enforced actions other than Notify (None: not turned on)."""
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    """Now, for a status written without a decision (the window of status.actedAt)."""
+    cluster_actions_per_hour: int = CLUSTER_ACTIONS_PER_HOUR
+    """All policies' enforced actions (but Notify) in any sliding hour."""
+    decided: TallyCounter[tuple[str, str, str]] = field(default_factory=TallyCounter)
+    """Decisions taken by this replica, by (policy, action, outcome): the metric's counts."""
+    _pending: dict[str, list[Decision]] = field(default_factory=dict)
+    _written: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
+    _acted: dict[str, list[datetime]] = field(default_factory=dict)
+    _shown: dict[str, int] = field(default_factory=dict)
+    """The generation whose mode and rules this replica last wrote, by policy."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def visit(
+        self,
+        pod: PodSnapshot,
+        condition: Mapping[str, str] | None,
+        held_idle_since: datetime | None,
+        now: datetime,
+    ) -> datetime | None:
+        """Take the covering policy's next step about the pod; when to look again."""
+        if not self.watch.synced:
+            return None  # a partial view neither acts nor cancels
+        ours = pod.our_annotations
+        shown = decode(ours.get(names.ANNOTATION_POLICY_ACTION))
+        policy, namespace_exempt = self.watch.covering(pod.namespace, dict(pod.labels))
+        if shown is not None and (policy is None or shown.policy != policy.name):
+            # the announcement's policy no longer covers the pod (deleted, reselected)
+            gone = self.watch.policy(shown.policy)
+            self._take(pod, Step("Cancel", why="RuleRemoved"), shown, gone is not None, now)
+            shown = None
+        if policy is None:
+            return None
+        step = next_step(
+            policy.name,
+            policy.spec.rules,
+            observe(condition, held_idle_since),
+            shown,
+            exempt=opted_out(policy.spec, ours, namespace_exempt),
+            now=now,
+            notice=self.notice,
+        )
+        left = self._take(pod, step, shown, True, now, hint=opt_out_hint(policy.spec))
+        if left is None or left.recorded:
+            return None
+        return left.due  # looked at again when due, though no report changes
+
+    def _take(
+        self,
+        pod: PodSnapshot,
+        step: Step,
+        shown: Announcement | None,
+        known: bool,
+        now: datetime,
+        *,
+        hint: str = "",
+    ) -> Announcement | None:
+        """Carry out the step; the announcement the pod carries afterwards (`hint`: how the
+        owner may opt out, told with an announcement)."""
+        subject = step.announcement or shown
+        if step.kind in ("Wait", "Hold", "Nothing") or subject is None:
+            return step.announcement
+        what = WHAT.get(subject.action, subject.action)
+        head = f"policy {subject.policy}: {subject.finding}"
+        if step.kind == "Cancel":
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: None})
+            if subject.recorded and subject.mode == "Enforce":
+                return None  # taken (or given up) already: nothing is called off
+            why = {
+                "FindingCleared": "the finding cleared",
+                "Exempt": "the pod or its namespace opted out",
+            }.get(step.why, "the policy no longer covers the pod")
+            note = f"{head}: will not {what}: {why}"
+            self.record(pod, PodEvent("GPUPolicyCancelled", note), note, now)
+            if known:
+                self._decide(pod, subject, "Cancelled", now)
+            return None
+        assert step.announcement is not None  # the other steps carry one
+        announced = step.announcement
+        if step.kind == "Announce":
+            note = (
+                f"{head} since {format_time(announced.since)}: will {what} at "
+                f"{format_time(announced.due)} ({announced.mode}); {hint}"
+            )
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
+            self.record(pod, PodEvent("GPUPolicyPending", note, "Warning"), note, now)
+            self._decide(pod, announced, "Pending", now)
+            return announced
+        if step.kind == "Record":
+            note = f"{head}: would {what} now (DryRun: nothing done)"
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
+            self.record(pod, PodEvent("GPUPolicyDryRun", note), note, now)
+            self._decide(pod, announced, "DryRun", now)
+            return announced
+        done = replace(announced, recorded=True)
+        if announced.action == "Notify":
+            note = f"{head} for {announced.after} or more"
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
+            self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
+            self._decide(pod, done, "Done", now)
+            return done
+        allowed = self.allowed(announced.policy, now)
+        if self.actor is None:
+            result = Result(
+                "NotPermitted",
+                "policy actions are not turned on (--policy-actions, with the install's "
+                "policy-actions part)",
+            )
+        elif allowed is not None:
+            result = Result("RateLimited", "its actions per hour (policy or cluster) are spent")
+        else:
+            result = self.actor.act(pod.namespace, pod.name, pod.uid, announced.action)
+        if result.outcome == "Gone":
+            return None  # the pod or its owner went meanwhile: nothing to act on or say
+        if result.outcome in ("Refused", "RateLimited"):
+            later = replace(announced, due=allowed or now + RETRY)
+            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(later)})
+            again = format_time(later.due)
+            note = f"{head}: could not {what} yet: {result.detail}; trying again at {again}"
+            reason = f"GPUPolicy{result.outcome}"
+            self.record(pod, PodEvent(reason, note, "Warning"), note, now)
+            self._decide(pod, later, result.outcome, now)
+            return later
+        if result.outcome == "Done":
+            self.count_action(announced.policy, now)
+        self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
+        reason = {"Done": "GPUPolicyActed"}.get(result.outcome, f"GPUPolicy{result.outcome}")
+        if result.outcome == "Done":
+            note = f"{head}: {result.detail}"
+        else:
+            note = f"{head}: would {what}, but {result.detail}; nothing done"
+        self.record(pod, PodEvent(reason, note, "Warning"), note, now)
+        self._decide(pod, done, result.outcome, now)
+        return done
+
+    def acted(self, now: datetime) -> dict[str, list[datetime]]:
+        """Each policy's enforced actions of the last hour: those its status lists (another
+        replica's, or this one's before a restart) and those this replica took since."""
+        with self._lock:
+            self._acted = {n: kept for n, t in self._acted.items() if (kept := recent(t, now))}
+            mine = {name: list(times) for name, times in self._acted.items()}
+        names_ = set(mine) | self.watch.policies.state.ids()
+        return {
+            name: recent(
+                set(mine.get(name, ())) | set(p.acted if (p := self.watch.policy(name)) else ()),
+                now,
+            )
+            for name in names_
+        }
+
+    def count_action(self, policy: str, now: datetime) -> None:
+        """An enforced action that changed something was taken: the rate limits count it."""
+        with self._lock:
+            self._acted.setdefault(policy, []).append(now)
+
+    def allowed(self, policy: str, now: datetime) -> datetime | None:
+        """None when the policy may act now; else when the rate limits let it."""
+        found = self.watch.policy(policy)
+        per_policy = found.spec.max_actions_per_hour if found is not None else 0
+        return next_allowed(
+            policy,
+            self.acted(now),
+            per_policy=per_policy,
+            cluster=self.cluster_actions_per_hour,
+            now=now,
+        )
+
+    def _decide(self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime) -> None:
+        self.decide(
+            subject.policy,
+            Target(kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid),
+            subject,
+            outcome,
+            now,
+        )
+
+    def decide(
+        self, policy: str, target: Target, subject: Subject, outcome: str, now: datetime
+    ) -> None:
+        """Remember a decision for the policy's status and the metric."""
+        decision = Decision(
+            target=target,
+            finding=subject.finding,
+            action=subject.action,
+            mode="Enforce" if subject.mode == "Enforce" else "DryRun",
+            decided_at=now,
+            due_at=subject.due,
+            done=outcome == "Done",
+            outcome=outcome,
+        )
+        with self._lock:
+            self._pending.setdefault(policy, []).append(decision)
+            self.decided[policy, subject.action, outcome] += 1
+
+    def flush(self) -> None:
+        """Write the decisions taken since the last flush into their policies' status (newest
+        first, at most MAX_DECISIONS), with the mode, the rules and the actions taken."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        known = self.watch.policies.state.ids()
+        for table in (self._written, self._shown):  # nothing kept of policies gone
+            for gone in set(table) - known:
+                del table[gone]
+        for name in known - set(pending):
+            policy = self.watch.policy(name)
+            shown = policy is not None and self._shown.get(name) == policy.generation
+            if policy is not None and policy.observed != policy.generation and not shown:
+                pending[name] = []  # new or changed: its mode and rules are shown at once
+        for name, decisions in pending.items():
+            policy = self.watch.policy(name)
+            if policy is None:
+                continue
+            earlier, taken = self._written.get(name) or self._stored(name)
+            fresh = [
+                d.model_dump(by_alias=True, mode="json", exclude_defaults=True)
+                for d in reversed(decisions)
+            ]
+            listed = (fresh + earlier)[:MAX_DECISIONS]
+            taken += sum(1 for d in decisions if d.done)
+            now = max((d.decided_at for d in decisions), default=self.clock())
+            status = {
+                "observedGeneration": policy.generation,
+                "mode": mode_of(policy.spec),
+                "rules": rules_of(policy.spec),
+                "actionsTaken": taken,
+                "decisions": listed,
+                "actedAt": [format_time(t) for t in self.acted(now).get(name, [])],
+            }
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    names.GROUP,
+                    names.VERSION,
+                    names.POLICY_PLURAL,
+                    name,
+                    {"status": status},
+                )
+            except Exception as exc:  # the status is a record; the pods carry the truth
+                log.warning("GpuUsagePolicy %s: status not written: %s", name, exc)
+                if not decisions:  # its mode and rules alone: tried again when it changes
+                    self._shown[name] = policy.generation
+                continue
+            self._written[name] = (listed, taken)
+            self._shown[name] = policy.generation
+
+    def _stored(self, name: str) -> tuple[list[dict[str, Any]], int]:
+        """What the policy's status held when first written by this replica."""
+        try:
+            body = self.custom.get_cluster_custom_object_status(
+                names.GROUP, names.VERSION, names.POLICY_PLURAL, name
+            )
+        except Exception:  # a status that cannot be read starts afresh
+            return [], 0
+        status = (body or {}).get("status") or {}
+        return list(status.get("decisions") or []), int(status.get("actionsTaken") or 0)

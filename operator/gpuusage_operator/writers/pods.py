@@ -1,0 +1,260 @@
+"""Marking pods: what the operator writes on a pod (its gpuusage.io/ annotations and the
+GPUInUse condition, the Events of transitions), and what it remembers having written.
+
+The decisions are podstate's (plan_pod); this room sends them: every write carries the UID it
+was decided for, draws from the cluster-wide budget (see debounce), and is remembered only
+while the pod's resourceVersion shows it, so that what a pod carries, not what was last sent,
+is compared with what it should carry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter as TallyCounter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.kube import raw
+from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
+from gpuusage.kube.rest import STRATEGIC
+from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.index.pods import PodSnapshot, marks_of
+from gpuusage_operator.judge.certainty import devices_named, last_devices
+from gpuusage_operator.judge.podstate import PodEvent, Verdict, plan_pod, shows
+from gpuusage_operator.judge.restarts import in_use
+from gpuusage_operator.writers.events import EventRecorder
+
+log = logging.getLogger(__name__)
+
+
+class MarkCounts(Protocol):
+    pod_writes: int
+    uid_refusals: int
+    writes_deferred: int
+    api_errors: TallyCounter[str]
+
+
+@dataclass
+class Applied:
+    annotations: dict[str, str]
+    condition: dict[str, str] | None
+    versions: frozenset[str | None] = frozenset()
+    """resourceVersions of the pod from just before our writes up to the last of them."""
+
+
+@dataclass
+class PodMarker:
+    """Sends plan_pod's writes; remembers, per pod UID, what it wrote."""
+
+    core: Any
+    """A CoreV1Api."""
+    counts: MarkCounts
+    events: EventRecorder
+    write_budget: WriteBudget = field(default_factory=WriteBudget)
+    """Pod writes across all reports: over it, a pod's writes wait for the next reconcile of
+    its report, which `due` makes due."""
+    monotonic: Callable[[], float] = time.monotonic
+    due: Callable[[set[str]], None] = lambda nodes: None
+    refresh: Callable[[str, str, str], None] = lambda namespace, name, stale_uid: None
+    """Reads one pod into the index again: called when a write was refused because the pod
+    of that name is now another one."""
+    _applied: dict[str, Applied] = field(default_factory=dict)
+    _written: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
+    `_applied`, kept when someone else edits the pod: where a pod was last seen using GPUs is
+    the operator's knowledge, not the pod's word (see last_devices)."""
+
+    def remembered(self) -> set[str]:
+        """The pods (by UID) it remembers writing on."""
+        return set(self._applied) | set(self._written)
+
+    def wrote(self, uid: str, version: str | None) -> bool:
+        """Whether this version of the pod is (the echo of) one of our writes."""
+        applied = self._applied.get(uid)
+        return applied is not None and version in applied.versions
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone: nothing of it is kept."""
+        self._applied.pop(uid, None)
+        self._written.pop(uid, None)
+
+    def forget_written(self) -> None:
+        """Another replica may have written since (this one was on standby): what this one
+        wrote is no longer known to be the latest."""
+        self._written.clear()
+
+    def last_devices(self, pod: PodSnapshot) -> list[str] | None:
+        """Where the pod was last seen using GPUs: what this replica wrote, where it wrote;
+        otherwise (after a restart or a failover) the pod's annotation, but only while our
+        condition says it is or may be in use (a condition tenants cannot write: pods/status).
+        An annotation planted on a pod never seen in use, or over what we wrote, naming a
+        device the node does not report, would otherwise make its use Unknown for good and
+        keep it from ever being judged idle."""
+        written = self._written.get(pod.uid)
+        if written is not None:
+            return devices_named(written.get(names.ANNOTATION_GPUS))
+        return last_devices(pod) if in_use(pod) else None
+
+    def mark(self, verdict: Verdict, node: str, now: datetime) -> dict[str, Any] | None:
+        """Apply plan_pod's writes to one pod, then record what the pod now shows; the
+        condition it shows (None when the writes failed or the pod is gone)."""
+        ref = verdict.pod
+        applied = self._applied.get(ref.uid)
+        # Our condition gone from the pod (removed by hand) is put back as it was, with its
+        # transition time and no Event: nothing happened to the pod's GPU use.
+        remembered = applied.condition if applied is not None and not ref.condition else None
+        if applied is None or ref.resource_version not in applied.versions:
+            applied = Applied(ref.our_annotations, ref.our_condition)
+        plan = plan_pod(
+            verdict,
+            applied.annotations,
+            applied.condition,
+            node,
+            now,
+            remembered=remembered,
+            known=self._written.get(ref.uid),
+        )
+        versions = {ref.resource_version}
+        writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
+        if writes and not self.write_budget.take(self.monotonic(), writes):
+            self.counts.writes_deferred += 1
+            self.due({node})  # its report is reconciled again at the next pass
+            return None
+        answer: dict[str, Any] = {}
+        try:
+            if plan.annotation_patch is not None:
+                annotations = {"metadata": {"annotations": plan.annotation_patch}}
+                answer = self.write(ref, annotations, False)
+                versions.add(_version(answer))
+            if plan.condition_patch is not None:
+                conditions = {"status": {"conditions": [plan.condition_patch]}}
+                answer = self.write(ref, conditions, True)
+                versions.add(_version(answer))
+                if plan.event is not None:
+                    self.record_event(ref, plan.event, plan.event_note, now)
+        except NotFound:
+            self.forget(ref.uid)  # deleted meanwhile: nothing to mark
+            return None
+        except Invalid as exc:
+            if not is_other_object(exc):
+                self.counts.api_errors[type(exc).__name__] += 1
+                log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+                return None
+            # The pod of this name is not the one decided for (deleted and recreated under
+            # the same name while the index lagged): nothing was written to it. Read it again
+            # and leave it to the next report, instead of retrying what was meant for another.
+            self._applied.pop(ref.uid, None)
+            self.counts.uid_refusals += 1
+            log.info(
+                "pod %s/%s is no longer %s; reading it again", ref.namespace, ref.name, ref.uid
+            )
+            try:
+                self.refresh(ref.namespace, ref.name, ref.uid)
+            except Exception as error:  # the watch's next list brings it in all the same
+                log.warning("pod %s/%s: cannot read it again: %s", ref.namespace, ref.name, error)
+            return None
+        except Exception as exc:  # one pod must not stop the others; tried again next pass
+            self.counts.api_errors[type(exc).__name__] += 1
+            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+            self.due({node})
+            return None
+        if plan.annotation_patch is not None:
+            self._written[ref.uid] = dict(plan.annotations)
+        if plan.annotation_patch is None and plan.condition_patch is None:
+            return plan.condition  # nothing written: what the index shows stays the truth
+        annotated, condition = marks_of(answer)
+        if answer and not shows(dict(annotated), dict(condition) if condition else None, plan):
+            # Someone else edited the pod's marks while we wrote (between our two writes,
+            # or before the first): none of these versions shows our plan, so none is taken
+            # for our echo, and the next pass compares what the pod then carries.
+            versions = set()
+            self.due({node})
+        self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
+        return plan.condition
+
+    def annotate(self, ref: PodSnapshot, patch: dict[str, str | None]) -> None:
+        """Patch annotations of a pod decided for (its UID a precondition); best effort: a
+        failure is counted and logged, and the next reconcile decides again."""
+        try:
+            self.write(ref, {"metadata": {"annotations": patch}}, False)
+        except Exception as exc:
+            self.counts.api_errors[type(exc).__name__] += 1
+            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+
+    def clear(self, ref: PodSnapshot) -> None:
+        """Remove what the operator wrote on a pod, a policy's announcement too (no Event:
+        nothing was observed)."""
+        try:
+            shown = ref.our_annotations
+            patch = {k: None for k in names.OPERATOR_ANNOTATIONS if k in shown} or None
+            if patch is not None:
+                self.write(ref, {"metadata": {"annotations": patch}}, False)
+            if ref.our_condition is not None:
+                gone = {"type": names.POD_CONDITION_GPU_IN_USE, "$patch": "delete"}
+                self.write(ref, {"status": {"conditions": [gone]}}, True)
+        except (NotFound, Invalid):
+            pass  # deleted, or replaced by another pod of that name: nothing of ours on it
+        except Exception as exc:  # one pod must not stop the others
+            self.counts.api_errors[type(exc).__name__] += 1
+            log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+        self.forget(ref.uid)
+
+    def write(self, ref: PodSnapshot, body: dict[str, Any], status: bool) -> dict[str, Any]:
+        """Patch the pod (or its status); the pod as the write left it (empty where the
+        answer was not a pod).
+
+        The patch carries the UID the decision was made for: the apiserver refuses a patch
+        whose metadata.uid differs from the stored pod's (422, the field is immutable), so a
+        pod recreated under the same name never receives its predecessor's marks.
+        """
+        body = {**body, "metadata": {**body.get("metadata", {}), "uid": ref.uid}}
+        # Raw responses: deserialising the returned V1Pod cost more CPU than the rest of the
+        # reconcile; only its resourceVersion is needed.
+        if status:
+            answer = retried(
+                lambda: raw.body(
+                    self.core.patch_namespaced_pod_status(
+                        ref.name,
+                        ref.namespace,
+                        body,
+                        _content_type=STRATEGIC,
+                        _preload_content=False,
+                    )
+                ),
+                f"pods/status {ref.namespace}/{ref.name}",
+            )
+        else:
+            answer = retried(
+                lambda: raw.body(
+                    self.core.patch_namespaced_pod(
+                        ref.name, ref.namespace, body, _preload_content=False
+                    )
+                ),
+                f"pod {ref.namespace}/{ref.name}",
+            )
+        self.counts.pod_writes += 1
+        return raw.written_object(answer)
+
+    def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
+        """An Event about the pod (see writers.events: new, a series, or dropped)."""
+        regarding = client.V1ObjectReference(
+            api_version="v1", kind="Pod", name=ref.name, namespace=ref.namespace, uid=ref.uid
+        )
+        self.events.record(ref.namespace, regarding, what, note, now)
+
+    def record_node_event(self, node: str, what: PodEvent, note: str, now: datetime) -> None:
+        """An Event about a Node, in the default namespace (where the kubelet records its
+        node's Events, and where `kubectl describe node` finds them)."""
+        regarding = client.V1ObjectReference(api_version="v1", kind="Node", name=node)
+        self.events.record("default", regarding, what, note, now)
+
+
+def _version(pod: dict[str, Any]) -> str | None:
+    version = (pod.get("metadata") or {}).get("resourceVersion")
+    return None if version is None else str(version)
