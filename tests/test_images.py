@@ -85,11 +85,12 @@ def test_the_same_inputs_give_the_same_image_and_the_pause_image_sleeps() -> Non
 
 
 @pytest.fixture
-def containerd(tmp_path: Path) -> Iterator[Containerd]:
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
     why = node_prerequisites()
     if why is not None:
         pytest.skip(why)
-    runtime = Containerd(tmp_path / "containerd")
+    # A short folder: containerd's sockets live in it (a test's own tmp_path can be too deep).
+    runtime = Containerd(tmp_path_factory.mktemp("ctr") / "containerd")
     runtime.start()
     try:
         yield runtime

@@ -19,7 +19,13 @@ from kubernetes import client
 
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.localcluster.containerd import mounts_below
+from gpuusage_dev.localcluster.containerd import (
+    TTRPC_SOCKET,
+    Containerd,
+    NodeUnavailable,
+    mounts_below,
+    socket_too_long,
+)
 from gpuusage_dev.localcluster.node import (
     BRIDGE,
     CGROUP_ROOT,
@@ -230,3 +236,15 @@ def test_a_folder_too_deep_for_the_nodes_sockets_is_refused_with_the_reason() ->
     assert why is not None
     assert f"{deep}/kubelet/pod-resources/kubelet.sock is 105 characters" in why
     assert "pick a shorter --dir" in why
+
+
+def test_containerd_refuses_a_folder_too_deep_for_its_sockets() -> None:
+    """containerd alone (the image tests run it without a node) is refused before it starts,
+    not after its 30 s timeout with the reason in its log."""
+    deep = Path("/tmp") / ("d" * 67) / "containerd"
+    assert socket_too_long(deep / TTRPC_SOCKET) == (
+        f"{deep}/containerd.sock.ttrpc is 105 characters, more than 104"
+    )
+    assert socket_too_long(Path("/tmp") / ("d" * 66) / "containerd" / TTRPC_SOCKET) is None
+    with pytest.raises(NodeUnavailable, match="too deep for its sockets"):
+        Containerd(deep).start()

@@ -71,6 +71,22 @@ state = "{directory / "state"}"
 """
 
 
+SOCKET_PATH_MAX = 104
+"""The longest unix socket path containerd accepts (BSD's sun_path; Linux allows 107)."""
+
+TTRPC_SOCKET = "containerd.sock.ttrpc"
+"""containerd's deepest socket below its folder (its ttrpc endpoint, beside the gRPC one)."""
+
+
+def socket_too_long(socket_path: Path) -> str | None:
+    """Why a unix socket cannot be made at `socket_path` (the daemon would fail on its own,
+    after its timeout and far from the cause), or None."""
+    resolved = socket_path.resolve()
+    if len(str(resolved)) <= SOCKET_PATH_MAX:
+        return None
+    return f"{resolved} is {len(str(resolved))} characters, more than {SOCKET_PATH_MAX}"
+
+
 class Containerd:
     """One containerd process rooted in `directory`."""
 
@@ -101,6 +117,10 @@ class Containerd:
         return self.directory / "cni" / "net.d"
 
     def start(self, timeout: float = 30.0) -> None:
+        if deep := socket_too_long(self.directory / TTRPC_SOCKET):
+            raise NodeUnavailable(
+                f"containerd's folder is too deep for its sockets ({deep}): pick a shorter one"
+            )
         why = node_prerequisites()
         if why is not None:
             raise NodeUnavailable(why)

@@ -43,9 +43,11 @@ from gpuusage_dev.localcluster.cluster import (
     terminate,
 )
 from gpuusage_dev.localcluster.containerd import (
+    TTRPC_SOCKET,
     Containerd,
     NodeUnavailable,
     node_prerequisites,
+    socket_too_long,
     unmount_below,
 )
 from gpuusage_dev.localcluster.images import busybox_image, oci_archive, pause_image
@@ -578,23 +580,19 @@ class Node:
             )
 
 
-SOCKET_PATH_MAX = 104
-"""The longest unix socket path containerd accepts (BSD's sun_path; Linux allows 107)."""
-
-LONGEST_SOCKETS = ("kubelet/pod-resources/kubelet.sock", "containerd/containerd.sock.ttrpc")
+LONGEST_SOCKETS = ("kubelet/pod-resources/kubelet.sock", f"containerd/{TTRPC_SOCKET}")
 """The node's deepest sockets below its folder (the kubelet's PodResources, containerd's
 ttrpc endpoint)."""
 
 
 def sockets_too_long(directory: Path) -> str | None:
-    """Why the node cannot live in `directory` because its sockets' paths would be too long
-    (each daemon fails on its own, far from the cause), or None."""
-    for socket_path in (directory.resolve() / s for s in LONGEST_SOCKETS):
-        if len(str(socket_path)) > SOCKET_PATH_MAX:
+    """Why the node cannot live in `directory` because its sockets' paths would be too long,
+    or None."""
+    for socket_path in (directory / s for s in LONGEST_SOCKETS):
+        if (why := socket_too_long(socket_path)) is not None:
             return (
-                f"the node's folder {directory} is too deep for its unix sockets "
-                f"({socket_path} is {len(str(socket_path))} characters, more than "
-                f"{SOCKET_PATH_MAX}): pick a shorter --dir"
+                f"the node's folder {directory} is too deep for its unix sockets ({why}): "
+                "pick a shorter --dir"
             )
     return None
 
