@@ -84,15 +84,69 @@ def test_the_link_check_can_fail(tmp_path: Path) -> None:
 
 
 def test_the_readme_is_a_guide_with_docs_beside_it() -> None:
-    """The order a user needs: what it is, quick start, install, what you see, configuration,
-    troubleshooting; the design and the evidence in docs/."""
-    headings = re.findall(r"^## (.+)$", FENCE.sub("", (ROOT / "README.md").read_text()), re.M)
-    wanted = ["Quick start", "Install", "What you see", "Configuration", "Troubleshooting"]
+    """The order a user needs: install, what you see, policies, configuration,
+    troubleshooting, then how to try it without a cluster; at most README_MOST_LINES lines,
+    the design, the details and the evidence in docs/, every page of it linked."""
+    text = (ROOT / "README.md").read_text()
+    headings = re.findall(r"^## (.+)$", FENCE.sub("", text), re.M)
+    wanted = [
+        "Install",
+        "What you see",
+        "Policies",
+        "Configuration",
+        "Troubleshooting",
+        "Try it without a cluster",
+    ]
     positions = [next(i for i, h in enumerate(headings) if h.startswith(w)) for w in wanted]
     assert positions == sorted(positions), headings
+    assert len(text.splitlines()) <= README_MOST_LINES
     linked = {Path(t.partition("#")[0]).name for t in _links(ROOT / "README.md")}
     for doc in (ROOT / "docs").glob("*.md"):
         assert doc.name in linked, f"docs/{doc.name} is not linked from the README"
+
+
+README_MOST_LINES = 350
+SKIPPED = {".git", ".venv", "build", "node_modules", ".whl"}
+DOCUMENT_NAME = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w-]+\.md)(?!\w)")
+
+
+def _sources() -> list[Path]:
+    """The repository's own text: every Python module and Markdown page but the changelog
+    (which records what was true then)."""
+    return sorted(
+        p
+        for p in ROOT.rglob("*")
+        if p.suffix in (".py", ".md")
+        and p.name != "CHANGELOG.md"
+        and not SKIPPED & set(p.relative_to(ROOT).parts)
+        and not p.relative_to(ROOT).parts[0].endswith(".egg-info")
+    )
+
+
+def missing_documents(path: Path, known: set[str]) -> list[str]:
+    """The Markdown files `path` names that the repository does not have: a name with a folder
+    is looked up from the file's folder and from the root; a bare name anywhere."""
+    missing = []
+    for name in DOCUMENT_NAME.findall(path.read_text(errors="replace")):
+        if "/" in name:
+            found = (path.parent / name).exists() or (ROOT / name).exists()
+        else:
+            found = name in known
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def test_no_file_names_a_document_the_repository_lacks() -> None:
+    known = {p.name for p in _sources() if p.suffix == ".md"}
+    named = {str(p.relative_to(ROOT)): missing_documents(p, known) for p in _sources()}
+    assert {k: v for k, v in named.items() if v and k != "tests/test_docs.py"} == {}
+
+
+def test_the_document_name_check_can_fail(tmp_path: Path) -> None:
+    page = tmp_path / "page.py"
+    page.write_text('"""As DESIGN.md says; see docs/gone.md, docs/api.md, https://x.org/y.md."""')
+    assert missing_documents(page, {"api.md"}) == ["DESIGN.md", "docs/gone.md"]
 
 
 def _commands() -> list[tuple[str, str]]:

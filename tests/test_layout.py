@@ -133,3 +133,72 @@ def test_the_graph_reads_every_form_of_import(tmp_path: Path) -> None:
 @pytest.mark.parametrize("package", sorted(PACKAGES))
 def test_no_import_circle(package: str) -> None:
     assert circles(import_graph(package, PACKAGES[package])) == []
+
+
+DEVELOPMENT = REPO / "docs" / "development.md"
+ROOTS = {name: folder.parent.name + "/" for name, folder in PACKAGES.items()}
+
+
+def entries(package: str, folder: Path) -> set[tuple[str, ...]]:
+    """What a package holds, as development.md lists it: (module,) and (subpackage/,) for a
+    package; (room/, module) and ((top), module) for the operator, whose subpackages are
+    rooms."""
+    found: set[tuple[str, ...]] = set()
+    rooms = package == "gpuusage_operator"
+    for path in folder.glob("*.py"):
+        if path.stem not in ("__init__", "__main__"):
+            found.add(("(top)", path.stem) if rooms else (path.stem,))
+    for sub in folder.iterdir():
+        if (sub / "__init__.py").exists():
+            if rooms:
+                found |= {
+                    (f"{sub.name}/", p.stem) for p in sub.glob("*.py") if p.stem != "__init__"
+                }
+            else:
+                found.add((f"{sub.name}/",))
+    return found
+
+
+def listed(text: str, package: str) -> set[tuple[str, ...]]:
+    """The rows of the package's table in development.md: its first cells, backticks dropped
+    (two cells for the operator's room and module)."""
+    heading = f"### `{package}` ({ROOTS[package]})"
+    assert heading in text, f"development.md has no section {heading}"
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    cells = 2 if package == "gpuusage_operator" else 1
+    rows = set()
+    for line in section.splitlines():
+        parts = [p.strip() for p in line.strip().strip("|").split("|")]
+        if (
+            not line.startswith("|")
+            or set(parts[0]) <= {"-", " "}
+            or parts[0] in ("module", "room")
+        ):
+            continue
+        rows.add(tuple(p.strip("`") for p in parts[:cells]))
+    return rows
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_development_lists_every_module_and_nothing_else(package: str) -> None:
+    """docs/development.md's table of each package is the package: a module added, moved or
+    removed without its row fails here."""
+    shown = listed(DEVELOPMENT.read_text(), package)
+    real = entries(package, PACKAGES[package])
+    assert sorted(real - shown) == [], "in the code, not in docs/development.md"
+    assert sorted(shown - real) == [], "in docs/development.md, not in the code"
+
+
+def test_the_layout_check_can_fail(tmp_path: Path) -> None:
+    room = tmp_path / "gpuusage_operator" / "judge"
+    room.mkdir(parents=True)
+    for path in (room.parent / "__init__.py", room / "__init__.py", room / "report.py"):
+        path.write_text("")
+    (room.parent / "main.py").write_text("")
+    assert entries("gpuusage_operator", room.parent) == {("(top)", "main"), ("judge/", "report")}
+    text = (
+        "### `gpuusage_operator` (operator/)\n\n| room | module | what |\n| --- | --- | --- |\n"
+        "| (top) | `main` | x |\n| `judge/` | `gone` | y |\n\n"
+        "## Next\n| `judge/` | `report` | z |\n"
+    )
+    assert listed(text, "gpuusage_operator") == {("(top)", "main"), ("judge/", "gone")}

@@ -2,8 +2,8 @@
 
 Debian's containerd (1.6) and runc run it as root. Everything it keeps lives under the folder:
 root, state, socket, and the `opt` plugin's path (else it makes /opt/containerd). The CRI plugin
-restricts the OOM score adjustment (this machine's root lacks CAP_SYS_RESOURCE, and runc fails
-without that: see shared/REFERENCE.md), uses the cgroupfs driver (runc's SystemdCgroup off) and
+restricts the OOM score adjustment (runc fails without that where root lacks CAP_SYS_RESOURCE,
+as in some sandboxes), uses the cgroupfs driver (runc's SystemdCgroup off) and
 a pause image we import ourselves (images), so nothing is pulled from a registry.
 """
 

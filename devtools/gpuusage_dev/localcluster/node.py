@@ -2,10 +2,10 @@
 containerd of our own, a CNI bridge, a kubelet registered as `system:node:NAME` and our device
 plugin, all rooted in one folder and stopped without leaving anything behind.
 
-What the machine needs and what it touches is in shared/REFERENCE.md ("A real node on this
-machine"): root; Debian's containerd, runc and CNI plugins; the kubelet's fixed device-plugin
-folder (/var/lib/kubelet/device-plugins, so one node per machine); `kubepods` cgroups; three
-sysctls the kubelet sets (restored on stop); a bridge and network namespaces (removed on stop).
+What the machine needs and what it touches (docs/local-cluster.md, "A real node"): root;
+Debian's containerd, runc and CNI plugins; the kubelet's fixed device-plugin folder
+(/var/lib/kubelet/device-plugins, so one node per machine); `kubepods` cgroups; three sysctls
+the kubelet sets (restored on stop); a bridge and network namespaces (removed on stop).
 """
 
 from __future__ import annotations

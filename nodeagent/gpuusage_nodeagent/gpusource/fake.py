@@ -1,17 +1,18 @@
 """A GPU source that reads a scenario file: the demo, tests and benchmarks use it.
 
-The format is DESIGN.md's, extended: MIG devices, utilization, per-process names and types,
-and injected NVML errors (on the library, on a GPU, on its process list). It behaves as the real
-driver was measured to (see drivermodel): a device's memory in use includes the driver's
-bookkeeping per process unless the file gives it, and a process's utilization is what the
-driver's sampler shows of it: one process per sample, about 5 samples a second, so that on a
-GPU several busy processes share, a busy one can go unsampled for a while. The file is read on
-every reading, so editing it changes what the agent reports, as a process starting or ending
-would. A file that becomes invalid is reported in the log and in the published object while the
-last good reading is kept, so a typo loses nothing. Invalid means anything the agent could not
-report faithfully: not UTF-8, not YAML, empty (an empty file would say "no GPUs" and end every
-pod's use; a node without GPUs is written `gpus: []`), a value beyond the API's bounds, or a
-GPU UUID, MIG UUID, index or pid listed twice (which would be counted twice).
+The format (docs/agent.md) lists GPUs and processes as the report does, with MIG devices,
+utilization, per-process names and types, and injected NVML errors (on the library, on a GPU, on
+its process list). It behaves as the real driver was measured to (see drivermodel): a device's
+memory in use includes the driver's bookkeeping per process unless the file gives it, and a
+process's utilization is what the driver's sampler shows of it: one process per sample, about 5
+samples a second, so that on a GPU several busy processes share, a busy one can go unsampled for
+a while. The file is read on every reading, so editing it changes what the agent reports, as a
+process starting or ending would. A file that becomes invalid is reported in the log and in the
+published object while the last good reading is kept, so a typo loses nothing. Invalid means
+anything the agent could not report faithfully: not UTF-8, not YAML, empty (an empty file would
+say "no GPUs" and end every pod's use; a node without GPUs is written `gpus: []`), a value
+beyond the API's bounds, or a GPU UUID, MIG UUID, index or pid listed twice (which would be
+counted twice).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ alone costs more resident memory than the rest of the agent together (measured i
 benchmarks/README.md). The agent only reads its Node and creates or merge-patches one custom
 object, which the standard library does well.
 
-Credentials supported, in DESIGN.md's order (--kubeconfig, $KUBECONFIG, in-cluster, ~/.kube):
+Credentials supported, looked for in this order (--kubeconfig, $KUBECONFIG, in-cluster, ~/.kube):
 the in-cluster service-account token (re-read on every request, since bound tokens rotate),
 and kubeconfig users with client certificates or bearer tokens (inline or as files). Users
 with `exec` or `auth-provider` plugins are refused with a clear message: in a cluster the agent
