@@ -46,6 +46,7 @@ from gpuusage_dev.localcluster.workloads import sleeper_deployment  # noqa: E402
 from gpuusage_dev.simulation import ensure_namespace  # noqa: E402
 from gpuusage_nodeagent.podresources.kubelet import list_pods  # noqa: E402
 from gpuusage_nodeagent.podresources.wire import list_response  # noqa: E402
+from tests.nodeworld import NodeWorld, installed_world  # noqa: E402
 
 LEASE_S = 10.0
 """The agent's --lease-duration here (renewed every 2.5 s): the node must be fresh again
@@ -90,17 +91,17 @@ def _wait(what: str, predicate: Callable[[], Any], timeout: float = 180.0) -> An
     return found
 
 
-def put_to_work(world: dict[str, Any]) -> dict[str, Workload]:
+def put_to_work(world: NodeWorld) -> dict[str, Workload]:
     """train and serve on the GPU the kubelet gave each, sneak (no request) on a third; once
     each is marked with what its use deserves."""
-    core: client.CoreV1Api = world["core"]
-    node: Node = world["node"]
+    core: client.CoreV1Api = world.core
+    node: Node = world.node
     ensure_namespace(core, NAMESPACE)
     _wait(
         "the namespace's ServiceAccount",
         lambda: core.read_namespaced_service_account("default", NAMESPACE),
     )
-    apps = client.AppsV1Api(world["api"])
+    apps = client.AppsV1Api(world.api)
     for name, gpus in (("train", 1), ("serve", 1), ("sneak", 0)):
         body: Any = sleeper_deployment(name, NAMESPACE, gpus, seconds=36000)
         apps.create_namespaced_deployment(NAMESPACE, body)
@@ -142,11 +143,11 @@ def _wait_marked(core: client.CoreV1Api, work: Workload) -> None:
     _wait(f"{work.name} marked {work.reason}", lambda: _marked(core, work))
 
 
-def _write(world: dict[str, Any], work: dict[str, Workload]) -> None:
+def _write(world: NodeWorld, work: dict[str, Workload]) -> None:
     processes: dict[str, list[dict[str, int]]] = {}
     for w in work.values():
         processes.setdefault(w.device, []).append({"pid": w.pid, "usedMemoryMiB": w.memory_mib})
-    write_scenario(world["scenario"], processes)
+    write_scenario(world.scenario, processes)
 
 
 def _marked(core: client.CoreV1Api, work: Workload) -> bool:
@@ -161,29 +162,29 @@ def _marked(core: client.CoreV1Api, work: Workload) -> bool:
 
 
 # -- the faults: each returns the wall-clock time its part was back ------------------------
-Fault = Callable[[dict[str, Any], dict[str, Workload], random.Random | None], float]
+Fault = Callable[[NodeWorld, dict[str, Workload], random.Random | None], float]
 
 
-def _part_back(world: dict[str, Any], part: NodeComponent, away: float = 0.0) -> float:
+def _part_back(world: NodeWorld, part: NodeComponent, away: float = 0.0) -> float:
     """The node's part crashed, away `away` seconds (the outage itself), started again; when
     the node was Ready with its devices."""
-    node: Node = world["node"]
+    node: Node = world.node
     node.restart(part, down_for=away)
-    cluster = world["cluster"]
+    cluster = world.cluster
     node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
     return time.time()
 
 
-def kubelet(world: dict[str, Any], _: dict[str, Workload], rng: random.Random | None) -> float:
+def kubelet(world: NodeWorld, _: dict[str, Workload], rng: random.Random | None) -> float:
     away = KUBELET_AWAY_S if rng is None else rng.uniform(5, KUBELET_AWAY_S)
     return _part_back(world, "kubelet", away)
 
 
-def containerd(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:
+def containerd(world: NodeWorld, _: dict[str, Workload], __: random.Random | None) -> float:
     return _part_back(world, "containerd")
 
 
-def device_plugin(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:
+def device_plugin(world: NodeWorld, _: dict[str, Workload], __: random.Random | None) -> float:
     return _part_back(world, "device-plugin")
 
 
@@ -215,20 +216,18 @@ def _replaced(core: client.CoreV1Api, part: str, old: Any) -> float:
     )
 
 
-def agent_pod_deleted(
-    world: dict[str, Any], _: dict[str, Workload], __: random.Random | None
-) -> float:
-    core: client.CoreV1Api = world["core"]
+def agent_pod_deleted(world: NodeWorld, _: dict[str, Workload], __: random.Random | None) -> float:
+    core: client.CoreV1Api = world.core
     old = _wait("the agent ready", lambda: _ready(core, "agent"))
     core.delete_namespaced_pod(old.metadata.name, SYSTEM)
     return _replaced(core, "agent", old)
 
 
-def agent_killed(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:
-    core: client.CoreV1Api = world["core"]
+def agent_killed(world: NodeWorld, _: dict[str, Workload], __: random.Random | None) -> float:
+    core: client.CoreV1Api = world.core
     pod = _wait("the agent ready", lambda: _ready(core, "agent"))
     status = pod.status.container_statuses[0]
-    pid = world["node"].host_pid(status.container_id.split("://")[1])
+    pid = world.node.host_pid(status.container_id.split("://")[1])
     os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer ends a container at its limit
     return float(
         _wait(
@@ -244,11 +243,11 @@ def agent_killed(world: dict[str, Any], _: dict[str, Workload], __: random.Rando
 
 
 def operator_killed_while_writing(
-    world: dict[str, Any], work: dict[str, Workload], __: random.Random | None
+    world: NodeWorld, work: dict[str, Workload], __: random.Random | None
 ) -> float:
     """train's memory changes, and the operator's pod is killed at once: the write may be
     half done, or not begun; its successor must finish it."""
-    core: client.CoreV1Api = world["core"]
+    core: client.CoreV1Api = world.core
     old = _wait("the operator ready", lambda: _ready(core, "operator"))
     train = work["train"]
     train.memory_mib = 3072 if train.memory_mib != 3072 else 1024
@@ -257,8 +256,8 @@ def operator_killed_while_writing(
     return _replaced(core, "operator", old)
 
 
-def apiserver(world: dict[str, Any], _: dict[str, Workload], __: random.Random | None) -> float:
-    world["cluster"].restart("apiserver")
+def apiserver(world: NodeWorld, _: dict[str, Workload], __: random.Random | None) -> float:
+    world.cluster.restart("apiserver")
     return time.time()
 
 
@@ -273,12 +272,12 @@ FAULTS: dict[str, Fault] = {
 }
 
 
-def fresh_after(world: dict[str, Any], work: dict[str, Workload], back: float) -> float:
+def fresh_after(world: NodeWorld, work: dict[str, Workload], back: float) -> float:
     """Seconds from `back` until the node is fresh: the agent's Lease renewed since, the
     report not stale and its kubelet read, every pod marked as its use deserves."""
-    core: client.CoreV1Api = world["core"]
-    custom = client.CustomObjectsApi(world["api"])
-    leases = client.CoordinationV1Api(world["api"])
+    core: client.CoreV1Api = world.core
+    custom = client.CustomObjectsApi(world.api)
+    leases = client.CoordinationV1Api(world.api)
     since = datetime.fromtimestamp(back, UTC)
 
     def fresh() -> bool:
@@ -300,7 +299,7 @@ def fresh_after(world: dict[str, Any], work: dict[str, Workload], back: float) -
 
 
 def run_node_soak(
-    world: dict[str, Any], work: dict[str, Workload], witness: Any, seconds: float, seed: int
+    world: NodeWorld, work: dict[str, Workload], witness: Any, seconds: float, seed: int
 ) -> dict[str, Any]:
     """Faults at random (seeded) for `seconds`, each followed by the time to fresh; the
     witness's wrong marks at the end."""
@@ -329,7 +328,6 @@ def run_node_soak(
 
 
 def main() -> int:
-    from tests.test_node_e2e import installed_world  # noqa: PLC0415
     from tests.witness import Witness  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -343,7 +341,7 @@ def main() -> int:
         world = next(worlds)
         try:
             work = put_to_work(world)
-            witness = Witness(world["api"], NAMESPACE).start()
+            witness = Witness(world.api, NAMESPACE).start()
             try:
                 figures = run_node_soak(world, work, witness, args.minutes * 60, args.seed)
             finally:

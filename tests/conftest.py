@@ -42,6 +42,8 @@ GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
 
 # Child processes (the CLI under test) must import the same gpuusage as this test run.
 CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+CHART = Path(__file__).resolve().parents[1] / "charts" / "gpuusage"
+"""The Helm chart's folder."""
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from gpuusage.api import names
-from gpuusage.api.models import MAX_GPUS, MAX_PROCESSES, Gpu, Memory, Source
+from gpuusage.api.models import MAX_GPUS, MAX_PROCESSES, Gpu, Memory
 from gpuusage_nodeagent.caps import capped
 from gpuusage_nodeagent.change import Decision
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
@@ -26,9 +26,8 @@ from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot
 from gpuusage_operator.judge.certainty import REASON_OMITTED, blind_spots, why_unknown
 from gpuusage_operator.judge.resolution import resolve_all
+from tests.builders import FAKE_SOURCE
 from tests.fakenvml import FakeGpu, FakeMachine, dgx_h100, gpu_uuid
-
-SOURCE = Source(kind="fake", available=True)
 
 
 def _reading(per_gpu: list[int]) -> Reading:
@@ -41,7 +40,7 @@ def _reading(per_gpu: list[int]) -> Reading:
             listed.append(RawProcess(pid, None, pid % 1000, ("compute",)))
             pid += 1
         processes[uuid] = listed
-    return Reading(SOURCE, gpus, processes=processes)
+    return Reading(FAKE_SOURCE, gpus, processes=processes)
 
 
 def test_a_reading_within_bounds_is_left_as_it_is() -> None:
@@ -139,7 +138,7 @@ def test_an_unexpected_failure_costs_a_cycle_not_the_agent(tmp_path: Path) -> No
             self.calls += 1
             if self.calls == 1:
                 raise RuntimeError("a bug in a source")
-            return Reading(SOURCE, [])
+            return Reading(FAKE_SOURCE, [])
 
         def poll(self) -> None:
             """No sampler."""

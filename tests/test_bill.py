@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,8 +36,11 @@ from gpuusage_commands.bill import (
 from gpuusage_commands.prometheus import PrometheusError, base_url, instant_query
 from gpuusage_commands.top import TopSettings, _checked, read_bills
 from gpuusage_dev.localcluster.cluster import LocalCluster
+from tests.builders import status_pod, status_report
 from tests.conftest import CHILD_ENV
-from tests.test_top import SUFFIX, _pod, _report
+
+SUFFIX = uuid.uuid4().hex[:5]
+"""Names of this module's namespaces and node, apart from other runs'."""
 
 
 def _vector(values: dict[str, float]) -> dict[str, Any]:
@@ -196,7 +200,9 @@ def test_top_shows_the_bill_beside_the_namespaces_now(
     url, seen, answer = prometheus
     ns, gone = f"bill-{SUFFIX}", f"gone-{SUFFIX}"
     node = f"bill-node-{SUFFIX}"
-    report = _report(node, {"GPU-eee": [{**_pod(ns, "train", 4096, [7]), "computing": True}]})
+    report = status_report(
+        node, {"GPU-eee": [{**status_pod(ns, "train", 4096, [7]), "computing": True}]}
+    )
     custom = client.CustomObjectsApi(api)
     body = {k: report[k] for k in ("metadata", "spec")}
     custom.create_cluster_custom_object(

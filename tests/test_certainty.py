@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from gpuusage.api import names
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Process, Source
-from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.certainty import (
     REASON_DEVICE,
     REASON_UNRESOLVED,
@@ -15,6 +15,7 @@ from gpuusage_operator.judge.certainty import (
 )
 from gpuusage_operator.judge.podstate import desired_condition, event_for
 from gpuusage_operator.judge.resolution import resolve_all
+from tests.builders import marked_snapshot
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
@@ -25,20 +26,10 @@ MIG = SPEC.gpus[1].mig_devices[0].uuid
 NOBODY = PodLookup({})
 
 
-def marked(devices: str | None, status: str = "True") -> PodSnapshot:
-    annotations = ((names.ANNOTATION_GPUS, devices),) if devices else ()
-    condition = (
-        ("reason", "ProcessesRunning"),
-        ("status", status),
-        ("type", names.POD_CONDITION_GPU_IN_USE),
-    )
-    return PodSnapshot("ml", "p", "u-1", "n1", annotations=annotations, condition=condition)
-
-
 def test_a_report_that_sees_everything_ends_use() -> None:
     blind = blind_spots(SPEC, resolve_all(SPEC, NOBODY))
     assert not blind
-    assert why_unknown(marked(GPU0), blind) is None
+    assert why_unknown(marked_snapshot(GPU0), blind) is None
 
 
 def test_an_unreadable_device_makes_the_use_of_its_pods_unknown() -> None:
@@ -47,17 +38,17 @@ def test_an_unreadable_device_makes_the_use_of_its_pods_unknown() -> None:
     )
     spec = SPEC.model_copy(update={"gpus": [SPEC.gpus[0], lost]})
     blind = blind_spots(spec, resolve_all(spec, NOBODY))
-    on_mig = why_unknown(marked(MIG), blind)
+    on_mig = why_unknown(marked_snapshot(MIG), blind)
     assert on_mig is not None, "a MIG device of a lost GPU is lost too"
     assert on_mig.reason == REASON_DEVICE
     # what the agent wrote about the device stays in the report: never on a tenant's pod
     assert "fell off the bus" not in on_mig.message
     assert "GpuIsLost" not in on_mig.message
     assert "spec.gpus[].error says why" in on_mig.message
-    assert why_unknown(marked(GPU0), blind) is None, "the readable GPU still tells"
-    assert why_unknown(marked(f"{GPU0},{GPU1}"), blind) is not None
-    assert why_unknown(marked(None), blind) is not None, "devices unknown: any blind spot"
-    assert why_unknown(marked(MIG, status="False"), blind) is None, "not in use stays so"
+    assert why_unknown(marked_snapshot(GPU0), blind) is None, "the readable GPU still tells"
+    assert why_unknown(marked_snapshot(f"{GPU0},{GPU1}"), blind) is not None
+    assert why_unknown(marked_snapshot(None), blind) is not None, "devices unknown: any blind spot"
+    assert why_unknown(marked_snapshot(MIG, status="False"), blind) is None, "not in use stays so"
 
 
 def test_no_gpu_library_means_nothing_is_known() -> None:
@@ -66,7 +57,7 @@ def test_no_gpu_library_means_nothing_is_known() -> None:
         observed_at=NOW,
         source=Source(kind="nvml", available=False, message="NVML unavailable (DriverNotLoaded)"),
     )
-    cause = why_unknown(marked(GPU0), blind_spots(spec, []))
+    cause = why_unknown(marked_snapshot(GPU0), blind_spots(spec, []))
     assert cause is not None
     assert "DriverNotLoaded" not in cause.message, "the agent's words stay in the report"
     assert "cannot read its GPUs" in cause.message
@@ -76,7 +67,7 @@ def test_a_device_no_longer_reported_is_not_an_ending() -> None:
     spec = SPEC.model_copy(update={"gpus": [SPEC.gpus[0]]})
     blind = blind_spots(spec, resolve_all(spec, NOBODY))
     assert not blind, "nothing to say about idleness"
-    cause = why_unknown(marked(GPU1), blind)
+    cause = why_unknown(marked_snapshot(GPU1), blind)
     assert cause is not None
     assert "no longer reported" in cause.message
 
@@ -86,13 +77,13 @@ def test_an_unattributable_process_hides_whose_it_is() -> None:
     gpu0 = SPEC.gpus[0].model_copy(update={"processes": [mystery]})
     spec = SPEC.model_copy(update={"gpus": [gpu0, SPEC.gpus[1]]})
     blind = blind_spots(spec, resolve_all(spec, NOBODY))
-    cause = why_unknown(marked(GPU0), blind)
+    cause = why_unknown(marked_snapshot(GPU0), blind)
     assert cause is not None
     assert cause.reason == REASON_UNRESOLVED
     assert "process 99" in cause.message
     assert "cannot read /proc/99/cgroup" not in cause.message, "the agent's words stay"
     assert "status.unattributed says why" in cause.message
-    assert why_unknown(marked(MIG), blind) is None
+    assert why_unknown(marked_snapshot(MIG), blind) is None
     # A host process or a process of a known container says nothing of the kind.
     known = Process(pid=98, container_id=CTR_TRAIN, pod_uid=POD_TRAIN)
     gpu0 = SPEC.gpus[0].model_copy(update={"processes": [known, Process(pid=97)]})
@@ -102,7 +93,7 @@ def test_an_unattributable_process_hides_whose_it_is() -> None:
 
 def test_unknown_reads_well_and_use_seen_again_is_no_new_start() -> None:
     cause = why_unknown(
-        marked(None),
+        marked_snapshot(None),
         blind_spots(
             GpuNodeUsageSpec(
                 node_name="n1", observed_at=NOW, source=Source(kind="nvml", available=False)

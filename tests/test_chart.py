@@ -21,11 +21,10 @@ import yaml
 from gpuusage.api import names
 from gpuusage_dev import chart
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from tests.conftest import Helm, Kubectl
+from tests.conftest import CHART, Helm, Kubectl
 from tests.examples import empty_report
 
 REPO = Path(__file__).resolve().parents[1]
-CHART = REPO / "charts" / "gpuusage"
 NS = "gpuusage-system"
 
 # Kinds whose objects have no namespace: kustomize's namespace transformer sets one on those it

@@ -17,8 +17,8 @@ from gpuusage_operator.judge.allocation import judgements
 from gpuusage_operator.judge.freshness import Sighting
 from gpuusage_operator.judge.resolution import pod_uses, resolve_all
 from gpuusage_operator.judge.status import desired_status
+from tests.builders import api_pod, pod_lookup
 from tests.fakenvml import FakeGpu, FakeMachine, FakeProcess, gpu_uuid
-from tests.test_operator_core import lookup, pod
 
 NODE = "gpu-node-a"
 
@@ -58,9 +58,9 @@ def test_the_mps_server_is_a_driver_process_and_clients_are_their_pods(
         300: ("nvidia-cuda-mps-server", ("compute",)),
         301: ("python3.11", ("mps",)),
     }
-    pods = lookup(
-        pod("mps-control-daemon", DAEMON_UID, {"mps": DAEMON_CID}, ns="gpu-operator", gpus=0),
-        pod("client", CLIENT_UID, {"main": CLIENT_CID}),
+    pods = pod_lookup(
+        api_pod("mps-control-daemon", DAEMON_UID, {"mps": DAEMON_CID}, ns="gpu-operator", gpus=0),
+        api_pod("client", CLIENT_UID, {"main": CLIENT_CID}),
     )
     resolutions = list(resolve_all(spec, pods))
     by_pid = {r.process.pid: r for r in resolutions}
@@ -83,10 +83,10 @@ def test_a_tenant_named_like_the_mps_server_is_judged_as_a_tenant(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     spec = _mps_node(monkeypatch, tmp_path, sneaky_server=True).read().spec()
-    pods = lookup(
-        pod("mps-control-daemon", DAEMON_UID, {"mps": DAEMON_CID}, ns="gpu-operator", gpus=0),
-        pod("client", CLIENT_UID, {"main": CLIENT_CID}),
-        pod("sneaky", SNEAKY_UID, {"main": SNEAKY_CID}, gpus=0),
+    pods = pod_lookup(
+        api_pod("mps-control-daemon", DAEMON_UID, {"mps": DAEMON_CID}, ns="gpu-operator", gpus=0),
+        api_pod("client", CLIENT_UID, {"main": CLIENT_CID}),
+        api_pod("sneaky", SNEAKY_UID, {"main": SNEAKY_CID}, gpus=0),
     )
     resolutions = list(resolve_all(spec, pods))
     uses = pod_uses(NODE, NOW, resolutions)
@@ -107,4 +107,4 @@ def test_a_tenant_named_like_the_mps_server_is_judged_as_a_tenant(
             ]
         }
     )
-    assert [r.reason for r in resolve_all(host, lookup())] == ["DriverProcess"]
+    assert [r.reason for r in resolve_all(host, pod_lookup())] == ["DriverProcess"]

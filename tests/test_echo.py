@@ -16,23 +16,11 @@ from kubernetes import client
 
 from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.index.pods import PodLookup
+from tests.builders import apply_merge_patch
 from tests.examples import example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 NODE = "gpu-node-a"
-
-
-def apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386's MergePatch, as the apiserver applies it."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = apply_merge_patch(result.get(key), value)
-    return result
 
 
 class StatusApi:

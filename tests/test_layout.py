@@ -7,6 +7,7 @@ to read in one pass from its edges to its pure core. Imports under TYPE_CHECKING
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,3 +203,19 @@ def test_the_layout_check_can_fail(tmp_path: Path) -> None:
         "## Next\n| `judge/` | `report` | z |\n"
     )
     assert listed(text, "gpuusage_operator") == {("(top)", "main"), ("judge/", "gone")}
+
+
+TEST_IMPORT = re.compile(r"^[ \t]*(?:from|import)[ \t]+tests\.test_\w+", re.M)
+
+
+def test_imports_of_test_modules(tmp_path: Path) -> None:
+    """Tests build their world from tests/builders.py, tests/nodeworld.py and the fixtures of
+    conftest, never from another test module (whose helpers then change under its tests)."""
+    found = {
+        str(path.relative_to(REPO)): TEST_IMPORT.findall(path.read_text())
+        for path in sorted((REPO / "tests").rglob("*.py"))
+    }
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    planted = tmp_path / "test_x.py"
+    planted.write_text('"""x"""\n\nfrom tests.test_top import _pod\n')
+    assert TEST_IMPORT.findall(planted.read_text()) == ["from tests.test_top"]

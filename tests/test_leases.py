@@ -22,7 +22,7 @@ from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.informers.leases import LeaseState, Seen
-from tests.test_agent_robustness import SOURCE
+from tests.builders import FAKE_SOURCE
 
 T0 = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
 NO_WAIT = Backoff((0.0,), jitter=0.0)
@@ -135,7 +135,7 @@ def test_a_cycle_that_fails_renews_nothing(tmp_path: Path) -> None:
 
     class Working:
         def read(self) -> Reading:
-            return Reading(SOURCE, [])
+            return Reading(FAKE_SOURCE, [])
 
         def poll(self) -> None:
             """No sampler."""

@@ -23,7 +23,10 @@ from benchmarks.node_fault_soak import (
 )
 from gpuusage.api import names
 from tests.conftest import wait_for
-from tests.test_node_e2e import installed_world
+from tests.nodeworld import (
+    NodeWorld,
+    installed_world,
+)
 from tests.witness import Witness
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
@@ -33,7 +36,7 @@ SOAK_SECONDS = float(os.environ.get("GPUUSAGE_NODE_SOAK_SECONDS", "180"))
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeWorld]:
     yield from installed_world(
         tmp_path_factory.mktemp("node-faults"),
         agent_args=("--interval", "1", "--lease-duration", str(int(LEASE_S))),
@@ -41,24 +44,24 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def workloads(world: dict[str, Any]) -> dict[str, Workload]:
+def workloads(world: NodeWorld) -> dict[str, Workload]:
     return put_to_work(world)
 
 
 @pytest.fixture(scope="module")
-def witness(world: dict[str, Any], workloads: dict[str, Workload]) -> Iterator[Witness]:
+def witness(world: NodeWorld, workloads: dict[str, Workload]) -> Iterator[Witness]:
     namespace = next(iter(workloads.values())).namespace
-    seen = Witness(world["api"], namespace).start()
+    seen = Witness(world.api, namespace).start()
     _prove_it_watches(world, namespace, seen)
     yield seen
     seen.stop()
 
 
-def _prove_it_watches(world: dict[str, Any], namespace: str, seen: Witness) -> None:
+def _prove_it_watches(world: NodeWorld, namespace: str, seen: Witness) -> None:
     """A witness that hears nothing passes every test: a pod that never runs (its node does
     not exist) gets a GPUInUse condition by hand, and the witness must see it arrive."""
     wait_for(lambda: seen.since(0), what="the witness's first list (the pods at work)")
-    core = client.CoreV1Api(world["api"])
+    core = client.CoreV1Api(world.api)
     body: Any = {
         "metadata": {"name": "witness-probe"},
         "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "none"}]},
@@ -77,7 +80,7 @@ def _prove_it_watches(world: dict[str, Any], namespace: str, seen: Witness) -> N
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_node_part_that_fails_leaves_no_wrong_mark(
-    world: dict[str, Any], workloads: dict[str, Workload], witness: Witness, fault: str
+    world: NodeWorld, workloads: dict[str, Workload], witness: Witness, fault: str
 ) -> None:
     mark = witness.mark()
     back = FAULTS[fault](world, workloads, None)
@@ -92,7 +95,7 @@ def test_a_node_part_that_fails_leaves_no_wrong_mark(
         started = ["GPUUseStarted"] if work.reason == "ProcessesRunning" else []
         assert [r for r in witness.reasons(work.uid) if r != work.reason] == started
     # The agent's and the operator's pods, recreated by some faults, carry no GPU marks.
-    listed: Any = client.CoreV1Api(world["api"]).list_namespaced_pod("gpuusage-system")
+    listed: Any = client.CoreV1Api(world.api).list_namespaced_pod("gpuusage-system")
     for system in listed.items:
         marks = [k for k in system.metadata.annotations or {} if k.startswith(names.GROUP)]
         conditions = [c.type for c in system.status.conditions or []]
@@ -104,14 +107,14 @@ def test_a_node_part_that_fails_leaves_no_wrong_mark(
 
 
 def test_a_seeded_soak_of_node_faults_leaves_no_wrong_mark(
-    world: dict[str, Any], workloads: dict[str, Workload], witness: Witness
+    world: NodeWorld, workloads: dict[str, Workload], witness: Witness
 ) -> None:
     figures = run_node_soak(world, workloads, witness, seconds=SOAK_SECONDS, seed=36)
     print(f"\nsoak: {figures}")
     assert figures["wrong"] == []
     assert figures["faults"], "at least one fault in the soak"
     assert max(figures["recovery_s"]) <= 2 * LEASE_S, figures
-    core = client.CoreV1Api(world["api"])
+    core = client.CoreV1Api(world.api)
     for work in workloads.values():
         pod: Any = core.read_namespaced_pod(work.name, work.namespace)
         assert pod.metadata.uid == work.uid, "the workloads ran throughout"

@@ -11,7 +11,7 @@ import pytest
 from gpuusage.api import names
 from gpuusage.api.models import Process
 from gpuusage_operator.ha.peering import MAX_PRIORITY, is_active, live_peers, random_priority
-from gpuusage_operator.index.pods import PodLookup, index_keys, snapshot_of
+from gpuusage_operator.index.pods import index_keys, snapshot_of
 from gpuusage_operator.judge.freshness import Sighting
 from gpuusage_operator.judge.podstate import (
     annotation_patch,
@@ -24,6 +24,7 @@ from gpuusage_operator.judge.podstate import (
 from gpuusage_operator.judge.requests import gpu_requests
 from gpuusage_operator.judge.resolution import pod_uses, resolve_all, resolve_process
 from gpuusage_operator.judge.status import desired_status
+from tests.builders import api_pod, pod_lookup
 from tests.examples import (
     CTR_INFER,
     CTR_NOTEBOOK,
@@ -40,42 +41,15 @@ NODE = "gpu-node-a"
 SEEN = Sighting(3, OBSERVED)
 
 
-def pod(
-    name: str, uid: str, containers: dict[str, str], ns: str = "ml", gpus: int = 1
-) -> dict[str, Any]:
-    limits = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "2"}}
-    return {
-        "metadata": {"name": name, "namespace": ns, "uid": uid},
-        "spec": {
-            "nodeName": "gpu-node-a",
-            "containers": [{"name": c, "resources": limits} for c in containers],
-        },
-        "status": {
-            "containerStatuses": [
-                {"name": cname, "containerID": f"containerd://{cid}"}
-                for cname, cid in containers.items()
-            ]
-        },
-    }
-
-
-def lookup(*pods: dict[str, Any]) -> PodLookup:
-    index: dict[str, list[Any]] = {}
-    for body in pods:
-        for key, ref in index_keys(body).items():
-            index.setdefault(key, []).append(ref)
-    return PodLookup(index)
-
-
 PODS = (
-    pod("train-0", POD_TRAIN, {"trainer": CTR_TRAIN}),
-    pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice"),
-    pod("triton", POD_INFER, {"server": CTR_INFER}, ns="serving"),
+    api_pod("train-0", POD_TRAIN, {"trainer": CTR_TRAIN}),
+    api_pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice"),
+    api_pod("triton", POD_INFER, {"server": CTR_INFER}, ns="serving"),
 )
 
 
 def test_index_entry_is_small_and_strips_the_runtime_scheme() -> None:
-    body = pod("p", POD_TRAIN, {"a": "ABC" + "0" * 61})
+    body = api_pod("p", POD_TRAIN, {"a": "ABC" + "0" * 61})
     body["status"]["initContainerStatuses"] = [
         {"name": "init", "containerID": "cri-o://" + "1" * 64}
     ]
@@ -90,7 +64,7 @@ def test_index_entry_is_small_and_strips_the_runtime_scheme() -> None:
 
 
 def test_resolution_order_of_evidence() -> None:
-    pods = lookup(*PODS)
+    pods = pod_lookup(*PODS)
     by_container = resolve_process(NODE, "GPU-x", Process(pid=1, container_id=CTR_TRAIN), pods)
     assert by_container.pod is not None
     assert (by_container.pod.name, by_container.container_name) == ("train-0", "trainer")
@@ -112,10 +86,10 @@ def test_resolution_order_of_evidence() -> None:
 
 def test_a_report_attributes_processes_only_to_pods_of_its_own_node() -> None:
     """A report of node B naming a pod of node A (by container ID or by UID) leaves it alone."""
-    elsewhere = pod("web", POD_INFER, {"server": CTR_INFER}, ns="serving")
-    pending = pod("queued", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK})
+    elsewhere = api_pod("web", POD_INFER, {"server": CTR_INFER}, ns="serving")
+    pending = api_pod("queued", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK})
     del pending["spec"]["nodeName"]
-    pods = lookup(pod("train-0", POD_TRAIN, {"trainer": CTR_TRAIN}), elsewhere, pending)
+    pods = pod_lookup(api_pod("train-0", POD_TRAIN, {"trainer": CTR_TRAIN}), elsewhere, pending)
     for process in (
         Process(pid=1, container_id=CTR_INFER),
         Process(pid=2, pod_uid=POD_INFER),
@@ -135,7 +109,7 @@ def test_a_report_attributes_processes_only_to_pods_of_its_own_node() -> None:
 
 def test_desired_status_of_the_example_node() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
-    resolutions = list(resolve_all(spec, lookup(*PODS)))
+    resolutions = list(resolve_all(spec, pod_lookup(*PODS)))
     status = desired_status(spec, resolutions, NOW, generation=3, sighting=SEEN)
     assert status.observed_generation == 3
     assert status.totals is not None
@@ -170,7 +144,7 @@ def test_desired_status_of_the_example_node() -> None:
 
 def test_status_is_identical_for_an_unchanged_report() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
-    resolutions = list(resolve_all(spec, lookup(*PODS)))
+    resolutions = list(resolve_all(spec, pod_lookup(*PODS)))
     first = desired_status(spec, resolutions, NOW, generation=3, sighting=SEEN)
     again = desired_status(
         spec,
@@ -195,7 +169,7 @@ def test_stale_report_makes_the_node_not_ready() -> None:
 
 def _uses() -> dict[str, Any]:
     spec = example_spec("gpu-node-a", OBSERVED)
-    return pod_uses("gpu-node-a", OBSERVED, resolve_all(spec, lookup(*PODS)))
+    return pod_uses("gpu-node-a", OBSERVED, resolve_all(spec, pod_lookup(*PODS)))
 
 
 def test_pod_annotations_follow_the_design() -> None:
@@ -329,16 +303,16 @@ def test_peering_rule_matches_kopf() -> None:
 
 
 def test_marked_pods_are_found_per_node_without_a_scan() -> None:
-    marked = pod("a", POD_TRAIN, {"x": CTR_TRAIN})
+    marked = api_pod("a", POD_TRAIN, {"x": CTR_TRAIN})
     marked["metadata"]["annotations"] = {names.ANNOTATION_GPUS: "GPU-1", "other/key": "v"}
     marked["metadata"]["resourceVersion"] = "42"
-    elsewhere = pod("b", POD_INFER, {"y": CTR_INFER})
+    elsewhere = api_pod("b", POD_INFER, {"y": CTR_INFER})
     elsewhere["spec"]["nodeName"] = "gpu-node-b"
     elsewhere["status"]["conditions"] = [
         {"type": names.POD_CONDITION_GPU_IN_USE, "status": "False"}
     ]
-    unmarked = pod("c", POD_NOTEBOOK, {"z": CTR_NOTEBOOK})
-    pods = lookup(marked, elsewhere, unmarked)
+    unmarked = api_pod("c", POD_NOTEBOOK, {"z": CTR_NOTEBOOK})
+    pods = pod_lookup(marked, elsewhere, unmarked)
     assert [r.name for r in pods.on_node_with_our_marks("gpu-node-a")] == ["a"]
     assert [r.name for r in pods.on_node_with_our_marks("gpu-node-b")] == ["b"]
     assert pods.on_node_with_our_marks("gpu-node-c") == []
@@ -361,17 +335,21 @@ def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
     assert gpu_requests(spec) == 4, "the largest init container wins over the sum (3)"
     assert gpu_requests({"containers": spec["containers"]}) == 3
     assert gpu_requests({}) == 0
-    sneaky = pod("sneaky", POD_TRAIN, {"trainer": CTR_TRAIN}, gpus=0)
-    honest = pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice")
+    sneaky = api_pod("sneaky", POD_TRAIN, {"trainer": CTR_TRAIN}, gpus=0)
+    honest = api_pod("notebook", POD_NOTEBOOK, {"jupyter": CTR_NOTEBOOK}, ns="alice")
     spec_ = example_spec("gpu-node-a", OBSERVED)
     status = desired_status(
-        spec_, list(resolve_all(spec_, lookup(sneaky, honest))), NOW, generation=1, sighting=SEEN
+        spec_,
+        list(resolve_all(spec_, pod_lookup(sneaky, honest))),
+        NOW,
+        generation=1,
+        sighting=SEEN,
     )
     flags = {(p.name, p.requested_gpus, p.unrequested) for p in status.pods}
     assert flags == {("sneaky", 0, True), ("notebook", 1, False)}
     assert status.totals is not None
     assert status.totals.unrequested_pods == 1
-    uses = pod_uses("gpu-node-a", OBSERVED, resolve_all(spec_, lookup(sneaky, honest)))
+    uses = pod_uses("gpu-node-a", OBSERVED, resolve_all(spec_, pod_lookup(sneaky, honest)))
     condition = desired_condition("InUse", uses[POD_TRAIN], "gpu-node-a")
     assert (condition["status"], condition["reason"]) == ("True", "UsingUnrequestedGPU")
     assert desired_condition("InUse", uses[POD_NOTEBOOK], "gpu-node-a")["reason"] == (

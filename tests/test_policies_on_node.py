@@ -23,18 +23,19 @@ from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
 from tests.conftest import token_config, wait_for
-from tests.test_node_e2e import (
+from tests.nodeworld import (
     NAME,
-    _component,
-    _events,
-    _gpu_condition,
-    _host_pid,
-    _job,
-    _report,
-    _running,
-    _scenario,
-    _token_of,
+    NodeWorld,
+    component,
+    event_reasons,
+    gpu_condition,
+    gpu_job,
+    host_pid,
     installed_world,
+    node_report,
+    running_pod,
+    token_of,
+    write_node_scenario,
 )
 from tests.worldview import create_policy, in_namespace
 
@@ -42,7 +43,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeWorld]:
     yield from installed_world(
         tmp_path_factory.mktemp("node-policies"),
         base="manifests/overlays/policy-actions",
@@ -51,74 +52,74 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     )
 
 
-def _policy(world: dict[str, Any], namespace: str, rule: dict[str, Any]) -> None:
+def _policy(world: NodeWorld, namespace: str, rule: dict[str, Any]) -> None:
     rules = [{"after": "1s", "mode": "Enforce", **rule}]
     create_policy(
-        world["api"], namespace, {"namespaceSelector": in_namespace(namespace), "rules": rules}
+        world.api, namespace, {"namespaceSelector": in_namespace(namespace), "rules": rules}
     )
 
 
-def _decisions(world: dict[str, Any], name: str) -> list[str]:
-    body: Any = client.CustomObjectsApi(world["api"]).get_cluster_custom_object(
+def _decisions(world: NodeWorld, name: str) -> list[str]:
+    body: Any = client.CustomObjectsApi(world.api).get_cluster_custom_object(
         names.GROUP, names.VERSION, names.POLICY_PLURAL, name
     )
     return [d["outcome"] for d in (body.get("status") or {}).get("decisions") or []]
 
 
-def _namespace(world: dict[str, Any], namespace: str) -> None:
-    ensure_namespace(world["core"], namespace)
-    wait_for(lambda: world["core"].read_namespaced_service_account("default", namespace), what="SA")
+def _namespace(world: NodeWorld, namespace: str) -> None:
+    ensure_namespace(world.core, namespace)
+    wait_for(lambda: world.core.read_namespaced_service_account("default", namespace), what="SA")
 
 
-def _idle_on_its_device(world: dict[str, Any], pod: Any) -> str:
+def _idle_on_its_device(world: NodeWorld, pod: Any) -> str:
     """The pod's real process holds 8 GiB of the GPU the kubelet gave it and computes nothing;
     its device."""
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
-    socket = world["node"].directory / "kubelet" / "pod-resources" / "kubelet.sock"
+    socket = world.node.directory / "kubelet" / "pod-resources" / "kubelet.sock"
     given = {p.name: p for p in list_response(list_pods(socket, 5))}[pod.metadata.name]
     (device,) = given.containers[0].devices[0].device_ids
-    held = {"pid": _host_pid(world, cid), "usedMemoryMiB": 8192, "smUtil": 0}
-    _scenario(world, {device: [held]})
+    held = {"pid": host_pid(world, cid), "usedMemoryMiB": 8192, "smUtil": 0}
+    write_node_scenario(world, {device: [held]})
     return str(device)
 
 
-def _reason(world: dict[str, Any], namespace: str, name: str) -> str | None:
-    found = _gpu_condition(world, namespace, name)
+def _reason(world: NodeWorld, namespace: str, name: str) -> str | None:
+    found = gpu_condition(world, namespace, name)
     return None if found is None else str(found["reason"])
 
 
-def test_an_idle_notebook_deployment_is_scaled_to_zero(installed: dict[str, Any]) -> None:
+def test_an_idle_notebook_deployment_is_scaled_to_zero(installed: NodeWorld) -> None:
     world = installed
     _namespace(world, "nb")
     deployment: Any = sleeper_deployment("notebook", "nb", 1)
-    client.AppsV1Api(world["api"]).create_namespaced_deployment("nb", deployment)
-    pod = wait_for(lambda: _running(world, "nb", "notebook"), timeout=90, what="running")
+    client.AppsV1Api(world.api).create_namespaced_deployment("nb", deployment)
+    pod = wait_for(lambda: running_pod(world, "nb", "notebook"), timeout=90, what="running")
     name = pod.metadata.name
     _idle_on_its_device(world, pod)
     wait_for(lambda: _reason(world, "nb", name) == "HoldingIdleGPU", timeout=60, what="idle")
     _policy(world, "nb", {"finding": "HoldingIdleGPU", "action": "ScaleToZero"})
 
     def scaled() -> bool:
-        found: Any = client.AppsV1Api(world["api"]).read_namespaced_deployment("notebook", "nb")
+        found: Any = client.AppsV1Api(world.api).read_namespaced_deployment("notebook", "nb")
         return bool(found.spec.replicas == 0)
 
     wait_for(scaled, timeout=90, what="the Deployment scaled to zero")
     wait_for(
-        lambda: not world["core"].list_namespaced_pod("nb").items,
+        lambda: not world.core.list_namespaced_pod("nb").items,
         timeout=90,
         what="the ReplicaSet controller deleting the pod",
     )
-    _scenario(world, {})  # its process went with it
-    assert {"GPUPolicyPending", "GPUPolicyActed"} <= set(_events(world, "nb", name))
+    write_node_scenario(world, {})  # its process went with it
+    assert {"GPUPolicyPending", "GPUPolicyActed"} <= set(event_reasons(world, "nb", name))
     wait_for(lambda: "Done" in _decisions(world, "nb"), what="the decision in the status")
 
 
-def test_an_idle_job_is_suspended(installed: dict[str, Any]) -> None:
+def test_an_idle_job_is_suspended(installed: NodeWorld) -> None:
     world = installed
     _namespace(world, "batch")
-    job = _job("epoch", "batch", ["/bin/sleep", "3600"])
-    client.BatchV1Api(world["api"]).create_namespaced_job("batch", job)
-    pod = wait_for(lambda: _running(world, "batch", "epoch"), timeout=90, what="running")
+    job = gpu_job("epoch", "batch", ["/bin/sleep", "3600"])
+    client.BatchV1Api(world.api).create_namespaced_job("batch", job)
+    pod = wait_for(lambda: running_pod(world, "batch", "epoch"), timeout=90, what="running")
     _idle_on_its_device(world, pod)
     wait_for(
         lambda: _reason(world, "batch", pod.metadata.name) == "HoldingIdleGPU",
@@ -128,7 +129,7 @@ def test_an_idle_job_is_suspended(installed: dict[str, Any]) -> None:
     _policy(world, "batch", {"finding": "HoldingIdleGPU", "action": "Suspend"})
 
     def suspended() -> bool:
-        found: Any = client.BatchV1Api(world["api"]).read_namespaced_job("epoch", "batch")
+        found: Any = client.BatchV1Api(world.api).read_namespaced_job("epoch", "batch")
         return bool(found.spec.suspend)
 
     wait_for(suspended, timeout=90, what="the Job suspended")
@@ -136,89 +137,95 @@ def test_an_idle_job_is_suspended(installed: dict[str, Any]) -> None:
         lambda: (
             not [
                 p
-                for p in world["core"].list_namespaced_pod("batch").items
+                for p in world.core.list_namespaced_pod("batch").items
                 if p.status.phase == "Running"
             ]
         ),
         timeout=90,
         what="the Job controller stopping its pod",
     )
-    _scenario(world, {})
+    write_node_scenario(world, {})
     wait_for(lambda: "Done" in _decisions(world, "batch"), what="the decision in the status")
 
 
-def test_an_eviction_a_disruption_budget_refuses_is_not_forced(installed: dict[str, Any]) -> None:
+def test_an_eviction_a_disruption_budget_refuses_is_not_forced(installed: NodeWorld) -> None:
     world = installed
     _namespace(world, "lab")
     deployment: Any = sleeper_deployment("sneaky", "lab", 0)
-    client.AppsV1Api(world["api"]).create_namespaced_deployment("lab", deployment)
+    client.AppsV1Api(world.api).create_namespaced_deployment("lab", deployment)
     budget = client.V1PodDisruptionBudget(
         metadata=client.V1ObjectMeta(name="sneaky"),
         spec=client.V1PodDisruptionBudgetSpec(
             min_available=1, selector=client.V1LabelSelector(match_labels={"app": "sneaky"})
         ),
     )
-    client.PolicyV1Api(world["api"]).create_namespaced_pod_disruption_budget("lab", budget)
-    pod = wait_for(lambda: _running(world, "lab", "sneaky"), timeout=90, what="running")
+    client.PolicyV1Api(world.api).create_namespaced_pod_disruption_budget("lab", budget)
+    pod = wait_for(lambda: running_pod(world, "lab", "sneaky"), timeout=90, what="running")
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
     gpu = "GPU-44440000-0000-4000-8000-000000000003"
-    _scenario(world, {gpu: [{"pid": _host_pid(world, cid), "usedMemoryMiB": 2048, "smUtil": 50}]})
+    write_node_scenario(
+        world, {gpu: [{"pid": host_pid(world, cid), "usedMemoryMiB": 2048, "smUtil": 50}]}
+    )
     name = pod.metadata.name
     wait_for(lambda: _reason(world, "lab", name) == "UsingUnrequestedGPU", what="flagged")
     _policy(world, "lab", {"finding": "UsingUnrequestedGPU", "action": "Evict"})
-    wait_for(lambda: "GPUPolicyRefused" in _events(world, "lab", name), timeout=60, what="refused")
+    wait_for(
+        lambda: "GPUPolicyRefused" in event_reasons(world, "lab", name), timeout=60, what="refused"
+    )
     # the policy's status is written at the end of the reconcile, after the Event
     wait_for(lambda: "Refused" in _decisions(world, "lab"), timeout=30, what="recorded")
-    still: Any = world["core"].read_namespaced_pod(name, "lab")
+    still: Any = world.core.read_namespaced_pod(name, "lab")
     assert (still.status.phase, still.metadata.deletion_timestamp) == ("Running", None)
-    _scenario(world, {})
+    write_node_scenario(world, {})
 
 
-def _node_marks(world: dict[str, Any]) -> tuple[str | None, list[str]]:
+def _node_marks(world: NodeWorld) -> tuple[str | None, list[str]]:
     """Our condition's status on the Node, and the effects of our taints."""
-    node: Any = world["core"].read_node(NAME)
+    node: Any = world.core.read_node(NAME)
     ours = [c for c in node.status.conditions or [] if c.type == names.NODE_CONDITION_ORPHANED]
     taints = [t.effect for t in node.spec.taints or [] if t.key == names.NODE_CONDITION_ORPHANED]
     return (ours[0].status if ours else None), taints
 
 
-def _node_events(world: dict[str, Any]) -> list[str]:
-    listed = world["core"].list_namespaced_event(
+def _node_events(world: NodeWorld) -> list[str]:
+    listed = world.core.list_namespaced_event(
         "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={NAME}"
     )
     return [e.reason for e in listed.items]
 
 
 def test_orphaned_memory_taints_the_node_until_it_is_freed(
-    installed: dict[str, Any], tmp_path: Path
+    installed: NodeWorld, tmp_path: Path
 ) -> None:
     """A process of no pod (this test's own, a host process) holds 2 GiB: under an enforced
     Taint rule the node gets the condition and the NoSchedule taint, written by the real
     operator with its real token, which admission refuses any other change to the Node; the
     memory freed, both go. The kubelet's own conditions and taints are never touched."""
     world = installed
-    gpu = _report(world)["spec"]["gpus"][0]["uuid"]
+    gpu = node_report(world)["spec"]["gpus"][0]["uuid"]
     rule = {"finding": "OrphanedGPUMemory", "after": "2s", "minMemoryMiB": 1024}
     create_policy(
-        world["api"], "orphans", {"nodeRules": [{**rule, "action": "Taint", "mode": "Enforce"}]}
+        world.api, "orphans", {"nodeRules": [{**rule, "action": "Taint", "mode": "Enforce"}]}
     )
-    custom = client.CustomObjectsApi(world["api"])
+    custom = client.CustomObjectsApi(world.api)
     try:
-        before: Any = world["core"].read_node(NAME)
+        before: Any = world.core.read_node(NAME)
         kubelet_conditions = {c.type for c in before.status.conditions}
-        _scenario(world, {gpu: [{"pid": os.getpid(), "usedMemoryMiB": 2048, "smUtil": 0}]})
+        write_node_scenario(
+            world, {gpu: [{"pid": os.getpid(), "usedMemoryMiB": 2048, "smUtil": 0}]}
+        )
         wait_for(
-            lambda: _report(world)["status"]["orphaned"]["memoryMiB"] == 2048,
+            lambda: node_report(world)["status"]["orphaned"]["memoryMiB"] == 2048,
             what="the orphaned memory in the report's status",
         )
         wait_for(lambda: _node_marks(world) == ("True", ["NoSchedule"]), timeout=60, what="taint")
         wait_for(lambda: "GPUPolicyActed" in _node_events(world), what="the Event on the Node")
         wait_for(lambda: "Done" in _decisions(world, "orphans"), what="the decision recorded")
-        after: Any = world["core"].read_node(NAME)
+        after: Any = world.core.read_node(NAME)
         assert kubelet_conditions <= {c.type for c in after.status.conditions}
 
-        _, pid = _component(world, "operator")
-        config = token_config(world["cluster"], "op", _token_of(pid), tmp_path / "op.kubeconfig")
+        _, pid = component(world, "operator")
+        config = token_config(world.cluster, "op", token_of(pid), tmp_path / "op.kubeconfig")
         operator = client.CoreV1Api(api_client(config)[0])
         refused: dict[str, dict[str, Any]] = {
             "a label": {"metadata": {"labels": {"pwned": "yes"}}},
@@ -239,24 +246,24 @@ def test_orphaned_memory_taints_the_node_until_it_is_freed(
         with pytest.raises(ApiException):
             operator.delete_node(NAME)
 
-        _scenario(world, {})
+        write_node_scenario(world, {})
         wait_for(lambda: _node_marks(world) == ("False", []), timeout=60, what="marks cleared")
         wait_for(lambda: "GPUPolicyCleared" in _node_events(world), what="the Event on the Node")
-        assert world["core"].read_node(NAME).spec.unschedulable in (None, False)
+        assert world.core.read_node(NAME).spec.unschedulable in (None, False)
     finally:
-        _scenario(world, {})
+        write_node_scenario(world, {})
         custom.delete_cluster_custom_object(
             names.GROUP, names.VERSION, names.POLICY_PLURAL, "orphans"
         )
 
 
-def _given(world: dict[str, Any], pod: Any) -> tuple[str, int]:
+def _given(world: NodeWorld, pod: Any) -> tuple[str, int]:
     """The device the kubelet gave the pod and its container's real pid on the host."""
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
-    socket = world["node"].directory / "kubelet" / "pod-resources" / "kubelet.sock"
+    socket = world.node.directory / "kubelet" / "pod-resources" / "kubelet.sock"
     given = {p.name: p for p in list_response(list_pods(socket, 5))}[pod.metadata.name]
     (device,) = given.containers[0].devices[0].device_ids
-    return str(device), _host_pid(world, cid)
+    return str(device), host_pid(world, cid)
 
 
 def _unused_pid() -> int:
@@ -265,7 +272,7 @@ def _unused_pid() -> int:
 
 
 def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
-    installed: dict[str, Any],
+    installed: NodeWorld,
 ) -> None:
     """Three idle Deployment pods: under a DryRun ScaleToZero the first is recorded and left
     running; the second, exempt by its pod template's annotation, is never announced; the
@@ -275,7 +282,7 @@ def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
     world = installed
     ns = "quiet"
     _namespace(world, ns)
-    apps = client.AppsV1Api(world["api"])
+    apps = client.AppsV1Api(world.api)
     for name in ("dry", "optout", "unsure"):
         deployment: Any = sleeper_deployment(name, ns, 1)
         if name == "optout":
@@ -286,21 +293,21 @@ def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
     for name in ("dry", "optout", "unsure"):
 
         def running(app: str = name) -> Any:
-            return _running(world, ns, app)
+            return running_pod(world, ns, app)
 
         pods[name] = wait_for(running, timeout=90, what=f"{name} running")
     given = {name: _given(world, pod) for name, pod in pods.items()}
     idle = {
         device: [{"pid": pid, "usedMemoryMiB": 8192, "smUtil": 0}] for device, pid in given.values()
     }
-    _scenario(world, idle)
+    write_node_scenario(world, idle)
     for name, pod in pods.items():
 
         def idle_now(pod_name: str = pod.metadata.name) -> bool:
             return _reason(world, ns, pod_name) == "HoldingIdleGPU"
 
         wait_for(idle_now, timeout=60, what=f"{name} idle")
-    custom = client.CustomObjectsApi(world["api"])
+    custom = client.CustomObjectsApi(world.api)
     both = {"key": "app", "operator": "In", "values": ["dry", "optout"]}
     bodies = {
         "quiet-dry": ({"matchExpressions": [both]}, {"after": "1s", "mode": "DryRun"}),
@@ -312,23 +319,23 @@ def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
             "podSelector": pods_selected,
             "rules": [{"finding": "HoldingIdleGPU", "action": "ScaleToZero", **rule}],
         }
-        create_policy(world["api"], policy, spec)
+        create_policy(world.api, policy, spec)
     try:
         dry, optout, unsure = (pods[n].metadata.name for n in ("dry", "optout", "unsure"))
         wait_for(lambda: "DryRun" in _decisions(world, "quiet-dry"), timeout=60, what="dry run")
-        assert "GPUPolicyDryRun" in _events(world, ns, dry)
+        assert "GPUPolicyDryRun" in event_reasons(world, ns, dry)
         announced = wait_for(
             lambda: _pod_annotation(world, ns, unsure), timeout=60, what="the announcement"
         )
         due = datetime.fromisoformat(json.loads(announced)["due"].replace("Z", "+00:00"))
         # Before the deadline the device turns blind: the pod's use is no longer known.
         device, _ = given["unsure"]
-        _scenario(
+        write_node_scenario(
             world,
             {**idle, device: [{"pid": _unused_pid(), "usedMemoryMiB": 8192, "smUtil": 0}]},
         )
         wait_for(
-            lambda: (_gpu_condition(world, ns, unsure) or {}).get("status") == "Unknown",
+            lambda: (gpu_condition(world, ns, unsure) or {}).get("status") == "Unknown",
             timeout=60,
             what="the pod's use Unknown",
         )
@@ -341,20 +348,20 @@ def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
             return datetime.now(UTC) > due + timedelta(seconds=15)
 
         wait_for(past_deadline_untouched, timeout=90, what="the deadline long past")
-        assert "GPUPolicyActed" not in _events(world, ns, unsure)
+        assert "GPUPolicyActed" not in event_reasons(world, ns, unsure)
         assert _pod_annotation(world, ns, unsure) is not None, "held, not cancelled"
         assert _pod_annotation(world, ns, optout) is None
-        assert not [e for e in _events(world, ns, optout) if e.startswith("GPUPolicy")]
-        still: Any = world["core"].read_namespaced_pod(dry, ns)
+        assert not [e for e in event_reasons(world, ns, optout) if e.startswith("GPUPolicy")]
+        still: Any = world.core.read_namespaced_pod(dry, ns)
         assert (still.status.phase, still.metadata.deletion_timestamp) == ("Running", None)
     finally:
         for policy in bodies:
             custom.delete_cluster_custom_object(
                 names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
             )
-        _scenario(world, {})
+        write_node_scenario(world, {})
 
 
-def _pod_annotation(world: dict[str, Any], namespace: str, pod: str) -> str | None:
-    found: Any = world["core"].read_namespaced_pod(pod, namespace)
+def _pod_annotation(world: NodeWorld, namespace: str, pod: str) -> str | None:
+    found: Any = world.core.read_namespaced_pod(pod, namespace)
     return (found.metadata.annotations or {}).get(names.ANNOTATION_POLICY_ACTION)

@@ -22,8 +22,8 @@ from gpuusage.api import names
 from gpuusage.kube.mergepatch import merge_diff
 from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.index.pods import PodLookup
+from tests.builders import apply_merge_patch
 from tests.examples import example_spec
-from tests.test_echo import apply_merge_patch
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 

@@ -33,74 +33,26 @@ from gpuusage_commands.toptable import (
     with_pending,
 )
 from gpuusage_dev.localcluster.cluster import LocalCluster
+from tests.builders import STATUS_TIME, status_pod, status_report
 from tests.conftest import CHILD_ENV
-
-NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).isoformat().replace("+00:00", "Z")
-
-
-def _pod(ns: str, name: str, mib: int, pids: list[int], requested: int = 1) -> dict[str, Any]:
-    uid = str(uuid.uuid4())
-    return {
-        "namespace": ns,
-        "name": name,
-        "uid": uid,
-        "usedMemoryMiB": mib,
-        "requestedGPUs": requested,
-        "unrequested": requested == 0,
-        "containers": [{"name": "main", "pids": pids, "usedMemoryMiB": mib}],
-    }
-
-
-def _report(
-    node: str,
-    devices: dict[str, list[dict[str, Any]]],
-    stale: bool = False,
-    idle: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    conditions = [
-        {
-            "type": "Ready",
-            "status": "False" if stale else "True",
-            "reason": "Observed",
-            "lastTransitionTime": NOW,
-        },
-        {
-            "type": "Stale",
-            "status": "True" if stale else "False",
-            "reason": "Observed",
-            "lastTransitionTime": NOW,
-        },
-    ]
-    return {
-        "metadata": {"name": node},
-        "spec": {
-            "nodeName": node,
-            "observedAt": NOW,
-            "gpus": [],
-            "source": {"kind": "fake", "available": True},
-        },
-        "status": {
-            "conditions": conditions,
-            "idlePods": idle or [],
-            "pods": [{**p, "deviceUUID": u} for u, ps in devices.items() for p in ps],
-        },
-    }
-
 
 SUFFIX = uuid.uuid4().hex[:5]
 NS_A, NS_B = f"ml-{SUFFIX}", f"web-{SUFFIX}"
 NODE_1, NODE_2 = f"gpu-1-{SUFFIX}", f"gpu-2-{SUFFIX}"
-BIG = _pod(NS_A, "trainer", 61440, [1, 2], requested=2)
+BIG = status_pod(NS_A, "trainer", 61440, [1, 2], requested=2)
 REPORTS = [
-    _report(
+    status_report(
         NODE_1,
         {
-            "GPU-aaa": [{**BIG, "computing": True}, _pod(NS_B, "embed", 2048, [3], requested=0)],
+            "GPU-aaa": [
+                {**BIG, "computing": True},
+                status_pod(NS_B, "embed", 2048, [3], requested=0),
+            ],
             "GPU-bbb": [{**BIG, "usedMemoryMiB": 20480}],
         },
     ),
-    _report(NODE_2, {"MIG-ccc": [_pod(NS_A, "notebook", 4096, [4])]}, stale=True),
-    _report(
+    status_report(NODE_2, {"MIG-ccc": [status_pod(NS_A, "notebook", 4096, [4])]}, stale=True),
+    status_report(
         NODE_2 + "-b",
         {},
         idle=[
@@ -109,7 +61,7 @@ REPORTS = [
                 "name": "waiting",
                 "requestedGPUs": 4,
                 "uid": str(uuid.uuid4()),
-                "idleSince": NOW,
+                "idleSince": STATUS_TIME,
             }
         ],
     ),
@@ -157,7 +109,7 @@ def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
         "4",
         "(idle",
         "since",
-        NOW + ")",
+        STATUS_TIME + ")",
     ]
 
 
@@ -182,7 +134,7 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
             8192,
             requested_gpus=1,
             allocated_by=["DevicePlugin"],
-            held_idle_since=NOW,
+            held_idle_since=STATUS_TIME,
         ),
         PodRow(
             "vision",
@@ -229,7 +181,9 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
 def test_what_pods_were_handed_comes_from_the_reports_that_list_it() -> None:
     """A report whose operator lists status.allocations says what every running pod was
     handed (also one neither using nor idle yet); its pods' rows then add nothing to it."""
-    listed = _report(NODE_1 + "-h", {"GPU-ddd": [_pod("team", "trainer", 1024, [9], requested=1)]})
+    listed = status_report(
+        NODE_1 + "-h", {"GPU-ddd": [status_pod("team", "trainer", 1024, [9], requested=1)]}
+    )
     uid = "33333333-2222-4333-8444-555555555555"
     listed["status"]["allocations"] = [
         {"namespace": "team", "name": "trainer", "uid": uid, "gpus": 1},
@@ -313,11 +267,15 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
 
 def test_the_allocation_column_says_what_each_pod_was_handed() -> None:
     g0, g1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-0000-0000-0000-000000000000"
-    dra = {**_pod(NS_A, "claimed", 10, [1], 0), "allocatedBy": ["DRA"], "allocatedDevices": [g0]}
+    dra = {
+        **status_pod(NS_A, "claimed", 10, [1], 0),
+        "allocatedBy": ["DRA"],
+        "allocatedDevices": [g0],
+    }
     stray = {**dra, "name": "stray", "uid": str(uuid.uuid4()), "unallocated": True}
-    share = {**_pod(NS_A, "share", 10, [2], 0), "allocatedBy": ["Fractional"]}
-    unknown = {**_pod(NS_A, "waiting", 10, [3], 0), "unrequested": False}
-    plugin = {**_pod(NS_A, "plugin", 10, [4], 2), "allocatedBy": ["DevicePlugin"]}
+    share = {**status_pod(NS_A, "share", 10, [2], 0), "allocatedBy": ["Fractional"]}
+    unknown = {**status_pod(NS_A, "waiting", 10, [3], 0), "unrequested": False}
+    plugin = {**status_pod(NS_A, "plugin", 10, [4], 2), "allocatedBy": ["DevicePlugin"]}
     both = {
         **plugin,
         "name": "both",
@@ -332,8 +290,10 @@ def test_the_allocation_column_says_what_each_pod_was_handed() -> None:
         "allocatedDevices": [g0, g1],
         "unallocated": True,
     }
-    rogue = _pod(NS_A, "rogue", 10, [5], 0)
-    report = _report("n1", {g0: [dra, share, unknown, plugin, both, rogue], g1: [stray, mixed]})
+    rogue = status_pod(NS_A, "rogue", 10, [5], 0)
+    report = status_report(
+        "n1", {g0: [dra, share, unknown, plugin, both, rogue], g1: [stray, mixed]}
+    )
     rows, _ = pod_rows([report])
     shown = {r.pod: allocation_text(r) for r in rows}
     assert shown == {
@@ -355,17 +315,17 @@ def test_the_allocation_column_counts_mig_slices_and_shares_as_what_they_are() -
     and a share says how much of a GPU it is; as `--by namespace` counts them."""
     mig = "MIG-4f1d2c3b-5a6e-4d7c-8b9a-0f1e2d3c4b5a"
     g0 = "GPU-00000000-0000-0000-0000-000000000000"
-    sliced = {**_pod(NS_A, "sliced", 10, [1], 1), "allocatedBy": ["DevicePlugin"]}
-    mixed = {**_pod(NS_A, "mixed", 10, [2], 2), "allocatedBy": ["DevicePlugin"]}
-    whole = {**_pod(NS_A, "whole", 10, [3], 2), "allocatedBy": ["DevicePlugin"]}
-    share = {**_pod(NS_A, "share", 10, [4], 0), "allocatedBy": ["Fractional"]}
-    vague = {**_pod(NS_A, "vague", 10, [5], 0), "allocatedBy": ["Fractional"]}
+    sliced = {**status_pod(NS_A, "sliced", 10, [1], 1), "allocatedBy": ["DevicePlugin"]}
+    mixed = {**status_pod(NS_A, "mixed", 10, [2], 2), "allocatedBy": ["DevicePlugin"]}
+    whole = {**status_pod(NS_A, "whole", 10, [3], 2), "allocatedBy": ["DevicePlugin"]}
+    share = {**status_pod(NS_A, "share", 10, [4], 0), "allocatedBy": ["Fractional"]}
+    vague = {**status_pod(NS_A, "vague", 10, [5], 0), "allocatedBy": ["Fractional"]}
     claimed = {
-        **_pod(NS_A, "claimed", 10, [6], 0),
+        **status_pod(NS_A, "claimed", 10, [6], 0),
         "allocatedBy": ["DRA"],
         "allocatedDevices": [mig],
     }
-    report = _report("n1", {mig: [sliced, claimed], g0: [mixed, whole, share, vague]})
+    report = status_report("n1", {mig: [sliced, claimed], g0: [mixed, whole, share, vague]})
 
     def entry(pod: dict[str, Any], **counts: Any) -> dict[str, Any]:
         return {"namespace": NS_A, "name": pod["name"], "uid": pod["uid"], **counts}
@@ -389,15 +349,15 @@ def test_the_allocation_column_counts_mig_slices_and_shares_as_what_they_are() -
         "vague": "share",
         "claimed": "dra:1",
     }
-    before = _report("n1", {mig: [sliced]})  # an earlier operator: no allocations listed
+    before = status_report("n1", {mig: [sliced]})  # an earlier operator: no allocations listed
     assert [allocation_text(r) for r in pod_rows([before])[0]] == ["1"]
 
 
 def test_a_pod_holding_memory_without_computing_is_marked() -> None:
     g0 = "GPU-00000000-0000-0000-0000-000000000000"
-    kernel = {**_pod(NS_A, "kernel", 71680, [7], 1), "heldIdleSince": NOW}
-    busy = _pod(NS_A, "busy", 1024, [8], 1)
-    rows, _ = pod_rows([_report("n1", {g0: [kernel, busy]})])
+    kernel = {**status_pod(NS_A, "kernel", 71680, [7], 1), "heldIdleSince": STATUS_TIME}
+    busy = status_pod(NS_A, "busy", 1024, [8], 1)
+    rows, _ = pod_rows([status_report("n1", {g0: [kernel, busy]})])
     table = render_table(rows, all_namespaces=False)
     (line,) = [x for x in table.splitlines() if x.startswith("kernel")]
     assert "70Gi (held idle since " in line

@@ -36,8 +36,8 @@ from gpuusage_operator.judge.certainty import (
 from gpuusage_operator.judge.freshness import Sighting
 from gpuusage_operator.judge.resolution import resolve_all
 from gpuusage_operator.judge.status import desired_status
+from tests.builders import marked_snapshot
 from tests.fakenvml import FakeGpu, FakeMachine, FakeMig, FakeProcess, gpu_uuid, mig_uuid
-from tests.test_certainty import marked
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
@@ -141,17 +141,17 @@ def test_the_operator_keeps_a_blind_devices_pods_unknown_and_judges_the_others()
     )
     spec = build_spec("n1", NOW, reading, {})
     blind = blind_spots(spec, resolve_all(spec, PodLookup({})))
-    cause = why_unknown(marked(gpu0), blind)
+    cause = why_unknown(marked_snapshot(gpu0), blind)
     assert cause is not None
     assert cause.reason == REASON_NOT_VISIBLE
-    assert why_unknown(marked(gpu1), blind) is None
+    assert why_unknown(marked_snapshot(gpu1), blind) is None
     pod = PodSnapshot("ml", "idle", "u-2", "n1", running=True)
     on_gpu1 = Allocation(("DevicePlugin",), (AllocatedDevice("kubelet", gpu1),), complete=True)
     on_gpu0 = Allocation(("DevicePlugin",), (AllocatedDevice("kubelet", gpu0),), complete=True)
     assert sees_all(blind, devices_of(on_gpu1, [], pod, spec))
     assert not sees_all(blind, devices_of(on_gpu0, [], pod, spec))
     assert not sees_all(blind, devices_of(Allocation(("DevicePlugin",)), [], pod, spec))
-    assert not sees_all(blind, devices_of(on_gpu1, [], marked(gpu0), spec))
+    assert not sees_all(blind, devices_of(on_gpu1, [], marked_snapshot(gpu0), spec))
     status = desired_status(spec, [], NOW, generation=1, sighting=Sighting(1, NOW), blind=blind)
     assert [(d.uuid, d.blind) for d in status.devices] == [
         (gpu0, "ProcessesNotVisible"),

@@ -1,0 +1,151 @@
+"""The world the tests build, in one place: pods as the API serves them and as the operator's
+index keeps them, reports as the operator writes their status, a fake reading's source, and
+what the apiserver makes of a merge patch. Tests build from here; none imports another test's
+helpers."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuusage.api import names
+from gpuusage.api.models import Source
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot, index_keys
+from tests.fakenvml import gpu_uuid
+
+# -- pods as the API serves them ------------------------------------------------------------
+
+
+def api_pod(
+    name: str, uid: str, containers: dict[str, str], ns: str = "ml", gpus: int = 1
+) -> dict[str, Any]:
+    limits = {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "2"}}
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
+        "spec": {
+            "nodeName": "gpu-node-a",
+            "containers": [{"name": c, "resources": limits} for c in containers],
+        },
+        "status": {
+            "containerStatuses": [
+                {"name": cname, "containerID": f"containerd://{cid}"}
+                for cname, cid in containers.items()
+            ]
+        },
+    }
+
+
+def pod_lookup(*pods: dict[str, Any]) -> PodLookup:
+    index: dict[str, list[Any]] = {}
+    for body in pods:
+        for key, ref in index_keys(body).items():
+            index.setdefault(key, []).append(ref)
+    return PodLookup(index)
+
+
+# -- pods as the operator's index keeps them --------------------------------------------------
+
+
+def marked_snapshot(devices: str | None, status: str = "True") -> PodSnapshot:
+    annotations = ((names.ANNOTATION_GPUS, devices),) if devices else ()
+    condition = (
+        ("reason", "ProcessesRunning"),
+        ("status", status),
+        ("type", names.POD_CONDITION_GPU_IN_USE),
+    )
+    return PodSnapshot("ml", "p", "u-1", "n1", annotations=annotations, condition=condition)
+
+
+# -- reports as the operator writes their status (what `gpuusage top` reads) ------------------
+
+STATUS_TIME = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).isoformat().replace("+00:00", "Z")
+
+
+def status_pod(ns: str, name: str, mib: int, pids: list[int], requested: int = 1) -> dict[str, Any]:
+    uid = str(uuid.uuid4())
+    return {
+        "namespace": ns,
+        "name": name,
+        "uid": uid,
+        "usedMemoryMiB": mib,
+        "requestedGPUs": requested,
+        "unrequested": requested == 0,
+        "containers": [{"name": "main", "pids": pids, "usedMemoryMiB": mib}],
+    }
+
+
+def status_report(
+    node: str,
+    devices: dict[str, list[dict[str, Any]]],
+    stale: bool = False,
+    idle: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    conditions = [
+        {
+            "type": "Ready",
+            "status": "False" if stale else "True",
+            "reason": "Observed",
+            "lastTransitionTime": STATUS_TIME,
+        },
+        {
+            "type": "Stale",
+            "status": "True" if stale else "False",
+            "reason": "Observed",
+            "lastTransitionTime": STATUS_TIME,
+        },
+    ]
+    return {
+        "metadata": {"name": node},
+        "spec": {
+            "nodeName": node,
+            "observedAt": STATUS_TIME,
+            "gpus": [],
+            "source": {"kind": "fake", "available": True},
+        },
+        "status": {
+            "conditions": conditions,
+            "idlePods": idle or [],
+            "pods": [{**p, "deviceUUID": u} for u, ps in devices.items() for p in ps],
+        },
+    }
+
+
+# -- scenarios, readings and the apiserver ---------------------------------------------------
+
+FAKE_SOURCE = Source(kind="fake", available=True)
+"""A fake GPU source that answered: what a reading of the tests' fake machine says of itself."""
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386's MergePatch, as the apiserver applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
+
+
+def one_process_scenario(path: Path, used: int) -> None:
+    """A scenario file of one GPU with one process using `used` MiB (the fake source's)."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {
+                        "index": 0,
+                        "uuid": gpu_uuid(0),
+                        "memoryTotalMiB": 1000,
+                        "processes": [{"pid": 5, "usedMemoryMiB": used}],
+                    }
+                ]
+            }
+        )
+    )

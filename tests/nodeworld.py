@@ -1,0 +1,164 @@
+"""The real node with the product installed, as the node tests share it: a typed world (the
+node, its control plane, the API clients, the scenario the GPUs read) and what the tests ask of
+it. Skipped, with the reason, where the machine cannot run a node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuusage.api import names
+from gpuusage.kube.config import api_client
+from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.localcluster.node import Node, cannot_run_node, running_node, write_scenario
+from gpuusage_dev.localcluster.nodeinstall import overlay
+from tests.conftest import wait_for
+
+NAME = "gpu-node-a"
+"""The node's name (and its report's)."""
+
+
+@dataclass(frozen=True)
+class NodeWorld:
+    """What the node tests share: the product installed on the real node."""
+
+    scenario: Path
+    """The folder of the scenario the agent's simulated GPUs read."""
+    cluster: LocalCluster
+    node: Node
+    api: client.ApiClient
+    core: Any
+    """A client.CoreV1Api. Typed Any: its models make every field optional, and the tests read
+    them as the apiserver fills them."""
+    install: Path
+    """The kustomize folder the product was installed from."""
+
+
+def installed_world(
+    directory: Path,
+    *,
+    base: str = "manifests",
+    agent_args: tuple[str, ...] = ("--interval", "1"),
+    operator_args: tuple[str, ...] = (),
+) -> Generator[NodeWorld, None, None]:
+    """The real node with the product installed by `kubectl apply -k` of `base` through the
+    local node's overlay: the world the tests share (skipped where no node can run)."""
+    why = cannot_run_node(product=True)
+    if why is not None:
+        pytest.skip(f"this machine cannot run a node: {why}")
+    scenario = directory / "scenario"
+    scenario.mkdir()
+    write_scenario(scenario, {})
+    with running_node(directory, NAME, product=True) as (cluster, node):
+        folder = overlay(
+            directory / "install",
+            apiserver_port=int(cluster.server.rsplit(":", 1)[1]),
+            scenario_dir=scenario,
+            kubelet_root=node.directory / "kubelet",
+            agent_args=agent_args,
+            operator_args=operator_args,
+            base=base,
+        )
+        kubectl = [str(cluster.binaries.kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+        subprocess.run([*kubectl, "apply", "-k", str(folder)], check=True, capture_output=True)
+        api, _ = api_client(cluster.kubeconfig)
+        world = NodeWorld(scenario, cluster, node, api, client.CoreV1Api(api), folder)
+        wait_for(lambda: node_report(world).get("status"), timeout=90, what="the report reconciled")
+        yield world
+
+
+def write_node_scenario(world: NodeWorld, processes: dict[str, list[dict[str, int]]]) -> None:
+    """The node's GPUs with these processes (device UUID → pid and MiB)."""
+    write_scenario(world.scenario, processes)
+
+
+def node_report(world: NodeWorld) -> dict[str, Any]:
+    found = client.CustomObjectsApi(world.api).get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, NAME
+    )
+    assert isinstance(found, dict)
+    return found
+
+
+def running_pod(world: NodeWorld, namespace: str, app: str) -> client.V1Pod | None:
+    pods = world.core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+    ready = [p for p in pods if p.status and p.status.phase == "Running"]
+    return ready[0] if ready else None
+
+
+def host_pid(world: NodeWorld, container_id: str) -> int:
+    return int(world.node.host_pid(container_id))
+
+
+def event_reasons(world: NodeWorld, namespace: str, pod: str) -> list[str]:
+    """The reasons of the pod's Events, oldest first (read raw: the kubelet's and scheduler's
+    have no eventTime, which the client's events.k8s.io model refuses)."""
+    raw: Any = client.EventsV1Api(world.api).list_namespaced_event(
+        namespace, _preload_content=False
+    )
+    items = [e for e in json.loads(raw.data)["items"] if e["regarding"].get("name") == pod]
+    items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [str(e.get("reason")) for e in items]
+
+
+def gpu_condition(world: NodeWorld, namespace: str, pod: str) -> dict[str, Any] | None:
+    raw: Any = world.core.read_namespaced_pod_status(pod, namespace, _preload_content=False)
+    conditions = json.loads(raw.data)["status"].get("conditions") or []
+    found = [c for c in conditions if c["type"] == names.POD_CONDITION_GPU_IN_USE]
+    return found[0] if found else None
+
+
+def gpu_job(name: str, namespace: str, command: list[str]) -> Any:
+    """A Job (restartPolicy Never, no retries) of one busybox pod with one GPU."""
+    container = {
+        "name": "main",
+        "image": "gpuusage.local/busybox:1",
+        "imagePullPolicy": "Never",
+        "command": command,
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def token_of(pid: int) -> str:
+    """The projected token the kubelet mounted into the process's container (found by its
+    mount point: the image may have /var/run as a link to /run)."""
+    mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    (point,) = [
+        m.split()[4]
+        for m in mounts
+        if m.split()[4].endswith("/secrets/kubernetes.io/serviceaccount")
+    ]
+    return Path(f"/proc/{pid}/root{point}/token").read_text()
+
+
+def component(world: NodeWorld, name: str) -> tuple[Any, int]:
+    """The running pod of gpuusage-`name` and its container's main process on the host."""
+    pods = world.core.list_namespaced_pod(
+        "gpuusage-system", label_selector=f"app.kubernetes.io/name=gpuusage-{name}"
+    ).items
+    (pod,) = [p for p in pods if p.status.phase == "Running"]
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    return pod, host_pid(world, cid)
