@@ -22,27 +22,27 @@ END = ("Pod/ml/train/u1", "GPUUseEnded", "Normal", "stopped using GPUs")
 
 def test_identical_events_join_a_series_within_the_window() -> None:
     book = EventBook()
-    assert book.decide(START, T0) == Write("new")
+    assert book.write_for(START, T0) == Write("new")
     book.written(START, "train.1", T0)
-    assert book.decide(END, T0) == Write("new"), "another reason is another Event"
+    assert book.write_for(END, T0) == Write("new"), "another reason is another Event"
     book.written(END, "train.2", T0)
     later = T0 + timedelta(minutes=1)
-    assert book.decide(START, later) == Write("series", "train.1", 2)
-    assert book.decide(START, later + timedelta(minutes=9)) == Write("series", "train.1", 3)
+    assert book.write_for(START, later) == Write("series", "train.1", 2)
+    assert book.write_for(START, later + timedelta(minutes=9)) == Write("series", "train.1", 3)
     # ten minutes after the last one, a new Event
-    assert book.decide(START, later + timedelta(minutes=9) + SERIES_WINDOW * 1.01).kind == "new"
+    assert book.write_for(START, later + timedelta(minutes=9) + SERIES_WINDOW * 1.01).kind == "new"
     book.lost(END)
-    assert book.decide(END, later).kind == "new", "a series whose Event is gone starts anew"
+    assert book.write_for(END, later).kind == "new", "a series whose Event is gone starts anew"
 
 
 def test_each_objects_events_are_rate_limited_and_the_book_forgets_quiet_objects() -> None:
     book = EventBook()
     other = ("Pod/ml/other/u2", "GPUUseStarted", "Normal", "started using GPUs")
-    kinds = [book.decide(START, T0).kind for _ in range(BURST + 3)]
+    kinds = [book.write_for(START, T0).kind for _ in range(BURST + 3)]
     assert kinds.count("drop") == 3
-    assert book.decide(other, T0).kind == "new", "the limit is per object"
-    assert book.decide(START, T0 + REFILL * 0.9).kind == "drop"
-    assert book.decide(START, T0 + REFILL * 1.01).kind != "drop", "one back per REFILL"
+    assert book.write_for(other, T0).kind == "new", "the limit is per object"
+    assert book.write_for(START, T0 + REFILL * 0.9).kind == "drop"
+    assert book.write_for(START, T0 + REFILL * 1.01).kind != "drop", "one back per REFILL"
     book.prune(T0 + REFILL * BURST * 2)
     assert len(book) == 0, "nothing kept of objects quiet for long"
 

@@ -219,3 +219,41 @@ def test_imports_of_test_modules(tmp_path: Path) -> None:
     planted = tmp_path / "test_x.py"
     planted.write_text('"""x"""\n\nfrom tests.test_top import _pod\n')
     assert TEST_IMPORT.findall(planted.read_text()) == ["from tests.test_top"]
+
+
+def public_names(folder: Path) -> dict[str, list[str]]:
+    """Each public top-level name of the package's modules (classes, functions, constants; the
+    module logger `log` aside), with the modules that define it; and each public method named
+    `decide` (a name that says nothing of what is decided), under `<module>:<class>.decide`."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        module = str(path.relative_to(folder))
+        for node in ast.parse(path.read_text()).body:
+            targets: list[str] = []
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                targets = [node.name]
+            elif isinstance(node, ast.Assign):
+                targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                targets = [node.target.id]
+            for name in targets:
+                if not name.startswith("_") and name != "log":
+                    found.setdefault(name, []).append(module)
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "decide":
+                        found.setdefault("decide", []).append(f"{module}:{node.name}")
+    return found
+
+
+def test_no_two_public_things_of_the_operator_share_a_name(tmp_path: Path) -> None:
+    """A name says which thing it is: one `Decision`, one `RETRY`, no bare `decide`."""
+    names = public_names(PACKAGES["gpuusage_operator"])
+    assert {n: where for n, where in names.items() if len(where) > 1 or n == "decide"} == {}
+    (tmp_path / "a.py").write_text("RETRY = 1\nclass Book:\n    def decide(self): ...\n")
+    (tmp_path / "b.py").write_text("RETRY = 2\nlog = 3\n")
+    assert public_names(tmp_path) == {
+        "RETRY": ["a.py", "b.py"],
+        "Book": ["a.py"],
+        "decide": ["a.py:Book"],
+    }

@@ -13,7 +13,7 @@ from gpuusage.api.models import OrphanedMemory, Process
 from gpuusage.api.policy import NodeRule
 from gpuusage_operator.judge.orphaned import orphaned_memory
 from gpuusage_operator.judge.resolution import Resolution
-from gpuusage_operator.policies.nodemarks import marks_of, taints_with
+from gpuusage_operator.policies.nodemarks import node_marks, taints_with
 from gpuusage_operator.policies.noderule import NodeMarks, node_step
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -101,7 +101,7 @@ def test_uncertainty_changes_nothing_and_a_softened_rule_takes_its_taint_back() 
 def test_a_nodes_marks_are_read_from_its_condition_and_taint(
     conditions: list[dict[str, str]], taints: list[dict[str, str]], marks: NodeMarks
 ) -> None:
-    assert marks_of({"status": {"conditions": conditions}, "spec": {"taints": taints}}) == marks
+    assert node_marks({"status": {"conditions": conditions}, "spec": {"taints": taints}}) == marks
 
 
 def test_our_taint_comes_and_goes_and_every_other_taint_stays() -> None:

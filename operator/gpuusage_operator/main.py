@@ -92,8 +92,8 @@ class Operator:
         self.reconciler.policies = PolicyRunner(
             self.policies,
             client.CustomObjectsApi(self.api),
-            self.reconciler.annotate,
-            self.reconciler.record_event,
+            self.reconciler.marker.annotate,  # the policies write pods through the writer
+            self.reconciler.marker.record_event,
             notice=timedelta(seconds=settings.policy_notice),
             actor=Actor(self.api, clock) if settings.policy_actions else None,
             clock=clock,
@@ -101,7 +101,7 @@ class Operator:
         )
         self.reconciler.nodes = NodeRunner(
             self.reconciler.policies,
-            self.reconciler.record_node_event,
+            self.reconciler.marker.record_node_event,
             marker=NodeMarker(self.api) if settings.policy_actions else None,
         )
         self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod

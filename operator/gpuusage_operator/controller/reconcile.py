@@ -42,8 +42,8 @@ from gpuusage_operator.judge.freshness import (
     sight,
 )
 from gpuusage_operator.judge.idle import DEFAULT_IDLE_AFTER
-from gpuusage_operator.judge.podstate import PodEvent, Verdict
-from gpuusage_operator.judge.report import Judging, decide
+from gpuusage_operator.judge.podstate import Verdict
+from gpuusage_operator.judge.report import Judging, judge_report
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.judge.restarts import RESTART_GRACE, RestartCause, settle_until
@@ -212,7 +212,7 @@ class Reconciler:
         )
         self._sightings[name] = sighting
         renewal = self.renewals(name)
-        decision = decide(
+        decision = judge_report(
             spec,
             previous,
             generation=generation,
@@ -369,13 +369,3 @@ class Reconciler:
         if until is None:
             self._absent.pop(uid, None)
         return until
-
-    def annotate(self, ref: PodSnapshot, patch: dict[str, str | None]) -> None:
-        """Patch annotations of a pod decided for (see PodMarker.annotate)."""
-        self.marker.annotate(ref, patch)
-
-    def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:
-        self.marker.record_event(ref, what, note, now)
-
-    def record_node_event(self, node: str, what: PodEvent, note: str, now: datetime) -> None:
-        self.marker.record_node_event(node, what, note, now)

@@ -29,7 +29,7 @@ from itertools import count
 
 from gpuusage.retry import Backoff, doubling
 
-RETRY = doubling(1.0, 60.0)
+FAILURE_BACKOFF = doubling(1.0, 60.0)
 """A failed reconcile is tried again after 1, 2, 4 ... then every 60 seconds."""
 
 
@@ -39,7 +39,7 @@ class WorkQueue:
     def __init__(
         self,
         monotonic: Callable[[], float] = time.monotonic,
-        backoff: Backoff = RETRY,
+        backoff: Backoff = FAILURE_BACKOFF,
     ) -> None:
         self._monotonic = monotonic
         self._backoff = backoff

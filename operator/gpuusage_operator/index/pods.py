@@ -135,7 +135,7 @@ def snapshot_of(
             cid = bare_container_id(item.get("containerID"))
             if cid:
                 containers.append((cid, str(item.get("name", ""))))
-    ours, condition = marks_of(body)
+    ours, condition = pod_marks(body)
     claims, pending = pod_claims(body)
     ref = PodSnapshot(
         namespace=str(meta.get("namespace", "")),
@@ -165,7 +165,7 @@ def snapshot_of(
 Marks = tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
 
 
-def marks_of(body: Mapping[str, Any]) -> Marks:
+def pod_marks(body: Mapping[str, Any]) -> Marks:
     """What a pod object carries of our group: its gpuusage.io/ annotations and the fields of
     its GPUInUse condition (empty: none), each as sorted (key, value) pairs, as PodSnapshot
     keeps them."""

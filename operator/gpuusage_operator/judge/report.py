@@ -50,7 +50,7 @@ class Judging:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ReportJudgement:
     """What one report says, judged."""
 
     resolutions: list[Resolution]
@@ -69,7 +69,7 @@ class Decision:
     """The UIDs of the pods the status lists (a deletion of one makes the report due)."""
 
 
-def decide(
+def judge_report(
     spec: GpuNodeUsageSpec,
     previous: GpuNodeUsageStatus | None,
     *,
@@ -80,7 +80,7 @@ def decide(
     dra: DraLookup,
     now: datetime,
     judging: Judging,
-) -> Decision:
+) -> ReportJudgement:
     """Judge one report (see the module's docstring)."""
     rules = judging.rules
     resolutions = list(resolve_all(spec, lookup, judging.driver_namespaces))
@@ -161,4 +161,4 @@ def decide(
         | frozenset(i.pod.uid for i in idle)
         | frozenset(a.uid for a in allocations[0])
     )
-    return Decision(resolutions, uses, judged, idle, blind, status, found, wake, listing)
+    return ReportJudgement(resolutions, uses, judged, idle, blind, status, found, wake, listing)

@@ -29,7 +29,7 @@ from gpuusage_operator.policies.noderule import NodeMarks
 KEY = names.NODE_CONDITION_ORPHANED
 
 
-def marks_of(node: dict[str, Any]) -> NodeMarks:
+def node_marks(node: dict[str, Any]) -> NodeMarks:
     """Our marks as a Node object (its JSON) carries them."""
     conditions = (node.get("status") or {}).get("conditions") or []
     ours = next((c for c in conditions if c.get("type") == KEY), None)
@@ -63,7 +63,7 @@ class NodeMarker:
     def read(self, node: str) -> NodeMarks | Result:
         """The node's marks, or why they cannot be read."""
         try:
-            return marks_of(self._read(node))
+            return node_marks(self._read(node))
         except Exception as exc:
             return _failed(exc, "read the node")
 
@@ -72,7 +72,7 @@ class NodeMarker:
         schedulable again at once), the condition first when it comes (people see why)."""
         try:
             current = self._read(node)
-            marks = marks_of(current)
+            marks = node_marks(current)
             if wanted.tainted and not marks.tainted:
                 if marks.condition != wanted.condition:  # the taint goes on the node it returns
                     current = self._condition(node, wanted.condition, marks.condition, message, now)

@@ -142,7 +142,7 @@ class NodeRunner:
             self._said[node] = (outcome, about.since)
         if policy:
             target = Target(kind="Node", name=node)
-            self.runner.decide(policy, target, about.subject, outcome, now)
+            self.runner.record_decision(policy, target, about.subject, outcome, now)
         reason = {"Done": "GPUPolicyActed", "Cleared": "GPUPolicyCleared"}.get(
             outcome, f"GPUPolicy{outcome}"
         )

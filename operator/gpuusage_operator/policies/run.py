@@ -8,8 +8,8 @@ out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict is c
 an Actor (see policies.act), which the operator has only with --policy-actions and the install's
 policy-actions part (the rights these need); without it the decision is recorded as
 NotPermitted, with a Warning Event, and nothing is attempted. An action refused for now (a
-PodDisruptionBudget) is tried again RETRY later; one over the rate limits (see policies.limit)
-when they allow it.
+PodDisruptionBudget) is tried again BLOCKED_RETRY later; one over the rate limits (see
+policies.limit) when they allow it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ WHAT = {
     "DeletePod": "delete the pod",
     "Evict": "evict the pod",
 }
-RETRY = timedelta(minutes=1)
+BLOCKED_RETRY = timedelta(minutes=1)
 """How long after an action refused for now (a PodDisruptionBudget) it is tried again."""
 
 
@@ -160,7 +160,7 @@ class PolicyRunner:
             note = f"{head}: will not {what}: {why}"
             self.record(pod, PodEvent("GPUPolicyCancelled", note), note, now)
             if known:
-                self._decide(pod, subject, "Cancelled", now)
+                self._record_pod_decision(pod, subject, "Cancelled", now)
             return None
         assert step.announcement is not None  # the other steps carry one
         announced = step.announcement
@@ -171,20 +171,20 @@ class PolicyRunner:
             )
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
             self.record(pod, PodEvent("GPUPolicyPending", note, "Warning"), note, now)
-            self._decide(pod, announced, "Pending", now)
+            self._record_pod_decision(pod, announced, "Pending", now)
             return announced
         if step.kind == "Record":
             note = f"{head}: would {what} now (DryRun: nothing done)"
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
             self.record(pod, PodEvent("GPUPolicyDryRun", note), note, now)
-            self._decide(pod, announced, "DryRun", now)
+            self._record_pod_decision(pod, announced, "DryRun", now)
             return announced
         done = replace(announced, recorded=True)
         if announced.action == "Notify":
             note = f"{head} for {announced.after} or more"
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
             self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
-            self._decide(pod, done, "Done", now)
+            self._record_pod_decision(pod, done, "Done", now)
             return done
         allowed = self.allowed(announced.policy, now)
         if self.actor is None:
@@ -200,13 +200,13 @@ class PolicyRunner:
         if result.outcome == "Gone":
             return None  # the pod or its owner went meanwhile: nothing to act on or say
         if result.outcome in ("Refused", "RateLimited"):
-            later = replace(announced, due=allowed or now + RETRY)
+            later = replace(announced, due=allowed or now + BLOCKED_RETRY)
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(later)})
             again = format_time(later.due)
             note = f"{head}: could not {what} yet: {result.detail}; trying again at {again}"
             reason = f"GPUPolicy{result.outcome}"
             self.record(pod, PodEvent(reason, note, "Warning"), note, now)
-            self._decide(pod, later, result.outcome, now)
+            self._record_pod_decision(pod, later, result.outcome, now)
             return later
         if result.outcome == "Done":
             self.count_action(announced.policy, now)
@@ -217,7 +217,7 @@ class PolicyRunner:
         else:
             note = f"{head}: would {what}, but {result.detail}; nothing done"
         self.record(pod, PodEvent(reason, note, "Warning"), note, now)
-        self._decide(pod, done, result.outcome, now)
+        self._record_pod_decision(pod, done, result.outcome, now)
         return done
 
     def acted(self, now: datetime) -> dict[str, list[datetime]]:
@@ -252,8 +252,10 @@ class PolicyRunner:
             now=now,
         )
 
-    def _decide(self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime) -> None:
-        self.decide(
+    def _record_pod_decision(
+        self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime
+    ) -> None:
+        self.record_decision(
             subject.policy,
             Target(kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid),
             subject,
@@ -261,7 +263,7 @@ class PolicyRunner:
             now,
         )
 
-    def decide(
+    def record_decision(
         self, policy: str, target: Target, subject: Subject, outcome: str, now: datetime
     ) -> None:
         """Remember a decision for the policy's status and the metric."""

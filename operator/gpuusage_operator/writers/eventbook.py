@@ -60,7 +60,7 @@ class EventBook:
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
     _calls: int = 0
 
-    def decide(self, key: EventKey, now: datetime) -> Write:
+    def write_for(self, key: EventKey, now: datetime) -> Write:
         """What to do about an Event with this key now; a write taken is counted at once."""
         self._calls += 1
         if self._calls % PRUNE_EVERY == 0:

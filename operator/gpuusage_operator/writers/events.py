@@ -64,7 +64,7 @@ class EventRecorder:
         subject = f"{regarding.kind}/{namespace}/{name}/{regarding.uid or ''}"
         key = (subject, what.reason, what.type, note)
         with self._lock:
-            write = self.book.decide(key, now)
+            write = self.book.write_for(key, now)
             if write.kind != "drop" and not self.budget.take(self.monotonic()):
                 write = Write("drop")
         if write.kind == "drop":

@@ -24,7 +24,7 @@ from gpuusage.kube import raw
 from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.controller.debounce import WriteBudget
-from gpuusage_operator.index.pods import PodSnapshot, marks_of
+from gpuusage_operator.index.pods import PodSnapshot, pod_marks
 from gpuusage_operator.judge.certainty import devices_named, last_devices
 from gpuusage_operator.judge.podstate import PodEvent, Verdict, plan_pod, shows
 from gpuusage_operator.judge.restarts import in_use
@@ -168,7 +168,7 @@ class PodMarker:
             self._written[ref.uid] = dict(plan.annotations)
         if plan.annotation_patch is None and plan.condition_patch is None:
             return plan.condition  # nothing written: what the index shows stays the truth
-        annotated, condition = marks_of(answer)
+        annotated, condition = pod_marks(answer)
         if answer and not shows(dict(annotated), dict(condition) if condition else None, plan):
             # Someone else edited the pod's marks while we wrote (between our two writes,
             # or before the first): none of these versions shows our plan, so none is taken
