@@ -92,7 +92,7 @@ class _ReconcilerCollector(Collector):
             labels=["reason"],
         )
         by_reason: TallyCounter[str] = TallyCounter()
-        for counted in list(self._reconciler.unattributed.values()):
+        for counted in self._reconciler.unattributed():
             by_reason.update(counted)
         for reason in UNATTRIBUTED_REASONS:
             outside.add_metric([reason], by_reason[reason])

@@ -94,6 +94,24 @@ class Counts:
         return self.pod_errors + self.uid_refusals
 
 
+@dataclass(frozen=True)
+class ReportMemory:
+    """What this replica remembers of one report between its reconciles: created by its first
+    reconcile, replaced whole by each (other threads read it without a lock), dropped only when
+    the report is deleted (Reconciler.forget_node)."""
+
+    sighting: Sighting
+    """When this replica saw the report's current generation appear (see freshness), and
+    whether its status says stale."""
+    echo: str | None = None
+    """The resourceVersion our last status write gave it, when that reconcile wrote everything
+    it wanted: the watch event of that version only echoes our own write."""
+    listing: frozenset[str] = frozenset()
+    """The UIDs of the pods its status lists."""
+    unattributed: TallyCounter[str] = field(default_factory=TallyCounter)
+    """Its processes that belong to no pod, by reason (for the metrics)."""
+
+
 @dataclass
 class Reconciler:
     api: client.ApiClient
@@ -108,15 +126,8 @@ class Reconciler:
     refresh: Callable[[str, str, str], None] = lambda namespace, name, stale_uid: None
     """Reads one pod into the index again (PodWatch.refresh): called when a write for a pod was
     refused because the pod of that name is now another one."""
-    unattributed: dict[str, TallyCounter[str]] = field(default_factory=dict)
-    """Report name → its processes that belong to no pod, by reason (for the metrics)."""
-    _sightings: dict[str, Sighting] = field(default_factory=dict)
-    """Report name → when this replica saw its current generation appear (see freshness)."""
-    _echoes: dict[str, str] = field(default_factory=dict)
-    """Report name → the resourceVersion our last status write gave it, when that reconcile
-    wrote everything it wanted: the watch event of that version only echoes our own write."""
-    _listing: dict[str, frozenset[str]] = field(default_factory=dict)
-    """Report name → the UIDs of the pods its status lists."""
+    _reports: dict[str, ReportMemory] = field(default_factory=dict)
+    """Report name → what this replica remembers of it (see ReportMemory)."""
     _absent: dict[str, datetime] = field(default_factory=dict)
     """Pod UID → when a report first showed none of the processes of a pod marked in use
     (see restarts: its marks settle before use is called ended)."""
@@ -180,7 +191,8 @@ class Reconciler:
         """
         meta = body["metadata"]
         version = meta.get("resourceVersion")
-        return version is not None and self._echoes.get(meta["name"]) == version
+        memory = self._reports.get(meta["name"])
+        return version is not None and memory is not None and memory.echo == version
 
     def reconcile(
         self, body: dict[str, Any], lookup: PodLookup, now: datetime, dra: DraLookup = NO_DRA
@@ -190,7 +202,9 @@ class Reconciler:
         at a time per report: the queue's workers call it (tests, alone)."""
         name = body["metadata"]["name"]
         self.counts.reconciles += 1
-        self._echoes.pop(name, None)
+        memory = self._reports.get(name)
+        if memory is not None and memory.echo is not None:
+            self._reports[name] = memory = replace(memory, echo=None)
         missed = self.counts.pod_writes_missed
         written: str | None = None
         try:
@@ -203,14 +217,15 @@ class Reconciler:
             return False
         generation = body["metadata"].get("generation")
         sighting = sight(
-            self._sightings.get(name),
+            None if memory is None else memory.sighting,
             generation,
             spec.observed_at,
             previous,
             now,
             stale_after=self.stale_after,
         )
-        self._sightings[name] = sighting
+        memory = ReportMemory(sighting) if memory is None else replace(memory, sighting=sighting)
+        self._reports[name] = memory
         renewal = self.renewals(name)
         decision = judge_report(
             spec,
@@ -223,7 +238,10 @@ class Reconciler:
             now=now,
             judging=self._judging,
         )
-        self.unattributed[name] = TallyCounter(r.reason for r in decision.resolutions if r.reason)
+        unattributed: TallyCounter[str] = TallyCounter(
+            r.reason for r in decision.resolutions if r.reason
+        )
+        self._reports[name] = memory = replace(memory, unattributed=unattributed)
         status, stale = decision.status, decision.status.stale
         wake = list(decision.wake)
         # Pods first: their annotations and condition are what people read, and each write
@@ -262,10 +280,15 @@ class Reconciler:
                     wanted=wanted,
                 )
                 written = echo_version(response, body["metadata"].get("generation"))
-        self._listing[name] = decision.listing
+        echo = None  # a failed pod write is retried on the echo instead
         if written is not None and self.counts.pod_writes_missed == missed:
-            self._echoes[name] = written  # a failed pod write is retried on the echo instead
-        self._sightings[name] = replace(sighting, stale=stale)  # what the status now says
+            echo = written
+        self._reports[name] = replace(
+            memory,
+            sighting=replace(sighting, stale=stale),  # what the status now says
+            echo=echo,
+            listing=decision.listing,
+        )
         if wake:  # a report that does not change sends no event: judged again then
             self.queue.add_after(name, (min(wake) - now).total_seconds(), DEADLINE)
         self.watch_staleness(name, now)
@@ -273,18 +296,20 @@ class Reconciler:
 
     def staleness_flipped(self, name: str, now: datetime) -> bool:
         """Whether the report's freshness by `now` differs from what its status says."""
-        seen = self._sightings.get(name)
-        if seen is None:
+        memory = self._reports.get(name)
+        if memory is None:
             return False
+        seen = memory.sighting
         return is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
 
     def watch_staleness(self, name: str, now: datetime) -> None:
         """A fresh report turns stale with no event (a dead agent writes nothing): its name is
         queued for when it would, with the reason STALENESS (the worker checks that it has,
         a Lease renewed meanwhile may have kept it fresh, and reconciles only then)."""
-        seen = self._sightings.get(name)
-        if seen is None or seen.stale:
+        memory = self._reports.get(name)
+        if memory is None or memory.sighting.stale:
             return
+        seen = memory.sighting
         turns = alive_at(seen, self.renewals(name)) + self.stale_after
         delay = (turns - now).total_seconds() + STALE_MARGIN
         self.queue.add_after(name, delay, STALENESS)
@@ -292,27 +317,33 @@ class Reconciler:
     def lease_renewed(self, name: str) -> None:
         """A node's Lease was renewed: a report whose status says stale may be fresh again
         (its agent back without a report change). Called from the Lease watch's thread."""
-        seen = self._sightings.get(name)
-        if seen is not None and seen.stale:
+        memory = self._reports.get(name)
+        if memory is not None and memory.sighting.stale:
             self.mark_due({name})
 
     def known_reports(self) -> set[str]:
         """Every report reconciled since start (what a policy's node rules may concern: a
         policy that comes, changes or goes reaches nodes whose pods carry no mark too)."""
-        return set(self._sightings)
+        return set(self._reports)
 
     def clock_skews(self) -> dict[str, float]:
         """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
+        skews = {name: memory.sighting.skew for name, memory in list(self._reports.items())}
         return {
-            name: seen.skew.total_seconds()
-            for name, seen in list(self._sightings.items())
-            if seen.skew is not None and abs(seen.skew) > MAX_CLOCK_SKEW
+            name: skew.total_seconds()
+            for name, skew in skews.items()
+            if skew is not None and abs(skew) > MAX_CLOCK_SKEW
         }
+
+    def unattributed(self) -> list[TallyCounter[str]]:
+        """Each remembered report's processes that belong to no pod, by reason."""
+        return [memory.unattributed for memory in list(self._reports.values())]
 
     def pods_deleted(self, uids: set[str]) -> None:
         """Pods went away: the reports that list them are due, so that no status keeps naming
         a deleted pod until its report's next event. Called from the pod watch's thread."""
-        self.mark_due({name for name, listed in list(self._listing.items()) if listed & uids})
+        listing = {name: memory.listing for name, memory in list(self._reports.items())}
+        self.mark_due({name for name, listed in listing.items() if listed & uids})
         for uid in uids:  # one at a time: the reconciles' threads use them too
             self._absent.pop(uid, None)
             self.marker.forget(uid)
@@ -350,8 +381,7 @@ class Reconciler:
     def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
         pods lose every mark gpuusage put on them (annotations and condition), at once."""
-        for table in (self._echoes, self._sightings, self.unattributed, self._listing):
-            table.pop(node, None)
+        self._reports.pop(node, None)
         for ref in lookup.on_node_with_our_marks(node):
             self.marker.clear(ref)
         if self.nodes is not None:
