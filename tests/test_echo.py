@@ -1,4 +1,5 @@
-"""The operator skips the watch event that only echoes its own status write, and nothing else.
+"""What the reconciler remembers of a report: the echo of its own status write (the watch event
+that only echoes it is skipped, and nothing else), and the pods its status lists.
 
 The status API is answered in-process, as the apiserver would (the written object with a new
 resourceVersion): what is tested is the reconciler's bookkeeping, not the transport. The
@@ -14,10 +15,11 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.controller.reconcile import DUE, Reconciler
 from gpuusage_operator.index.pods import PodLookup
-from tests.builders import apply_merge_patch
-from tests.examples import example_spec
+from tests.builders import api_pod, apply_merge_patch, pod_lookup
+from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 NODE = "gpu-node-a"
@@ -99,3 +101,19 @@ def test_only_the_echo_of_our_own_status_write_is_skipped() -> None:
     assert reconciler.is_echo(_event("103"))
     reconciler.forget_node(NODE, nobody, NOW)
     assert not reconciler.is_echo(_event("103"))
+
+
+def test_deleting_a_pod_the_status_lists_makes_the_report_due() -> None:
+    """A pod's deletion sends no report event (the agent may send nothing for a while): the
+    report whose status lists the pod is due at once, and no report for another pod."""
+    api = StatusApi()
+    no_pod_writes = WriteBudget(0.001, 0)  # the pods' marks wait: only the status is written
+    reconciler = Reconciler(client.ApiClient(), reports_api=api, write_budget=no_pod_writes)
+    reconciler.reconcile(_report("7"), pod_lookup(api_pod("t", POD_TRAIN, {"c": CTR_TRAIN})), NOW)
+    assert api.writes == 1
+    while (taken := reconciler.queue.get(timeout=0)) is not None:  # the waiting marks' due
+        reconciler.queue.done(taken[0])
+    reconciler.pods_deleted({"00000000-0000-4000-8000-000000000000"})
+    assert reconciler.queue.get(timeout=0) is None
+    reconciler.pods_deleted({POD_TRAIN})
+    assert reconciler.queue.get(timeout=0) == (NODE, frozenset({DUE}))
