@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))  # the tests package (the tenants)
 
 from gpuusage_nodeagent.change import decide  # noqa: E402
 from gpuusage_nodeagent.main import NodeReader  # noqa: E402
+from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
 from tests.gpu.machine import Tenants, agent, no_gpu_reason  # noqa: E402
 
 ROOM = 1024
@@ -74,16 +75,22 @@ class Floor:
         pynvml.nvmlDeviceGetUUID(self.handle)
 
 
+DEFAULTS = AgentSettings.model_fields
+REFRESH = timedelta(seconds=DEFAULTS["report_refresh"].default)
+THRESHOLD_MIB = DEFAULTS["memory_threshold_mib"].default
+"""The write rule as the default install runs it."""
+
+
 def agent_cycle(reader: NodeReader) -> Callable[[], None]:
     """One cycle as the agent makes it: read, then decide on a write (the spec is built only
-    for a write, which a steady node makes every 300 s; not timed here)."""
+    for a write, which a steady node makes every report refresh; not timed here)."""
     published: list[Any] = [None, None]
 
     def cycle() -> None:
         now = datetime.now(UTC)
         new = reader.read().fingerprint()
         decision = decide(
-            published[0], published[1], new, now, heartbeat=timedelta(seconds=300), threshold_mib=64
+            published[0], published[1], new, now, heartbeat=REFRESH, threshold_mib=THRESHOLD_MIB
         )
         if decision.write:
             published[:] = [new, now]

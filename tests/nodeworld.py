@@ -115,33 +115,6 @@ def gpu_condition(world: NodeWorld, namespace: str, pod: str) -> dict[str, Any] 
     return found[0] if found else None
 
 
-def gpu_job(name: str, namespace: str, command: list[str]) -> Any:
-    """A Job (restartPolicy Never, no retries) of one busybox pod with one GPU."""
-    container = {
-        "name": "main",
-        "image": "gpuusage.local/busybox:1",
-        "imagePullPolicy": "Never",
-        "command": command,
-        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [container],
-                },
-            },
-        },
-    }
-
-
 def token_of(pid: int) -> str:
     """The projected token the kubelet mounted into the process's container (found by its
     mount point: the image may have /var/run as a link to /run)."""

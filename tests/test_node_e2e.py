@@ -25,7 +25,7 @@ from gpuusage_dev.localcluster.node import (
     DEFAULT_SCENARIO,
 )
 from gpuusage_dev.localcluster.nodeinstall import SCENARIO_MOUNT
-from gpuusage_dev.localcluster.workloads import sleeper_deployment
+from gpuusage_dev.localcluster.workloads import gpu_job, sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
@@ -37,7 +37,6 @@ from tests.nodeworld import (
     component,
     event_reasons,
     gpu_condition,
-    gpu_job,
     host_pid,
     installed_world,
     node_report,
@@ -193,7 +192,7 @@ def test_a_jobs_pod_is_marked_and_unmarked_when_its_work_ends(installed: NodeWor
     ensure_namespace(world.core, "batch")
     wait_for(lambda: world.core.read_namespaced_service_account("default", "batch"), what="SA")
     # the work: until told to finish (SIGTERM), then success
-    job = gpu_job("epoch", "batch", ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"])
+    job: Any = gpu_job("epoch", "batch", ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"])
     client.BatchV1Api(world.api).create_namespaced_job("batch", job)
     pod = wait_for(lambda: running_pod(world, "batch", "epoch"), timeout=90, what="epoch running")
     used = _put_on_its_device(world, pod)

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
-from gpuusage_dev.localcluster.workloads import sleeper_deployment
+from gpuusage_dev.localcluster.workloads import gpu_job, sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
@@ -29,7 +29,6 @@ from tests.nodeworld import (
     component,
     event_reasons,
     gpu_condition,
-    gpu_job,
     host_pid,
     installed_world,
     node_report,
@@ -117,7 +116,7 @@ def test_an_idle_notebook_deployment_is_scaled_to_zero(installed: NodeWorld) -> 
 def test_an_idle_job_is_suspended(installed: NodeWorld) -> None:
     world = installed
     _namespace(world, "batch")
-    job = gpu_job("epoch", "batch", ["/bin/sleep", "3600"])
+    job: Any = gpu_job("epoch", "batch", ["/bin/sleep", "3600"])
     client.BatchV1Api(world.api).create_namespaced_job("batch", job)
     pod = wait_for(lambda: running_pod(world, "batch", "epoch"), timeout=90, what="running")
     _idle_on_its_device(world, pod)

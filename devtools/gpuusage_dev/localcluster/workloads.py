@@ -1,5 +1,6 @@
-"""What runs on the real node as a GPU workload: busybox asleep, asking for whole GPUs. The
-tests, the demo and the benchmarks put its real pid on a GPU through the scenario file."""
+"""What runs on the real node as a GPU workload: busybox (asleep, or running a given command),
+asking for whole GPUs. The tests, the demo and the benchmarks put its real pid on a GPU through
+the scenario file."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ BUSYBOX = "gpuusage.local/busybox:1"
 """Imported into the node's containerd by hand (images): nothing is pulled."""
 
 
-def sleeper(gpus: int, seconds: int = 3600) -> dict[str, Any]:
+def busybox(command: list[str], gpus: int) -> dict[str, Any]:
     """The container: `gpus` whole GPUs in its limits; at 0 no request at all, as a pod that
     never asked for a GPU is written."""
     container: dict[str, Any] = {
         "name": "main",
         "image": BUSYBOX,
         "imagePullPolicy": "Never",
-        "command": ["/bin/sleep", str(seconds)],
+        "command": command,
     }
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
     return container
+
+
+def sleeper(gpus: int, seconds: int = 3600) -> dict[str, Any]:
+    return busybox(["/bin/sleep", str(seconds)], gpus)
 
 
 def sleeper_pod(namespace: str, name: str, gpus: int) -> dict[str, Any]:
@@ -47,6 +52,27 @@ def sleeper_deployment(name: str, namespace: str, gpus: int, seconds: int = 3600
                 "spec": {
                     "terminationGracePeriodSeconds": 1,
                     "containers": [sleeper(gpus, seconds)],
+                },
+            },
+        },
+    }
+
+
+def gpu_job(name: str, namespace: str, command: list[str], gpus: int = 1) -> dict[str, Any]:
+    """A Job of one busybox pod running `command` (restartPolicy Never, no retries), labelled
+    app=`name`."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [busybox(command, gpus)],
                 },
             },
         },
