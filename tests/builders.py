@@ -6,6 +6,7 @@ helpers."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,40 @@ import yaml
 
 from gpuusage.api import names
 from gpuusage.api.models import Source
+from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.controller.reasons import Triggers
+from gpuusage_operator.controller.reconcile import Counts, Reconciler
+from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, index_keys
+from gpuusage_operator.judge.freshness import Renewal
+from gpuusage_operator.writers.pods import pod_writer
 from tests.fakenvml import gpu_uuid
+
+# -- the operator's reconciler, alone ------------------------------------------------------
+
+
+def reconciler_on(
+    api: Any,
+    *,
+    reports_api: Any = None,
+    write_budget: WriteBudget | None = None,
+    refresh: Callable[[str, str, str], None] = lambda namespace, name, uid: None,
+    renewals: Callable[[str], Renewal | None] = lambda node: None,
+) -> Reconciler:
+    """A Reconciler with no policies, its writers on `api` (a kubernetes ApiClient), its report
+    statuses written through `reports_api` where given, the Leases' renewals from `renewals`."""
+    queue, counts, book = WorkQueue(), Counts(), ReportBook()
+    marker = pod_writer(
+        api,
+        counts,
+        instance="test",
+        write_budget=write_budget or WriteBudget(),
+        due=Triggers(queue, book).due,
+        refresh=refresh,
+    )
+    return Reconciler(api, marker, counts, queue, book, reports_api=reports_api, renewals=renewals)
+
 
 # -- pods as the API serves them ------------------------------------------------------------
 

@@ -108,6 +108,18 @@ def event_reasons(world: NodeWorld, namespace: str, pod: str) -> list[str]:
     return [str(e.get("reason")) for e in items]
 
 
+def wait_for_event(world: NodeWorld, namespace: str, pod: str, reason: str) -> list[str]:
+    """The pod's Event reasons once one is `reason`. The operator records a transition's
+    Event after the write it announces (a condition, a scale), so seeing that write does not
+    mean the Event is in yet."""
+
+    def recorded() -> list[str] | None:
+        found = event_reasons(world, namespace, pod)
+        return found if reason in found else None
+
+    return list(wait_for(recorded, timeout=60, what=f"the {reason} Event on {namespace}/{pod}"))
+
+
 def gpu_condition(world: NodeWorld, namespace: str, pod: str) -> dict[str, Any] | None:
     raw: Any = world.core.read_namespaced_pod_status(pod, namespace, _preload_content=False)
     conditions = json.loads(raw.data)["status"].get("conditions") or []

@@ -1,5 +1,6 @@
 """What the reconciler remembers of a report: the echo of its own status write (the watch event
-that only echoes it is skipped, and nothing else), and the pods its status lists.
+that only echoes it is skipped, and nothing else), the pods its status lists and whether it
+says stale (a pod's deletion, a Lease's renewal ask for a reconcile only where they matter).
 
 The status API is answered in-process, as the apiserver would (the written object with a new
 resourceVersion): what is tested is the reconciler's bookkeeping, not the transport. The
@@ -9,16 +10,17 @@ on-cluster end-to-end test checks the running operator's skip counter.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 from kubernetes import client
 
 from gpuusage_operator.controller.debounce import WriteBudget
-from gpuusage_operator.controller.reconcile import DUE, Reconciler
+from gpuusage_operator.controller.reasons import RENEWED, STALENESS, Gone, Triggers
 from gpuusage_operator.index.pods import PodLookup
-from tests.builders import api_pod, apply_merge_patch, pod_lookup
+from gpuusage_operator.judge.freshness import DEFAULT_STALE_AFTER, Renewal
+from tests.builders import api_pod, apply_merge_patch, pod_lookup, reconciler_on
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
@@ -69,51 +71,79 @@ def _event(version: str, name: str = NODE) -> dict[str, Any]:
 
 def test_only_the_echo_of_our_own_status_write_is_skipped() -> None:
     api = StatusApi()
-    reconciler = Reconciler(client.ApiClient(), reports_api=api)
+    reconciler = reconciler_on(client.ApiClient(), reports_api=api)
+    book = reconciler.book
     nobody = PodLookup({})  # no pods: every process is unattributed, no pod writes
 
     reconciler.reconcile(_report("7"), nobody, NOW)
     assert api.writes == 1
-    assert reconciler.is_echo(_event("101")), "the version our write produced"
-    assert not reconciler.is_echo(_event("7")), "the report as the agent wrote it"
-    assert not reconciler.is_echo(_event("102")), "anyone's later write"
-    assert not reconciler.is_echo(_event("101", name="gpu-node-b")), "another report"
-    assert not reconciler.is_echo({"metadata": {"name": NODE}})
+    assert book.is_echo(_event("101")), "the version our write produced"
+    assert not book.is_echo(_event("7")), "the report as the agent wrote it"
+    assert not book.is_echo(_event("102")), "anyone's later write"
+    assert not book.is_echo(_event("101", name="gpu-node-b")), "another report"
+    assert not book.is_echo({"metadata": {"name": NODE}})
 
     # Reconciling the echo anyway (as the staleness watch does, for a later time) finds the
     # status right, writes nothing, and forgets the echo: only a version that this replica's
     # last write produced counts.
     reconciler.reconcile(_report("101", api.status), nobody, NOW)
     assert api.writes == 1
-    assert not reconciler.is_echo(_event("101"))
+    assert not book.is_echo(_event("101"))
 
     # The agent wrote a new spec between our read and our write: the version our write
     # produced shows a newer generation than we reconciled, so its event must be reconciled.
     api.generation = 2
     reconciler.reconcile(_report("8", api.status), nobody, datetime(2026, 11, 21, 13, tzinfo=UTC))
     assert api.writes == 2
-    assert not reconciler.is_echo(_event(str(api.version)))
+    assert not book.is_echo(_event(str(api.version)))
     api.generation = 1
 
     # The next change is written, and its echo known; a deleted report leaves nothing behind.
     reconciler.reconcile(_report("9"), nobody, NOW)
     assert api.writes == 3
-    assert reconciler.is_echo(_event("103"))
+    assert book.is_echo(_event("103"))
     reconciler.forget_node(NODE, nobody, NOW)
-    assert not reconciler.is_echo(_event("103"))
+    assert not book.is_echo(_event("103"))
 
 
 def test_deleting_a_pod_the_status_lists_makes_the_report_due() -> None:
     """A pod's deletion sends no report event (the agent may send nothing for a while): the
-    report whose status lists the pod is due at once, and no report for another pod."""
+    watch queues its node's report, which is reconciled when its status lists the pod, and
+    not for another pod."""
     api = StatusApi()
     no_pod_writes = WriteBudget(0.001, 0)  # the pods' marks wait: only the status is written
-    reconciler = Reconciler(client.ApiClient(), reports_api=api, write_budget=no_pod_writes)
+    reconciler = reconciler_on(client.ApiClient(), reports_api=api, write_budget=no_pod_writes)
     reconciler.reconcile(_report("7"), pod_lookup(api_pod("t", POD_TRAIN, {"c": CTR_TRAIN})), NOW)
     assert api.writes == 1
-    while (taken := reconciler.queue.get(timeout=0)) is not None:  # the waiting marks' due
+    another = frozenset({Gone("00000000-0000-4000-8000-000000000000")})
+    assert not reconciler.needs_reconcile(NODE, another, NOW)
+    assert reconciler.needs_reconcile(NODE, frozenset({Gone(POD_TRAIN)}), NOW)
+    assert not reconciler.needs_reconcile("gpu-node-b", frozenset({Gone(POD_TRAIN)}), NOW)
+
+
+def test_a_lease_renewal_matters_only_to_a_report_whose_status_says_stale() -> None:
+    """Every agent renews its Lease every 10 s and the watch queues each renewal: one costs a
+    reconcile only when it makes a report its status calls stale fresh again."""
+    renewal: list[Renewal] = []
+    api = StatusApi()
+    reconciler = reconciler_on(
+        client.ApiClient(), reports_api=api, renewals=lambda node: renewal[-1] if renewal else None
+    )
+    nobody = PodLookup({})
+    renewed = frozenset({RENEWED})
+    assert not reconciler.reconcile(_report("7"), nobody, NOW), "fresh"
+    assert not reconciler.needs_reconcile(NODE, renewed, NOW), "fresh, and says so"
+    triggers = Triggers(reconciler.queue, reconciler.book)
+    triggers.renewed(NODE)
+    assert reconciler.queue.get(timeout=0) is None, "a fresh report's renewal is not queued"
+    later = NOW + DEFAULT_STALE_AFTER + timedelta(seconds=1)
+    assert reconciler.needs_reconcile(NODE, frozenset({STALENESS}), later), "turned stale"
+    assert reconciler.reconcile(_report("101", api.status), nobody, later), "written stale"
+    while (taken := reconciler.queue.get(timeout=0)) is not None:  # its own deadlines
         reconciler.queue.done(taken[0])
-    reconciler.pods_deleted({"00000000-0000-4000-8000-000000000000"})
-    assert reconciler.queue.get(timeout=0) is None
-    reconciler.pods_deleted({POD_TRAIN})
-    assert reconciler.queue.get(timeout=0) == (NODE, frozenset({DUE}))
+    triggers.renewed(NODE)
+    assert reconciler.queue.get(timeout=0) == (NODE, renewed), "a stale report's is"
+    assert not reconciler.needs_reconcile(NODE, renewed, later), "no renewal seen yet"
+    renewal.append(Renewal(f"gpuusage-system/{NODE}", later, witnessed=True))
+    assert reconciler.needs_reconcile(NODE, renewed, later), "stale, and renewed since"
+    assert not reconciler.needs_reconcile("gpu-node-b", renewed, later), "a report never seen"

@@ -42,6 +42,7 @@ from tests.nodeworld import (
     node_report,
     running_pod,
     token_of,
+    wait_for_event,
     write_node_scenario,
 )
 
@@ -134,13 +135,7 @@ def test_a_pod_without_a_request_using_a_gpu_is_flagged(installed: NodeWorld) ->
         return _condition(found) == ("True", "UsingUnrequestedGPU")
 
     wait_for(flagged, timeout=120, what="sneaky flagged")
-    # read raw: the kubelet's and scheduler's events have no eventTime, which the client's
-    # events.k8s.io model refuses
-    raw: Any = client.EventsV1Api(world.api).list_namespaced_event("lab", _preload_content=False)
-    events = json.loads(raw.data)["items"]
-    assert "UsingUnrequestedGPU" in {
-        e.get("reason") for e in events if e["regarding"].get("name") == pod.metadata.name
-    }
+    wait_for_event(world, "lab", pod.metadata.name, "UsingUnrequestedGPU")
 
 
 def _in_use(world: NodeWorld, namespace: str, app: str, gpus: int = 1) -> dict[str, Any]:
@@ -171,6 +166,7 @@ def _put_on_its_device(world: NodeWorld, pod: Any) -> dict[str, Any]:
         )
 
     wait_for(marked, timeout=120, what=f"{name} marked in use")
+    wait_for_event(world, namespace, name, "GPUUseStarted")  # later counts see it
     return {"pod": pod, "device": device, "pid": pid, "cid": cid}
 
 
@@ -222,8 +218,7 @@ def test_a_jobs_pod_is_marked_and_unmarked_when_its_work_ends(installed: NodeWor
     annotations = world.core.read_namespaced_pod(name, "batch").metadata.annotations or {}
     assert names.ANNOTATION_GPUS not in annotations
     assert [e for e in _status_pods(world) if e["name"] == name] == []
-    assert event_reasons(world, "batch", name).count("GPUUseStarted") == 1
-    assert "GPUUseEnded" in event_reasons(world, "batch", name)
+    assert wait_for_event(world, "batch", name, "GPUUseEnded").count("GPUUseStarted") == 1
 
 
 def test_a_pod_deleted_by_its_controller_loses_its_marks(installed: NodeWorld) -> None:

@@ -67,6 +67,41 @@ def test_a_plain_pod_that_gains_marks_is_heard() -> None:
     assert heard == ["2", "3"]
 
 
+def test_a_deleted_pod_is_heard_with_its_node_once_the_index_lacks_it() -> None:
+    """The watch queues the node of a deleted pod, so that a report listing it is judged
+    again; whoever acts on it reads an index that no longer has the pod."""
+    heard: list[tuple[str, str, bool]] = []
+    state = IndexState()
+    state.on_gone = lambda node, uid: heard.append((node, uid, state.get(uid) is None))
+    state.apply("ADDED", pod(UID_1, "p1", CID_A, marked=True))  # kept whole
+    state.apply("ADDED", pod(UID_2, "p2", CID_B))  # packed
+    state.apply("DELETED", pod(UID_1, "p1", CID_A, marked=True, rv="2"))
+    state.apply("DELETED", pod(UID_2, "p2", CID_B, rv="3"))
+    assert heard == [("n1", UID_1, True), ("n1", UID_2, True)]
+    unscheduled = pod(UID_1, "p1", None)
+    unscheduled["spec"] = {}
+    state.apply("ADDED", unscheduled)
+    state.apply("DELETED", unscheduled)
+    assert len(heard) == 2, "a pod that never had a node is on no report"
+
+
+def test_the_hooks_are_told_once_the_index_shows_the_change() -> None:
+    """A hook queues the node's report; a worker may take it at once, and must read the pod
+    as the event left it, not as it was."""
+    seen: list[str | None] = []
+    state = IndexState()
+
+    def marks(ref: Any) -> None:
+        found = state.get(ref.uid)
+        seen.append(found.resource_version if found else None)
+
+    state.on_marks = marks
+    state.apply("ADDED", pod(UID_1, "p1", CID_A))
+    state.apply("MODIFIED", pod(UID_1, "p1", CID_A, marked=True, rv="2"))
+    state.apply("MODIFIED", pod(UID_1, "p1", CID_A, rv="3"))
+    assert seen == ["2", "3"]
+
+
 class FakeRaw:
     """What urllib3 gives back with _preload_content=False."""
 
@@ -156,7 +191,8 @@ def test_watch_error_means_list_again_and_the_new_list_replaces_the_index() -> N
         {"metadata": {"resourceVersion": "9"}, "items": [pod(UID_2, "p2", CID_B)]},
     ]
     core = FakeCore(pages, [gone])
-    watch = PodWatch(core, retry_seconds=0.01)
+    missed: list[tuple[str, str]] = []
+    watch = PodWatch(core, retry_seconds=0.01, on_gone=lambda node, uid: missed.append((node, uid)))
     original = watch.state
 
     def stop_after_relist() -> str:
@@ -171,6 +207,7 @@ def test_watch_error_means_list_again_and_the_new_list_replaces_the_index() -> N
     assert watch.state is not original, "swapped in one assignment"
     assert watch.lookup().by_uid(UID_1) is None, "a pod deleted while expired is dropped"
     assert watch.lookup().by_uid(UID_2) is not None
+    assert missed == [("n1", UID_1)], "its node heard of it, from the index it was in"
     left = core.watches[0]
     assert left.closed, "a stream left at its ERROR event is closed: its rest is not reused"
     assert left.released

@@ -34,6 +34,7 @@ from tests.nodeworld import (
     node_report,
     running_pod,
     token_of,
+    wait_for_event,
     write_node_scenario,
 )
 from tests.worldview import create_policy, in_namespace
@@ -109,7 +110,7 @@ def test_an_idle_notebook_deployment_is_scaled_to_zero(installed: NodeWorld) -> 
         what="the ReplicaSet controller deleting the pod",
     )
     write_node_scenario(world, {})  # its process went with it
-    assert {"GPUPolicyPending", "GPUPolicyActed"} <= set(event_reasons(world, "nb", name))
+    assert "GPUPolicyPending" in wait_for_event(world, "nb", name, "GPUPolicyActed")
     wait_for(lambda: "Done" in _decisions(world, "nb"), what="the decision in the status")
 
 
@@ -322,7 +323,7 @@ def test_a_dry_run_an_exempt_pod_and_an_uncertain_one_are_never_acted_upon(
     try:
         dry, optout, unsure = (pods[n].metadata.name for n in ("dry", "optout", "unsure"))
         wait_for(lambda: "DryRun" in _decisions(world, "quiet-dry"), timeout=60, what="dry run")
-        assert "GPUPolicyDryRun" in event_reasons(world, ns, dry)
+        wait_for_event(world, ns, dry, "GPUPolicyDryRun")
         announced = wait_for(
             lambda: _pod_annotation(world, ns, unsure), timeout=60, what="the announcement"
         )

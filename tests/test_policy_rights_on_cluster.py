@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,22 +56,49 @@ def operator_api(
     operator, _ = api_client(config)
     probe = f"probe-{uuid.uuid4().hex[:6]}"
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=probe)))
+    batch = client.BatchV1Api(api)
+    container = client.V1Container(name="c", image="busybox")
+    probe_job = client.V1Job(
+        metadata=client.V1ObjectMeta(name=probe),
+        spec=client.V1JobSpec(
+            suspend=True,
+            template=client.V1PodTemplateSpec(
+                spec=client.V1PodSpec(restart_policy="Never", containers=[container])
+            ),
+        ),
+    )
+    batch.create_namespaced_job(NS, probe_job)
     try:
 
-        def in_force() -> bool:
-            # each try a new label value: a patch that changes nothing is nothing to refuse
-            labels = {"probe": uuid.uuid4().hex}
+        def refused(patch: Callable[[], object], message: str) -> bool:
             try:
-                client.CoreV1Api(operator).patch_node(probe, {"metadata": {"labels": labels}})
+                patch()
             except ApiException as exc:
-                return "may change nothing on a Node" in str(exc.body)
+                return message in str(exc.body)
             return False
+
+        def in_force() -> bool:
+            """Each policy is loaded by the apiserver on its own: every one tested here is
+            probed, each try with a new value (a patch that changes nothing is nothing to
+            refuse)."""
+            value = uuid.uuid4().hex
+            as_operator, jobs = client.CoreV1Api(operator), client.BatchV1Api(operator)
+            return refused(
+                lambda: as_operator.patch_node(probe, {"metadata": {"labels": {"p": value}}}),
+                "may change nothing on a Node",
+            ) and refused(
+                lambda: jobs.patch_namespaced_job(
+                    probe, NS, {"spec": {"parallelism": int(value[:4], 16) + 2}}
+                ),
+                "may change nothing on a Job",  # suspended: only spec.suspend may change
+            )
 
         wait_for(in_force, what="the admission policies in force")
         yield operator
     finally:
         operator.close()  # type: ignore[no-untyped-call]
         core.delete_node(probe)
+        batch.delete_namespaced_job(probe, NS, propagation_policy="Background")
         kubectl.run("delete", *files)
 
 

@@ -20,9 +20,8 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.mergepatch import merge_diff
-from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.index.pods import PodLookup
-from tests.builders import apply_merge_patch
+from tests.builders import apply_merge_patch, reconciler_on
 from tests.examples import example_spec
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
@@ -123,7 +122,7 @@ def test_a_refresh_costs_a_small_status_write_and_a_stale_read_the_whole_one(
         },
     )
     recorder = Recorder(api)
-    reconciler = Reconciler(api, reports_api=recorder)
+    reconciler = reconciler_on(api, reports_api=recorder)
     nobody = PodLookup({})  # every process unattributed: no pod writes, the status is the test
 
     def get() -> dict[str, Any]:

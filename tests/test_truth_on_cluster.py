@@ -31,10 +31,10 @@ from gpuusage_dev.simulation import (
 )
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.informers.pods import PodWatch
 from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
+from tests.builders import reconciler_on
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.worldview import condition, conditions, events, pod, pod_annotations, report, scrape
 
@@ -180,7 +180,7 @@ def test_a_pod_recreated_under_the_same_name_never_gets_its_predecessors_marks(
     old_uid = world["train"]
     core.delete_namespaced_pod("train", world["ns"], grace_period_seconds=0)
     new_uid, _ = create_running_pod(core, world["ns"], "train", world["node"], "trainer")
-    reconciler = Reconciler(api, refresh=watch.refresh)
+    reconciler = reconciler_on(api, refresh=watch.refresh)
     reconciler.reconcile(report(world), watch.lookup(), datetime.now(UTC))
 
     assert reconciler.counts.uid_refusals == 1

@@ -107,7 +107,7 @@ def build_registry(
         if kwargs["type"] == "DELETED":
             workers.offer(name, Deleted((body.get("spec") or {}).get("nodeName") or name))
             return
-        if reconciler.is_echo(body):
+        if reconciler.book.is_echo(body):
             metrics.echoes_skipped.inc()
             return
         workers.offer(name, dict(body))

@@ -14,7 +14,10 @@ from kubernetes import client
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
 from gpuusage_operator.controller.debounce import WriteBudget
-from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.reasons import Triggers
+from gpuusage_operator.controller.reconcile import Counts, Reconciler
+from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.leader import join_peering
 from gpuusage_operator.ha.peering import own_identity
 from gpuusage_operator.handlers import build_registry
@@ -29,6 +32,7 @@ from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.settings import OperatorSettings
+from gpuusage_operator.writers.pods import pod_writer
 
 log = logging.getLogger(__name__)
 
@@ -55,63 +59,76 @@ class Operator:
         )
         self.health = ApiHealth()
         rules = settings.allocation_rules()
-        self.reconciler = Reconciler(
-            self.api,
-            rules=rules,
-            driver_namespaces=settings.driver_namespace_set(),
-            stale_after=timedelta(seconds=settings.stale_after),
-            idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
-            restart_grace=timedelta(seconds=settings.restart_grace),
-            instance=self.identity,
-            write_budget=WriteBudget(settings.pod_writes_per_second, settings.pod_write_burst),
-        )
+        # Built in order, each part complete: the queue and what is remembered of the reports
+        # first, then the watches (they only queue names), the writers, the policy runners and
+        # the reconciler that uses them all.
+        queue, book = WorkQueue(), ReportBook()
+        idle = settings.watch_idle_timeout
+        triggers = Triggers(queue, book)
         self.pods = PodWatch(
             client.CoreV1Api(self._watch_api),
             health=self.health,
-            on_deleted=self.reconciler.pods_deleted,
-            on_requesting=self.reconciler.mark_due,  # reports are named after their nodes
-            on_marks=self.reconciler.marks_changed,
+            on_gone=triggers.pod_gone,
+            on_requesting=triggers.due,  # reports are named after their nodes
+            on_marks=triggers.marks_edited,
             rules=rules,
+            idle_timeout=idle,
         )
-        self.dra = DraWatch(resource_apis(self._watch_api), health=self.health)
+        self.dra = DraWatch(resource_apis(self._watch_api), health=self.health, idle_timeout=idle)
         self.leases = LeaseWatch(
             client.CoordinationV1Api(self._watch_api),
             settings.lease_namespace,
             clock=clock,
             health=self.health,
-            on_news=self.reconciler.mark_due,
-            on_renewed=self.reconciler.lease_renewed,
+            on_news=triggers.due,
+            on_renewed=triggers.renewed,
+            idle_timeout=idle,
         )
-        self.reconciler.renewals = self.leases.renewal
         self.policies = PolicyWatch(
             client.CustomObjectsApi(self._watch_api),
             client.CoreV1Api(self._watch_api),
             health=self.health,
-            on_change=lambda: self.reconciler.mark_due(self.reconciler.known_reports()),
+            on_change=lambda: triggers.due(book.names()),
+            idle_timeout=idle,
         )
-        self.reconciler.policies = PolicyRunner(
+        counts = Counts()
+        marker = pod_writer(
+            self.api,
+            counts,
+            instance=self.identity,
+            write_budget=WriteBudget(settings.pod_writes_per_second, settings.pod_write_burst),
+            due=triggers.due,
+            refresh=self.pods.refresh,
+        )
+        runner = PolicyRunner(
             self.policies,
             client.CustomObjectsApi(self.api),
-            self.reconciler.marker.annotate,  # the policies write pods through the writer
-            self.reconciler.marker.record_event,
+            marker.annotate,  # the policies write pods through the writer
+            marker.record_event,
             notice=timedelta(seconds=settings.policy_notice),
             actor=Actor(self.api, clock) if settings.policy_actions else None,
             clock=clock,
             cluster_actions_per_hour=settings.policy_cluster_actions_per_hour,
         )
-        self.reconciler.nodes = NodeRunner(
-            self.reconciler.policies,
-            self.reconciler.marker.record_node_event,
-            marker=NodeMarker(self.api) if settings.policy_actions else None,
+        self.reconciler = Reconciler(
+            self.api,
+            marker,
+            counts,
+            queue,
+            book,
+            rules=rules,
+            driver_namespaces=settings.driver_namespace_set(),
+            stale_after=timedelta(seconds=settings.stale_after),
+            idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
+            restart_grace=timedelta(seconds=settings.restart_grace),
+            policies=runner,
+            nodes=NodeRunner(
+                runner,
+                marker.record_node_event,
+                marker=NodeMarker(self.api) if settings.policy_actions else None,
+            ),
+            renewals=self.leases.renewal,
         )
-        self.reconciler.refresh = self.pods.refresh  # each tells the other of a pod
-        for informer in (
-            self.pods,
-            *self.dra.informers,
-            *self.leases.informers,
-            *self.policies.informers,
-        ):
-            informer.idle_timeout = settings.watch_idle_timeout
         self.peering = join_peering(settings, self.api, self.identity)
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
 

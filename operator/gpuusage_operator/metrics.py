@@ -92,7 +92,7 @@ class _ReconcilerCollector(Collector):
             labels=["reason"],
         )
         by_reason: TallyCounter[str] = TallyCounter()
-        for counted in self._reconciler.unattributed():
+        for counted in self._reconciler.book.unattributed():
             by_reason.update(counted)
         for reason in UNATTRIBUTED_REASONS:
             outside.add_metric([reason], by_reason[reason])
@@ -103,7 +103,7 @@ class _ReconcilerCollector(Collector):
             "the time this replica saw the report change (positive: the node's clock is ahead).",
             labels=["node"],
         )
-        for node, seconds in sorted(self._reconciler.clock_skews().items()):
+        for node, seconds in sorted(self._reconciler.book.clock_skews().items()):
             skew.add_metric([node], seconds)
         yield skew
         yield GaugeMetricFamily(

@@ -1,10 +1,12 @@
 """The operator's workers: each takes a report's name from the work queue and reconciles it.
 
-A name comes with the reasons it was queued for (see workqueue, reconcile): a report event
-(its body waits here, the latest one), a deadline, a pod event, a retry. The worker reconciles
-the report's latest version: the event's body, or, with none waiting, the report read afresh
-(a report found gone loses its pods' marks). A deadline of staleness that a Lease renewal made
-moot, or pod edits that only echo our own writes, cost no reconcile. A reconcile that fails is
+A name comes with the reasons it was queued for (see workqueue, reasons): a report event (its
+body waits here, the latest one), a deadline, a pod event, a Lease renewal, a retry. The worker
+first drops what the operator kept of deleted pods, then asks the reconciler whether any reason
+matters to the report (a renewal of a fresh report, pod edits that echo our own writes, the
+deletion of a pod the status does not list cost no reconcile). It reconciles the report's
+latest version: the event's body, or, with none waiting, the report read afresh (a report
+found gone loses its pods' marks). A reconcile that fails is
 queued again after a backoff (1 s doubling to 60 s) until it succeeds; one that succeeds starts
 its backoff over. Nothing is written unless this replica is the active one.
 """
@@ -25,7 +27,8 @@ from gpuusage.api import names
 from gpuusage.api.times import Clock
 from gpuusage.kube.errors import NotFound, translate
 from gpuusage_operator.controller.debounce import Debounce
-from gpuusage_operator.controller.reconcile import STALENESS, Reconciler
+from gpuusage_operator.controller.reasons import EVENT, STALENESS, gone_pods
+from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.informers.dra import DraWatch
 from gpuusage_operator.informers.pods import PodWatch
@@ -34,7 +37,6 @@ from gpuusage_operator.metrics import OperatorMetrics
 log = logging.getLogger(__name__)
 NOT_READY_AGAIN = 0.2
 """Seconds before a name taken while the indexes are not synced yet is tried again."""
-EVENT = "event"
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class ReportWorkers:
         """One name's work; whether a reconcile ran. A report is reconciled at most once per
         debounce interval, whatever the reasons: sooner, they wait for the rest of it (its
         latest body too)."""
+        reconciler = self.reconciler
+        reconciler.forget_pods(gone_pods(reasons))  # on a standby replica too
         if not self._ready():
             self._later(name, reasons, NOT_READY_AGAIN)
             return False
@@ -122,11 +126,9 @@ class ReportWorkers:
                 self._pending.pop(name, None)
             return False
         now = self._clock()
-        reconciler = self.reconciler
-        if reasons == {STALENESS} and not reconciler.staleness_flipped(name, now):
-            reconciler.watch_staleness(name, now)  # renewed meanwhile: the next deadline
-            return False
-        if reconciler.only_echoes(reasons):
+        if not reconciler.needs_reconcile(name, reasons, now):
+            if STALENESS in reasons:  # renewed meanwhile: the next deadline
+                reconciler.watch_staleness(name, now)
             return False
         wait = self._debounce.wait(name, time.monotonic())
         if wait > 0:  # reconciled less than an interval ago (a report rewritten too often)

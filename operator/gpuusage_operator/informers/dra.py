@@ -21,7 +21,12 @@ from gpuusage.kube import raw
 from gpuusage.kube.errors import Forbidden, NotFound, translate
 from gpuusage_operator.index.dra import NO_DRA, ClaimState, DraLookup, SliceState
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.informer import Informer, OptionalWatch, watch_kwargs
+from gpuusage_operator.informers.informer import (
+    WATCH_IDLE,
+    Informer,
+    OptionalWatch,
+    watch_kwargs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +47,16 @@ class DraWatch(OptionalWatch):
     """Two informers (claims, slices) on the first served version of `apis` (see
     resource_apis), started together; `lookup()` reads both."""
 
-    def __init__(self, apis: Sequence[tuple[str, Any]], *, health: ApiHealth | None = None) -> None:
+    def __init__(
+        self,
+        apis: Sequence[tuple[str, Any]],
+        *,
+        health: ApiHealth | None = None,
+        idle_timeout: float = WATCH_IDLE,
+    ) -> None:
         self._apis = list(apis)
         self._health = health
+        self._idle = idle_timeout
         self.version: str | None = None
         """The version read, once the probe found one."""
         self.claims: Informer[ClaimState] = self._claims(self._apis[0][1])
@@ -67,6 +79,7 @@ class DraWatch(OptionalWatch):
             ),
             ClaimState,
             health=self._health,
+            idle_timeout=self._idle,
         )
 
     def _slices(self, resource: Any) -> Informer[SliceState]:
@@ -78,6 +91,7 @@ class DraWatch(OptionalWatch):
             lambda version, idle: resource.list_resource_slice(**watch_kwargs(version, idle)),
             SliceState,
             health=self._health,
+            idle_timeout=self._idle,
         )
 
     def probe(self) -> bool:
@@ -102,11 +116,8 @@ class DraWatch(OptionalWatch):
 
     def _use(self, version: str, resource: Any) -> None:
         self.version = version
-        idle = self.claims.idle_timeout  # as the operator set it on the first version's
         self.claims, self.slices = self._claims(resource), self._slices(resource)
         self.informers = [self.claims, self.slices]
-        for informer in self.informers:
-            informer.idle_timeout = idle
 
     def lookup(self) -> DraLookup:
         if not self.available.is_set():

@@ -69,8 +69,9 @@ class Informer(Generic[S]):
     """Keeps a state current from the API; run() blocks, so it runs in a thread.
 
     `wait(seconds)` pauses between retries and returns True when the loop should stop; tests
-    inject one to see the backoff without sleeping. `on_deleted` hears the ids of objects that
-    went away (from a DELETED event, or missing from a new list).
+    inject one to see the backoff without sleeping. `on_gone` hears the ids of objects missing
+    from a new list (gone while the watch was interrupted), with the state that held them; a
+    DELETED event is the state's own to tell.
     """
 
     def __init__(
@@ -83,7 +84,7 @@ class Informer(Generic[S]):
         retry_seconds: float = 1.0,
         wait: Callable[[float], bool] | None = None,
         health: ApiHealth | None = None,
-        on_deleted: Callable[[set[str]], None] = lambda ids: None,
+        on_gone: Callable[[S, set[str]], None] = lambda before, ids: None,
         idle_timeout: float = WATCH_IDLE,
         trim: Callable[[], object] = memory.trim,
     ) -> None:
@@ -92,7 +93,7 @@ class Informer(Generic[S]):
         self.idle_timeout = idle_timeout
         self._list_page, self._watch_from, self._new_state = list_page, watch_from, new_state
         self._health = health or ApiHealth()
-        self._on_deleted = on_deleted
+        self._on_gone = on_gone
         self.state: S = new_state()
         self._backoff = doubling(retry_seconds, MAX_RETRY)
         self.writing = threading.Lock()
@@ -156,13 +157,14 @@ class Informer(Generic[S]):
             if not token:
                 break
         with self.writing:
-            gone = self.state.ids() - state.ids()
+            before = self.state
+            gone = before.ids() - state.ids()
             self.state = state  # one assignment: readers see the old state or the new one
         self._trim()  # the pages read, and the state replaced, are freed: see memory
         self.relists += 1
         self._health.succeeded()
         if gone and self.relists > 1:
-            self._on_deleted(gone)
+            self._on_gone(before, gone)
         again = "synced" if self.relists == 1 else "listed again"
         log.info("%s index %s: %d objects", self.what, again, len(state))
         self.synced.set()
@@ -184,9 +186,6 @@ class Informer(Generic[S]):
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     with self.writing:
                         self.state.apply(str(kind), obj)
-                    uid = (obj.get("metadata") or {}).get("uid")
-                    if kind == "DELETED" and uid:
-                        self._on_deleted({str(uid)})
                 if self.stopped.is_set():
                     break
         self.watching.clear()

@@ -20,7 +20,12 @@ from typing import Any
 from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.informer import Informer, OptionalWatch, watch_kwargs
+from gpuusage_operator.informers.informer import (
+    WATCH_IDLE,
+    Informer,
+    OptionalWatch,
+    watch_kwargs,
+)
 from gpuusage_operator.judge.freshness import Renewal
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,7 @@ class LeaseWatch(OptionalWatch):
         health: ApiHealth | None = None,
         on_news: Callable[[set[str]], None] = lambda nodes: None,
         on_renewed: Callable[[str], None] = lambda name: None,
+        idle_timeout: float = WATCH_IDLE,
     ) -> None:
         self.namespace = namespace
         self._on_news = on_news
@@ -108,7 +114,8 @@ class LeaseWatch(OptionalWatch):
             ),
             lambda: LeaseState(self._memory, clock, on_news, on_renewed),
             health=health,
-            on_deleted=self._forget,
+            on_gone=self._forget,
+            idle_timeout=idle_timeout,
         )
         super().__init__(
             [self.informer],
@@ -116,7 +123,7 @@ class LeaseWatch(OptionalWatch):
             f"the agents' Leases in {namespace} cannot be read (%s): liveness from reports only",
         )
 
-    def _forget(self, names: set[str]) -> None:
+    def _forget(self, _: LeaseState, names: set[str]) -> None:
         """Leases gone while the watch was interrupted (found missing by a new list)."""
         gone = {name for name in names if self._memory.pop(name, None) is not None}
         self._on_news(gone)

@@ -28,23 +28,28 @@ from gpuusage_operator.index.pods import (
     snapshot_of,
 )
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.informer import Informer, watch_kwargs
+from gpuusage_operator.informers.informer import WATCH_IDLE, Informer, watch_kwargs
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 
 
 @dataclass
 class IndexState:
     """Pods kept whole: uid → the keys it is indexed under, key → {uid: PodSnapshot}; plain
-    pods (see index.podpack) packed, under their UID alone."""
+    pods (see index.podpack) packed, under their UID alone.
+
+    The hooks hear only changes the watch reports (MODIFIED, DELETED), never a list, which
+    would make every node due; each is told once the index shows the change, so that a
+    worker that acts on it reads the pod as it is now."""
 
     rules: AllocationRules = DEFAULT_RULES
     on_requesting: Callable[[set[str]], None] = lambda nodes: None
     """Hears the nodes a pod started or stopped holding GPUs on (running with an allocation):
-    what their reports list as handed changed, with no event of the reports' own. Only for
-    changes the watch reports (MODIFIED), never for a list, which would make every node due."""
+    what their reports list as handed changed, with no event of the reports' own."""
     on_marks: Callable[[PodSnapshot], None] = lambda pod: None
-    """Hears a pod whose gpuusage.io/ annotations or GPUInUse condition changed (MODIFIED):
-    what it carries is compared with what it should carry without waiting for a report."""
+    """Hears a pod whose gpuusage.io/ annotations or GPUInUse condition changed: what it
+    carries is compared with what it should carry without waiting for a report."""
+    on_gone: Callable[[str, str], None] = lambda node, uid: None
+    """Hears a deleted pod that was on a node: (node, UID)."""
 
     keys_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     by_key: dict[str, dict[str, PodSnapshot]] = field(default_factory=dict)
@@ -76,24 +81,27 @@ class IndexState:
         uid = (pod.get("metadata") or {}).get("uid")
         if not uid:
             return
+        old = self.get(uid) if event_type != "ADDED" else None
         if event_type == "DELETED":
             self.remove(uid)
+            node = (old.node if old else None) or (pod.get("spec") or {}).get("nodeName")
+            if node:
+                self.on_gone(str(node), uid)
             return
         new = snapshot_of(pod, self.rules)
         if new is None:
             return
-        if event_type == "MODIFIED":
-            old = self.get(uid)
-            before, after = requesting_node(old), requesting_node(new)
-            if before != after:
-                self.on_requesting({node for node in (before, after) if node})
-            if old is not None and _marks(old) != _marks(new):
-                self.on_marks(new)
         if packable(new, pod):
             self.remove(uid)
             self.plain.put(new)
         else:
             self.put(uid, snapshot_keys(new))
+        if event_type == "MODIFIED":
+            before, after = requesting_node(old), requesting_node(new)
+            if before != after:
+                self.on_requesting({node for node in (before, after) if node})
+            if old is not None and _marks(old) != _marks(new):
+                self.on_marks(new)
 
     def lookup(self) -> PodLookup:
         return PodLookup(self.by_key, self.plain)
@@ -119,11 +127,21 @@ class PodWatch(Informer[IndexState]):
         wait: Callable[[float], bool] | None = None,
         *,
         health: ApiHealth | None = None,
-        on_deleted: Callable[[set[str]], None] = lambda uids: None,
+        on_gone: Callable[[str, str], None] = lambda node, uid: None,
         on_requesting: Callable[[set[str]], None] = lambda nodes: None,
         on_marks: Callable[[PodSnapshot], None] = lambda pod: None,
         rules: AllocationRules = DEFAULT_RULES,
+        idle_timeout: float = WATCH_IDLE,
     ) -> None:
+        """The hooks are IndexState's; `on_gone` also hears the pods a new list misses (gone
+        while the watch was interrupted), with the node the index had them on."""
+
+        def missed(before: IndexState, uids: set[str]) -> None:
+            for uid in uids:
+                ref = before.get(uid)
+                if ref is not None and ref.node:
+                    on_gone(ref.node, uid)
+
         self._core = core  # kubernetes.client.CoreV1Api
         super().__init__(
             "pod",
@@ -131,11 +149,14 @@ class PodWatch(Informer[IndexState]):
                 limit=limit, _continue=token, _preload_content=False
             ),
             lambda version, idle: core.list_pod_for_all_namespaces(**watch_kwargs(version, idle)),
-            lambda: IndexState(rules=rules, on_requesting=on_requesting, on_marks=on_marks),
+            lambda: IndexState(
+                rules=rules, on_requesting=on_requesting, on_marks=on_marks, on_gone=on_gone
+            ),
             retry_seconds=retry_seconds,
             wait=wait,
             health=health,
-            on_deleted=on_deleted,
+            on_gone=missed,
+            idle_timeout=idle_timeout,
         )
         self.refreshes = 0
 

@@ -20,7 +20,12 @@ from gpuusage.api import names
 from gpuusage.api.policy import GpuUsagePolicySpec, NodeRule
 from gpuusage.api.times import parse_time
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.informer import Informer, OptionalWatch, watch_kwargs
+from gpuusage_operator.informers.informer import (
+    WATCH_IDLE,
+    Informer,
+    OptionalWatch,
+    watch_kwargs,
+)
 from gpuusage_operator.policies.select import covers, exempt
 
 log = logging.getLogger(__name__)
@@ -131,6 +136,7 @@ class PolicyWatch(OptionalWatch):
         *,
         health: ApiHealth | None = None,
         on_change: Callable[[], None] = lambda: None,
+        idle_timeout: float = WATCH_IDLE,
     ) -> None:
         group = (names.GROUP, names.VERSION, names.POLICY_PLURAL)
         self.policies: Informer[PolicyState] = Informer(
@@ -143,6 +149,7 @@ class PolicyWatch(OptionalWatch):
             ),
             lambda: PolicyState(on_change),
             health=health,
+            idle_timeout=idle_timeout,
         )
         self.namespaces: Informer[NamespaceState] = Informer(
             "namespace",
@@ -152,6 +159,7 @@ class PolicyWatch(OptionalWatch):
             lambda version, idle: core.list_namespace(**watch_kwargs(version, idle)),
             lambda: NamespaceState(on_change),
             health=health,
+            idle_timeout=idle_timeout,
         )
         super().__init__(
             [self.policies, self.namespaces],

@@ -30,6 +30,8 @@ class EventCounts(Protocol):
     events_dropped: int
 
 
+COMPONENT = "gpuusage.io/operator"
+"""The operator's name in its Events (reportingController)."""
 EVENT_RATE, EVENT_BURST = 20.0, 200
 """Event writes a second across the cluster once the burst is spent (client-go's recorder
 allows a component far fewer per object; this bounds them all together)."""

@@ -28,12 +28,12 @@ from gpuusage_operator.index.pods import PodSnapshot, pod_marks
 from gpuusage_operator.judge.certainty import devices_named, last_devices
 from gpuusage_operator.judge.podstate import PodEvent, Verdict, plan_pod, shows
 from gpuusage_operator.judge.restarts import in_use
-from gpuusage_operator.writers.events import EventRecorder
+from gpuusage_operator.writers.events import COMPONENT, EventCounts, EventRecorder
 
 log = logging.getLogger(__name__)
 
 
-class MarkCounts(Protocol):
+class MarkCounts(EventCounts, Protocol):
     pod_writes: int
     uid_refusals: int
     writes_deferred: int
@@ -253,6 +253,21 @@ class PodMarker:
         node's Events, and where `kubectl describe node` finds them)."""
         regarding = client.V1ObjectReference(api_version="v1", kind="Node", name=node)
         self.events.record("default", regarding, what, note, now)
+
+
+def pod_writer(
+    api: client.ApiClient,
+    counts: MarkCounts,
+    *,
+    instance: str,
+    write_budget: WriteBudget,
+    due: Callable[[set[str]], None],
+    refresh: Callable[[str, str, str], None],
+) -> PodMarker:
+    """The pod writer on one API client, with its Event recorder: `instance` names this
+    replica in its Events, `due` queues reports, `refresh` reads a pod into the index again."""
+    events = EventRecorder(client.EventsV1Api(api), counts, instance, COMPONENT)
+    return PodMarker(client.CoreV1Api(api), counts, events, write_budget, due=due, refresh=refresh)
 
 
 def _version(pod: dict[str, Any]) -> str | None:

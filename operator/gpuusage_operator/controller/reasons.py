@@ -1,0 +1,86 @@
+"""Why a report is queued, and how the watches queue it.
+
+The watches (pods, Leases, policies) and the writers never call into the reconciler: they
+queue the name of a report (reports are named after their nodes) with a reason, and a worker
+reads what changed from the caches when it takes the name (see controller.workers). Some
+reasons always ask for a reconcile; the others only when what they point at matters to the
+report, which the reconciler judges when a worker takes them (Reconciler.needs_reconcile):
+
+* EVENT: the report changed (its body waits with the workers);
+* DUE: a pod started or stopped holding GPUs on the node, a Lease appeared or went, a
+  policy changed, a pod's writes waited for the budget or failed;
+* DEADLINE: one of the report's judgements comes due (idle time, marks settling, a notice);
+* STALENESS, RENEWED: the report may have turned stale, or its agent's Lease was renewed (a
+  stale report may be fresh again): reconciled only when its freshness differs from what
+  its status says;
+* Edited: a pod's gpuusage.io/ marks changed: reconciled unless that is the echo of our write;
+* Gone: a pod was deleted: reconciled when the report's status lists it (its memory of the
+  pod is dropped either way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.workqueue import WorkQueue
+from gpuusage_operator.index.pods import PodSnapshot
+
+EVENT, DUE, DEADLINE, STALENESS, RENEWED = "event", "due", "deadline", "staleness", "renewed"
+FRESHNESS = frozenset({STALENESS, RENEWED})
+"""The reasons that ask only whether the report's freshness changed."""
+
+
+@dataclass(frozen=True)
+class Edited:
+    """A pod's marks changed, as this version of the pod shows them."""
+
+    uid: str
+    version: str | None
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A pod was deleted."""
+
+    uid: str
+
+
+def gone_pods(reasons: Iterable[Hashable]) -> set[str]:
+    """The UIDs of the deleted pods among the reasons."""
+    return {reason.uid for reason in reasons if isinstance(reason, Gone)}
+
+
+@dataclass(frozen=True)
+class Triggers:
+    """How the watches and writers queue reports: only names and reasons, nothing else."""
+
+    queue: WorkQueue
+    book: ReportBook
+    """What is remembered of the reports: read only, to leave out renewals that cannot matter."""
+
+    def due(self, nodes: Iterable[str]) -> None:
+        """These reports are to be reconciled without an event of their own (any thread)."""
+        for node in nodes:
+            self.queue.add(node, DUE)
+
+    def renewed(self, node: str) -> None:
+        """The node's agent renewed its Lease. Only a report whose status says stale can be
+        changed by that (a renewal never makes a report stale), and every agent renews every
+        10 s: queueing the others would wake a worker for nothing 500 times a second at 5,000
+        nodes (benchmarks/lease_events.py). A renewal that comes while a reconcile is writing
+        the report stale is left out too; the next one, 10 s later, is not."""
+        if self.book.says_stale(node):
+            self.queue.add(node, RENEWED)
+
+    def marks_edited(self, pod: PodSnapshot) -> None:
+        """The pod's gpuusage.io/ annotations or GPUInUse condition changed. Whether that is
+        the echo of our own write is judged when the name is taken: the echo may come before
+        the write's answer."""
+        if pod.node:
+            self.queue.add(pod.node, Edited(pod.uid, pod.resource_version))
+
+    def pod_gone(self, node: str, uid: str) -> None:
+        """A pod of the node was deleted."""
+        self.queue.add(node, Gone(uid))

@@ -1,0 +1,89 @@
+"""What this replica remembers of each report between its reconciles, in one record per report.
+
+The reconcile of a report creates its record and replaces it whole each time; only the
+report's deletion drops it (Reconciler.forget_node). Other threads (the metrics, the policy
+watch, the workers judging a reason) read records without a lock: a record is never changed in
+place, and readers copy the table before walking it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as TallyCounter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuusage_operator.judge.freshness import MAX_CLOCK_SKEW, Sighting
+
+
+@dataclass(frozen=True)
+class ReportMemory:
+    """What this replica remembers of one report."""
+
+    sighting: Sighting
+    """When this replica saw the report's current generation appear (see freshness), and
+    whether its status says stale."""
+    echo: str | None = None
+    """The resourceVersion our last status write gave it, when that reconcile wrote everything
+    it wanted: the watch event of that version only echoes our own write."""
+    listing: frozenset[str] = frozenset()
+    """The UIDs of the pods its status lists."""
+    unattributed: TallyCounter[str] = field(default_factory=TallyCounter)
+    """Its processes that belong to no pod, by reason (for the metrics)."""
+
+
+class ReportBook:
+    """Report name → its ReportMemory."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, ReportMemory] = {}
+
+    def get(self, name: str) -> ReportMemory | None:
+        return self._reports.get(name)
+
+    def put(self, name: str, memory: ReportMemory) -> None:
+        self._reports[name] = memory
+
+    def drop(self, name: str) -> None:
+        self._reports.pop(name, None)
+
+    def names(self) -> set[str]:
+        """Every report reconciled since start (what a policy's node rules may concern: a
+        policy that comes, changes or goes reaches nodes whose pods carry no mark too)."""
+        return set(self._reports)
+
+    def is_echo(self, body: Mapping[str, Any]) -> bool:
+        """Whether a watch event shows the report exactly as our last reconcile left it.
+
+        Every status write comes back as a watch event. Reconciling it again would find nothing
+        to do at the price of a full reconcile (a large share of the operator's CPU per report
+        update; see benchmarks/README.md). Only watch events may be skipped so: a reconcile
+        for a later time (staleness) must run even on the same version.
+        """
+        meta = body["metadata"]
+        version = meta.get("resourceVersion")
+        memory = self._reports.get(meta["name"])
+        return version is not None and memory is not None and memory.echo == version
+
+    def says_stale(self, name: str) -> bool:
+        """Whether the report's status, as our last reconcile left it, says stale."""
+        memory = self._reports.get(name)
+        return memory is not None and memory.sighting.stale
+
+    def lists(self, name: str, uids: set[str]) -> bool:
+        """Whether the report's status lists any of these pods."""
+        memory = self._reports.get(name)
+        return memory is not None and not memory.listing.isdisjoint(uids)
+
+    def clock_skews(self) -> dict[str, float]:
+        """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
+        skews = {name: memory.sighting.skew for name, memory in list(self._reports.items())}
+        return {
+            name: skew.total_seconds()
+            for name, skew in skews.items()
+            if skew is not None and abs(skew) > MAX_CLOCK_SKEW
+        }
+
+    def unattributed(self) -> list[TallyCounter[str]]:
+        """Each remembered report's processes that belong to no pod, by reason."""
+        return [memory.unattributed for memory in list(self._reports.values())]
