@@ -13,6 +13,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.main import Operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.fakenvml import gpu_uuid
+from tests.simworld import SimWorld
 
 GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
 
@@ -262,7 +264,7 @@ def token_config(cluster: LocalCluster, user: str, token: str, path: Path) -> Pa
     return path
 
 
-WorldFactory = Callable[..., dict[str, Any]]
+WorldFactory = Callable[..., SimWorld]
 
 
 @pytest.fixture
@@ -280,7 +282,7 @@ def make_world(
     `scenario(gpus)` writes any other scenario. operator=False: no operator of its own (a second
     node beside a world that has one).
     """
-    started: list[dict[str, Any]] = []
+    running: list[Background] = []  # halted in this order at the end
 
     def build(
         pods: dict[str, int] | None = None,
@@ -294,7 +296,7 @@ def make_world(
         agent_extras: dict[str, Any] | None = None,
         leases: bool = False,
         agent_lease: bool = False,
-    ) -> dict[str, Any]:
+    ) -> SimWorld:
         core = client.CoreV1Api(api)
         ns = f"ml-{uuid.uuid4().hex[:6]}"
         node = f"gpu-{uuid.uuid4().hex[:6]}"
@@ -353,20 +355,20 @@ def make_world(
             **(agent_extras or {}),
         )
         agent = Background(lambda stop: run_agent(agent_settings, stop))
-        world: dict[str, Any] = {
-            "core": core,
-            "ns": ns,
-            "node": node,
-            "write": write,
-            "scenario": scenario,
-            "agent": agent,
-            "api": api,
-            "pids": pids,
-            "proc": proc,
-            "scenario_file": scenario_file,
-            **uids,
-        }
-        started.append(world)
+        running.append(agent)
+        world = SimWorld(
+            api=api,
+            core=core,
+            ns=ns,
+            node=node,
+            pids=pids,
+            uids=uids,
+            proc=proc,
+            scenario_file=scenario_file,
+            write=write,
+            scenario=scenario,
+            agent=agent,
+        )
         if operator:
             ready = threading.Event()
             metrics_port = free_port()
@@ -382,15 +384,14 @@ def make_world(
                 **(operator_extras or {}),
             )
             built = Operator(op_settings)
-            world["operator"] = Background(lambda stop: built.run(stop, ready))
-            world.update(reconciler=built.reconciler, metrics_port=metrics_port)
+            serving = Background(lambda stop: built.run(stop, ready))
+            running.append(serving)
+            world = replace(world, operator=serving, built=built, metrics_port=metrics_port)
             assert ready.wait(60), "operator did not become ready"
         return world
 
     try:
         yield build
     finally:
-        for world in started:
-            world["agent"].halt()
-            if "operator" in world:
-                world["operator"].halt()
+        for part in running:
+            part.halt()

@@ -9,6 +9,7 @@ import threading
 import urllib.request
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,19 @@ def node(api: client.ApiClient) -> client.V1Node:
     return client.CoreV1Api(api).create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
 
 
+@dataclass(frozen=True)
+class AgentSetup:
+    """An agent's settings for a node of its own, over a fake GPU source the test rewrites."""
+
+    settings: AgentSettings
+    scenario: Path
+    node: Any
+    """The Node as created (a client.V1Node; typed Any as its optional fields are read as the
+    apiserver fills them)."""
+
+
 @pytest.fixture
-def setup(tmp_path: Path, cluster: LocalCluster, node: client.V1Node) -> dict[str, Any]:
+def setup(tmp_path: Path, cluster: LocalCluster, node: client.V1Node) -> AgentSetup:
     proc = tmp_path / "proc"
     for i in range(3):
         write_process(proc, 100 + i, CGROUP, start_ticks=10 + i)
@@ -98,7 +110,7 @@ def setup(tmp_path: Path, cluster: LocalCluster, node: client.V1Node) -> dict[st
         kubeconfig=cluster.kubeconfig,
         metrics_port=0,
     )
-    return {"settings": settings, "scenario": scenario, "node": node}
+    return AgentSetup(settings, scenario, node)
 
 
 def _get(api: client.ApiClient, name: str) -> dict[str, Any]:
@@ -110,20 +122,20 @@ def _get(api: client.ApiClient, name: str) -> dict[str, Any]:
 
 
 def test_agent_publishes_with_owner_reference_and_follows_changes(
-    api: client.ApiClient, setup: dict[str, Any]
+    api: client.ApiClient, setup: AgentSetup
 ) -> None:
-    name = setup["node"].metadata.name
-    agent = RunningAgent(setup["settings"])
+    name = setup.node.metadata.name
+    agent = RunningAgent(setup.settings)
     try:
         obj = wait_for(lambda: _get(api, name), what="the CR")
         assert obj["metadata"]["ownerReferences"] == [
-            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": setup["node"].metadata.uid}
+            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": setup.node.metadata.uid}
         ]
         procs = obj["spec"]["gpus"][0]["processes"]
         assert [p["containerID"] for p in procs] == [CTR_TRAIN] * 3
         assert [p["podUID"] for p in procs] == [POD_TRAIN] * 3
         # A process ends: the CR follows.
-        _scenario(setup["scenario"], [1000, 2000])
+        _scenario(setup.scenario, [1000, 2000])
         wait_for(
             lambda: len(_get(api, name)["spec"]["gpus"][0]["processes"]) == 2,
             what="the ended process to disappear",
@@ -132,10 +144,10 @@ def test_agent_publishes_with_owner_reference_and_follows_changes(
         assert agent.halt() == 0
 
 
-def test_jitter_causes_no_write(api: client.ApiClient, setup: dict[str, Any]) -> None:
-    name = setup["node"].metadata.name
+def test_jitter_causes_no_write(api: client.ApiClient, setup: AgentSetup) -> None:
+    name = setup.node.metadata.name
     port = free_port()
-    settings = setup["settings"].model_copy(
+    settings = setup.settings.model_copy(
         update={"metrics_port": port, "metrics_address": "127.0.0.1"}
     )
     agent = RunningAgent(settings)
@@ -148,10 +160,10 @@ def test_jitter_causes_no_write(api: client.ApiClient, setup: dict[str, Any]) ->
         first = wait_for(lambda: _get(api, name), what="the CR")
         version = first["metadata"]["resourceVersion"]
         for used in ([1003, 1998, 3010], [1010, 2005, 2990], [995, 2030, 3001]):
-            _scenario(setup["scenario"], used)
+            _scenario(setup.scenario, used)
             wait_for(partial(_at_least, skipped, skipped() + 3), what="three cycles")
         assert _get(api, name)["metadata"]["resourceVersion"] == version
-        _scenario(setup["scenario"], [1000, 2000, 4000])  # a real change
+        _scenario(setup.scenario, [1000, 2000, 4000])  # a real change
         wait_for(
             lambda: _get(api, name)["metadata"]["resourceVersion"] != version,
             what="the meaningful change to be written",
@@ -160,17 +172,17 @@ def test_jitter_causes_no_write(api: client.ApiClient, setup: dict[str, Any]) ->
         agent.halt()
 
 
-def test_spec_writes_never_touch_status(api: client.ApiClient, setup: dict[str, Any]) -> None:
-    name = setup["node"].metadata.name
+def test_spec_writes_never_touch_status(api: client.ApiClient, setup: AgentSetup) -> None:
+    name = setup.node.metadata.name
     custom = client.CustomObjectsApi(api)
-    agent = RunningAgent(setup["settings"])
+    agent = RunningAgent(setup.settings)
     try:
         wait_for(lambda: _get(api, name), what="the CR")
         status = {"totals": {"gpus": 1, "pods": 1, "processes": 3, "memory": "set-by-operator"}}
         custom.patch_cluster_custom_object_status(
             names.GROUP, names.VERSION, names.PLURAL, name, {"status": status}
         )
-        _scenario(setup["scenario"], [500])
+        _scenario(setup.scenario, [500])
         wait_for(lambda: len(_get(api, name)["spec"]["gpus"][0]["processes"]) == 1, what="update")
         assert _get(api, name)["status"]["totals"]["memory"] == "set-by-operator"
     finally:
@@ -178,17 +190,17 @@ def test_spec_writes_never_touch_status(api: client.ApiClient, setup: dict[str, 
 
 
 def test_agent_survives_an_apiserver_restart_and_catches_up(
-    api: client.ApiClient, cluster: LocalCluster, setup: dict[str, Any]
+    api: client.ApiClient, cluster: LocalCluster, setup: AgentSetup
 ) -> None:
-    name = setup["node"].metadata.name
+    name = setup.node.metadata.name
     port = free_port()
     agent = RunningAgent(
-        setup["settings"].model_copy(update={"metrics_port": port, "metrics_address": "127.0.0.1"})
+        setup.settings.model_copy(update={"metrics_port": port, "metrics_address": "127.0.0.1"})
     )
     try:
         wait_for(lambda: _get(api, name), what="the CR")
         cluster.stop_apiserver()
-        _scenario(setup["scenario"], [1000])  # changes while the API is away
+        _scenario(setup.scenario, [1000])  # changes while the API is away
         failed = partial(scraped, port, "gpuusage_agent_api_failures_total")
         wait_for(partial(_at_least, failed, 2), timeout=60, what="two failed writes")
         assert agent.thread.is_alive(), "the agent must not exit on a transient error"
@@ -202,23 +214,21 @@ def test_agent_survives_an_apiserver_restart_and_catches_up(
         assert agent.halt() == 0
 
 
-def test_once_publishes_and_exits(api: client.ApiClient, setup: dict[str, Any]) -> None:
-    settings = setup["settings"].model_copy(update={"once": True})
+def test_once_publishes_and_exits(api: client.ApiClient, setup: AgentSetup) -> None:
+    settings = setup.settings.model_copy(update={"once": True})
     assert run_agent(settings) == 0
-    assert len(_get(api, setup["node"].metadata.name)["spec"]["gpus"][0]["processes"]) == 3
+    assert len(_get(api, setup.node.metadata.name)["spec"]["gpus"][0]["processes"]) == 3
 
 
-def test_missing_node_is_a_failure_not_a_crash(
-    cluster: LocalCluster, setup: dict[str, Any]
-) -> None:
-    settings = setup["settings"].model_copy(update={"once": True, "node_name": "no-such-node"})
+def test_missing_node_is_a_failure_not_a_crash(cluster: LocalCluster, setup: AgentSetup) -> None:
+    settings = setup.settings.model_copy(update={"once": True, "node_name": "no-such-node"})
     assert run_agent(settings) == 1
 
 
 def test_agent_process_serves_metrics_and_stops_on_sigterm(
-    api: client.ApiClient, setup: dict[str, Any]
+    api: client.ApiClient, setup: AgentSetup
 ) -> None:
-    settings: AgentSettings = setup["settings"]
+    settings: AgentSettings = setup.settings
     port = free_port()
     env = {**CHILD_ENV, "NODE_NAME": settings.node_name}
     proc = subprocess.Popen(

@@ -14,16 +14,17 @@ from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.fakenvml import mig_uuid
+from tests.simworld import SimWorld
 from tests.worldview import condition, events, pod, report
 
 pytestmark = pytest.mark.cluster
 
 
-def _entries(world: dict[str, Any], name: str) -> list[dict[str, Any]]:
+def _entries(world: SimWorld, name: str) -> list[dict[str, Any]]:
     return [p for p in report(world).get("status", {}).get("pods", []) if p["name"] == name]
 
 
-def _reason(world: dict[str, Any], name: str) -> str:
+def _reason(world: SimWorld, name: str) -> str:
     found = condition(pod(world, name))
     return f"{found.status} {found.reason}"
 
@@ -38,8 +39,8 @@ def test_dra_pods_are_judged_by_the_devices_their_claims_got(make_world: WorldFa
             "notebook": {"templates": {"gpu": "notebook-gpu-x7k2q"}},
         },
     )
-    resource = client.ResourceV1Api(world["api"])
-    node = world["node"]
+    resource = client.ResourceV1Api(world.api)
+    node = world.node
     create_gpu_slice(
         resource,
         node,
@@ -48,8 +49,8 @@ def test_dra_pods_are_judged_by_the_devices_their_claims_got(make_world: WorldFa
             {"name": "gpu-1", "type": "gpu", "uuid": GPU1},
         ],
     )
-    create_allocated_claim(resource, world["ns"], "train-gpu", node, ["gpu-0"])
-    create_allocated_claim(resource, world["ns"], "notebook-gpu-x7k2q", node, ["gpu-0"])
+    create_allocated_claim(resource, world.ns, "train-gpu", node, ["gpu-0"])
+    create_allocated_claim(resource, world.ns, "notebook-gpu-x7k2q", node, ["gpu-0"])
 
     wait_for(lambda: _reason(world, "notebook") == "True UsingUnallocatedGPU", what="unallocated")
     wait_for(lambda: _reason(world, "train") == "True ProcessesRunning", what="train inside")
@@ -59,7 +60,7 @@ def test_dra_pods_are_judged_by_the_devices_their_claims_got(make_world: WorldFa
     wait_for(lambda: "UsingUnallocatedGPU" in events(world, "notebook"), what="Warning Event")
     warning = [
         e
-        for e in client.EventsV1Api(world["api"]).list_namespaced_event(world["ns"]).items
+        for e in client.EventsV1Api(world.api).list_namespaced_event(world.ns).items
         if e.reason == "UsingUnallocatedGPU"
     ]
     assert [e.type for e in warning] == ["Warning"]
@@ -73,8 +74,8 @@ def test_dra_pods_are_judged_by_the_devices_their_claims_got(make_world: WorldFa
     assert (notebook["deviceUUID"], notebook["unallocated"]) == (GPU1, True)
 
     # The scheduler's answer changes (the claim is recreated on GPU1): the finding goes.
-    resource.delete_namespaced_resource_claim("notebook-gpu-x7k2q", world["ns"])
-    create_allocated_claim(resource, world["ns"], "notebook-gpu-x7k2q", node, ["gpu-1"])
+    resource.delete_namespaced_resource_claim("notebook-gpu-x7k2q", world.ns)
+    create_allocated_claim(resource, world.ns, "notebook-gpu-x7k2q", node, ["gpu-1"])
     wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="inside again")
     wait_for(
         lambda: report(world)["status"]["totals"].get("unallocatedPods", 0) == 0, what="totals"
@@ -97,10 +98,10 @@ def test_every_allocation_source_counts_and_no_allocation_is_still_flagged(
     )
     gpus = [
         {"pid": 4242, "usedMemoryMiB": 1024},
-        {"pid": world["pids"]["rogue"], "usedMemoryMiB": 2048},
-        {"pid": world["pids"]["vgpu"], "usedMemoryMiB": 512},
+        {"pid": world.pids["rogue"], "usedMemoryMiB": 2048},
+        {"pid": world.pids["vgpu"], "usedMemoryMiB": 512},
     ]
-    world["scenario"](
+    world.scenario(
         [
             {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpus},
             {
@@ -159,7 +160,7 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
         world = make_world(
             agent_extras={"pod_resources_socket": kubelet.socket, "pod_resources_refresh": 0.2}
         )
-        answer(world["ns"])
+        answer(world.ns)
         wait_for(lambda: _reason(world, "train") == "True UsingUnallocatedGPU", what="unallocated")
         wait_for(lambda: _reason(world, "notebook") == "True ProcessesRunning", what="notebook")
         spec = report(world)["spec"]["kubelet"]
@@ -199,7 +200,7 @@ def test_device_ids_by_index_or_device_node_are_mapped_to_uuids(
         world = make_world(
             agent_extras={"pod_resources_socket": kubelet.socket, "pod_resources_refresh": 0.2}
         )
-        world["scenario"](
+        world.scenario(
             [
                 {
                     "index": 0,
@@ -221,7 +222,7 @@ def test_device_ids_by_index_or_device_node_are_mapped_to_uuids(
             *(
                 {
                     "name": name,
-                    "namespace": world["ns"],
+                    "namespace": world.ns,
                     "containers": [
                         {
                             "name": "c",
@@ -258,11 +259,11 @@ def test_pods_given_gpus_by_a_claim_or_a_share_are_idle_when_they_use_none(
             "shared": {"annotations": {"gpu-fraction": "0.25"}},
         },
     )
-    resource = client.ResourceV1Api(world["api"])
-    create_gpu_slice(resource, world["node"], [{"name": "gpu-0", "type": "gpu", "uuid": GPU0}])
-    create_allocated_claim(resource, world["ns"], "claimed-gpu", world["node"], ["gpu-0"])
+    resource = client.ResourceV1Api(world.api)
+    create_gpu_slice(resource, world.node, [{"name": "gpu-0", "type": "gpu", "uuid": GPU0}])
+    create_allocated_claim(resource, world.ns, "claimed-gpu", world.node, ["gpu-0"])
     create_allocated_claim(
-        resource, world["ns"], "nic-claim", world["node"], ["eth-1"], driver="net.example"
+        resource, world.ns, "nic-claim", world.node, ["eth-1"], driver="net.example"
     )
     for name in ("claimed", "shared"):
 
@@ -280,7 +281,7 @@ def test_pods_given_gpus_by_a_claim_or_a_share_are_idle_when_they_use_none(
         ),
         what="the idle pods in the status",
     )
-    counts = world["reconciler"].counts
+    counts = world.reconciler.counts
     seen = counts.reconciles
     wait_for(lambda: counts.reconciles >= seen + 5, what="more reconciles")
     with pytest.raises(StopIteration):
@@ -303,9 +304,9 @@ def test_mig_claims_by_uuid_and_dynamic_mig_by_parent_and_profile(
             "wrong": {"claims": {"gpu": "wrong-1g"}},
         },
     )
-    pids = world["pids"]
+    pids = world.pids
     mig_3g, mig_1g = mig_uuid(3), mig_uuid(1)
-    world["scenario"](
+    world.scenario(
         [
             {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []},
             {
@@ -335,8 +336,8 @@ def test_mig_claims_by_uuid_and_dynamic_mig_by_parent_and_profile(
             },
         ]
     )
-    resource = client.ResourceV1Api(world["api"])
-    node, ns = world["node"], world["ns"]
+    resource = client.ResourceV1Api(world.api)
+    node, ns = world.node, world.ns
     create_gpu_slice(
         resource,
         node,

@@ -42,14 +42,14 @@ def test_the_write_budget_allows_a_burst_then_its_rate() -> None:
 
 @pytest.mark.cluster
 def test_a_report_rewritten_twenty_times_a_second_is_reconciled_about_once_a_second(
-    make_world: WorldFactory,
+    make_world: WorldFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = make_world({"train": 1}, stale_after=60)
-    reconciler = world["reconciler"]
+    reconciler = world.reconciler
     memory = names.ANNOTATION_GPU_MEMORY_MIB
     wait_for(lambda: pod_annotations(world, "train").get(memory) == "30720", what="marked")
-    world["agent"].halt()  # from here on the test writes the report, as a runaway agent would
-    custom = client.CustomObjectsApi(world["api"])
+    world.agent.halt()  # from here on the test writes the report, as a runaway agent would
+    custom = client.CustomObjectsApi(world.api)
     spec = report(world)["spec"]
     # Count this report's reconciles only: the operator also reconciles the reports other
     # tests left in the cluster (each turning stale in its time).
@@ -60,7 +60,7 @@ def test_a_report_rewritten_twenty_times_a_second_is_reconciled_about_once_a_sec
         counted[body["metadata"]["name"]] += 1
         return bool(reconcile(body, *args))
 
-    reconciler.reconcile = counting
+    monkeypatch.setattr(reconciler, "reconcile", counting)
     started = time.monotonic()
     last = 0
     for n in range(100):
@@ -69,7 +69,7 @@ def test_a_report_rewritten_twenty_times_a_second_is_reconciled_about_once_a_sec
         rewritten["gpus"][0]["processes"][0]["usedMemoryMiB"] = last
         rewritten["gpus"][0]["memory"]["usedMiB"] = last + 512
         custom.patch_cluster_custom_object(
-            names.GROUP, names.VERSION, names.PLURAL, world["node"], {"spec": rewritten}
+            names.GROUP, names.VERSION, names.PLURAL, world.node, {"spec": rewritten}
         )
         time.sleep(max(0.0, started + (n + 1) / 20 - time.monotonic()))
     elapsed = time.monotonic() - started
@@ -78,7 +78,7 @@ def test_a_report_rewritten_twenty_times_a_second_is_reconciled_about_once_a_sec
         timeout=15,
         what="the latest version reconciled",
     )
-    reconciles = counted[world["node"]]
+    reconciles = counted[world.node]
     others = sum(counted.values()) - reconciles
     print(f"100 rewrites in {elapsed:.1f} s: {reconciles} reconciles (other reports: {others})")
     assert reconciles <= elapsed + 4, f"{reconciles} reconciles in {elapsed:.1f} s"
@@ -92,17 +92,17 @@ def test_pod_writes_beyond_the_cluster_budget_wait_and_still_arrive(
     are marked one after the other, the rest deferred meanwhile, none lost."""
     pods = {"a": 1, "b": 1, "c": 1, "d": 1}
     world = make_world(pods, operator_extras={"pod_writes_per_second": 1.0, "pod_write_burst": 2})
-    world["scenario"](
+    world.scenario(
         [
             {
                 "index": 0,
                 "uuid": GPU0,
                 "memoryTotalMiB": 81920,
-                "processes": [{"pid": world["pids"][name], "usedMemoryMiB": 1024} for name in pods],
+                "processes": [{"pid": world.pids[name], "usedMemoryMiB": 1024} for name in pods],
             }
         ]
     )
-    reconciler = world["reconciler"]
+    reconciler = world.reconciler
     started = time.monotonic()
 
     def marked(name: str) -> bool:

@@ -56,15 +56,13 @@ def test_a_pod_whose_process_starts_and_ends_every_cycle_gets_two_events_with_co
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
     cycles = 4
     for _ in range(cycles):
-        world["write"](notebook=False)
+        world.write(notebook=False)
         wait_for(lambda: condition(pod(world, "notebook")).status == "False", what="ended")
-        world["write"](notebook=True)
+        world.write(notebook=True)
         wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="again")
 
     def ours() -> list[dict[str, Any]]:
-        raw: Any = client.EventsV1Api(api).list_namespaced_event(
-            world["ns"], _preload_content=False
-        )
+        raw: Any = client.EventsV1Api(api).list_namespaced_event(world.ns, _preload_content=False)
         items = json.loads(raw.data)["items"]
         return [e for e in items if e["regarding"]["name"] == "notebook"]
 

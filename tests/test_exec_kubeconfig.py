@@ -9,7 +9,6 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -20,6 +19,7 @@ from gpuusage_dev.simulation import Background, ensure_namespace
 from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import CHILD_ENV, WorldFactory, wait_for
+from tests.simworld import SimWorld
 from tests.worldview import condition, pod
 
 pytestmark = pytest.mark.cluster
@@ -88,7 +88,7 @@ def exec_kubeconfig(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path
 def test_the_operator_and_top_work_with_an_exec_plugin_kubeconfig(
     make_world: WorldFactory, cluster: LocalCluster, api: client.ApiClient, tmp_path: Path
 ) -> None:
-    world: dict[str, Any] = make_world(operator=False)
+    world: SimWorld = make_world(operator=False)
     kubeconfig = exec_kubeconfig(cluster, api, tmp_path)
     settings = OperatorSettings(kubeconfig=kubeconfig, standalone=True, resync=0.5)
     ready = threading.Event()
@@ -110,4 +110,4 @@ def test_the_operator_and_top_work_with_an_exec_plugin_kubeconfig(
         timeout=60,
     )
     assert top.returncode == 0, top.stderr
-    assert world["ns"] in top.stdout
+    assert world.ns in top.stdout

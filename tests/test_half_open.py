@@ -64,10 +64,10 @@ def test_half_open_connections_are_detected_and_the_marks_converge(
             started = time.monotonic()
             # Meanwhile a new pod starts on GPU1 in the notebook's place (the agent writes past
             # the proxy): only a pod index that hears of it again can mark it.
-            uid, cid = create_running_pod(world["core"], world["ns"], "late", world["node"], "ctr")
-            write_process(world["proc"], 7070, pod_cgroup(uid, cid), comm="python3")
+            uid, cid = create_running_pod(world.core, world.ns, "late", world.node, "ctr")
+            write_process(world.proc, 7070, pod_cgroup(uid, cid), comm="python3")
             gpu0 = [{"pid": 4242, "usedMemoryMiB": 30720}]
-            world["scenario"](
+            world.scenario(
                 [
                     {"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": gpu0},
                     {

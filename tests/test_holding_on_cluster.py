@@ -4,25 +4,24 @@ and a process on a MIG device (no per-process utilization: unknown, never idle) 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid, mig_uuid
+from tests.simworld import SimWorld
 from tests.worldview import condition, events, pod, report
 
 pytestmark = pytest.mark.cluster
 
 
-def _reason(world: dict[str, Any], name: str) -> str:
+def _reason(world: SimWorld, name: str) -> str:
     found = condition(pod(world, name))
     return f"{found.status} {found.reason}"
 
 
-def _scenario(world: dict[str, Any], notebook_sm: int) -> None:
-    pids = world["pids"]
-    world["scenario"](
+def _scenario(world: SimWorld, notebook_sm: int) -> None:
+    pids = world.pids
+    world.scenario(
         [
             {
                 "index": 0,
@@ -75,7 +74,7 @@ def test_a_pod_holding_memory_and_computing_nothing_is_flagged(make_world: World
     assert notebook_process["idleSince"]
     assert spec["gpus"][2]["migDevices"][0]["processes"][0].get("idleSince") is None
     # Several more reconciles: the trainer and the MIG process are never flagged.
-    counts = world["reconciler"].counts
+    counts = world.reconciler.counts
     seen = counts.reconciles
     wait_for(lambda: counts.reconciles >= seen + 5, what="more reconciles")
     assert _reason(world, "train") == "True ProcessesRunning"

@@ -112,8 +112,33 @@ def _denied(call: Callable[[], Any], *fragments: str) -> str:
     return body
 
 
+@dataclass(frozen=True)
+class InstallWorld:
+    """Two nodes of the installed cluster and a pod on the first, with an agent and an operator
+    running under their ServiceAccounts' tokens, and API clients under those tokens."""
+
+    admin: client.ApiClient
+    core: Any
+    """A client.CoreV1Api. Typed Any: its models make every field optional, and the tests read
+    them as the apiserver fills them."""
+    ns: str
+    a: str
+    """The agent's node (the pod runs there)."""
+    b: str
+    """Another node (the operator's pod is bound there)."""
+    agent_api: client.ApiClient
+    """Under the agent's token, bound to its pod on node a."""
+    operator_api: client.ApiClient
+    unbound_api: client.ApiClient
+    """Under an agent token bound to no pod."""
+    cluster: LocalCluster
+    tmp: Path
+    home: str
+    """The install's namespace."""
+
+
 @pytest.fixture(scope="module")
-def world(installed: Install, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def world(installed: Install, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstallWorld]:
     cluster, home = installed.cluster, installed.namespace
     tmp = tmp_path_factory.mktemp("install")
     admin, _ = api_client(cluster.kubeconfig)
@@ -170,17 +195,19 @@ def world(installed: Install, tmp_path_factory: pytest.TempPathFactory) -> Itera
     }
     try:
         assert ready.wait(60), "the operator did not start under its own identity"
-        yield {
-            "admin": admin,
-            "core": core,
-            "ns": ns,
-            "a": node_a,
-            "b": node_b,
-            **apis,
-            "cluster": cluster,
-            "tmp": tmp,
-            "home": home,
-        }
+        yield InstallWorld(
+            admin=admin,
+            core=core,
+            ns=ns,
+            a=node_a,
+            b=node_b,
+            agent_api=apis["agent"],
+            operator_api=apis["operator"],
+            unbound_api=apis["unbound"],
+            cluster=cluster,
+            tmp=tmp,
+            home=home,
+        )
     finally:
         agent.halt()
         operator.halt()
@@ -189,13 +216,11 @@ def world(installed: Install, tmp_path_factory: pytest.TempPathFactory) -> Itera
         admin.close()  # type: ignore[no-untyped-call]
 
 
-def test_agent_and_operator_work_under_their_own_service_accounts(world: dict[str, Any]) -> None:
-    custom = client.CustomObjectsApi(world["admin"])
+def test_agent_and_operator_work_under_their_own_service_accounts(world: InstallWorld) -> None:
+    custom = client.CustomObjectsApi(world.admin)
 
     def report() -> dict[str, Any]:
-        body = custom.get_cluster_custom_object(
-            names.GROUP, names.VERSION, names.PLURAL, world["a"]
-        )
+        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, world.a)
         assert isinstance(body, dict)
         return body
 
@@ -204,12 +229,12 @@ def test_agent_and_operator_work_under_their_own_service_accounts(world: dict[st
         what="the agent's report and the operator's status",
     )
     owner = body["metadata"]["ownerReferences"][0]
-    node = world["core"].read_node(world["a"])
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", world["a"], node.metadata.uid)
+    node = world.core.read_node(world.a)
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", world.a, node.metadata.uid)
     assert body["status"]["totals"]["pods"] == 1
 
     def marked() -> Any:
-        pod = world["core"].read_namespaced_pod("train", world["ns"])
+        pod = world.core.read_namespaced_pod("train", world.ns)
         types = {c.type for c in pod.status.conditions or []}
         ours = names.ANNOTATION_GPUS in (pod.metadata.annotations or {})
         return pod if ours and names.POD_CONDITION_GPU_IN_USE in types else None
@@ -218,17 +243,17 @@ def test_agent_and_operator_work_under_their_own_service_accounts(world: dict[st
     assert pod.metadata.annotations[names.ANNOTATION_GPU_MEMORY_MIB] == "20480"
     condition = next(c for c in pod.status.conditions if c.type == names.POD_CONDITION_GPU_IN_USE)
     assert condition.status == "True"
-    events = client.EventsV1Api(world["admin"])
+    events = client.EventsV1Api(world.admin)
     reasons = wait_for(
-        lambda: [e.reason for e in events.list_namespaced_event(world["ns"]).items],
+        lambda: [e.reason for e in events.list_namespaced_event(world.ns).items],
         what="the operator's Event",
     )
     assert reasons == ["GPUUseStarted"]
 
 
-def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) -> None:
-    agent = client.CustomObjectsApi(world["agent"])
-    a, b = world["a"], world["b"]
+def test_agent_token_is_held_to_its_own_node_and_to_spec(world: InstallWorld) -> None:
+    agent = client.CustomObjectsApi(world.agent_api)
+    a, b = world.a, world.b
     group = (names.GROUP, names.VERSION, names.PLURAL)
     _denied(
         lambda: agent.create_cluster_custom_object(*group, empty_report(b)),
@@ -257,12 +282,12 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
         ),
         "only be owned by the agent's own Node",
     )
-    core = client.CoreV1Api(world["agent"])
+    core = client.CoreV1Api(world.agent_api)
     patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: "forged"}}}
-    _denied(lambda: core.patch_namespaced_pod("train", world["ns"], patch), "cannot patch")
-    _denied(lambda: core.list_namespaced_secret(world["home"]), "cannot list")
+    _denied(lambda: core.patch_namespaced_pod("train", world.ns, patch), "cannot patch")
+    _denied(lambda: core.list_namespaced_secret(world.home), "cannot list")
     _denied(lambda: core.read_node(a), 'cannot get resource \\"nodes\\"')
-    unbound = client.CustomObjectsApi(world["unbound"])
+    unbound = client.CustomObjectsApi(world.unbound_api)
     _denied(
         lambda: unbound.patch_cluster_custom_object(*group, a, {"spec": {}}),
         "token bound to a pod on a node",
@@ -271,45 +296,45 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: dict[str, Any]) 
     agent.patch_cluster_custom_object(*group, a, {"spec": {"gpus": []}})
 
 
-def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, Any]) -> None:
+def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: InstallWorld) -> None:
     """The whole promise end to end: an agent of node B, under its real pod-bound token, writes
     the report it may write (its own node's) and names in it the pod of node A by container ID
     and pod UID. The operator, under its own token, lists those processes as PodOnOtherNode and
     leaves A's pod exactly as it was."""
-    core = world["core"]
-    train = core.read_namespaced_pod("train", world["ns"])
+    core = world.core
+    train = core.read_namespaced_pod("train", world.ns)
     cid = train.status.container_statuses[0].container_id.split("://", 1)[1]
 
     def in_use() -> bool:  # (an earlier test wiped the report's GPUs for a moment)
-        pod = core.read_namespaced_pod("train", world["ns"])
+        pod = core.read_namespaced_pod("train", world.ns)
         ours = [c for c in pod.status.conditions or [] if c.type == names.POD_CONDITION_GPU_IN_USE]
         return [(c.status, c.reason) for c in ours] == [("True", "ProcessesRunning")]
 
     group = (names.GROUP, names.VERSION, names.PLURAL)
-    admin = client.CustomObjectsApi(world["admin"])
+    admin = client.CustomObjectsApi(world.admin)
 
     def rewritten() -> bool:
-        body = admin.get_cluster_custom_object(*group, world["a"])
+        body = admin.get_cluster_custom_object(*group, world.a)
         assert isinstance(body, dict)
         return bool(body["spec"]["gpus"])
 
     wait_for(rewritten, what="node A's agent to have rewritten its report")
     wait_for(in_use, what="train in use")
-    before = core.read_namespaced_pod("train", world["ns"]).metadata.annotations
-    events = client.EventsV1Api(world["admin"])
+    before = core.read_namespaced_pod("train", world.ns).metadata.annotations
+    events = client.EventsV1Api(world.admin)
 
     def event_reasons() -> list[str]:
-        return sorted(str(e.reason) for e in events.list_namespaced_event(world["ns"]).items)
+        return sorted(str(e.reason) for e in events.list_namespaced_event(world.ns).items)
 
     seen = event_reasons()
-    b = world["b"]
+    b = world.b
     kubeconfig = token_kubeconfig(
-        world["cluster"],
+        world.cluster,
         core,
-        world["home"],
+        world.home,
         AGENT_SA,
-        _identity_pod(core, world["home"], AGENT_SA, b),
-        path=world["tmp"] / "agent-b.kubeconfig",
+        _identity_pod(core, world.home, AGENT_SA, b),
+        path=world.tmp / "agent-b.kubeconfig",
     )
     agent_b, _ = api_client(kubeconfig)
     forged = empty_report(b)
@@ -333,7 +358,7 @@ def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, A
             lambda: reasons() == {7: "PodOnOtherNode", 8: "PodOnOtherNode"},
             what="the forged processes refused by the operator",
         )
-        assert core.read_namespaced_pod("train", world["ns"]).metadata.annotations == before
+        assert core.read_namespaced_pod("train", world.ns).metadata.annotations == before
         assert in_use()
         assert event_reasons() == seen, "no Event either"
     finally:
@@ -341,23 +366,23 @@ def test_a_compromised_agent_can_mark_only_its_own_nodes_pods(world: dict[str, A
         agent_b.close()  # type: ignore[no-untyped-call]
 
 
-def test_operator_token_cannot_write_spec_or_delete(world: dict[str, Any]) -> None:
-    operator = client.CustomObjectsApi(world["operator"])
+def test_operator_token_cannot_write_spec_or_delete(world: InstallWorld) -> None:
+    operator = client.CustomObjectsApi(world.operator_api)
     group = (names.GROUP, names.VERSION, names.PLURAL)
     _denied(
-        lambda: operator.patch_cluster_custom_object(*group, world["a"], {"spec": {}}),
+        lambda: operator.patch_cluster_custom_object(*group, world.a, {"spec": {}}),
         'cannot patch resource \\"gpunodeusages\\"',
     )
     _denied(
-        lambda: operator.create_cluster_custom_object(*group, empty_report(world["b"])),
+        lambda: operator.create_cluster_custom_object(*group, empty_report(world.b)),
         "cannot create",
     )
-    core = client.CoreV1Api(world["operator"])
-    _denied(lambda: core.delete_namespaced_pod("train", world["ns"]), "cannot delete")
-    _denied(lambda: core.list_namespaced_secret(world["home"]), "cannot list")
+    core = client.CoreV1Api(world.operator_api)
+    _denied(lambda: core.delete_namespaced_pod("train", world.ns), "cannot delete")
+    _denied(lambda: core.list_namespaced_secret(world.home), "cannot list")
     _denied(
         lambda: core.create_namespaced_pod(
-            world["ns"],
+            world.ns,
             client.V1Pod(
                 metadata=client.V1ObjectMeta(name="x"),
                 spec=client.V1PodSpec(containers=[client.V1Container(name="x", image="x")]),
@@ -429,70 +454,66 @@ def _lease(name: str, namespace: str) -> client.V1Lease:
     )
 
 
-def test_the_agent_renews_its_own_nodes_lease_and_no_other(world: dict[str, Any]) -> None:
+def test_the_agent_renews_its_own_nodes_lease_and_no_other(world: InstallWorld) -> None:
     """Under its real pod-bound token the agent creates and renews the Lease named after its
     node (owned by that Node), and the operator judges the report fresh by it; the same token
     may not write another node's Lease, a Lease in another namespace (the kubelet's own), or
     delete its own."""
-    home = world["home"]
-    leases = client.CoordinationV1Api(world["admin"])
-    lease = wait_for(lambda: leases.read_namespaced_lease(world["a"], home), what="the Lease")
+    home = world.home
+    leases = client.CoordinationV1Api(world.admin)
+    lease = wait_for(lambda: leases.read_namespaced_lease(world.a, home), what="the Lease")
     assert lease.spec.holder_identity.startswith("gpuusage-agent/")
     assert lease.spec.lease_duration_seconds == 10
     owner = lease.metadata.owner_references[0]
-    node = world["core"].read_node(world["a"])
-    assert (owner.kind, owner.name, owner.uid) == ("Node", world["a"], node.metadata.uid)
-    first = renewed_at(world["admin"], world["a"], home)
+    node = world.core.read_node(world.a)
+    assert (owner.kind, owner.name, owner.uid) == ("Node", world.a, node.metadata.uid)
+    first = renewed_at(world.admin, world.a, home)
     assert first is not None
     wait_for(
-        lambda: (t := renewed_at(world["admin"], world["a"], home)) is not None and t > first,
+        lambda: (t := renewed_at(world.admin, world.a, home)) is not None and t > first,
         what="a renewal",
     )
-    custom = client.CustomObjectsApi(world["admin"])
+    custom = client.CustomObjectsApi(world.admin)
 
     def stale_reason() -> str | None:
-        body = custom.get_cluster_custom_object(
-            names.GROUP, names.VERSION, names.PLURAL, world["a"]
-        )
+        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, world.a)
         assert isinstance(body, dict)
         conditions = (body.get("status") or {}).get("conditions") or []
         return next((c["reason"] for c in conditions if c["type"] == "Stale"), None)
 
     wait_for(lambda: stale_reason() == "LeaseRenewed", what="freshness judged by the Lease")
 
-    agent = client.CoordinationV1Api(world["agent"])
+    agent = client.CoordinationV1Api(world.agent_api)
     renewal = {"spec": {"renewTime": "2026-11-24T10:00:00.000000Z"}}
-    leases.create_namespaced_lease(home, _lease(world["b"], home))  # node b's, as its agent made it
+    leases.create_namespaced_lease(home, _lease(world.b, home))  # node b's, as its agent made it
     _denied(
-        lambda: agent.patch_namespaced_lease(world["b"], home, renewal),
-        "may only write the GpuNodeUsage and the Lease named " + world["a"],
+        lambda: agent.patch_namespaced_lease(world.b, home, renewal),
+        "may only write the GpuNodeUsage and the Lease named " + world.a,
     )
-    other = world["b"] + "-x"
+    other = world.b + "-x"
     _denied(lambda: agent.create_namespaced_lease(home, _lease(other, home)), other)
     _denied(
-        lambda: agent.create_namespaced_lease(
-            "kube-node-lease", _lease(world["a"], "kube-node-lease")
-        )
+        lambda: agent.create_namespaced_lease("kube-node-lease", _lease(world.a, "kube-node-lease"))
     )
-    _denied(lambda: agent.delete_namespaced_lease(world["a"], home))
-    _denied(lambda: agent.read_namespaced_lease(world["a"], home))
-    unbound = client.CoordinationV1Api(world["unbound"])
+    _denied(lambda: agent.delete_namespaced_lease(world.a, home))
+    _denied(lambda: agent.read_namespaced_lease(world.a, home))
+    unbound = client.CoordinationV1Api(world.unbound_api)
     _denied(
-        lambda: unbound.patch_namespaced_lease(world["a"], home, renewal),
+        lambda: unbound.patch_namespaced_lease(world.a, home, renewal),
         "token bound to a pod on a node",
     )
-    operator = client.CoordinationV1Api(world["operator"])
-    _denied(lambda: operator.patch_namespaced_lease(world["a"], home, renewal))
+    operator = client.CoordinationV1Api(world.operator_api)
+    _denied(lambda: operator.patch_namespaced_lease(world.a, home, renewal))
 
 
-def test_operator_token_may_write_only_its_marks_on_a_pod(world: dict[str, Any]) -> None:
+def test_operator_token_may_write_only_its_marks_on_a_pod(world: InstallWorld) -> None:
     """Admission (gpuusage-operator-own-marks) holds the operator's `patch pods` to its own
     annotations and condition: the image, labels, people's annotations (exempt), another
     condition and the phase are refused under its token; its annotation and condition pass.
     The policy's annotation list is names.OPERATOR_ANNOTATIONS."""
-    core = client.CoreV1Api(world["operator"])
-    ns = world["ns"]
-    pod = client.CoreV1Api(world["admin"]).read_namespaced_pod("train", ns)
+    core = client.CoreV1Api(world.operator_api)
+    ns = world.ns
+    pod = client.CoreV1Api(world.admin).read_namespaced_pod("train", ns)
     assert pod.metadata is not None
     assert pod.spec is not None
     uid = {"uid": pod.metadata.uid}

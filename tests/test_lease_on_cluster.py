@@ -12,23 +12,24 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import WorldFactory, wait_for
+from tests.simworld import SimWorld
 from tests.worldview import condition, pod, refusing, renewed_at, report
 
 pytestmark = pytest.mark.cluster
 
 
-def _stale(world: dict[str, Any]) -> dict[str, Any]:
+def _stale(world: SimWorld) -> dict[str, Any]:
     conditions = report(world).get("status", {}).get("conditions") or []
     return next(c for c in conditions if c["type"] == "Stale")
 
 
-def _leased(make_world: WorldFactory) -> dict[str, Any]:
+def _leased(make_world: WorldFactory) -> SimWorld:
     """A world whose agent renews a Lease in the world's namespace (every 2.5 s) and refreshes
     an unchanged report only after 60 s; the operator watches that namespace."""
     return make_world(leases=True, agent_lease=True)
 
 
-def _settled(world: dict[str, Any]) -> dict[str, Any]:
+def _settled(world: SimWorld) -> dict[str, Any]:
     """The report once its agent refreshes it rarely: it learns that the operator judges the
     node by its Lease from the answer to a write, and until then refreshes every heartbeat
     (1 s here); so the report is settled once no write came for two heartbeats."""
@@ -51,14 +52,14 @@ def test_a_steady_node_writes_only_its_lease(make_world: WorldFactory) -> None:
     wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
     wait_for(lambda: condition(pod(world, "train")).reason == "ProcessesRunning", what="in use")
     before = _settled(world)
-    last = renewed_at(world["api"], world["node"], world["ns"])
+    last = renewed_at(world.api, world.node, world.ns)
     assert last is not None
     # Three renewals, together longer than the operator's stale_after (4 s): the report alone
     # would have gone stale; the Lease keeps it fresh, and nothing else is written.
     for _ in range(3):
 
         def later(previous: datetime = last) -> datetime | None:
-            now = renewed_at(world["api"], world["node"], world["ns"])
+            now = renewed_at(world.api, world.node, world.ns)
             return now if now is not None and now > previous else None
 
         last = wait_for(later, what="a renewal")
@@ -76,10 +77,10 @@ def test_a_dead_agent_turns_the_report_stale_and_its_pods_unknown(
 ) -> None:
     world = _leased(make_world)
     wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
-    world["agent"].halt()
+    world.agent.halt()
     stale = wait_for(lambda: (c := _stale(world))["status"] == "True" and c, what="stale")
     assert stale["reason"] == "ReportOutdated"
-    assert f"no renewal of Lease {world['ns']}/{world['node']}" in stale["message"]
+    assert f"no renewal of Lease {world.ns}/{world.node}" in stale["message"]
     wait_for(lambda: condition(pod(world, "train")).status == "Unknown", what="pods Unknown")
 
 
@@ -89,7 +90,7 @@ def test_an_agent_without_a_lease_is_judged_by_its_report(make_world: WorldFacto
     world = make_world(leases=True)
     fresh = wait_for(lambda: (c := _stale(world))["reason"] == "ReportFresh" and c, what="fresh")
     assert "renews no Lease" in fresh["message"]
-    world["agent"].halt()
+    world.agent.halt()
     wait_for(lambda: _stale(world)["status"] == "True", what="stale once its rewrites stop")
 
 
@@ -123,24 +124,24 @@ def test_a_report_the_apiserver_refuses_is_not_kept_fresh_by_the_lease(
     world = _leased(make_world)
     wait_for(lambda: _stale(world)["reason"] == "LeaseRenewed", what="fresh by the Lease")
     wait_for(lambda: condition(pod(world, "train")).status == "True", what="train in use")
-    custom = client.CustomObjectsApi(world["api"])
+    custom = client.CustomObjectsApi(world.api)
 
     def in_force() -> bool:
         try:
             custom.patch_cluster_custom_object(
-                "gpuusage.io", "v1alpha1", "gpunodeusages", world["node"], {"spec": {}}
+                "gpuusage.io", "v1alpha1", "gpunodeusages", world.node, {"spec": {}}
             )
         except client.ApiException as exc:
             return exc.status == 422 and "refused by a test policy" in str(exc.body)
         return False
 
-    name = f"refuse-{world['node']}"
-    with refusing(world["api"], name, world["node"], "gpunodeusages", ["CREATE", "UPDATE"]):
+    name = f"refuse-{world.node}"
+    with refusing(world.api, name, world.node, "gpunodeusages", ["CREATE", "UPDATE"]):
         wait_for(in_force, what="the policy in force")  # policies are compiled asynchronously
-        world["write"](notebook=False)  # a change the agent must publish, and cannot
+        world.write(notebook=False)  # a change the agent must publish, and cannot
         stale = wait_for(lambda: (c := _stale(world))["status"] == "True" and c, what="stale")
-        assert f"no renewal of Lease {world['ns']}/{world['node']}" in stale["message"]
+        assert f"no renewal of Lease {world.ns}/{world.node}" in stale["message"]
         wait_for(lambda: condition(pod(world, "train")).status == "Unknown", what="pods Unknown")
     wait_for(lambda: _stale(world)["status"] == "False", what="fresh once admitted")
-    world["write"](notebook=True)  # the next change is published whole
+    world.write(notebook=True)  # the next change is published whole
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="the change shown")

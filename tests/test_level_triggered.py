@@ -30,8 +30,8 @@ def test_hand_edits_of_the_marks_are_put_right_without_a_new_report(
     # With Leases the agent rewrites an unchanged report only every 60 s: nothing but the pod
     # watch can bring the operator back to the pod within the test's 15 s.
     world = make_world({"train": 1}, leases=True, agent_lease=True, stale_after=30)
-    core: client.CoreV1Api = world["core"]
-    ns = world["ns"]
+    core: client.CoreV1Api = world.core
+    ns = world.ns
     memory = names.ANNOTATION_GPU_MEMORY_MIB
     wait_for(lambda: pod_annotations(world, "train").get(memory) == "30720", what="marked")
     # The condition is written after the annotations: read it once it is there.
@@ -49,11 +49,11 @@ def test_hand_edits_of_the_marks_are_put_right_without_a_new_report(
         generation = found["metadata"]["generation"]
         # The agent renews its Lease in its cycle: two renewals later (5 s, five of its 1 s
         # heartbeats) a write would have come.
-        seen = [renewed_at(world["api"], world["node"], ns)]
+        seen = [renewed_at(world.api, world.node, ns)]
         while len(seen) < 3:
             seen.append(
                 wait_for(
-                    lambda: (t := renewed_at(world["api"], world["node"], ns)) != seen[-1] and t,
+                    lambda: (t := renewed_at(world.api, world.node, ns)) != seen[-1] and t,
                     timeout=15,
                     what="the agent's Lease renewed",
                 )
@@ -90,12 +90,12 @@ def test_hand_edits_of_the_marks_are_put_right_without_a_new_report(
 @pytest.mark.cluster
 def test_what_the_operator_remembers_of_a_pod_goes_with_it(make_world: WorldFactory) -> None:
     world = make_world({"train": 1, "notebook": 1})
-    reconciler = world["reconciler"]
-    uid, other = world["notebook"], world["train"]
+    reconciler = world.reconciler
+    uid, other = world.uids["notebook"], world.uids["train"]
     # Remembered once the writes have answered (the condition can be read on the pod a moment
     # before the marker notes what it wrote).
     wait_for(lambda: {uid, other} <= reconciler.remembered_pods(), what="both pods marked")
-    world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
+    world.core.delete_namespaced_pod("notebook", world.ns, grace_period_seconds=0)
     wait_for(lambda: uid not in reconciler.remembered_pods(), timeout=15, what="forgotten")
     assert other in reconciler.remembered_pods(), "the other pod is still marked"
 
@@ -127,10 +127,10 @@ def test_an_edit_between_the_operators_two_writes_is_put_right(make_world: World
     wrote: a hand edit landing between its annotation write and its condition write would
     otherwise hide in the condition write's version and stay."""
     world = make_world({"train": 1, "notebook": 1})
-    core: client.CoreV1Api = world["core"]
-    ns = world["ns"]
+    core: client.CoreV1Api = world.core
+    ns = world.ns
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
-    marker = world["reconciler"].marker
+    marker = world.reconciler.marker
     memory = names.ANNOTATION_GPU_MEMORY_MIB
     planted = {memory: "1"}
     marker.core = _Intruder(
@@ -138,7 +138,7 @@ def test_an_edit_between_the_operators_two_writes_is_put_right(make_world: World
         "notebook",
         lambda: core.patch_namespaced_pod("notebook", ns, {"metadata": {"annotations": planted}}),
     )
-    world["write"](notebook=False)  # use ends: annotations removed, then the condition False
+    world.write(notebook=False)  # use ends: annotations removed, then the condition False
     wait_for(
         lambda: condition(pod(world, "notebook")).status == "False", what="the use's end marked"
     )
@@ -148,4 +148,4 @@ def test_an_edit_between_the_operators_two_writes_is_put_right(make_world: World
         timeout=15,
         what="the planted annotation removed",
     )
-    assert world["reconciler"].counts.pod_errors == 0
+    assert world.reconciler.counts.pod_errors == 0

@@ -487,10 +487,10 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         operator_extras={"policy_notice": 0.5},
     )
     # A policy tells the owner of a pod using a GPU it never requested (Notify, enforced).
-    custom = client.CustomObjectsApi(a["api"])
-    policy = f"notify-{a['ns']}"
+    custom = client.CustomObjectsApi(a.api)
+    policy = f"notify-{a.ns}"
     rule = {"finding": "UsingUnrequestedGPU", "after": "1s", "action": "Notify", "mode": "Enforce"}
-    create_policy(a["api"], policy, {"namespaceSelector": in_namespace(a["ns"]), "rules": [rule]})
+    create_policy(a.api, policy, {"namespaceSelector": in_namespace(a.ns), "rules": [rule]})
     request.addfinalizer(
         lambda: custom.delete_cluster_custom_object(
             names.GROUP, names.VERSION, names.POLICY_PLURAL, policy
@@ -506,20 +506,20 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     )
     c = make_world({"train": 1}, operator=False)  # its one GPU turns blind in the trouble
     train, waiter, sneaky, stray, kernel = (
-        a["pids"][n] for n in ("train", "waiter", "sneaky", "stray", "kernel")
+        a.pids[n] for n in ("train", "waiter", "sneaky", "stray", "kernel")
     )
     host = 777  # Xorg, outside any pod
-    resource = client.ResourceV1Api(a["api"])  # stray's claim got GPU0, where it runs at first
-    create_gpu_slice(resource, a["node"], [{"name": "gpu-0", "type": "gpu", "uuid": GPU0}])
-    create_allocated_claim(resource, a["ns"], "stray-gpu", a["node"], ["gpu-0"])
-    a["scenario"](
+    resource = client.ResourceV1Api(a.api)  # stray's claim got GPU0, where it runs at first
+    create_gpu_slice(resource, a.node, [{"name": "gpu-0", "type": "gpu", "uuid": GPU0}])
+    create_allocated_claim(resource, a.ns, "stray-gpu", a.node, ["gpu-0"])
+    a.scenario(
         [
             _gpu(0, GPU0, 21504, [(train, 20480), (stray, 1024)], sm={train: 90}),
             _gpu(1, GPU1, 12288, [(waiter, 8192), (kernel, 4096)], sm={kernel: 40}),
         ]
     )
     # b's pods run on one MIG slice (the showback counts slices apart from whole GPUs)
-    b["scenario"](
+    b.scenario(
         [
             {
                 "index": 0,
@@ -531,7 +531,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
                         "uuid": mig_uuid(0),
                         "memoryTotalMiB": 40960,
                         "processes": [
-                            {"pid": b["pids"][name], "usedMemoryMiB": mib}
+                            {"pid": b.pids[name], "usedMemoryMiB": mib}
                             for name, mib in (("train", 10240), ("slice", 2048), ("frac", 1024))
                         ],
                     }
@@ -539,9 +539,9 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             }
         ]
     )
-    c_gpu0 = [_gpu(0, GPU0, 4096, [(c["pids"]["train"], 4096)])]
-    c["scenario"](c_gpu0)
-    ours = {a["node"], b["node"], c["node"]}
+    c_gpu0 = [_gpu(0, GPU0, 4096, [(c.pids["train"], 4096)])]
+    c.scenario(c_gpu0)
+    ours = {a.node, b.node, c.node}
 
     def scrape() -> dict[Sample, float]:
         return {
@@ -553,24 +553,22 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     def healthy_now() -> dict[Sample, float] | None:
         s = scrape()
         ok = (
-            _value(s, "gpuusage_pod_gpu_memory_used_mib", node=a["node"], pod="waiter") == 8192
-            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=b["node"], pod="frac") == 1024
-            and _value(s, "gpuusage_pod_allocated_gpu_share", node=b["node"], pod="frac") == 0.5
-            and _value(s, "gpuusage_node_unattributed_processes", node=a["node"]) == 0
-            and _value(s, "gpuusage_node_idle_pods", node=a["node"]) == 0
-            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=c["node"], pod="train") == 4096
+            _value(s, "gpuusage_pod_gpu_memory_used_mib", node=a.node, pod="waiter") == 8192
+            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=b.node, pod="frac") == 1024
+            and _value(s, "gpuusage_pod_allocated_gpu_share", node=b.node, pod="frac") == 0.5
+            and _value(s, "gpuusage_node_unattributed_processes", node=a.node) == 0
+            and _value(s, "gpuusage_node_idle_pods", node=a.node) == 0
+            and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=c.node, pod="train") == 4096
             and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 0
-            and _value(s, "gpuusage_pod_gpu_computing", node=a["node"], pod="kernel") == 1
-            and _value(s, "gpuusage_pod_gpu_computing", node=a["node"], pod="train") == 1
-            and _value(
-                s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="False"
-            )
+            and _value(s, "gpuusage_pod_gpu_computing", node=a.node, pod="kernel") == 1
+            and _value(s, "gpuusage_pod_gpu_computing", node=a.node, pod="train") == 1
+            and _value(s, "gpuusage_node_condition", node=b.node, condition="Stale", status="False")
             == 1
         )
         return s if ok else None
 
     healthy = wait_for(healthy_now, timeout=60, what="the healthy state in kube-state-metrics")
-    node_a = {"node": a["node"]}
+    node_a = {"node": a.node}
     assert _value(healthy, "gpuusage_node_gpus", **node_a) == 2
     assert _value(healthy, "gpuusage_node_pods", **node_a) == 4
     assert _value(healthy, "gpuusage_node_memory_used_mib", **node_a) == 33792
@@ -588,9 +586,9 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             healthy,
             "gpuusage_pod_gpu_memory_used_mib",
             **node_a,
-            namespace=a["ns"],
+            namespace=a.ns,
             pod="train",
-            uid=a["train"],
+            uid=a.uids["train"],
             gpu=GPU0,
         )
         == 20480
@@ -602,11 +600,11 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     held = "gpuusage_pod_gpu_held_idle_since_timestamp_seconds"
     assert _value(healthy, held, **node_a, pod="kernel") == 0
     assert _value(healthy, "gpuusage_node_held_idle_pods", **node_a) == 0
-    assert _value(healthy, "gpuusage_node_blind_devices", node=c["node"]) == 0
+    assert _value(healthy, "gpuusage_node_blind_devices", node=c.node) == 0
     # Computing is told only where the device tells: no series (never 0) for the waiter, whose
     # GPU reports no utilization for it, nor for b's pods on a MIG slice.
     assert _value(healthy, "gpuusage_pod_gpu_computing", **node_a, pod="waiter") is None
-    assert _value(healthy, "gpuusage_pod_gpu_computing", node=b["node"], pod="train") is None
+    assert _value(healthy, "gpuusage_pod_gpu_computing", node=b.node, pod="train") is None
     observed = _value(healthy, "gpuusage_node_observed_timestamp_seconds", **node_a)
     assert observed is not None
     assert abs(observed - time.time()) < 60
@@ -614,7 +612,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     # Trouble: GPU0 nearly full, a host process holds 4 GiB of GPU1 next to a pod that never
     # requested a GPU, the waiter's work ends (idle after 3 s), the kernel keeps its memory
     # and computes nothing (idle after 0.5 s, flagged 3 s later), and node b's agent dies.
-    a["scenario"](
+    a.scenario(
         [
             _gpu(0, GPU0, 80896, [(train, 80896)], sm={train: 95}),
             _gpu(
@@ -626,25 +624,23 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             ),
         ]
     )
-    b["agent"].halt()
+    b.agent.halt()
     # c's driver stops listing its trainer (a pid outside the agent's namespace) while the
     # memory stays: the device is blind, the trainer Unknown, never idle.
-    c["scenario"]([{**c_gpu0[0], "processes": []}])
+    c.scenario([{**c_gpu0[0], "processes": []}])
 
     def trouble_now() -> dict[Sample, float] | None:
         s = scrape()
         ok = (
-            _value(s, "gpuusage_gpu_memory_used_mib", node=a["node"], gpu=GPU0) == 80896
-            and _value(s, "gpuusage_pod_gpu_unrequested", node=a["node"], pod="sneaky") == 1
-            and _value(s, "gpuusage_pod_gpu_unallocated", node=a["node"], pod="stray") == 1
-            and _value(s, "gpuusage_pod_requested_gpus_idle", node=a["node"], pod="waiter") == 1
-            and (_value(s, held, node=a["node"], pod="kernel") or 0) > 0
-            and _value(s, "gpuusage_pod_gpu_computing", node=a["node"], pod="kernel") == 0
-            and _value(s, "gpuusage_node_blind_devices", node=c["node"]) == 1
+            _value(s, "gpuusage_gpu_memory_used_mib", node=a.node, gpu=GPU0) == 80896
+            and _value(s, "gpuusage_pod_gpu_unrequested", node=a.node, pod="sneaky") == 1
+            and _value(s, "gpuusage_pod_gpu_unallocated", node=a.node, pod="stray") == 1
+            and _value(s, "gpuusage_pod_requested_gpus_idle", node=a.node, pod="waiter") == 1
+            and (_value(s, held, node=a.node, pod="kernel") or 0) > 0
+            and _value(s, "gpuusage_pod_gpu_computing", node=a.node, pod="kernel") == 0
+            and _value(s, "gpuusage_node_blind_devices", node=c.node) == 1
             and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 1
-            and _value(
-                s, "gpuusage_node_condition", node=b["node"], condition="Stale", status="True"
-            )
+            and _value(s, "gpuusage_node_condition", node=b.node, condition="Stale", status="True")
             == 1
         )
         return s if ok else None
@@ -673,7 +669,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert _value(trouble, "gpuusage_policy_info", policy=policy, mode="Enforce") == 1
     assert _value(trouble, "gpuusage_node_unallocated_pods", **node_a) == 1
     assert _value(trouble, "gpuusage_node_idle_pods", **node_a) == 1
-    assert _value(trouble, "gpuusage_node_idle_pods", node=c["node"]) == 0, "blind: not idle"
+    assert _value(trouble, "gpuusage_node_idle_pods", node=c.node) == 0, "blind: not idle"
     assert _value(trouble, "gpuusage_node_held_idle_pods", **node_a) == 1
     held_since = _value(trouble, held, **node_a, pod="kernel")
     assert held_since is not None
@@ -683,22 +679,20 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert since is not None
     assert since <= time.time()
     assert (
-        _value(
-            trouble, "gpuusage_node_condition", node=b["node"], condition="Ready", status="False"
-        )
+        _value(trouble, "gpuusage_node_condition", node=b.node, condition="Ready", status="False")
         == 1
     )
 
     # The alerts, on exactly these series.
     expected = {
-        "GpuNodeReportStale": [{"node": b["node"]}],
-        "GpuMemoryNearlyFull": [{"node": a["node"], "gpu": GPU0}],
-        "GpuProcessesNotVisible": [{"node": c["node"]}],
-        "GpuMemoryHeldOutsidePods": [{"node": a["node"], "gpu": GPU1}],
-        "GpuUsedWithoutRequest": [{"namespace": a["ns"], "pod": "sneaky", "node": a["node"]}],
-        "GpuUsedOutsideAllocation": [{"namespace": a["ns"], "pod": "stray", "node": a["node"]}],
-        "GpuHeldIdle": [{"namespace": a["ns"], "pod": "kernel", "node": a["node"]}],
-        "GpuRequestedButIdle": [{"namespace": a["ns"], "pod": "waiter", "node": a["node"]}],
+        "GpuNodeReportStale": [{"node": b.node}],
+        "GpuMemoryNearlyFull": [{"node": a.node, "gpu": GPU0}],
+        "GpuProcessesNotVisible": [{"node": c.node}],
+        "GpuMemoryHeldOutsidePods": [{"node": a.node, "gpu": GPU1}],
+        "GpuUsedWithoutRequest": [{"namespace": a.ns, "pod": "sneaky", "node": a.node}],
+        "GpuUsedOutsideAllocation": [{"namespace": a.ns, "pod": "stray", "node": a.node}],
+        "GpuHeldIdle": [{"namespace": a.ns, "pod": "kernel", "node": a.node}],
+        "GpuRequestedButIdle": [{"namespace": a.ns, "pod": "waiter", "node": a.node}],
         "GpuPolicyActed": [{"policy": policy}],
     }
     test_file = tmp_path / "alerts_test.yaml"
@@ -720,47 +714,45 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     # also while b is stale): a's train, waiter and kernel 1 GPU each and stray's claim one
     # more; b's train 1 GPU, slice 1 MIG slice, frac half a GPU.
     hours = {
-        ("namespace:gpuusage_gpu_hours_used:sum1h", a["ns"]): 2.0,
-        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", a["ns"]): (33792 + 88064) / 2,
-        ("namespace:gpuusage_mig_device_hours_used:sum1h", b["ns"]): 0.5,
-        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", b["ns"]): 13312 / 2,
-        ("namespace:gpuusage_gpu_hours_used:sum1h", b["ns"]): None,  # no whole GPU
-        ("namespace:gpuusage_mig_device_hours_used:sum1h", a["ns"]): None,
-        ("namespace:gpuusage_gpu_hours_allocated:sum1h", a["ns"]): 4.0,
-        ("namespace:gpuusage_gpu_hours_allocated:sum1h", b["ns"]): 1.0,
-        ("namespace:gpuusage_mig_device_hours_allocated:sum1h", b["ns"]): 1.0,
-        ("namespace:gpuusage_mig_device_hours_allocated:sum1h", a["ns"]): 0.0,
-        ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", b["ns"]): 0.5,
-        ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", a["ns"]): None,  # no share
+        ("namespace:gpuusage_gpu_hours_used:sum1h", a.ns): 2.0,
+        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", a.ns): (33792 + 88064) / 2,
+        ("namespace:gpuusage_mig_device_hours_used:sum1h", b.ns): 0.5,
+        ("namespace:gpuusage_gpu_memory_used_mib_hours:sum1h", b.ns): 13312 / 2,
+        ("namespace:gpuusage_gpu_hours_used:sum1h", b.ns): None,  # no whole GPU
+        ("namespace:gpuusage_mig_device_hours_used:sum1h", a.ns): None,
+        ("namespace:gpuusage_gpu_hours_allocated:sum1h", a.ns): 4.0,
+        ("namespace:gpuusage_gpu_hours_allocated:sum1h", b.ns): 1.0,
+        ("namespace:gpuusage_mig_device_hours_allocated:sum1h", b.ns): 1.0,
+        ("namespace:gpuusage_mig_device_hours_allocated:sum1h", a.ns): 0.0,
+        ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", b.ns): 0.5,
+        ("namespace:gpuusage_gpu_share_hours_allocated:sum1h", a.ns): None,  # no share
         # The bill of use. Computing: both GPUs while healthy (train, kernel), GPU0 alone in
         # the trouble (the kernel idles); nothing on b's MIG slice, whose activity is untold.
-        ("namespace:gpuusage_gpu_hours_computing:sum1h", a["ns"]): 1.5,
-        ("namespace:gpuusage_gpu_hours_computing:sum1h", b["ns"]): None,
-        ("namespace:gpuusage_gpu_held_efficiency:ratio1h", a["ns"]): 2.0 / 4.0,
-        ("namespace:gpuusage_gpu_computing_efficiency:ratio1h", a["ns"]): 1.5 / 4.0,
-        ("namespace:gpuusage_gpu_held_efficiency:ratio1h", b["ns"]): None,  # no whole GPU used
+        ("namespace:gpuusage_gpu_hours_computing:sum1h", a.ns): 1.5,
+        ("namespace:gpuusage_gpu_hours_computing:sum1h", b.ns): None,
+        ("namespace:gpuusage_gpu_held_efficiency:ratio1h", a.ns): 2.0 / 4.0,
+        ("namespace:gpuusage_gpu_computing_efficiency:ratio1h", a.ns): 1.5 / 4.0,
+        ("namespace:gpuusage_gpu_held_efficiency:ratio1h", b.ns): None,  # no whole GPU used
         # per pod
-        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", a["ns"], "train"): 1.0,
-        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a["ns"], "train"): 1.0,
-        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a["ns"], "train"): 1.0,
-        ("namespace_pod:gpuusage_gpu_memory_used_mib_hours:sum1h", a["ns"], "train"): (
-            20480 + 80896
-        )
+        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", a.ns, "train"): 1.0,
+        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a.ns, "train"): 1.0,
+        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a.ns, "train"): 1.0,
+        ("namespace_pod:gpuusage_gpu_memory_used_mib_hours:sum1h", a.ns, "train"): (20480 + 80896)
         / 2,
-        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a["ns"], "kernel"): 0.5,
-        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a["ns"], "kernel"): 1.0,
-        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a["ns"], "sneaky"): 0.5,
-        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", a["ns"], "sneaky"): None,
-        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a["ns"], "waiter"): None,
-        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", b["ns"], "train"): 1.0,
+        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a.ns, "kernel"): 0.5,
+        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a.ns, "kernel"): 1.0,
+        ("namespace_pod:gpuusage_gpu_hours_used:sum1h", a.ns, "sneaky"): 0.5,
+        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", a.ns, "sneaky"): None,
+        ("namespace_pod:gpuusage_gpu_hours_computing:sum1h", a.ns, "waiter"): None,
+        ("namespace_pod:gpuusage_gpu_hours_allocated:sum1h", b.ns, "train"): 1.0,
     }
     # `gpuusage top --by namespace --window 1h` asks Prometheus exactly these.
-    ns_a = f'{{namespace="{a["ns"]}"}}'
+    ns_a = f'{{namespace="{a.ns}"}}'
     bill = {
-        bill_query("handed", "1h", a["ns"]): (ns_a, 4.0),
-        bill_query("held", "1h", a["ns"]): (ns_a, 2.0),
-        bill_query("computing", "1h", a["ns"]): (ns_a, 1.5),
-        bill_query("memory", "1h", a["ns"]): (ns_a, (33792 + 88064) / 2 / 1024),
+        bill_query("handed", "1h", a.ns): (ns_a, 4.0),
+        bill_query("held", "1h", a.ns): (ns_a, 2.0),
+        bill_query("computing", "1h", a.ns): (ns_a, 1.5),
+        bill_query("memory", "1h", a.ns): (ns_a, (33792 + 88064) / 2 / 1024),
     }
     showback = tmp_path / "showback_test.yaml"
     showback.write_text(yaml.safe_dump(_showback_test([(healthy, 30), (trouble, 30)], hours, bill)))
@@ -775,9 +767,9 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     # would pick them (node a; namespaces a and b; pod train of a).
     values = {
         "gpuusage-overview": {},
-        "gpuusage-node": {"node": a["node"]},
-        "gpuusage-namespace": {"namespace": f"{a['ns']}|{b['ns']}"},
-        "gpuusage-pod": {"namespace": a["ns"], "pod": "train"},
+        "gpuusage-node": {"node": a.node},
+        "gpuusage-namespace": {"namespace": f"{a.ns}|{b.ns}"},
+        "gpuusage-pod": {"namespace": a.ns, "pod": "train"},
     }
     panels = tmp_path / "panels.yaml"
     panels.write_text(yaml.safe_dump(_panel_rules(values)))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,22 @@ def _replica(
     )
 
 
+@dataclass(frozen=True)
+class HaSetup:
+    """A node with a running pod in a namespace of its own, and a peering for the replicas."""
+
+    core: Any
+    """A client.CoreV1Api. Typed Any: its models make every field optional, and the tests read
+    them as the apiserver fills them."""
+    ns: str
+    node: str
+    cid: str
+    """The pod's container ID."""
+    peering: str
+
+
 @pytest.fixture
-def setup(cluster: LocalCluster, api: client.ApiClient) -> dict[str, Any]:
+def setup(cluster: LocalCluster, api: client.ApiClient) -> HaSetup:
     core = client.CoreV1Api(api)
     ns, node = f"ha-{uuid.uuid4().hex[:6]}", f"gpu-ha-{uuid.uuid4().hex[:6]}"
     ensure_namespace(core, ns)
@@ -92,7 +107,7 @@ def setup(cluster: LocalCluster, api: client.ApiClient) -> dict[str, Any]:
     _uid, cid = create_running_pod(core, ns, "train", node, "trainer")
     peering = f"ha-{uuid.uuid4().hex[:6]}"
     ensure_peering(api, peering)
-    return {"core": core, "ns": ns, "node": node, "cid": cid, "peering": peering}
+    return HaSetup(core, ns, node, cid, peering)
 
 
 def _peers(api: client.ApiClient, peering: str) -> dict[str, int]:
@@ -103,14 +118,14 @@ def _peers(api: client.ApiClient, peering: str) -> dict[str, int]:
     return live_peers(body.get("status") or {}, datetime.now(UTC))
 
 
-def _events(setup: dict[str, Any], api: client.ApiClient) -> dict[str, str]:
+def _events(setup: HaSetup, api: client.ApiClient) -> dict[str, str]:
     """reason → reportingInstance of the Events on the pod."""
-    found = client.EventsV1Api(api).list_namespaced_event(setup["ns"]).items
+    found = client.EventsV1Api(api).list_namespaced_event(setup.ns).items
     return {str(e.reason): str(e.reporting_instance) for e in found}
 
 
-def _condition(setup: dict[str, Any]) -> str | None:
-    pod = setup["core"].read_namespaced_pod("train", setup["ns"])
+def _condition(setup: HaSetup) -> str | None:
+    pod = setup.core.read_namespaced_pod("train", setup.ns)
     for cond in pod.status.conditions or []:
         if cond.type == names.POD_CONDITION_GPU_IN_USE:
             return str(cond.status)
@@ -118,21 +133,21 @@ def _condition(setup: dict[str, Any]) -> str | None:
 
 
 def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
-    cluster: LocalCluster, api: client.ApiClient, setup: dict[str, Any], tmp_path: Path
+    cluster: LocalCluster, api: client.ApiClient, setup: HaSetup, tmp_path: Path
 ) -> None:
     custom = client.CustomObjectsApi(api)
     body = {
         "apiVersion": names.API_VERSION,
         "kind": names.KIND,
-        "metadata": {"name": setup["node"]},
-        "spec": _spec(setup["node"], setup["cid"]),
+        "metadata": {"name": setup.node},
+        "spec": _spec(setup.node, setup.cid),
     }
     custom.create_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, body)
-    active = _replica(cluster, setup["peering"], 200, tmp_path / "active.log")
-    standby = _replica(cluster, setup["peering"], 100, tmp_path / "standby.log")
+    active = _replica(cluster, setup.peering, 200, tmp_path / "active.log")
+    standby = _replica(cluster, setup.peering, 100, tmp_path / "standby.log")
     try:
         peers = wait_for(
-            lambda: len(p := _peers(api, setup["peering"])) == 2 and p,
+            lambda: len(p := _peers(api, setup.peering)) == 2 and p,
             what="both replicas in the peering",
         )
         identity = {prio: ident for ident, prio in peers.items()}
@@ -155,9 +170,9 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
         active.send_signal(signal.SIGKILL)  # a crash: no goodbye in the peering object
         active.wait(10)
         killed = time.monotonic()
-        spec = _spec(setup["node"], None)  # the process ended meanwhile
+        spec = _spec(setup.node, None)  # the process ended meanwhile
         custom.patch_cluster_custom_object(
-            names.GROUP, names.VERSION, names.PLURAL, setup["node"], {"spec": spec}
+            names.GROUP, names.VERSION, names.PLURAL, setup.node, {"spec": spec}
         )
         wait_for(
             lambda: _condition(setup) == "False",
@@ -174,14 +189,14 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
         assert "this replica is active" in (tmp_path / "standby.log").read_text()
         # One Event per transition across the two replicas: none written twice, none counted
         # twice in a series.
-        written = client.EventsV1Api(api).list_namespaced_event(setup["ns"]).items
+        written = client.EventsV1Api(api).list_namespaced_event(setup.ns).items
         assert sorted(str(e.reason) for e in written) == ["GPUUseEnded", "GPUUseStarted"]
         assert all(e.series is None for e in written)
         print(f"failover after SIGKILL of the active replica: {failover:.1f} s")
 
         standby.send_signal(signal.SIGTERM)  # a clean stop leaves the peering at once
         assert standby.wait(30) == 0
-        assert identity[100] not in _peers(api, setup["peering"])
+        assert identity[100] not in _peers(api, setup.peering)
     finally:
         for proc in (active, standby):
             if proc.poll() is None:
@@ -190,14 +205,14 @@ def test_one_replica_active_and_the_standby_takes_over_after_a_crash(
 
 
 def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
-    cluster: LocalCluster, api: client.ApiClient, setup: dict[str, Any], tmp_path: Path
+    cluster: LocalCluster, api: client.ApiClient, setup: HaSetup, tmp_path: Path
 ) -> None:
     """A pod uses a GPU it never requested under an enforced Evict. The active replica
     announces it (the annotation and one Pending Event) and is killed before the deadline;
     the standby takes over, reads the deadline from the annotation, and evicts once: one
     Pending, one Acted, each by one replica, one action in the policy's status."""
-    core = setup["core"]
-    ns, node = setup["ns"], setup["node"]
+    core = setup.core
+    ns, node = setup.ns, setup.node
     _uid, cid = create_running_pod(core, ns, "sneaky", node, "sneaky", gpus=0)
     custom = client.CustomObjectsApi(api)
     body = {
@@ -211,8 +226,8 @@ def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
     rule = {"finding": "UsingUnrequestedGPU", "after": "1s", "action": "Evict", "mode": "Enforce"}
     create_policy(api, policy, {"namespaceSelector": in_namespace(ns), "rules": [rule]})
     extra = ("--policy-actions", "--policy-notice", "6")
-    active = _replica(cluster, setup["peering"], 200, tmp_path / "active.log", *extra)
-    standby = _replica(cluster, setup["peering"], 100, tmp_path / "standby.log", *extra)
+    active = _replica(cluster, setup.peering, 200, tmp_path / "active.log", *extra)
+    standby = _replica(cluster, setup.peering, 100, tmp_path / "standby.log", *extra)
 
     def policy_events() -> list[tuple[str, str]]:
         found = client.EventsV1Api(api).list_namespaced_event(ns).items
@@ -224,7 +239,7 @@ def test_two_replicas_act_once_and_a_deadline_survives_the_handover(
 
     try:
         peers = wait_for(
-            lambda: len(p := _peers(api, setup["peering"])) == 2 and p,
+            lambda: len(p := _peers(api, setup.peering)) == 2 and p,
             what="both replicas in the peering",
         )
         identity = {prio: ident for ident, prio in peers.items()}

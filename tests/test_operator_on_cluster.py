@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import urllib.request
-from typing import Any
 
 import pytest
 from kubernetes import client
@@ -18,17 +17,18 @@ from gpuusage_dev.simulation import (
 from gpuusage_operator.main import Operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import GPU0, WorldFactory, wait_for
+from tests.simworld import SimWorld
 from tests.worldview import condition, conditions, events, pod, pod_annotations, report
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def world(make_world: WorldFactory) -> dict[str, Any]:
+def world(make_world: WorldFactory) -> SimWorld:
     return make_world()
 
 
-def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) -> None:
+def test_end_to_end_annotations_conditions_events_status(world: SimWorld) -> None:
     marks = wait_for(
         lambda: (a := pod_annotations(world, "train")) and names.ANNOTATION_GPUS in a and a,
         what="annotations",
@@ -36,7 +36,7 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     assert marks[names.ANNOTATION_GPUS] == GPU0
     assert marks[names.ANNOTATION_GPU_MEMORY_MIB] == "30720"
     usage = json.loads(marks[names.ANNOTATION_USAGE])
-    assert usage["node"] == world["node"]
+    assert usage["node"] == world.node
     assert usage["containers"][0]["name"] == "trainer"
     assert usage["containers"][0]["devices"][0]["pids"] == [4242]
     found = wait_for(lambda: condition(pod(world, "train")), what="condition")
@@ -84,7 +84,7 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     assert (events(world, "train"), events(world, "notebook")) == seen, "no Event"
 
     # The notebook's process ends: annotations go, the condition turns False, one Event.
-    world["write"](notebook=False)
+    world.write(notebook=False)
     wait_for(
         lambda: names.ANNOTATION_GPUS not in pod_annotations(world, "notebook"),
         what="notebook annotations removed",
@@ -99,10 +99,10 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     )
     assert events(world, "train") == ["GPUUseStarted"], "no Event per cycle"
 
-    url = f"http://127.0.0.1:{world['metrics_port']}/metrics"
+    url = f"http://127.0.0.1:{world.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
-    counts = world["reconciler"].counts
+    counts = world.reconciler.counts
     assert f'gpuusage_operator_writes_total{{target="pod"}} {float(counts.pod_writes)}' in text
     assert 'gpuusage_operator_writes_total{target="event"} 3.0' in text
     assert "gpuusage_operator_pod_index_size " in text
@@ -122,9 +122,9 @@ def test_end_to_end_annotations_conditions_events_status(world: dict[str, Any]) 
     assert float(echoes.split()[-1]) >= 1, "our own status writes came back and were skipped"
 
 
-def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
+def test_stale_report_marks_pods_unknown(world: SimWorld) -> None:
     wait_for(lambda: condition(pod(world, "train")).status == "True", what="in use")
-    world["agent"].halt()  # the agent dies: no more reports
+    world.agent.halt()  # the agent dies: no more reports
     unknown = wait_for(
         lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
         timeout=30,
@@ -139,11 +139,11 @@ def test_stale_report_marks_pods_unknown(world: dict[str, Any]) -> None:
     wait_for(lambda: said() == {"Ready": "False", "Stale": "True"}, what="the report Stale")
 
 
-def test_deleted_report_clears_its_pods(world: dict[str, Any]) -> None:
+def test_deleted_report_clears_its_pods(world: SimWorld) -> None:
     wait_for(lambda: condition(pod(world, "train")).status == "True", what="in use")
-    world["agent"].halt()  # otherwise the agent recreates its report
-    client.CustomObjectsApi(world["api"]).delete_cluster_custom_object(
-        names.GROUP, names.VERSION, names.PLURAL, world["node"]
+    world.agent.halt()  # otherwise the agent recreates its report
+    client.CustomObjectsApi(world.api).delete_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, world.node
     )
 
     def cleared(name: str) -> bool:
@@ -155,12 +155,10 @@ def test_deleted_report_clears_its_pods(world: dict[str, Any]) -> None:
     assert events(world, "train") == ["GPUUseStarted"], "nothing was observed to end"
 
 
-def test_operator_restart_rebuilds_without_writes(
-    world: dict[str, Any], cluster: LocalCluster
-) -> None:
+def test_operator_restart_rebuilds_without_writes(world: SimWorld, cluster: LocalCluster) -> None:
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
     wait_for(lambda: condition(pod(world, "train")).status == "True", what="in use")
-    world["operator"].halt()
+    world.stop_operator()
 
     # This world's pods as the first operator left them (the cluster is shared with other
     # tests' worlds, whose reports may go stale meanwhile: only these pods are compared).
@@ -189,9 +187,9 @@ def test_operator_restart_rebuilds_without_writes(
         again.halt()
 
 
-def test_pod_deleted_while_its_process_is_still_reported(world: dict[str, Any]) -> None:
+def test_pod_deleted_while_its_process_is_still_reported(world: SimWorld) -> None:
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
-    world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
+    world.core.delete_namespaced_pod("notebook", world.ns, grace_period_seconds=0)
 
     def notebook_unattributed() -> bool:
         status = report(world)["status"]
@@ -204,21 +202,21 @@ def test_pod_deleted_while_its_process_is_still_reported(world: dict[str, Any]) 
     assert status["totals"]["pods"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
     assert condition(pod(world, "train")).status == "True", "the other pod is unaffected"
-    assert world["reconciler"].counts.pod_errors == 0
+    assert world.reconciler.counts.pod_errors == 0
 
 
-def test_annotation_removed_by_someone_else_is_restored(world: dict[str, Any]) -> None:
+def test_annotation_removed_by_someone_else_is_restored(world: SimWorld) -> None:
     """The last-applied cache must never mask what is really on the pod."""
     wait_for(lambda: names.ANNOTATION_GPUS in pod_annotations(world, "train"), what="annotations")
     before = pod_annotations(world, "train")
     patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: None}}}
-    world["core"].patch_namespaced_pod("train", world["ns"], patch)
+    world.core.patch_namespaced_pod("train", world.ns, patch)
     restored = wait_for(
         lambda: (a := pod_annotations(world, "train")) and names.ANNOTATION_GPUS in a and a,
         what="the operator to restore its annotation on the next report",
     )
     assert restored[names.ANNOTATION_GPUS] == before[names.ANNOTATION_GPUS]
-    assert world["reconciler"].counts.pod_errors == 0
+    assert world.reconciler.counts.pod_errors == 0
 
 
 def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
@@ -248,20 +246,20 @@ def test_requested_gpus_left_idle_are_flagged(make_world: WorldFactory) -> None:
     assert wait_for(lambda: events(world, "waiter") == ["RequestedGPUsIdle"], what="event")
     assert reason("train") == "True ProcessesRunning", "pods in use are never idle"
 
-    world["write"](notebook=False)  # the notebook's use ends; it keeps its GPU
+    world.write(notebook=False)  # the notebook's use ends; it keeps its GPU
     wait_for(lambda: reason("notebook") == "False ProcessesEnded", what="use ended")
     wait_for(lambda: idle_names() == ["notebook", "waiter"], timeout=30, what="notebook idle")
     assert reason("notebook") == "False RequestedGPUsIdle"
     # The Event follows the condition write: wait for it before counting.
     flagged = ["GPUUseEnded", "GPUUseStarted", "RequestedGPUsIdle"]
     assert wait_for(lambda: events(world, "notebook") == flagged, what="idle event")
-    counts = world["reconciler"].counts
+    counts = world.reconciler.counts
     before, looked = (counts.pod_writes, counts.events), counts.reconciles
     # Several reconciles (heartbeats, housekeeping): the idle pods stay flagged without a write.
     wait_for(lambda: counts.reconciles >= looked + 4, what="several reconciles")
     assert (counts.pod_writes, counts.events) == before
     assert events(world, "notebook") == flagged
 
-    world["write"](notebook=True)  # back at work: no longer idle
+    world.write(notebook=True)  # back at work: no longer idle
     wait_for(lambda: reason("notebook") == "True ProcessesRunning", what="notebook in use")
     wait_for(lambda: idle_names() == ["waiter"], what="notebook unflagged")

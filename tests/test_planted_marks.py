@@ -14,7 +14,6 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 from kubernetes import client
@@ -27,17 +26,18 @@ from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.podstate import Verdict, plan_pod
 from gpuusage_operator.writers.pods import PodMarker
 from tests.conftest import WorldFactory, wait_for
+from tests.simworld import SimWorld
 from tests.worldview import condition, conditions, pod, pod_annotations, report
 
 PLANTED = {names.ANNOTATION_GPUS: "GPU-planted"}
 
 
-def plant(world: dict[str, Any], name: str) -> None:
-    core: client.CoreV1Api = world["core"]
-    core.patch_namespaced_pod(name, world["ns"], {"metadata": {"annotations": PLANTED}})
+def plant(world: SimWorld, name: str) -> None:
+    core: client.CoreV1Api = world.core
+    core.patch_namespaced_pod(name, world.ns, {"metadata": {"annotations": PLANTED}})
 
 
-def reason(world: dict[str, Any], name: str) -> str | None:
+def reason(world: SimWorld, name: str) -> str | None:
     found = [c for c in conditions(pod(world, name)) if c.type == names.POD_CONDITION_GPU_IN_USE]
     return f"{found[0].status} {found[0].reason}" if found else None
 
@@ -65,7 +65,7 @@ def test_a_device_planted_while_use_ends_does_not_make_it_unknown(
 ) -> None:
     world = make_world({"train": 1, "notebook": 1})
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="in use")
-    world["write"](notebook=False)
+    world.write(notebook=False)
 
     def notebook_listed() -> bool:
         listed = (report(world).get("status") or {}).get("pods") or []
@@ -80,7 +80,7 @@ def test_a_device_planted_while_use_ends_does_not_make_it_unknown(
         what="the use ended, judged from the device the operator saw it on",
     )
     assert names.ANNOTATION_GPUS not in pod_annotations(world, "notebook")
-    assert world["reconciler"].counts.pod_errors == 0
+    assert world.reconciler.counts.pod_errors == 0
 
 
 @dataclass

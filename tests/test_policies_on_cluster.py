@@ -16,6 +16,7 @@ from kubernetes import client
 from gpuusage.api import names
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
+from tests.simworld import SimWorld
 from tests.worldview import create_policy, events, in_namespace, pod, pod_annotations, scrape
 
 pytestmark = pytest.mark.cluster
@@ -23,9 +24,9 @@ pytestmark = pytest.mark.cluster
 PolicyMaker = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
-def _scenario(world: dict[str, Any], notebook_sm: int) -> None:
-    pids = world["pids"]
-    world["scenario"](
+def _scenario(world: SimWorld, notebook_sm: int) -> None:
+    pids = world.pids
+    world.scenario(
         [
             {
                 "index": 0,
@@ -57,7 +58,7 @@ def _scenario(world: dict[str, Any], notebook_sm: int) -> None:
 EXEMPT = {"annotations": {names.ANNOTATION_EXEMPT: "true"}}
 
 
-def _world(make_world: WorldFactory, exempt_pod: str, notebook_sm: int) -> dict[str, Any]:
+def _world(make_world: WorldFactory, exempt_pod: str, notebook_sm: int) -> SimWorld:
     """The four pods of `_scenario` on it, one of them annotated exempt by its owner; short
     idle and notice times so that policies decide within a test."""
     world = make_world(
@@ -87,7 +88,7 @@ def policy(api: client.ApiClient) -> Iterator[PolicyMaker]:
         )
 
 
-def _announcement(world: dict[str, Any], name: str) -> dict[str, Any] | None:
+def _announcement(world: SimWorld, name: str) -> dict[str, Any] | None:
     text = pod_annotations(world, name).get(names.ANNOTATION_POLICY_ACTION)
     return json.loads(text) if text else None
 
@@ -103,11 +104,11 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
     make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
 ) -> None:
     world = _world(make_world, exempt_pod="lab", notebook_sm=0)
-    name = f"reclaim-{world['ns']}"
+    name = f"reclaim-{world.ns}"
     policy(
         name,
         {
-            "namespaceSelector": in_namespace(world["ns"]),
+            "namespaceSelector": in_namespace(world.ns),
             "rules": [
                 {"finding": "HoldingIdleGPU", "after": "1s", "action": "ScaleToZero"},
                 {
@@ -148,7 +149,7 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
     )
     status = _status(api, name)
     assert (status["mode"], status["actionsTaken"]) == ("Mixed", 1)
-    counted = scrape(world["metrics_port"])
+    counted = scrape(world.metrics_port)
     for action, outcome in (("ScaleToZero", "DryRun"), ("Notify", "Done")):
         series = (
             f'gpuusage_operator_policy_decisions_total{{action="{action}",outcome="{outcome}",'
@@ -157,7 +158,7 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
         assert series in counted, counted
     assert status["rules"] == "HoldingIdleGPU>ScaleToZero,UsingUnrequestedGPU>Notify"
     # Nothing was done to the pod, and the dry run is recorded once.
-    counts = world["reconciler"].counts
+    counts = world.reconciler.counts
     seen = counts.reconciles
     wait_for(lambda: counts.reconciles >= seen + 3, what="more reconciles")
     assert events(world, "notebook").count("GPUPolicyDryRun") == 1
@@ -174,15 +175,15 @@ def test_a_dry_run_announces_records_once_and_does_nothing(
 
     # The sneaky pod's notice was given (enforced, done): when its misuse ends, its
     # announcement goes quietly, as nothing is called off.
-    pids = world["pids"]
+    pids = world.pids
     train = {"pid": pids["train"], "usedMemoryMiB": 30720, "smUtil": 70}
-    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": [train]}])
+    world.scenario([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": [train]}])
     wait_for(lambda: _announcement(world, "sneaky") is None, what="the done one removed")
     assert "GPUPolicyCancelled" not in events(world, "sneaky")
 
 
-def _notes(world: dict[str, Any], name: str, reason: str) -> list[str]:
-    listed = client.EventsV1Api(world["api"]).list_namespaced_event(world["ns"])
+def _notes(world: SimWorld, name: str, reason: str) -> list[str]:
+    listed = client.EventsV1Api(world.api).list_namespaced_event(world.ns)
     return [
         str(e.note)
         for e in listed.items
@@ -197,11 +198,11 @@ def test_a_tenant_annotating_their_pod_exempt_escapes_no_policy_that_ignores_it(
     announces and acts all the same, and does not tell the owner to annotate the pod. The
     namespace's opt-out still counts: it calls off what was announced."""
     world = _world(make_world, exempt_pod="sneaky", notebook_sm=60)
-    name = f"misuse-{world['ns']}"
+    name = f"misuse-{world.ns}"
     policy(
         name,
         {
-            "namespaceSelector": in_namespace(world["ns"]),
+            "namespaceSelector": in_namespace(world.ns),
             "podOptOut": "Ignored",
             "rules": [
                 {
@@ -224,7 +225,7 @@ def test_a_tenant_annotating_their_pod_exempt_escapes_no_policy_that_ignores_it(
 
     # The idle lab pod is announced (due in an hour); its namespace opts out: called off.
     wait_for(lambda: _announcement(world, "lab"), what="the idle pod announced")
-    world["core"].patch_namespace(world["ns"], {"metadata": EXEMPT})
+    world.core.patch_namespace(world.ns, {"metadata": EXEMPT})
     wait_for(lambda: _announcement(world, "lab") is None, what="the announcement called off")
     cancelled = wait_for(
         lambda: _notes(world, "lab", "GPUPolicyCancelled"), what="the cancellation Event"
@@ -245,11 +246,11 @@ def test_enforced_actions_stop_at_the_policys_rate_limit(
         operator_extras={"policy_notice": 1.0, "policy_actions": True},
     )
     _scenario(world, notebook_sm=0)
-    name = f"limit-{world['ns']}"
+    name = f"limit-{world.ns}"
     policy(
         name,
         {
-            "namespaceSelector": in_namespace(world["ns"]),
+            "namespaceSelector": in_namespace(world.ns),
             "maxActionsPerHour": 1,
             "rules": [
                 {"finding": "HoldingIdleGPU", "action": "DeletePod", "mode": "Enforce"},
@@ -300,24 +301,24 @@ def test_orphaned_memory_is_recorded_in_a_dry_run_then_marks_the_node_when_enfor
     world = make_world({"train": 1}, operator_extras={"policy_actions": True})
     core = client.CoreV1Api(api)
     other = {"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}
-    core.patch_node(world["node"], {"spec": {"taints": [other]}})
+    core.patch_node(world.node, {"spec": {"taints": [other]}})
     held = [{"pid": 777, "usedMemoryMiB": 2048, "smUtil": 0}]
-    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": held}])
-    name = f"orphans-{world['ns']}"
+    world.scenario([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": held}])
+    name = f"orphans-{world.ns}"
     rule = {"finding": "OrphanedGPUMemory", "after": "1s", "minMemoryMiB": 1024, "action": "Taint"}
     custom = client.CustomObjectsApi(api)
     policy(name, {"nodeRules": [rule]})
 
     def outcomes() -> list[str]:
         listed = _status(api, name).get("decisions") or []
-        return [d["outcome"] for d in listed if d["target"]["name"] == world["node"]]
+        return [d["outcome"] for d in listed if d["target"]["name"] == world.node]
 
     wait_for(lambda: "DryRun" in outcomes(), timeout=60, what="the dry run recorded")
     report: Any = custom.get_cluster_custom_object(
-        names.GROUP, names.VERSION, names.PLURAL, world["node"]
+        names.GROUP, names.VERSION, names.PLURAL, world.node
     )
     assert report["status"]["orphaned"]["memoryMiB"] == 2048
-    assert _node_marks(api, world["node"]) == (None, [])
+    assert _node_marks(api, world.node) == (None, [])
     custom.patch_cluster_custom_object(
         names.GROUP,
         names.VERSION,
@@ -326,20 +327,20 @@ def test_orphaned_memory_is_recorded_in_a_dry_run_then_marks_the_node_when_enfor
         {"spec": {"nodeRules": [{**rule, "mode": "Enforce"}]}},
     )
     wait_for(
-        lambda: _node_marks(api, world["node"]) == ("True", ["NoSchedule"]),
+        lambda: _node_marks(api, world.node) == ("True", ["NoSchedule"]),
         timeout=60,
         what="the condition and the taint",
     )
-    found: Any = core.read_node(world["node"])
+    found: Any = core.read_node(world.node)
     assert {other["key"], names.NODE_CONDITION_ORPHANED} <= {t.key for t in found.spec.taints}
     wait_for(lambda: "Done" in outcomes(), what="the decision")
-    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
+    world.scenario([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
     wait_for(
-        lambda: _node_marks(api, world["node"]) == ("False", []),
+        lambda: _node_marks(api, world.node) == ("False", []),
         timeout=60,
         what="the marks taken off",
     )
-    found = core.read_node(world["node"])
+    found = core.read_node(world.node)
     kept = {t.key for t in found.spec.taints}
     assert other["key"] in kept
     assert names.NODE_CONDITION_ORPHANED not in kept
@@ -351,21 +352,21 @@ def test_kubectl_get_shows_a_policys_mode_and_rules_before_it_decides_anything(
     make_world: WorldFactory, api: client.ApiClient, kubectl: Kubectl, policy: PolicyMaker
 ) -> None:
     world = make_world({"train": 1})
-    world["scenario"](
+    world.scenario(
         [
             {
                 "index": 0,
                 "uuid": GPU0,
                 "memoryTotalMiB": 81920,
-                "processes": [{"pid": world["pids"]["train"], "usedMemoryMiB": 1024, "smUtil": 90}],
+                "processes": [{"pid": world.pids["train"], "usedMemoryMiB": 1024, "smUtil": 90}],
             }
         ]
     )
-    name = f"quiet-{world['ns']}"
+    name = f"quiet-{world.ns}"
     policy(
         name,
         {
-            "namespaceSelector": in_namespace(world["ns"]),
+            "namespaceSelector": in_namespace(world.ns),
             "rules": [
                 {"finding": "HoldingIdleGPU", "action": "ScaleToZero", "mode": "Enforce"},
                 {"finding": "UsingUnallocatedGPU", "action": "Evict", "mode": "Enforce"},

@@ -8,17 +8,18 @@ from typing import Any
 import pytest
 
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
+from tests.simworld import SimWorld
 from tests.worldview import condition, events, pod, report
 
 pytestmark = pytest.mark.cluster
 
 
-def _reason(world: dict[str, Any], name: str) -> tuple[str, str]:
+def _reason(world: SimWorld, name: str) -> tuple[str, str]:
     found = condition(pod(world, name))
     return str(found.status), str(found.reason)
 
 
-def _devices(world: dict[str, Any]) -> dict[str, str | None]:
+def _devices(world: SimWorld) -> dict[str, str | None]:
     status = report(world).get("status") or {}
     return {d["uuid"]: d.get("blind") for d in status.get("devices") or []}
 
@@ -42,7 +43,7 @@ def test_a_device_that_lists_too_few_processes_never_ends_use(make_world: WorldF
         gpu1 = {"index": 1, "uuid": GPU1, "memoryTotalMiB": 81920, "processes": [notebook]}
         return [gpu0, gpu1]
 
-    world["scenario"](gpus(train_hidden_mib=30720))
+    world.scenario(gpus(train_hidden_mib=30720))
     wait_for(
         lambda: _reason(world, "train") == ("Unknown", "ProcessesNotVisible"),
         what="train's use unknown, not ended",
@@ -60,7 +61,7 @@ def test_a_device_that_lists_too_few_processes_never_ends_use(make_world: WorldF
     assert _reason(world, "notebook") == ("True", "ProcessesRunning")
     assert events(world, "train") == ["GPUUseStarted"], "no end, no Event pair"
 
-    world["scenario"](gpus(train_hidden_mib=0))
+    world.scenario(gpus(train_hidden_mib=0))
     wait_for(lambda: _reason(world, "train") == ("False", "ProcessesEnded"), what="train ended")
     wait_for(lambda: events(world, "train") == ["GPUUseEnded", "GPUUseStarted"], what="one end")
     wait_for(lambda: _devices(world) == {GPU0: None, GPU1: None}, what="no blind device")

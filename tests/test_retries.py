@@ -31,19 +31,19 @@ def test_a_failed_status_write_is_tried_again_without_a_new_report(
     world = make_world({"train": 1, "notebook": 1}, leases=True, agent_lease=True, stale_after=60)
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="marked")
     with refusing(
-        world["api"],
-        f"refuse-status-{world['node']}",
-        world["node"],
+        world.api,
+        f"refuse-status-{world.node}",
+        world.node,
         "gpunodeusages/status",
         ["UPDATE"],
     ):
         # Policies are compiled asynchronously: change the node until a status write fails.
-        before, notebook = _failures(world["metrics_port"]), True
+        before, notebook = _failures(world.metrics_port), True
         deadline = time.monotonic() + 30
-        while _failures(world["metrics_port"]) == before:
+        while _failures(world.metrics_port) == before:
             assert time.monotonic() < deadline, "no status write was refused"
             notebook = not notebook
-            world["write"](notebook=notebook)
+            world.write(notebook=notebook)
             time.sleep(1.0)
     generation = report(world)["metadata"]["generation"]
     # The agent refreshes an unchanged report only after 60 s: the retry alone gets here.

@@ -36,28 +36,39 @@ from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.builders import reconciler_on
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
-from tests.worldview import condition, conditions, events, pod, pod_annotations, report, scrape
+from tests.simworld import SimWorld
+from tests.worldview import (
+    Place,
+    View,
+    condition,
+    conditions,
+    events,
+    pod,
+    pod_annotations,
+    report,
+    scrape,
+)
 
 pytestmark = pytest.mark.cluster
 
 
-def container_id(world: dict[str, Any], name: str) -> str:
+def container_id(world: SimWorld, name: str) -> str:
     status = pod(world, name).status
     assert status is not None
     assert status.container_statuses
     return str(status.container_statuses[0].container_id).split("://", 1)[1]
 
 
-def in_use(world: dict[str, Any], name: str) -> bool:
+def in_use(world: View, name: str) -> bool:
     return bool(condition(pod(world, name)).status == "True")
 
 
-def unattributed(world: dict[str, Any], node: str) -> dict[int, str]:
+def unattributed(world: View, node: str) -> dict[int, str]:
     status = report(world, node).get("status") or {}
     return {u["pid"]: u["reason"] for u in status.get("unattributed") or []}
 
 
-def stale(world: dict[str, Any], node: str) -> bool:
+def stale(world: View, node: str) -> bool:
     found = (report(world, node).get("status") or {}).get("conditions") or []
     return any(c["type"] == names.CONDITION_STALE and c["status"] == "True" for c in found)
 
@@ -72,10 +83,10 @@ def test_reports_never_mark_pods_of_other_nodes(
     wait_for(lambda: in_use(world, "train"), what="train in use")
     wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="start Event")
     before = pod_annotations(world, "train")
-    cid, uid = container_id(world, "train"), world["train"]
+    cid, uid = container_id(world, "train"), world.uids["train"]
 
     node_b = f"gpu-{uuid.uuid4().hex[:6]}"
-    world["core"].create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node_b)))
+    world.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node_b)))
     proc = tmp_path / "proc-b"
     write_process(proc, 9001, pod_cgroup(uid, cid))
     write_process(proc, 9002, f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice\n")
@@ -112,7 +123,7 @@ def test_reports_never_mark_pods_of_other_nodes(
         )
     )
     ghost = f"no-such-node-{uuid.uuid4().hex[:6]}"
-    client.CustomObjectsApi(world["api"]).create_cluster_custom_object(
+    client.CustomObjectsApi(world.api).create_cluster_custom_object(
         names.GROUP,
         names.VERSION,
         names.PLURAL,
@@ -146,7 +157,7 @@ def test_reports_never_mark_pods_of_other_nodes(
         status_b = report(world, node_b)["status"]
         assert status_b["pods"] == []
         assert status_b["totals"]["pods"] == 0
-        text = scrape(world["metrics_port"])
+        text = scrape(world.metrics_port)
         assert 'gpuusage_operator_unattributed_processes{reason="PodOnOtherNode"} 3.0' in text
         assert pod_annotations(world, "train") == before
         agent_b.halt()
@@ -161,7 +172,7 @@ def test_reports_never_mark_pods_of_other_nodes(
         assert events(world, "train") == ["GPUUseStarted"]
     finally:
         agent_b.halt()
-        client.CustomObjectsApi(world["api"]).delete_cluster_custom_object(
+        client.CustomObjectsApi(world.api).delete_cluster_custom_object(
             names.GROUP, names.VERSION, names.PLURAL, ghost
         )
 
@@ -174,12 +185,12 @@ def test_a_pod_recreated_under_the_same_name_never_gets_its_predecessors_marks(
     unmarked while the other pod of the report is marked as usual."""
     world = make_world(operator=False)
     wait_for(lambda: report(world).get("spec"), what="the agent's report")
-    core = world["core"]
+    core = world.core
     watch = PodWatch(client.CoreV1Api(api))
     watch.list_all()  # the index as it stood before the pod was replaced
-    old_uid = world["train"]
-    core.delete_namespaced_pod("train", world["ns"], grace_period_seconds=0)
-    new_uid, _ = create_running_pod(core, world["ns"], "train", world["node"], "trainer")
+    old_uid = world.uids["train"]
+    core.delete_namespaced_pod("train", world.ns, grace_period_seconds=0)
+    new_uid, _ = create_running_pod(core, world.ns, "train", world.node, "trainer")
     reconciler = reconciler_on(api, refresh=watch.refresh)
     reconciler.reconcile(report(world), watch.lookup(), datetime.now(UTC))
 
@@ -198,10 +209,10 @@ def test_a_pod_recreated_under_the_same_name_never_gets_its_predecessors_marks(
     # old pod, which is gone, so nothing is written and nothing is refused.
     reconciler.reconcile(report(world), watch.lookup(), datetime.now(UTC))
     assert reconciler.counts.uid_refusals == 1
-    assert unattributed(world, world["node"]).get(world["pids"]["train"]) == "PodNotFound"
+    assert unattributed(world, world.node).get(world.pids["train"]) == "PodNotFound"
 
 
-def _stale_condition(world: dict[str, Any]) -> dict[str, Any]:
+def _stale_condition(world: SimWorld) -> dict[str, Any]:
     found = report(world)["status"]["conditions"]
     return next(c for c in found if c["type"] == names.CONDITION_STALE)
 
@@ -214,8 +225,8 @@ def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing(
     report stops changing."""
     world = make_world()
     wait_for(lambda: in_use(world, "train"), what="train in use")
-    world["agent"].halt()  # from now on the report changes only when the test writes it
-    custom = client.CustomObjectsApi(world["api"])
+    world.agent.halt()  # from now on the report changes only when the test writes it
+    custom = client.CustomObjectsApi(world.api)
 
     def reconciled() -> bool:
         got = report(world)
@@ -224,7 +235,7 @@ def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing(
     for second in (0, 1):  # two changes, so the operator sees one happen and measures the skew
         when = {"spec": {"observedAt": f"2100-01-01T00:00:0{second}Z"}}
         custom.patch_cluster_custom_object(
-            names.GROUP, names.VERSION, names.PLURAL, world["node"], when
+            names.GROUP, names.VERSION, names.PLURAL, world.node, when
         )
         wait_for(reconciled, what="the change reconciled")
     fresh = wait_for(
@@ -233,10 +244,8 @@ def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing(
     )
     assert fresh["status"] == "False"
     assert "ahead of the operator's" in fresh["message"]
-    series = f'gpuusage_operator_report_clock_skew_seconds{{node="{world["node"]}"}}'
-    skew = next(
-        line for line in scrape(world["metrics_port"]).splitlines() if line.startswith(series)
-    )
+    series = f'gpuusage_operator_report_clock_skew_seconds{{node="{world.node}"}}'
+    skew = next(line for line in scrape(world.metrics_port).splitlines() if line.startswith(series))
     assert float(skew.split()[-1]) > 60 * 60 * 24 * 365 * 70
     stale = wait_for(
         lambda: (c := _stale_condition(world))["status"] == "True" and c,
@@ -254,7 +263,7 @@ def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing(
     assert seen.startswith(str(datetime.now(UTC).year)), "reportSeenAt is the operator's clock"
 
 
-def _process(world: dict[str, Any], pid: int) -> dict[str, Any]:
+def _process(world: SimWorld, pid: int) -> dict[str, Any]:
     gpus = report(world)["spec"]["gpus"]
     return next(p for g in gpus for p in g["processes"] if p["pid"] == pid)
 
@@ -265,17 +274,17 @@ def test_a_process_whose_proc_files_cannot_be_read_has_not_ended(
     """/proc/<pid> hidden (hidepid, a lost hostPID): the pod keeps its use for the grace
     period, then its condition turns Unknown with the reason, never False, and no Event pair."""
     world = make_world(attribution_grace=3.0)
-    pid = world["pids"]["train"]
+    pid = world.pids["train"]
     wait_for(lambda: in_use(world, "train"), what="train in use")
     wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="start Event")
     marks = pod_annotations(world, "train")
-    hidden = world["proc"] / f".hidden-{pid}"
-    (world["proc"] / str(pid)).rename(hidden)
+    hidden = world.proc / f".hidden-{pid}"
+    (world.proc / str(pid)).rename(hidden)
     carried = wait_for(
         lambda: (p := _process(world, pid)).get("resolveError") and p,
         what="the agent says it cannot read the process",
     )
-    assert carried["podUID"] == world["train"], "the last attribution is kept"
+    assert carried["podUID"] == world.uids["train"], "the last attribution is kept"
     assert "showing the attribution last read" in carried["resolveError"]
     found = condition(pod(world, "train"))
     assert (found.status, found.reason) == ("True", "ProcessesRunning")
@@ -288,10 +297,10 @@ def test_a_process_whose_proc_files_cannot_be_read_has_not_ended(
     assert f"process {pid}" in str(unknown.message)
     assert pod_annotations(world, "train") == marks, "last known use kept"
     wait_for(
-        lambda: unattributed(world, world["node"]).get(pid) == "Unresolved",
+        lambda: unattributed(world, world.node).get(pid) == "Unresolved",
         what="the status, written after the pods",
     )
-    hidden.rename(world["proc"] / str(pid))
+    hidden.rename(world.proc / str(pid))
     wait_for(lambda: in_use(world, "train"), what="train in use again")
     assert events(world, "train") == ["GPUUseStarted"], "no GPUUseEnded/GPUUseStarted pair"
     assert in_use(world, "notebook"), "the other pod was never affected"
@@ -304,16 +313,16 @@ def test_a_deleted_pod_leaves_the_status_without_waiting_for_the_report(
     status stops naming it at once, long before the report would go stale."""
     world = make_world(stale_after=60.0)
     wait_for(lambda: in_use(world, "notebook"), what="notebook in use")
-    world["agent"].halt()
+    world.agent.halt()
 
     def listed() -> set[str]:
         return {p["name"] for p in report(world)["status"]["pods"]}
 
     wait_for(lambda: listed() == {"train", "notebook"}, what="both pods in the status")
-    world["core"].delete_namespaced_pod("notebook", world["ns"], grace_period_seconds=0)
+    world.core.delete_namespaced_pod("notebook", world.ns, grace_period_seconds=0)
     wait_for(lambda: listed() == {"train"}, timeout=20, what="the deleted pod dropped")
-    assert unattributed(world, world["node"])[world["pids"]["notebook"]] == "PodNotFound"
-    assert not stale(world, world["node"]), "not the staleness reconcile: the deletion's"
+    assert unattributed(world, world.node)[world.pids["notebook"]] == "PodNotFound"
+    assert not stale(world, world.node), "not the staleness reconcile: the deletion's"
 
 
 def test_marks_of_a_report_deleted_while_no_operator_ran_are_cleared(
@@ -321,10 +330,10 @@ def test_marks_of_a_report_deleted_while_no_operator_ran_are_cleared(
 ) -> None:
     world = make_world()
     wait_for(lambda: in_use(world, "train"), what="train in use")
-    world["operator"].halt()
-    world["agent"].halt()
-    client.CustomObjectsApi(world["api"]).delete_cluster_custom_object(
-        names.GROUP, names.VERSION, names.PLURAL, world["node"]
+    world.stop_operator()
+    world.agent.halt()
+    client.CustomObjectsApi(world.api).delete_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, world.node
     )
     assert in_use(world, "train"), "nobody has cleared it yet"
     settings = OperatorSettings(
@@ -350,8 +359,8 @@ def test_marks_of_a_report_deleted_while_no_operator_ran_are_cleared(
         again.halt()
 
 
-def _metric(world: dict[str, Any], name: str) -> float:
-    line = next(x for x in scrape(world["metrics_port"]).splitlines() if x.startswith(name + " "))
+def _metric(world: SimWorld, name: str) -> float:
+    line = next(x for x in scrape(world.metrics_port).splitlines() if x.startswith(name + " "))
     return float(line.split()[-1])
 
 
@@ -397,7 +406,7 @@ def test_an_invalid_scenario_edit_loses_nothing(make_world: WorldFactory) -> Non
     world = make_world()
     wait_for(lambda: in_use(world, "train"), what="train in use")
     wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="the start Event")
-    world["scenario_file"].write_bytes(b"")
+    world.scenario_file.write_bytes(b"")
     said = wait_for(
         lambda: "is empty" in (m := report(world)["spec"]["source"].get("message") or "") and m,
         what="the invalid edit said",
@@ -416,7 +425,7 @@ def test_a_node_with_more_processes_than_a_report_holds_stays_fresh(
     world = make_world()
     wait_for(lambda: in_use(world, "train"), what="train in use")
     many = [{"pid": 100_000 + i, "usedMemoryMiB": i} for i in range(600)]
-    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": many}])
+    world.scenario([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": many}])
 
     def capped() -> dict[str, Any] | None:
         gpu = report(world)["spec"]["gpus"][0]
@@ -426,7 +435,7 @@ def test_a_node_with_more_processes_than_a_report_holds_stays_fresh(
     assert len(gpu["processes"]) == 512
     assert gpu["omittedProcesses"] == 88
     assert gpu["omittedMemoryMiB"] == sum(range(88)), "the smallest were left out"
-    assert not stale(world, world["node"])
+    assert not stale(world, world.node)
     device = wait_for(
         lambda: next(d for d in report(world)["status"]["devices"] if d.get("omittedProcesses")),
         what="the status",
@@ -502,7 +511,7 @@ def test_a_report_etcd_refuses_is_published_without_processes(tmp_path: Path) ->
                     ready,
                 )
             )
-            world = {"core": core, "ns": "ml", "api": api, "node": "busy"}
+            world = Place(api, core, "ml", "busy")
             try:
                 assert ready.wait(60)
                 wait_for(lambda: in_use(world, "train"), what="train in use")
@@ -530,7 +539,7 @@ def test_a_report_etcd_refuses_is_published_without_processes(tmp_path: Path) ->
         small.down()
 
 
-def _restart_container(world: dict[str, Any], name: str, *, running: bool) -> str:
+def _restart_container(world: SimWorld, name: str, *, running: bool) -> str:
     """The pod's status as the kubelet writes it once the container exited: restarted under a
     new container ID (running), or waiting to be (CrashLoopBackOff); the new ID."""
     status = pod(world, name).status
@@ -552,8 +561,8 @@ def _restart_container(world: dict[str, Any], name: str, *, running: bool) -> st
             else {"state": {"waiting": {"reason": "CrashLoopBackOff"}}}
         ),
     }
-    world["core"].patch_namespaced_pod_status(
-        name, world["ns"], {"status": {"containerStatuses": [entry]}}
+    world.core.patch_namespaced_pod_status(
+        name, world.ns, {"status": {"containerStatuses": [entry]}}
     )
     return new_id
 
@@ -566,13 +575,13 @@ def test_a_container_restart_is_continuous_use(make_world: WorldFactory) -> None
     wait_for(lambda: in_use(world, "train"), what="train in use")
     wait_for(lambda: events(world, "train") == ["GPUUseStarted"], what="start Event")
     before = condition(pod(world, "train"))
-    world["scenario"](
+    world.scenario(
         [{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}]
     )  # the process exited: the driver lists it no more
     wait_for(lambda: not report(world)["spec"]["gpus"][0].get("processes"), what="gone")
     new_id = _restart_container(world, "train", running=True)
-    write_process(world["proc"], 4343, pod_cgroup(world["train"], new_id), start_ticks=4343)
-    world["scenario"](
+    write_process(world.proc, 4343, pod_cgroup(world.uids["train"], new_id), start_ticks=4343)
+    world.scenario(
         [
             {
                 "index": 0,
@@ -582,7 +591,9 @@ def test_a_container_restart_is_continuous_use(make_world: WorldFactory) -> None
             }
         ]
     )
-    wait_for(lambda: _process(world, 4343).get("podUID") == world["train"], what="the new process")
+    wait_for(
+        lambda: _process(world, 4343).get("podUID") == world.uids["train"], what="the new process"
+    )
     assert _process(world, 4343)["containerID"] == new_id
     wait_for(
         lambda: "4343" in pod_annotations(world, "train")[names.ANNOTATION_USAGE],
@@ -603,7 +614,7 @@ def test_a_container_that_does_not_come_back_ends_its_use_after_the_grace(
     wait_for(lambda: in_use(world, "train"), what="train in use")
     marks = pod_annotations(world, "train")
     _restart_container(world, "train", running=False)
-    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
+    world.scenario([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
     unknown = wait_for(
         lambda: (c := condition(pod(world, "train"))).status == "Unknown" and c,
         timeout=30,
@@ -633,7 +644,7 @@ def test_a_process_that_ends_while_its_container_runs_on_ends_its_use(
     (the kubelet had time to report an exit, and reported none), the use ended."""
     world = make_world()
     wait_for(lambda: in_use(world, "train"), what="train in use")
-    world["scenario"]([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
+    world.scenario([{"index": 0, "uuid": GPU0, "memoryTotalMiB": 81920, "processes": []}])
     gone = wait_for(lambda: not report(world)["spec"]["gpus"][0].get("processes"), what="gone")
     assert gone
     assert in_use(world, "train"), "the marks settle first"
@@ -658,7 +669,7 @@ def test_a_pod_that_people_annotated_exempt_is_not_marked(make_world: WorldFacto
     world = make_world({"train": 1, "quiet": 0}, pod_extras={"quiet": exempt})
     wait_for(lambda: in_use(world, "train"), what="train in use")
     wait_for(
-        lambda: report(world, world["node"]).get("status", {}).get("observedGeneration"),
+        lambda: report(world, world.node).get("status", {}).get("observedGeneration"),
         what="the report reconciled",
     )
     assert [c.type for c in conditions(pod(world, "quiet"))] == ["Ready"]

@@ -5,16 +5,43 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 
 from gpuusage.api import names
 
 
-def pod(world: dict[str, Any], name: str) -> client.V1Pod:
-    found: client.V1Pod = world["core"].read_namespaced_pod(name, world["ns"])
+class View(Protocol):
+    """Where to look: a world (SimWorld), or any namespace and node of a cluster."""
+
+    @property
+    def api(self) -> client.ApiClient: ...
+
+    @property
+    def core(self) -> client.CoreV1Api: ...
+
+    @property
+    def ns(self) -> str: ...
+
+    @property
+    def node(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Place:
+    """A namespace and a node of a cluster, looked at without a world around them."""
+
+    api: client.ApiClient
+    core: client.CoreV1Api
+    ns: str
+    node: str
+
+
+def pod(world: View, name: str) -> client.V1Pod:
+    found: client.V1Pod = world.core.read_namespaced_pod(name, world.ns)
     return found
 
 
@@ -27,21 +54,21 @@ def condition(found: client.V1Pod) -> client.V1PodCondition:
     return next(c for c in conditions(found) if c.type == names.POD_CONDITION_GPU_IN_USE)
 
 
-def pod_annotations(world: dict[str, Any], name: str) -> dict[str, str]:
+def pod_annotations(world: View, name: str) -> dict[str, str]:
     meta = pod(world, name).metadata
     return dict((meta.annotations if meta else None) or {})
 
 
-def report(world: dict[str, Any], node: str | None = None) -> dict[str, Any]:
-    found = client.CustomObjectsApi(world["api"]).get_cluster_custom_object(
-        names.GROUP, names.VERSION, names.PLURAL, node or world["node"]
+def report(world: View, node: str | None = None) -> dict[str, Any]:
+    found = client.CustomObjectsApi(world.api).get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, node or world.node
     )
     assert isinstance(found, dict)
     return found
 
 
-def events(world: dict[str, Any], name: str) -> list[str]:
-    listed = client.EventsV1Api(world["api"]).list_namespaced_event(world["ns"])
+def events(world: View, name: str) -> list[str]:
+    listed = client.EventsV1Api(world.api).list_namespaced_event(world.ns)
     return sorted(str(e.reason) for e in listed.items if e.regarding and e.regarding.name == name)
 
 
