@@ -147,3 +147,30 @@ def test_a_lease_renewal_matters_only_to_a_report_whose_status_says_stale() -> N
     renewal.append(Renewal(f"gpuusage-system/{NODE}", later, witnessed=True))
     assert reconciler.needs_reconcile(NODE, renewed, later), "stale, and renewed since"
     assert not reconciler.needs_reconcile("gpu-node-b", renewed, later), "a report never seen"
+
+
+def test_a_renewal_while_the_report_is_judged_stale_is_queued_by_that_reconcile() -> None:
+    """The Lease watch's trigger reads the report's memory: a renewal that comes while a
+    reconcile is writing the report stale finds it fresh there and is left out. That reconcile
+    sees the renewal change under it and queues it itself."""
+    later = NOW + DEFAULT_STALE_AFTER + timedelta(seconds=1)
+    renewal = Renewal(f"gpuusage-system/{NODE}", later, witnessed=True)
+    reads: list[str] = []
+    armed = False
+
+    def renewals(node: str) -> Renewal | None:
+        if not armed:
+            return None
+        reads.append(node)
+        return None if len(reads) == 1 else renewal  # renewed after the reconcile's first read
+
+    api = StatusApi()
+    reconciler = reconciler_on(client.ApiClient(), reports_api=api, renewals=renewals)
+    nobody = PodLookup({})
+    assert not reconciler.reconcile(_report("7"), nobody, NOW), "fresh"
+    while (taken := reconciler.queue.get(timeout=0)) is not None:
+        reconciler.queue.done(taken[0])
+    armed = True
+    assert reconciler.reconcile(_report("101", api.status), nobody, later), "judged stale"
+    assert reconciler.queue.get(timeout=0) == (NODE, frozenset({RENEWED}))
+    assert reconciler.needs_reconcile(NODE, frozenset({RENEWED}), later), "and it matters"

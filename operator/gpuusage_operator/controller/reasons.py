@@ -70,7 +70,7 @@ class Triggers:
         changed by that (a renewal never makes a report stale), and every agent renews every
         10 s: queueing the others would wake a worker for nothing 500 times a second at 5,000
         nodes (benchmarks/lease_events.py). A renewal that comes while a reconcile is writing
-        the report stale is left out too; the next one, 10 s later, is not."""
+        the report stale may be left out here: that reconcile then queues it itself."""
         if self.book.says_stale(node):
             self.queue.add(node, RENEWED)
 

@@ -27,7 +27,14 @@ from kubernetes import client
 from pydantic import ValidationError
 
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
-from gpuusage_operator.controller.reasons import DEADLINE, FRESHNESS, STALENESS, Edited, Gone
+from gpuusage_operator.controller.reasons import (
+    DEADLINE,
+    FRESHNESS,
+    RENEWED,
+    STALENESS,
+    Edited,
+    Gone,
+)
 from gpuusage_operator.controller.reports import ReportBook, ReportMemory
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.dra import NO_DRA, DraLookup
@@ -236,6 +243,10 @@ class Reconciler:
             listing=decision.listing,
         )
         self.book.put(name, memory)
+        if stale and self.renewals(name) != renewal:
+            # Renewed while this reconcile judged it stale: the watch's trigger may have read
+            # the report's memory before it said stale, and left the renewal out.
+            self.queue.add(name, RENEWED)
         if wake:  # a report that does not change sends no event: judged again then
             self.queue.add_after(name, (min(wake) - now).total_seconds(), DEADLINE)
         self.watch_staleness(name, now)
