@@ -143,9 +143,7 @@ class PacedLeases(Leases):
         return super().list_namespaced_lease(namespace, **kwargs)
 
 
-def queued_workers(
-    nodes: list[str], queue: WorkQueue, book: ReportBook, watch: LeaseWatch
-) -> ReportWorkers:
+def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> ReportWorkers:
     """A production worker over a reconciler that has seen every node's report fresh just now
     (renewals change nothing)."""
     api = client.ApiClient()
@@ -155,14 +153,14 @@ def queued_workers(
         counts,
         instance="bench",
         write_budget=WriteBudget(),
-        due=Triggers(queue, book).due,
+        due=triggers.due,
         refresh=lambda namespace, name, uid: None,
     )
     now = datetime.now(UTC)
     for node in nodes:
-        book.put(node, ReportMemory(Sighting(1, now)))
+        triggers.book.put(node, ReportMemory(Sighting(1, now)))
     return ReportWorkers(
-        Reconciler(api, marker, counts, queue, book, renewals=watch.renewal),
+        Reconciler(api, marker, counts, triggers.queue, triggers.book, renewals=watch.renewal),
         cast(Any, None),  # the pod and DRA indexes: read only by a reconcile, and none runs
         cast(Any, None),
         ActiveGate(api, None),
@@ -191,7 +189,7 @@ def measure(data: bytes, nodes: list[str], rate: float, way: str) -> dict[str, A
     watch = LeaseWatch(
         PacedLeases(data, rate), "gpuusage-system", on_news=news.append, on_renewed=renewed
     )
-    workers = queued_workers(nodes, queue, book, watch)
+    workers = queued_workers(nodes, triggers, watch)
     workers.start()
     watch.available.set()  # as start() leaves it once the probe answered
     informer = watch.informer

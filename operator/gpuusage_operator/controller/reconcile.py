@@ -282,7 +282,7 @@ class Reconciler:
                 if not self.marker.wrote(reason.uid, reason.version):
                     return True
             elif isinstance(reason, Gone):
-                if self.book.lists(name, {reason.uid}):
+                if self.book.lists(name, reason.uid):
                     return True
             elif reason in FRESHNESS:
                 if self.staleness_flipped(name, now):

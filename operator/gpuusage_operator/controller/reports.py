@@ -70,10 +70,10 @@ class ReportBook:
         memory = self._reports.get(name)
         return memory is not None and memory.sighting.stale
 
-    def lists(self, name: str, uids: set[str]) -> bool:
-        """Whether the report's status lists any of these pods."""
+    def lists(self, name: str, uid: str) -> bool:
+        """Whether the report's status lists this pod."""
         memory = self._reports.get(name)
-        return memory is not None and not memory.listing.isdisjoint(uids)
+        return memory is not None and uid in memory.listing
 
     def clock_skews(self) -> dict[str, float]:
         """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
