@@ -97,7 +97,7 @@ class NodeReader:
                 notes.append(nvml_note(self.setup, reading.errors))
             reading = replace(reading, source=with_notes(reading.source, notes))
         now = self.clock()
-        found = {pid: self.resolver.resolve(pid) for pid in reading_pids(reading)}
+        found = self.resolver.resolve_all(reading_pids(reading))
         self.resolver.end_cycle()
         reading, idle = judge_activity(self.activity, reading, now)
         allocated = None
@@ -209,6 +209,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         return _loop(settings, reader, stop)
     finally:
         source.close()
+        resolver.close()
 
 
 def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) -> int:

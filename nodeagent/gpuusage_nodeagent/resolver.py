@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from gpuusage_nodeagent.cgroup import (
     UnparseableCgroup,
     parse_cgroup_file,
 )
+from gpuusage_nodeagent.identity import Identities, Identity, identities_for
 
 MAX_NAME = 64
 DEFAULT_GRACE = 120.0
@@ -90,20 +91,18 @@ def carried_over(last: Resolved, problem: str, failing_for: float, grace: float)
     )
 
 
-FileId = tuple[int, int]
-
-
 class Resolver:
     """pid → Resolved, with a cache keyed by (pid, start time).
 
     Reading a start time costs an open and a read per process per cycle, the largest part of a
-    cycle at hundreds of GPU processes. A cheaper stat of the same file tells whether it is
-    still the file the start time was read from: procfs creates a new inode (new number, new
-    time) for a new process under a reused pid, so an unchanged (inode, mtime) is the same
-    process, and anything else falls back to reading the start time.
+    cycle at hundreds of GPU processes. An identity of the process, read for all listed pids
+    at once (see identity: a pidfd polled, or a stat of its stat file), tells whether it is
+    still the process the start time was read from; anything else falls back to reading the
+    start time.
 
     `clock` (monotonic seconds) times how long a process's files have been unreadable.
     `roots`: the kubelet's cgroup root per hierarchy (cgroup.kubelet_roots), where known.
+    `identities`: by default pidfds where the proc root is the agent's own, stat elsewhere.
     """
 
     def __init__(
@@ -114,8 +113,10 @@ class Resolver:
         clock: Callable[[], float] = time.monotonic,
         roots: Roots | None = None,
         boot_clock: Callable[[], float | None] | None = None,
+        identities: Identities | None = None,
     ) -> None:
         self.proc_root = proc_root
+        self._ids = identities if identities is not None else identities_for(proc_root)
         self.roots = roots or {}
         self._boot_clock = boot_clock or (lambda: procfs.uptime(proc_root))
         """Seconds since boot (the proc root's uptime); None: not known, no reuse judged."""
@@ -123,19 +124,18 @@ class Resolver:
         """pid → when (seconds since boot) NVML began listing it, while it stays listed."""
         self.grace = grace
         self._clock = clock
-        self._prefix = f"{proc_root}/"
         self._cache: dict[tuple[int, int], Resolved] = {}
         self._seen: set[tuple[int, int]] = set()
-        self._identity: dict[int, tuple[tuple[int, int], FileId]] = {}
-        """pid → (cache key, identity of its stat file when the key was read)."""
+        self._identity: dict[int, tuple[tuple[int, int], Identity]] = {}
+        """pid → (cache key, the process's identity when the key was read)."""
         self._last: dict[int, tuple[int, Resolved]] = {}
         """pid → (start time, the last attribution read successfully), while it is listed."""
         self._failing: dict[int, float] = {}
         """pid → when its files were first found unreadable (clock), while they stay so."""
         self._listed: set[int] = set()
         self._steady: dict[int, Resolved] = {}
-        """pid → the answer for a process resolved without a problem: while its stat file keeps
-        the identity in `_identity`, the answer stands (a process's start time, cgroup and
+        """pid → the answer for a process resolved without a problem: while it keeps the
+        identity in `_identity`, the answer stands (a process's start time, cgroup and
         name do not change, and it was listed without a break since)."""
         self._listed_before: set[int] = set()
         self._settled = True
@@ -143,8 +143,16 @@ class Resolver:
         self.reads = 0  # cgroup files read; lets tests and metrics see the cache working
 
     def resolve(self, pid: int) -> Resolved:
+        return self.resolve_all((pid,))[pid]
+
+    def resolve_all(self, pids: Iterable[int]) -> dict[int, Resolved]:
+        """Each listed pid's answer; their identities are read in one go."""
+        listed = list(pids)
+        identities = self._ids.of(listed)
+        return {pid: self._resolve(pid, identities[pid]) for pid in listed}
+
+    def _resolve(self, pid: int, identity: Identity | None) -> Resolved:
         self._listed.add(pid)
-        identity = self._stat_identity(pid)
         known = self._identity.get(pid)
         steady = self._steady.get(pid)
         if steady is not None and known is not None and identity == known[1]:
@@ -177,17 +185,9 @@ class Resolver:
         since = self._failing.setdefault(pid, self._clock())
         return carried_over(last[1], found.error or "", self._clock() - since, self.grace)
 
-    def _stat_identity(self, pid: int) -> FileId | None:
-        """(inode, mtime) of the pid's stat file: its identity, see the class docstring."""
-        try:
-            st = os.stat(f"{self._prefix}{pid}/stat")
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns
-
-    def _read(self, pid: int, identity: FileId | None) -> tuple[int | None, Resolved]:
-        """(start time if known, what the files say) for one pid whose stat file has
-        `identity` now."""
+    def _read(self, pid: int, identity: Identity | None) -> tuple[int | None, Resolved]:
+        """(start time if known, what the files say) for one pid whose process has `identity`
+        now."""
         known = self._identity.get(pid)
         if identity is not None and known is not None and known[1] == identity:
             cached = self._cache.get(known[0])
@@ -240,6 +240,7 @@ class Resolver:
             # The same processes as last cycle, each answered as then: nothing to forget.
             self._seen, self._listed = set(), set()
             return
+        self._ids.forget_except(self._listed)
         self._listed_before, self._settled = self._listed, True
         self._cache = {k: v for k, v in self._cache.items() if k in self._seen}
         self._identity = {pid: v for pid, v in self._identity.items() if v[0] in self._seen}
@@ -251,6 +252,10 @@ class Resolver:
         self._steady = {pid: v for pid, v in self._steady.items() if pid in self._listed}
         self._seen = set()
         self._listed = set()
+
+    def close(self) -> None:
+        """Release what the identities hold (pidfds)."""
+        self._ids.close()
 
     def __len__(self) -> int:
         return len(self._cache)

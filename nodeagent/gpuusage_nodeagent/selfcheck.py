@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuusage import procfs
 from gpuusage.api.models import MAX_MESSAGE, Source, safe_text
 
 _NO_LIBRARY = ("LibraryNotFound", "FunctionNotFound")
@@ -43,17 +44,12 @@ class Setup:
 def gather(
     proc_root: Path, env: Mapping[str, str] | None = None, dev: Path = Path("/dev")
 ) -> Setup:
-    """The facts, read once: whether `<proc_root>/self` is the agent's own pid (procfs names
-    the reader's pid in the namespace the mount belongs to), the driver's control device, the
-    runtime's variable."""
+    """The facts, read once: whether the proc root shows the agent's own pid namespace, the
+    driver's control device, the runtime's variable."""
     env = os.environ if env is None else env
-    try:
-        own: bool | None = os.readlink(proc_root / "self") == str(os.getpid())
-    except OSError:
-        own = None
     return Setup(
         proc_root=proc_root,
-        own_pid_namespace=own,
+        own_pid_namespace=procfs.own_pid_namespace(proc_root),
         device_nodes=(dev / "nvidiactl").exists(),
         visible_devices=env.get("NVIDIA_VISIBLE_DEVICES"),
     )

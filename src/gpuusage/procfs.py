@@ -72,3 +72,13 @@ def uptime(proc_root: Path = DEFAULT_PROC_ROOT) -> float | None:
             return float(f.read(64).split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def own_pid_namespace(proc_root: Path = DEFAULT_PROC_ROOT) -> bool | None:
+    """Whether `proc_root` shows the reader's own pid namespace: procfs names the reader's pid,
+    as the namespace the mount belongs to numbers it, in `self`. None: cannot tell (no `self`,
+    as in a test's tree)."""
+    try:
+        return os.readlink(proc_root / "self") == str(os.getpid())
+    except OSError:
+        return None

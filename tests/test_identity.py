@@ -1,0 +1,191 @@
+"""Process identities on this machine's real /proc, with real child processes: a live process
+keeps its identity, an exited one loses it, and pidfds are held only while their pids are
+listed."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuusage_nodeagent.identity import (
+    Identities,
+    PidfdIdentities,
+    StatIdentities,
+    identities_for,
+)
+from gpuusage_nodeagent.resolver import Resolver
+
+PROC = Path("/proc")
+needs_pidfd = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no os.pidfd_open here")
+SOURCES: dict[str, Callable[[], Identities]] = {
+    "stat": lambda: StatIdentities(PROC),
+    "pidfd": lambda: PidfdIdentities(PROC, limit=64),
+}
+
+
+@pytest.fixture
+def children() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        child = subprocess.Popen(["sleep", "600"])
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.kill()
+        child.wait()
+
+
+def exited_unreaped(child: subprocess.Popen[bytes]) -> None:
+    """Kill the child and return once it has exited, leaving it a zombie (its pid and /proc
+    entry stay until it is reaped)."""
+    child.send_signal(signal.SIGKILL)
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("kind", [pytest.param("stat"), pytest.param("pidfd", marks=needs_pidfd)])
+def test_a_live_process_keeps_its_identity_and_a_reaped_one_has_none(
+    kind: str, children: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    ids = SOURCES[kind]()
+    child = children()
+    first = ids.of([child.pid])[child.pid]
+    assert first is not None
+    assert ids.of([child.pid])[child.pid] == first, "the same process, the same identity"
+    child.kill()
+    child.wait()
+    assert ids.of([child.pid])[child.pid] is None
+    ids.close()
+
+
+@needs_pidfd
+def test_an_exited_process_loses_its_pidfd_identity_and_keeps_a_stat_one(
+    children: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    """The pidfd says the process exited; the zombie NVML may still list keeps its /proc
+    entry, so the pid goes on under its stat identity, without a pidfd opened again each
+    cycle."""
+    ids, stat = PidfdIdentities(PROC, limit=64), StatIdentities(PROC)
+    child, other = children(), children()
+    alive = ids.of([child.pid, other.pid])
+    assert len(ids) == 2
+    exited_unreaped(child)
+    after = ids.of([child.pid, other.pid])
+    assert after[child.pid] != alive[child.pid]
+    assert after[child.pid] == stat.one(child.pid) is not None
+    assert after[other.pid] == alive[other.pid], "the other process is untouched"
+    assert ids.of([child.pid, other.pid]) == after, "the zombie's identity stays"
+    assert len(ids) == 1, "no pidfd is held for the exited process"
+    ids.close()
+
+
+@needs_pidfd
+def test_pidfds_are_held_only_while_their_pids_are_listed(
+    children: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    before = open_fds()
+    ids = PidfdIdentities(PROC, limit=64)
+    pids = [children().pid for _ in range(3)]
+    ids.of(pids)
+    assert (len(ids), open_fds()) == (3, before + 3)
+    ids.forget_except(pids[:1])
+    assert (len(ids), open_fds()) == (1, before + 1)
+    ids.close()
+    assert (len(ids), open_fds()) == (0, before)
+
+
+@needs_pidfd
+def test_pids_beyond_the_limit_use_stat(children: Callable[[], subprocess.Popen[bytes]]) -> None:
+    ids, stat = PidfdIdentities(PROC, limit=1), StatIdentities(PROC)
+    first, second = children().pid, children().pid
+    found = ids.of([first, second])
+    assert found[first] is not None
+    assert found[first] != stat.one(first), "a pidfd's identity"
+    assert found[second] == stat.one(second)
+    ids.close()
+
+
+def test_pidfds_only_for_the_agents_own_proc(tmp_path: Path) -> None:
+    """A pidfd names a pid as the agent's pid namespace numbers it: another proc root (the
+    host's /proc without hostPID, a test's tree) is read by stat."""
+    assert isinstance(identities_for(tmp_path), StatIdentities)
+    own = identities_for(PROC)
+    assert isinstance(own, PidfdIdentities if hasattr(os, "pidfd_open") else StatIdentities)
+    own.close()
+
+
+@needs_pidfd
+def test_the_resolver_on_pidfds_reads_a_process_once_and_sees_it_go(
+    children: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    before = open_fds()
+    resolver = Resolver(PROC)
+    child = children()
+    answers = []
+    for _ in range(3):
+        answers.append(resolver.resolve_all([child.pid])[child.pid])
+        resolver.end_cycle()
+    assert answers[0].error is None
+    assert answers[0].comm == "sleep"
+    assert answers == [answers[0]] * 3
+    assert resolver.reads == 1, "a process read once while its pidfd says it lives"
+    exited_unreaped(child)
+    zombie = resolver.resolve_all([child.pid])[child.pid]
+    resolver.end_cycle()
+    assert zombie == answers[0], "an exited process still listed is still the one read"
+    child.wait()
+    gone = resolver.resolve_all([child.pid])[child.pid]
+    assert gone.error is not None
+    assert "not found" in gone.error
+    resolver.end_cycle()
+    assert open_fds() == before
+    resolver.close()
+
+
+@needs_pidfd
+def test_the_resolver_lets_go_of_the_pidfds_of_pids_no_longer_listed(
+    children: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    before = open_fds()
+    resolver = Resolver(PROC)
+    kept, dropped = children().pid, children().pid
+    resolver.resolve_all([kept, dropped])
+    resolver.end_cycle()
+    assert open_fds() == before + 2
+    resolver.resolve_all([kept])
+    resolver.end_cycle()
+    assert open_fds() == before + 1, "the pidfd of a live process no longer listed is closed"
+    resolver.close()
+    assert open_fds() == before
+
+
+@needs_pidfd
+def test_a_refused_pidfd_open_is_not_asked_again(
+    children: Callable[[], subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seccomp profile that refuses pidfd_open: stat from then on, no call per pid and
+    cycle."""
+    calls: list[int] = []
+
+    def refused(pid: int, flags: int = 0) -> int:
+        calls.append(pid)
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    ids, stat = PidfdIdentities(PROC, limit=64), StatIdentities(PROC)
+    pids = [children().pid, children().pid]
+    for _ in range(3):
+        assert ids.of(pids) == stat.of(pids)
+    assert len(calls) == 1
