@@ -8,6 +8,11 @@ the host's /proc, the report's fingerprint and the write rule) and one round of 
 ctypes into arrays allocated beforehand, so that nothing of the agent's is in the floor. The
 order within a pair alternates, so that drift falls on both sides alike.
 
+Three sides take turns: the agent's cycle as it runs (the resolver on pidfds), the same cycle
+with the resolver on a stat per pid (as before pidfds, and as where pidfd_open is refused), and
+the bare calls. After the pairs, `--breakdown` cycles more, with every NVML call the cycle
+makes timed and the cycle's stages timed apart, to show where the agent's own share goes.
+
     python benchmarks/agent_cycle_gpu.py [--tenants 64] [--busy 0.5] [--pairs 40] [--every 1]
 
 Needs a GPU, NVML, the CUDA driver, and the agent's packages (devtools/gpu-suite.sh's setup).
@@ -31,11 +36,17 @@ import pynvml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests package (the tenants)
 
+from gpuusage_nodeagent.caps import capped  # noqa: E402
 from gpuusage_nodeagent.change import decide  # noqa: E402
-from gpuusage_nodeagent.main import NodeReader  # noqa: E402
+from gpuusage_nodeagent.identity import StatIdentities  # noqa: E402
+from gpuusage_nodeagent.main import NodeReader, judge_activity  # noqa: E402
+from gpuusage_nodeagent.report import AttributedReading, reading_pids  # noqa: E402
+from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
 from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
+from gpuusage_nodeagent.visibility import with_blind_devices  # noqa: E402
 from tests.gpu.machine import Tenants, agent, no_gpu_reason  # noqa: E402
 
+PROC = Path("/proc")
 ROOM = 1024
 """Entries in each preallocated array: more than the tenants and samples a read can return."""
 NOT_FOUND = 6
@@ -81,6 +92,89 @@ THRESHOLD_MIB = DEFAULTS["memory_threshold_mib"].default
 """The write rule as the default install runs it."""
 
 
+def stat_agent() -> NodeReader:
+    """The agent's reader with its resolver on a stat per pid instead of pidfds."""
+    reader = agent()
+    reader.resolver = Resolver(PROC, identities=StatIdentities(PROC))
+    return reader
+
+
+class CallTimer:
+    """Times every pynvml function and C function the cycle calls, outermost calls only (a
+    pynvml wrapper's own C call is inside it)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._depth = 0
+        self._saved: dict[str, Any] = {}
+
+    def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return fn(*args, **kwargs)
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - start) * 1000
+                self.calls[name] = self.calls.get(name, 0) + 1
+                self._depth -= 1
+
+        return call
+
+    def install(self) -> None:
+        for name in dir(pynvml):
+            fn = getattr(pynvml, name)
+            if name.startswith("nvml") and callable(fn) and not isinstance(fn, type):
+                self._saved[name] = fn
+                setattr(pynvml, name, self._timed(name, fn))
+        lookup = pynvml._nvmlGetFunctionPointer
+        self._saved["_nvmlGetFunctionPointer"] = lookup
+        pynvml._nvmlGetFunctionPointer = lambda symbol: self._timed(symbol, lookup(symbol))
+
+    def remove(self) -> None:
+        for name, fn in self._saved.items():
+            setattr(pynvml, name, fn)
+
+
+def breakdown(reader: NodeReader, cycles: int, every: float) -> dict[str, Any]:
+    """Where a cycle's time goes: the NVML calls (ms and calls per cycle), and the stages
+    (wall ms per cycle; `read_python` is the reading's own code, outside the calls)."""
+    timer, stages = CallTimer(), {"read": 0.0, "resolve": 0.0, "activity": 0.0, "write_rule": 0.0}
+    timer.install()
+    try:
+        for _ in range(cycles):
+            started = time.monotonic()
+            t0 = time.perf_counter()
+            reading = capped(with_blind_devices(reader.source.read(), reader.allowance))
+            t1 = time.perf_counter()
+            found = reader.resolver.resolve_all(reading_pids(reading))
+            reader.resolver.end_cycle()
+            t2 = time.perf_counter()
+            now = datetime.now(UTC)
+            reading, idle = judge_activity(reader.activity, reading, now)
+            t3 = time.perf_counter()
+            new = AttributedReading("n", now, reading, found, None, idle).fingerprint()
+            decide(None, None, new, now, heartbeat=REFRESH, threshold_mib=THRESHOLD_MIB)
+            t4 = time.perf_counter()
+            for name, took in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                stages[name] += took * 1000
+            time.sleep(max(0.0, every - (time.monotonic() - started)))
+    finally:
+        timer.remove()
+    calls_ms = sum(timer.ms.values())
+    result: dict[str, Any] = {"cycles": cycles}
+    result["stages_ms"] = {k: round(v / cycles, 3) for k, v in stages.items()}
+    result["stages_ms"]["read_python"] = round((stages["read"] - calls_ms) / cycles, 3)
+    result["nvml_ms"] = {
+        name: {"ms": round(ms / cycles, 4), "calls": round(timer.calls[name] / cycles, 2)}
+        for name, ms in sorted(timer.ms.items(), key=lambda kv: -kv[1])
+    }
+    return result
+
+
 def agent_cycle(reader: NodeReader) -> Callable[[], None]:
     """One cycle as the agent makes it: read, then decide on a write (the spec is built only
     for a write, which a steady node makes every report refresh; not timed here)."""
@@ -122,6 +216,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--every", type=float, default=1.0, help="seconds between pairs")
+    parser.add_argument("--breakdown", type=int, default=20, help="cycles timed call by call")
     parser.add_argument("--output", type=Path, help="also write the result (JSON) here")
     args = parser.parse_args()
     if (reason := no_gpu_reason()) is not None:
@@ -131,13 +226,17 @@ def main() -> None:
         tenants.start_many(args.tenants, mib=64, busy=args.busy)
         pynvml.nvmlInit()
         floor = Floor(pynvml.nvmlDeviceGetHandleByIndex(0))
-        reader = agent()
-        cycle = agent_cycle(reader)
-        sides: dict[str, list[tuple[float, float]]] = {"cycle": [], "floor": []}
+        reader, on_stat = agent(), stat_agent()
+        calls: list[tuple[str, Callable[[], None]]] = [
+            ("cycle", agent_cycle(reader)),
+            ("cycle_stat", agent_cycle(on_stat)),
+            ("floor", floor),
+        ]
+        sides: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in calls}
         for pair in range(args.warmup + args.pairs):
             started = time.monotonic()
-            order = [("cycle", cycle), ("floor", floor)]
-            for name, call in order if pair % 2 == 0 else order[::-1]:
+            turn = pair % len(calls)  # each side first, second and last in turn
+            for name, call in calls[turn:] + calls[:turn]:
                 took = timed(call)
                 if pair >= args.warmup:
                     sides[name].append(took)
@@ -153,17 +252,23 @@ def main() -> None:
             "pairs": args.pairs,
             "every_s": args.every,
             "python": sys.version.split()[0],
+            "identities": type(reader.resolver.identities).__name__,
         }
         for unit, index in (("wall_ms", 0), ("cpu_ms", 1)):
-            cycles = [took[index] for took in sides["cycle"]]
             floors = [took[index] for took in sides["floor"]]
-            ratios = [c / f for c, f in zip(cycles, floors, strict=True) if f > 0]
-            result[unit] = {
-                "cycle": summary(cycles),
-                "unavoidable": summary(floors),
-                "ratio_of_means": round(statistics.mean(cycles) / statistics.mean(floors), 3),
-                "ratio_p50_of_pairs": round(sorted(ratios)[len(ratios) // 2], 3),
-            }
+            result[unit] = {"unavoidable": summary(floors)}
+            for side in ("cycle", "cycle_stat"):
+                cycles = [took[index] for took in sides[side]]
+                ratios = [c / f for c, f in zip(cycles, floors, strict=True) if f > 0]
+                result[unit][side] = summary(cycles)
+                result[unit][f"{side}_ratio_of_means"] = round(
+                    statistics.mean(cycles) / statistics.mean(floors), 3
+                )
+                result[unit][f"{side}_ratio_p50_of_pairs"] = round(
+                    sorted(ratios)[len(ratios) // 2], 3
+                )
+        if args.breakdown:
+            result["breakdown"] = breakdown(reader, args.breakdown, args.every)
     finally:
         tenants.close()
     text = json.dumps(result, indent=2)

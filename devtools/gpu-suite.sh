@@ -2,9 +2,10 @@
 # The real-GPU suite (tests/gpu) on a GPU machine, as root, without the project's virtualenv:
 # the wheels devtools/gpu-wheels.sh fetched into .whl are installed into /tmp/site first.
 # Then the agent's cycle on the real driver beside the calls it cannot avoid
-# (benchmarks/agent_cycle_gpu.py). Arguments go to pytest (say --timeout 180).
+# (benchmarks/agent_cycle_gpu.py; GPUUSAGE_GPU_BENCH below). Arguments go to pytest (say
+# --timeout 180).
 # Figures go to $GPUUSAGE_GPU_FIGURES (default: gpu-figures.json, or $OUT/ where that is set)
-# and agent-cycle-gpu.json beside it; the exit status is the suite's.
+# and the benchmark's beside it; the exit status is the suite's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G '.whl/*.whl' >/dev/null; then
@@ -20,6 +21,16 @@ uname -r; python3 --version
 # tests/conftest.py (the control plane's fixtures) is not needed here: stop at tests/gpu.
 status=0
 python3 -m pytest -m gpu tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -v "$@" || status=$?
-python3 benchmarks/agent_cycle_gpu.py \
-  --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/agent-cycle-gpu.json" || true
+# GPUUSAGE_GPU_BENCH: the benchmark's runs, argument lists separated by ';' (each run's
+# figures to agent-cycle-gpu-<n>.json); unset: one run with its defaults; 'none': no run.
+IFS=';' read -r -a runs <<<"${GPUUSAGE_GPU_BENCH-}"
+[ "${#runs[@]}" -gt 0 ] || runs=("")
+[ "${GPUUSAGE_GPU_BENCH-}" != none ] || runs=()
+n=0
+for run in "${runs[@]}"; do
+  n=$((n + 1))
+  # shellcheck disable=SC2086 # each run's arguments are split on purpose
+  python3 benchmarks/agent_cycle_gpu.py $run \
+    --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/agent-cycle-gpu-$n.json" || true
+done
 exit "$status"

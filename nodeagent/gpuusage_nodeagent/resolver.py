@@ -116,7 +116,7 @@ class Resolver:
         identities: Identities | None = None,
     ) -> None:
         self.proc_root = proc_root
-        self._ids = identities if identities is not None else identities_for(proc_root)
+        self.identities = identities if identities is not None else identities_for(proc_root)
         self.roots = roots or {}
         self._boot_clock = boot_clock or (lambda: procfs.uptime(proc_root))
         """Seconds since boot (the proc root's uptime); None: not known, no reuse judged."""
@@ -148,8 +148,8 @@ class Resolver:
     def resolve_all(self, pids: Iterable[int]) -> dict[int, Resolved]:
         """Each listed pid's answer; their identities are read in one go."""
         listed = list(pids)
-        identities = self._ids.of(listed)
-        return {pid: self._resolve(pid, identities[pid]) for pid in listed}
+        ids = self.identities.of(listed)
+        return {pid: self._resolve(pid, ids[pid]) for pid in listed}
 
     def _resolve(self, pid: int, identity: Identity | None) -> Resolved:
         self._listed.add(pid)
@@ -240,7 +240,7 @@ class Resolver:
             # The same processes as last cycle, each answered as then: nothing to forget.
             self._seen, self._listed = set(), set()
             return
-        self._ids.forget_except(self._listed)
+        self.identities.forget_except(self._listed)
         self._listed_before, self._settled = self._listed, True
         self._cache = {k: v for k, v in self._cache.items() if k in self._seen}
         self._identity = {pid: v for pid, v in self._identity.items() if v[0] in self._seen}
@@ -255,7 +255,7 @@ class Resolver:
 
     def close(self) -> None:
         """Release what the identities hold (pidfds)."""
-        self._ids.close()
+        self.identities.close()
 
     def __len__(self) -> int:
         return len(self._cache)

@@ -23,6 +23,7 @@ import pytest
 from gpuusage_nodeagent.activity import seconds_needed
 from gpuusage_nodeagent.driverfacts import CONTEXT_ALLOWANCE_MIB
 from gpuusage_nodeagent.gpusource.drivermodel import MPS_SERVER
+from gpuusage_nodeagent.identity import PidfdIdentities
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.visibility import REASON, unexplained_mib
 from tests.gpu.machine import REPO, Pod, Tenants, agent, cycles
@@ -178,6 +179,41 @@ def test_no_blind_read_while_tenants_are_killed(tenants: Tenants, figures: dict[
     figures["reads_while_killing"] = {"reads": reads[0], "blind_or_failed": blind[0]}
     assert reads[0] > 10
     assert blind[0] == 0
+
+
+def test_attribution_on_pidfds_while_tenants_come_and_go(
+    tenants: Tenants, cgroups: Path, figures: dict[str, Any]
+) -> None:
+    """The resolver tells a pid's process apart by a pidfd (the agent's own /proc): tenants
+    killed and new ones started between cycles are each their own pod's, and the pidfds held
+    are those of the tenants still listed."""
+    pods = [Pod() for _ in range(4)]
+    pids = {tenants.start(mib=256, cgroup=pod.cgroup(cgroups, "systemd")): pod for pod in pods}
+    reader = agent()
+    assert isinstance(reader.resolver.identities, PidfdIdentities)
+    first = _processes(reader.read(), set(pids))
+    assert {pid: p.pod_uid for pid, p in first.items()} == {pid: p.uid for pid, p in pids.items()}
+    gone = list(pids)[:2]
+    for pid in gone:
+        tenants.kill(pid)
+        del pids[pid]
+    newer = [Pod() for _ in range(2)]
+    pids |= {tenants.start(mib=256, cgroup=pod.cgroup(cgroups, "cgroupfs")): pod for pod in newer}
+    reads = 0
+    for read in cycles(reader, 30, every=0.5):
+        reads += 1
+        listed = {p.pid for p in _first_gpu(read).processes}
+        found = _processes(read, set(pids))
+        assert {pid: p.pod_uid for pid, p in found.items()} == {
+            pid: pids[pid].uid for pid in found
+        }, "every listed tenant its own pod's"
+        if set(pids) <= listed and not listed & set(gone):
+            break
+    assert set(pids) <= listed
+    assert not listed & set(gone), "the killed tenants are no longer listed"
+    held = len(reader.resolver.identities)
+    figures["pidfds"] = {"reads_until_settled": reads, "held": held, "listed": len(listed)}
+    assert held == len(listed), "a pidfd for each listed process, none for the killed"
 
 
 @pytest.mark.skipif(not shutil.which("nvidia-cuda-mps-control"), reason="no MPS control daemon")
