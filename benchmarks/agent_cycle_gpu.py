@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))  # the tests package (the tenants)
 from gpuusage_nodeagent.caps import capped  # noqa: E402
 from gpuusage_nodeagent.change import decide  # noqa: E402
 from gpuusage_nodeagent.identity import StatIdentities  # noqa: E402
-from gpuusage_nodeagent.main import NodeReader, judge_activity  # noqa: E402
+from gpuusage_nodeagent.main import NodeReader, judge_activity, settle_memory  # noqa: E402
 from gpuusage_nodeagent.report import AttributedReading, reading_pids  # noqa: E402
 from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
 from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
@@ -67,6 +67,7 @@ class Floor:
         self.lists = [(pynvml.c_nvmlProcessInfo_v3_t * ROOM)() for _ in LISTS]
         self.sampler = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
         self.listers = [pynvml._nvmlGetFunctionPointer(name) for name in LISTS]
+        self.memory, self.uuid = pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlDeviceGetUUID
         self.cursor = 0
 
     def __call__(self) -> None:
@@ -82,8 +83,8 @@ class Floor:
             code = lister(self.handle, ctypes.byref(listed), array)
             if code != 0:
                 raise pynvml.NVMLError(code)
-        pynvml.nvmlDeviceGetMemoryInfo(self.handle, version=pynvml.nvmlMemory_v2)
-        pynvml.nvmlDeviceGetUUID(self.handle)
+        self.memory(self.handle, version=pynvml.nvmlMemory_v2)
+        self.uuid(self.handle)
 
 
 DEFAULTS = AgentSettings.model_fields
@@ -139,14 +140,21 @@ class CallTimer:
             setattr(pynvml, name, fn)
 
 
-def breakdown(reader: NodeReader, cycles: int, every: float) -> dict[str, Any]:
+def breakdown(reader: NodeReader, handle: Any, cycles: int, every: float) -> dict[str, Any]:
     """Where a cycle's time goes: the NVML calls (ms and calls per cycle), and the stages
-    (wall ms per cycle; `read_python` is the reading's own code, outside the calls)."""
+    (wall ms per cycle; `read_python` is the reading's own code, outside the calls). The bare
+    calls are timed too, each cycle after the agent's (`floor_nvml_ms`), so that the two
+    sides' calls compare under the same conditions."""
     timer, stages = CallTimer(), {"read": 0.0, "resolve": 0.0, "activity": 0.0, "write_rule": 0.0}
+    floor_timer = CallTimer()
+    floor_timer.install()
+    floor = Floor(handle)  # its function pointers, timed
+    floor_timer.remove()
     timer.install()
     try:
         for _ in range(cycles):
             started = time.monotonic()
+            floor()
             t0 = time.perf_counter()
             reading = capped(with_blind_devices(reader.source.read(), reader.allowance))
             t1 = time.perf_counter()
@@ -168,10 +176,11 @@ def breakdown(reader: NodeReader, cycles: int, every: float) -> dict[str, Any]:
     result: dict[str, Any] = {"cycles": cycles}
     result["stages_ms"] = {k: round(v / cycles, 3) for k, v in stages.items()}
     result["stages_ms"]["read_python"] = round((stages["read"] - calls_ms) / cycles, 3)
-    result["nvml_ms"] = {
-        name: {"ms": round(ms / cycles, 4), "calls": round(timer.calls[name] / cycles, 2)}
-        for name, ms in sorted(timer.ms.items(), key=lambda kv: -kv[1])
-    }
+    for key, timing in (("nvml_ms", timer), ("floor_nvml_ms", floor_timer)):
+        result[key] = {
+            name: {"ms": round(ms / cycles, 4), "calls": round(timing.calls[name] / cycles, 2)}
+            for name, ms in sorted(timing.ms.items(), key=lambda kv: -kv[1])
+        }
     return result
 
 
@@ -233,6 +242,7 @@ def main() -> None:
             ("floor", floor),
         ]
         sides: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in calls}
+        settle_memory()  # as the agent does before its first cycle
         for pair in range(args.warmup + args.pairs):
             started = time.monotonic()
             turn = pair % len(calls)  # each side first, second and last in turn
@@ -268,7 +278,7 @@ def main() -> None:
                     sorted(ratios)[len(ratios) // 2], 3
                 )
         if args.breakdown:
-            result["breakdown"] = breakdown(reader, args.breakdown, args.every)
+            result["breakdown"] = breakdown(reader, floor.handle, args.breakdown, args.every)
     finally:
         tenants.close()
     text = json.dumps(result, indent=2)

@@ -109,6 +109,8 @@ def _used_mib(used_bytes: int) -> int | None:
     return None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
 
 
+_UNNAMED = "\0"
+"""A pid whose name was not asked for yet (no name NVML gives is a NUL: see clean_name)."""
 Merged = dict[int, tuple[tuple[ProcessType, ...], int | None]]
 """pid → (the lists it is in, its memory in MiB or None)."""
 
@@ -158,6 +160,12 @@ class GarbledProcessList(Exception):
 def impossible(pid: int) -> bool:
     """A pid no process can have (0, above PID_MAX_LIMIT: 0xFFFFFFFF and other garbage)."""
     return not 1 <= pid <= MAX_PID
+
+
+def plausible(rows: list[tuple[int, int]]) -> bool:
+    """Whether every (pid, ...) row of a non-empty list has a possible pid: its lowest and
+    highest pids are checked, not every one (a cycle reads hundreds)."""
+    return not impossible(min(rows)[0]) and not impossible(max(rows)[0])
 
 
 SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil")
@@ -530,7 +538,9 @@ class NvmlSource:
                 log.info("%s process list: no %s call (%s); trying the next", kind, call, exc)
                 self._list_call[kind] = index + 1
                 continue
-            bad = [pid for pid, _ in rows if impossible(pid)]
+            bad = (
+                [pid for pid, _ in rows if impossible(pid)] if rows and not plausible(rows) else []
+            )
             if not bad:
                 if garbled and self._list_call.get(kind, 0) != index:
                     log.warning(
@@ -640,7 +650,10 @@ class NvmlSource:
         if len(listed) == 1:  # the usual case: one list, nothing to merge
             kind, entries = listed[0]
             only: tuple[ProcessType, ...] = (kind,)
-            merged: Merged = {pid: (only, _used_mib(used)) for pid, used in entries}
+            merged: Merged = {
+                pid: (only, None if used == NOT_AVAILABLE else min(used // MIB, MAX_MIB))
+                for pid, used in entries
+            }  # _used_mib, inlined: a call per process was a tenth of the reading's own time
         else:
             merged = self._merged(listed)
         utilization = self._process_utilization(handle, uuid) if with_utilization else None
@@ -652,12 +665,10 @@ class NvmlSource:
         )  # no sample since the last reading: no engine ran it (the driver samples all)
         names, seen = self._names, self._names_seen
         processes = []
-        for pid in sorted(merged):
-            types, used = merged[pid]
+        for pid, (types, used) in sorted(merged.items()):
             sm, mem, busy = samples.get(pid, quiet)
-            if pid in names:
-                name = names[pid]
-            else:
+            name = names.get(pid, _UNNAMED)
+            if name is _UNNAMED:
                 name = clean_name(self._optional(nvml.nvmlSystemGetProcessName, pid))
             seen[pid] = name
             processes.append(RawProcess(pid, name, used, types, sm, mem, activity(types, busy)))

@@ -16,10 +16,10 @@ from datetime import datetime
 from gpuusage_nodeagent.gpusource.drivermodel import Sample
 
 
-def any_engine(*percents: int | None) -> bool:
+def any_engine(sm: int, mem: int, enc: int, dec: int) -> bool:
     """Whether a utilization sample shows work on any engine: SMs, the memory controller, the
     video encoder, the video decoder (a transcoding pod uses NVENC/NVDEC and no SM)."""
-    return any(p for p in percents if p)
+    return bool(sm or mem or enc or dec)
 
 
 @dataclass(frozen=True)
