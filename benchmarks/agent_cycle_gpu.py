@@ -36,14 +36,12 @@ import pynvml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests package (the tenants)
 
-from gpuusage_nodeagent.caps import capped  # noqa: E402
+from gpuusage_nodeagent import main as agent_main  # noqa: E402
 from gpuusage_nodeagent.change import decide  # noqa: E402
 from gpuusage_nodeagent.identity import StatIdentities  # noqa: E402
-from gpuusage_nodeagent.main import NodeReader, judge_activity, settle_memory  # noqa: E402
-from gpuusage_nodeagent.report import AttributedReading, reading_pids  # noqa: E402
+from gpuusage_nodeagent.main import NodeReader, settle_memory  # noqa: E402
 from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
 from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
-from gpuusage_nodeagent.visibility import with_blind_devices  # noqa: E402
 from tests.gpu.machine import Tenants, agent, no_gpu_reason  # noqa: E402
 
 PROC = Path("/proc")
@@ -101,14 +99,14 @@ def stat_agent() -> NodeReader:
 
 
 class CallTimer:
-    """Times every pynvml function and C function the cycle calls, outermost calls only (a
-    pynvml wrapper's own C call is inside it)."""
+    """Times the callables it patches in place, outermost calls only (a pynvml wrapper's own C
+    call is inside it): wall ms and calls, by name, until `remove`."""
 
     def __init__(self) -> None:
         self.ms: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self._depth = 0
-        self._saved: dict[str, Any] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
 
     def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -125,57 +123,64 @@ class CallTimer:
 
         return call
 
-    def install(self) -> None:
+    def patch(self, owner: Any, attribute: str, name: str) -> None:
+        """Time `owner.attribute` under `name`."""
+        fn = getattr(owner, attribute)
+        self._saved.append((owner, attribute, fn))
+        setattr(owner, attribute, self._timed(name, fn))
+
+    def install_nvml(self) -> None:
+        """Time every pynvml function, and every C function looked up meanwhile."""
         for name in dir(pynvml):
             fn = getattr(pynvml, name)
             if name.startswith("nvml") and callable(fn) and not isinstance(fn, type):
-                self._saved[name] = fn
-                setattr(pynvml, name, self._timed(name, fn))
+                self.patch(pynvml, name, name)
         lookup = pynvml._nvmlGetFunctionPointer
-        self._saved["_nvmlGetFunctionPointer"] = lookup
+        self._saved.append((pynvml, "_nvmlGetFunctionPointer", lookup))
         pynvml._nvmlGetFunctionPointer = lambda symbol: self._timed(symbol, lookup(symbol))
 
     def remove(self) -> None:
-        for name, fn in self._saved.items():
-            setattr(pynvml, name, fn)
+        for owner, attribute, fn in reversed(self._saved):
+            setattr(owner, attribute, fn)
+        self._saved = []
 
 
 def breakdown(reader: NodeReader, handle: Any, cycles: int, every: float) -> dict[str, Any]:
-    """Where a cycle's time goes: the NVML calls (ms and calls per cycle), and the stages
-    (wall ms per cycle; `read_python` is the reading's own code, outside the calls). The bare
-    calls are timed too, each cycle after the agent's (`floor_nvml_ms`), so that the two
-    sides' calls compare under the same conditions."""
-    timer, stages = CallTimer(), {"read": 0.0, "resolve": 0.0, "activity": 0.0, "write_rule": 0.0}
-    floor_timer = CallTimer()
-    floor_timer.install()
+    """Where the time of the benchmark's own cycle (agent_cycle) goes: the NVML calls (ms and
+    calls per cycle), and its stages (wall ms per cycle): `read` the source's reading with the
+    visibility rule and the caps, of which `read_python` is outside the calls; `resolve`,
+    `activity`; `write_rule` the rest (the fingerprint and the write rule). The bare calls are
+    timed too, each cycle before the agent's (`floor_nvml_ms`), so that the two sides' calls
+    compare under the same conditions."""
+    floor_timer, timer, stages = CallTimer(), CallTimer(), CallTimer()
+    floor_timer.install_nvml()
     floor = Floor(handle)  # its function pointers, timed
     floor_timer.remove()
-    timer.install()
+    cycle, total = agent_cycle(reader), 0.0
+    for owner, attribute, stage in (
+        (reader.source, "read", "read"),
+        (agent_main, "with_blind_devices", "read"),
+        (agent_main, "capped", "read"),
+        (reader.resolver, "resolve_all", "resolve"),
+        (reader.resolver, "end_cycle", "resolve"),
+        (agent_main, "judge_activity", "activity"),
+    ):
+        stages.patch(owner, attribute, stage)
+    timer.install_nvml()
     try:
         for _ in range(cycles):
             started = time.monotonic()
             floor()
-            t0 = time.perf_counter()
-            reading = capped(with_blind_devices(reader.source.read(), reader.allowance))
-            t1 = time.perf_counter()
-            found = reader.resolver.resolve_all(reading_pids(reading))
-            reader.resolver.end_cycle()
-            t2 = time.perf_counter()
-            now = datetime.now(UTC)
-            reading, idle = judge_activity(reader.activity, reading, now)
-            t3 = time.perf_counter()
-            new = AttributedReading("n", now, reading, found, None, idle).fingerprint()
-            decide(None, None, new, now, heartbeat=REFRESH, threshold_mib=THRESHOLD_MIB)
-            t4 = time.perf_counter()
-            for name, took in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                stages[name] += took * 1000
+            total += timed(cycle)[0]
             time.sleep(max(0.0, every - (time.monotonic() - started)))
     finally:
         timer.remove()
-    calls_ms = sum(timer.ms.values())
+        stages.remove()
+    per_cycle = {name: ms / cycles for name, ms in stages.ms.items()}
+    per_cycle["write_rule"] = total / cycles - sum(per_cycle.values())
+    per_cycle["read_python"] = per_cycle["read"] - sum(timer.ms.values()) / cycles
     result: dict[str, Any] = {"cycles": cycles}
-    result["stages_ms"] = {k: round(v / cycles, 3) for k, v in stages.items()}
-    result["stages_ms"]["read_python"] = round((stages["read"] - calls_ms) / cycles, 3)
+    result["stages_ms"] = {name: round(ms, 3) for name, ms in per_cycle.items()}
     for key, timing in (("nvml_ms", timer), ("floor_nvml_ms", floor_timer)):
         result[key] = {
             name: {"ms": round(ms / cycles, 4), "calls": round(timing.calls[name] / cycles, 2)}

@@ -19,7 +19,7 @@ from gpuusage_nodeagent.identity import (
     StatIdentities,
     identities_for,
 )
-from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.resolver import Resolved, Resolver
 
 PROC = Path("/proc")
 needs_pidfd = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no os.pidfd_open here")
@@ -53,6 +53,13 @@ def exited_unreaped(child: subprocess.Popen[bytes]) -> None:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def one_cycle(resolver: Resolver, pids: list[int]) -> dict[int, Resolved]:
+    """The resolver's answers for one agent cycle that lists `pids`."""
+    answers = resolver.resolve_all(pids)
+    resolver.end_cycle()
+    return answers
 
 
 @pytest.mark.parametrize("kind", [pytest.param("stat"), pytest.param("pidfd", marks=needs_pidfd)])
@@ -133,23 +140,18 @@ def test_the_resolver_on_pidfds_reads_a_process_once_and_sees_it_go(
     before = open_fds()
     resolver = Resolver(PROC)
     child = children()
-    answers = []
-    for _ in range(3):
-        answers.append(resolver.resolve_all([child.pid])[child.pid])
-        resolver.end_cycle()
+    answers = [one_cycle(resolver, [child.pid])[child.pid] for _ in range(3)]
     assert answers[0].error is None
     assert answers[0].comm == "sleep"
     assert answers == [answers[0]] * 3
     assert resolver.reads == 1, "a process read once while its pidfd says it lives"
     exited_unreaped(child)
-    zombie = resolver.resolve_all([child.pid])[child.pid]
-    resolver.end_cycle()
+    zombie = one_cycle(resolver, [child.pid])[child.pid]
     assert zombie == answers[0], "an exited process still listed is still the one read"
     child.wait()
-    gone = resolver.resolve_all([child.pid])[child.pid]
+    gone = one_cycle(resolver, [child.pid])[child.pid]
     assert gone.error is not None
     assert "not found" in gone.error
-    resolver.end_cycle()
     assert open_fds() == before
     resolver.close()
 
@@ -161,11 +163,9 @@ def test_the_resolver_lets_go_of_the_pidfds_of_pids_no_longer_listed(
     before = open_fds()
     resolver = Resolver(PROC)
     kept, dropped = children().pid, children().pid
-    resolver.resolve_all([kept, dropped])
-    resolver.end_cycle()
+    one_cycle(resolver, [kept, dropped])
     assert open_fds() == before + 2
-    resolver.resolve_all([kept])
-    resolver.end_cycle()
+    one_cycle(resolver, [kept])
     assert open_fds() == before + 1, "the pidfd of a live process no longer listed is closed"
     resolver.close()
     assert open_fds() == before

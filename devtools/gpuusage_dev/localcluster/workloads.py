@@ -28,32 +28,35 @@ def sleeper(gpus: int, seconds: int = 3600) -> dict[str, Any]:
     return busybox(["/bin/sleep", str(seconds)], gpus)
 
 
+def pod_spec(container: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A pod of one container that ends at once when deleted."""
+    return {"terminationGracePeriodSeconds": 1, "containers": [container], **more}
+
+
+def template(app: str, container: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A controller's pod template, labelled app=`app`."""
+    return {"metadata": {"labels": {"app": app}}, "spec": pod_spec(container, **more)}
+
+
 def sleeper_pod(namespace: str, name: str, gpus: int) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"terminationGracePeriodSeconds": 1, "containers": [sleeper(gpus)]},
+        "spec": pod_spec(sleeper(gpus)),
     }
 
 
 def sleeper_deployment(name: str, namespace: str, gpus: int, seconds: int = 3600) -> dict[str, Any]:
     """One replica, labelled app=`name`."""
-    labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [sleeper(gpus, seconds)],
-                },
-            },
+            "selector": {"matchLabels": {"app": name}},
+            "template": template(name, sleeper(gpus, seconds)),
         },
     }
 
@@ -67,13 +70,6 @@ def gpu_job(name: str, namespace: str, command: list[str], gpus: int = 1) -> dic
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [busybox(command, gpus)],
-                },
-            },
+            "template": template(name, busybox(command, gpus), restartPolicy="Never"),
         },
     }

@@ -163,9 +163,9 @@ def impossible(pid: int) -> bool:
 
 
 def plausible(rows: list[tuple[int, int]]) -> bool:
-    """Whether every (pid, ...) row of a non-empty list has a possible pid: its lowest and
-    highest pids are checked, not every one (a cycle reads hundreds)."""
-    return not impossible(min(rows)[0]) and not impossible(max(rows)[0])
+    """Whether every (pid, ...) row of a list has a possible pid: its lowest and highest pids
+    are checked, not every one (a cycle reads hundreds)."""
+    return not rows or (not impossible(min(rows)[0]) and not impossible(max(rows)[0]))
 
 
 SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil")
@@ -538,9 +538,7 @@ class NvmlSource:
                 log.info("%s process list: no %s call (%s); trying the next", kind, call, exc)
                 self._list_call[kind] = index + 1
                 continue
-            bad = (
-                [pid for pid, _ in rows if impossible(pid)] if rows and not plausible(rows) else []
-            )
+            bad = [] if plausible(rows) else [pid for pid, _ in rows if impossible(pid)]
             if not bad:
                 if garbled and self._list_call.get(kind, 0) != index:
                     log.warning(
@@ -650,10 +648,7 @@ class NvmlSource:
         if len(listed) == 1:  # the usual case: one list, nothing to merge
             kind, entries = listed[0]
             only: tuple[ProcessType, ...] = (kind,)
-            merged: Merged = {
-                pid: (only, None if used == NOT_AVAILABLE else min(used // MIB, MAX_MIB))
-                for pid, used in entries
-            }  # _used_mib, inlined: a call per process was a tenth of the reading's own time
+            merged: Merged = {pid: (only, _used_mib(used)) for pid, used in entries}
         else:
             merged = self._merged(listed)
         utilization = self._process_utilization(handle, uuid) if with_utilization else None
