@@ -14,21 +14,29 @@ avoid (per GPU: one sampler read, the three process lists, one memory read, the 
 `ratio_to_unavoidable` (target: at most 1.15). --no-driver-costs gives the agent's own cost
 with the fake driver's Python emulation reported apart.
 
-    python benchmarks/agent_cycle.py [--cycles 300] [--gpus 8] [--per-gpu 64]
+The listed processes are live ones (a `sleep` each, started by the benchmark), so that the
+resolver tells them apart as the agent with hostPID does: a pidfd per listed pid
+(`--identities pidfd`, the default) or a stat per pid (`--identities stat`, the agent without
+pidfds). Their cgroup files are the proc tree's, laid out as the kubelet lays them.
+
+    python benchmarks/agent_cycle.py [--cycles 300] [--gpus 8] [--per-gpu 64] [--identities stat]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +51,13 @@ from gpuusage_dev.simulation import write_process  # noqa: E402
 from gpuusage_nodeagent.change import decide  # noqa: E402
 from gpuusage_nodeagent.driverfacts import call_cost_ms  # noqa: E402
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
+from gpuusage_nodeagent.identity import (  # noqa: E402
+    Identities,
+    PidfdIdentities,
+    StatIdentities,
+    fd_limit,
+    raise_fd_limit,
+)
 from gpuusage_nodeagent.main import NodeReader, settle_memory  # noqa: E402
 from gpuusage_nodeagent.metrics import AgentMetrics  # noqa: E402
 from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
@@ -92,10 +107,23 @@ class EmulationClock:
         return timed
 
 
-def build_proc_tree(root: Path, gpus: int, per_gpu: int) -> None:
+@contextmanager
+def live_processes(count: int) -> Iterator[list[int]]:
+    """The pids of `count` live processes, killed and reaped at the end."""
+    started = [subprocess.Popen(["sleep", "3600"]) for _ in range(count)]
+    try:
+        yield [child.pid for child in started]
+    finally:
+        for child in started:
+            child.kill()
+        for child in started:
+            child.wait()
+
+
+def build_proc_tree(root: Path, pids: Sequence[int]) -> None:
+    """The listed pids' files, each a pod's container, and the rest of a busy node."""
     rng = random.Random(7)
-    pid = 10_000
-    for _ in range(gpus * per_gpu):
+    for pid in pids:
         pod = str(uuid.UUID(int=rng.getrandbits(128)))
         cid = f"{rng.getrandbits(256):064x}"
         cgroup = (
@@ -103,9 +131,17 @@ def build_proc_tree(root: Path, gpus: int, per_gpu: int) -> None:
             f"{pod.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
         )
         write_process(root, pid, cgroup, comm="python3", start_ticks=rng.randint(1, 10**7))
-        pid += 1
-    for other in range(OTHER_PROCESSES):  # the rest of a busy node: never read
-        write_process(root, 100_000 + other, "0::/system.slice/x.service", comm="x")
+    taken = set(pids)
+    others = (pid for pid in range(1_000_000, 2_000_000) if pid not in taken)
+    for _, other in zip(range(OTHER_PROCESSES), others, strict=False):  # never read
+        write_process(root, other, "0::/system.slice/x.service", comm="x")
+
+
+def identities(kind: str, proc: Path) -> Identities:
+    if kind == "stat":
+        return StatIdentities(proc)
+    raise_fd_limit()  # as the agent does at its start
+    return PidfdIdentities(proc, fd_limit())
 
 
 def main() -> None:
@@ -119,18 +155,33 @@ def main() -> None:
         default=True,
         help="each NVML call costs what it did on the real driver",
     )
+    parser.add_argument(
+        "--identities",
+        choices=("pidfd", "stat"),
+        default="pidfd" if hasattr(os, "pidfd_open") else "stat",
+        help="how the resolver tells processes apart (the agent with hostPID: pidfd)",
+    )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        pytest.MonkeyPatch.context() as patch,
+        live_processes(args.gpus * args.per_gpu) as pids,
+    ):
         proc = Path(tmp)
-        build_proc_tree(proc, args.gpus, args.per_gpu)
-        machine = dgx_h100(processes_per_gpu=args.per_gpu, first_pid=10_000)
+        build_proc_tree(proc, pids)
+        machine = dgx_h100(processes_per_gpu=args.per_gpu)
         machine.gpus = machine.gpus[: args.gpus]
+        for process, pid in zip(
+            (p for gpu in machine.gpus for p in gpu.processes), pids, strict=True
+        ):
+            process.pid = pid
         machine.costs = args.driver_costs
         machine.install(patch)
         emulation = EmulationClock(machine)
         emulation.install(patch)
         source = NvmlSource(pynvml, clock=machine.now)
-        reader = NodeReader("gpu-node-1", source, Resolver(proc), clock=machine.now)
+        resolver = Resolver(proc, identities=identities(args.identities, proc))
+        reader = NodeReader("gpu-node-1", source, resolver, clock=machine.now)
         metrics = AgentMetrics()
         published, published_at = None, None
         now = datetime(2026, 11, 21, tzinfo=UTC)
@@ -159,6 +210,7 @@ def main() -> None:
                 cpu.append(elapsed * 1000)
                 driver.append((emulation.seconds - emulated) * 1000)
         processes = sum(len(g.processes) for g in spec.gpus)
+        resolver.close()
         rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cpu.sort()
     result = {
@@ -169,6 +221,7 @@ def main() -> None:
         "cpu_ms_p50": round(cpu[len(cpu) // 2], 2),
         "cpu_ms_p99": round(cpu[int(len(cpu) * 0.99) - 1], 2),
         "max_rss_mib": round(rss_mib, 1),
+        "identities": args.identities,
         "python": sys.version.split()[0],
     }
     if args.driver_costs:

@@ -5,21 +5,27 @@ listed."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import resource
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuusage_nodeagent.identity import (
+    RAISED_FD_LIMIT,
     Identities,
     PidfdIdentities,
     StatIdentities,
     identities_for,
+    raised_soft_limit,
 )
 from gpuusage_nodeagent.resolver import Resolved, Resolver
+from tests.conftest import CHILD_ENV
 
 PROC = Path("/proc")
 needs_pidfd = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no os.pidfd_open here")
@@ -199,3 +205,50 @@ def test_a_refused_pidfd_open_is_not_asked_again(
     for _ in range(3):
         assert ids.of(pids) == stat.of(pids)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "raised"),
+    [
+        (1024, 524_288, 524_288),  # containerd 2's containers: up to the hard limit
+        (1024, 1 << 30, RAISED_FD_LIMIT),  # systemd's "infinity": not the whole of it
+        (1024, resource.RLIM_INFINITY, RAISED_FD_LIMIT),
+        (1024, 1024, None),  # nothing to raise to
+        (RAISED_FD_LIMIT, 1 << 30, None),  # high enough already
+        (1 << 21, 1 << 21, None),
+        (resource.RLIM_INFINITY, resource.RLIM_INFINITY, None),
+    ],
+)
+def test_the_soft_fd_limit_is_raised_towards_the_hard_one(
+    soft: int, hard: int, raised: int | None
+) -> None:
+    assert raised_soft_limit(soft, hard) == raised
+
+
+def test_a_process_started_at_a_low_soft_fd_limit_raises_it_and_holds_pidfds_for_512() -> None:
+    """In a process of its own started as containerd 2 starts a container (a soft limit far
+    under the hard one): the agent's start raises it, and 8 GPUs x 64 processes all get a
+    pidfd."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 256
+    if hard != resource.RLIM_INFINITY and hard < 4 * 512:
+        pytest.skip(f"the hard fd limit here ({hard}) leaves no room for 512 pidfds")
+    script = (
+        "import json, resource\n"
+        "from gpuusage_nodeagent.identity import fd_limit, raise_fd_limit\n"
+        "print(json.dumps([raise_fd_limit(), resource.getrlimit(resource.RLIMIT_NOFILE),"
+        " fd_limit()]))\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=CHILD_ENV,
+        timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard)),
+    )
+    (before, after), limits, pidfds = json.loads(ran.stdout)
+    expected = raised_soft_limit(low, hard)
+    assert (before, after, limits) == (low, expected, [expected, hard])
+    assert pidfds >= 512

@@ -161,6 +161,40 @@ class PidfdIdentities:
         return len(self._held)
 
 
+RAISED_FD_LIMIT = 1 << 20
+"""The soft fd limit the agent raises itself to at most (what containers had for years); a
+hard limit of 2^30, which systemd makes of "infinity", is not taken whole."""
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft fd limit towards its hard one; (soft before, soft after).
+
+    A container starts with its runtime's limits. containerd 2 runs at systemd's default,
+    1,024 soft and 524,288 hard, and so do its containers (containerd 1.x ran at 1,048,576:
+    containerd/containerd#8924, moby/moby#51485). A process may raise its soft limit up to the
+    hard one without privilege; Go programs do it at start, a Python one must ask. At 1,024 the
+    agent would hold at most 256 pidfds (FD_SHARE): half of 8 GPUs x 64 processes would be told
+    apart by stat. A refusal leaves the limit as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = raised_soft_limit(soft, hard)
+    if target is None:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        log.info("fd limit stays at %d (raising it to %d: %s)", soft, target, exc)
+        return soft, soft
+    return soft, target
+
+
+def raised_soft_limit(soft: int, hard: int) -> int | None:
+    """The soft fd limit to raise to from (soft, hard); None: keep it (see raise_fd_limit)."""
+    infinity = resource.RLIM_INFINITY
+    target = RAISED_FD_LIMIT if hard == infinity else min(hard, RAISED_FD_LIMIT)
+    return None if soft == infinity or soft >= target else target
+
+
 def fd_limit() -> int:
     """pidfds the agent may hold: a share of its soft fd limit (see FD_SHARE)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)

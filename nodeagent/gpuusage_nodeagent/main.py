@@ -33,6 +33,7 @@ from gpuusage_nodeagent.gpusource.base import GpuSource, Reading
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
+from gpuusage_nodeagent.identity import raise_fd_limit
 from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.podresources.kubelet import Kubelet, device_aliases
@@ -182,6 +183,9 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
     setup = gather(settings.proc_root)
     if (note := pid_namespace_note(setup)) is not None:
         log.warning("%s", note)
+    before, after = raise_fd_limit()
+    if after != before:
+        log.info("soft fd limit raised from %d to %d (pidfds for the listed pids)", before, after)
     roots = own_kubelet_roots(settings.proc_root)
     if roots:
         log.info("kubelet cgroup root, from the agent's own cgroup: %s", roots)
