@@ -31,7 +31,7 @@ from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
 from gpuusage.kube.rest import RestClient  # noqa: E402
 from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: E402
-from gpuusage_dev.simulation import write_process  # noqa: E402
+from gpuusage_dev.proctree import write_process  # noqa: E402
 from gpuusage_nodeagent.gpusource.fake import FakeSource  # noqa: E402
 from gpuusage_nodeagent.main import NodeReader  # noqa: E402
 from gpuusage_nodeagent.metrics import AgentMetrics  # noqa: E402

@@ -47,7 +47,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests package (fake machines); gpuusage is installed
 
-from gpuusage_dev.simulation import write_process  # noqa: E402
+from gpuusage_dev.proctree import pod_cgroup, write_process  # noqa: E402
 from gpuusage_nodeagent.change import decide  # noqa: E402
 from gpuusage_nodeagent.driverfacts import call_cost_ms  # noqa: E402
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource  # noqa: E402
@@ -125,11 +125,7 @@ def build_proc_tree(root: Path, pids: Sequence[int]) -> None:
     rng = random.Random(7)
     for pid in pids:
         pod = str(uuid.UUID(int=rng.getrandbits(128)))
-        cid = f"{rng.getrandbits(256):064x}"
-        cgroup = (
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-            f"{pod.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
-        )
+        cgroup = pod_cgroup(pod, f"{rng.getrandbits(256):064x}")
         write_process(root, pid, cgroup, comm="python3", start_ticks=rng.randint(1, 10**7))
     taken = set(pids)
     others = (pid for pid in range(1_000_000, 2_000_000) if pid not in taken)
@@ -161,6 +157,7 @@ def main() -> None:
         default="pidfd" if hasattr(os, "pidfd_open") else "stat",
         help="how the resolver tells processes apart (the agent with hostPID: pidfd)",
     )
+    parser.add_argument("--output", type=Path, help="also write the result (JSON) here")
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -234,7 +231,10 @@ def main() -> None:
         emulation_ms = statistics.mean(driver)
         result["of_which_driver_emulation_ms_mean"] = round(emulation_ms, 2)
         result["agent_ms_mean_without_emulation"] = round(statistics.mean(cpu) - emulation_ms, 2)
-    print(json.dumps(result, indent=2))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text + "\n")
 
 
 if __name__ == "__main__":

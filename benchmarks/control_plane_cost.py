@@ -59,13 +59,8 @@ from gpuusage.kube.rest import RestClient  # noqa: E402
 from gpuusage.retry import poll_until  # noqa: E402
 from gpuusage_dev.localcluster.cluster import ClusterState, LocalCluster  # noqa: E402
 from gpuusage_dev.localcluster.node import cannot_run_node, running_node  # noqa: E402
-from gpuusage_dev.simulation import (  # noqa: E402
-    Background,
-    create_running_pod,
-    ensure_namespace,
-    pod_cgroup,
-    write_process,
-)
+from gpuusage_dev.proctree import pod_cgroup, write_process  # noqa: E402
+from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace  # noqa: E402
 from gpuusage_nodeagent.gpusource.fake import FakeSource  # noqa: E402
 from gpuusage_nodeagent.lease import LeaseRenewer  # noqa: E402
 from gpuusage_nodeagent.main import NodeReader  # noqa: E402

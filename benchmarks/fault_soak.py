@@ -39,13 +39,8 @@ from gpuusage.api import names  # noqa: E402
 from gpuusage.kube.config import api_client  # noqa: E402
 from gpuusage.kube.crds import install_crds  # noqa: E402
 from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: E402
-from gpuusage_dev.simulation import (  # noqa: E402
-    Background,
-    create_running_pod,
-    ensure_namespace,
-    pod_cgroup,
-    write_process,
-)
+from gpuusage_dev.proctree import pod_cgroup, write_process  # noqa: E402
+from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace  # noqa: E402
 from gpuusage_nodeagent.main import run_agent  # noqa: E402
 from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
 from gpuusage_operator.main import run_operator  # noqa: E402

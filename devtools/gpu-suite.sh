@@ -2,8 +2,9 @@
 # The real-GPU suite (tests/gpu) on a GPU machine, as root, without the project's virtualenv:
 # the wheels devtools/gpu-wheels.sh fetched into .whl are installed into /tmp/site first.
 # Then the agent's cycle on the real driver beside the calls it cannot avoid
-# (benchmarks/agent_cycle_gpu.py; GPUUSAGE_GPU_BENCH below). Arguments go to pytest (say
-# --timeout 180).
+# (benchmarks/agent_cycle_gpu.py; GPUUSAGE_GPU_BENCH below), and, where GPUUSAGE_MODEL_BENCH
+# asks, the driver model's benchmark (benchmarks/agent_cycle.py: 8 GPUs x 64, which one GPU
+# cannot show) on the same CPU. Arguments go to pytest (say --timeout 180).
 # Figures go to $GPUUSAGE_GPU_FIGURES (default: gpu-figures.json, or $OUT/ where that is set)
 # and the benchmark's beside it; the exit status is the suite's.
 set -euo pipefail
@@ -32,5 +33,15 @@ for run in "${runs[@]}"; do
   # shellcheck disable=SC2086 # each run's arguments are split on purpose
   python3 benchmarks/agent_cycle_gpu.py $run \
     --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/agent-cycle-gpu-$n.json" || true
+done
+# GPUUSAGE_MODEL_BENCH: the model benchmark's runs, as above (to agent-cycle-model-<n>.json);
+# unset or empty: none.
+IFS=';' read -r -a models <<<"${GPUUSAGE_MODEL_BENCH-}"
+n=0
+for run in "${models[@]}"; do
+  n=$((n + 1))
+  # shellcheck disable=SC2086 # each run's arguments are split on purpose
+  python3 benchmarks/agent_cycle.py $run \
+    --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/agent-cycle-model-$n.json" || true
 done
 exit "$status"

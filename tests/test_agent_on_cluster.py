@@ -20,7 +20,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
-from gpuusage_dev.simulation import write_process
+from gpuusage_dev.proctree import write_process
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
 from tests.conftest import CHILD_ENV, wait_for

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpuusage.api.models import GpuNodeUsage
-from gpuusage_dev.simulation import write_process
+from gpuusage_dev.proctree import write_process
 from tests.conftest import CHILD_ENV
 from tests.fakenvml import gpu_uuid, mig_uuid
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpuusage_dev.simulation import pod_cgroup, write_process
+from gpuusage_dev.proctree import pod_cgroup, write_process
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.main import NodeReader
 from gpuusage_nodeagent.resolver import Resolver

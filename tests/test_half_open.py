@@ -16,7 +16,8 @@ import yaml
 from kubernetes import client
 
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.simulation import Background, create_running_pod, pod_cgroup, write_process
+from gpuusage_dev.proctree import pod_cgroup, write_process
+from gpuusage_dev.simulation import Background, create_running_pod
 from gpuusage_operator.main import Operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for

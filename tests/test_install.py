@@ -24,13 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.simulation import (
-    Background,
-    create_running_pod,
-    ensure_namespace,
-    pod_cgroup,
-    write_process,
-)
+from gpuusage_dev.proctree import pod_cgroup, write_process
+from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.main import run_operator

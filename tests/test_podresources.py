@@ -20,7 +20,7 @@ from h2.events import RequestReceived
 
 from gpuusage.api.models import MAX_KUBELET_DEVICES, MAX_KUBELET_PODS, Gpu, GpuNodeUsage, MigDevice
 from gpuusage_dev.fakekubelet import FakeKubelet
-from gpuusage_dev.simulation import write_process
+from gpuusage_dev.proctree import write_process
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.podresources.client import CallError
 from gpuusage_nodeagent.podresources.kubelet import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuusage import procfs
-from gpuusage_dev.simulation import write_process
+from gpuusage_dev.proctree import write_process
 from gpuusage_nodeagent.cgroup import CgroupAttribution
 from gpuusage_nodeagent.main import own_kubelet_roots
 from gpuusage_nodeagent.resolver import CLOCK_TICKS, Resolver, clean_name

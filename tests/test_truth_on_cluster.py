@@ -22,13 +22,8 @@ from gpuusage.api.times import format_time
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.simulation import (
-    Background,
-    create_running_pod,
-    ensure_namespace,
-    pod_cgroup,
-    write_process,
-)
+from gpuusage_dev.proctree import pod_cgroup, write_process
+from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.informers.pods import PodWatch

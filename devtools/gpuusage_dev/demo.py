@@ -35,14 +35,13 @@ from gpuusage_commands.top import TopSettings, run_top
 from gpuusage_dev.demopolicies import NOTICE, show_policies
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.proctree import pod_cgroup, write_process
 from gpuusage_dev.simulation import (
     Background,
     create_allocated_claim,
     create_gpu_slice,
     create_running_pod,
     ensure_namespace,
-    pod_cgroup,
-    write_process,
 )
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings

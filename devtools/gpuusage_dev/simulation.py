@@ -1,18 +1,16 @@
-"""A simulated GPU node on a bare control plane: pods that look running, and a /proc tree.
+"""A simulated GPU node on a bare control plane: pods that look running (their processes'
+/proc tree is written by `proctree`).
 
 A bare apiserver has no kubelet, so nothing fills in pod status; the demo and the tests write
-it themselves (phase, container IDs) through pods/status, exactly where a kubelet would. The
-proc tree is what the agent reads with --proc-root: stat, cgroup, comm and cmdline per pid.
+it themselves (phase, container IDs) through pods/status, exactly where a kubelet would.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -32,38 +30,6 @@ class Background:
     def halt(self, timeout: float = 30.0) -> None:
         self.stop.set()
         self.thread.join(timeout=timeout)
-
-
-def write_process(
-    root: Path,
-    pid: int,
-    cgroup: str,
-    *,
-    comm: str = "python3",
-    start_ticks: int = 100_000,
-    cmdline: str = "python3 train.py --token=s3cr3t",
-) -> Path:
-    """One /proc/<pid> directory as the kernel lays it out (stat field 22 = start time)."""
-    directory = root / str(pid)
-    directory.mkdir(parents=True, exist_ok=True)
-    after_name = ["S", *(["0"] * 18), str(start_ticks), *(["0"] * 30)]
-    # A new file, not a rewrite: procfs gives a new process a new inode, and the agent relies
-    # on that to notice a reused pid without reading the start time every cycle.
-    fresh = directory / ".stat.new"
-    fresh.write_text(f"{pid} ({comm}) {' '.join(after_name)}\n")
-    os.replace(fresh, directory / "stat")
-    (directory / "cgroup").write_text(cgroup if cgroup.endswith("\n") else cgroup + "\n")
-    (directory / "comm").write_text(comm[:15] + "\n")
-    (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
-    return directory
-
-
-def pod_cgroup(pod_uid: str, container_id: str) -> str:
-    """The cgroup v2 line of a container of a Burstable pod (systemd driver, containerd)."""
-    return (
-        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-        f"{pod_uid.replace('-', '_')}.slice/cri-containerd-{container_id}.scope\n"
-    )
 
 
 def ensure_namespace(core: client.CoreV1Api, namespace: str) -> None:
