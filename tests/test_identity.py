@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import resource
 import signal
@@ -130,13 +131,21 @@ def test_pidfds_are_held_only_while_their_pids_are_listed(
 
 
 @needs_pidfd
-def test_pids_beyond_the_limit_use_stat(children: Callable[[], subprocess.Popen[bytes]]) -> None:
+def test_pids_beyond_the_limit_use_stat(
+    children: Callable[[], subprocess.Popen[bytes]], caplog: pytest.LogCaptureFixture
+) -> None:
     ids, stat = PidfdIdentities(PROC, limit=1), StatIdentities(PROC)
-    first, second = children().pid, children().pid
-    found = ids.of([first, second])
+    first, second, third = children().pid, children().pid, children().pid
+    with caplog.at_level(logging.INFO, logger="gpuusage_nodeagent.identity"):
+        found = ids.of([first, second, third])
+        ids.of([first, second, third])
     assert found[first] is not None
     assert found[first] != stat.one(first), "a pidfd's identity"
-    assert found[second] == stat.one(second)
+    assert [found[second], found[third]] == [stat.one(second), stat.one(third)]
+    told = [r.getMessage() for r in caplog.records if "pidfds held" in r.getMessage()]
+    assert told == [
+        "1 pidfds held, the most this fd limit allows: pids beyond them are told apart by stat"
+    ], "said once"
     ids.close()
 
 

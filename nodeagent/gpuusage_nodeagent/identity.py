@@ -102,6 +102,7 @@ class PidfdIdentities:
         self._exited: dict[int, Identity | None] = {}
         """pid → its stat identity when its pidfd said it exited, while it stays listed."""
         self._serial = 0
+        self._told_full = False
 
     def of(self, pids: Sequence[int]) -> dict[int, Identity | None]:
         if self._pid_of:
@@ -124,6 +125,13 @@ class PidfdIdentities:
                 return now  # the exited process still there, or none at all
             del self._exited[pid]  # another process has the pid now
         if len(self._held) >= self._limit:
+            if self._limit and not self._told_full:
+                self._told_full = True
+                log.info(
+                    "%d pidfds held, the most this fd limit allows: pids beyond them are told "
+                    "apart by stat",
+                    self._limit,
+                )
             return self._stat.one(pid)
         try:
             fd = os.pidfd_open(pid)
