@@ -146,7 +146,7 @@ def build_registry(
         leases.stop()
         if policies is not None:
             policies.stop()
-        workers.stop()
+        await asyncio.to_thread(workers.stop)  # waits for the reconciles in progress
         task = kwargs["memo"].get("housekeeping")
         if task is not None:
             task.cancel()

@@ -37,6 +37,10 @@ from gpuusage_operator.metrics import OperatorMetrics
 log = logging.getLogger(__name__)
 NOT_READY_AGAIN = 0.2
 """Seconds before a name taken while the indexes are not synced yet is tried again."""
+STOP_WAIT = 10.0
+"""Seconds a stopping operator waits for the reconciles in progress. A write's retries are
+bounded (kube.errors.DEFAULT_BACKOFF: 3.7 s of pauses), so a reconcile ends within seconds
+unless the API stops answering, which the wait does not outlast."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,19 @@ class ReportWorkers:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self) -> None:
+    def stop(self, wait: float = STOP_WAIT) -> bool:
+        """Shut the queue: idle workers return at once, a reconcile in progress finishes
+        (waited for at most `wait` seconds in all). Whether every worker has returned: one
+        still writing after the operator let go of its clients would write for a replica that
+        has stopped."""
         self.queue.shut_down()
+        deadline = time.monotonic() + wait
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        busy = [thread.name for thread in self._threads if thread.is_alive()]
+        if busy:
+            log.warning("stopping with reconciles still in progress on %s", ", ".join(busy))
+        return not busy
 
     def _run(self) -> None:
         while True:
