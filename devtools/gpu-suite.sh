@@ -22,26 +22,24 @@ uname -r; python3 --version
 # tests/conftest.py (the control plane's fixtures) is not needed here: stop at tests/gpu.
 status=0
 python3 -m pytest -m gpu tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -v "$@" || status=$?
-# GPUUSAGE_GPU_BENCH: the benchmark's runs, argument lists separated by ';' (each run's
-# figures to agent-cycle-gpu-<n>.json); unset: one run with its defaults; 'none': no run.
-IFS=';' read -r -a runs <<<"${GPUUSAGE_GPU_BENCH-}"
-[ "${#runs[@]}" -gt 0 ] || runs=("")
-[ "${GPUUSAGE_GPU_BENCH-}" != none ] || runs=()
-n=0
-for run in "${runs[@]}"; do
-  n=$((n + 1))
-  # shellcheck disable=SC2086 # each run's arguments are split on purpose
-  python3 benchmarks/agent_cycle_gpu.py $run \
-    --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/agent-cycle-gpu-$n.json" || true
-done
-# GPUUSAGE_MODEL_BENCH: the model benchmark's runs, as above (to agent-cycle-model-<n>.json);
-# unset or empty: none.
-IFS=';' read -r -a models <<<"${GPUUSAGE_MODEL_BENCH-}"
-n=0
-for run in "${models[@]}"; do
-  n=$((n + 1))
-  # shellcheck disable=SC2086 # each run's arguments are split on purpose
-  python3 benchmarks/agent_cycle.py $run \
-    --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/agent-cycle-model-$n.json" || true
-done
+# run_each SCRIPT NAME LIST: the benchmark SCRIPT once per argument list in LIST (separated
+# by ';'; an empty list between them: its defaults), each run's figures to NAME-<n>.json
+# beside the suite's.
+run_each() {
+  local script=$1 name=$2 n=0 run
+  local -a lists
+  IFS=';' read -r -a lists <<<"$3"
+  for run in "${lists[@]}"; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086 # each run's arguments are split on purpose
+    python3 "$script" $run --output "$(dirname "$GPUUSAGE_GPU_FIGURES")/$name-$n.json" || true
+  done
+}
+# GPUUSAGE_GPU_BENCH: the real-GPU benchmark's runs; unset: one run with its defaults;
+# 'none': no run.
+gpu_runs=${GPUUSAGE_GPU_BENCH-;}
+[ "$gpu_runs" != none ] || gpu_runs=
+run_each benchmarks/agent_cycle_gpu.py agent-cycle-gpu "$gpu_runs"
+# GPUUSAGE_MODEL_BENCH: the model benchmark's runs; unset or empty: none.
+run_each benchmarks/agent_cycle.py agent-cycle-model "${GPUUSAGE_MODEL_BENCH-}"
 exit "$status"
