@@ -27,6 +27,7 @@ from gpuusage_dev.localcluster.node import (
 from gpuusage_dev.localcluster.nodeinstall import SCENARIO_MOUNT
 from gpuusage_dev.localcluster.workloads import gpu_job, sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
+from gpuusage_nodeagent.identity import raised_soft_limit
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
 from tests.conftest import CHART, Helm, token_config, wait_for
@@ -98,6 +99,10 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
         if p["pid"] == pid
     ]
     assert (process["containerID"], process["podUID"]) == (cid, pod.metadata.uid)
+    _, agent = component(world, "agent")
+    assert pid in _pidfd_pids(agent), "the agent tells the process apart by a pidfd"
+    soft, hard = _fd_limits(agent)
+    assert raised_soft_limit(soft, hard) is None, f"its soft fd limit ({soft}) raised"
 
     other = next(g for g in GPUS if g != device)
     write_node_scenario(world, {other: [{"pid": pid, "usedMemoryMiB": 4096}]})
@@ -444,6 +449,30 @@ def test_the_node_drained_and_cordoned(installed: NodeWorld) -> None:
     assert gpu_condition(world, "drained", new.metadata.name) is None
     annotations = world.core.read_namespaced_pod(new.metadata.name, "drained").metadata
     assert names.ANNOTATION_GPUS not in (annotations.annotations or {})
+
+
+def _pidfd_pids(pid: int) -> set[int]:
+    """The pids the process's pidfds stand for (each pidfd's fdinfo names its pid)."""
+    held: set[int] = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+            if target != "anon_inode:[pidfd]" and not target.startswith("pidfd:"):
+                continue
+            info = Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        held.update(int(line.split()[1]) for line in info.splitlines() if line.startswith("Pid:"))
+    return held
+
+
+def _fd_limits(pid: int) -> tuple[int, int]:
+    """The process's (soft, hard) limits on open files, as the kernel holds them."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no fd limit in /proc/{pid}/limits")
 
 
 def _proc_status(pid: int) -> dict[str, str]:
