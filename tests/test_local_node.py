@@ -20,9 +20,11 @@ from kubernetes import client
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.localcluster.containerd import (
+    CONTAINER_FDS,
     TTRPC_SOCKET,
     Containerd,
     NodeUnavailable,
+    base_spec,
     mounts_below,
     socket_too_long,
 )
@@ -248,3 +250,31 @@ def test_containerd_refuses_a_folder_too_deep_for_its_sockets() -> None:
     assert socket_too_long(Path("/tmp") / ("d" * 66) / "containerd" / TTRPC_SOCKET) is None
     with pytest.raises(NodeUnavailable, match="too deep for its sockets"):
         Containerd(deep).start()
+
+
+def test_containers_start_with_containerd_2s_fd_limits() -> None:
+    """The base runtime spec: the default one with containerd 2's RLIMIT_NOFILE in place of
+    the default's, its other limits and fields kept; the hard limit no higher than this
+    machine allows."""
+    default: dict[str, Any] = {
+        "ociVersion": "1.0.2",
+        "process": {
+            "args": ["sh"],
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 1024},
+                {"type": "RLIMIT_NPROC", "soft": 100, "hard": 100},
+            ],
+        },
+        "linux": {"namespaces": []},
+    }
+    spec = base_spec(default, 1 << 20)
+    assert spec["process"]["rlimits"] == [
+        {"type": "RLIMIT_NPROC", "soft": 100, "hard": 100},
+        {"type": "RLIMIT_NOFILE", "soft": CONTAINER_FDS[0], "hard": CONTAINER_FDS[1]},
+    ]
+    assert (spec["linux"], spec["process"]["args"]) == (default["linux"], ["sh"])
+    assert default["process"]["rlimits"][0]["soft"] == 1024, "the default left as it was"
+    low = base_spec(default, 20_000)["process"]["rlimits"][-1]
+    assert (low["soft"], low["hard"]) == (1024, 20_000)
+    tiny = base_spec(default, 512)["process"]["rlimits"][-1]
+    assert (tiny["soft"], tiny["hard"]) == (512, 512)

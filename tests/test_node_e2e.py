@@ -103,6 +103,8 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
     assert pid in _pidfd_pids(agent), "the agent tells the process apart by a pidfd"
     soft, hard = _fd_limits(agent)
     assert raised_soft_limit(soft, hard) is None, f"its soft fd limit ({soft}) raised"
+    started, _ = _fd_limits(pid)  # as the runtime starts containers (see localcluster)
+    assert started < soft, "the agent raised the soft limit it was started with"
 
     other = next(g for g in GPUS if g != device)
     write_node_scenario(world, {other: [{"pid": pid, "usedMemoryMiB": 4096}]})

@@ -5,16 +5,24 @@ root, state, socket, and the `opt` plugin's path (else it makes /opt/containerd)
 restricts the OOM score adjustment (runc fails without that where root lacks CAP_SYS_RESOURCE,
 as in some sandboxes), uses the cgroupfs driver (runc's SystemdCgroup off) and
 a pause image we import ourselves (images), so nothing is pulled from a registry.
+
+Its containers start with the fd limits containerd 2 gives them (1,024 soft, 524,288 hard,
+or this machine's hard limit where lower), through a base runtime spec: containerd 1.6 would
+hand them its own limits, raised to the hard one by the Go runtime (containerd/containerd#8249),
+and hide whether a process in a pod copes with a low soft limit (the agent raises its own).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuusage.errors import GpuusageError
 from gpuusage.retry import poll_until
@@ -39,8 +47,28 @@ def node_prerequisites() -> str | None:
     return None
 
 
-def config_text(directory: Path, sandbox_image: str, cni_conf: Path, cni_bin: Path) -> str:
-    """containerd's config (version 2) with everything under `directory`."""
+CONTAINER_FDS = (1024, 524_288)
+"""(soft, hard) RLIMIT_NOFILE of a container under containerd 2 (systemd's default, which its
+unit no longer overrides: containerd/containerd#8924)."""
+
+
+def base_spec(default: dict[str, Any], hard_here: int) -> dict[str, Any]:
+    """The runtime's default spec (`ctr oci spec`) with containerd 2's fd limits for every
+    container; the hard one no higher than `hard_here` (raising it needs CAP_SYS_RESOURCE,
+    which root lacks in some sandboxes)."""
+    soft, hard = CONTAINER_FDS
+    if hard_here != resource.RLIM_INFINITY:
+        hard = min(hard, hard_here)
+    limits = [r for r in default["process"].get("rlimits", []) if r["type"] != "RLIMIT_NOFILE"]
+    limits.append({"type": "RLIMIT_NOFILE", "soft": min(soft, hard), "hard": hard})
+    return {**default, "process": {**default["process"], "rlimits": limits}}
+
+
+def config_text(
+    directory: Path, sandbox_image: str, cni_conf: Path, cni_bin: Path, spec: Path
+) -> str:
+    """containerd's config (version 2) with everything under `directory`; `spec`: the base
+    runtime spec of its containers."""
     return f"""version = 2
 root = "{directory / "root"}"
 state = "{directory / "state"}"
@@ -61,6 +89,7 @@ state = "{directory / "state"}"
 
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
+  base_runtime_spec = "{spec}"
 
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
   SystemdCgroup = false
@@ -126,9 +155,15 @@ class Containerd:
             raise NodeUnavailable(why)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.cni_conf.mkdir(parents=True, exist_ok=True)
+        spec = self.directory / "base-spec.json"
+        default = subprocess.run(
+            ["ctr", "oci", "spec"], capture_output=True, text=True, check=True, timeout=30
+        )
+        _, hard_here = resource.getrlimit(resource.RLIMIT_NOFILE)
+        spec.write_text(json.dumps(base_spec(json.loads(default.stdout), hard_here), indent=1))
         config = self.directory / "config.toml"
         config.write_text(
-            config_text(self.directory, self.sandbox_image, self.cni_conf, self.cni_bin)
+            config_text(self.directory, self.sandbox_image, self.cni_conf, self.cni_bin, spec)
         )
         log = (self.directory / "containerd.log").open("ab")
         self._process = subprocess.Popen(
