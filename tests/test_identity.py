@@ -248,14 +248,13 @@ def test_a_process_started_at_a_low_soft_fd_limit_raises_it_and_holds_pidfds_for
         "print(json.dumps([raise_fd_limit(), resource.getrlimit(resource.RLIMIT_NOFILE),"
         " fd_limit()]))\n"
     )
-    ran = subprocess.run(
-        [sys.executable, "-c", script],
+    ran = subprocess.run(  # the limit set by the shell: no preexec_fn in a threaded worker
+        ["sh", "-c", f'ulimit -Sn {low} && exec "$0" -c "$1"', sys.executable, script],
         capture_output=True,
         text=True,
         check=True,
         env=CHILD_ENV,
         timeout=60,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard)),
     )
     (before, after), limits, pidfds = json.loads(ran.stdout)
     expected = raised_soft_limit(low, hard)
