@@ -27,6 +27,7 @@ from gpuusage_nodeagent.identity import (
 )
 from gpuusage_nodeagent.resolver import Resolved, Resolver
 from tests.conftest import CHILD_ENV
+from tests.pidfds import pidfds
 
 PROC = Path("/proc")
 needs_pidfd = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no os.pidfd_open here")
@@ -58,18 +59,11 @@ def exited_unreaped(child: subprocess.Popen[bytes]) -> None:
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
 
 
-def open_fds() -> int:
+def held_pidfds() -> int:
     """How many pidfds this process holds. Only pidfds are counted: other threads of a test
     worker (an operator's API client, a log handler) open and close fds of their own at any
     time."""
-    held = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except FileNotFoundError:
-            continue
-        held += target == "anon_inode:[pidfd]" or target.startswith("pidfd:")
-    return held
+    return len(pidfds())
 
 
 def one_cycle(resolver: Resolver, pids: list[int]) -> dict[int, Resolved]:
@@ -119,15 +113,15 @@ def test_an_exited_process_loses_its_pidfd_identity_and_keeps_a_stat_one(
 def test_pidfds_are_held_only_while_their_pids_are_listed(
     children: Callable[[], subprocess.Popen[bytes]],
 ) -> None:
-    before = open_fds()
+    before = held_pidfds()
     ids = PidfdIdentities(PROC, limit=64)
     pids = [children().pid for _ in range(3)]
     ids.of(pids)
-    assert (len(ids), open_fds()) == (3, before + 3)
+    assert (len(ids), held_pidfds()) == (3, before + 3)
     ids.forget_except(pids[:1])
-    assert (len(ids), open_fds()) == (1, before + 1)
+    assert (len(ids), held_pidfds()) == (1, before + 1)
     ids.close()
-    assert (len(ids), open_fds()) == (0, before)
+    assert (len(ids), held_pidfds()) == (0, before)
 
 
 @needs_pidfd
@@ -162,7 +156,7 @@ def test_pidfds_only_for_the_agents_own_proc(tmp_path: Path) -> None:
 def test_the_resolver_on_pidfds_reads_a_process_once_and_sees_it_go(
     children: Callable[[], subprocess.Popen[bytes]],
 ) -> None:
-    before = open_fds()
+    before = held_pidfds()
     resolver = Resolver(PROC)
     child = children()
     answers = [one_cycle(resolver, [child.pid])[child.pid] for _ in range(3)]
@@ -177,7 +171,7 @@ def test_the_resolver_on_pidfds_reads_a_process_once_and_sees_it_go(
     gone = one_cycle(resolver, [child.pid])[child.pid]
     assert gone.error is not None
     assert "not found" in gone.error
-    assert open_fds() == before
+    assert held_pidfds() == before
     resolver.close()
 
 
@@ -185,15 +179,15 @@ def test_the_resolver_on_pidfds_reads_a_process_once_and_sees_it_go(
 def test_the_resolver_lets_go_of_the_pidfds_of_pids_no_longer_listed(
     children: Callable[[], subprocess.Popen[bytes]],
 ) -> None:
-    before = open_fds()
+    before = held_pidfds()
     resolver = Resolver(PROC)
     kept, dropped = children().pid, children().pid
     one_cycle(resolver, [kept, dropped])
-    assert open_fds() == before + 2
+    assert held_pidfds() == before + 2
     one_cycle(resolver, [kept])
-    assert open_fds() == before + 1, "the pidfd of a live process no longer listed is closed"
+    assert held_pidfds() == before + 1, "the pidfd of a live process no longer listed is closed"
     resolver.close()
-    assert open_fds() == before
+    assert held_pidfds() == before
 
 
 @needs_pidfd

@@ -46,6 +46,7 @@ from tests.nodeworld import (
     wait_for_event,
     write_node_scenario,
 )
+from tests.pidfds import pidfds
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
@@ -100,7 +101,7 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
     ]
     assert (process["containerID"], process["podUID"]) == (cid, pod.metadata.uid)
     _, agent = component(world, "agent")
-    assert pid in _pidfd_pids(agent), "the agent tells the process apart by a pidfd"
+    assert pid in pidfds(agent).values(), "the agent tells the process apart by a pidfd"
     soft, hard = _fd_limits(agent)
     assert raised_soft_limit(soft, hard) is None, f"its soft fd limit ({soft}) raised"
     started, _ = _fd_limits(pid)  # as the runtime starts containers (see localcluster)
@@ -451,21 +452,6 @@ def test_the_node_drained_and_cordoned(installed: NodeWorld) -> None:
     assert gpu_condition(world, "drained", new.metadata.name) is None
     annotations = world.core.read_namespaced_pod(new.metadata.name, "drained").metadata
     assert names.ANNOTATION_GPUS not in (annotations.annotations or {})
-
-
-def _pidfd_pids(pid: int) -> set[int]:
-    """The pids the process's pidfds stand for (each pidfd's fdinfo names its pid)."""
-    held: set[int] = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-            if target != "anon_inode:[pidfd]" and not target.startswith("pidfd:"):
-                continue
-            info = Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
-        except FileNotFoundError:
-            continue  # closed meanwhile
-        held.update(int(line.split()[1]) for line in info.splitlines() if line.startswith("Pid:"))
-    return held
 
 
 def _fd_limits(pid: int) -> tuple[int, int]:

@@ -182,7 +182,7 @@ def raise_fd_limit() -> tuple[int, int]:
     containerd/containerd#8924, moby/moby#51485). A process may raise its soft limit up to the
     hard one without privilege; Go programs do it at start, a Python one must ask. At 1,024 the
     agent would hold at most 256 pidfds (FD_SHARE): half of 8 GPUs x 64 processes would be told
-    apart by stat. A refusal leaves the limit as it was.
+    apart by stat. A refusal leaves the limit as it was. Either is logged.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = raised_soft_limit(soft, hard)
@@ -193,6 +193,7 @@ def raise_fd_limit() -> tuple[int, int]:
     except (OSError, ValueError) as exc:
         log.info("fd limit stays at %d (raising it to %d: %s)", soft, target, exc)
         return soft, soft
+    log.info("soft fd limit raised from %d to %d (pidfds for the listed pids)", soft, target)
     return soft, target
 
 

@@ -183,9 +183,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
     setup = gather(settings.proc_root)
     if (note := pid_namespace_note(setup)) is not None:
         log.warning("%s", note)
-    before, after = raise_fd_limit()
-    if after != before:
-        log.info("soft fd limit raised from %d to %d (pidfds for the listed pids)", before, after)
+    raise_fd_limit()
     roots = own_kubelet_roots(settings.proc_root)
     if roots:
         log.info("kubelet cgroup root, from the agent's own cgroup: %s", roots)
