@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,9 @@ def test_between_cycles_the_samplers_are_read_often_enough_for_the_ring(tmp_path
 
         def poll(self) -> None:
             polls.append(clock[0])
+
+        def sample_shares(self, devices: Collection[str], span: float) -> None:
+            """No share reads."""
 
         def close(self) -> None:
             """Nothing to release."""

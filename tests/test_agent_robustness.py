@@ -6,6 +6,7 @@ pynvml's functions faked."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,9 @@ def test_an_unexpected_failure_costs_a_cycle_not_the_agent(tmp_path: Path) -> No
 
         def poll(self) -> None:
             """No sampler."""
+
+        def sample_shares(self, devices: Collection[str], span: float) -> None:
+            """No share reads."""
 
         def close(self) -> None:
             """Nothing to release."""

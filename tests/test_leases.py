@@ -5,6 +5,7 @@ and under real tokens: test_install)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,9 @@ def test_a_cycle_that_fails_renews_nothing(tmp_path: Path) -> None:
         def poll(self) -> None:
             """No sampler."""
 
+        def sample_shares(self, devices: Collection[str], span: float) -> None:
+            """No share reads."""
+
         def close(self) -> None:
             """Nothing to release."""
 
@@ -139,6 +143,9 @@ def test_a_cycle_that_fails_renews_nothing(tmp_path: Path) -> None:
 
         def poll(self) -> None:
             """No sampler."""
+
+        def sample_shares(self, devices: Collection[str], span: float) -> None:
+            """No share reads."""
 
         def close(self) -> None:
             """Nothing to release."""

@@ -9,6 +9,9 @@ The rule, chosen so that a steady node costs one write per heartbeat and nothing
   *last published* report (not the last observation), per process and per device. A process
   that grows slowly therefore still gets published once the drift adds up, while allocator
   jitter of a few MiB never causes a write.
+* A process's compute share (see share) is meaningful only when it moved by at least
+  `share_threshold` since it was last published, or came or went: the sampler's noise never
+  causes a write.
 * Utilization percentages are never a reason to write by themselves: they change every second.
   They are refreshed with every write, and at least once per heartbeat.
 * The heartbeat (a write even without change) keeps `observedAt` fresh, which is how the
@@ -33,6 +36,8 @@ from gpuusage.api.models import Gpu, Memory, MigDevice, Source
 
 Exact = tuple[Any, ...]
 Memories = tuple[int | None, ...]
+Shares = tuple[float | None, ...]
+DEFAULT_SHARE_THRESHOLD = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Fingerprint:
 
     exact: Exact
     memories: Memories
+    shares: Shares = ()
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,15 @@ def fingerprint(
     gpus: Iterable[Gpu],
     processes_of: Callable[[Gpu | MigDevice], Sequence[P]],
     key: Callable[[Gpu | MigDevice, P], Exact],
+    *,
+    share_of: Callable[[Gpu | MigDevice, P], float | None] | None = None,
 ) -> Fingerprint:
     """The fingerprint of a report's devices: `processes_of` lists a device's processes and
     `key` gives each one's attributed identity (report.AttributedReading passes the same rule
     the published spec is built by, so a cycle that writes nothing never builds the spec)."""
     exact: list[Any] = [node_name, source]
     memories: list[int | None] = []
+    shares: list[float | None] = []
 
     def device(kind: str, d: Gpu | MigDevice) -> int:
         processes = processes_of(d)
@@ -88,6 +97,8 @@ def fingerprint(
         memories.append(d.omitted_memory_mib)
         exact.extend(key(d, p) for p in processes)
         memories.extend(p.used_memory_mib for p in processes)
+        if share_of is not None:
+            shares.extend(share_of(d, p) for p in processes)
         return len(processes)
 
     for gpu in gpus:
@@ -96,10 +107,10 @@ def fingerprint(
         for mig in gpu.mig_devices:
             listed = device("mig", mig)
             exact.append((mig.gpu_instance_id, mig.compute_instance_id, listed))
-    return Fingerprint(tuple(exact), tuple(memories))
+    return Fingerprint(tuple(exact), tuple(memories), tuple(shares))
 
 
-def _moved(old: Memories, new: Memories, threshold: int) -> bool:
+def _moved(old: Sequence[float | None], new: Sequence[float | None], threshold: float) -> bool:
     for a, b in zip(old, new, strict=True):
         if a is None or b is None:
             if a is not b:
@@ -109,11 +120,21 @@ def _moved(old: Memories, new: Memories, threshold: int) -> bool:
     return False
 
 
-def meaningful_change(old: Fingerprint, new: Fingerprint, threshold_mib: int) -> bool:
-    """True when new differs from old by more than volatile fields and memory jitter."""
+def meaningful_change(
+    old: Fingerprint,
+    new: Fingerprint,
+    threshold_mib: int,
+    share_threshold: float = DEFAULT_SHARE_THRESHOLD,
+) -> bool:
+    """True when new differs from old by more than volatile fields, memory jitter and the
+    sampler's noise in the shares."""
     if old.exact != new.exact or len(old.memories) != len(new.memories):
         return True
-    return _moved(old.memories, new.memories, threshold_mib)
+    if len(old.shares) != len(new.shares):
+        return True
+    return _moved(old.memories, new.memories, threshold_mib) or _moved(
+        old.shares, new.shares, share_threshold
+    )
 
 
 def decide(
@@ -124,11 +145,12 @@ def decide(
     *,
     heartbeat: timedelta,
     threshold_mib: int,
+    share_threshold: float = DEFAULT_SHARE_THRESHOLD,
 ) -> Decision:
     """Whether to write the report fingerprinted as `new`, given the last published one."""
     if published is None or published_at is None:
         return Decision(True, "first report")
-    if meaningful_change(published, new, threshold_mib):
+    if meaningful_change(published, new, threshold_mib, share_threshold):
         return Decision(True, "changed")
     if now - published_at >= heartbeat:
         return Decision(True, "heartbeat")

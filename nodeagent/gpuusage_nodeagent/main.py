@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -42,6 +43,7 @@ from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.selfcheck import Setup, gather, nvml_note, pid_namespace_note, with_notes
 from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareTracker
 from gpuusage_nodeagent.visibility import Allowance, with_blind_devices
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class NodeReader:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         kubelet: Kubelet | None = None,
         activity: ActivityTracker | None = None,
+        share: ShareTracker | None = None,
         allowance: Allowance | None = None,
         setup: Setup | None = None,
     ) -> None:
@@ -82,6 +85,7 @@ class NodeReader:
         self.clock = clock
         self.kubelet = kubelet
         self.activity = activity or ActivityTracker()
+        self.share = share or ShareTracker()
         self.allowance = allowance or Allowance()
         self.setup = setup
         """How the agent was started (see selfcheck); None: nothing to say about it."""
@@ -89,6 +93,13 @@ class NodeReader:
     def poll(self) -> None:
         """Between two readings: read the GPUs' utilization samplers (see activity)."""
         self.source.poll()
+
+    def sample_shares(self) -> None:
+        """Between two readings: the short reads of the samplers of the GPUs several
+        processes share, for their shares (see share)."""
+        shared = self.share.shared_devices()
+        if shared:
+            self.source.sample_shares(shared, SHARE_READ_SPAN)
 
     def read(self) -> AttributedReading:
         reading = capped(with_blind_devices(self.source.read(), self.allowance))
@@ -100,12 +111,29 @@ class NodeReader:
         now = self.clock()
         found = self.resolver.resolve_all(reading_pids(reading))
         self.resolver.end_cycle()
+        shares = measure_shares(self.share, reading, now)
         reading, idle = judge_activity(self.activity, reading, now)
         allocated = None
         if self.kubelet is not None:
             pods = {r.attribution.pod_uid for r in found.values() if r.attribution.pod_uid}
             allocated = self.kubelet.read(pods, device_aliases(reading.gpus))
-        return AttributedReading(self.node_name, now, reading, found, allocated, idle)
+        return AttributedReading(self.node_name, now, reading, found, allocated, idle, shares)
+
+
+def measure_shares(tracker: ShareTracker, reading: Reading, now: datetime) -> dict[Key, Share]:
+    """Each process's compute share where the sampler's reads can vouch for one: of the
+    processes whose activity the source tells (not on MIG devices, not MPS clients)."""
+    if not tracker.enabled:
+        return {}
+    meters = {g.uuid: g.utilization.gpu_percent if g.utilization else None for g in reading.gpus}
+    shares: dict[Key, Share] = {}
+    for uuid, listed in reading.processes.items():
+        told = [p.pid for p in listed if p.active is not None]
+        reads = reading.share_samples.get(uuid, ())
+        found = tracker.device(uuid, told, reads, meters.get(uuid), now)
+        shares.update(((uuid, pid), share) for pid, share in found.items() if share is not None)
+    tracker.forget_devices_except(reading.processes)
+    return shares
 
 
 def judge_activity(
@@ -200,6 +228,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         resolver,
         kubelet=kubelet,
         activity=ActivityTracker(timedelta(seconds=settings.idle_window)),
+        share=ShareTracker(timedelta(seconds=settings.share_window)),
         allowance=Allowance(settings.unexplained_memory_mib, settings.context_memory_mib),
         setup=setup,
     )
@@ -249,6 +278,7 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
         settings.node_name,
         heartbeat=timedelta(seconds=settings.heartbeat),
         threshold_mib=settings.memory_threshold_mib,
+        share_threshold=settings.share_threshold,
         metrics=metrics,
         lease_refresh=timedelta(seconds=settings.report_refresh) if renewer else None,
     )
@@ -324,7 +354,8 @@ def run_cycles(
                     log.error("renewing the Lease of %s failed: %s", settings.node_name, exc)
         if settings.once:
             break
-        wait_polling(reader, stop, started + settings.interval)
+        share_every = settings.share_read_every if settings.share_window else None
+        wait_polling(reader, stop, started + settings.interval, share_every=share_every)
     return failed
 
 
@@ -333,17 +364,33 @@ def wait_polling(
     stop: threading.Event,
     until: float,
     every: float = SAMPLE_READ_EVERY,
+    *,
     monotonic: Callable[[], float] = time.monotonic,
+    share_every: float | None = None,
 ) -> None:
     """Wait for the next cycle (monotonic time `until`), reading the samplers every `every`
     seconds meanwhile, so that the driver's ring of samples never runs over between two reads
-    whatever --interval is."""
+    whatever --interval is; and, with `share_every`, the samplers of the GPUs several processes
+    share that often, for their shares (see share)."""
+    start = monotonic()
+    next_all = start + every
+    next_shared = start + share_every if share_every else math.inf
     while not stop.is_set():
-        left = until - monotonic()
-        if left <= 0 or stop.wait(min(left, every)):
+        now = monotonic()
+        due = min(next_all, next_shared)
+        if until - now <= 0 or stop.wait(max(min(until, due) - now, 0)):
             return
-        if until - monotonic() > 0:
-            try:
+        now = monotonic()
+        if until - now <= 0:
+            return
+        if now < due:
+            continue
+        try:
+            if now >= next_all:
+                next_all = now + every
                 reader.poll()
-            except Exception:  # a bug must not end the node's agent; the cycle reads again
-                log.exception("reading the GPUs' samplers failed")
+            if share_every and now >= next_shared:
+                next_shared = now + share_every
+                reader.sample_shares()
+        except Exception:  # a bug must not end the node's agent; the cycle reads again
+            log.exception("reading the GPUs' samplers failed")

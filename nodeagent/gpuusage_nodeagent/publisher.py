@@ -45,7 +45,7 @@ from gpuusage.kube.errors import (
 )
 from gpuusage.kube.rest import RestClient, encode
 from gpuusage.retry import Backoff
-from gpuusage_nodeagent.change import Decision, Fingerprint, decide
+from gpuusage_nodeagent.change import DEFAULT_SHARE_THRESHOLD, Decision, Fingerprint, decide
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.owner import NodeOwner
 from gpuusage_nodeagent.report import AttributedReading, without_processes
@@ -88,6 +88,7 @@ class Publisher:
         *,
         heartbeat: timedelta,
         threshold_mib: int,
+        share_threshold: float = DEFAULT_SHARE_THRESHOLD,
         metrics: AgentMetrics,
         backoff: Backoff = WRITE_BACKOFF,
         lease_refresh: timedelta | None = None,
@@ -102,6 +103,7 @@ class Publisher:
         """Whether the report's status, as the last write answered it, says the operator
         judges this node by its Lease."""
         self.threshold_mib = threshold_mib
+        self.share_threshold = share_threshold
         self.backoff = backoff
         self.metrics = metrics
         self._published: GpuNodeUsageSpec | None = None
@@ -145,6 +147,7 @@ class Publisher:
             now,
             heartbeat=self.refresh_every,
             threshold_mib=self.threshold_mib,
+            share_threshold=self.share_threshold,
         )
         if force and not decision.write:
             decision = Decision(True, "forced")

@@ -26,6 +26,7 @@ from gpuusage_nodeagent.activity import Key
 from gpuusage_nodeagent.change import Exact, Fingerprint, fingerprint
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.resolver import MAX_NAME, Resolved
+from gpuusage_nodeagent.share import Share
 
 
 def reading_pids(reading: Reading) -> set[int]:
@@ -47,11 +48,14 @@ def attribution(process: RawProcess, resolved: Resolved | None) -> Attributed:
 
 
 def attribute(
-    process: RawProcess, resolved: Resolved | None, idle_since: datetime | None = None
+    process: RawProcess,
+    resolved: Resolved | None,
+    idle_since: datetime | None = None,
+    share: Share | None = None,
 ) -> Process:
     """The published process: what the GPU library said, with its container, pod and name
-    filled in from what the proc root said, and since when it is idle (see activity).
-    Validated here, once per write."""
+    filled in from what the proc root said, since when it is idle (see activity) and its share
+    of the device (see share). Validated here, once per write."""
     name, container_id, pod_uid, error = attribution(process, resolved)
     return Process(
         pid=process.pid,
@@ -62,23 +66,38 @@ def attribute(
         types=list(process.types),
         sm_util_percent=process.sm_util_percent,
         memory_util_percent=process.memory_util_percent,
+        compute_share=None if share is None else shown_share(share.value),
+        compute_share_samples=None if share is None else share.samples,
+        compute_share_seconds=None if share is None else round(share.seconds, 1),
         resolve_error=None if error is None else safe_text(error, MAX_DETAIL),
         idle_since=idle_since,
         activity_unknown=process.active is None,
     )
 
 
+def shown_share(value: float) -> float:
+    """A share as published: to a thousandth, within 0..1."""
+    return min(max(round(value, 3), 0.0), 1.0)
+
+
 Idle = Mapping[Key, datetime]
 """Since when each idle process is idle, by (device UUID, pid)."""
 NOT_IDLE: Idle = {}
+Shares = Mapping[Key, Share]
+"""Each process's compute share, by (device UUID, pid); absent where not known."""
+NO_SHARES: Shares = {}
 
 
 def _attribute_all(
-    device: Gpu | MigDevice, reading: Reading, found: Mapping[int, Resolved], idle: Idle
+    device: Gpu | MigDevice,
+    reading: Reading,
+    found: Mapping[int, Resolved],
+    idle: Idle,
+    shares: Shares,
 ) -> list[Process]:
     uuid = device.uuid or ""
     return [
-        attribute(p, found.get(p.pid), idle.get((uuid, p.pid)))
+        attribute(p, found.get(p.pid), idle.get((uuid, p.pid)), shares.get((uuid, p.pid)))
         for p in reading.processes_of(device)
     ]
 
@@ -91,15 +110,16 @@ def build_spec(
     *,
     kubelet: KubeletAllocations | None = None,
     idle: Idle = NOT_IDLE,
+    shares: Shares = NO_SHARES,
 ) -> GpuNodeUsageSpec:
     """The spec the agent publishes for this reading."""
     gpus: list[Gpu] = []
     for gpu in reading.gpus:
         migs = [
-            mig.model_copy(update={"processes": _attribute_all(mig, reading, found, idle)})
+            mig.model_copy(update={"processes": _attribute_all(mig, reading, found, idle, shares)})
             for mig in gpu.mig_devices
         ]
-        processes = _attribute_all(gpu, reading, found, idle)
+        processes = _attribute_all(gpu, reading, found, idle, shares)
         gpus.append(gpu.model_copy(update={"processes": processes, "mig_devices": migs}))
     return GpuNodeUsageSpec(
         node_name=node_name,
@@ -159,6 +179,8 @@ class AttributedReading:
     """The kubelet's allocations this cycle; None: not read (the socket is not mounted)."""
     idle: Idle = field(default_factory=dict)
     """Idle processes, since when (see activity)."""
+    shares: Shares = field(default_factory=dict)
+    """Each process's compute share where known (see share)."""
     _spec: GpuNodeUsageSpec | None = field(default=None, repr=False)
 
     def spec(self) -> GpuNodeUsageSpec:
@@ -170,6 +192,7 @@ class AttributedReading:
                 self.found,
                 kubelet=self.kubelet,
                 idle=self.idle,
+                shares=self.shares,
             )
         return self._spec
 
@@ -182,8 +205,13 @@ class AttributedReading:
             self.reading.gpus,
             self.reading.processes_of,
             self._key,
+            share_of=self._share if self.shares else None,
         )
-        return Fingerprint((*found.exact, self.kubelet), found.memories)
+        return Fingerprint((*found.exact, self.kubelet), found.memories, found.shares)
+
+    def _share(self, device: Gpu | MigDevice, p: RawProcess) -> float | None:
+        share = self.shares.get((device.uuid or "", p.pid))
+        return None if share is None else shown_share(share.value)
 
     def _key(self, device: Gpu | MigDevice, p: RawProcess) -> Exact:
         name, container_id, pod_uid, error = attribution(p, self.found.get(p.pid))

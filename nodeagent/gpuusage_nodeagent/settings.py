@@ -58,6 +58,17 @@ class AgentSettings(CommandSettings):
     many processes share, the driver's sampler may need longer to show a quiet process is not
     merely unsampled: until it does, the process is published with its activity unknown, never
     idle (docs/real-driver.md has the time each process count needs)."""
+    share_window: float = Field(default=300.0)
+    """Seconds over which each process's share of its device's time (`computeShare`) is
+    counted from the driver's sampler; 0 turns the share off (no reads beyond the cycle's).
+    A share is published once the reads cover half of it."""
+    share_read_every: float = Field(default=2.0, ge=0.2, le=10)
+    """Seconds between two reads of the sampler of a GPU that several processes share, for
+    their shares (a GPU with one process gets its share from the cycle's reads alone). Longer
+    costs less and measures less precisely (docs/real-driver.md has both)."""
+    share_threshold: float = Field(default=0.05, gt=0, le=1)
+    """A process's share moving by less than this (0.05: 5 points of its device's time) since
+    it was last published causes no write."""
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's PodResources socket, read each cycle for the device IDs each pod was given
     (mount its folder read-only); when its folder is not there, allocations stay counts."""
@@ -86,6 +97,13 @@ class AgentSettings(CommandSettings):
         if value in ("nvml", "none") or (value.startswith("fake:") and len(value) > 5):
             return value
         raise ValueError("must be nvml, none or fake:PATH")
+
+    @field_validator("share_window")
+    @classmethod
+    def _share_window(cls, value: float) -> float:
+        if value == 0 or value >= 10:
+            return value
+        raise ValueError("must be 0 (off) or at least 10 seconds")
 
     @model_validator(mode="after")
     def _combination(self) -> AgentSettings:

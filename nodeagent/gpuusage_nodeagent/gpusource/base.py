@@ -10,7 +10,7 @@ resolver has filled in containers and pods, the same way for every source.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -68,6 +68,9 @@ class Reading:
     samples: Mapping[str, Sequence[SampleBatch]] = field(default_factory=dict)
     """The reads of each device's utilization sampler since the last reading, by device UUID;
     absent for a device whose sampler was not read (see activity)."""
+    share_samples: Mapping[str, Sequence[SampleBatch]] = field(default_factory=dict)
+    """The short reads made for the compute share since the last reading (see share), by
+    device UUID."""
 
     def processes_of(self, device: Gpu | MigDevice) -> Sequence[RawProcess]:
         """The processes the reading lists on `device` (none for a device without a UUID:
@@ -90,6 +93,11 @@ class GpuSource(Protocol):
     def poll(self) -> None:
         """Read the devices' utilization samplers between two readings (the driver keeps only
         its last 72 samples); the next reading hands them over. Must not raise."""
+
+    def sample_shares(self, devices: Collection[str], span: float) -> None:
+        """Read the last `span` seconds of the samplers of `devices`, for their processes'
+        shares (see share), without moving the cursor of the reads above; the next reading
+        hands them over. Must not raise."""
 
     def close(self) -> None: ...
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -56,7 +56,7 @@ from gpuusage_nodeagent.gpusource.drivermodel import (
     under_mps_server,
     work_of,
 )
-from gpuusage_nodeagent.gpusource.sampling import Latest, SampleBatch, SampleCursor
+from gpuusage_nodeagent.gpusource.sampling import Latest, SampleBatch, SampleCursor, share_batch
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,23 @@ class FakeProcess(_Strict):
     """What a sample of the process shows on the SMs, memory controller, encoder and decoder:
     any above 0 makes it busy (sampled when its turn comes, see drivermodel); all 0: idle (never
     sampled); all absent: the device reports no utilization for it."""
+    duty: Annotated[float, Field(ge=0, le=1, strict=True)] | None = None
+    """The share of the time it has work for the engines, as if it ran alone (the first `duty`
+    of each period of about a second; see drivermodel); absent: 1 when its values above show
+    work, else 0."""
 
     def told(self) -> bool:
         return any(e is not None for e in (self.smUtil, self.memUtil, self.encUtil, self.decUtil))
+
+    @model_validator(mode="after")
+    def _duty_with_work(self) -> FakeProcess:
+        shows = any((self.smUtil, self.memUtil, self.encUtil, self.decUtil))
+        if self.duty and not shows:
+            raise ValueError(
+                f"pid {self.pid}: duty {self.duty} needs smUtil, memUtil, encUtil or decUtil "
+                "above 0 (what its samples show while it works)"
+            )
+        return self
 
 
 class FakeUtilization(_Strict):
@@ -347,10 +361,18 @@ def sampled_work(spec: FakeGpu) -> dict[int, Work] | None:
     told = [p for p in spec.processes if p.told()]
     if not told:
         return None
-    work = {p.pid: work_of(p.smUtil, p.memUtil, p.encUtil, p.decUtil) for p in told}
+    work = {p.pid: _work(p) for p in told}
     clients = [p.pid for p in told if "mps" in p.types]
     server = next((p.pid for p in spec.processes if p.name == MPS_SERVER), None)
     return under_mps_server(work, clients, server)
+
+
+def _work(process: FakeProcess) -> Work:
+    """What a told process does on the engines: its values, for its duty of the time."""
+    work = work_of(process.smUtil, process.memUtil, process.encUtil, process.decUtil)
+    if process.duty is None or not work.duty:
+        return work
+    return Work(process.duty, work.sm, work.mem, work.enc, work.dec)
 
 
 def _with_samples(process: RawProcess, latest: Latest) -> RawProcess:
@@ -374,6 +396,7 @@ class FakeSource:
         built(self._last_good, path)
         self._last_error: str | None = None
         self._samplers: dict[str, tuple[Sampler, SampleCursor]] = {}
+        self._share_batches: dict[str, list[SampleBatch]] = {}
 
     def poll(self) -> None:
         """Read each GPU's sampler as the last valid scenario has its processes working."""
@@ -382,6 +405,25 @@ class FakeSource:
             work = sampled_work(spec)
             if work is not None:
                 self._sample(spec.uuid, work, now)
+
+    def sample_shares(self, devices: Collection[str], span: float) -> None:
+        """Read the last `span` seconds of the samplers of `devices` (see share)."""
+        now = self.clock()
+        now_us = int(now.timestamp() * 1_000_000)
+        for spec in self._last_good.gpus:
+            found = self._samplers.get(spec.uuid)
+            work = sampled_work(spec) if spec.uuid in devices else None
+            if found is None or work is None:
+                continue
+            found[0].advance(now_us, work)
+            samples = found[0].read(now_us - int(span * 1_000_000))
+            self._share_batches.setdefault(spec.uuid, []).append(share_batch(samples, now, span))
+
+    def sampler(self, uuid: str) -> Sampler | None:
+        """The driver model's sampler of a GPU (its tally is the truth a share is measured
+        against); None before its first read."""
+        found = self._samplers.get(uuid)
+        return None if found is None else found[0]
 
     def _sample(self, uuid: str, work: dict[int, Work], now: datetime) -> SampleCursor:
         sampler, cursor = self._samplers.get(uuid) or (Sampler(uuid, history=True), SampleCursor())
@@ -392,11 +434,12 @@ class FakeSource:
 
     def _sampled(
         self, scenario: Scenario, processes: dict[str, list[RawProcess]]
-    ) -> dict[str, list[SampleBatch]]:
+    ) -> tuple[dict[str, list[SampleBatch]], dict[str, int]]:
         """Each GPU's processes with what its sampler showed since the last reading; the
-        batches of reads, by UUID."""
+        batches of reads, and the device's utilization meter now, by UUID."""
         now = self.clock()
         batches: dict[str, list[SampleBatch]] = {}
+        meters: dict[str, int] = {}
         for spec in scenario.gpus:
             work = sampled_work(spec)
             if work is None or spec.uuid not in processes:
@@ -404,11 +447,14 @@ class FakeSource:
                 continue
             found, latest = self._sample(spec.uuid, work, now).drain()
             batches[spec.uuid] = found
+            meter = self._samplers[spec.uuid][0].busy_percent()
+            if meter is not None:
+                meters[spec.uuid] = meter
             told = work.keys() | {p.pid for p in spec.processes if p.told()}
             processes[spec.uuid] = [
                 _with_samples(p, latest) if p.pid in told else p for p in processes[spec.uuid]
             ]
-        return batches
+        return batches, meters
 
     def read(self) -> Reading:
         note = None
@@ -441,8 +487,16 @@ class FakeSource:
             cuda_version=scenario.cudaVersion,
             agent_version=__version__,
         )
-        samples = self._sampled(scenario, processes)
-        return Reading(source, gpus, errors, processes, samples)
+        samples, meters = self._sampled(scenario, processes)
+        shares, self._share_batches = self._share_batches, {}
+        given = {spec.uuid for spec in scenario.gpus if spec.utilization is not None}
+        gpus = [
+            gpu.model_copy(update={"utilization": Utilization(gpu_percent=meters[gpu.uuid])})
+            if gpu.uuid in meters and gpu.uuid not in given
+            else gpu
+            for gpu in gpus
+        ]
+        return Reading(source, gpus, errors, processes, samples, shares)
 
     def close(self) -> None:
         """Nothing to release."""

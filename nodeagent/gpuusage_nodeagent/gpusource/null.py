@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from gpuusage import __version__
 from gpuusage.api.models import Source
 from gpuusage_nodeagent.gpusource.base import Reading
@@ -20,6 +22,9 @@ class NullSource:
         return Reading(source, [])
 
     def poll(self) -> None:
+        """No sampler to read."""
+
+    def sample_shares(self, devices: Collection[str], span: float) -> None:
         """No sampler to read."""
 
     def close(self) -> None:

@@ -46,7 +46,7 @@ import logging
 import re
 import struct
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
@@ -72,7 +72,12 @@ from gpuusage.api.models import (
     safe_text,
 )
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading, activity, error_reason
-from gpuusage_nodeagent.gpusource.sampling import Latest, SampleBatch, SampleCursor
+from gpuusage_nodeagent.gpusource.sampling import (
+    Latest,
+    SampleBatch,
+    SampleCursor,
+    share_batch,
+)
 from gpuusage_nodeagent.resolver import clean_name
 
 log = logging.getLogger(__name__)
@@ -218,6 +223,7 @@ class NvmlSource:
         self._cursors: dict[str, SampleCursor] = {}  # each device's sampler reads, by UUID
         self._sampled: dict[str, Any] = {}  # the handles of the devices whose sampler is read
         self._batches: dict[str, list[SampleBatch]] = {}  # this reading's, by UUID
+        self._share_batches: dict[str, list[SampleBatch]] = {}  # short reads, by UUID
         self._util_unsupported: set[str] = set()
         self._errors: Counter[str] = Counter()
         # Process names by pid: asked of NVML once per process, kept while the pid stays listed.
@@ -298,6 +304,25 @@ class NvmlSource:
         for uuid, handle in list(self._sampled.items()):
             self._sample(handle, uuid)
 
+    def sample_shares(self, devices: Collection[str], span: float) -> None:
+        """Read the last `span` seconds of the samplers of `devices` (see share)."""
+        if not self._initialised:
+            return
+        nvml = self._module()
+        for uuid, handle in list(self._sampled.items()):
+            if uuid not in devices:
+                continue
+            now = self._clock()
+            since = int((now.timestamp() - span) * 1_000_000)
+            try:
+                samples = self._raw_samples(handle, since)
+            except nvml.NVMLError_NotFound:
+                samples = []  # no sample in the span: nothing ran
+            except nvml.NVMLError as exc:
+                self._errors[error_reason(exc)] += 1
+                continue
+            self._share_batches.setdefault(uuid, []).append(share_batch(samples, now, span))
+
     def read(self) -> Reading:
         """The node's GPUs; its errors are those since the last reading (the sampler reads
         between readings count too)."""
@@ -335,7 +360,8 @@ class NvmlSource:
         if count > MAX_GPUS:  # a report holds so many (see api.models); say what is left out
             note = f"{count - MAX_GPUS} GPUs beyond the first {MAX_GPUS} are not reported"
             source = source.model_copy(update={"message": note})
-        return Reading(source, gpus, self._errors, processes, self._batches)
+        shares, self._share_batches = self._share_batches, {}
+        return Reading(source, gpus, self._errors, processes, self._batches, shares)
 
     def _read_source(self) -> Source:
         nvml = self._module()

@@ -4,7 +4,8 @@ The driver's per-process utilization is a sampler, not a meter (see driverfacts 
 drivermodel): each read returns, per process, its latest sample since the cursor, and the
 driver keeps only the last 72 samples. So a source reads it between the agent's cycles too
 (every SAMPLE_READ_EVERY seconds at most), and what the activity rule needs from each read is
-how long it covered, which processes it showed at work, and which it showed at all.
+how long it covered, which processes it showed at work, and which it showed at all; the
+compute share (see share) also needs each entry's timestamp.
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ class SampleBatch:
     """Pids with a sample since the previous read that shows work on an engine."""
     sampled: frozenset[int]
     """Pids with any sample since the previous read."""
+    entries: tuple[tuple[int, int], ...] = ()
+    """The read's entries as (timestamp in µs on the driver's clock, pid), oldest first: each
+    the latest sample of its process since the previous read."""
+
+
+def share_batch(samples: Iterable[Sample], at: datetime, span: float) -> SampleBatch:
+    """A read of the last `span` seconds of a sampler, made for the share (see share): its
+    entries only, the cursor of the activity rule's reads left where it is."""
+    entries = sorted((stamp, pid) for pid, stamp, *_ in samples)
+    sampled = frozenset(pid for _, pid in entries)
+    return SampleBatch(at, span, frozenset(), sampled, tuple(entries))
 
 
 Latest = dict[int, tuple[int, int, bool]]
@@ -56,10 +68,12 @@ class SampleCursor:
         """Record one read's samples (pid, µs, SM, memory, encoder, decoder)."""
         busy: set[int] = set()
         sampled: set[int] = set()
+        entries: list[tuple[int, int]] = []
         newest = self.since_us
         latest = self._latest
         for pid, stamp, sm, mem, enc, dec in samples:
             sampled.add(pid)
+            entries.append((stamp, pid))
             if any_engine(sm, mem, enc, dec):
                 busy.add(pid)
             known = latest.get(pid)
@@ -70,7 +84,10 @@ class SampleCursor:
         span = 0.0 if self._last is None else max((at - self._last).total_seconds(), 0.0)
         self._last = at
         self._busy |= busy
-        self._batches.append(SampleBatch(at, span, frozenset(busy), frozenset(sampled)))
+        entries.sort()
+        self._batches.append(
+            SampleBatch(at, span, frozenset(busy), frozenset(sampled), tuple(entries))
+        )
 
     def drain(self) -> tuple[list[SampleBatch], Latest]:
         """The batches since the last drain and the values they showed; starts afresh."""

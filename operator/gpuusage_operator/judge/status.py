@@ -35,6 +35,7 @@ from gpuusage.api.models import (
     MigDevice,
     PodAllocation,
     PodUsage,
+    Process,
     Totals,
     UnattributedProcess,
     safe_text,
@@ -92,10 +93,18 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                     unallocated=judgement.finding == "Unallocated" and uuid in judgement.outside,
                     held_idle_since=judgement.held_idle_since,
                     computing=computing(r.process for r in entries),
+                    compute_share=compute_share(r.process for r in entries),
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
     return list_allocated(usages, judged)
+
+
+def compute_share(processes: Iterable[Process]) -> float | None:
+    """A pod's share of a device: its processes' shares added up (at most 1, as they are of
+    one device's time); None when none of them has one."""
+    shares = [p.compute_share for p in processes if p.compute_share is not None]
+    return min(round(sum(shares), 3), 1.0) if shares else None
 
 
 def list_allocated(usages: list[PodUsage], judged: Mapping[str, Judgement]) -> list[PodUsage]:

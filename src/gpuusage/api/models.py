@@ -132,6 +132,8 @@ def safe_text(text: str, limit: int) -> str:
 
 Percent = Annotated[int, Field(ge=0, le=100)]
 MiB = Annotated[int, Field(ge=0, le=MAX_MIB)]
+Share = Annotated[float, Field(ge=0, le=1)]
+"""A share of a device's time, from 0 to 1."""
 ProductName = Annotated[str, Field(max_length=96, pattern=SAFE_TEXT_PATTERN)]  # NVML's buffer
 ProcessName = Annotated[str, Field(max_length=64, pattern=SAFE_TEXT_PATTERN)]
 ShortText = Annotated[str, Field(max_length=64, pattern=SAFE_TEXT_PATTERN)]
@@ -214,6 +216,19 @@ class Process(ApiModel):
     time); absent when no sample named it or the device reports none."""
     memory_util_percent: Percent | None = None
     """Memory-controller utilization in the same sample as smUtilPercent."""
+    compute_share: Share | None = None
+    """The share of its device's time, over the agent's --share-window, in which the driver's
+    samples found this process on the engines: of wall time, so a device's shares add up to at
+    most its busy time. 0 for a process the samples never found on a device sampled long
+    enough; absent where the driver cannot tell (MIG devices, MPS clients, whose samples go to
+    the server, GPUs without per-process utilization), while the reads cover less than half the
+    window, or with the share turned off."""
+    compute_share_samples: Annotated[int, Field(ge=0)] | None = None
+    """What computeShare rests on: how many of the driver sampler's instants in the window the
+    agent's reads covered (for a device's only process, how many readings of the device's
+    utilization meter)."""
+    compute_share_seconds: Annotated[float, Field(ge=0)] | None = None
+    """The span computeShare rests on, in seconds."""
     resolve_error: Detail | None = None
     """Why the process could not be attributed (e.g. it exited during the observation)."""
     idle_since: datetime | None = None
@@ -429,6 +444,9 @@ class PodUsage(ApiModel):
     when all have been quiet for it; absent where the device does not say (MIG devices, MPS
     clients, some GPUs) or the agent predates this field. The bill of use counts GPU-hours
     computing from it."""
+    compute_share: Share | None = None
+    """The pod's share of this device's time over the agent's --share-window: the sum of its
+    processes' computeShare here; absent when none of them has one (see Process)."""
 
 
 BlindReason = Literal[

@@ -1,0 +1,347 @@
+"""A process's share of its shared GPU: the driver model's truth against what the agent
+publishes, from the sampler's reads as the agent makes them (every --share-read-every on a GPU
+several processes share, the cycle's alone on a GPU of one process)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuusage_nodeagent.activity import ActivityTracker
+from gpuusage_nodeagent.change import meaningful_change
+from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
+from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
+from gpuusage_nodeagent.gpusource.sampling import SampleBatch, SampleCursor
+from gpuusage_nodeagent.main import NodeReader
+from gpuusage_nodeagent.report import AttributedReading
+from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.share import ShareTracker
+from tests.fakenvml import gpu_uuid
+
+START = datetime(2026, 11, 27, 12, 0, 0, 123456, tzinfo=UTC)
+GPU = gpu_uuid(0)
+MIG = "MIG-00000000-0000-4000-8000-00000000000a"
+
+
+def _scenario(path: Path, tenants: Mapping[int, float | None], **gpu: Any) -> None:
+    """One GPU with a tenant per pid, at work for its duty (None: no duty given; 0: idle)."""
+    processes = []
+    for pid, duty in tenants.items():
+        entry: dict[str, Any] = {
+            "pid": pid,
+            "usedMemoryMiB": 1000,
+            "smUtil": 0 if duty == 0 else 90,
+        }
+        if duty:
+            entry["duty"] = duty
+        processes.append(entry)
+    spec = {"index": 0, "uuid": GPU, "memoryTotalMiB": 81920, "processes": processes} | gpu
+    path.write_text(yaml.safe_dump({"gpus": [spec]}))
+
+
+@dataclass
+class Run:
+    """The agent's reader over a scenario on the test's clock."""
+
+    source: FakeSource
+    reader: NodeReader
+    now: list[datetime]
+    tallies: list[Counter[int | None]]
+    last: AttributedReading | None = None
+
+    def advance(self, seconds: float, *, every: float = 1.5, cycle: float = 10.0) -> None:
+        """Let `seconds` pass as the agent spends them: a cycle every `cycle`, the short share
+        reads of the shared GPUs' samplers every `every` between."""
+        end = self.now[0] + timedelta(seconds=seconds)
+        next_cycle = self.now[0] + timedelta(seconds=cycle)
+        next_share = self.now[0] + timedelta(seconds=every)
+        while next_cycle <= end:
+            if next_share < next_cycle:
+                self.now[0] = next_share
+                self.reader.sample_shares()
+                next_share += timedelta(seconds=every)
+                continue
+            self.now[0] = next_cycle
+            self.last = self.reader.read()
+            sampler = self.source.sampler(GPU)
+            self.tallies.append(Counter(sampler.tally) if sampler else Counter())
+            next_cycle += timedelta(seconds=cycle)
+            next_share = self.now[0] + timedelta(seconds=every)
+
+    def shares(self) -> dict[int, float | None]:
+        assert self.last is not None
+        return {p.pid: p.compute_share for p in self.last.spec().gpus[0].processes}
+
+    def truth(self, window: int = 300, cycle: int = 10) -> dict[int | None, float]:
+        """Each pid's share of the sampler's instants over the last `window` seconds (the
+        model's tally: what reading at its own rate would count)."""
+        end, start = self.tallies[-1], self.tallies[-1 - window // cycle]
+        taken = {pid: n - start.get(pid, 0) for pid, n in end.items()}
+        total = sum(taken.values())
+        return {pid: n / total for pid, n in taken.items()}
+
+
+def _run(
+    tmp_path: Path, tenants: Mapping[int, float | None], window: float = 300, **gpu: Any
+) -> Run:
+    path = tmp_path / "s.yaml"
+    _scenario(path, tenants, **gpu)
+    now = [START]
+    source = FakeSource(path, clock=lambda: now[0])
+    reader = NodeReader(
+        "n1",
+        source,
+        Resolver(tmp_path),
+        clock=lambda: now[0],
+        activity=ActivityTracker(),
+        share=ShareTracker(timedelta(seconds=window)),
+    )
+    run = Run(source, reader, now, [])
+    run.last = reader.read()
+    return run
+
+
+def test_the_model_slices_the_engine_as_the_measured_driver() -> None:
+    """Duties 1.0, 0.5 and 0.2 at once: the real H200 gave 70 %, 28 % and 2 % of 100 samples
+    read at the sampler's rate. The model's shares lie within two of that count's standard
+    deviations of each, and equal tenants get equal shares."""
+    measured = {1: 0.70, 2: 0.28, 3: 0.02}
+    tally: Counter[int | None] = Counter()
+    for seed in range(20):
+        sampler = Sampler(seed)
+        work = {1: Work(1.0, 90), 2: Work(0.5, 90), 3: Work(0.2, 90)}
+        for step in range(1, 501):
+            sampler.advance(1_700_000_000_000_000 + step * 200_000, work)
+        tally.update(sampler.tally)
+    total = sum(tally.values())
+    for pid, share in measured.items():
+        model = tally[pid] / total
+        sd = math.sqrt(share * (1 - share) / 100)
+        assert abs(model - share) <= 2 * sd, (pid, model, share)
+    assert tally[None] == 0, "one tenant always has work: the engine is never idle"
+    equal = Sampler(1)
+    for step in range(1, 3001):
+        equal.advance(step * 200_000, {pid: Work(1.0, 90) for pid in range(4)})
+    assert all(abs(equal.tally[pid] / 3000 - 0.25) < 0.03 for pid in range(4))
+
+
+@pytest.mark.parametrize(
+    "tenants",
+    [
+        {10: 1.0, 11: 1.0},
+        {10: 1.0, 11: 0.5, 12: 0.2},
+        {10: 1.0, 11: 0.5, 12: 0.2, 13: 0, 14: 0.1},
+        {pid: 1.0 for pid in range(10, 18)},
+        {pid: 0.3 for pid in range(10, 18)},
+    ],
+    ids=["2 equal", "1.0/0.5/0.2", "with idle ones", "8 busy", "8 at 0.3"],
+)
+def test_the_published_share_is_the_models_truth(tmp_path: Path, tenants: dict[int, float]) -> None:
+    """Read as the agent reads (every 2 s on a shared GPU), each tenant's published share is
+    within 5 points of the model's truth over the same 5 minutes; an idle tenant's is 0."""
+    run = _run(tmp_path, tenants)
+    run.advance(400)
+    shares, truth = run.shares(), run.truth()
+    for pid, duty in tenants.items():
+        published = shares[pid]
+        assert published is not None
+        assert abs(published - truth.get(pid, 0.0)) <= 0.05, (pid, published, truth.get(pid))
+        if duty == 0:
+            assert published == 0.0
+    busy = 1 - truth.get(None, 0.0)
+    assert sum(s or 0 for s in shares.values()) <= busy + 0.02, "no more than the busy time"
+
+
+def test_one_read_a_scrape_makes_every_tenant_look_equal(tmp_path: Path) -> None:
+    """The anchors' method on the same model: each tenant's latest sample one second back, at
+    one read per 30 s scrape. Tenants that got 75 %, 21 % and 4 % show the same SM value, or
+    none; the published share tells them apart."""
+    run = _run(tmp_path, {10: 1.0, 11: 0.5, 12: 0.2})
+    run.advance(400)
+    sampler = run.source.sampler(GPU)
+    assert sampler is not None
+    now_us = int(run.now[0].timestamp() * 1_000_000)
+    seen = {pid for pid, *_ in sampler.read(now_us - 1_000_000)}
+    assert {10, 11, 12} - seen, "one second back shows at most what ran in it"
+    shares = run.shares()
+    assert shares[10] is not None
+    assert shares[12] is not None
+    assert shares[10] > 0.5
+    assert shares[12] < 0.1
+
+
+def test_no_share_before_the_reads_cover_half_the_window(tmp_path: Path) -> None:
+    run = _run(tmp_path, {10: 1.0, 11: 1.0}, window=60)
+    run.advance(20)
+    assert run.shares() == {10: None, 11: None}
+    run.advance(20)
+    assert all(s is not None for s in run.shares().values())
+    run.reader.share = ShareTracker(timedelta(0))  # --share-window 0: off
+    run.advance(10)
+    assert run.shares() == {10: None, 11: None}
+
+
+def test_a_lone_process_gets_the_devices_busy_time_without_extra_reads(tmp_path: Path) -> None:
+    """A GPU with one process: no reads between cycles, its share from the device's own
+    utilization meter, read each cycle."""
+    run = _run(tmp_path, {10: 0.4})
+    run.advance(400)
+    assert run.reader.share.shared_devices() == [], "no reads beyond the cycle's"
+    share = run.shares()[10]
+    assert share is not None
+    assert abs(share - 0.4) <= 0.1
+    assert run.last is not None
+    published = run.last.spec().gpus[0].processes[0]
+    assert published.compute_share_samples is not None
+    assert published.compute_share_samples >= 15
+
+
+def test_devices_that_do_not_tell_have_no_share(tmp_path: Path) -> None:
+    """MIG devices have no per-process utilization, MPS clients' samples go to the server: no
+    share for them, never a guess; the MPS server's is its clients' work together."""
+    path = tmp_path / "s.yaml"
+    mps = [
+        {"pid": 20, "name": "nvidia-cuda-mps-server", "usedMemoryMiB": 66, "smUtil": 0},
+        {"pid": 21, "usedMemoryMiB": 900, "types": ["compute", "mps"], "smUtil": 90},
+        {"pid": 22, "usedMemoryMiB": 900, "types": ["compute", "mps"], "smUtil": 90},
+        {"pid": 23, "usedMemoryMiB": 900, "smUtil": 90, "duty": 0.5},
+    ]
+    mig = {"index": 0, "uuid": MIG, "memoryTotalMiB": 4864, "processes": [{"pid": 30}]}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {"index": 0, "uuid": GPU, "memoryTotalMiB": 81920, "processes": mps},
+                    {
+                        "index": 1,
+                        "uuid": gpu_uuid(1),
+                        "memoryTotalMiB": 40960,
+                        "migDevices": [mig],
+                    },
+                ]
+            }
+        )
+    )
+    now = [START]
+    source = FakeSource(path, clock=lambda: now[0])
+    reader = NodeReader("n1", source, Resolver(tmp_path), clock=lambda: now[0])
+    run = Run(source, reader, now, [], reader.read())
+    run.advance(300)
+    assert run.last is not None
+    spec = run.last.spec()
+    shares = {p.pid: p.compute_share for p in spec.gpus[0].processes}
+    assert shares[21] is None, "an MPS client"
+    assert shares[22] is None, "an MPS client"
+    assert shares[20] is not None
+    assert shares[23] is not None
+    assert shares[20] > shares[23] > 0, "the server computes for its clients"
+    assert spec.gpus[1].mig_devices[0].processes[0].compute_share is None
+
+
+@pytest.mark.parametrize(
+    ("duty", "message"),
+    [
+        (1.5, r"gpus\.0\.processes\.0\.duty: Input should be less than or equal to 1"),
+        (-0.1, r"gpus\.0\.processes\.0\.duty: Input should be greater than or equal to 0"),
+        ("half", r"gpus\.0\.processes\.0\.duty: Input should be a valid number"),
+        (True, r"gpus\.0\.processes\.0\.duty: Input should be a valid number"),
+        (".nan", r"gpus\.0\.processes\.0\.duty"),
+    ],
+)
+def test_a_bad_duty_is_refused_and_the_last_good_reading_kept(
+    tmp_path: Path, duty: object, message: str
+) -> None:
+    path = tmp_path / "s.yaml"
+    _scenario(path, {10: 0.5, 11: 1.0})
+    source = FakeSource(path)
+    good = source.read()
+    text = path.read_text().replace("duty: 0.5", f"duty: {duty}")
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=message):
+        FakeSource(path)
+    kept = source.read()
+    assert kept.source.message is not None
+    assert re.search(message, kept.source.message)
+    assert [p.pid for p in kept.processes[GPU]] == [p.pid for p in good.processes[GPU]]
+
+
+def test_a_duty_needs_what_its_samples_show(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    spec = {"index": 0, "uuid": GPU, "memoryTotalMiB": 10, "processes": [{"pid": 5, "duty": 0.5}]}
+    path.write_text(yaml.safe_dump({"gpus": [spec]}))
+    with pytest.raises(ScenarioError, match=r"pid 5: duty 0\.5 needs smUtil"):
+        FakeSource(path)
+
+
+def test_a_sampler_faster_than_measured_is_counted_at_its_own_period() -> None:
+    """A driver sampling 5.7 times a second (72 samples in 12.6 s, the fastest seen): the
+    instants are counted at the period the entries' stamps show, not the nominal 5 a second,
+    so the shares stay within 5 points."""
+    sampler = Sampler(7, rate=5.7)
+    cursor = SampleCursor()
+    tracker = ShareTracker(timedelta(seconds=300))
+    work = {1: Work(1.0, 90), 2: Work(0.5, 90), 3: Work(0.2, 90)}
+    at = START
+    sampler.advance(int(at.timestamp() * 1_000_000), work)
+    start_tally: Counter[int | None] | None = None
+    shares: dict[int, Any] = {}
+    for step in range(1, 221):
+        at += timedelta(seconds=2)
+        sampler.advance(int(at.timestamp() * 1_000_000), work)
+        cursor.take(sampler.read(cursor.since_us), at)
+        if step == 70:
+            start_tally = Counter(sampler.tally)
+        if step % 5 == 0:
+            batches, _ = cursor.drain()
+            shares = tracker.device(GPU, [1, 2, 3], batches, None, at)
+    assert start_tally is not None
+    taken = {pid: n - start_tally.get(pid, 0) for pid, n in sampler.tally.items()}
+    total = sum(taken.values())
+    for pid in (1, 2, 3):
+        assert abs(shares[pid].value - taken.get(pid, 0) / total) <= 0.05
+
+
+def test_a_read_later_than_the_ring_lasts_does_not_count(tmp_path: Path) -> None:
+    """A read 30 s after the last one (the ring holds 12-14 s) cannot tell what it missed: its
+    span is not counted, so the share rests on less and stays honest."""
+    tracker = ShareTracker(timedelta(seconds=60))
+    stamp = int(START.timestamp() * 1_000_000)
+    late = SampleBatch(
+        START + timedelta(seconds=30),
+        30.0,
+        frozenset({1}),
+        frozenset({1}),
+        ((stamp + 29_800_000, 1),),
+    )
+    assert tracker.device(GPU, [1, 2], [late], None, START + timedelta(seconds=30)) == {
+        1: None,
+        2: None,
+    }
+
+
+def test_a_steady_shared_gpu_republishes_at_most_a_few_times_a_minute(tmp_path: Path) -> None:
+    """Three tenants at steady duties for 20 minutes: after the shares appear, the write rule
+    finds a share moved past its threshold at most a few times a minute (bar 16's steady node
+    writes only its Lease between refreshes)."""
+    run = _run(tmp_path, {10: 1.0, 11: 0.5, 12: 0.2})
+    run.advance(200)
+    assert run.last is not None
+    published = run.last.fingerprint()
+    changes = 0
+    for _ in range(100):  # 1,000 s of cycles
+        run.advance(10)
+        fingerprint = run.last.fingerprint()
+        if meaningful_change(published, fingerprint, 64, 0.05):
+            changes += 1
+            published = fingerprint
+    assert changes <= 3 * 1000 / 60, changes
+    assert changes <= 5, f"{changes} writes in 1,000 s of a steady GPU"
