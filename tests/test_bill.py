@@ -111,7 +111,10 @@ def test_each_column_sums_its_showback_rule_over_the_window() -> None:
         "sum by (namespace) (sum_over_time("
         'namespace:gpuusage_gpu_memory_used_mib:sum{namespace="ml"}[7d])) / 61440'
     )
-    assert set(RULES) == {"handed", "held", "computing", "memory"}
+    assert set(RULES) == {"handed", "held", "computing", "compute", "untold", "memory"}
+    assert query("compute", "1h") == (
+        "sum by (namespace) (sum_over_time(namespace:gpuusage_gpu_compute_share:sum[1h])) / 60"
+    )
 
 
 def test_answers_are_read_and_anything_else_is_named() -> None:
@@ -135,13 +138,15 @@ def test_a_bill_and_its_efficiency() -> None:
             "handed": {"ml": 4.0},
             "held": {"ml": 2.0, "sneaky": 1.0},
             "computing": {"ml": 1.5},
+            "compute": {"ml": 0.9},
+            "untold": {"ml": 0.25},
             "memory": {"ml": 59.5},
         }
     )
-    assert found["ml"] == Bill("ml", 4.0, 2.0, 1.5, 59.5)
-    assert cells(found["ml"]) == ["4.0", "2.0", "1.5", "59.5", "50%", "38%"]
+    assert found["ml"] == Bill("ml", 4.0, 2.0, 1.5, 59.5, compute=0.9, untold=0.25)
+    assert cells(found["ml"]) == ["4.0", "2.0", "1.5", "0.9", "0.2", "59.5", "50%", "38%"]
     assert found["sneaky"] == Bill("sneaky", held=1.0), "used without anything handed"
-    assert cells(found["sneaky"])[4:] == ["-", "-"], "no ratio without a GPU-hour handed"
+    assert cells(found["sneaky"])[-2:] == ["-", "-"], "no ratio without a GPU-hour handed"
 
 
 def test_what_cannot_work_is_refused_before_asking_anyone() -> None:
@@ -159,13 +164,20 @@ def test_the_bill_is_asked_of_prometheus_one_query_a_column(
     prometheus: tuple[str, list[dict[str, str]], list[Answer]],
 ) -> None:
     url, seen, answer = prometheus
-    hours = {"handed": 4.0, "held": 2.0, "computing": 1.5, "memory": 59.5}
+    hours = {
+        "handed": 4.0,
+        "held": 2.0,
+        "computing": 1.5,
+        "compute": 0.75,
+        "untold": 0.5,
+        "memory": 59.5,
+    }
     answer[0] = lambda q: (
         200,
         json.dumps(_vector({"ml": next(v for c, v in hours.items() if RULES[c][0] in q)})).encode(),
     )
     assert read_bills(url + "/", "24h", None, at=1795521600.0) == {
-        "ml": Bill("ml", 4.0, 2.0, 1.5, 59.5)
+        "ml": Bill("ml", 4.0, 2.0, 1.5, 59.5, compute=0.75, untold=0.5)
     }
     assert [s["query"] for s in seen] == [query(c, "24h") for c in RULES]
     assert {(s["path"], s["time"]) for s in seen} == {("/api/v1/query", "1795521600.000")}
@@ -218,6 +230,8 @@ def test_top_shows_the_bill_beside_the_namespaces_now(
         "handed": {ns: 24.0, gone: 8.0},
         "held": {ns: 12.0, gone: 8.0},
         "computing": {ns: 6.0},
+        "compute": {ns: 4.5},
+        "untold": {ns: 1.0},
         "memory": {ns: 96.0, gone: 640.0},
     }
     answer[0] = lambda q: (
@@ -248,19 +262,21 @@ def test_top_shows_the_bill_beside_the_namespaces_now(
         shown = top("--window", "24h", "--prometheus", url)
         assert shown.returncode == 0, shown.stderr
         lines = shown.stdout.splitlines()
-        assert lines[0].split()[-6:] == [
+        assert lines[0].split()[-8:] == [
             "GPU-H",
             "HELD-H",
             "COMPUTING-H",
+            "COMPUTE-H",
+            "NO-SHARE-H",
             "GIB-H",
             "HELD/GPU-H",
             "COMPUTING/GPU-H",
         ]
         rows = {line.split()[0]: line.split() for line in lines[1:-1]}
         assert rows[ns][3] == "1", "computing now"
-        assert rows[ns][-6:] == ["24.0", "12.0", "6.0", "96.0", "50%", "25%"]
+        assert rows[ns][-8:] == ["24.0", "12.0", "6.0", "4.5", "1.0", "96.0", "50%", "25%"]
         assert rows[gone][1:4] == ["0", "0", "0"], "nothing now"
-        assert rows[gone][-6:] == ["8.0", "8.0", "0.0", "640.0", "100%", "0%"]
+        assert rows[gone][-8:] == ["8.0", "8.0", "0.0", "0.0", "0.0", "640.0", "100%", "0%"]
         assert "over the 24h to " in lines[-1]
         assert url in lines[-1]
         assert {s["query"] for s in seen} == {query(c, "24h") for c in RULES}
@@ -268,6 +284,7 @@ def test_top_shows_the_bill_beside_the_namespaces_now(
         assert as_json["window"] == "24h"
         billed = {i["namespace"]: i["bill"] for i in as_json["items"]}
         assert billed[ns]["computing"] == 6.0
+        assert billed[ns]["compute"] == 4.5
         # Prometheus down: one line saying so, exit code 1, no table.
         down = top("--window", "24h", "--prometheus", "http://127.0.0.1:9")
         assert down.returncode != 0

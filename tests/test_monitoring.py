@@ -60,6 +60,8 @@ ALERTS = (
     "GpuRequestedButIdle",
     "GpuPolicyActed",
 )
+SHARE_ALERTS = ("GpuShareExceeded",)
+"""Alerts on the compute share, proven apart (test_the_bill_of_compute_on_a_shared_gpu)."""
 RECORDS = (
     "namespace:gpuusage_gpu_memory_used_mib:sum",
     "namespace:gpuusage_gpus_used:count",
@@ -77,6 +79,12 @@ RECORDS = (
     "namespace:gpuusage_gpu_hours_computing:sum1h",
     "namespace:gpuusage_gpu_held_efficiency:ratio1h",
     "namespace:gpuusage_gpu_computing_efficiency:ratio1h",
+    "namespace_pod:gpuusage_gpu_compute_share:sum",
+    "namespace:gpuusage_gpu_compute_share:sum",
+    "namespace_pod:gpuusage_gpu_compute_hours:sum1h",
+    "namespace:gpuusage_gpu_compute_hours:sum1h",
+    "namespace:gpuusage_gpus_share_untold:count",
+    "namespace:gpuusage_gpu_hours_share_untold:sum1h",
     "namespace_pod:gpuusage_gpus_used:count",
     "namespace_pod:gpuusage_gpus_computing:count",
     "namespace_pod:gpuusage_gpu_memory_used_mib:sum",
@@ -105,7 +113,7 @@ def test_prometheus_rule_is_rendered_from_the_rules_file() -> None:
         "manifests/monitoring/prometheusrule.yaml is out of date: run `make monitoring`"
     )
     rules = [r for g in rule_groups(RULES.read_text()) for r in g["rules"]]
-    assert [r["alert"] for r in rules if "alert" in r] == list(ALERTS)
+    assert [r["alert"] for r in rules if "alert" in r] == [*ALERTS, *SHARE_ALERTS]
     assert [r["record"] for r in rules if "record" in r] == list(RECORDS)
 
 
@@ -153,7 +161,8 @@ def test_a_broken_rules_file_is_named(text: str, message: str) -> None:
 def test_promtool_checks_the_rules(promtool: Path, tmp_path: Path) -> None:
     checked = _promtool(promtool, "check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"SUCCESS: {len(ALERTS) + len(RECORDS)} rules found" in checked.stdout
+    rules = len(ALERTS) + len(SHARE_ALERTS) + len(RECORDS)
+    assert f"SUCCESS: {rules} rules found" in checked.stdout
     # The same check rejects a broken expression, so its success above means something.
     broken = tmp_path / "broken.yaml"
     broken.write_text(RULES.read_text().replace("max by (node) (", "max by (node) ((", 1))
@@ -483,7 +492,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         {"train": 1, "waiter": 1, "sneaky": 0, "stray": 0, "kernel": 1},
         idle_after=3.0,
         pod_extras={"stray": {"claims": {"gpu": "stray-gpu"}}},
-        agent_extras={"idle_window": 0.5},
+        agent_extras={"idle_window": 0.5, "share_window": 10, "share_read_every": 0.25},
         operator_extras={"policy_notice": 0.5},
     )
     # A policy tells the owner of a pod using a GPU it never requested (Notify, enforced).
@@ -562,6 +571,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 0
             and _value(s, "gpuusage_pod_gpu_computing", node=a.node, pod="kernel") == 1
             and _value(s, "gpuusage_pod_gpu_computing", node=a.node, pod="train") == 1
+            and _value(s, "gpuusage_pod_gpu_compute_share", node=a.node, pod="train") is not None
             and _value(s, "gpuusage_node_condition", node=b.node, condition="Stale", status="False")
             == 1
         )
@@ -786,6 +796,112 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert len(empty_panels) == len(
         [q for d in DASHBOARDS for p in d.panels for q in p.queries if "vector(0)" not in q.expr]
     ), "every query but those that default to 0"
+
+
+@pytest.mark.cluster
+def test_the_bill_of_compute_on_a_shared_gpu(
+    make_world: WorldFactory, state_metrics: int, promtool: Path, tmp_path: Path
+) -> None:
+    """Four pods time-sliced on one GPU: a hog at work all the time, handed a quarter of the GPU
+    by a gpu-fraction, and three at work a fifth of each second; a fifth pod is an MPS client,
+    which tells no share. kube-state-metrics exports each measured share and the handed one; on
+    those scraped series the rules bill the namespace the GPU's busy time, one compute hour an
+    hour, where the computing GPU-hours of its pods add up to four; the MPS client's GPU-hour
+    is counted apart; the hog, at more than twice its share for an hour, fires GpuShareExceeded,
+    and nobody else does."""
+    w = make_world(
+        {"hog": 0, "a": 1, "b": 1, "c": 1, "mps": 1},
+        pod_extras={"hog": {"annotations": {"gpu-fraction": "0.25"}}},
+        agent_extras={"share_window": 10, "share_read_every": 0.25},
+    )
+    tenants: list[dict[str, Any]] = [
+        {"pid": w.pids["hog"], "usedMemoryMiB": 8192, "smUtil": 90},
+        *(
+            {"pid": w.pids[name], "usedMemoryMiB": 1024, "smUtil": 90, "duty": 0.2}
+            for name in ("a", "b", "c")
+        ),
+        {"pid": w.pids["mps"], "usedMemoryMiB": 1024, "types": ["compute", "mps"], "smUtil": 0},
+    ]
+    w.scenario([{**_gpu(0, GPU0, 20480, []), "processes": tenants}])
+    sharing = ("hog", "a", "b", "c")
+
+    def shared_now() -> dict[Sample, float] | None:
+        s = {k: v for k, v in _scrape(state_metrics).items() if dict(k[1]).get("node") == w.node}
+        told = [_value(s, "gpuusage_pod_gpu_compute_share", pod=pod) for pod in sharing]
+        handed = _value(s, "gpuusage_pod_gpu_handed_share", pod="hog")
+        return s if None not in told and handed == 0.25 else None
+
+    scraped = wait_for(shared_now, timeout=60, what="the shares in kube-state-metrics")
+    shares = {pod: _value(scraped, "gpuusage_pod_gpu_compute_share", pod=pod) for pod in sharing}
+    assert _value(scraped, "gpuusage_pod_gpu_compute_share", pod="mps") is None, "an MPS client"
+    assert _value(scraped, "gpuusage_pod_gpu_handed_share", pod="a") is None, "handed no share"
+    total = sum(v or 0.0 for v in shares.values())
+    assert abs(total - 1.0) <= 0.05, f"the hog keeps the GPU busy: the shares add up to {total}"
+    assert (shares["hog"] or 0) > 0.5, shares
+    # The bill on exactly these series, 70 minutes of them.
+    hours: dict[tuple[str, ...], float | None] = {
+        ("namespace:gpuusage_gpu_compute_hours:sum1h", w.ns): total,
+        **{
+            ("namespace_pod:gpuusage_gpu_compute_hours:sum1h", w.ns, pod): shares[pod]
+            for pod in sharing
+        },
+        **{("namespace_pod:gpuusage_gpu_hours_computing:sum1h", w.ns, pod): 1.0 for pod in sharing},
+        ("namespace:gpuusage_gpu_hours_computing:sum1h", w.ns): 1.0,
+        ("namespace:gpuusage_gpu_hours_share_untold:sum1h", w.ns): 1.0,
+    }
+    ns = f'{{namespace="{w.ns}"}}'
+    bill = {
+        bill_query("compute", "1h", w.ns): (ns, total),
+        bill_query("untold", "1h", w.ns): (ns, 1.0),
+    }
+    billed = tmp_path / "compute_test.yaml"
+    billed.write_text(yaml.safe_dump(_showback_test([(scraped, 70)], hours, bill)))
+    result = _promtool(promtool, "test", "rules", str(billed))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Billed per computing GPU-hour instead, the four pods would owe four: the same test fails.
+    four = {**hours, ("namespace:gpuusage_gpu_compute_hours:sum1h", w.ns): 4.0}
+    wrong = tmp_path / "four_test.yaml"
+    wrong.write_text(yaml.safe_dump(_showback_test([(scraped, 70)], four)))
+    assert _promtool(promtool, "test", "rules", str(wrong)).returncode != 0
+    # The alert: the hog only, once its share has stood over twice its handed one for an hour.
+    rule = next(
+        r
+        for g in rule_groups(RULES.read_text())
+        for r in g["rules"]
+        if r.get("alert") == "GpuShareExceeded"
+    )
+    labels = {
+        "namespace": w.ns,
+        "pod": "hog",
+        "uid": w.uids["hog"],
+        "node": w.node,
+        "gpu": GPU0,
+        **rule["labels"],
+    }
+    notes = {k: _render(v, labels) for k, v in rule["annotations"].items()}
+
+    def at(minute: str, firing: bool) -> dict[str, Any]:
+        exp = [{"exp_labels": labels, "exp_annotations": notes}] if firing else []
+        return {"eval_time": minute, "alertname": "GpuShareExceeded", "exp_alerts": exp}
+
+    alerts = tmp_path / "share_alert_test.yaml"
+    alerts.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(RULES)],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": _input_series([(scraped, 75)]),
+                        "alert_rule_test": [at("30m", False), at("65m", True)],
+                    }
+                ],
+            }
+        )
+    )
+    result = _promtool(promtool, "test", "rules", str(alerts))
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.cluster

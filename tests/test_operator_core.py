@@ -23,7 +23,7 @@ from gpuusage_operator.judge.podstate import (
 )
 from gpuusage_operator.judge.requests import gpu_requests
 from gpuusage_operator.judge.resolution import pod_uses, resolve_all, resolve_process
-from gpuusage_operator.judge.status import desired_status
+from gpuusage_operator.judge.status import compute_share, desired_status
 from tests.builders import api_pod, pod_lookup
 from tests.examples import (
     CTR_INFER,
@@ -256,6 +256,35 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     assert ended["lastTransitionTime"] == "2026-11-21T12:02:30Z"
 
 
+def _with_share(use: Any, share: float | None) -> Any:
+    """The use with each process's compute share set."""
+    return type(use)(
+        use.pod,
+        use.node,
+        use.observed_at,
+        tuple(
+            type(r)(
+                **{**r.__dict__, "process": r.process.model_copy(update={"compute_share": share})}
+            )
+            for r in use.resolutions
+        ),
+    )
+
+
+def test_the_usage_annotation_follows_a_share_only_when_it_moves_a_tenth() -> None:
+    """A container's share of a device is in its usage detail; a move of a few points (the
+    agent republishes at 5, and other changes on the node carry small ones along) rewrites no
+    pod; a move of a tenth does, and so does a share coming or going."""
+    use = _uses()[POD_TRAIN]
+    measured = desired_annotations(_with_share(use, 0.42))
+    device = json.loads(measured[names.ANNOTATION_USAGE])["containers"][0]["devices"][0]
+    assert device["share"] == 0.42
+    assert annotation_patch(measured, desired_annotations(_with_share(use, 0.49))) is None
+    assert annotation_patch(measured, desired_annotations(_with_share(use, 0.52))) is not None
+    assert annotation_patch(measured, desired_annotations(_with_share(use, None))) is not None
+    assert annotation_patch(desired_annotations(use), measured) is not None
+
+
 @pytest.mark.parametrize(
     ("before", "after", "event"),
     [
@@ -354,4 +383,15 @@ def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
     assert (condition["status"], condition["reason"]) == ("True", "UsingUnrequestedGPU")
     assert desired_condition("InUse", uses[POD_NOTEBOOK], "gpu-node-a")["reason"] == (
         "ProcessesRunning"
+    )
+
+
+def test_a_pods_share_of_a_device_adds_its_processes_up() -> None:
+    """status.pods[].computeShare: the pod's processes' shares on the device added up, those
+    without one left out; absent when none has one."""
+    told = [Process(pid=1, compute_share=0.25), Process(pid=2, compute_share=0.125)]
+    assert compute_share([*told, Process(pid=3)]) == 0.375
+    assert compute_share([Process(pid=3)]) is None
+    assert (
+        compute_share([Process(pid=1, compute_share=0.7), Process(pid=2, compute_share=0.6)]) == 1
     )

@@ -94,6 +94,7 @@ def test_rows_merge_devices_sort_filter_and_mark_stale() -> None:
         "GPUS",
         "ALLOCATED",
         "MEMORY",
+        "COMPUTE",
         "PROCESSES",
         "DEVICES",
         "PENDING",
@@ -168,14 +169,44 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
         "PODS",
         "GPUS",
         "COMPUTING",
+        "COMPUTE",
         "ALLOCATED",
         "MEMORY",
         "IDLE",
         "UNALLOCATED",
     ]
     assert a.computing == 1, "the trainer computes on one of its two GPUs"
-    assert table[1].split() == [NS_A, "2", "3", "1", "3", "84Gi", "(stale)", "0", "0"]
-    assert table[2].split() == ["vision", "4", "2", "0", "4", "+", "1", "share", "9.8Gi", "1", "1"]
+    assert table[1].split() == [NS_A, "2", "3", "1", "-", "3", "84Gi", "(stale)", "0", "0"]
+    assert table[2].split() == [
+        *["vision", "4", "2", "0", "-", "4", "+", "1", "share", "9.8Gi", "1", "1"]
+    ]
+
+
+def test_shares_of_gpu_time_add_up_per_pod_and_namespace() -> None:
+    """A pod's shares of its devices' time add up as top adds CPU (150 % over two GPUs); a
+    device that tells none is marked "+?" beside what the others tell; no device that tells
+    one: "-". A namespace sums its pods'."""
+    trainer = status_pod("share", "trainer", 1024, [1], requested=2)
+    notebook = status_pod("share", "notebook", 512, [2], requested=1)
+    mps = status_pod("share", "mps-client", 512, [3], requested=1)
+    report = status_report(
+        "n-share",
+        {
+            "GPU-s1": [{**trainer, "computeShare": 0.75}, {**notebook, "computeShare": 0.05}],
+            "GPU-s2": [{**trainer, "computeShare": 0.75}, mps],
+        },
+    )
+    rows = {r.pod: r for r in pod_rows([report])[0]}
+    assert rows["trainer"].compute_share == 1.5
+    assert rows["mps-client"].compute_share is None
+    table = render_table(order(rows.values(), "name"), all_namespaces=False).splitlines()
+    compute = table[0].split().index("COMPUTE")
+    assert [line.split()[compute] for line in table[1:]] == ["-", "5%", "150%"]
+    (ns,) = namespace_rows(rows.values())
+    assert ns.compute_share is not None
+    assert round(ns.compute_share, 3) == 1.55
+    summed = render_namespace_table([ns]).splitlines()
+    assert summed[1].split()[summed[0].split().index("COMPUTE")] == "155%+?"
 
 
 def test_what_pods_were_handed_comes_from_the_reports_that_list_it() -> None:

@@ -1,5 +1,6 @@
-"""The bill of use over a window: per namespace, GPU-hours handed, held and computing, and
-GPU memory GiB-hours, from Prometheus. Pure: the queries, and the reading of their answers.
+"""The bill of use over a window: per namespace, GPU-hours handed, held and computing, compute
+hours (each pod's measured share of its GPUs' time), and GPU memory GiB-hours, from
+Prometheus. Pure: the queries, and the reading of their answers.
 
 The reports hold what is true now; hours need history, which Prometheus keeps as the
 `gpuusage-showback` recording rules (evaluated every minute). A window's hours are the sum of
@@ -23,6 +24,8 @@ RULES = {
     "handed": ("namespace:gpuusage_gpus_allocated:sum", 60),
     "held": ("namespace:gpuusage_gpus_used:count", 60),
     "computing": ("namespace:gpuusage_gpus_computing:count", 60),
+    "compute": ("namespace:gpuusage_gpu_compute_share:sum", 60),
+    "untold": ("namespace:gpuusage_gpus_share_untold:count", 60),
     "memory": ("namespace:gpuusage_gpu_memory_used_mib:sum", 60 * 1024),
 }
 """What each column sums (the showback rule) and what turns its per-minute sum into hours (and
@@ -81,6 +84,12 @@ class Bill:
     held: float = 0.0
     computing: float = 0.0
     memory_gib: float = 0.0
+    compute: float = 0.0
+    """Compute hours: its pods' measured shares of their GPUs' time, summed over the window;
+    four pods time-sliced on one GPU add up to that GPU's busy hours, never four."""
+    untold: float = 0.0
+    """GPU-hours its pods held memory on GPUs that tell no share (MPS clients, GPUs without
+    per-process utilization): counted apart, as what they are."""
 
     def efficiency(self, used: float) -> float | None:
         """Used GPU-hours per GPU-hour handed; None when nothing was handed (a namespace
@@ -99,12 +108,15 @@ def bills(columns: Mapping[str, Mapping[str, float]]) -> dict[str, Bill]:
             held=columns.get("held", {}).get(ns, 0.0),
             computing=columns.get("computing", {}).get(ns, 0.0),
             memory_gib=columns.get("memory", {}).get(ns, 0.0),
+            compute=columns.get("compute", {}).get(ns, 0.0),
+            untold=columns.get("untold", {}).get(ns, 0.0),
         )
         for ns in names
     }
 
 
-HEADER = ["GPU-H", "HELD-H", "COMPUTING-H", "GIB-H", "HELD/GPU-H", "COMPUTING/GPU-H"]
+HEADER = ["GPU-H", "HELD-H", "COMPUTING-H", "COMPUTE-H", "NO-SHARE-H", "GIB-H"]
+HEADER += ["HELD/GPU-H", "COMPUTING/GPU-H"]
 
 
 def _hours(value: float) -> str:
@@ -121,6 +133,8 @@ def cells(bill: Bill) -> list[str]:
         _hours(bill.handed),
         _hours(bill.held),
         _hours(bill.computing),
+        _hours(bill.compute),
+        _hours(bill.untold),
         _hours(bill.memory_gib),
         _ratio(bill.efficiency(bill.held)),
         _ratio(bill.efficiency(bill.computing)),
@@ -131,7 +145,9 @@ def statement(window: str, at: str, source: str) -> str:
     """The line under the table that says what the hours cover."""
     return (
         f"GPU-H: GPU-hours handed to the namespace's pods; HELD-H: with memory in use; "
-        f"COMPUTING-H: with an engine in use (where the device tells); GIB-H: GPU memory "
+        f"COMPUTING-H: with an engine in use (where the device tells); COMPUTE-H: the pods' "
+        f"measured shares of their GPUs' time (pods sharing a GPU add up to its busy hours); "
+        f"NO-SHARE-H: held on GPUs that tell no share (MPS clients); GIB-H: GPU memory "
         f"GiB-hours; over the {window} to {at}, whole GPUs only (MIG slices and shares are "
         f"not GPUs), from the showback rules in Prometheus at {source}"
     )

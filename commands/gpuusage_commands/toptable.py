@@ -53,6 +53,11 @@ class PodRow:
     computing: list[str] = field(default_factory=list)
     """Devices on which it computes (status.pods[].computing: an engine used within the
     agent's --idle-window; devices that do not tell are not listed)."""
+    compute_share: float | None = None
+    """Its shares of the devices' time added up (status.pods[].computeShare; 1.0 is one
+    whole GPU's time); None where no device it uses tells one."""
+    share_untold: bool = False
+    """Some device it uses tells no share (MIG, MPS clients, too few samples yet)."""
     stale: bool = False
     pending: str = ""
     """A policy's action announced on the pod (its gpuusage.io/policy-action annotation)."""
@@ -107,6 +112,10 @@ def rows_of(statuses: Iterable[NodeStatus]) -> list[PodRow]:
             row.unallocated = row.unallocated or pod.unallocated
             if pod.computing and pod.device_uuid not in row.computing:
                 row.computing.append(pod.device_uuid)
+            if pod.compute_share is None:
+                row.share_untold = True
+            else:
+                row.compute_share = (row.compute_share or 0.0) + pod.compute_share
             _hand(row, handed.get(pod.uid))
             if pod.held_idle_since is not None:
                 row.held_idle_since = format_time(pod.held_idle_since)
@@ -205,6 +214,14 @@ def allocation_text(row: PodRow) -> str:
     return "+".join(parts) + (" (outside!)" if row.unallocated else "")
 
 
+def share_text(share: float | None, untold: bool = False) -> str:
+    """A share of GPU time as top shows CPU: "42%" of one GPU, "150%" over two; "-" where no
+    device tells; "+?" after it where some of them do not."""
+    if share is None:
+        return "-"
+    return f"{100 * share:.0f}%" + ("+?" if untold else "")
+
+
 def _columns(lines: list[list[str]]) -> str:
     """Left-aligned columns three spaces apart, as kubectl prints them."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
@@ -240,7 +257,8 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
     requested GPUs idle, one holding memory without computing, and a stale node's possibly
     old numbers."""
     header = ["NAMESPACE"] if all_namespaces else []
-    header += ["NAME", "NODE", "GPUS", "ALLOCATED", "MEMORY", "PROCESSES", "DEVICES", "PENDING"]
+    header += ["NAME", "NODE", "GPUS", "ALLOCATED", "MEMORY", "COMPUTE", "PROCESSES", "DEVICES"]
+    header += ["PENDING"]
     lines = [header]
     for r in rows:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
@@ -256,6 +274,7 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
             str(len(r.devices)),
             requested,
             memory,
+            share_text(r.compute_share, r.share_untold),
             str(r.processes),
             ",".join(r.devices) or "<none>",
             r.pending or "<none>",
@@ -280,6 +299,11 @@ class NamespaceRow:
     """GPUs and MIG devices its pods use (a device two of its pods share counts once)."""
     computing: int = 0
     """Of those, the ones on which one of its pods computes (where the device tells)."""
+    compute_share: float | None = None
+    """Its pods' shares of their devices' time added up (1.0: one whole GPU's time); None
+    where no device tells one."""
+    share_untold: bool = False
+    """Some of its pods use a device that tells no share."""
     memory_mib: int = 0
     allocated_gpus: int = 0
     """Whole GPUs its running pods were handed (device-plugin GPUs, the GPUs DRA claims got),
@@ -342,6 +366,9 @@ def namespace_rows(
         devices.setdefault(r.namespace, set()).update((r.node, d) for d in r.devices)
         computing.setdefault(r.namespace, set()).update((r.node, d) for d in r.computing)
         ns.memory_mib += r.memory_mib
+        if r.compute_share is not None:
+            ns.compute_share = (ns.compute_share or 0.0) + r.compute_share
+        ns.share_untold = ns.share_untold or (r.share_untold and bool(r.devices))
         if r.node not in handed:
             ns.allocated_gpus += allocated_count(r)
             ns.shares += "Fractional" in r.allocated_by
@@ -378,7 +405,7 @@ def render_namespace_table(
 ) -> str:
     """kubectl-style columns, one line a namespace; `extra`: more columns (their header, and
     each namespace's cells), such as the bill over a window."""
-    header = ["NAMESPACE", "PODS", "GPUS", "COMPUTING", "ALLOCATED", "MEMORY", "IDLE"]
+    header = ["NAMESPACE", "PODS", "GPUS", "COMPUTING", "COMPUTE", "ALLOCATED", "MEMORY", "IDLE"]
     header += ["UNALLOCATED"]
     more_header, more = extra or ([], {})
     lines = [header + more_header]
@@ -391,6 +418,7 @@ def render_namespace_table(
                 str(r.pods),
                 str(r.devices),
                 str(r.computing),
+                share_text(r.compute_share, r.share_untold),
                 namespace_allocation_text(r),
                 memory,
                 str(r.idle_pods),

@@ -36,6 +36,8 @@ class Panel:
     unit: str = "none"
     description: str = ""
     width: int = 12
+    stacked: bool = False
+    """A timeseries whose series add up (shares of one GPU's time): drawn stacked."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,22 @@ NODE = Dashboard(
             unit="mbytes",
         ),
         Panel(
+            "Who gets each GPU's compute: pods' shares of its time",
+            "timeseries",
+            (
+                _q(
+                    'gpuusage_pod_gpu_compute_share{node="$node"}',
+                    "{{gpu}} {{namespace}}/{{pod}}",
+                ),
+            ),
+            unit="percentunit",
+            description="Each pod's share of a GPU's time over the agent's --share-window, "
+            "measured from the driver's sampler; stacked, a GPU's pods add up to its busy time "
+            "(at most 100 %). MIG devices and MPS clients tell none.",
+            stacked=True,
+            width=24,
+        ),
+        Panel(
             "Processes and memory outside pods, per device",
             "timeseries",
             (
@@ -295,6 +313,21 @@ NAMESPACE = Dashboard(
             description="Whole GPUs on which a pod's process used an engine within the agent's "
             "--idle-window; devices that do not tell (MIG, MPS clients) never count.",
             width=12,
+        ),
+        Panel(
+            "Compute hours in the range: shares of GPU time",
+            "stat",
+            (
+                _q(
+                    "sum(sum_over_time("
+                    'namespace:gpuusage_gpu_compute_share:sum{namespace=~"$namespace"}'
+                    "[$__range])) / 60"
+                ),
+            ),
+            description="Each pod's measured share of its GPUs' time, summed: four pods "
+            "time-sliced on one GPU add up to its busy hours, not four GPU-hours. GPUs that tell "
+            "no share (MPS clients) are left out.",
+            width=24,
         ),
         Panel(
             "Efficiency in the range: GPU-hours held and computing per GPU-hour handed",
@@ -451,7 +484,13 @@ def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {"h": height, "w": panel.width, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "fieldConfig": {
+            "defaults": {
+                "unit": panel.unit,
+                **({"custom": {"stacking": {"mode": "normal"}}} if panel.stacked else {}),
+            },
+            "overrides": [],
+        },
         "options": {},
         "targets": [
             {

@@ -21,6 +21,7 @@ from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.main import NodeReader
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.share import ShareTracker
 
 REPO = Path(__file__).resolve().parents[2]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -92,9 +93,12 @@ class Tenants:
         cgroup: Path | None = None,
         own_pid_namespace: bool = False,
         env: dict[str, str] | None = None,
+        *,
+        count: Path | None = None,
     ) -> int:
-        """Start one tenant; its host pid once its memory is allocated."""
-        return self._ready(self._launch(mib, busy, cgroup, own_pid_namespace, env))
+        """Start one tenant; its host pid once its memory is allocated. With `count`, it
+        writes its memsets so far there (see tenant)."""
+        return self._ready(self._launch(mib, busy, cgroup, own_pid_namespace, env, count=count))
 
     def start_many(self, count: int, mib: int, busy: float) -> list[int]:
         """Start `count` tenants side by side (one after another, 96 of them took minutes of
@@ -109,8 +113,12 @@ class Tenants:
         cgroup: Path | None,
         own_pid_namespace: bool,
         env: dict[str, str] | None,
+        *,
+        count: Path | None = None,
     ) -> tuple[subprocess.Popen[str], bool]:
         command = [sys.executable, "-m", "tests.gpu.tenant", "--mib", str(mib), "--busy", str(busy)]
+        if count is not None:
+            command += ["--count", str(count)]
         if cgroup is not None:
             command += ["--cgroup", str(cgroup)]
             made = [d for d in [cgroup, *cgroup.parents] if not d.exists()]
@@ -173,14 +181,21 @@ def _only_child(pid: int) -> int:
     raise RuntimeError(f"unshare {pid} has no child")
 
 
-def agent(window: float = 300.0) -> NodeReader:
+def agent(window: float = 300.0, share_window: float = 300.0) -> NodeReader:
     """The agent's reader on real NVML and the host's /proc."""
     return NodeReader(
         "gpu-test-node",
         NvmlSource(),
         Resolver(Path("/proc")),
         activity=ActivityTracker(timedelta(seconds=window)),
+        share=ShareTracker(timedelta(seconds=share_window)),
     )
+
+
+def memsets(count: Path) -> tuple[int, float]:
+    """What a tenant started with `count` has written: its memsets so far, and when."""
+    done, at = count.read_text().split()
+    return int(done), float(at)
 
 
 def cycles(reader: NodeReader, seconds: float, every: float = 1.0) -> Iterator[AttributedReading]:

@@ -1,11 +1,14 @@
 """A CUDA tenant for the real-GPU suite, through the driver API alone (no PyTorch): a context,
 an allocation, and for a busy tenant a memset loop.
 
-    python -m tests.gpu.tenant --mib 256 [--busy 1.0] [--cgroup DIR] [--device 0]
+    python -m tests.gpu.tenant --mib 256 [--busy 1.0] [--cgroup DIR] [--device 0] [--count F]
 
 It moves itself into --cgroup first (as a container's process starts in its cgroup), then
 prints `ready <pid>` once its memory is allocated, and runs until killed or its standard input
-closes. --busy is the share of each second it keeps the GPU at work (0: idle).
+closes. --busy is the share of each second it keeps the GPU at work (0: idle). With --count,
+it writes to F, twice a second, how many memsets it has done and when (monotonic seconds): its
+work is a fixed memset of its whole allocation, so alone and beside others the counts tell what
+share of the GPU's time it got.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def join_cgroup(directory: Path) -> None:
     (directory / "cgroup.procs").write_text(str(os.getpid()))
 
 
-def run(mib: int, busy: float, device: int) -> None:
+def run(mib: int, busy: float, device: int, count: Path | None = None) -> None:
     cuda = _driver()
     _check(cuda.cuInit(0), "cuInit")
     handle = ctypes.c_int()
@@ -65,6 +68,16 @@ def run(mib: int, busy: float, device: int) -> None:
 
     threading.Thread(target=until_stdin_closes, daemon=True).start()
     value = 0
+    done = 0
+    told = time.monotonic()
+
+    def tell() -> None:
+        if count is not None:
+            partial = count.with_suffix(".partial")
+            partial.write_text(f"{done} {time.monotonic()}\n")
+            partial.replace(count)
+
+    tell()
     while not stop.is_set():
         if busy <= 0:
             stop.wait(1.0)
@@ -74,7 +87,12 @@ def run(mib: int, busy: float, device: int) -> None:
             value = (value + 1) % 256
             _check(cuda.cuMemsetD8_v2(pointer.value, value, size), "cuMemsetD8_v2")
             _check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+            done += 1
+            if time.monotonic() - told >= 0.5:
+                told = time.monotonic()
+                tell()
         stop.wait(max(0.0, 1.0 - (time.monotonic() - second)))
+        tell()
 
 
 def main() -> None:
@@ -83,10 +101,11 @@ def main() -> None:
     parser.add_argument("--busy", type=float, default=0.0)
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--cgroup", type=Path)
+    parser.add_argument("--count", type=Path)
     args = parser.parse_args()
     if args.cgroup is not None:
         join_cgroup(args.cgroup)
-    run(args.mib, args.busy, args.device)
+    run(args.mib, args.busy, args.device, args.count)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from gpuusage_nodeagent.gpusource.drivermodel import MPS_SERVER
 from gpuusage_nodeagent.identity import PidfdIdentities
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.visibility import REASON, unexplained_mib
-from tests.gpu.machine import REPO, Pod, Tenants, agent, cycles
+from tests.gpu.machine import REPO, Pod, Tenants, agent, cycles, memsets
 
 
 def _first_gpu(read: AttributedReading) -> Any:
@@ -246,3 +246,72 @@ def test_mps_server_and_clients(tenants: Tenants, tmp_path: Path, figures: dict[
         subprocess.run(
             ["nvidia-cuda-mps-control"], input="quit\n", text=True, env=full, timeout=60, check=True
         )
+
+
+def test_the_published_share_is_the_physical_one(
+    tenants: Tenants, tmp_path: Path, figures: dict[str, Any]
+) -> None:
+    """Three tenants at duties 1.0, 0.5 and 0.2, each doing the same memset of its allocation:
+    first alone (the busy one's memsets a second alone is the GPU's whole time), then together
+    for a minute. A tenant's true share is its memsets a second together over the busy one's
+    alone; the share the agent publishes (short reads every 2 s, a 60 s window) is within 5
+    points of it. Beside it, the anchors' method: one read a 30 s scrape from one second back,
+    each tenant's latest SM percentage."""
+    _driver(figures)
+    duties = (1.0, 0.5, 0.2)
+    alone: dict[float, float] = {}
+    for duty in duties:
+        count = tmp_path / f"alone-{duty}"
+        pid = tenants.start(mib=256, busy=duty, count=count)
+        time.sleep(1.0)
+        first = memsets(count)
+        time.sleep(8.0)
+        last = memsets(count)
+        alone[duty] = (last[0] - first[0]) / (last[1] - first[1])
+        Tenants.kill(pid)
+    full = alone[1.0]
+    counts = {duty: tmp_path / f"together-{duty}" for duty in duties}
+    pids = {tenants.start(mib=256, busy=duty, count=counts[duty]): duty for duty in duties}
+    reader = agent(share_window=60.0)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    anchor: dict[int, list[float]] = {pid: [] for pid in pids}
+    start = time.monotonic()
+    marks: dict[float, tuple[int, float]] = {}
+    read = reader.read()
+    next_cycle, next_share, next_scrape = start + 10, start + 2, start + 30
+    while time.monotonic() < start + 75:
+        now = time.monotonic()
+        if now >= next_cycle:
+            if now - start >= 14 and not marks:  # the window's start, as the agent's reads
+                marks = {duty: memsets(counts[duty]) for duty in duties}
+            read = reader.read()
+            next_cycle += 10
+        elif now >= next_share:
+            reader.sample_shares()
+            next_share += 2
+        elif now >= next_scrape:
+            since = int((time.time() - 1.0) * 1_000_000)
+            try:
+                seen = {
+                    s.pid: s.smUtil for s in pynvml.nvmlDeviceGetProcessUtilization(handle, since)
+                }
+            except pynvml.NVMLError_NotFound:
+                seen = {}
+            for pid in pids:
+                anchor[pid].append(seen.get(pid, 0) / 100)
+            next_scrape += 30
+        time.sleep(0.01)
+    ends = {duty: memsets(counts[duty]) for duty in duties}
+    truth = {
+        duty: (ends[duty][0] - marks[duty][0]) / (ends[duty][1] - marks[duty][1]) / full
+        for duty in duties
+    }
+    published = _processes(read, set(pids))
+    shares = {pids[pid]: p.compute_share for pid, p in published.items()}
+    figures["share_alone_memsets_per_s"] = alone
+    figures["share_truth"] = truth
+    figures["share_published"] = shares
+    figures["share_anchor"] = {pids[pid]: sum(v) / len(v) for pid, v in anchor.items() if v}
+    for duty in duties:
+        assert shares[duty] is not None, f"duty {duty}: no share after a minute"
+        assert abs(shares[duty] - truth[duty]) <= 0.05, (duty, shares[duty], truth[duty])

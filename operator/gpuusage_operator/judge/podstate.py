@@ -52,9 +52,10 @@ UseState = Literal["InUse", "Stopped", "Unknown", "Idle"]
 def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
     """Compact JSON detail per container and device, at most max_bytes.
 
-    Shape: {"node", "observedAt", "containers": [{"name", "devices": [{"uuid", "mib", "pids"}]}]}.
-    Too large: pids are dropped first, then containers from the end, and "truncated": true says
-    so, so that a reader never mistakes a shortened list for the whole.
+    Shape: {"node", "observedAt", "containers": [{"name", "devices": [{"uuid", "mib", "pids",
+    "share"}]}]}, "share" (the container's share of the device's time, see Process) only where
+    the agent measured one. Too large: pids are dropped first, then containers from the end, and
+    "truncated": true says so, so that a reader never mistakes a shortened list for the whole.
     """
     per_container: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in sorted(use.resolutions, key=lambda r: (r.container_name or "", r.device_uuid)):
@@ -64,6 +65,8 @@ def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
         )
         slot["mib"] += r.process.used_memory_mib or 0
         slot["pids"].append(r.process.pid)
+        if r.process.compute_share is not None:
+            slot["share"] = round(slot.get("share", 0.0) + r.process.compute_share, 2)
     containers: list[dict[str, Any]] = [
         {"name": name, "devices": [{**d, "pids": sorted(d["pids"])} for d in devs.values()]}
         for name, devs in per_container.items()
@@ -98,12 +101,37 @@ def desired_annotations(use: PodUse) -> dict[str, str]:
     }
 
 
+SHARE_MOVED = 0.1
+"""A container's share of a device moving by less than this leaves its annotation as it is."""
+
+
+def _shares(doc: dict[str, Any]) -> list[float | None]:
+    """The document's shares, one per device slot in order, taken out of it."""
+    found: list[float | None] = []
+    for container in doc.get("containers") or []:
+        for device in container.get("devices") or []:
+            found.append(device.pop("share", None) if isinstance(device, dict) else None)
+    return found
+
+
+def _share_moved(old: list[float | None], new: list[float | None]) -> bool:
+    for a, b in zip(old, new, strict=True):
+        if (a is None) != (b is None):
+            return True
+        if a is not None and b is not None and abs(a - b) >= SHARE_MOVED:
+            return True
+    return False
+
+
 def _same_use(current: str | None, wanted: str | None) -> bool:
-    """Usage documents that differ only in observedAt describe the same use.
+    """Usage documents that differ only in observedAt, and in shares by less than a tenth,
+    describe the same use.
 
     Every agent heartbeat carries a new observation time; rewriting every GPU pod for it would
     turn each heartbeat into a pod write. The annotation therefore keeps the time at which the
-    use was first observed in its current form.
+    use was first observed in its current form. A share the agent republished for a move of a
+    few points, or one carried along by another change on the node, must not rewrite the pod
+    either: its annotation follows only moves of SHARE_MOVED.
     """
     if current is None or wanted is None:
         return current == wanted
@@ -115,7 +143,10 @@ def _same_use(current: str | None, wanted: str | None) -> bool:
         return False
     old.pop("observedAt", None)
     new.pop("observedAt", None)
-    return bool(old == new)
+    old_shares, new_shares = _shares(old), _shares(new)
+    if old != new or len(old_shares) != len(new_shares):
+        return False
+    return not _share_moved(old_shares, new_shares)
 
 
 def annotation_patch(

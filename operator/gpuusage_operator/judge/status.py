@@ -51,6 +51,7 @@ from gpuusage_operator.judge.freshness import (
 )
 from gpuusage_operator.judge.holding import computing
 from gpuusage_operator.judge.orphaned import orphaned_memory
+from gpuusage_operator.judge.requests import share_of
 from gpuusage_operator.judge.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.judge.transitions import transition_time
 
@@ -94,6 +95,7 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                     held_idle_since=judgement.held_idle_since,
                     computing=computing(r.process for r in entries),
                     compute_share=compute_share(r.process for r in entries),
+                    handed_share=handed_share(use.pod.fraction),
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
@@ -105,6 +107,13 @@ def compute_share(processes: Iterable[Process]) -> float | None:
     one device's time); None when none of them has one."""
     shares = [p.compute_share for p in processes if p.compute_share is not None]
     return min(round(sum(shares), 3), 1.0) if shares else None
+
+
+def handed_share(fraction: str) -> float | None:
+    """The share of one device's time a fractional scheduler handed the pod (its gpu-fraction
+    up to 1; more is GPUs, not a share of one)."""
+    gpu = share_of(fraction).gpu
+    return gpu if gpu is not None and gpu <= 1 else None
 
 
 def list_allocated(usages: list[PodUsage], judged: Mapping[str, Judgement]) -> list[PodUsage]:

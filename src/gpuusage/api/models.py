@@ -447,6 +447,10 @@ class PodUsage(ApiModel):
     compute_share: Share | None = None
     """The pod's share of this device's time over the agent's --share-window: the sum of its
     processes' computeShare here; absent when none of them has one (see Process)."""
+    handed_share: Share | None = None
+    """The share of this device's time the pod was handed, beside computeShare: a fractional
+    scheduler's gpu-fraction (KAI, Run:ai). Absent where it was handed none (a whole GPU, no
+    allocation). Time-slicing promises no fairness: using more is no misuse."""
 
 
 BlindReason = Literal[
