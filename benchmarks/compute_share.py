@@ -74,7 +74,7 @@ def _at(seconds: float) -> datetime:
 
 
 def one_run(
-    duties: Sequence[float], seed: int, every: float, window: float, scrape: float
+    duties: Sequence[float], seed: int, *, every: float, window: float, scrape: float
 ) -> tuple[dict[int, float], dict[int, float], dict[int, float], float, int]:
     """Truth, gpuusage's share and the anchors' figure per pid; the tracker's CPU seconds and
     the cycles it ran."""
@@ -128,13 +128,15 @@ def _error(estimate: dict[int, float], truth: dict[int, float]) -> float:
 
 
 def scenario(
-    name: str, duties: list[float], seeds: int, every: float, window: float, scrape: float
+    name: str, duties: list[float], seeds: int, *, every: float, window: float, scrape: float
 ) -> Result:
     share_errors, anchor_errors = [], []
     cpu, cycles = 0.0, 0
     shown: tuple[dict[int, float], dict[int, float], dict[int, float]] | None = None
     for seed in range(seeds):
-        truth, share, anchor, spent, ran = one_run(duties, seed, every, window, scrape)
+        truth, share, anchor, spent, ran = one_run(
+            duties, seed, every=every, window=window, scrape=scrape
+        )
         share_errors.append(_error(share, truth))
         anchor_errors.append(_error(anchor, truth))
         cpu += spent
@@ -186,7 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     results = [
-        scenario(name, SCENARIOS[name], args.seeds, args.every, args.window, args.scrape)
+        scenario(
+            name,
+            SCENARIOS[name],
+            args.seeds,
+            every=args.every,
+            window=args.window,
+            scrape=args.scrape,
+        )
         for name in args.scenarios.split(",")
     ]
     print(
