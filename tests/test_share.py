@@ -21,12 +21,15 @@ from gpuusage_nodeagent.change import meaningful_change
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage_nodeagent.gpusource.sampling import SampleBatch, SampleCursor
-from gpuusage_nodeagent.main import NodeReader
+from gpuusage_nodeagent.main import NodeReader, wait_polling
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_nodeagent.share import ShareTracker
 from tests.fakenvml import gpu_uuid
 
+READ_EVERY: float = AgentSettings.model_fields["share_read_every"].default
+"""The agent's --share-read-every, as it reads by default."""
 START = datetime(2026, 11, 27, 12, 0, 0, 123456, tzinfo=UTC)
 GPU = gpu_uuid(0)
 MIG = "MIG-00000000-0000-4000-8000-00000000000a"
@@ -58,7 +61,7 @@ class Run:
     tallies: list[Counter[int | None]]
     last: AttributedReading | None = None
 
-    def advance(self, seconds: float, *, every: float = 1.5, cycle: float = 10.0) -> None:
+    def advance(self, seconds: float, *, every: float = READ_EVERY, cycle: float = 10.0) -> None:
         """Let `seconds` pass as the agent spends them: a cycle every `cycle`, the short share
         reads of the shared GPUs' samplers every `every` between."""
         end = self.now[0] + timedelta(seconds=seconds)
@@ -345,3 +348,45 @@ def test_a_steady_shared_gpu_republishes_at_most_a_few_times_a_minute(tmp_path: 
             published = fingerprint
     assert changes <= 3 * 1000 / 60, changes
     assert changes <= 5, f"{changes} writes in 1,000 s of a steady GPU"
+
+
+def test_the_shared_gpus_are_read_every_share_read_every_between_cycles() -> None:
+    """With --interval 10 and --share-read-every 2, the agent makes the short share reads at
+    2, 4, 6 and 8 s after a cycle began and nothing more before the next cycle; with the share
+    off, none."""
+    clock = [100.0]
+    calls: list[tuple[str, float]] = []
+
+    class Stop:  # a threading.Event on the test's clock
+        def is_set(self) -> bool:
+            return False
+
+        def wait(self, seconds: float) -> bool:
+            clock[0] += seconds
+            return False
+
+    class Reader:
+        def poll(self) -> None:
+            calls.append(("poll", clock[0]))
+
+        def sample_shares(self) -> None:
+            calls.append(("share", clock[0]))
+
+    reader: Any = Reader()
+    wait_polling(reader, Stop(), 110.0, monotonic=lambda: clock[0], share_every=2.0)  # type: ignore[arg-type]
+    assert calls == [("share", 102.0), ("share", 104.0), ("share", 106.0), ("share", 108.0)]
+    calls.clear()
+    clock[0] = 200.0
+    wait_polling(reader, Stop(), 260.0, monotonic=lambda: clock[0], share_every=None)  # type: ignore[arg-type]
+    assert [kind for kind, _ in calls] == ["poll"] * 5, "the ring's reads alone, every 10 s"
+
+
+@pytest.mark.parametrize(("window", "ok"), [(0, True), (10, True), (300, True), (5, False)])
+def test_the_share_window_is_off_or_at_least_ten_seconds(window: float, ok: bool) -> None:
+    if ok:
+        assert AgentSettings(node_name="n", share_window=window).share_window == window
+    else:
+        with pytest.raises(
+            ValueError, match=r"share_window\n.*must be 0 \(off\) or at least 10 seconds"
+        ):
+            AgentSettings(node_name="n", share_window=window)

@@ -23,11 +23,11 @@ candidates), the reads are spread over the window as a systematic sample, and th
 fraction of the sampled instants that were the process's. The few uncertain instants are split
 among their candidates in proportion to their shares, which makes the fraction the
 maximum-likelihood fit of all the facts above (expectation-maximisation, warm-started from the
-last cycle's answer). Long reads would say more per call, but their uncertain instants have many
-candidates and splitting them by share misattributes time-structured work (a tenant at work in
-the first half of each second took the other half's instants): measured on the driver model,
-10-instant reads erred by up to 15 points, 3-instant reads stay within the precision the number
-of instants gives (docs/real-driver.md has the figures).
+last cycle's answer). Reads from the last read on would say more per call, but most of their
+instants are uncertain, with many candidates, and the split takes instants as independent,
+which time-structured work is not (a tenant at work in the first half of each second would be
+given instants of the other half): short reads keep the share nearly a count, least dependent
+on how the driver slices the engine (benchmarks/README.md has both on the driver model).
 
 A share is of wall time: the instants that belonged to nobody count too, so a device's shares
 add up to at most its busy time. Instants are counted at the sampler's period, taken from the
