@@ -8,7 +8,8 @@ instant), for each scenario and seed:
 * truth: the model's tally of every instant over the last `--window` seconds (what reading
   the sampler at its own rate would count);
 * gpuusage: share.ShareTracker as the agent feeds it: a short read (share.SHARE_READ_SPAN)
-  every `--every` seconds, a cycle every 10 s, the share published at the last cycle;
+  every `--every` seconds on average (intervals drawn as the agent draws them,
+  share.read_interval), a cycle every 10 s, the share published at the last cycle;
 * anchors: one read a `--scrape` (30 s) from one second back, each tenant's latest sample's SM
   percentage as its utilization (0 where the read has none of it), averaged over the window's
   scrapes, as a Prometheus average of dcgm-exporter's per-process series would be.
@@ -38,7 +39,7 @@ from pathlib import Path
 from gpuusage_nodeagent.driverfacts import call_cost_ms
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.sampling import share_batch
-from gpuusage_nodeagent.share import SHARE_READ_SPAN, ShareTracker
+from gpuusage_nodeagent.share import SHARE_READ_SPAN, ShareTracker, read_interval
 
 CYCLE = 10.0
 SM = 90
@@ -81,12 +82,17 @@ def one_run(
     work = {100 + i: Work(d, SM) for i, d in enumerate(duties)}
     sampler = Sampler(seed, history=True)
     tracker = ShareTracker(timedelta(seconds=window))
-    start = 1_700_000_000.0 + random.Random(seed).random() * 10
+    draw = random.Random(seed)
+    start = 1_700_000_000.0 + draw.random() * 10
     end = start + window + 60
     sampler.advance(int(start * 1e6), work)
+    reads, at = [], start + read_interval(every, draw.random)
+    while at < end:
+        reads.append((at, "share"))
+        at += read_interval(every, draw.random)
     events = sorted(
         [(start + CYCLE * k, "cycle") for k in range(1, int((end - start) / CYCLE) + 1)]
-        + [(start + every * k, "share") for k in range(1, int((end - start) / every) + 1)]
+        + reads
         + [(start + scrape * k, "scrape") for k in range(1, int((end - start) / scrape) + 1)]
     )
     batches = []

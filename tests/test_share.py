@@ -5,10 +5,11 @@ several processes share, the cycle's alone on a GPU of one process)."""
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,12 @@ from gpuusage_nodeagent.activity import ActivityTracker
 from gpuusage_nodeagent.change import meaningful_change
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
-from gpuusage_nodeagent.gpusource.sampling import SampleBatch, SampleCursor
+from gpuusage_nodeagent.gpusource.sampling import SampleBatch, SampleCursor, share_batch
 from gpuusage_nodeagent.main import NodeReader, wait_polling
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_nodeagent.share import ShareTracker
+from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareTracker, read_interval
 from tests.fakenvml import gpu_uuid
 
 READ_EVERY: float = AgentSettings.model_fields["share_read_every"].default
@@ -60,25 +61,31 @@ class Run:
     now: list[datetime]
     tallies: list[Counter[int | None]]
     last: AttributedReading | None = None
+    draw: random.Random = field(default_factory=lambda: random.Random(7))
+    """The share reads' intervals, as the agent draws them (share.read_interval)."""
 
     def advance(self, seconds: float, *, every: float = READ_EVERY, cycle: float = 10.0) -> None:
         """Let `seconds` pass as the agent spends them: a cycle every `cycle`, the short share
         reads of the shared GPUs' samplers every `every` between."""
         end = self.now[0] + timedelta(seconds=seconds)
         next_cycle = self.now[0] + timedelta(seconds=cycle)
-        next_share = self.now[0] + timedelta(seconds=every)
+
+        def after() -> timedelta:
+            return timedelta(seconds=read_interval(every, self.draw.random))
+
+        next_share = self.now[0] + after()
         while next_cycle <= end:
             if next_share < next_cycle:
                 self.now[0] = next_share
                 self.reader.sample_shares()
-                next_share += timedelta(seconds=every)
+                next_share += after()
                 continue
             self.now[0] = next_cycle
             self.last = self.reader.read()
             sampler = self.source.sampler(GPU)
             self.tallies.append(Counter(sampler.tally) if sampler else Counter())
             next_cycle += timedelta(seconds=cycle)
-            next_share = self.now[0] + timedelta(seconds=every)
+            next_share = self.now[0] + after()
 
     def shares(self) -> dict[int, float | None]:
         assert self.last is not None
@@ -94,11 +101,17 @@ class Run:
 
 
 def _run(
-    tmp_path: Path, tenants: Mapping[int, float | None], window: float = 300, **gpu: Any
+    tmp_path: Path,
+    tenants: Mapping[int, float | None],
+    window: float = 300,
+    seed: int = 0,
+    **gpu: Any,
 ) -> Run:
-    path = tmp_path / "s.yaml"
+    """The reader over one GPU of these tenants; `seed` moves the start within a second and
+    draws the reads' intervals."""
+    path = tmp_path / f"s{seed}.yaml"
     _scenario(path, tenants, **gpu)
-    now = [START]
+    now = [START + timedelta(seconds=random.Random(seed).random())]
     source = FakeSource(path, clock=lambda: now[0])
     reader = NodeReader(
         "n1",
@@ -108,7 +121,7 @@ def _run(
         activity=ActivityTracker(),
         share=ShareTracker(timedelta(seconds=window)),
     )
-    run = Run(source, reader, now, [])
+    run = Run(source, reader, now, [], draw=random.Random(seed))
     run.last = reader.read()
     return run
 
@@ -149,19 +162,24 @@ def test_the_model_slices_the_engine_as_the_measured_driver() -> None:
     ids=["2 equal", "1.0/0.5/0.2", "with idle ones", "8 busy", "8 at 0.3"],
 )
 def test_the_published_share_is_the_models_truth(tmp_path: Path, tenants: dict[int, float]) -> None:
-    """Read as the agent reads (every 2 s on a shared GPU), each tenant's published share is
-    within 5 points of the model's truth over the same 5 minutes; an idle tenant's is 0."""
-    run = _run(tmp_path, tenants)
-    run.advance(400)
-    shares, truth = run.shares(), run.truth()
-    for pid, duty in tenants.items():
-        published = shares[pid]
-        assert published is not None
-        assert abs(published - truth.get(pid, 0.0)) <= 0.05, (pid, published, truth.get(pid))
-        if duty == 0:
-            assert published == 0.0
-    busy = 1 - truth.get(None, 0.0)
-    assert sum(s or 0 for s in shares.values()) <= busy + 0.02, "no more than the busy time"
+    """Read as the agent reads (every 2 s on average on a shared GPU), in 10 runs each
+    tenant's published share is within 5 points of the model's truth over the same 5 minutes
+    in 9 at least (the precision target: 95 %), and within 8 in all; an idle tenant's is 0;
+    the shares add up to the busy time (within the same 5 points) and never to more than 1."""
+    errors = []
+    for seed in range(10):
+        run = _run(tmp_path, tenants, seed=seed)
+        run.advance(400)
+        shares, truth = run.shares(), run.truth()
+        assert all(shares[pid] == 0.0 for pid, duty in tenants.items() if duty == 0)
+        published = {pid: share for pid, share in shares.items() if share is not None}
+        assert published.keys() == tenants.keys()
+        errors.append(max(abs(v - truth.get(pid, 0.0)) for pid, v in published.items()))
+        told = sum(published.values())
+        assert told <= 1.0 + 0.0005 * len(published), "one GPU's time at most (to a thousandth)"
+        assert abs(told - (1 - truth.get(None, 0.0))) <= 0.05, "the busy time"
+    assert sum(e <= 0.05 for e in errors) >= 9, errors
+    assert max(errors) <= 0.08, errors
 
 
 def test_one_read_a_scrape_makes_every_tenant_look_equal(tmp_path: Path) -> None:
@@ -373,8 +391,28 @@ def test_the_shared_gpus_are_read_every_share_read_every_between_cycles() -> Non
             calls.append(("share", clock[0]))
 
     reader: Any = Reader()
-    wait_polling(reader, Stop(), 110.0, monotonic=lambda: clock[0], share_every=2.0)  # type: ignore[arg-type]
+    middle = 0.5  # each interval drawn at the middle of its range: --share-read-every itself
+    wait_polling(
+        reader,
+        Stop(),  # type: ignore[arg-type]
+        110.0,
+        monotonic=lambda: clock[0],
+        share_every=2.0,
+        draw=lambda: middle,
+    )
     assert calls == [("share", 102.0), ("share", 104.0), ("share", 106.0), ("share", 108.0)]
+    calls.clear()
+    clock[0] = 150.0
+    draws = iter([0.0, 0.999, 0.25])
+    wait_polling(
+        reader,
+        Stop(),  # type: ignore[arg-type]
+        156.0,
+        monotonic=lambda: clock[0],
+        share_every=2.0,
+        draw=lambda: next(draws, 0.5),
+    )
+    assert [round(at - 150, 3) for _, at in calls] == [1.0, 3.998, 5.498], "1 s to 3 s apart"
     calls.clear()
     clock[0] = 200.0
     wait_polling(reader, Stop(), 260.0, monotonic=lambda: clock[0], share_every=None)  # type: ignore[arg-type]
@@ -390,3 +428,44 @@ def test_the_share_window_is_off_or_at_least_ten_seconds(window: float, ok: bool
             ValueError, match=r"share_window\n.*must be 0 \(off\) or at least 10 seconds"
         ):
             AgentSettings(node_name="n", share_window=window)
+
+
+def test_periodic_work_is_not_counted_at_one_phase() -> None:
+    """A tenant at work the first half of each second exactly, beside one always at work: reads
+    every 2 s on the dot would see it at the same phase every time (here always at work, or
+    never); the agent's drawn intervals spread them over the second, and the share stays within
+    5 points of the truth."""
+
+    def error(draw: Callable[[], float], phase_us: int) -> float:
+        sampler = Sampler(3)
+        work = {1: Work(1.0, 90), 2: Work(0.5, 90, period_us=1_000_000)}
+        tracker = ShareTracker(timedelta(seconds=300))
+        at = START.replace(microsecond=0) + timedelta(microseconds=phase_us)
+        sampler.advance(int(at.timestamp() * 1_000_000), work)
+        batches: list[SampleBatch] = []
+        shares: dict[int, Share | None] = {}
+        start = Counter(sampler.tally)
+        next_cycle = at + timedelta(seconds=10)
+        while at < START + timedelta(seconds=400):
+            at += timedelta(seconds=read_interval(2.0, draw))
+            while next_cycle <= at:
+                sampler.advance(int(next_cycle.timestamp() * 1_000_000), work)
+                shares = tracker.device(GPU, [1, 2], batches, None, next_cycle)
+                batches = []
+                if next_cycle - START < timedelta(seconds=110):
+                    start = Counter(sampler.tally)
+                next_cycle += timedelta(seconds=10)
+            now_us = int(at.timestamp() * 1_000_000)
+            sampler.advance(now_us, work)
+            samples = sampler.read(now_us - int(SHARE_READ_SPAN * 1_000_000))
+            batches.append(share_batch(samples, at, SHARE_READ_SPAN))
+        taken = {pid: n - start.get(pid, 0) for pid, n in sampler.tally.items()}
+        truth = taken.get(2, 0) / sum(taken.values())
+        measured = shares[2]
+        assert measured is not None
+        return abs(measured.value - truth)
+
+    on_the_dot = max(error(lambda: 0.5, phase) for phase in (100_000, 700_000))
+    assert on_the_dot > 0.1, "at one phase the half-time tenant is seen too often or too little"
+    drawn = random.Random(11)
+    assert max(error(drawn.random, phase) for phase in (100_000, 700_000)) <= 0.05

@@ -116,10 +116,18 @@ def _gpu(index: int, uuid: str, name: str, processes: list[dict[str, Any]]) -> d
 def _scenario(path: Path, notebook_running: bool) -> None:
     gpu0 = [
         {"pid": 4242, "usedMemoryMiB": 30720, "name": "python", "smUtil": 85},
-        {"pid": 777, "usedMemoryMiB": 512, "name": "Xorg", "types": ["graphics"], "smUtil": 2},
+        {
+            "pid": 777,
+            "usedMemoryMiB": 512,
+            "name": "Xorg",
+            "types": ["graphics"],
+            "smUtil": 2,
+            "duty": 0.05,
+        },
     ]
     if notebook_running:
-        gpu0.insert(1, {"pid": 5151, "usedMemoryMiB": 10240, "name": "ipykernel", "smUtil": 30})
+        notebook = {"pid": 5151, "usedMemoryMiB": 10240, "name": "ipykernel", "smUtil": 30}
+        gpu0.insert(1, {**notebook, "duty": NOTEBOOK_DUTY})
     h100 = "NVIDIA H100 80GB HBM3"
     scenario = {
         "driverVersion": "550.54.15",
@@ -186,6 +194,22 @@ def _kubelet_answer(kubelet: FakeKubelet) -> None:
             if pod.kubelet
         )
     )
+
+
+NOTEBOOK_DUTY = 0.3
+"""The notebook computes a third of the time on the trainer's GPU: who gets its compute?"""
+SHARE_SETTINGS = {"share_window": 30.0, "share_read_every": 0.5}
+"""The agent's share window in the demos: short, so the shares show within half a minute
+(after 15 s), read often enough to be within a few points by then."""
+
+
+def shares_told(api: client.ApiClient, pods: set[str]) -> bool:
+    """Whether the demo node's report gives each of these pods its share of its GPU."""
+    raw: Any = client.CustomObjectsApi(api).get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.PLURAL, DEMO_NODE
+    )
+    listed = (raw.get("status") or {}).get("pods") or []
+    return pods <= {p["name"] for p in listed if p.get("computeShare") is not None}
 
 
 def _wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
@@ -267,6 +291,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             kubeconfig=cluster.kubeconfig,
             metrics_port=0,
             idle_window=2,
+            **SHARE_SETTINGS,
             pod_resources_socket=kubelet.socket,
             lease_namespace=DEMO_NAMESPACE,
             lease_duration=20,
@@ -293,8 +318,10 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         )
         _wait(lambda: reason("research", "lab") == "HoldingIdleGPU", "the idle notebook's finding")
         kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
+        print("    (train-0 and the notebook share a GPU: their shares of its time take 15 s)")
+        _wait(lambda: shares_told(api, {"train-0", "notebook"}), "the shared GPU's shares")
         show(kubectl, detail=True)
-        step("who holds the GPU memory")
+        step("who holds the GPU memory, and who gets the compute (COMPUTE: share of GPU time)")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
         print(
@@ -372,7 +399,7 @@ def show(kubectl: list[str], detail: bool) -> None:
             f"jsonpath={{.metadata.annotations.{escaped}/usage}}{{'\\n'}}"
             f"{{{condition}.message}}{{'\\n'}}",
         )
-        step("allocated against used, per device (DRA claims, the kubelet, a share)")
+        step("allocated against used, per device (DRA claims, the kubelet, a share of its time)")
         run(
             "get",
             "gpunodeusage",
@@ -380,7 +407,8 @@ def show(kubectl: list[str], detail: bool) -> None:
             "-o",
             "jsonpath={range .status.pods[*]}{.namespace}/{.name}{'\\t'}uses {.deviceUUID}"
             "{'\\t'}allocatedBy={.allocatedBy}{'\\t'}allocated={.allocatedDevices}"
-            "{'\\t'}unallocated={.unallocated}{'\\t'}heldIdleSince={.heldIdleSince}{'\\n'}{end}",
+            "{'\\t'}unallocated={.unallocated}{'\\t'}heldIdleSince={.heldIdleSince}"
+            "{'\\t'}computeShare={.computeShare}{'\\t'}handedShare={.handedShare}{'\\n'}{end}",
         )
         for namespace, pod in (("ml-team", "train-1"), ("research", "lab")):
             run(

@@ -33,7 +33,15 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
 from gpuusage_commands.top import TopSettings, run_top
-from gpuusage_dev.demo import DEMO_NODE, IDLE_AFTER, show, step
+from gpuusage_dev.demo import (
+    DEMO_NODE,
+    IDLE_AFTER,
+    NOTEBOOK_DUTY,
+    SHARE_SETTINGS,
+    shares_told,
+    show,
+    step,
+)
 from gpuusage_dev.demopolicies import NOTICE, show_policies, wait_until
 from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO, running_node, write_scenario
 from gpuusage_dev.localcluster.nodeinstall import overlay
@@ -67,7 +75,11 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
             apiserver_port=int(cluster.server.rsplit(":", 1)[1]),
             scenario_dir=scenario,
             kubelet_root=node.directory / "kubelet",
-            agent_args=("--interval", "1", "--idle-window", "2"),
+            agent_args=(
+                *("--interval", "1", "--idle-window", "2"),
+                *("--share-window", f"{SHARE_SETTINGS['share_window']:g}"),
+                *("--share-read-every", f"{SHARE_SETTINGS['share_read_every']:g}"),
+            ),
             operator_args=(f"--idle-after={IDLE_AFTER:g}", f"--policy-notice={NOTICE:g}"),
             base="manifests/overlays/policy-actions",
         )
@@ -99,15 +111,16 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
         free = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"] if g["uuid"] not in given.values()]
         elsewhere = free[0] if free else given["train-0"]
 
-        def use(notebook: bool) -> dict[str, list[dict[str, int]]]:
-            used: dict[str, list[dict[str, int]]] = {}
+        def use(notebook: bool) -> dict[str, list[dict[str, Any]]]:
+            used: dict[str, list[dict[str, Any]]] = {}
 
-            def put(device: str, pid: int, mib: int, sm: int) -> None:
-                used.setdefault(device, []).append({"pid": pid, "usedMemoryMiB": mib, "smUtil": sm})
+            def put(device: str, pid: int, mib: int, sm: int, duty: float = 1.0) -> None:
+                process = {"pid": pid, "usedMemoryMiB": mib, "smUtil": sm}
+                used.setdefault(device, []).append(process | ({"duty": duty} if sm else {}))
 
             put(given["train-0"], pids["train-0"], 30720, 87)
             if notebook:
-                put(given["train-0"], pids["notebook"], 10240, 12)
+                put(given["train-0"], pids["notebook"], 10240, 12, NOTEBOOK_DUTY)
             put(elsewhere, pids["train-1"], 20480, 64)
             put(given["lab"], pids["lab"], 71680, 0)
             return used
@@ -132,8 +145,10 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
         print(f"    (lab computes nothing; flagged after --idle-after={IDLE_AFTER:g}s)")
         wait_until(lambda: reason("research", "lab") == "HoldingIdleGPU", "the idle lab")
         wait_until(lambda: _listed(api) == len(PODS), "the report's status")
+        print("    (train-0 and the notebook share a GPU: their shares of its time take 15 s)")
+        wait_until(lambda: shares_told(api, {"train-0", "notebook"}), "the shared GPU's shares")
         show(kubectl, detail=True)
-        step("who holds the GPU memory")
+        step("who holds the GPU memory, and who gets the compute (COMPUTE: share of GPU time)")
         print("\n$ gpuusage top -A     # also: kubectl gpuusage top -A", flush=True)
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
         print("\n$ gpuusage top --by namespace   # now; with --window 24h --prometheus URL: hours")

@@ -10,6 +10,7 @@ import gc
 import json
 import logging
 import math
+import random
 import signal
 import sys
 import threading
@@ -43,7 +44,7 @@ from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.selfcheck import Setup, gather, nvml_note, pid_namespace_note, with_notes
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareTracker
+from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareTracker, read_interval
 from gpuusage_nodeagent.visibility import Allowance, with_blind_devices
 
 log = logging.getLogger(__name__)
@@ -367,14 +368,15 @@ def wait_polling(
     *,
     monotonic: Callable[[], float] = time.monotonic,
     share_every: float | None = None,
+    draw: Callable[[], float] = random.random,
 ) -> None:
     """Wait for the next cycle (monotonic time `until`), reading the samplers every `every`
     seconds meanwhile, so that the driver's ring of samples never runs over between two reads
     whatever --interval is; and, with `share_every`, the samplers of the GPUs several processes
-    share that often, for their shares (see share)."""
+    share that often on average, for their shares (see share.read_interval)."""
     start = monotonic()
     next_all = start + every
-    next_shared = start + share_every if share_every else math.inf
+    next_shared = start + read_interval(share_every, draw) if share_every else math.inf
     while not stop.is_set():
         now = monotonic()
         due = min(next_all, next_shared)
@@ -390,7 +392,7 @@ def wait_polling(
                 next_all = now + every
                 reader.poll()
             if share_every and now >= next_shared:
-                next_shared = now + share_every
+                next_shared = now + read_interval(share_every, draw)
                 reader.sample_shares()
         except Exception:  # a bug must not end the node's agent; the cycle reads again
             log.exception("reading the GPUs' samplers failed")

@@ -44,9 +44,10 @@ that cover less than half the window yet.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -57,6 +58,18 @@ DEFAULT_WINDOW = timedelta(minutes=5)
 NOMINAL_PERIOD_US = 1_000_000 / SAMPLES_PER_SECOND
 SHARE_READ_SPAN = 3 / SAMPLES_PER_SECOND
 """Seconds a read for the share covers: three of the sampler's instants (see above)."""
+JITTER = 0.5
+"""The share reads come every --share-read-every on average, each interval drawn from that
+times [1 - JITTER, 1 + JITTER)."""
+
+
+def read_interval(every: float, draw: Callable[[], float] = random.random) -> float:
+    """Seconds to the next share read. Reads at a fixed period would fall on the same phase of
+    work that has a period of its own (a training step of a fixed length, a tenant busy the
+    first half of each second) and count that phase alone: drawn intervals spread them over
+    every phase."""
+    return every * (1 - JITTER + 2 * JITTER * draw())
+
 ADJACENT = (0.6, 1.4)
 """Two entries this many nominal periods apart were taken at neighbouring instants."""
 ADJACENT_NEEDED = 16

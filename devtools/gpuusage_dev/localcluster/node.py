@@ -651,7 +651,7 @@ def _remove_netns() -> None:
 
 def write_scenario(
     folder: Path,
-    processes: dict[str, list[dict[str, int]]],
+    processes: dict[str, list[dict[str, Any]]],
     scenario: dict[str, Any] = DEFAULT_SCENARIO,
 ) -> None:
     """`folder`/gpus.yaml, which the agent's fake GPU source reads: the scenario's GPUs with

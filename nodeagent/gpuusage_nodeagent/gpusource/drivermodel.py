@@ -43,6 +43,12 @@ def bookkeeping_mib(contexts: int) -> int:
     return round(CONTEXT_MIB * contexts)
 
 
+DUTY_PERIOD_US = 1_031_000
+"""The period of part-time work: a process of duty d has work in the first d of each period,
+about a second (not a whole number of the sampler's periods, so that its instants fall all
+over the period rather than on the same few points of it)."""
+
+
 @dataclass(frozen=True)
 class Work:
     """What one process does on its device's engines: the share of the time it has work there
@@ -53,6 +59,8 @@ class Work:
     mem: int = 0
     enc: int = 0
     dec: int = 0
+    period_us: int = DUTY_PERIOD_US
+    """The period of its part-time work (duty below 1)."""
 
 
 IDLE = Work(0.0)
@@ -80,17 +88,11 @@ def under_mps_server(
     return seen
 
 
-DUTY_PERIOD_US = 1_031_000
-"""The period of part-time work: a process of duty d has work in the first d of each period,
-about a second (not a whole number of the sampler's periods, so that its instants fall all
-over the period rather than on the same few points of it)."""
-
-
 def has_work(work: Work, at_us: int) -> bool:
     """Whether a process doing `work` has work for the engine at `at_us`."""
     if work.duty >= 1:
         return True
-    return work.duty > 0 and at_us % DUTY_PERIOD_US < work.duty * DUTY_PERIOD_US
+    return work.duty > 0 and at_us % work.period_us < work.duty * work.period_us
 
 
 TIME_SLICE_US = 100_000
