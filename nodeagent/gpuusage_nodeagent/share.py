@@ -70,6 +70,7 @@ def read_interval(every: float, draw: Callable[[], float] = random.random) -> fl
     every phase."""
     return every * (1 - JITTER + 2 * JITTER * draw())
 
+
 ADJACENT = (0.6, 1.4)
 """Two entries this many nominal periods apart were taken at neighbouring instants."""
 ADJACENT_NEEDED = 16
