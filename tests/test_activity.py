@@ -189,26 +189,35 @@ def test_only_the_transitions_change_the_report(tmp_path: Path) -> None:
     assert all(p.idle_since is None for p in again.spec().gpus[0].processes)
 
 
+class FakeClock:
+    """A threading.Event and monotonic clock in one, on the test's time: waiting moves it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, seconds: float) -> bool:
+        self.now += seconds
+        return False
+
+    def monotonic(self) -> float:
+        return self.now
+
+
 def test_between_cycles_the_samplers_are_read_often_enough_for_the_ring(tmp_path: Path) -> None:
     """With --interval 60 the agent reads the samplers every 10 s between cycles (the driver's
     72 samples last 12.6 to 14.4 s), and not once more after the cycle is due."""
-    clock = [100.0]
+    clock = FakeClock(100.0)
     polls: list[float] = []
-
-    class Stop:  # a threading.Event on the test's clock
-        def is_set(self) -> bool:
-            return False
-
-        def wait(self, seconds: float) -> bool:
-            clock[0] += seconds
-            return False
 
     class Source:
         def read(self) -> Any:
             raise AssertionError("a wait reads no GPU")
 
         def poll(self) -> None:
-            polls.append(clock[0])
+            polls.append(clock.now)
 
         def sample_shares(self, devices: Collection[str], span: float) -> None:
             """No share reads."""
@@ -217,6 +226,41 @@ def test_between_cycles_the_samplers_are_read_often_enough_for_the_ring(tmp_path
             """Nothing to release."""
 
     reader = NodeReader("n1", Source(), Resolver(tmp_path))
-    wait_polling(reader, Stop(), 160.0, monotonic=lambda: clock[0])  # type: ignore[arg-type]
+    wait_polling(reader, clock, 160.0, monotonic=clock.monotonic)  # type: ignore[arg-type]
     assert polls == [110.0 + 10 * n for n in range(5)]
-    assert clock[0] == 160.0
+    assert clock.now == 160.0
+
+
+def test_the_shared_gpus_are_read_every_share_read_every_between_cycles() -> None:
+    """With --interval 10 and --share-read-every 2, the short share reads come 2 s apart on
+    average, each interval drawn between 1 and 3 s (see share.read_interval), and none once the
+    next cycle is due; with the share off, the ring's reads alone."""
+    clock = FakeClock(100.0)
+    calls: list[tuple[str, float]] = []
+
+    class Reader:
+        def poll(self) -> None:
+            calls.append(("poll", clock.now))
+
+        def sample_shares(self) -> None:
+            calls.append(("share", clock.now))
+
+    def waited(until: float, share_every: float | None, draws: list[float]) -> list[float]:
+        calls.clear()
+        start = clock.now
+        drawn = iter(draws)
+        wait_polling(
+            Reader(),  # type: ignore[arg-type]
+            clock,  # type: ignore[arg-type]
+            until,
+            monotonic=clock.monotonic,
+            share_every=share_every,
+            draw=lambda: next(drawn, 0.5),
+        )
+        return [round(at - start, 3) for kind, at in calls if kind == "share"]
+
+    assert waited(110.0, 2.0, []) == [2.0, 4.0, 6.0, 8.0], "drawn at the middle: 2 s apart"
+    assert waited(116.0, 2.0, [0.0, 0.999, 0.25]) == [1.0, 3.998, 5.498], "1 s to 3 s apart"
+    clock.now = 200.0
+    assert waited(260.0, None, []) == []
+    assert [kind for kind, _ in calls] == ["poll"] * 5, "the ring's reads alone, every 10 s"

@@ -217,6 +217,19 @@ def test_usage_annotation_is_bounded_with_a_marker() -> None:
     assert "pids" not in doc["containers"][0]["devices"][0]
 
 
+def _with_processes(use: Any, **update: Any) -> Any:
+    """The use with each of its processes updated so."""
+    return type(use)(
+        use.pod,
+        use.node,
+        use.observed_at,
+        tuple(
+            type(r)(**{**r.__dict__, "process": r.process.model_copy(update=update)})
+            for r in use.resolutions
+        ),
+    )
+
+
 def test_patches_are_empty_when_nothing_changes() -> None:
     use = _uses()[POD_TRAIN]
     wanted = desired_annotations(use)
@@ -229,17 +242,7 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     condition = desired_condition("InUse", use, "gpu-node-a")
     assert condition["status"] == "True"
     assert "1 process on node gpu-node-a uses GPU-11111111" in condition["message"]
-    grown = type(use)(
-        use.pod,
-        use.node,
-        use.observed_at,
-        tuple(
-            type(r)(
-                **{**r.__dict__, "process": r.process.model_copy(update={"used_memory_mib": 1})}
-            )
-            for r in use.resolutions
-        ),
-    )
+    grown = _with_processes(use, used_memory_mib=1)
     assert desired_annotations(grown) != wanted
     assert desired_condition("InUse", grown, "gpu-node-a") == condition, (
         "a memory change alone is one pod write (annotations), not two"
@@ -256,32 +259,21 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     assert ended["lastTransitionTime"] == "2026-11-21T12:02:30Z"
 
 
-def _with_share(use: Any, share: float | None) -> Any:
-    """The use with each process's compute share set."""
-    return type(use)(
-        use.pod,
-        use.node,
-        use.observed_at,
-        tuple(
-            type(r)(
-                **{**r.__dict__, "process": r.process.model_copy(update={"compute_share": share})}
-            )
-            for r in use.resolutions
-        ),
-    )
-
-
 def test_the_usage_annotation_follows_a_share_only_when_it_moves_a_tenth() -> None:
     """A container's share of a device is in its usage detail; a move of a few points (the
     agent republishes at 5, and other changes on the node carry small ones along) rewrites no
     pod; a move of a tenth does, and so does a share coming or going."""
     use = _uses()[POD_TRAIN]
-    measured = desired_annotations(_with_share(use, 0.42))
+
+    def annotated(share: float | None) -> dict[str, str]:
+        return desired_annotations(_with_processes(use, compute_share=share))
+
+    measured = annotated(0.42)
     device = json.loads(measured[names.ANNOTATION_USAGE])["containers"][0]["devices"][0]
     assert device["share"] == 0.42
-    assert annotation_patch(measured, desired_annotations(_with_share(use, 0.49))) is None
-    assert annotation_patch(measured, desired_annotations(_with_share(use, 0.52))) is not None
-    assert annotation_patch(measured, desired_annotations(_with_share(use, None))) is not None
+    assert annotation_patch(measured, annotated(0.49)) is None
+    assert annotation_patch(measured, annotated(0.52)) is not None
+    assert annotation_patch(measured, annotated(None)) is not None
     assert annotation_patch(desired_annotations(use), measured) is not None
 
 

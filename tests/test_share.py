@@ -22,7 +22,7 @@ from gpuusage_nodeagent.change import meaningful_change
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage_nodeagent.gpusource.sampling import SampleBatch, SampleCursor, share_batch
-from gpuusage_nodeagent.main import NodeReader, wait_polling
+from gpuusage_nodeagent.main import NodeReader
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
@@ -366,57 +366,6 @@ def test_a_steady_shared_gpu_republishes_at_most_a_few_times_a_minute(tmp_path: 
             published = fingerprint
     assert changes <= 3 * 1000 / 60, changes
     assert changes <= 5, f"{changes} writes in 1,000 s of a steady GPU"
-
-
-def test_the_shared_gpus_are_read_every_share_read_every_between_cycles() -> None:
-    """With --interval 10 and --share-read-every 2, the agent makes the short share reads at
-    2, 4, 6 and 8 s after a cycle began and nothing more before the next cycle; with the share
-    off, none."""
-    clock = [100.0]
-    calls: list[tuple[str, float]] = []
-
-    class Stop:  # a threading.Event on the test's clock
-        def is_set(self) -> bool:
-            return False
-
-        def wait(self, seconds: float) -> bool:
-            clock[0] += seconds
-            return False
-
-    class Reader:
-        def poll(self) -> None:
-            calls.append(("poll", clock[0]))
-
-        def sample_shares(self) -> None:
-            calls.append(("share", clock[0]))
-
-    reader: Any = Reader()
-    middle = 0.5  # each interval drawn at the middle of its range: --share-read-every itself
-    wait_polling(
-        reader,
-        Stop(),  # type: ignore[arg-type]
-        110.0,
-        monotonic=lambda: clock[0],
-        share_every=2.0,
-        draw=lambda: middle,
-    )
-    assert calls == [("share", 102.0), ("share", 104.0), ("share", 106.0), ("share", 108.0)]
-    calls.clear()
-    clock[0] = 150.0
-    draws = iter([0.0, 0.999, 0.25])
-    wait_polling(
-        reader,
-        Stop(),  # type: ignore[arg-type]
-        156.0,
-        monotonic=lambda: clock[0],
-        share_every=2.0,
-        draw=lambda: next(draws, 0.5),
-    )
-    assert [round(at - 150, 3) for _, at in calls] == [1.0, 3.998, 5.498], "1 s to 3 s apart"
-    calls.clear()
-    clock[0] = 200.0
-    wait_polling(reader, Stop(), 260.0, monotonic=lambda: clock[0], share_every=None)  # type: ignore[arg-type]
-    assert [kind for kind, _ in calls] == ["poll"] * 5, "the ring's reads alone, every 10 s"
 
 
 @pytest.mark.parametrize(("window", "ok"), [(0, True), (10, True), (300, True), (5, False)])
