@@ -8,8 +8,8 @@ instant), for each scenario and seed:
 * truth: the model's tally of every instant over the last `--window` seconds (what reading
   the sampler at its own rate would count);
 * gpuusage: share.ShareTracker as the agent feeds it: a short read (share.SHARE_READ_SPAN)
-  every `--every` seconds on average (intervals drawn as the agent draws them,
-  share.read_interval), a cycle every 10 s, the share published at the last cycle;
+  every `--every` seconds on average on the agent's schedule (share.ShareSchedule), never back
+  past the previous read, a cycle every 10 s, the share published at the last cycle;
 * anchors: one read a `--scrape` (30 s) from one second back, each tenant's latest sample's SM
   percentage as its utilization (0 where the read has none of it), averaged over the window's
   scrapes, as a Prometheus average of dcgm-exporter's per-process series would be.
@@ -39,7 +39,7 @@ from pathlib import Path
 from gpuusage_nodeagent.driverfacts import call_cost_ms
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.sampling import share_batch
-from gpuusage_nodeagent.share import SHARE_READ_SPAN, ShareTracker, read_interval
+from gpuusage_nodeagent.share import SHARE_READ_SPAN, ShareSchedule, ShareTracker
 
 CYCLE = 10.0
 SM = 90
@@ -86,16 +86,17 @@ def one_run(
     start = 1_700_000_000.0 + draw.random() * 10
     end = start + window + 60
     sampler.advance(int(start * 1e6), work)
-    reads, at = [], start + read_interval(every, draw.random)
-    while at < end:
+    schedule, reads, at = ShareSchedule(every, draw.random), [], start
+    while (at := schedule.next_at(at)) < end:
         reads.append((at, "share"))
-        at += read_interval(every, draw.random)
+        schedule.read_at(at)
     events = sorted(
         [(start + CYCLE * k, "cycle") for k in range(1, int((end - start) / CYCLE) + 1)]
         + reads
         + [(start + scrape * k, "scrape") for k in range(1, int((end - start) / scrape) + 1)]
     )
     batches = []
+    last_read = start
     tallies: list[tuple[float, Counter[int | None]]] = []
     scrapes: list[tuple[float, dict[int, float]]] = []
     shares: dict[int, float] = {}
@@ -105,9 +106,10 @@ def one_run(
         now_us = int(at * 1e6)
         sampler.advance(now_us, work)
         if kind == "share":
-            span = SHARE_READ_SPAN
-            samples = sampler.read(now_us - int(span * 1e6))
-            batches.append(share_batch(samples, _at(at), span))
+            since = max(at - SHARE_READ_SPAN, last_read)
+            samples = sampler.read(int(since * 1e6))
+            batches.append(share_batch(samples, _at(at), at - since))
+            last_read = at
         elif kind == "scrape":
             seen = {pid: sm / 100 for pid, _, sm, *_ in sampler.read(now_us - 1_000_000)}
             scrapes.append((at, {pid: seen.get(pid, 0.0) for pid in work}))

@@ -22,6 +22,7 @@ from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.sampling import SampleBatch
 from gpuusage_nodeagent.main import NodeReader, wait_polling
 from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.share import ShareSchedule
 from tests.fakenvml import gpu_uuid, mig_uuid
 
 T0 = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
@@ -231,10 +232,12 @@ def test_between_cycles_the_samplers_are_read_often_enough_for_the_ring(tmp_path
     assert clock.now == 160.0
 
 
-def test_the_shared_gpus_are_read_every_share_read_every_between_cycles() -> None:
+def test_the_shared_gpus_are_read_every_share_read_every_across_cycles() -> None:
     """With --interval 10 and --share-read-every 2, the short share reads come 2 s apart on
-    average, each interval drawn between 1 and 3 s (see share.read_interval), and none once the
-    next cycle is due; with the share off, the ring's reads alone."""
+    average, each interval drawn between 1 and 3 s (see share.read_interval), on one schedule
+    across the cycles (a read that fell due during a cycle is made right after it, and the next
+    is an interval after the one that fell due): 5 reads every 10 s; with the share off, the
+    ring's reads alone."""
     clock = FakeClock(100.0)
     calls: list[tuple[str, float]] = []
 
@@ -245,22 +248,24 @@ def test_the_shared_gpus_are_read_every_share_read_every_between_cycles() -> Non
         def sample_shares(self) -> None:
             calls.append(("share", clock.now))
 
-    def waited(until: float, share_every: float | None, draws: list[float]) -> list[float]:
+    def waited(until: float, shares: ShareSchedule | None) -> list[float]:
         calls.clear()
-        start = clock.now
-        drawn = iter(draws)
         wait_polling(
             Reader(),  # type: ignore[arg-type]
             clock,  # type: ignore[arg-type]
             until,
             monotonic=clock.monotonic,
-            share_every=share_every,
-            draw=lambda: next(drawn, 0.5),
+            shares=shares,
         )
-        return [round(at - start, 3) for kind, at in calls if kind == "share"]
+        return [round(at, 3) for kind, at in calls if kind == "share"]
 
-    assert waited(110.0, 2.0, []) == [2.0, 4.0, 6.0, 8.0], "drawn at the middle: 2 s apart"
-    assert waited(116.0, 2.0, [0.0, 0.999, 0.25]) == [1.0, 3.998, 5.498], "1 s to 3 s apart"
+    middle = ShareSchedule(2.0, draw=lambda: 0.5)  # each interval at the middle: 2 s
+    assert waited(110.0, middle) == [102.0, 104.0, 106.0, 108.0]
+    assert waited(120.0, middle) == [110.0, 112.0, 114.0, 116.0, 118.0], "the same schedule"
+    drawn = iter([0.0, 0.999, 0.25])
+    apart = ShareSchedule(2.0, draw=lambda: next(drawn, 0.5))
+    clock.now = 150.0
+    assert waited(156.0, apart) == [151.0, 153.998, 155.498], "1 s to 3 s apart"
     clock.now = 200.0
-    assert waited(260.0, None, []) == []
+    assert waited(260.0, None) == []
     assert [kind for kind, _ in calls] == ["poll"] * 5, "the ring's reads alone, every 10 s"

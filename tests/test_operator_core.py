@@ -275,6 +275,8 @@ def test_the_usage_annotation_follows_a_share_only_when_it_moves_a_tenth() -> No
     assert annotation_patch(measured, annotated(0.52)) is not None
     assert annotation_patch(measured, annotated(None)) is not None
     assert annotation_patch(desired_annotations(use), measured) is not None
+    assert annotation_patch(annotated(0.2), annotated(0.3)) is not None, "a tenth, exactly"
+    assert annotation_patch(annotated(0.6), annotated(0.7)) is not None, "a tenth, exactly"
 
 
 @pytest.mark.parametrize(

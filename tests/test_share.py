@@ -17,20 +17,30 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuusage.api.models import Source
+from gpuusage.api.summary import share_moved
 from gpuusage_nodeagent.activity import ActivityTracker
 from gpuusage_nodeagent.change import meaningful_change
+from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
 from gpuusage_nodeagent.gpusource.sampling import SampleBatch, SampleCursor, share_batch
-from gpuusage_nodeagent.main import NodeReader
+from gpuusage_nodeagent.main import NodeReader, measure_shares
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareTracker, read_interval
+from gpuusage_nodeagent.share import (
+    SHARE_READ_SPAN,
+    Share,
+    ShareSchedule,
+    ShareTracker,
+    read_interval,
+)
 from tests.fakenvml import gpu_uuid
 
 READ_EVERY: float = AgentSettings.model_fields["share_read_every"].default
 """The agent's --share-read-every, as it reads by default."""
+SOURCE = Source(kind="fake", available=True)
 START = datetime(2026, 11, 27, 12, 0, 0, 123456, tzinfo=UTC)
 GPU = gpu_uuid(0)
 MIG = "MIG-00000000-0000-4000-8000-00000000000a"
@@ -63,29 +73,27 @@ class Run:
     last: AttributedReading | None = None
     draw: random.Random = field(default_factory=lambda: random.Random(7))
     """The share reads' intervals, as the agent draws them (share.read_interval)."""
+    schedule: ShareSchedule | None = None
 
     def advance(self, seconds: float, *, every: float = READ_EVERY, cycle: float = 10.0) -> None:
-        """Let `seconds` pass as the agent spends them: a cycle every `cycle`, the short share
-        reads of the shared GPUs' samplers every `every` between."""
-        end = self.now[0] + timedelta(seconds=seconds)
-        next_cycle = self.now[0] + timedelta(seconds=cycle)
-
-        def after() -> timedelta:
-            return timedelta(seconds=read_interval(every, self.draw.random))
-
-        next_share = self.now[0] + after()
-        while next_cycle <= end:
-            if next_share < next_cycle:
-                self.now[0] = next_share
+        """Let `seconds` pass as the agent spends them: a cycle every `cycle`, and the short
+        share reads of the shared GPUs' samplers between, on the agent's schedule."""
+        if self.schedule is None or self.schedule.every != every:
+            self.schedule = ShareSchedule(every, self.draw.random)
+        end = self.now[0].timestamp() + seconds
+        next_cycle = self.now[0].timestamp() + cycle
+        while next_cycle <= end + 1e-9:
+            due = self.schedule.next_at(self.now[0].timestamp())
+            if due < next_cycle:
+                self.now[0] = datetime.fromtimestamp(due, UTC)
+                self.schedule.read_at(due)
                 self.reader.sample_shares()
-                next_share += after()
                 continue
-            self.now[0] = next_cycle
+            self.now[0] = datetime.fromtimestamp(next_cycle, UTC)
             self.last = self.reader.read()
             sampler = self.source.sampler(GPU)
             self.tallies.append(Counter(sampler.tally) if sampler else Counter())
-            next_cycle += timedelta(seconds=cycle)
-            next_share = self.now[0] + after()
+            next_cycle += cycle
 
     def shares(self) -> dict[int, float | None]:
         assert self.last is not None
@@ -331,22 +339,107 @@ def test_a_sampler_faster_than_measured_is_counted_at_its_own_period() -> None:
         assert abs(shares[pid].value - taken.get(pid, 0) / total) <= 0.05
 
 
-def test_a_read_later_than_the_ring_lasts_does_not_count(tmp_path: Path) -> None:
-    """A read 30 s after the last one (the ring holds 12-14 s) cannot tell what it missed: its
-    span is not counted, so the share rests on less and stays honest."""
+def _reads(
+    tracker: ShareTracker, cycles: list[list[int]], *, every: float = 2.0
+) -> list[dict[int, Share | None]]:
+    """Feed `tracker` one cycle (10 s) for each list of told pids, three tenants at work all
+    the time on the driver model, read as the agent reads; its answers, a cycle each."""
+    sampler = Sampler(5)
+    work = {pid: Work(1.0, 90) for pid in (1, 2, 3)}
+    schedule = ShareSchedule(every, random.Random(5).random)
+    at = START.timestamp()
+    sampler.advance(int(at * 1_000_000), work)
+    answers = []
+    for told in cycles:
+        cycle_end, batches = at + 10, []
+        while (due := schedule.next_at(at)) < cycle_end:
+            at = due
+            schedule.read_at(at)
+            sampler.advance(int(at * 1_000_000), work)
+            samples = sampler.read(int((at - SHARE_READ_SPAN) * 1_000_000))
+            batches.append(share_batch(samples, datetime.fromtimestamp(at, UTC), SHARE_READ_SPAN))
+        at = cycle_end
+        answers.append(tracker.device(GPU, told, batches, None, datetime.fromtimestamp(at, UTC)))
+    return answers
+
+
+def test_a_process_listed_again_starts_its_share_over() -> None:
+    """Three equal tenants; one is missing from a cycle's list (a pid the driver did not list
+    for a moment): back, it has no share until its own reads cover half the window again, and
+    then its fair third, never its entries from before counted over its new span."""
+    all_three, without_2 = [1, 2, 3], [1, 3]
+    answers = _reads(
+        ShareTracker(timedelta(seconds=60)), [all_three] * 6 + [without_2] + [all_three] * 12
+    )
+    before, back, later = answers[5], answers[7], answers[-1]
+    assert before[2] is not None
+    assert back[2] is None, "listed again: its share starts over"
+    for answer in answers:
+        assert sum(share.value for share in answer.values() if share) <= 1.0 + 1e-9
+    assert all(share is not None and abs(share.value - 1 / 3) <= 0.1 for share in later.values())
+
+
+def test_a_device_shared_again_waits_for_new_reads() -> None:
+    """A GPU shared, then one process's alone (its reads stop), then shared again: the reads
+    from before cover nothing now, so no share is published until new ones cover half the
+    window."""
     tracker = ShareTracker(timedelta(seconds=60))
+    answers = _reads(tracker, [[1, 2]] * 6 + [[1]] * 5 + [[1, 2]] * 4)
+    assert answers[5][1] is not None
+    assert answers[11] == {1: None, 2: None}, "shared again: the old reads do not count"
+    assert answers[-1][1] is not None, "after 30 s of new reads"
+
+
+def test_reads_that_stopped_cover_nothing_since() -> None:
+    """Share reads that stop (a failing read, a stuck agent) leave a stretch nobody saw: what
+    the reads cover starts again after it."""
+    tracker = ShareTracker(timedelta(seconds=60))
+    answers = _reads(tracker, [[1, 2]] * 6)
+    assert answers[-1][1] is not None
+    later = START + timedelta(seconds=60 + 30)
+    assert tracker.device(GPU, [1, 2], [], None, later) == {1: None, 2: None}
+
+
+def test_a_cycle_whose_sampler_failed_forgets_no_process() -> None:
+    """A cycle in which the source could not read the sampler tells no process's activity:
+    that cycle publishes no share, and the next one goes on from the reads before it."""
+    tracker = ShareTracker(timedelta(seconds=60))
+    _reads(tracker, [[1, 2]] * 6)
+    at = START + timedelta(seconds=61)
+    blind = [RawProcess(1, "a", 10, ("compute",)), RawProcess(2, "b", 10, ("compute",))]
+    reading = Reading(SOURCE, [], processes={GPU: blind})
+    assert measure_shares(tracker, reading, at) == {}
+    told = [p._replace(active=True) for p in blind]
+    answer = measure_shares(tracker, Reading(SOURCE, [], processes={GPU: told}), at)
+    assert set(answer) == {(GPU, 1), (GPU, 2)}, "its processes' coverage kept"
+
+
+def test_a_read_later_than_the_ring_lasts_does_not_count() -> None:
+    """A read 30 s after the last one (the ring holds 12-14 s) cannot tell what it missed, and
+    a read whose entries lie outside its own span (a driver clock that is not the host's)
+    cannot place them: neither is counted, so the share rests on less and stays honest."""
+    tracker = ShareTracker(timedelta(seconds=60))
+    tracker.device(GPU, [1, 2], [], None, START)
     stamp = int(START.timestamp() * 1_000_000)
     late = SampleBatch(
-        START + timedelta(seconds=30),
+        START + timedelta(seconds=40),
         30.0,
         frozenset({1}),
         frozenset({1}),
-        ((stamp + 29_800_000, 1),),
+        ((stamp + 39_800_000, 1),),
     )
-    assert tracker.device(GPU, [1, 2], [late], None, START + timedelta(seconds=30)) == {
+    elsewhere = SampleBatch(
+        START + timedelta(seconds=41),
+        0.6,
+        frozenset({1}),
+        frozenset({1}),
+        ((stamp + 3_600_000_000, 1),),
+    )
+    assert tracker.device(GPU, [1, 2], [late, elsewhere], None, START + timedelta(seconds=41)) == {
         1: None,
         2: None,
     }
+    assert tracker.devices() == {GPU}
 
 
 def test_a_steady_shared_gpu_republishes_at_most_a_few_times_a_minute(tmp_path: Path) -> None:
@@ -364,7 +457,6 @@ def test_a_steady_shared_gpu_republishes_at_most_a_few_times_a_minute(tmp_path: 
         if meaningful_change(published, fingerprint, 64, 0.05):
             changes += 1
             published = fingerprint
-    assert changes <= 3 * 1000 / 60, changes
     assert changes <= 5, f"{changes} writes in 1,000 s of a steady GPU"
 
 
@@ -418,3 +510,24 @@ def test_periodic_work_is_not_counted_at_one_phase() -> None:
     assert on_the_dot > 0.1, "at one phase the half-time tenant is seen too often or too little"
     drawn = random.Random(11)
     assert max(error(drawn.random, phase) for phase in (100_000, 700_000)) <= 0.05
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "moved"),
+    [
+        (0.10, 0.15, True),
+        (0.50, 0.55, True),
+        (0.50, 0.549, False),
+        (0.2, 0.3, True),
+        (None, 0.0, True),
+        (0.0, None, True),
+        (None, None, False),
+    ],
+)
+def test_a_share_moves_by_its_threshold_in_thousandths(
+    old: float | None, new: float | None, moved: bool
+) -> None:
+    """The write rule's 0.05 and the annotation's 0.1, compared as shares are published (in
+    thousandths): the same move is a move wherever it lies."""
+    threshold = 0.1 if (old, new) == (0.2, 0.3) else 0.05
+    assert share_moved(old, new, threshold) is moved

@@ -147,7 +147,8 @@ def statement(window: str, at: str, source: str) -> str:
         f"GPU-H: GPU-hours handed to the namespace's pods; HELD-H: with memory in use; "
         f"COMPUTING-H: with an engine in use (where the device tells); COMPUTE-H: the pods' "
         f"measured shares of their GPUs' time (pods sharing a GPU add up to its busy hours); "
-        f"NO-SHARE-H: held on GPUs that tell no share (MPS clients); GIB-H: GPU memory "
+        f"NO-SHARE-H: held on GPUs that tell no share (MPS clients, a share not measured yet); "
+        f"GIB-H: GPU memory "
         f"GiB-hours; over the {window} to {at}, whole GPUs only (MIG slices and shares are "
         f"not GPUs), from the showback rules in Prometheus at {source}"
     )

@@ -180,8 +180,9 @@ NODE = Dashboard(
             ),
             unit="percentunit",
             description="Each pod's share of a GPU's time over the agent's --share-window, "
-            "measured from the driver's sampler; stacked, a GPU's pods add up to its busy time "
-            "(at most 100 %). MIG devices and MPS clients tell none.",
+            "measured from the driver's sampler, by GPU: the pods of one GPU add up to its busy "
+            "time (at most 100 %), so the node's stack reaches at most 100 % a GPU. MIG devices "
+            "and MPS clients tell none.",
             stacked=True,
             width=24,
         ),

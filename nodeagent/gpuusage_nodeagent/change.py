@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from gpuusage.api.models import Gpu, Memory, MigDevice, Source
+from gpuusage.api.summary import share_moved
 
 Exact = tuple[Any, ...]
 Memories = tuple[int | None, ...]
@@ -110,7 +111,7 @@ def fingerprint(
     return Fingerprint(tuple(exact), tuple(memories), tuple(shares))
 
 
-def _moved(old: Sequence[float | None], new: Sequence[float | None], threshold: float) -> bool:
+def _moved(old: Memories, new: Memories, threshold: int) -> bool:
     for a, b in zip(old, new, strict=True):
         if a is None or b is None:
             if a is not b:
@@ -132,8 +133,10 @@ def meaningful_change(
         return True
     if len(old.shares) != len(new.shares):
         return True
-    return _moved(old.memories, new.memories, threshold_mib) or _moved(
-        old.shares, new.shares, share_threshold
+    if _moved(old.memories, new.memories, threshold_mib):
+        return True
+    return any(
+        share_moved(a, b, share_threshold) for a, b in zip(old.shares, new.shares, strict=True)
     )
 
 

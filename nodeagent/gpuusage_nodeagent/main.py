@@ -10,7 +10,6 @@ import gc
 import json
 import logging
 import math
-import random
 import signal
 import sys
 import threading
@@ -44,7 +43,7 @@ from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.selfcheck import Setup, gather, nvml_note, pid_namespace_note, with_notes
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareTracker, read_interval
+from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareSchedule, ShareTracker
 from gpuusage_nodeagent.visibility import Allowance, with_blind_devices
 
 log = logging.getLogger(__name__)
@@ -130,6 +129,8 @@ def measure_shares(tracker: ShareTracker, reading: Reading, now: datetime) -> di
     shares: dict[Key, Share] = {}
     for uuid, listed in reading.processes.items():
         told = [p.pid for p in listed if p.active is not None]
+        if listed and not told and uuid in tracker.devices():
+            continue  # its sampler could not be read now: no share this cycle, none forgotten
         reads = reading.share_samples.get(uuid, ())
         found = tracker.device(uuid, told, reads, meters.get(uuid), now)
         shares.update(((uuid, pid), share) for pid, share in found.items() if share is not None)
@@ -229,7 +230,9 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         resolver,
         kubelet=kubelet,
         activity=ActivityTracker(timedelta(seconds=settings.idle_window)),
-        share=ShareTracker(timedelta(seconds=settings.share_window)),
+        share=ShareTracker(
+            timedelta(seconds=settings.share_window), every=settings.share_read_every
+        ),
         allowance=Allowance(settings.unexplained_memory_mib, settings.context_memory_mib),
         setup=setup,
     )
@@ -308,6 +311,7 @@ def run_cycles(
     failed = False
     last_failure: str | None = None
     lease_failure: str | None = None
+    shares = ShareSchedule(settings.share_read_every) if settings.share_window else None
     while not stop.is_set():
         started = time.monotonic()
         try:
@@ -355,8 +359,7 @@ def run_cycles(
                     log.error("renewing the Lease of %s failed: %s", settings.node_name, exc)
         if settings.once:
             break
-        share_every = settings.share_read_every if settings.share_window else None
-        wait_polling(reader, stop, started + settings.interval, share_every=share_every)
+        wait_polling(reader, stop, started + settings.interval, shares=shares)
     return failed
 
 
@@ -367,18 +370,17 @@ def wait_polling(
     every: float = SAMPLE_READ_EVERY,
     *,
     monotonic: Callable[[], float] = time.monotonic,
-    share_every: float | None = None,
-    draw: Callable[[], float] = random.random,
+    shares: ShareSchedule | None = None,
 ) -> None:
     """Wait for the next cycle (monotonic time `until`), reading the samplers every `every`
     seconds meanwhile, so that the driver's ring of samples never runs over between two reads
-    whatever --interval is; and, with `share_every`, the samplers of the GPUs several processes
-    share that often on average, for their shares (see share.read_interval)."""
+    whatever --interval is; and, on the `shares` schedule (kept across cycles), the short reads
+    of the samplers of the GPUs several processes share, for their shares (see share)."""
     start = monotonic()
     next_all = start + every
-    next_shared = start + read_interval(share_every, draw) if share_every else math.inf
     while not stop.is_set():
         now = monotonic()
+        next_shared = shares.next_at(now) if shares is not None else math.inf
         due = min(next_all, next_shared)
         if until - now <= 0 or stop.wait(max(min(until, due) - now, 0)):
             return
@@ -391,8 +393,8 @@ def wait_polling(
             if now >= next_all:
                 next_all = now + every
                 reader.poll()
-            if share_every and now >= next_shared:
-                next_shared = now + read_interval(share_every, draw)
+            if shares is not None and now >= next_shared:
+                shares.read_at(now)
                 reader.sample_shares()
         except Exception:  # a bug must not end the node's agent; the cycle reads again
             log.exception("reading the GPUs' samplers failed")

@@ -19,8 +19,9 @@ Counting every instant would take a read per instant (5 a second per GPU: 7 % of
 GPUs, on the measured call costs). The agent instead reads a short span, SHARE_READ_SPAN (three
 of the sampler's instants), every --share-read-every seconds on a GPU several processes share:
 each read tells its instants exactly or nearly (an instant without an entry has one or two
-candidates), the reads are spread over the window as a systematic sample, and the share is the
-fraction of the sampled instants that were the process's. The few uncertain instants are split
+candidates), the reads are spread over the window at drawn intervals (read_interval: a fixed
+period would see periodic work at one phase only), and the share is the fraction of the sampled
+instants that were the process's. The few uncertain instants are split
 among their candidates in proportion to their shares, which makes the fraction the
 maximum-likelihood fit of all the facts above (expectation-maximisation, warm-started from the
 last cycle's answer). Reads from the last read on would say more per call, but most of their
@@ -71,6 +72,29 @@ def read_interval(every: float, draw: Callable[[], float] = random.random) -> fl
     return every * (1 - JITTER + 2 * JITTER * draw())
 
 
+class ShareSchedule:
+    """When the next share read is due, on a monotonic clock: one drawn interval after another
+    (read_interval), across the agent's cycles, so the reads come every `every` seconds on
+    average whatever --interval is."""
+
+    def __init__(self, every: float, draw: Callable[[], float] = random.random) -> None:
+        self.every = every
+        self._draw = draw
+        self._next: float | None = None
+
+    def next_at(self, now: float) -> float:
+        """When the next read is due (the first: one interval from `now`)."""
+        if self._next is None:
+            self._next = now + read_interval(self.every, self._draw)
+        return self._next
+
+    def read_at(self, now: float) -> None:
+        """A read was made at `now`: the next one interval after the one that fell due (from
+        `now` where the reads fell behind by more than an interval)."""
+        due = self.next_at(now) + read_interval(self.every, self._draw)
+        self._next = due if due > now else now + read_interval(self.every, self._draw)
+
+
 ADJACENT = (0.6, 1.4)
 """Two entries this many nominal periods apart were taken at neighbouring instants."""
 ADJACENT_NEEDED = 16
@@ -106,12 +130,15 @@ class _Read:
 
 
 def _read(batch: SampleBatch) -> _Read | None:
-    """A batch as the fit uses it; None for one whose span cannot be told (the first read, or
-    one later than the ring lasts)."""
+    """A batch as the fit uses it; None for one whose span cannot be told (the first read, one
+    later than the ring lasts) or whose entries fall outside it (by more than a period: the
+    driver's sample clock would not be the host's, and no instant could be placed)."""
     if batch.span <= 0 or batch.span > RING_LASTS:
         return None
     end = batch.at.timestamp() * 1_000_000
     start = end - batch.span * 1_000_000
+    if any(not start - NOMINAL_PERIOD_US <= s <= end + NOMINAL_PERIOD_US for s, _ in batch.entries):
+        return None
     inside = [(min(max(float(s), start), end), pid) for s, pid in batch.entries]
     return _Read(start, end, tuple(s for s, _ in inside), tuple(pid for _, pid in inside))
 
@@ -164,27 +191,25 @@ def fit(
     covered_from: dict[int, float],
     start: dict[int, float],
     rounds: int,
-) -> tuple[dict[int, float], dict[int, float], dict[int, int]]:
-    """Each process's share of the instants since `covered_from` (µs), by `rounds` of
-    expectation-maximisation from `start`; with the instants it rests on and its entries."""
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Each process's share of the instants of the reads that end after its `covered_from`
+    (µs; a process no longer listed: of all), by `rounds` of expectation-maximisation from
+    `start`; with the instants each rests on."""
     pids = set(covered_from)
     for layout in layouts:
         pids.update(layout.pids)
     theta = {pid: start.get(pid, 0.1) for pid in pids}
     theta_idle = start.get(-1, 0.1)
-    slots = {pid: 0.0 for pid in covered_from}
-    entries = {pid: 0 for pid in covered_from}
+    since = {pid: covered_from.get(pid, -math.inf) for pid in pids}
+    slots = dict.fromkeys(pids, 0.0)
     total = 0.0
     for layout in layouts:
         total += layout.slots
-        for pid, since in covered_from.items():
-            if layout.end_us > since:
+        for pid in pids:
+            if layout.end_us > since[pid]:
                 slots[pid] += layout.slots
-        for pid in layout.pids:
-            if pid in entries and layout.end_us > covered_from[pid]:
-                entries[pid] += 1
     if total <= 0:
-        return {}, slots, entries
+        return {}, slots
     for _ in range(rounds):
         counted = dict.fromkeys(pids, 0.0)
         idle = 0.0
@@ -202,13 +227,11 @@ def fit(
                     if weight > 0:
                         spread += gap / weight
                         idle += theta_idle * gap / weight
-                counted[pid] += 1 + theta[pid] * spread
-        theta = {
-            pid: min(counted[pid] / slots[pid], 1.0) if slots.get(pid) else counted[pid] / total
-            for pid in pids
-        }
+                if layout.end_us > since[pid]:  # its instants count only once it is listed
+                    counted[pid] += 1 + theta[pid] * spread
+        theta = {pid: min(counted[pid] / slots[pid], 1.0) if slots[pid] else 0.0 for pid in pids}
         theta_idle = idle / total
-    return {pid: theta[pid] for pid in covered_from} | {-1: theta_idle}, slots, entries
+    return {pid: theta[pid] for pid in covered_from} | {-1: theta_idle}, slots
 
 
 @dataclass
@@ -225,8 +248,11 @@ class ShareTracker:
     """Keeps each device's sampler reads over the share window, and answers each process's
     share every cycle."""
 
-    def __init__(self, window: timedelta = DEFAULT_WINDOW) -> None:
+    def __init__(self, window: timedelta = DEFAULT_WINDOW, every: float = 2.0) -> None:
+        """`every`: the reads' mean interval (--share-read-every); a stretch of three times it
+        without a read (see ShareSchedule: at most one and a half) breaks what they cover."""
         self.window = window
+        self.longest_gap_us = 2 * (1 + JITTER) * every * 1_000_000
         self._devices: dict[str, _Device] = {}
 
     @property
@@ -256,6 +282,8 @@ class ShareTracker:
             pid: max(state.listed_since.get(pid, now_us), horizon) for pid in told
         }
         state.shared = len(told) > 1
+        if not state.shared:  # the reads made while it was shared no longer cover it
+            state.reads, state.theta = deque(), {}
         if len(told) == 1:
             return {told[0]: self._lone(state, told[0], meter_percent, now_us, horizon)}
         state.lone, state.meter = None, deque()
@@ -284,23 +312,41 @@ class ShareTracker:
         value = statistics.fmean(v for _, v in state.meter)
         return Share(value, len(state.meter), span / 1_000_000)
 
+    def _covered_since(self, reads: Sequence[_Read], now_us: float) -> float:
+        """Since when the reads cover the device without a stretch longer than longest_gap_us
+        between two (or since the last one): the start of that run of reads (now: none)."""
+        since = now_us
+        later = now_us
+        for read in reversed(reads):
+            if later - read.end_us > self.longest_gap_us:
+                break
+            since, later = read.start_us, read.start_us
+        return since
+
     def _shared(self, state: _Device, now_us: float) -> dict[int, Share | None]:
         reads = list(state.reads)
         period = sampler_period(reads)
         layouts = [_layout(r, period) for r in reads]
         covered_from = dict(state.listed_since)
         rounds = ROUNDS_WARM if state.theta else ROUNDS_FIRST
-        theta, slots, _ = fit(layouts, covered_from, state.theta, rounds)
+        theta, slots = fit(layouts, covered_from, state.theta, rounds)
         state.theta = theta
-        first = reads[0].start_us if reads else now_us
-        shares: dict[int, Share | None] = {}
-        for pid, since in covered_from.items():
-            span = now_us - max(since, first)
-            if pid not in theta or span < self._needed_us():
-                shares[pid] = None
-            else:
-                shares[pid] = Share(theta[pid], round(slots[pid]), span / 1_000_000)
-        return shares
+        covered = self._covered_since(reads, now_us)
+        spans = {pid: now_us - max(since, covered) for pid, since in covered_from.items()}
+        vouched = {p for p, span in spans.items() if p in theta and span >= self._needed_us()}
+        # Over spans that differ (a process listed later has a shorter one) the shares may add
+        # up to a little more than one GPU's time, which no device gives: scaled down to it.
+        scale = 1 / max(sum(theta[p] for p in vouched), 1.0)
+        return {
+            pid: Share(theta[pid] * scale, round(slots[pid]), spans[pid] / 1_000_000)
+            if pid in vouched
+            else None
+            for pid in covered_from
+        }
+
+    def devices(self) -> set[str]:
+        """The devices it keeps reads or readings of."""
+        return set(self._devices)
 
     def shared_devices(self) -> list[str]:
         """The devices whose shares need reads between cycles: more than one process told."""

@@ -25,6 +25,7 @@ from gpuusage_nodeagent.driverfacts import CONTEXT_ALLOWANCE_MIB
 from gpuusage_nodeagent.gpusource.drivermodel import MPS_SERVER
 from gpuusage_nodeagent.identity import PidfdIdentities
 from gpuusage_nodeagent.report import AttributedReading
+from gpuusage_nodeagent.share import ShareSchedule
 from gpuusage_nodeagent.visibility import REASON, unexplained_mib
 from tests.gpu.machine import REPO, Pod, Tenants, agent, cycles, memsets
 
@@ -278,7 +279,8 @@ def test_the_published_share_is_the_physical_one(
     start = time.monotonic()
     marks: dict[float, tuple[int, float]] = {}
     read = reader.read()
-    next_cycle, next_share, next_scrape = start + 10, start + 2, start + 30
+    schedule = ShareSchedule(2.0)  # the agent's --share-read-every, on its schedule
+    next_cycle, next_scrape = start + 10, start + 30
     while time.monotonic() < start + 75:
         now = time.monotonic()
         if now >= next_cycle:
@@ -286,9 +288,9 @@ def test_the_published_share_is_the_physical_one(
                 marks = {duty: memsets(counts[duty]) for duty in duties}
             read = reader.read()
             next_cycle += 10
-        elif now >= next_share:
+        elif now >= schedule.next_at(now):
+            schedule.read_at(now)
             reader.sample_shares()
-            next_share += 2
         elif now >= next_scrape:
             since = int((time.time() - 1.0) * 1_000_000)
             try:

@@ -56,7 +56,13 @@ from gpuusage_nodeagent.gpusource.drivermodel import (
     under_mps_server,
     work_of,
 )
-from gpuusage_nodeagent.gpusource.sampling import Latest, SampleBatch, SampleCursor, share_batch
+from gpuusage_nodeagent.gpusource.sampling import (
+    Latest,
+    SampleBatch,
+    SampleCursor,
+    share_batch,
+    share_since,
+)
 
 log = logging.getLogger(__name__)
 
@@ -397,6 +403,7 @@ class FakeSource:
         self._last_error: str | None = None
         self._samplers: dict[str, tuple[Sampler, SampleCursor]] = {}
         self._share_batches: dict[str, list[SampleBatch]] = {}
+        self._share_read: dict[str, datetime] = {}
 
     def poll(self) -> None:
         """Read each GPU's sampler as the last valid scenario has its processes working."""
@@ -416,8 +423,11 @@ class FakeSource:
             if found is None or work is None:
                 continue
             found[0].advance(now_us, work)
-            samples = found[0].read(now_us - int(span * 1_000_000))
-            self._share_batches.setdefault(spec.uuid, []).append(share_batch(samples, now, span))
+            since = share_since(now, span, self._share_read.get(spec.uuid))
+            samples = found[0].read(int(since.timestamp() * 1_000_000))
+            self._share_read[spec.uuid] = now
+            batch = share_batch(samples, now, (now - since).total_seconds())
+            self._share_batches.setdefault(spec.uuid, []).append(batch)
 
     def sampler(self, uuid: str) -> Sampler | None:
         """The driver model's sampler of a GPU (its tally is the truth a share is measured

@@ -77,6 +77,7 @@ from gpuusage_nodeagent.gpusource.sampling import (
     SampleBatch,
     SampleCursor,
     share_batch,
+    share_since,
 )
 from gpuusage_nodeagent.resolver import clean_name
 
@@ -224,6 +225,7 @@ class NvmlSource:
         self._sampled: dict[str, Any] = {}  # the handles of the devices whose sampler is read
         self._batches: dict[str, list[SampleBatch]] = {}  # this reading's, by UUID
         self._share_batches: dict[str, list[SampleBatch]] = {}  # short reads, by UUID
+        self._share_read: dict[str, datetime] = {}  # when each device's last short read ended
         self._util_unsupported: set[str] = set()
         self._errors: Counter[str] = Counter()
         # Process names by pid: asked of NVML once per process, kept while the pid stays listed.
@@ -312,16 +314,17 @@ class NvmlSource:
         for uuid, handle in list(self._sampled.items()):
             if uuid not in devices:
                 continue
-            now = self._clock()
-            since = int((now.timestamp() - span) * 1_000_000)
+            since = share_since(self._clock(), span, self._share_read.get(uuid))
             try:
-                samples = self._raw_samples(handle, since)
+                samples = self._raw_samples(handle, int(since.timestamp() * 1_000_000))
             except nvml.NVMLError_NotFound:
                 samples = []  # no sample in the span: nothing ran
             except nvml.NVMLError as exc:
                 self._errors[error_reason(exc)] += 1
                 continue
-            self._share_batches.setdefault(uuid, []).append(share_batch(samples, now, span))
+            at = self._share_read[uuid] = self._clock()  # after the call: its samples are in
+            batch = share_batch(samples, at, (at - since).total_seconds())
+            self._share_batches.setdefault(uuid, []).append(batch)
 
     def read(self) -> Reading:
         """The node's GPUs; its errors are those since the last reading (the sampler reads

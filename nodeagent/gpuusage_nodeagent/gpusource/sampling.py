@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpuusage_nodeagent.gpusource.drivermodel import Sample
 
@@ -38,6 +38,13 @@ class SampleBatch:
     entries: tuple[tuple[int, int], ...] = ()
     """The read's entries as (timestamp in µs on the driver's clock, pid), oldest first: each
     the latest sample of its process since the previous read."""
+
+
+def share_since(now: datetime, span: float, last: datetime | None) -> datetime:
+    """Where a read for the share starts: `span` seconds back, or where the device's last one
+    ended if that is later, so that no instant is counted twice."""
+    since = now - timedelta(seconds=span)
+    return since if last is None or last < since else last
 
 
 def share_batch(samples: Iterable[Sample], at: datetime, span: float) -> SampleBatch:

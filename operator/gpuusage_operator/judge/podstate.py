@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from gpuusage.api import names
+from gpuusage.api.summary import share_moved
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.dra import NO_DRA
 from gpuusage_operator.index.pods import PodSnapshot
@@ -114,15 +115,6 @@ def _shares(doc: dict[str, Any]) -> list[float | None]:
     return found
 
 
-def _share_moved(old: list[float | None], new: list[float | None]) -> bool:
-    for a, b in zip(old, new, strict=True):
-        if (a is None) != (b is None):
-            return True
-        if a is not None and b is not None and abs(a - b) >= SHARE_MOVED:
-            return True
-    return False
-
-
 def _same_use(current: str | None, wanted: str | None) -> bool:
     """Usage documents that differ only in observedAt, and in shares by less than a tenth,
     describe the same use.
@@ -146,7 +138,9 @@ def _same_use(current: str | None, wanted: str | None) -> bool:
     old_shares, new_shares = _shares(old), _shares(new)
     if old != new or len(old_shares) != len(new_shares):
         return False
-    return not _share_moved(old_shares, new_shares)
+    return not any(
+        share_moved(a, b, SHARE_MOVED) for a, b in zip(old_shares, new_shares, strict=True)
+    )
 
 
 def annotation_patch(

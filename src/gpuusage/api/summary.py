@@ -1,4 +1,4 @@
-"""Small pure readings of a report that the operator and `gpuusage top` share."""
+"""Small pure readings of a report that the agent, the operator and `gpuusage top` share."""
 
 from __future__ import annotations
 
@@ -28,3 +28,12 @@ def format_mib(mib: int) -> str:
         return f"{mib}Mi"
     gib = mib / 1024
     return f"{gib:.0f}Gi" if gib == int(gib) else f"{gib:.1f}Gi"
+
+
+def share_moved(old: float | None, new: float | None, threshold: float) -> bool:
+    """Whether a published share moved by `threshold` or more (or came or went), compared in
+    thousandths, as shares are published: the agent's write rule and the operator's pod
+    annotation both ask this, and floats would call 0.10 to 0.15 no move and 0.50 to 0.55 one."""
+    if old is None or new is None:
+        return old is not new
+    return abs(round(old * 1000) - round(new * 1000)) >= round(threshold * 1000)
