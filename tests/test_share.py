@@ -531,3 +531,25 @@ def test_a_share_moves_by_its_threshold_in_thousandths(
     thousandths): the same move is a move wherever it lies."""
     threshold = 0.1 if (old, new) == (0.2, 0.3) else 0.05
     assert share_moved(old, new, threshold) is moved
+
+
+def test_a_short_read_without_an_entry_counts_no_idle_instant() -> None:
+    """A read shorter than the sampler's period (one that came right after the last: reads
+    bunch after a slow cycle) may hold no instant at all: with no entry it is no idle instant.
+    Two tenants that always have work share the whole GPU."""
+    tracker = ShareTracker(timedelta(seconds=60))
+    base = int(START.timestamp()) * 1_000_000  # the sampler's instants every 200 ms from here
+    tracker.device(GPU, [1, 2], [], None, datetime.fromtimestamp(base / 1e6, UTC))
+    batches = []
+    for k in range(1, 31):
+        end = base + k * 2_000_000
+        stamps = ((end - 400_000, 1), (end - 200_000, 2), (end, 1))
+        at = datetime.fromtimestamp(end / 1e6, UTC)
+        batches.append(SampleBatch(at, 0.6, frozenset({1, 2}), frozenset({1, 2}), stamps))
+        later = datetime.fromtimestamp((end + 50_000) / 1e6, UTC)
+        batches.append(SampleBatch(later, 0.05, frozenset(), frozenset(), ()))
+    now = datetime.fromtimestamp((base + 61_000_000) / 1e6, UTC)
+    shares = tracker.device(GPU, [1, 2], batches, None, now)
+    told = [share.value for share in shares.values() if share is not None]
+    assert len(told) == 2
+    assert sum(told) == pytest.approx(1.0, abs=0.01), "no instant went idle"

@@ -169,11 +169,20 @@ class _Layout:
     end_us: float
 
 
-def _layout(read: _Read, period: float) -> _Layout:
+def _layout(read: _Read, period: float, anchor: float | None) -> _Layout:
     """The sampler's instants fall on a grid of its period through the entries' stamps: so many
-    lie before the first entry, between two, and after the newest (each counted whole)."""
+    lie before the first entry, between two, and after the newest (each counted whole). A read
+    without an entry had only idle instants: as many as the grid through `anchor` (the nearest
+    entry of another read) puts in its span; a read shorter than a period may have none, which
+    is no idle instant. Without any entry to place the grid, its expected number."""
     if not read.stamps:
-        slots = (read.end_us - read.start_us) / period
+        if anchor is None:
+            slots = (read.end_us - read.start_us) / period
+        else:
+            slots = float(
+                math.floor((read.end_us - anchor) / period + EPSILON)
+                - math.floor((read.start_us - anchor) / period + EPSILON)
+            )
         return _Layout(slots, slots, (), (), read.end_us)
     first = max(math.ceil((read.stamps[0] - read.start_us) / period - EPSILON) - 1, 0)
     gaps = [float(first)]
@@ -184,6 +193,29 @@ def _layout(read: _Read, period: float) -> _Layout:
     idle = float(max(math.floor((read.end_us - read.stamps[-1]) / period + EPSILON), 0))
     slots = sum(gaps) + len(read.stamps) + idle
     return _Layout(slots, idle, tuple(gaps), read.pids, read.end_us)
+
+
+def _anchors(reads: Sequence[_Read]) -> list[float | None]:
+    """For each read, the stamp of an entry nearest to it in time (its own newest, else the
+    nearest read's with one): a point of the sampler's grid near its span."""
+    found: list[float | None] = [r.stamps[-1] if r.stamps else None for r in reads]
+    before: float | None = None
+    for i, read in enumerate(reads):  # the nearest earlier one, then a nearer later one
+        if read.stamps:
+            before = read.stamps[-1]
+        elif before is not None:
+            found[i] = before
+    after: float | None = None
+    for i in range(len(reads) - 1, -1, -1):
+        read = reads[i]
+        if read.stamps:
+            after = read.stamps[0]
+            continue
+        if after is not None and (
+            found[i] is None or after - read.end_us < read.start_us - (found[i] or 0.0)
+        ):
+            found[i] = after
+    return found
 
 
 def fit(
@@ -326,7 +358,8 @@ class ShareTracker:
     def _shared(self, state: _Device, now_us: float) -> dict[int, Share | None]:
         reads = list(state.reads)
         period = sampler_period(reads)
-        layouts = [_layout(r, period) for r in reads]
+        anchors = _anchors(reads)
+        layouts = [_layout(r, period, a) for r, a in zip(reads, anchors, strict=True)]
         covered_from = dict(state.listed_since)
         rounds = ROUNDS_WARM if state.theta else ROUNDS_FIRST
         theta, slots = fit(layouts, covered_from, state.theta, rounds)
