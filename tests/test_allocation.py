@@ -24,6 +24,7 @@ from gpuusage_operator.index.dra import (
     ClaimState,
     DraLookup,
     SliceState,
+    claim_snapshot,
     pod_claims,
 )
 from gpuusage_operator.index.pods import PodSnapshot
@@ -34,6 +35,7 @@ from gpuusage_operator.judge.allocation import (
     Judgement,
     KubeletView,
     allocation_of,
+    claim_share,
     judge,
 )
 from gpuusage_operator.judge.podstate import REASON_UNALLOCATED, desired_condition, event_for
@@ -46,7 +48,7 @@ from gpuusage_operator.judge.requests import (
     gpu_resources,
 )
 from gpuusage_operator.judge.resolution import PodUse, Resolution
-from gpuusage_operator.judge.status import pod_usages
+from gpuusage_operator.judge.status import handed_share, pod_usages
 
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
 GPU1 = "GPU-11111111-1111-2222-3333-444444444444"
@@ -425,3 +427,52 @@ def test_allocated_devices_are_listed_within_the_status_budget() -> None:
     assert entries[0].allocated_devices_omitted == 4
     assert (listed[-1], entries[-1].allocated_devices_omitted) == (0, len(many))
     GpuNodeUsageStatus(pods=entries)  # the model's own bound holds
+
+
+def _shared_claim(sharing: dict[str, Any] | None, pods: int, *, in_status: bool = True) -> Any:
+    config = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": sharing}}}]
+    devices: dict[str, Any] = {"results": [], **({"config": config} if in_status else {})}
+    return {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {"devices": {} if in_status else {"config": config}},
+        "status": {
+            "allocation": {"devices": devices},
+            "reservedFor": [{"resource": "pods", "name": f"p{i}"} for i in range(pods)],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("sharing", "pods", "in_status", "share"),
+    [
+        ({"strategy": "TimeSlicing"}, 2, True, 0.5),
+        ({"strategy": "TimeSlicing"}, 4, False, 0.25),
+        ({"strategy": "TimeSlicing"}, 1, True, None),
+        ({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30}}, 1, True, 0.3),
+        ({"strategy": "MPS"}, 3, True, 1 / 3),
+        ({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 300}}, 2, True, 0.5),
+        ({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": True}}, 2, True, 0.5),
+        ({"strategy": "Exclusive"}, 2, True, None),
+        (None, 2, True, None),
+    ],
+)
+def test_a_claim_hands_each_pod_its_part_of_a_shared_device(
+    sharing: dict[str, Any] | None, pods: int, in_status: bool, share: float | None
+) -> None:
+    """NVIDIA's GpuConfig `sharing`, from the allocation's device config (or the claim's own):
+    MPS's active thread percentage where valid, else an equal part for each pod the claim is
+    reserved for; nothing for a claim one pod has alone or that shares nothing."""
+    claim = claim_snapshot(_shared_claim(sharing, pods, in_status=in_status))
+    assert claim is not None
+    assert claim.consumers == pods
+    found = claim_share(claim)
+    assert found == (pytest.approx(share) if share is not None else None)
+
+
+def test_the_handed_share_of_a_device_comes_from_its_claim_else_the_fraction() -> None:
+    gpu = "GPU-11111111-2222-3333-4444-555555555555"
+    claimed = [AllocatedDevice("claim c", gpu, share=0.5), AllocatedDevice("claim d", "GPU-x")]
+    assert handed_share(claimed, gpu, "gpu-fraction=0.25") == 0.5, "the claim's, on its device"
+    assert handed_share(claimed, "GPU-x", "gpu-fraction=0.25") == 0.25, "no share on that one"
+    assert handed_share([], gpu, "gpu-fraction=2") is None, "two GPUs are no share of one"
+    assert handed_share([], gpu, "") is None

@@ -13,7 +13,7 @@ from kubernetes import client
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
-from tests.fakenvml import mig_uuid
+from tests.fakenvml import gpu_uuid, mig_uuid
 from tests.simworld import SimWorld
 from tests.worldview import condition, events, pod, report
 
@@ -376,3 +376,72 @@ def test_mig_claims_by_uuid_and_dynamic_mig_by_parent_and_profile(
     assert entries["dyn"]["allocatedDevices"] == [f"{GPU1}/1g.10gb"], "matched by parent, profile"
     assert (entries["wrong"]["deviceUUID"], entries["wrong"]["unallocated"]) == (mig_3g, True)
     assert mig_3g in (condition(pod(world, "wrong")).message or "")
+
+
+def test_pods_sharing_a_claim_are_handed_their_part_of_its_gpu(make_world: WorldFactory) -> None:
+    """Two pods share one claim whose GPU is time-sliced (an NVIDIA GpuConfig's `sharing`), a
+    third has a claim whose GPU is shared by MPS with 30 % of the threads, a fourth a claim of
+    its own: each entry's handedShare is its pod's part of the device (a half each; 0.3; none,
+    the GPU is its own), read back from the real apiserver."""
+    world = make_world(
+        {"a": 0, "b": 0, "c": 0, "d": 0},
+        pod_extras={
+            "a": {"claims": {"gpu": "sliced"}},
+            "b": {"claims": {"gpu": "sliced"}},
+            "c": {"claims": {"gpu": "mps"}},
+            "d": {"claims": {"gpu": "own"}},
+        },
+    )
+    resource = client.ResourceV1Api(world.api)
+    third = gpu_uuid(9)
+    create_gpu_slice(
+        resource,
+        world.node,
+        [
+            {"name": "gpu-0", "type": "gpu", "uuid": GPU0},
+            {"name": "gpu-1", "type": "gpu", "uuid": GPU1},
+            {"name": "gpu-2", "type": "gpu", "uuid": third},
+        ],
+    )
+    create_allocated_claim(
+        resource,
+        world.ns,
+        "sliced",
+        world.node,
+        ["gpu-0"],
+        sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}},
+        reserved_for={"a": world.uids["a"], "b": world.uids["b"]},
+    )
+    create_allocated_claim(
+        resource,
+        world.ns,
+        "mps",
+        world.node,
+        ["gpu-1"],
+        sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30}},
+        reserved_for={"c": world.uids["c"]},
+    )
+    create_allocated_claim(
+        resource, world.ns, "own", world.node, ["gpu-2"], reserved_for={"d": world.uids["d"]}
+    )
+
+    def gpu(index: int, uuid: str, names: tuple[str, ...]) -> dict[str, Any]:
+        listed = [{"pid": world.pids[n], "usedMemoryMiB": 1024, "smUtil": 50} for n in names]
+        return {"index": index, "uuid": uuid, "memoryTotalMiB": 81920, "processes": listed}
+
+    world.scenario([gpu(0, GPU0, ("a", "b")), gpu(1, GPU1, ("c",)), gpu(2, third, ("d",))])
+
+    def handed() -> dict[str, Any] | None:
+        entries = {n: _entries(world, n) for n in ("a", "b", "c", "d")}
+        if not all(len(found) == 1 for found in entries.values()):
+            return None
+        return {n: found[0].get("handedShare") for n, found in entries.items()}
+
+    shares = wait_for(
+        lambda: (found := handed()) is not None and found["a"] is not None and found,
+        what="the handed shares",
+    )
+    assert shares == {"a": 0.5, "b": 0.5, "c": 0.3, "d": None}
+    (a,) = _entries(world, "a")
+    assert (a["allocatedBy"], a["allocatedDevices"]) == (["DRA"], [GPU0])
+    assert not a.get("unallocated"), "a shared claim's device is each pod's allocation"

@@ -170,10 +170,14 @@ def create_allocated_claim(
     *,
     driver: str = DRA_DRIVER,
     version: str = "v1",
+    sharing: dict[str, Any] | None = None,
+    reserved_for: dict[str, str] | None = None,
 ) -> None:
     """A ResourceClaim for len(devices) GPUs, allocated as the scheduler writes it: one result
     per device of `driver`'s pool on `node` (through the API of resource.k8s.io/`version`;
-    v1beta1 states the request flat, later versions under `exactly`)."""
+    v1beta1 states the request flat, later versions under `exactly`). `sharing`: the `sharing`
+    of an NVIDIA GpuConfig in its device config, which the allocation carries too;
+    `reserved_for`: the pods it is reserved for, by name and UID."""
     request: dict[str, Any] = {
         "deviceClassName": driver,
         "allocationMode": "ExactCount",
@@ -193,10 +197,25 @@ def create_allocated_claim(
             }
         },
     }
+    config: list[dict[str, Any]] = []
+    if sharing is not None:
+        parameters = {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": sharing,
+        }
+        config = [{"requests": ["gpu"], "opaque": {"driver": driver, "parameters": parameters}}]
+        claim["spec"]["devices"]["config"] = config
     resource.create_namespaced_resource_claim(namespace, claim)
     results = [
         {"request": "gpu", "driver": driver, "pool": node, "device": device} for device in devices
     ]
-    resource.patch_namespaced_resource_claim_status(
-        name, namespace, {"status": {"allocation": {"devices": {"results": results}}}}
-    )
+    allocated: dict[str, Any] = {"results": results}
+    if config:
+        allocated["config"] = [{"source": "FromClaim", **c} for c in config]
+    status: dict[str, Any] = {"allocation": {"devices": allocated}}
+    if reserved_for:
+        status["reservedFor"] = [
+            {"resource": "pods", "name": pod, "uid": uid} for pod, uid in reserved_for.items()
+        ]
+    resource.patch_namespaced_resource_claim_status(name, namespace, {"status": status})

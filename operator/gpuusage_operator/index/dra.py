@@ -47,6 +47,34 @@ class ClaimSnapshot:
     uid: str
     allocated: bool
     results: tuple[ClaimResult, ...] = ()
+    sharing: str | None = None
+    """How its devices are shared where a device config says (NVIDIA's GpuConfig `sharing`
+    strategy: `TimeSlicing` or `MPS`); None: not said."""
+    thread_percent: int | None = None
+    """MPS: the clients' default active thread percentage, where the config sets it."""
+    consumers: int = 0
+    """The pods the claim is reserved for (`status.reservedFor`): who share its devices."""
+
+
+SHARING = ("TimeSlicing", "MPS")
+
+
+def _sharing(body: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """The sharing strategy and MPS thread percentage the claim's device configs set (those
+    the allocation carries, from its class and itself, else the claim's own)."""
+    status, spec = body.get("status") or {}, body.get("spec") or {}
+    configs = ((status.get("allocation") or {}).get("devices") or {}).get("config") or (
+        (spec.get("devices") or {}).get("config") or []
+    )
+    for config in configs:
+        parameters = ((config or {}).get("opaque") or {}).get("parameters") or {}
+        sharing = parameters.get("sharing") if isinstance(parameters, Mapping) else None
+        if not isinstance(sharing, Mapping) or sharing.get("strategy") not in SHARING:
+            continue
+        percent = (sharing.get("mpsConfig") or {}).get("defaultActiveThreadPercentage")
+        valid = isinstance(percent, int) and not isinstance(percent, bool) and 0 < percent <= 100
+        return str(sharing["strategy"]), percent if valid else None
+    return None, None
 
 
 def _attribute(attributes: Mapping[str, Any], name: str) -> str | None:
@@ -95,12 +123,16 @@ def claim_snapshot(body: Mapping[str, Any]) -> ClaimSnapshot | None:
         for r in ((allocation or {}).get("devices") or {}).get("results") or []
         if r.get("driver") and r.get("pool") and r.get("device")
     )
+    sharing, percent = _sharing(body)
     return ClaimSnapshot(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta["name"]),
         uid=str(meta["uid"]),
         allocated=allocation is not None,
         results=results,
+        sharing=sharing,
+        thread_percent=percent,
+        consumers=len((body.get("status") or {}).get("reservedFor") or []),
     )
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 
 from gpuusage.api.models import GpuNodeUsageSpec, KubeletPod
 from gpuusage.api.resources import mig_profile
-from gpuusage_operator.index.dra import NO_DRA, DraLookup
+from gpuusage_operator.index.dra import NO_DRA, ClaimSnapshot, DraLookup
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules, PodClaims
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ class AllocatedDevice:
     uuid: str | None
     parent_uuid: str | None = None
     profile: str | None = None
+    share: float | None = None
+    """The share of its time the pod was handed where the claim shares it (see
+    claim_share); None: the device is the pod's own, or nothing says."""
 
     @property
     def match(self) -> Match:
@@ -123,6 +126,17 @@ def _plugin_devices(pod: PodClaims, kubelet: KubeletView) -> list[AllocatedDevic
     return [AllocatedDevice("kubelet", uuid) for uuid in entry.devices]
 
 
+def claim_share(claim: ClaimSnapshot) -> float | None:
+    """The share of its devices' time a claim hands each pod it is reserved for: MPS's active
+    thread percentage where set, else an equal part among them (time-slicing promises no
+    more); None for a claim that shares nothing or one pod alone (its device is its own)."""
+    if claim.sharing is None:
+        return None
+    if claim.sharing == "MPS" and claim.thread_percent is not None:
+        return claim.thread_percent / 100
+    return 1 / claim.consumers if claim.consumers > 1 else None
+
+
 def allocation_of(
     pod: PodClaims,
     dra: DraLookup,
@@ -167,7 +181,13 @@ def allocation_of(
                 unknown.append(f"claim {name}: device {result.device} not in any ResourceSlice")
                 continue
             devices.append(
-                AllocatedDevice(f"claim {name}", device.uuid, device.parent_uuid, device.profile)
+                AllocatedDevice(
+                    f"claim {name}",
+                    device.uuid,
+                    device.parent_uuid,
+                    device.profile,
+                    claim_share(claim),
+                )
             )
         if gpu_results:
             words.append(f"claim {name}")

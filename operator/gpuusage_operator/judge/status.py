@@ -41,7 +41,7 @@ from gpuusage.api.models import (
     safe_text,
 )
 from gpuusage.api.summary import all_processes, device_uuid, format_mib
-from gpuusage_operator.judge.allocation import Judgement, judgements
+from gpuusage_operator.judge.allocation import AllocatedDevice, Judgement, judgements
 from gpuusage_operator.judge.certainty import BlindSpots, blind_spots
 from gpuusage_operator.judge.freshness import (
     DEFAULT_STALE_AFTER,
@@ -95,7 +95,7 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                     held_idle_since=judgement.held_idle_since,
                     computing=computing(r.process for r in entries),
                     compute_share=compute_share(r.process for r in entries),
-                    handed_share=handed_share(use.pod.fraction),
+                    handed_share=handed_share(allocation.devices, uuid, use.pod.fraction),
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
@@ -109,9 +109,13 @@ def compute_share(processes: Iterable[Process]) -> float | None:
     return min(round(sum(shares), 3), 1.0) if shares else None
 
 
-def handed_share(fraction: str) -> float | None:
-    """The share of one device's time a fractional scheduler handed the pod (its gpu-fraction
-    up to 1; more is GPUs, not a share of one)."""
+def handed_share(devices: Iterable[AllocatedDevice], uuid: str, fraction: str) -> float | None:
+    """The share of this device's time the pod was handed: a DRA claim's that shares it (see
+    allocation.claim_share), else a fractional scheduler's gpu-fraction (up to 1; more is GPUs,
+    not a share of one)."""
+    claimed = [d.share for d in devices if d.uuid == uuid and d.share is not None]
+    if claimed:
+        return min(sum(claimed), 1.0)
     gpu = share_of(fraction).gpu
     return gpu if gpu is not None and gpu <= 1 else None
 

@@ -448,9 +448,11 @@ class PodUsage(ApiModel):
     """The pod's share of this device's time over the agent's --share-window: the sum of its
     processes' computeShare here; absent when none of them has one (see Process)."""
     handed_share: Share | None = None
-    """The share of this device's time the pod was handed, beside computeShare: a fractional
-    scheduler's gpu-fraction (KAI, Run:ai). Absent where it was handed none (a whole GPU, no
-    allocation). Time-slicing promises no fairness: using more is no misuse."""
+    """The share of this device's time the pod was handed, beside computeShare: a DRA claim's
+    that shares it among the pods it is reserved for (NVIDIA's GpuConfig sharing: MPS's
+    default active thread percentage, else an equal part each, for MPS and time-slicing), or a
+    fractional scheduler's gpu-fraction (KAI, Run:ai). Absent where it was handed none (a
+    whole GPU, no allocation). Time-slicing promises no fairness: using more is no misuse."""
 
 
 BlindReason = Literal[
