@@ -19,7 +19,14 @@ resolver tells them apart as the agent with hostPID does: a pidfd per listed pid
 (`--identities pidfd`, the default) or a stat per pid (`--identities stat`, the agent without
 pidfds). Their cgroup files are the proc tree's, laid out as the kubelet lays them.
 
+With --share, the compute share's short sampler reads are made between cycles as the agent
+makes them (share.ShareSchedule, every --share-read-every on average) and their CPU, the
+driver's measured cost included, is reported per cycle and as a share of one core; the cycles
+then include the share's fit, so their ratio to the unavoidable calls is the agent's with the
+share on.
+
     python benchmarks/agent_cycle.py [--cycles 300] [--gpus 8] [--per-gpu 64] [--identities stat]
+                                     [--share]
 """
 
 from __future__ import annotations
@@ -62,10 +69,12 @@ from gpuusage_nodeagent.main import NodeReader, settle_memory  # noqa: E402
 from gpuusage_nodeagent.metrics import AgentMetrics  # noqa: E402
 from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
 from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
+from gpuusage_nodeagent.share import ShareSchedule  # noqa: E402
 from tests.fakenvml import FakeMachine, dgx_h100  # noqa: E402
 
 OTHER_PROCESSES = 3000
 REFRESH = timedelta(seconds=AgentSettings.model_fields["report_refresh"].default)
+SHARE_READ_EVERY: float = AgentSettings.model_fields["share_read_every"].default
 """After this an unchanged report is written again: 300 s in the default install (its Lease
 shows the agent alive between writes)."""
 
@@ -157,6 +166,11 @@ def main() -> None:
         default="pidfd" if hasattr(os, "pidfd_open") else "stat",
         help="how the resolver tells processes apart (the agent with hostPID: pidfd)",
     )
+    parser.add_argument(
+        "--share",
+        action="store_true",
+        help="make the compute share's reads between cycles, as the agent does (2 s apart)",
+    )
     parser.add_argument("--output", type=Path, help="also write the result (JSON) here")
     args = parser.parse_args()
     with (
@@ -184,13 +198,27 @@ def main() -> None:
         now = datetime(2026, 11, 21, tzinfo=UTC)
         cpu: list[float] = []
         driver: list[float] = []  # of which in the fake driver's emulated C functions
+        shares: list[float] = []  # the share's reads between two cycles
+        reads: list[int] = []
+        schedule = ShareSchedule(SHARE_READ_EVERY, random.Random(3).random)
+        clock = 0.0  # seconds on the driver's clock since the first cycle
         rng = random.Random(1)
         settle_memory()  # as the agent does before its first cycle
         for cycle in range(args.cycles + 20):
             for gpu in machine.gpus:  # allocator jitter of a few MiB on every process
                 for p in gpu.processes:
                     p.used_mib = 4096 + rng.randint(-8, 8)
-            machine.tick(10)
+            spent, made, cycle_end = 0.0, 0, clock + 10
+            while args.share and (due := schedule.next_at(clock)) < cycle_end:
+                machine.tick(due - clock)
+                clock = due
+                schedule.read_at(due)
+                began = time.process_time()
+                reader.sample_shares()
+                spent += time.process_time() - began
+                made += 1
+            machine.tick(cycle_end - clock)
+            clock = cycle_end
             start, emulated = time.process_time(), emulation.seconds
             with metrics.cycle_seconds.time():
                 attributed = reader.read()
@@ -206,6 +234,8 @@ def main() -> None:
             if cycle >= 20:  # after warm-up: caches filled, as in steady state
                 cpu.append(elapsed * 1000)
                 driver.append((emulation.seconds - emulated) * 1000)
+                shares.append(spent * 1000)
+                reads.append(made)
         processes = sum(len(g.processes) for g in spec.gpus)
         resolver.close()
         rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -221,6 +251,12 @@ def main() -> None:
         "identities": args.identities,
         "python": sys.version.split()[0],
     }
+    if args.share:
+        result["share_reads_per_cycle_mean"] = round(statistics.mean(reads), 2)
+        result["share_reads_cpu_ms_per_cycle_mean"] = round(statistics.mean(shares), 2)
+        per_second = (statistics.mean(shares) + statistics.mean(cpu)) / 10
+        result["cycle_and_share_percent_of_a_core"] = round(per_second / 10, 3)
+        result["share_percent_of_a_core"] = round(statistics.mean(shares) / 100, 3)
     if args.driver_costs:
         floor = unavoidable_ms(len(spec.gpus), args.per_gpu)
         result["driver_costs"] = "measured (H200, driver 580.159.04)"
