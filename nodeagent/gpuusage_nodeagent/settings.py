@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gpuusage.settings import CommandSettings
+from gpuusage_nodeagent.change import DEFAULT_SHARE_THRESHOLD
+from gpuusage_nodeagent.share import DEFAULT_READ_EVERY, DEFAULT_WINDOW
 
 
 class AgentSettings(CommandSettings):
@@ -58,15 +60,15 @@ class AgentSettings(CommandSettings):
     many processes share, the driver's sampler may need longer to show a quiet process is not
     merely unsampled: until it does, the process is published with its activity unknown, never
     idle (docs/real-driver.md has the time each process count needs)."""
-    share_window: float = Field(default=300.0)
+    share_window: float = Field(default=DEFAULT_WINDOW.total_seconds())
     """Seconds over which each process's share of its device's time (`computeShare`) is
     counted from the driver's sampler; 0 turns the share off (no reads beyond the cycle's).
     A share is published once the reads cover half of it."""
-    share_read_every: float = Field(default=2.0, ge=0.2, le=10)
+    share_read_every: float = Field(default=DEFAULT_READ_EVERY, ge=0.2, le=10)
     """Seconds between two reads of the sampler of a GPU that several processes share, for
     their shares (a GPU with one process gets its share from the cycle's reads alone). Longer
     costs less and measures less precisely (docs/real-driver.md has both)."""
-    share_threshold: float = Field(default=0.05, gt=0, le=1)
+    share_threshold: float = Field(default=DEFAULT_SHARE_THRESHOLD, gt=0, le=1)
     """A process's share moving by less than this (0.05: 5 points of its device's time) since
     it was last published causes no write."""
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

@@ -56,6 +56,8 @@ from gpuusage_nodeagent.driverfacts import RING_LASTS, SAMPLES_PER_SECOND
 from gpuusage_nodeagent.gpusource.sampling import SampleBatch
 
 DEFAULT_WINDOW = timedelta(minutes=5)
+DEFAULT_READ_EVERY = 2.0
+"""The agent's --share-window and --share-read-every defaults."""
 NOMINAL_PERIOD_US = 1_000_000 / SAMPLES_PER_SECOND
 SHARE_READ_SPAN = 3 / SAMPLES_PER_SECOND
 """Seconds a read for the share covers: three of the sampler's instants (see above)."""
@@ -280,7 +282,9 @@ class ShareTracker:
     """Keeps each device's sampler reads over the share window, and answers each process's
     share every cycle."""
 
-    def __init__(self, window: timedelta = DEFAULT_WINDOW, every: float = 2.0) -> None:
+    def __init__(
+        self, window: timedelta = DEFAULT_WINDOW, every: float = DEFAULT_READ_EVERY
+    ) -> None:
         """`every`: the reads' mean interval (--share-read-every); a stretch of three times it
         without a read (see ShareSchedule: at most one and a half) breaks what they cover."""
         self.window = window

@@ -37,7 +37,8 @@ class SampleBatch:
     """Pids with any sample since the previous read."""
     entries: tuple[tuple[int, int], ...] = ()
     """The read's entries as (timestamp in µs on the driver's clock, pid), oldest first: each
-    the latest sample of its process since the previous read."""
+    the latest sample of its process since the read's start. Kept for the share's reads
+    (share_batch) only; the activity rule needs none."""
 
 
 def share_since(now: datetime, span: float, last: datetime | None) -> datetime:
@@ -75,12 +76,10 @@ class SampleCursor:
         """Record one read's samples (pid, µs, SM, memory, encoder, decoder)."""
         busy: set[int] = set()
         sampled: set[int] = set()
-        entries: list[tuple[int, int]] = []
         newest = self.since_us
         latest = self._latest
         for pid, stamp, sm, mem, enc, dec in samples:
             sampled.add(pid)
-            entries.append((stamp, pid))
             if any_engine(sm, mem, enc, dec):
                 busy.add(pid)
             known = latest.get(pid)
@@ -91,10 +90,7 @@ class SampleCursor:
         span = 0.0 if self._last is None else max((at - self._last).total_seconds(), 0.0)
         self._last = at
         self._busy |= busy
-        entries.sort()
-        self._batches.append(
-            SampleBatch(at, span, frozenset(busy), frozenset(sampled), tuple(entries))
-        )
+        self._batches.append(SampleBatch(at, span, frozenset(busy), frozenset(sampled)))
 
     def drain(self) -> tuple[list[SampleBatch], Latest]:
         """The batches since the last drain and the values they showed; starts afresh."""
