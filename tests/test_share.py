@@ -24,7 +24,7 @@ from gpuusage_nodeagent.change import meaningful_change
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
-from gpuusage_nodeagent.gpusource.sampling import SampleBatch, SampleCursor, share_batch
+from gpuusage_nodeagent.gpusource.sampling import SampleBatch, share_batch
 from gpuusage_nodeagent.main import NodeReader, measure_shares
 from gpuusage_nodeagent.report import AttributedReading
 from gpuusage_nodeagent.resolver import Resolver
@@ -311,41 +311,44 @@ def test_a_duty_needs_what_its_samples_show(tmp_path: Path) -> None:
         FakeSource(path)
 
 
-def test_a_sampler_faster_than_measured_is_counted_at_its_own_period() -> None:
-    """A driver sampling 5.7 times a second (72 samples in 12.6 s, the fastest seen): the
-    instants are counted at the period the entries' stamps show, not the nominal 5 a second,
-    so the shares stay within 5 points."""
-    sampler = Sampler(7, rate=5.7)
-    cursor = SampleCursor()
-    tracker = ShareTracker(timedelta(seconds=300))
-    work = {1: Work(1.0, 90), 2: Work(0.5, 90), 3: Work(0.2, 90)}
-    at = START
-    sampler.advance(int(at.timestamp() * 1_000_000), work)
-    start_tally: Counter[int | None] | None = None
-    shares: dict[int, Any] = {}
-    for step in range(1, 221):
-        at += timedelta(seconds=2)
-        sampler.advance(int(at.timestamp() * 1_000_000), work)
-        cursor.take(sampler.read(cursor.since_us), at)
-        if step == 70:
-            start_tally = Counter(sampler.tally)
-        if step % 5 == 0:
-            batches, _ = cursor.drain()
-            shares = tracker.device(GPU, [1, 2, 3], batches, None, at)
-    assert start_tally is not None
-    taken = {pid: n - start_tally.get(pid, 0) for pid, n in sampler.tally.items()}
+@pytest.mark.parametrize("rate", [5.7, 4.5])
+def test_a_sampler_off_the_measured_rate_is_counted_at_its_own_period(rate: float) -> None:
+    """A driver sampling 5.7 times a second (72 samples in 12.6 s, the fastest seen) or 4.5
+    (slower than any seen): the instants are counted at the period the entries' stamps show,
+    not the nominal 5 a second, so the shares stay within 5 points (at 4.5, counted at the
+    nominal period, the tenant at work half the time was off by 7.8)."""
+    sampler = Sampler(0, rate=rate)
+    tallies: list[Counter[int | None]] = []
+    answers = _reads(
+        ShareTracker(timedelta(seconds=300)),
+        [[1, 2, 3]] * 44,
+        sampler=sampler,
+        work={1: Work(1.0, 90), 2: Work(0.5, 90), 3: Work(0.2, 90)},
+        tallies=tallies,
+    )
+    start, end = tallies[-31], tallies[-1]  # the last 300 s
+    taken = {pid: n - start.get(pid, 0) for pid, n in end.items()}
     total = sum(taken.values())
     for pid in (1, 2, 3):
-        assert abs(shares[pid].value - taken.get(pid, 0) / total) <= 0.05
+        share = answers[-1][pid]
+        assert share is not None
+        assert abs(share.value - taken.get(pid, 0) / total) <= 0.05
 
 
 def _reads(
-    tracker: ShareTracker, cycles: list[list[int]], *, every: float = 2.0
+    tracker: ShareTracker,
+    cycles: list[list[int]],
+    *,
+    every: float = 2.0,
+    sampler: Sampler | None = None,
+    work: dict[int, Work] | None = None,
+    tallies: list[Counter[int | None]] | None = None,
 ) -> list[dict[int, Share | None]]:
-    """Feed `tracker` one cycle (10 s) for each list of told pids, three tenants at work all
-    the time on the driver model, read as the agent reads; its answers, a cycle each."""
-    sampler = Sampler(5)
-    work = {pid: Work(1.0, 90) for pid in (1, 2, 3)}
+    """Feed `tracker` one cycle (10 s) for each list of told pids, read as the agent reads
+    (three tenants at work all the time on the driver model, unless `sampler` and `work` say
+    otherwise); its answers, a cycle each, and the sampler's tally after each into `tallies`."""
+    sampler = sampler or Sampler(5)
+    work = work or {pid: Work(1.0, 90) for pid in (1, 2, 3)}
     schedule = ShareSchedule(every, random.Random(5).random)
     at = START.timestamp()
     sampler.advance(int(at * 1_000_000), work)
@@ -359,7 +362,10 @@ def _reads(
             samples = sampler.read(int((at - SHARE_READ_SPAN) * 1_000_000))
             batches.append(share_batch(samples, datetime.fromtimestamp(at, UTC), SHARE_READ_SPAN))
         at = cycle_end
+        sampler.advance(int(at * 1_000_000), work)
         answers.append(tracker.device(GPU, told, batches, None, datetime.fromtimestamp(at, UTC)))
+        if tallies is not None:
+            tallies.append(Counter(sampler.tally))
     return answers
 
 
