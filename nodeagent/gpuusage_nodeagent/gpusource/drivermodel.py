@@ -11,11 +11,13 @@ What it reproduces, each a way the real driver differs from a naive fake:
   go unsampled for seconds; an idle one never appears.
 * MPS: the clients' work is sampled under the MPS server's pid; the clients get no sample.
 * Part-time work: a process with a duty below 1 has work for the first `duty` of each period of
-  about a second (as the measured tenants had, in each second), and the engine is sliced
-  between the processes that have work at the same instant, a process whose work begins
-  waiting for its turn behind those already at work: duties 1.0, 0.5 and 0.2 get about 76 %,
-  21 % and 3.5 %, where the real driver gave 70 %, 28 % and 2 % of 100 samples (each within
-  two of that count's standard deviations).
+  about a second (as the measured tenants had, in each second), each process's periods at
+  their own phase (the measured tenants started at unrelated instants), and the engine is
+  sliced between the processes that have work at the same instant, a process whose work
+  begins waiting for its turn behind those already at work: duties 1.0, 0.5 and 0.2 get about
+  70 %, 22 % and 8 %, where the real H200 gave 68.1 %, 22.5 % and 9.3 % of 1,500 samples
+  (each within two of that count's standard deviations; docs/real-driver.md, "The share on
+  the real driver").
 
 The sampler keeps a tally of every sample it takes (`tally`): what reading at its own rate would
 count, which tests and benchmarks take as the truth a share is measured against.
@@ -61,6 +63,9 @@ class Work:
     dec: int = 0
     period_us: int = DUTY_PERIOD_US
     """The period of its part-time work (duty below 1)."""
+    phase_us: int | None = None
+    """Where in the timeline its periods begin; None: the sampler draws one when it first sees
+    the process, as processes start their work at unrelated instants."""
 
 
 IDLE = Work(0.0)
@@ -88,11 +93,13 @@ def under_mps_server(
     return seen
 
 
-def has_work(work: Work, at_us: int) -> bool:
-    """Whether a process doing `work` has work for the engine at `at_us`."""
+def has_work(work: Work, at_us: int, phase_us: int = 0) -> bool:
+    """Whether a process doing `work`, its periods beginning at `phase_us` (work.phase_us
+    where it names one), has work for the engine at `at_us`."""
     if work.duty >= 1:
         return True
-    return work.duty > 0 and at_us % work.period_us < work.duty * work.period_us
+    phase_us = phase_us if work.phase_us is None else work.phase_us
+    return work.duty > 0 and (at_us - phase_us) % work.period_us < work.duty * work.period_us
 
 
 TIME_SLICE_US = 100_000
@@ -119,6 +126,7 @@ class Sampler:
         if isinstance(seed, str):
             seed = zlib.crc32(seed.encode())
         self._random = random.Random(seed)
+        self._phase_random = random.Random(seed + 1)  # its own: the slices' draws stay as they were
         self._period_us = int(1_000_000 / rate)
         self._capacity = ring
         self._ring: deque[Sample] = deque(maxlen=ring)
@@ -127,6 +135,7 @@ class Sampler:
         self._running: int | None = None  # the pid on the engine, until _slice_end_us
         self._last = -1  # the pid that ran last: the turns go on from it
         self._slice_end_us = 0
+        self._phases: dict[int, int] = {}  # pid → where its periods begin (see Work.phase_us)
         self._recent: deque[bool] = deque(maxlen=max(int(rate), 1))
         self.tally: Counter[int | None] = Counter()
         """Every sample taken since the first advance, by pid (None: nobody on the engine):
@@ -144,6 +153,9 @@ class Sampler:
             self._next_us += (due - self._capacity) * self._period_us
             self._slice_end_us = max(self._slice_end_us, self._next_us - self._period_us)
         turns = sorted(pid for pid, w in work.items() if w.duty > 0)
+        for new in turns:
+            if new not in self._phases and work[new].duty < 1:
+                self._phases[new] = self._phase_random.randrange(work[new].period_us)
         while self._next_us <= now_us:
             pid = self._on_engine(self._next_us, turns, work)
             self.tally[pid] += 1
@@ -165,7 +177,7 @@ class Sampler:
             running is None
             or self._slice_end_us < at_us
             or running not in work
-            or not has_work(work[running], at_us)
+            or not has_work(work[running], at_us, self._phases.get(running, 0))
         ):
             # The turn goes to the next process that had work when the last slice ended: one
             # whose work began since waits for its turn behind those already at work.
@@ -183,7 +195,7 @@ class Sampler:
         start = bisect.bisect_right(turns, self._last)
         for step in range(len(turns)):
             pid = turns[(start + step) % len(turns)]
-            if has_work(work[pid], at_us):
+            if has_work(work[pid], at_us, self._phases.get(pid, 0)):
                 return pid
         return None
 
