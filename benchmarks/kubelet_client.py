@@ -1,4 +1,5 @@
-"""What asking the kubelet costs the agent: resident memory and CPU per PodResources List call.
+"""What asking the kubelet costs the agent: resident memory and CPU per PodResources List call,
+and, for the agent's client, per GetAllocatableResources call (asked with each List).
 
 Each client runs in a process of its own that first imports the agent (its resident memory
 before any client is the baseline), then lists the fake kubelet (the kubelet's own generated
@@ -56,17 +57,29 @@ started = time.process_time()
 for _ in range(calls):
     pods = len(wire.list_response(call()))
 cpu = time.process_time() - started
+allocatable = None
+if client == "h2":
+    from gpuusage_nodeagent.podresources.kubelet import list_allocatable
+    started = time.process_time()
+    for _ in range(calls):
+        wire.allocatable_response(list_allocatable(socket, 5.0))
+    allocatable = 1000 * (time.process_time() - started) / calls
 print(json.dumps({"client": client, "baseline_kib": before, "imported_kib": imported,
-                  "after_kib": rss_kib(), "cpu_ms_per_call": 1000 * cpu / calls, "pods": pods}))
+                  "after_kib": rss_kib(), "cpu_ms_per_call": 1000 * cpu / calls, "pods": pods,
+                  "cpu_ms_per_allocatable_call": allocatable}))
 """
+
+
+def replica(i: int) -> str:
+    """The i-th time-slicing replica of a node of 8 GPUs."""
+    return f"GPU-{i % 8:08x}-1111-2222-3333-444444444444::{i // 8}"
 
 
 def node_pods(gpu_pods: int, other_pods: int) -> list[dict[str, Any]]:
     """A busy node as the kubelet lists it: GPU pods with a device each, and other pods."""
     pods = []
     for i in range(gpu_pods):
-        uuid = f"GPU-{i % 8:08x}-1111-2222-3333-444444444444::{i // 8}"
-        devices = [{"resource_name": "nvidia.com/gpu", "device_ids": [uuid]}]
+        devices = [{"resource_name": "nvidia.com/gpu", "device_ids": [replica(i)]}]
         pods.append(
             {
                 "name": f"train-{i}",
@@ -109,7 +122,8 @@ def main() -> None:
     parser.add_argument("--other-pods", type=int, default=78)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder, FakeKubelet(Path(folder) / "kubelet.sock") as k:
-        k.pods(*node_pods(args.gpu_pods, args.other_pods))
+        advertised = {"nvidia.com/gpu": [replica(i) for i in range(args.gpu_pods)]}
+        k.pods(*node_pods(args.gpu_pods, args.other_pods), advertised=advertised)
         for client in ("h2", "grpcio"):
             result = run(args.python, client, k.socket, args.calls)
             if isinstance(result, str):
@@ -122,6 +136,11 @@ def main() -> None:
                 f"{args.calls} calls; {result['cpu_ms_per_call']:.2f} ms CPU per call "
                 f"({result['pods']} pods listed)"
             )
+            if result["cpu_ms_per_allocatable_call"] is not None:
+                print(
+                    f"{client}: {result['cpu_ms_per_allocatable_call']:.2f} ms CPU per "
+                    f"GetAllocatableResources call ({args.gpu_pods} replicas advertised)"
+                )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pytest
 from gpuusage.api.models import (
     MAX_ALLOCATED,
     MAX_ALLOCATED_LISTED,
+    DeviceReplicas,
     Gpu,
     GpuNodeUsageSpec,
     GpuNodeUsageStatus,
@@ -37,6 +38,7 @@ from gpuusage_operator.judge.allocation import (
     allocation_of,
     claim_share,
     judge,
+    replica_share,
 )
 from gpuusage_operator.judge.podstate import REASON_UNALLOCATED, desired_condition, event_for
 from gpuusage_operator.judge.requests import (
@@ -391,6 +393,31 @@ def test_the_kubelet_view_reads_only_a_read_section() -> None:
         assert KubeletView.of(spec) == KubeletView()
 
 
+def test_a_pod_given_time_slicing_replicas_is_handed_their_part_of_the_gpu() -> None:
+    """GPU0 advertised as 4 replicas: a pod given 1 was handed a quarter of its time, one given
+    2 a half; its own GPU1 (no replicas) no share; replicas the node cannot count, none."""
+    gpus = [Gpu(index=0, uuid=GPU0), Gpu(index=1, uuid=GPU1)]
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def handed(given: int, replicated: list[DeviceReplicas]) -> dict[str, float | None]:
+        entry = _entry(GPU0, GPU1).model_copy(
+            update={"replicas": [DeviceReplicas(device=GPU0, replicas=given)]}
+        )
+        section = KubeletAllocations(state="Read", pods=[entry], replicated=replicated)
+        view = KubeletView.of(
+            GpuNodeUsageSpec(node_name="n", observed_at=when, gpus=gpus, kubelet=section)
+        )
+        judged = judge(PLUGIN, [GPU0], NO_DRA, DEFAULT_RULES, FACTS, kubelet=view)
+        devices = judged.allocation.devices
+        return {d: handed_share(devices, d, "") for d in (GPU0, GPU1)}
+
+    four = [DeviceReplicas(device=GPU0, replicas=4)]
+    assert handed(1, four) == {GPU0: 0.25, GPU1: None}
+    assert handed(2, four) == {GPU0: 0.5, GPU1: None}
+    assert handed(1, []) == {GPU0: None, GPU1: None}, "the replicas are not known"
+    assert replica_share(5, 4) == 1.0, "never more than the GPU"
+
+
 def test_requested_resource_names_from_the_spec() -> None:
     spec = {
         "initContainers": [{"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
@@ -406,6 +433,9 @@ def test_requested_resource_names_from_the_spec() -> None:
         "nvidia.com/gpu",
         "nvidia.com/mig-1g.10gb",
     )
+    shared = {"containers": [{"resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}]}
+    assert gpu_resources(shared) == ("nvidia.com/gpu.shared",), "NVIDIA's renamed replicas"
+    assert gpu_requests(shared) == 1
 
 
 def test_allocated_devices_are_listed_within_the_status_budget() -> None:

@@ -133,7 +133,8 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
     make_world: WorldFactory, tmp_path: Path
 ) -> None:
     """The kubelet (the fake one, speaking PodResources v1) gave train GPU1 and the notebook
-    GPU1 through a time-sliced replica; train runs on GPU0: UsingUnallocatedGPU. While the
+    GPU1 through one of its 4 time-slicing replicas (GetAllocatableResources lists the 4); train
+    runs on GPU0: UsingUnallocatedGPU; the notebook was handed a quarter of GPU1. While the
     kubelet cannot be read, nothing is judged by device, and the finding is not kept."""
     kubelet = FakeKubelet(tmp_path / "pod-resources" / "kubelet.sock")
     given = {"train": [GPU1], "notebook": [f"{GPU1}::2"]}
@@ -152,7 +153,8 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
                     ],
                 }
                 for name, ids in given.items()
-            )
+            ),
+            advertised={"nvidia.com/gpu": [GPU0, *(f"{GPU1}::{n}" for n in range(4))]},
         )
 
     kubelet.pods()
@@ -169,6 +171,14 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
             "train": [GPU1],
             "notebook": [GPU1],
         }
+        assert spec["replicated"] == [{"device": GPU1, "replicas": 4}]
+        assert {p["name"]: p.get("replicas") for p in spec["pods"]} == {
+            "train": None,
+            "notebook": [{"device": GPU1, "replicas": 1}],
+        }
+        wait_for(lambda: _entries(world, "notebook")[0].get("handedShare"), what="handed share")
+        (notebook,) = _entries(world, "notebook")
+        assert (notebook["deviceUUID"], notebook["handedShare"]) == (GPU1, 0.25)
         # the status is written after the pods in the same reconcile
         wait_for(lambda: _entries(world, "train")[0].get("unallocated"), what="status")
         (train,) = _entries(world, "train")

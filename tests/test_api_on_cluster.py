@@ -25,11 +25,13 @@ from gpuusage.api.models import (
     MAX_IDLE_PODS,
     MAX_KUBELET_DEVICES,
     MAX_KUBELET_PODS,
+    MAX_KUBELET_REPLICAS,
     MAX_MIB,
     MAX_MIG_DEVICES,
     MAX_PID,
     MAX_PIDS_LISTED,
     MAX_POD_DEVICES,
+    MAX_POD_REPLICATED,
     MAX_PROCESSES,
     MAX_REQUESTED_GPUS,
     MAX_RESOURCE_NAME,
@@ -38,6 +40,7 @@ from gpuusage.api.models import (
     Condition,
     ContainerUsage,
     DeviceError,
+    DeviceReplicas,
     DeviceUsage,
     Gpu,
     GpuNodeUsage,
@@ -279,6 +282,23 @@ def test_status_subresource_does_not_touch_spec(custom: client.CustomObjectsApi)
             lambda s: s["gpus"][0]["processes"][0].update(name="<script>"),
             "spec.gpus[0].processes[0].name in body should match",
         ),
+        (
+            lambda s: s.update(
+                kubelet={
+                    "state": "Read",
+                    "pods": [
+                        {
+                            "namespace": "ml",
+                            "name": f"p{k}",
+                            "replicas": [{"device": s["gpus"][0]["uuid"], "replicas": 2}]
+                            * MAX_POD_REPLICATED,
+                        }
+                        for k in range(MAX_KUBELET_REPLICAS // MAX_POD_REPLICATED + 1)
+                    ],
+                }
+            ),
+            f"kubelet.pods lists at most {MAX_KUBELET_REPLICAS} replicas in all",
+        ),
     ],
 )
 def test_invalid_objects_are_rejected_with_a_clear_message(
@@ -410,10 +430,21 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 resources=[f"r{k}" + "x" * (MAX_RESOURCE_NAME - 2) for k in range(4)],
                 devices=[long_device[:-3] + f"{d:03d}" for d in range(per_pod)],
                 other_devices=MAX_COUNTED,
+                replicas=[
+                    DeviceReplicas(device=long_device[:-3] + f"{d:03d}", replicas=MAX_COUNTED)
+                    for d in range(MAX_POD_REPLICATED)
+                ]
+                if k < MAX_KUBELET_REPLICAS // MAX_POD_REPLICATED
+                else [],
             )
-            for _ in range(MAX_KUBELET_PODS)
+            for k in range(MAX_KUBELET_PODS)
         ],
         omitted_pods=MAX_COUNTED,
+        replicated=[
+            DeviceReplicas(device=long_device[:-3] + f"{d:03d}", replicas=MAX_COUNTED)
+            for d in range(MAX_KUBELET_REPLICAS)
+        ],
+        replicas_message=safe * 1024,
     )
     spec = GpuNodeUsageSpec(
         node_name=name,

@@ -11,12 +11,15 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from gpuusage.api.models import DeviceReplicas, Gpu, GpuNodeUsageSpec
+from gpuusage.api.resources import SHARED_GPU_RESOURCE
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.localcluster.containerd import (
@@ -44,14 +47,21 @@ from gpuusage_dev.localcluster.node import (
 from gpuusage_dev.localcluster.workloads import sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.cgroup import parse_cgroup_file
-from gpuusage_nodeagent.podresources.kubelet import list_pods
-from gpuusage_nodeagent.podresources.wire import list_response
+from gpuusage_nodeagent.podresources.kubelet import allocations, list_allocatable, list_pods
+from gpuusage_nodeagent.podresources.wire import allocatable_response, list_response
+from gpuusage_operator.index.dra import NO_DRA
+from gpuusage_operator.index.pods import snapshot_of
+from gpuusage_operator.judge.allocation import KubeletView, device_facts, judge
+from gpuusage_operator.judge.requests import DEFAULT_RULES
+from gpuusage_operator.judge.status import handed_share
 from tests.conftest import CHILD_ENV, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
 NAME = "gpu-node-a"
 GPUS = [g["uuid"] for g in DEFAULT_SCENARIO["gpus"]]
+SLICED = GPUS[3]
+"""Advertised as 4 time-slicing replicas under nvidia.com/gpu.shared; the others whole."""
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +71,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluste
         pytest.skip(f"this machine cannot run a node: {why}")
     directory = tmp_path_factory.mktemp("node-cluster")
     before = {str(p) for p in HOST_PATHS if p.exists()}
-    with running_node(directory, NAME) as running:
+    with running_node(directory, NAME, time_slicing={SLICED: 4}) as running:
         yield running
     # Nothing left: processes, mounts, cgroups, the bridge, folders outside its own.
     ours = str(directory)
@@ -125,6 +135,54 @@ def test_a_deployment_pod_runs_with_a_device_the_kubelet_hands_out(
     ]
     assert found, "the container's processes are on the host"
     assert {(f.container_id, f.pod_uid) for f in found} == {(cid, pod.metadata.uid)}
+
+
+def test_a_time_sliced_gpu_is_handed_out_as_replicas_and_a_pod_is_handed_its_part(
+    node: tuple[LocalCluster, Node],
+) -> None:
+    """The device plugin advertises one GPU as 4 time-slicing replicas, as NVIDIA's does with
+    `renameByDefault`: the real kubelet's GetAllocatableResources (read by the agent's own
+    client) lists the 4, and List gives a pod that asks for one a `<UUID>::<n>` ID; the
+    container sees the GPU itself. The agent's report section says the GPU has 4 replicas and
+    the pod holds 1, and the operator's judge hands the pod a quarter of that GPU."""
+    cluster, running = node
+    api, _ = api_client(cluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    ensure_namespace(core, "sliced")
+    wait_for(lambda: core.read_namespaced_service_account("default", "sliced"), what="SA")
+    deployment: Any = sleeper_deployment("share", "sliced", 0)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"limits": {SHARED_GPU_RESOURCE: "1"}}
+    client.AppsV1Api(api).create_namespaced_deployment("sliced", deployment)
+    pod = wait_for(lambda: _running_pod(core, "sliced", "share"), timeout=90, what="running")
+    socket = running.directory / "kubelet" / "pod-resources" / "kubelet.sock"
+    advertised = allocatable_response(list_allocatable(socket, 5))
+    shared = [d for d in advertised if d.resource_name == SHARED_GPU_RESOURCE]
+    assert sorted(i for d in shared for i in d.device_ids) == [f"{SLICED}::{n}" for n in range(4)]
+    listed = list_response(list_pods(socket, 5))
+    given = {p.name: p for p in listed}[pod.metadata.name].containers[0].devices
+    assert [d.resource_name for d in given] == [SHARED_GPU_RESOURCE]
+    assert [i.split("::")[0] for i in given[0].device_ids] == [SLICED]
+    cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    environ = Path(f"/proc/{running.host_pid(cid)}/environ").read_bytes().split(b"\0")
+    assert f"NVIDIA_VISIBLE_DEVICES={SLICED}".encode() in environ
+    section = allocations(listed, advertised=advertised)
+    assert section.replicated == [DeviceReplicas(device=SLICED, replicas=4)]
+    entry = next(p for p in section.pods if p.name == pod.metadata.name)
+    assert entry.replicas == [DeviceReplicas(device=SLICED, replicas=1)]
+    spec = GpuNodeUsageSpec(
+        node_name=NAME,
+        observed_at=datetime.now(UTC),
+        gpus=[Gpu(index=i, uuid=u) for i, u in enumerate(GPUS)],
+        kubelet=section,
+    )
+    raw: Any = core.read_namespaced_pod(pod.metadata.name, "sliced", _preload_content=False)
+    snapshot = snapshot_of(json.loads(raw.data))
+    assert snapshot is not None
+    view, facts = KubeletView.of(spec), device_facts(spec)
+    judged = judge(snapshot.claimed, [SLICED], NO_DRA, DEFAULT_RULES, facts, kubelet=view)
+    assert judged.finding is None
+    assert handed_share(judged.allocation.devices, SLICED, snapshot.fraction) == 0.25
 
 
 def test_the_nodes_parts_crash_and_come_back_and_the_containers_outlive_them(
@@ -199,7 +257,9 @@ def test_the_kubelet_is_confined_as_a_node_is(node: tuple[LocalCluster, Node]) -
         [*kubectl, "get", "node", NAME, "-o", "json"], check=False, capture_output=True, text=True
     )
     assert own.returncode == 0
-    assert json.loads(own.stdout)["status"]["allocatable"]["nvidia.com/gpu"] == str(len(GPUS))
+    allocatable = json.loads(own.stdout)["status"]["allocatable"]
+    assert allocatable["nvidia.com/gpu"] == str(len(GPUS) - 1)
+    assert allocatable[SHARED_GPU_RESOURCE] == "4", "the time-sliced GPU's replicas"
     other = subprocess.run(
         [*kubectl, "label", "node", "other-node", "stolen=true"],
         check=False,

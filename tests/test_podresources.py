@@ -18,7 +18,16 @@ from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import RequestReceived
 
-from gpuusage.api.models import MAX_KUBELET_DEVICES, MAX_KUBELET_PODS, Gpu, GpuNodeUsage, MigDevice
+from gpuusage.api.models import (
+    MAX_KUBELET_DEVICES,
+    MAX_KUBELET_PODS,
+    MAX_KUBELET_REPLICAS,
+    MAX_POD_REPLICATED,
+    DeviceReplicas,
+    Gpu,
+    GpuNodeUsage,
+    MigDevice,
+)
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.proctree import write_process
 from gpuusage_nodeagent.main import run_agent
@@ -27,13 +36,16 @@ from gpuusage_nodeagent.podresources.kubelet import (
     Kubelet,
     allocations,
     device_aliases,
+    list_allocatable,
     list_pods,
+    replicated,
 )
 from gpuusage_nodeagent.podresources.wire import (
     ContainerDevices,
     ContainerResources,
     PodResources,
     WireError,
+    allocatable_response,
     list_response,
 )
 from gpuusage_nodeagent.settings import AgentSettings
@@ -90,6 +102,28 @@ def test_list_decodes_every_pod_container_and_device(kubelet: FakeKubelet) -> No
             ),
         ),
         PodResources("web", "default", ()),
+    ]
+
+
+def test_allocatable_decodes_the_devices_the_plugins_advertise(kubelet: FakeKubelet) -> None:
+    """GetAllocatableResources on the kubelet's own server: the devices by resource, each
+    replica of a time-sliced GPU its own ID; CPU IDs and memory skipped."""
+    replicas = [f"{GPU0}::{n}" for n in range(4)]
+    kubelet.answer(
+        {
+            "allocatable": {
+                "devices": [
+                    {"resource_name": "nvidia.com/gpu", "device_ids": replicas},
+                    {"resource_name": "nvidia.com/mig-1g.10gb", "device_ids": [MIG0]},
+                ],
+                "cpu_ids": [0, 1, 2],
+                "memory": [{"memory_type": "memory", "size": 1 << 40}],
+            }
+        }
+    )
+    assert allocatable_response(list_allocatable(kubelet.socket, 5)) == [
+        ContainerDevices("nvidia.com/gpu", tuple(replicas)),
+        ContainerDevices("nvidia.com/mig-1g.10gb", (MIG0,)),
     ]
 
 
@@ -236,6 +270,45 @@ def test_the_reader_publishes_gpu_pods_and_says_each_failure(
     assert "kubelet.sock not found" in (gone.message or "")
 
 
+def test_the_reader_publishes_replicas_and_says_why_it_cannot(
+    kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU the device plugin shares as 4 time-slicing replicas, a pod given 2 of them and one
+    given 1; a kubelet that cannot answer GetAllocatableResources (the feature gate off, before
+    1.28) leaves the pods' devices known and the replicas unknown, with the reason."""
+    reader = Kubelet(kubelet.socket, 2.0, refresh=0)
+    pods = (
+        pod("two", ("nvidia.com/gpu", [f"{GPU0}::0", f"{GPU0}::3"])),
+        pod("one", ("nvidia.com/gpu", [f"{GPU0}::1"])),
+        pod("whole", ("nvidia.com/gpu", [GPU1])),
+    )
+    advertised = {"nvidia.com/gpu": [*(f"{GPU0}::{n}" for n in range(4)), GPU1]}
+    kubelet.pods(*pods, advertised=advertised)
+    read = reader.read()
+    assert read is not None
+    assert read.replicated == [DeviceReplicas(device=GPU0, replicas=4)]
+    assert read.replicas_message is None
+    assert {p.name: p.replicas for p in read.pods} == {
+        "two": [DeviceReplicas(device=GPU0, replicas=2)],
+        "one": [DeviceReplicas(device=GPU0, replicas=1)],
+        "whole": [],
+    }
+    answer = json.loads(kubelet.answers.read_text())
+    answer["allocatable_error"] = {"code": 12, "message": "GetAllocatableResources disabled"}
+    kubelet.answer(answer)
+    with caplog.at_level(logging.WARNING):
+        first, second = reader.read(), reader.read()
+    assert first == second
+    assert first is not None
+    assert first.state == "Read"
+    assert [p.name for p in first.pods] == ["one", "two", "whole"]
+    assert first.replicated == []
+    assert first.replicas_message == (
+        "GetAllocatableResources: Unimplemented: GetAllocatableResources disabled"
+    )
+    assert len([r for r in caplog.records if "allocatable" in r.getMessage()]) == 1
+
+
 def test_the_kubelet_is_asked_when_a_new_pod_appears_after_a_failure_and_to_refresh(
     tmp_path: Path,
 ) -> None:
@@ -314,6 +387,38 @@ def test_devices_are_published_once_per_device_with_replicas_folded() -> None:
     ]
 
 
+def test_replicas_are_counted_by_device_through_the_aliases() -> None:
+    """NVIDIA's plugin advertises a time-sliced GPU as `<id>::<n>`, under its index as well
+    (deviceIDStrategy=index), a MIG device's replicas too; devices advertised once, IDs of
+    other resources and IDs that name no device are no replicas."""
+    aliases = {"1": GPU1}
+    advertised = [
+        ContainerDevices("nvidia.com/gpu", (*(f"{GPU0}::{n}" for n in range(3)), "1::0", "1::1")),
+        ContainerDevices("nvidia.com/mig-1g.10gb", (f"{MIG0}::0", f"{MIG0}::1")),
+        ContainerDevices("nvidia.com/gpu.shared", ("vendor-7::0", "vendor-7::1")),
+        ContainerDevices("nvidia.com/gpu", (f"{gpu_uuid(5)}::0",)),  # one replica: the GPU itself
+        ContainerDevices("example.com/nic", ("eth0::0", "eth0::1")),
+    ]
+    assert replicated(advertised, aliases=aliases) == sorted(
+        [
+            DeviceReplicas(device=GPU0, replicas=3),
+            DeviceReplicas(device=GPU1, replicas=2),
+            DeviceReplicas(device=MIG0, replicas=2),
+        ],
+        key=lambda r: r.device,
+    )
+    found = allocations(
+        _pods(pod("p", ("nvidia.com/gpu", ["1::1", f"{GPU0}::2", f"{GPU0}::0"]))),
+        aliases=aliases,
+        advertised=advertised,
+    )
+    assert found.pods[0].replicas == [
+        DeviceReplicas(device=GPU0, replicas=2),
+        DeviceReplicas(device=GPU1, replicas=1),
+    ]
+    assert len(found.replicated) == 3
+
+
 def test_ids_that_are_not_uuids_are_counted_never_listed() -> None:
     """HAMi-style or vendor IDs cannot be matched to a device: the pod's devices are then not
     known one by one, which the operator reads as 'do not judge by device'."""
@@ -347,6 +452,26 @@ def test_bounds_omit_whole_pods_never_part_of_one() -> None:
     assert [len(p.devices) for p in found.pods] == [100, 100]
     assert sum(len(p.devices) for p in found.pods) <= MAX_KUBELET_DEVICES
     assert found.omitted_pods == 1
+
+
+def test_replicas_past_their_bound_leave_a_pods_share_untold_never_its_devices() -> None:
+    """Pods holding replicas of 8 GPUs each: once the node's listed replicas would pass
+    MAX_KUBELET_REPLICAS, a pod is listed with its devices and without its replicas (its
+    handed share then absent, not wrong); the advertised ones are bounded alike."""
+    gpus = [gpu_uuid(k) for k in range(MAX_POD_REPLICATED)]
+    pods = [
+        pod(f"p{i:02d}", ("nvidia.com/gpu", [f"{g}::{i}" for g in gpus]))
+        for i in range(MAX_KUBELET_REPLICAS // MAX_POD_REPLICATED + 1)
+    ]
+    advertised = [
+        ContainerDevices(
+            "nvidia.com/gpu", tuple(f"{gpu_uuid(k)}::{n}" for k in range(99) for n in (0, 1))
+        ),
+    ]
+    found = allocations(_pods(*pods), advertised=advertised)
+    assert [len(p.replicas) for p in found.pods] == [MAX_POD_REPLICATED] * (len(pods) - 1) + [0]
+    assert found.pods[-1].devices == sorted(gpus)
+    assert len(found.replicated) == MAX_KUBELET_REPLICAS
 
 
 @pytest.mark.parametrize(

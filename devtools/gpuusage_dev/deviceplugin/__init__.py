@@ -5,7 +5,9 @@
 It advertises the GPUs of a GPU scenario (the fake source's format): each whole GPU's UUID as an
 `nvidia.com/gpu` device and each MIG device's UUID under `nvidia.com/mig-<profile>` (NVIDIA's
 "mixed" strategy), so the scheduler counts them, the kubelet hands them out, PodResources lists
-them, and the container gets NVIDIA_VISIBLE_DEVICES as with NVIDIA's plugin.
+them, and the container gets NVIDIA_VISIBLE_DEVICES as with NVIDIA's plugin. A GPU shared by
+time-slicing is advertised as NVIDIA's plugin does with `renameByDefault`: N replicas
+`<UUID>::<n>` under `nvidia.com/gpu.shared`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuusage.api.resources import MIG_RESOURCE_PREFIX, mig_profile
+from gpuusage.api.resources import (
+    MIG_RESOURCE_PREFIX,
+    REPLICA_SEPARATOR,
+    SHARED_GPU_RESOURCE,
+    mig_profile,
+)
 from gpuusage.retry import poll_until
 from gpuusage_dev.fakekubelet import GRPC_MODULE, KUBELET_MODULE
 from gpuusage_dev.localcluster.binaries import (
@@ -41,12 +48,20 @@ def ensure_device_plugin(progress: Progress = stderr_progress) -> Path:
     )
 
 
-def scenario_resources(scenario: Mapping[str, Any]) -> dict[str, list[str]]:
+def scenario_resources(
+    scenario: Mapping[str, Any], time_slicing: Mapping[str, int] | None = None
+) -> dict[str, list[str]]:
     """Resource name → device IDs for a GPU scenario: whole GPUs as nvidia.com/gpu, MIG devices
-    as nvidia.com/mig-<profile> (a MIG device without a profile in its name is left out)."""
+    as nvidia.com/mig-<profile> (a MIG device without a profile in its name is left out); a
+    whole GPU `time_slicing` names (UUID → N) as N replicas under nvidia.com/gpu.shared."""
     found: dict[str, list[str]] = {}
+    sliced = time_slicing or {}
     for gpu in scenario.get("gpus") or []:
         migs = gpu.get("migDevices")
+        if migs is None and gpu["uuid"] in sliced:
+            replicas = [f"{gpu['uuid']}{REPLICA_SEPARATOR}{n}" for n in range(sliced[gpu["uuid"]])]
+            found.setdefault(SHARED_GPU_RESOURCE, []).extend(replicas)
+            continue
         if migs is None:
             found.setdefault("nvidia.com/gpu", []).append(gpu["uuid"])
             continue

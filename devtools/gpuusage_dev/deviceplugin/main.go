@@ -65,9 +65,18 @@ func (p *plugin) GetPreferredAllocation(context.Context, *pluginapi.PreferredAll
 func (p *plugin) Allocate(_ context.Context, request *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	answer := &pluginapi.AllocateResponse{}
 	for _, container := range request.GetContainerRequests() {
-		ids := container.GetDevicesIds()
+		// A time-slicing replica (<UUID>::<n>) is its GPU to the container, as NVIDIA's plugin has it.
+		var visible []string
+		seen := map[string]bool{}
+		for _, id := range container.GetDevicesIds() {
+			device, _, _ := strings.Cut(id, "::")
+			if !seen[device] {
+				seen[device] = true
+				visible = append(visible, device)
+			}
+		}
 		answer.ContainerResponses = append(answer.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(ids, ",")},
+			Envs: map[string]string{"NVIDIA_VISIBLE_DEVICES": strings.Join(visible, ",")},
 		})
 	}
 	return answer, nil

@@ -1,8 +1,8 @@
 """A kubelet PodResources server for tests and the demo: the kubelet's own generated code and
 gRPC server, built from Go modules (main.go beside this file) and cached like the control plane.
 
-`FakeKubelet` runs it on a unix socket; what `List` answers is the JSON last given to `answer`
-(the protobuf field names), re-read on every call.
+`FakeKubelet` runs it on a unix socket; what `List` and `GetAllocatableResources` answer is the
+JSON last given to `answer` (the protobuf field names), re-read on every call.
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ class FakeKubelet:
         staged.write_text(json.dumps(body))
         staged.replace(self.answers)
 
-    def pods(self, *pods: dict[str, Any]) -> None:
-        self.answer({"pod_resources": list(pods)})
+    def pods(self, *pods: dict[str, Any], advertised: dict[str, list[str]] | None = None) -> None:
+        """List answers `pods`; GetAllocatableResources, the `advertised` device IDs by
+        resource name (none by default)."""
+        devices = [{"resource_name": r, "device_ids": ids} for r, ids in (advertised or {}).items()]
+        self.answer({"pod_resources": list(pods), "allocatable": {"devices": devices}})
 
     def start(self) -> FakeKubelet:
         if not self.answers.exists():

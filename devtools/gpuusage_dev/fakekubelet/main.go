@@ -1,13 +1,15 @@
 // fake-kubelet serves the kubelet's PodResources v1 API on a unix socket, with the kubelet's own
 // generated code (k8s.io/kubelet) and gRPC server (google.golang.org/grpc), so the agent's client
-// is tested against the real protocol. What List answers is read from a JSON file on every call
-// (the protobuf field names, as encoding/json reads the generated structs), so a test changes the
-// answer by rewriting the file:
+// is tested against the real protocol. What List and GetAllocatableResources answer is read from
+// a JSON file on every call (the protobuf field names, as encoding/json reads the generated
+// structs), so a test changes the answer by rewriting the file:
 //
 //	{"pod_resources": [{"name": "p", "namespace": "ns", "containers": [
 //	    {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-..."]}]}]}],
-//	 "error": {"code": 14, "message": "..."},   // answer with this gRPC status instead
-//	 "delay_ms": 0}                              // wait this long before answering
+//	 "error": {"code": 14, "message": "..."},   // List answers with this gRPC status instead
+//	 "delay_ms": 0,                              // wait this long before answering List
+//	 "allocatable": {"devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-...::0"]}]},
+//	 "allocatable_error": {"code": 12, "message": "..."}}  // GetAllocatableResources's status
 //
 // Each call is counted on stdout ("list N"), after "ready" once the socket listens.
 package main
@@ -30,13 +32,17 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
+type grpcError struct {
+	Code    uint32 `json:"code"`
+	Message string `json:"message"`
+}
+
 type answer struct {
 	podresourcesv1.ListPodResourcesResponse
-	Error *struct {
-		Code    uint32 `json:"code"`
-		Message string `json:"message"`
-	} `json:"error,omitempty"`
-	DelayMs int `json:"delay_ms,omitempty"`
+	Error            *grpcError                                   `json:"error,omitempty"`
+	DelayMs          int                                          `json:"delay_ms,omitempty"`
+	Allocatable      *podresourcesv1.AllocatableResourcesResponse `json:"allocatable,omitempty"`
+	AllocatableError *grpcError                                   `json:"allocatable_error,omitempty"`
 }
 
 type server struct {
@@ -75,6 +81,20 @@ func (s *server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesReq
 		return nil, status.Error(codes.Code(a.Error.Code), a.Error.Message)
 	}
 	return &a.ListPodResourcesResponse, nil
+}
+
+func (s *server) GetAllocatableResources(context.Context, *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
+	a, err := s.read()
+	if err != nil {
+		return nil, err
+	}
+	if a.AllocatableError != nil {
+		return nil, status.Error(codes.Code(a.AllocatableError.Code), a.AllocatableError.Message)
+	}
+	if a.Allocatable == nil {
+		return &podresourcesv1.AllocatableResourcesResponse{}, nil
+	}
+	return a.Allocatable, nil
 }
 
 func main() {

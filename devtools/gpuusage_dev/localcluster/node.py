@@ -196,15 +196,18 @@ class Node:
         scenario: dict[str, Any] | None = None,
         binaries: NodeBinaries | None = None,
         product: bool = False,
+        time_slicing: dict[str, int] | None = None,
     ) -> None:
         """`name`, `server`, `pki` and `scenario` are needed to start it; stopping needs only
         its folder. `product`: also build the product's images (productimages) and import them
-        under the names the manifests use."""
+        under the names the manifests use. `time_slicing`: GPUs (UUID → N) the device plugin
+        advertises as N time-slicing replicas (see deviceplugin)."""
         self.directory = directory.resolve()
         self.name = name
         self.server = server
         self.pki = pki or self.directory / "pki"
         self.scenario = scenario if scenario is not None else DEFAULT_SCENARIO
+        self.time_slicing = dict(time_slicing or {})
         self._binaries = binaries
         self.product = product
         self.containerd = Containerd(self.directory / "containerd")
@@ -246,6 +249,7 @@ class Node:
             pki=Path(saved["pki"]),
             scenario=saved["scenario"],
             product=saved["product"],
+            time_slicing=saved.get("time_slicing"),
         )
 
     def _save_settings(self) -> None:
@@ -255,6 +259,7 @@ class Node:
             "pki": str(self.pki),
             "scenario": self.scenario,
             "product": self.product,
+            "time_slicing": self.time_slicing,
         }
         self.settings_path.write_text(json.dumps(settings))
 
@@ -349,7 +354,7 @@ class Node:
         self._start_device_plugin(timeout)
 
     def _start_device_plugin(self, timeout: float) -> None:
-        resources = scenario_resources(self.scenario)
+        resources = scenario_resources(self.scenario, self.time_slicing)
         if resources:
             self.plugin = DevicePlugin(resources, self.directory / "device-plugin")
             self.plugin.start(timeout, on_start=lambda pid: self._remember("device-plugin", pid))
@@ -546,7 +551,10 @@ class Node:
 
     def wait_ready(self, kubectl: Path, kubeconfig_path: Path, timeout: float = 120.0) -> None:
         """Until the node is Ready and its allocatable shows every device the plugin lists."""
-        wanted = {name: len(ids) for name, ids in scenario_resources(self.scenario).items()}
+        wanted = {
+            name: len(ids)
+            for name, ids in scenario_resources(self.scenario, self.time_slicing).items()
+        }
 
         def ready() -> bool:
             out = subprocess.run(
@@ -715,6 +723,7 @@ def running_node(
     product: bool = False,
     scenario: dict[str, Any] | None = None,
     apiserver_args: Sequence[str] = (),
+    time_slicing: dict[str, int] | None = None,
 ) -> Iterator[tuple[LocalCluster, Node]]:
     """A control plane and its node NAME, Ready with its devices, for the length of the block;
     one at a time on a machine (a lock: the kubelet's registration socket is fixed)."""
@@ -728,6 +737,7 @@ def running_node(
             pki=directory / "pki",
             scenario=scenario,
             product=product,
+            time_slicing=time_slicing,
         )
         try:
             node.start()

@@ -9,6 +9,11 @@ Device plugins name devices in their own ways. NVIDIA's plugin gives UUIDs by de
 GKE's plugin names device nodes (`nvidia0`, the minor number). Those are mapped to UUIDs
 through the GPUs the agent read (`device_aliases`); an ID that maps to nothing stays counted,
 never guessed.
+
+A device a device plugin shares by time-slicing (NVIDIA's `sharing.timeSlicing` or `mps`
+replicas) is advertised as N devices `<UUID>::<n>`: the kubelet's GetAllocatableResources lists
+them all, so the report says how many replicas each such device has (`replicated`) and how many
+each pod was given (`replicas`), from which the operator tells the share each pod was handed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -26,21 +32,31 @@ from gpuusage.api.models import (
     MAX_COUNTED,
     MAX_KUBELET_DEVICES,
     MAX_KUBELET_PODS,
+    MAX_KUBELET_REPLICAS,
     MAX_MESSAGE,
+    MAX_POD_REPLICATED,
     MAX_RESOURCE_NAME,
     RESOURCE_NAME_PATTERN,
+    DeviceReplicas,
     Gpu,
     KubeletAllocations,
     KubeletPod,
     safe_text,
 )
-from gpuusage.api.resources import device_of, is_gpu_resource
+from gpuusage.api.resources import REPLICA_SEPARATOR, device_of, is_gpu_resource
 from gpuusage_nodeagent.podresources.client import CallError, unary
-from gpuusage_nodeagent.podresources.wire import PodResources, WireError, list_response
+from gpuusage_nodeagent.podresources.wire import (
+    ContainerDevices,
+    PodResources,
+    WireError,
+    allocatable_response,
+    list_response,
+)
 
 log = logging.getLogger(__name__)
 
 LIST = "/v1.PodResourcesLister/List"
+ALLOCATABLE = "/v1.PodResourcesLister/GetAllocatableResources"
 _DEVICE = re.compile(KUBELET_DEVICE_PATTERN)
 _RESOURCE = re.compile(RESOURCE_NAME_PATTERN)
 MAX_RESOURCES = 4
@@ -65,10 +81,47 @@ def device_aliases(gpus: Iterable[Gpu]) -> dict[str, str]:
     return found
 
 
+def _device(device_id: str, aliases: Aliases) -> str | None:
+    """The GPU or MIG UUID a device plugin's ID names (a replica's, its device's); None for
+    an ID that names none."""
+    device = device_of(device_id)
+    device = aliases.get(device, device)
+    return device if _DEVICE.match(device) else None
+
+
+def _replicas(counts: Mapping[str, int]) -> list[DeviceReplicas]:
+    return [
+        DeviceReplicas(device=d, replicas=min(n, MAX_COUNTED))
+        for d, n in sorted(counts.items())
+        if n
+    ]
+
+
+def replicated(
+    advertised: Iterable[ContainerDevices],
+    extra: Iterable[str] = (),
+    aliases: Aliases | None = None,
+) -> list[DeviceReplicas]:
+    """The devices the device plugins advertise as time-slicing replicas (`<UUID>::<n>`, for a
+    GPU resource), with how many: what a pod given one of them was handed is 1/N."""
+    extra = tuple(extra)
+    counts: Counter[str] = Counter()
+    for given in advertised:
+        if not is_gpu_resource(given.resource_name, extra):
+            continue
+        for device_id in given.device_ids:
+            device = _device(device_id, aliases or {})
+            if device is not None and REPLICA_SEPARATOR in device_id:
+                counts[device] += 1
+    several = {device: n for device, n in counts.items() if n > 1}  # one is the device itself
+    return _replicas(several)[:MAX_KUBELET_REPLICAS]
+
+
 def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> KubeletPod | None:
     """The pod's GPU devices; None when it was given none (or names nothing valid)."""
     resources: set[str] = set()
     devices: set[str] = set()
+    replicas: Counter[str] = Counter()
     other = 0
     for container in pod.containers:
         for given in container.devices:
@@ -81,10 +134,10 @@ def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> Kubelet
             if named:
                 resources.add(given.resource_name)
             for device_id in given.device_ids:
-                device = device_of(device_id)
-                device = aliases.get(device, device)
-                if named and _DEVICE.match(device):
+                device = _device(device_id, aliases)
+                if named and device is not None:
                     devices.add(device)
+                    replicas[device] += REPLICA_SEPARATOR in device_id
                 else:
                     other += 1
     if not (resources or other):
@@ -99,17 +152,24 @@ def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> Kubelet
             resources=sorted(resources)[:MAX_RESOURCES],
             devices=sorted(devices),
             other_devices=min(other, MAX_COUNTED),
+            replicas=_replicas(replicas)[:MAX_POD_REPLICATED],
         )
     except ValidationError:
         return None  # not a pod name the API admits: it cannot be matched to a pod anyway
 
 
 def allocations(
-    pods: Sequence[PodResources], extra: Iterable[str] = (), aliases: Aliases | None = None
+    pods: Sequence[PodResources],
+    extra: Iterable[str] = (),
+    aliases: Aliases | None = None,
+    advertised: Sequence[ContainerDevices] | None = None,
+    replicas_unknown: str | None = None,
 ) -> KubeletAllocations:
     """The report's `kubelet` section: pods given GPU resources, in name order, within the
     bounds (pods past them are counted as omitted, never listed in part); `aliases` map other
-    plugins' device IDs to UUIDs (see device_aliases)."""
+    plugins' device IDs to UUIDs (see device_aliases); `advertised`, the devices the plugins
+    advertise (GetAllocatableResources), tell the devices shared as replicas, or
+    `replicas_unknown` why they could not be read."""
     extra = tuple(extra)
     known = aliases or {}
     entries = sorted(
@@ -117,15 +177,24 @@ def allocations(
         key=lambda e: (e.namespace, e.name),
     )
     listed: list[KubeletPod] = []
-    devices = 0
+    devices = replicas = 0
     for entry in entries:
         if len(listed) == MAX_KUBELET_PODS or devices + len(entry.devices) > MAX_KUBELET_DEVICES:
             break
-        listed.append(entry)
+        if replicas + len(entry.replicas) > MAX_KUBELET_REPLICAS:  # its shares untold, not wrong
+            listed.append(entry.model_copy(update={"replicas": []}))
+        else:
+            listed.append(entry)
+            replicas += len(entry.replicas)
         devices += len(entry.devices)
     omitted = len(entries) - len(listed)
+    why = safe_text(f"GetAllocatableResources: {replicas_unknown}", MAX_MESSAGE)
     return KubeletAllocations(
-        state="Read", pods=listed, omitted_pods=min(omitted, MAX_COUNTED) or None
+        state="Read",
+        pods=listed,
+        omitted_pods=min(omitted, MAX_COUNTED) or None,
+        replicated=replicated(advertised or (), extra, known),
+        replicas_message=why if replicas_unknown is not None else None,
     )
 
 
@@ -140,6 +209,10 @@ Lister = Callable[[Path, float], bytes]
 
 def list_pods(path: Path, timeout: float) -> bytes:
     return unary(path, LIST, b"", timeout)
+
+
+def list_allocatable(path: Path, timeout: float) -> bytes:
+    return unary(path, ALLOCATABLE, b"", timeout)
 
 
 class Kubelet:
@@ -164,6 +237,7 @@ class Kubelet:
         *,
         refresh: float = 60.0,
         lister: Lister = list_pods,
+        allocatable: Lister = list_allocatable,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.socket = socket
@@ -171,6 +245,7 @@ class Kubelet:
         self.extra = tuple(extra_resources)
         self.refresh = refresh
         self.lister = lister
+        self.allocatable = allocatable
         self.clock = clock
         self.enabled = socket.parent.is_dir()
         self.asked = 0
@@ -178,6 +253,8 @@ class Kubelet:
         self._last: KubeletAllocations | None = None
         self._raw: Sequence[PodResources] | None = None
         """The kubelet's last answer, kept to translate again when the aliases change."""
+        self._advertised: Sequence[ContainerDevices] | None = None
+        self._replicas_unknown: str | None = None
         self._aliases: Aliases = {}
         self._asked_at = 0.0
         self._known_pods: frozenset[str] = frozenset()
@@ -202,7 +279,7 @@ class Kubelet:
         ):
             if aliases != self._aliases and self._raw is not None:
                 self._aliases = dict(aliases)
-                self._last = allocations(self._raw, self.extra, self._aliases)
+                self._last = self._translate(self._raw)
             return self._last
         self.asked += 1
         self._asked_at = now
@@ -214,7 +291,8 @@ class Kubelet:
     def _ask(self) -> KubeletAllocations:
         try:
             self._raw = list_response(self.lister(self.socket, self.timeout))
-            found = allocations(self._raw, self.extra, self._aliases)
+            self._ask_allocatable()
+            found = self._translate(self._raw)
         except FileNotFoundError:
             return self._failed(
                 f"{self.socket} not found (is the kubelet running? a kubelet with another "
@@ -234,6 +312,22 @@ class Kubelet:
             return self._failed(f"the answer is not a ListPodResourcesResponse ({exc})")
         self._last_failure = None
         return found
+
+    def _ask_allocatable(self) -> None:
+        """The devices the plugins advertise, for the replicas; a failure here leaves the
+        pods' devices known and only their handed shares unknown, with the reason."""
+        try:
+            self._advertised = allocatable_response(self.allocatable(self.socket, self.timeout))
+            self._replicas_unknown = None
+        except (OSError, CallError, WireError) as exc:
+            self._advertised = None
+            why = str(exc) if not isinstance(exc, OSError) else exc.strerror or str(exc)
+            if why != self._replicas_unknown:
+                log.warning("reading the kubelet's allocatable devices failed: %s", why)
+            self._replicas_unknown = why
+
+    def _translate(self, raw: Sequence[PodResources]) -> KubeletAllocations:
+        return allocations(raw, self.extra, self._aliases, self._advertised, self._replicas_unknown)
 
     def _failed(self, why: str) -> KubeletAllocations:
         if why != self._last_failure:  # a lasting failure is logged once

@@ -2,7 +2,7 @@
 
 Only the fields gpuusage reads are decoded (pod name and namespace, each container's devices);
 every other field, known or added by a later kubelet, is skipped by its wire type, as protobuf
-requires of any reader. A hand-written reader of five small messages costs the agent nothing to
+requires of any reader. A hand-written reader of six small messages costs the agent nothing to
 import, where a generated module would bring the protobuf runtime (benchmarks/README.md).
 
 Field numbers, from k8s.io/kubelet pkg/apis/podresources/v1/api.proto:
@@ -12,6 +12,7 @@ Field numbers, from k8s.io/kubelet pkg/apis/podresources/v1/api.proto:
                    repeated ContainerResources containers = 3; }
     ContainerResources { string name = 1; repeated ContainerDevices devices = 2; ... }
     ContainerDevices { string resource_name = 1; repeated string device_ids = 2; ... }
+    AllocatableResourcesResponse { repeated ContainerDevices devices = 1; ... }
 """
 
 from __future__ import annotations
@@ -139,3 +140,10 @@ def list_response(data: bytes) -> list[PodResources]:
     """The pods of a ListPodResourcesResponse."""
     view = memoryview(data)
     return [_pod(_message(v, "pod_resources")) for n, _, v in fields(view) if n == 1]
+
+
+def allocatable_response(data: bytes) -> list[ContainerDevices]:
+    """The devices of an AllocatableResourcesResponse: every device the device plugins
+    advertise to the kubelet, by resource."""
+    view = memoryview(data)
+    return [_devices(_message(v, "devices")) for n, _, v in fields(view) if n == 1]

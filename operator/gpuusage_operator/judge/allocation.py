@@ -56,7 +56,8 @@ class AllocatedDevice:
     profile: str | None = None
     share: float | None = None
     """The share of its time the pod was handed where the claim shares it (see
-    claim_share); None: the device is the pod's own, or nothing says."""
+    claim_share) or it is one of the device plugin's time-slicing replicas (see
+    replica_share); None: the device is the pod's own, or nothing says."""
 
     @property
     def match(self) -> Match:
@@ -96,6 +97,8 @@ class KubeletView:
     pods: Mapping[tuple[str, str], KubeletPod] = field(default_factory=dict)
     known: frozenset[str] = frozenset()
     """Every GPU and MIG UUID of the report: a kubelet ID outside it is not a device we see."""
+    replicated: Mapping[str, int] = field(default_factory=dict)
+    """Devices the device plugins advertise as time-slicing replicas: how many."""
 
     @classmethod
     def of(cls, spec: GpuNodeUsageSpec) -> KubeletView:
@@ -105,7 +108,8 @@ class KubeletView:
             m.uuid for g in spec.gpus for m in g.mig_devices
         }
         pods = {(p.namespace, p.name): p for p in spec.kubelet.pods}
-        return cls(pods, frozenset(known))
+        replicated = {r.device: r.replicas for r in spec.kubelet.replicated}
+        return cls(pods, frozenset(known), replicated)
 
 
 NO_KUBELET = KubeletView()
@@ -123,7 +127,21 @@ def _plugin_devices(pod: PodClaims, kubelet: KubeletView) -> list[AllocatedDevic
         or not set(entry.devices) <= kubelet.known
     ):
         return None
-    return [AllocatedDevice("kubelet", uuid) for uuid in entry.devices]
+    given = {r.device: r.replicas for r in entry.replicas}
+    return [
+        AllocatedDevice(
+            "kubelet", uuid, share=replica_share(given.get(uuid, 0), kubelet.replicated.get(uuid))
+        )
+        for uuid in entry.devices
+    ]
+
+
+def replica_share(given: int, advertised: int | None) -> float | None:
+    """The share of a device's time a pod given `given` of its `advertised` time-slicing
+    replicas was handed; None where it holds no replica or the replicas are not known."""
+    if not given or not advertised:
+        return None
+    return min(given / advertised, 1.0)
 
 
 def claim_share(claim: ClaimSnapshot) -> float | None:

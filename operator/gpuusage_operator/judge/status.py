@@ -111,8 +111,9 @@ def compute_share(processes: Iterable[Process]) -> float | None:
 
 def handed_share(devices: Iterable[AllocatedDevice], uuid: str, fraction: str) -> float | None:
     """The share of this device's time the pod was handed: a DRA claim's that shares it (see
-    allocation.claim_share), else a fractional scheduler's gpu-fraction (up to 1; more is GPUs,
-    not a share of one)."""
+    allocation.claim_share) or the device plugin's time-slicing replicas it was given (see
+    allocation.replica_share), else a fractional scheduler's gpu-fraction (up to 1; more is
+    GPUs, not a share of one)."""
     claimed = [d.share for d in devices if d.uuid == uuid and d.share is not None]
     if claimed:
         return min(sum(claimed), 1.0)

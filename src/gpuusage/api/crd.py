@@ -17,6 +17,7 @@ from gpuusage.api import names, policy
 from gpuusage.api.models import (
     MAX_ALLOCATED_LISTED,
     MAX_KUBELET_DEVICES,
+    MAX_KUBELET_REPLICAS,
     MAX_PROCESSES,
     GpuNodeUsageSpec,
     GpuNodeUsageStatus,
@@ -193,6 +194,11 @@ def render_crd() -> dict[str, Any]:
                 "rule": "!has(self.kubelet) || !has(self.kubelet.pods) || self.kubelet.pods.map("
                 f"p, has(p.devices) ? size(p.devices) : 0).sum() <= {MAX_KUBELET_DEVICES}",
                 "message": f"kubelet.pods lists at most {MAX_KUBELET_DEVICES} devices in all",
+            },
+            {
+                "rule": "!has(self.kubelet) || !has(self.kubelet.pods) || self.kubelet.pods.map("
+                f"p, has(p.replicas) ? size(p.replicas) : 0).sum() <= {MAX_KUBELET_REPLICAS}",
+                "message": f"kubelet.pods lists at most {MAX_KUBELET_REPLICAS} replicas in all",
             },
         ]
     )

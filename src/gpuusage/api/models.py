@@ -314,6 +314,18 @@ class Source(ApiModel):
     agent_version: ShortText | None = None
 
 
+MAX_POD_REPLICATED = 8  # devices a pod holds time-slicing replicas of, listed (more: no share)
+MAX_KUBELET_REPLICAS = 64  # of those, for all pods; and devices advertised as replicas, listed
+
+
+class DeviceReplicas(ApiModel):
+    """How many time-slicing replicas of one device: the device plugin advertises it as that
+    many devices (`<UUID>::<n>`), or a pod was given that many of them."""
+
+    device: KubeletDeviceId
+    replicas: Annotated[int, Field(ge=1, le=MAX_COUNTED)]
+
+
 class KubeletPod(ApiModel):
     """The devices the kubelet's device manager gave one pod (PodResources List), for the GPU
     resources the agent counts."""
@@ -329,6 +341,10 @@ class KubeletPod(ApiModel):
     other_devices: Annotated[int, Field(ge=0, le=MAX_COUNTED)] = 0
     """Device IDs that are not GPU or MIG UUIDs (a plugin's own names, a resource name longer
     than this list admits): the pod's devices are then not known one by one."""
+    replicas: Annotated[list[DeviceReplicas], Field(max_length=MAX_POD_REPLICATED)] = Field(
+        default_factory=list
+    )
+    """The time-slicing replicas the pod was given, by device (IDs with the `::<n>` suffix)."""
 
 
 class KubeletAllocations(ApiModel):
@@ -344,11 +360,20 @@ class KubeletAllocations(ApiModel):
     """Pods given GPUs by a device plugin, by namespace and name."""
     omitted_pods: Annotated[int, Field(ge=0, le=MAX_COUNTED)] | None = None
     """Pods with GPUs not listed (over the bound); their devices are not known one by one."""
+    replicated: Annotated[list[DeviceReplicas], Field(max_length=MAX_KUBELET_REPLICAS)] = Field(
+        default_factory=list
+    )
+    """Devices the device plugins advertise as several time-slicing replicas, and how many
+    (GetAllocatableResources): a pod given one of N has a handed share of 1/N."""
+    replicas_message: Message | None = None
+    """Why the replicas the devices are advertised as could not be read: pods given a replica
+    then have no handed share."""
 
     @model_validator(mode="after")
     def _devices_bounded(self) -> KubeletAllocations:
         """The same bound as the CRD's rule (see api.crd)."""
         at_most(sum(len(p.devices) for p in self.pods), MAX_KUBELET_DEVICES, "kubelet devices")
+        at_most(sum(len(p.replicas) for p in self.pods), MAX_KUBELET_REPLICAS, "kubelet replicas")
         return self
 
 

@@ -9,15 +9,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
+"""What NVIDIA's device plugin calls a GPU's time-slicing (or MPS) replicas with
+`renameByDefault`; a MIG device's are `nvidia.com/mig-<profile>.shared`."""
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 REPLICA_SEPARATOR = "::"
 """NVIDIA's device plugin names a time-sliced replica `<UUID>::<n>`."""
 
 
 def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
-    """`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, or a configured extra name (HAMi's, a
-    vendor's variant)."""
-    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX) or name in extra
+    """`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, their `.shared` replicas (NVIDIA's plugin
+    with `renameByDefault`), or a configured extra name (HAMi's, a vendor's variant)."""
+    return (
+        name in (GPU_RESOURCE, SHARED_GPU_RESOURCE)
+        or name.startswith(MIG_RESOURCE_PREFIX)
+        or name in extra
+    )
 
 
 def device_of(device_id: str) -> str:
