@@ -76,7 +76,7 @@ class TopSettings(CommandSettings):
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
 
 
-def _context_namespace(kubeconfig: Path | None) -> str:
+def context_namespace(kubeconfig: Path | None) -> str:
     """The current context's namespace, as kubectl would use it; "default" without one."""
     from kubernetes import config  # noqa: PLC0415
 
@@ -149,7 +149,9 @@ def run_top(settings: TopSettings) -> int:
         return _show(settings, api)
 
 
-def _show(settings: TopSettings, api: Any) -> int:
+def list_reports(api: Any) -> list[dict[str, Any]]:
+    """Every GpuNodeUsage object, in one LIST; a cluster without the API, or one that refuses,
+    is an error that says so."""
     from kubernetes import client  # noqa: PLC0415
     from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
@@ -164,7 +166,11 @@ def _show(settings: TopSettings, api: Any) -> int:
                 "(kubectl apply -k manifests/)"
             ) from exc
         raise GpuusageError(f"cannot list {names.PLURAL}: {exc.status} {exc.reason}") from exc
-    items = cast(list[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+    return cast(list[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+
+
+def _show(settings: TopSettings, api: Any) -> int:
+    items = list_reports(api)
     statuses, warnings = read_statuses(items)
     rows = rows_of(statuses)
     for warning in warnings:
@@ -185,9 +191,7 @@ def _show(settings: TopSettings, api: Any) -> int:
                 file=sys.stderr,
             )
         return 0
-    namespace = (
-        None if everywhere else settings.namespace or _context_namespace(settings.kubeconfig)
-    )
+    namespace = None if everywhere else settings.namespace or context_namespace(settings.kubeconfig)
     chosen = order(select(rows, namespace, node), settings.sort)
     if chosen:
         annotations, problem = _pod_annotations(api, {r.namespace for r in chosen})

@@ -222,7 +222,7 @@ def share_text(share: float | None, untold: bool = False) -> str:
     return f"{100 * share:.0f}%" + ("+?" if untold else "")
 
 
-def _columns(lines: list[list[str]]) -> str:
+def columns(lines: list[list[str]]) -> str:
     """Left-aligned columns three spaces apart, as kubectl prints them."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
@@ -280,7 +280,7 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
             r.pending or "<none>",
         ]
         lines.append(cells)
-    return _columns(lines)
+    return columns(lines)
 
 
 def render_json(rows: list[PodRow]) -> str:
@@ -426,7 +426,7 @@ def render_namespace_table(
                 *more.get(r.namespace, blank),
             ]
         )
-    return _columns(lines)
+    return columns(lines)
 
 
 def render_namespace_json(rows: list[NamespaceRow]) -> str:

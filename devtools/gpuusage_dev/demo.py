@@ -6,7 +6,7 @@ scenario with a matching /proc tree (four GPUs: one time-sliced between a traine
 that requested no GPU and a host process; one in MIG mode; one handed out by a DRA driver; one
 shared by device-plugin pods and a fractional scheduler's pod), a DRA ResourceSlice and claim,
 and a kubelet PodResources socket saying which device each device-plugin pod was given. It runs
-the agent and the operator, shows what a person sees with kubectl and `gpuusage top` (a pod
+the agent and the operator, shows what a person sees with kubectl, `gpuusage top` and `ps` (a pod
 with no allocation, a pod on a device outside its allocation, a DRA pod, a fractional pod and a
 notebook holding 70 GiB while computing nothing), ends one process to show the update, puts
 two policies to work (a DryRun one for the idle notebook, an enforced one that evicts the pod
@@ -31,6 +31,7 @@ from gpuusage.api import names
 from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
 from gpuusage.retry import poll_until
+from gpuusage_commands.ps import PsSettings, run_ps
 from gpuusage_commands.top import TopSettings, run_top
 from gpuusage_dev.demopolicies import NOTICE, show_policies
 from gpuusage_dev.fakekubelet import FakeKubelet
@@ -329,6 +330,8 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             flush=True,
         )
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
+        print("\n$ gpuusage ps -A      # every GPU process, as nvidia-smi lists them", flush=True)
+        run_ps(PsSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
 
         step("the notebook's kernel exits (the scenario changes)")
         _scenario(scenario, notebook_running=False)

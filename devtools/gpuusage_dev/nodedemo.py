@@ -32,6 +32,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
+from gpuusage_commands.ps import PsSettings, run_ps
 from gpuusage_commands.top import TopSettings, run_top
 from gpuusage_dev.demo import (
     DEMO_NODE,
@@ -153,6 +154,8 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
         print("\n$ gpuusage top --by namespace   # now; with --window 24h --prometheus URL: hours")
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
+        print("\n$ gpuusage ps -A      # every GPU process, as nvidia-smi lists them", flush=True)
+        run_ps(PsSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
         step("the notebook's kernel leaves the GPU (the scenario changes)")
         write_scenario(scenario, use(notebook=False))
         wait_until(lambda: reason("research", "notebook") == "ProcessesEnded", "the notebook's end")

@@ -57,6 +57,13 @@ COMMANDS = (
         "gpuusage_commands.top:run_top",
     ),
     Command(
+        ("ps",),
+        "every GPU process: node, device, pid, command, pod, memory, share, activity (also: "
+        "kubectl gpuusage ps)",
+        "gpuusage_commands.ps:PsSettings",
+        "gpuusage_commands.ps:run_ps",
+    ),
+    Command(
         ("crd",),
         "print the GpuNodeUsage CRD rendered from the models",
         "gpuusage_commands.crd:CrdSettings",

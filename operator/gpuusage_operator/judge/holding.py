@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from gpuusage.api.activity import process_activity
 from gpuusage.api.models import Process
 from gpuusage_operator.judge.resolution import PodUse
 
@@ -40,10 +41,10 @@ def computing(processes: Iterable[Process]) -> bool | None:
     activity the device tells has not been idle for the agent's --idle-window, False when all
     such have, None when the device tells of none (MIG devices, MPS clients, some GPUs): GPU
     time counted as computing is never a guess."""
-    told = [p for p in processes if not p.activity_unknown]
+    told = [a for a in map(process_activity, processes) if a != "unknown"]
     if not told:
         return None
-    return any(p.idle_since is None for p in told)
+    return "computing" in told
 
 
 def held_idle(

@@ -1,0 +1,103 @@
+"""`gpuusage ps` (and `kubectl gpuusage ps`): one LIST of GpuNodeUsage objects, then every GPU
+process of the chosen nodes, as `nvidia-smi` lists them on one machine.
+
+The rows are built, chosen and rendered by the pure `pstable`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from gpuusage.errors import GpuusageError
+from gpuusage.kube.config import api_client
+from gpuusage.settings import CommandSettings
+from gpuusage_commands.pstable import (
+    PsSortKey,
+    order_processes,
+    read_reports,
+    render_processes,
+    render_processes_json,
+    select_processes,
+)
+from gpuusage_commands.top import context_namespace, list_reports
+
+
+class PsSettings(CommandSettings):
+    namespace: str | None = Field(default=None, json_schema_extra={"short": "-n"})
+    """Only processes of pods in this namespace (default: the kubeconfig context's, else
+    "default"; with --node, every process of the node)."""
+    all_namespaces: bool = Field(default=False, json_schema_extra={"short": "-A"})
+    """Every process: of every namespace's pods and of no pod (host processes, the MPS server,
+    pids not resolved)."""
+    node: str | None = None
+    """Only this node's processes."""
+    sort: PsSortKey = "memory"
+    """Order of the rows (quantities largest first)."""
+    output: Literal["table", "wide", "json"] = Field(
+        default="table", json_schema_extra={"short": "-o"}
+    )
+    """Output format (wide: also the device's UUID, the container's ID, the latest SM sample,
+    what the share rests on and why a process belongs to no pod)."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
+
+
+def scope(settings: PsSettings) -> str | None:
+    """The namespace whose pods' processes are shown; None: every process (-A, or a node
+    chosen without -n, whose processes are what one asks of a machine)."""
+    if settings.all_namespaces:
+        return None
+    if settings.namespace:
+        return settings.namespace
+    if settings.node:
+        return None
+    return context_namespace(settings.kubeconfig)
+
+
+def _check_namespace(api: Any, namespace: str) -> None:
+    """A namespace that does not exist is an error, not an empty list (one that may not be
+    read is left to the rows)."""
+    from kubernetes import client  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    try:
+        client.CoreV1Api(api).read_namespace(namespace, _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 404:
+            raise GpuusageError(f"namespace {namespace} not found") from exc
+
+
+def run_ps(settings: PsSettings) -> int:
+    """Print (or emit as JSON) the GPU processes the settings choose, in their order."""
+    if settings.all_namespaces and settings.namespace:
+        raise GpuusageError("-A and -n cannot go together: -A shows every namespace")
+    namespace = scope(settings)
+    api, _source = api_client(settings.kubeconfig)
+    with api:
+        items = list_reports(api)
+        if settings.namespace:
+            _check_namespace(api, settings.namespace)
+    if settings.node and not any(
+        (item.get("metadata") or {}).get("name") == settings.node for item in items
+    ):
+        raise GpuusageError(f"no GpuNodeUsage for node {settings.node}: is it a GPU node?")
+    rows, notes, warnings = read_reports(items)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    chosen = order_processes(select_processes(rows, namespace, settings.node), settings.sort)
+    shown = [n for n in notes if settings.node is None or n.node == settings.node]
+    if settings.output == "json":
+        print(render_processes_json(chosen, shown))
+        return 0
+    for note in shown:
+        print(f"note: {note.text}", file=sys.stderr)
+    if not chosen:
+        where = f" in namespace {namespace}" if namespace else ""
+        on = f" on node {settings.node}" if settings.node else ""
+        print(f"No GPU processes{where}{on}.", file=sys.stderr)
+        return 0
+    print(render_processes(chosen, namespaces=namespace is None, wide=settings.output == "wide"))
+    return 0
