@@ -10,6 +10,7 @@ agent's and the operator's own tokens are checked in test_install.py, for both i
 from __future__ import annotations
 
 import json
+import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,10 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
     out = helm.run("package", str(CHART), "-d", str(tmp_path)).stdout
     (archive,) = tmp_path.glob("gpuusage-*.tgz")
     assert str(archive) in out
+    with tarfile.open(archive) as packed:
+        licence = packed.extractfile("gpuusage/LICENSE")
+        assert licence is not None, "the packaged chart carries the LICENSE"
+        assert licence.read() == (REPO / "LICENSE").read_bytes()
     sets = ("monitoring.enabled=true",)
     assert _render(helm, *sets, chart=archive) == _render(helm, *sets)
 

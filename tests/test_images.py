@@ -153,6 +153,7 @@ def test_the_recipe_is_read_from_the_dockerfile(dockerfile: str) -> None:
     assert [dest for _, dest in recipe.copies] == [
         "/app/gpuusage",
         f"/app/gpuusage_{part}",
+        "/licenses/LICENSE",
     ]
     assert recipe.user == "65532:65532"
     assert recipe.entrypoint == ("python", "-m", "gpuusage")
@@ -179,11 +180,11 @@ def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None
         "python",
         "-c",
         "import os, gpuusage_nodeagent, json; print(json.dumps([os.getuid(), "
-        "gpuusage_nodeagent.__name__]))",
+        "gpuusage_nodeagent.__name__, open('/licenses/LICENSE').read()]))",
         check=False,
     )
     assert ran.returncode == 0, ran.stderr.decode()[-800:]
-    assert json.loads(ran.stdout) == [65532, "gpuusage_nodeagent"]
+    assert json.loads(ran.stdout) == [65532, "gpuusage_nodeagent", (REPO / "LICENSE").read_text()]
     report = containerd.ctr(
         "run",
         "--rm",

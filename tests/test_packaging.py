@@ -7,6 +7,7 @@ a virtualenv, runs its command, and holds no other part.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tomllib
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,24 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=wheels,
     )
     return next(wheels.glob("gpuusage-*.whl"))
+
+
+APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+"""Of the Apache License 2.0's text as the ASF publishes it (its LICENSE-2.0.txt)."""
+
+
+def test_the_license_is_the_one_declared_and_the_wheel_carries_it(wheel: Path) -> None:
+    """pyproject.toml says Apache-2.0; LICENSE is that licence's text, and the wheel carries it
+    (its metadata names it)."""
+    text = (REPO / "LICENSE").read_bytes()
+    assert hashlib.sha256(text).hexdigest() == APACHE_2_SHA256
+    assert 'license = "Apache-2.0"' in (REPO / "pyproject.toml").read_text()
+    with zipfile.ZipFile(wheel) as packed:
+        names = packed.namelist()
+        (carried,) = [n for n in names if n.endswith("/LICENSE")]
+        assert packed.read(carried) == text
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        assert "License-File: LICENSE" in packed.read(metadata).decode()
 
 
 def test_wheel_in_a_fresh_virtualenv_imports_every_module(tmp_path: Path, wheel: Path) -> None:

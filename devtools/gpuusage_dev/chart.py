@@ -1,10 +1,11 @@
 """The Helm chart's copies of files kept once elsewhere in the repository.
 
 Helm reads nothing outside a chart's folder, so charts/gpuusage holds copies of the CRDs (in
-its crds/, which Helm installs before anything else and never upgrades or deletes) and of the
+its crds/, which Helm installs before anything else and never upgrades or deletes), of the
 monitoring data its templates embed (the kube-state-metrics config, the rules file, the
-dashboards). `make chart` (also run by `make crd` and `make monitoring`) writes them; a test
-fails when a copy differs from its source.
+dashboards), and of the LICENSE, which a packaged chart carries. `make chart` (also run by
+`make crd` and `make monitoring`) writes them; a test fails when a copy differs from its
+source.
 
     python -m gpuusage_dev.chart [ROOT]
 """
@@ -33,6 +34,7 @@ def copies(root: Path) -> list[tuple[Path, Path]]:
         (path, CHART / "files" / "dashboards" / path.name)
         for path in sorted((root / MONITORING / "dashboards").glob("*.json"))
     ]
+    pairs.append((root / "LICENSE", CHART / "LICENSE"))
     return [(source.relative_to(root), copy) for source, copy in pairs]
 
 

@@ -176,10 +176,13 @@ def sources_layer(repo: Path, recipe: Recipe) -> bytes:
     with tempfile.TemporaryDirectory(prefix="gpuusage-app-") as work:
         root = Path(work)
         for source, dest in recipe.copies:
+            target = root / dest.lstrip("/")
+            if (repo / source).is_file():  # a file, as the LICENSE
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(repo / source, target)
+                continue
             shutil.copytree(
-                repo / source,
-                root / dest.lstrip("/"),
-                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                repo / source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
             )
         return layer_from_directory(root)
 
