@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-binaries test test-gpu check lint binaries crd monitoring chart lock clean
+.PHONY: demo demo-binaries test test-gpu check lint binaries crd monitoring chart plugin lock clean
 
 $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -70,6 +70,11 @@ monitoring: $(VENV)/.installed
 # The Helm chart's copies of the CRDs and of the monitoring files (Helm reads only its folder).
 chart: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.chart
+
+# The kubectl plugin's archives for Krew (dist/) and its manifest (plugins/krew/gpuusage.yaml,
+# which names their sha256): after changing src/gpuusage or commands/, as after the models.
+plugin: $(VENV)/.installed
+	$(PY) -m gpuusage_dev.krewplugin
 
 # Each image's dependency lock (pinned, with wheel hashes) from its requirements files.
 lock: $(VENV)/.installed

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuusage.api.activity import process_activity
 from gpuusage.api.models import Process
@@ -185,7 +186,8 @@ def test_the_scope_follows_kubectl(tmp_path: Path) -> None:
                 "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
                 "users": [{"name": "u", "user": {}}],
                 "contexts": [
-                    {"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}
+                    {"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ml"}},
+                    {"name": "y", "context": {"cluster": "c", "user": "u", "namespace": "lab"}},
                 ],
                 "current-context": "x",
             }
@@ -195,6 +197,7 @@ def test_the_scope_follows_kubectl(tmp_path: Path) -> None:
     assert scope(PsSettings(node="gpu-a", kubeconfig=config)) is None
     assert scope(PsSettings(node="gpu-a", namespace="lab", kubeconfig=config)) == "lab"
     assert scope(PsSettings(kubeconfig=config)) == "ml"
+    assert scope(PsSettings(kubeconfig=config, context="y")) == "lab", "--context's namespace"
 
 
 @pytest.mark.cluster
@@ -234,6 +237,11 @@ def test_ps_and_the_kubectl_plugin_on_the_cluster(
     missing = ps("-n", "no-such-namespace", check=False)
     assert missing.returncode != 0
     assert "namespace no-such-namespace not found" in missing.stderr
+    current = yaml.safe_load(cluster.kubeconfig.read_text())["current-context"]
+    assert "4242" in ps("--node", world.node, "--context", current).stdout
+    wrong = ps("--context", "no-such-context", check=False)
+    assert wrong.returncode != 0
+    assert "no-such-context" in wrong.stderr
     plugin = Path(sys.executable).parent / "kubectl-gpuusage"
     env = {**CHILD_ENV, "PATH": f"{plugin.parent}{os.pathsep}{os.environ['PATH']}"}
     out = subprocess.run(

@@ -43,6 +43,8 @@ class PsSettings(CommandSettings):
     what the share rests on and why a process belongs to no pod)."""
     kubeconfig: Path | None = None
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
+    context: str | None = None
+    """The kubeconfig's context to use (default: its current context), as kubectl's."""
 
 
 def scope(settings: PsSettings) -> str | None:
@@ -54,7 +56,7 @@ def scope(settings: PsSettings) -> str | None:
         return settings.namespace
     if settings.node:
         return None
-    return context_namespace(settings.kubeconfig)
+    return context_namespace(settings.kubeconfig, settings.context)
 
 
 def _check_namespace(api: Any, namespace: str) -> None:
@@ -75,7 +77,7 @@ def run_ps(settings: PsSettings) -> int:
     if settings.all_namespaces and settings.namespace:
         raise GpuusageError("-A and -n cannot go together: -A shows every namespace")
     namespace = scope(settings)
-    api, _source = api_client(settings.kubeconfig)
+    api, _source = api_client(settings.kubeconfig, context=settings.context)
     with api:
         items = list_reports(api)
         if settings.namespace:

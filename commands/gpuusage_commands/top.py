@@ -74,18 +74,23 @@ class TopSettings(CommandSettings):
     """Output format."""
     kubeconfig: Path | None = None
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
+    context: str | None = None
+    """The kubeconfig's context to use (default: its current context), as kubectl's."""
 
 
-def context_namespace(kubeconfig: Path | None) -> str:
-    """The current context's namespace, as kubectl would use it; "default" without one."""
+def context_namespace(kubeconfig: Path | None, context: str | None = None) -> str:
+    """The namespace of the context (default: the current one), as kubectl would use it;
+    "default" without one."""
     from kubernetes import config  # noqa: PLC0415
 
     try:
-        _contexts, current = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+        contexts, current = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
             config_file=str(kubeconfig) if kubeconfig else None
         )
     except Exception:  # in-cluster, or no kubeconfig: kubectl's default
         return "default"
+    if context is not None:
+        current = next((c for c in contexts or [] if c.get("name") == context), None)
     return str((current or {}).get("context", {}).get("namespace") or "default")
 
 
@@ -144,7 +149,7 @@ def read_bills(url: str, window: str, namespace: str | None, at: float) -> dict[
 def run_top(settings: TopSettings) -> int:
     """Print (or emit as JSON) the pods using GPUs, as the settings select and order them."""
     _checked(settings)
-    api, _source = api_client(settings.kubeconfig)
+    api, _source = api_client(settings.kubeconfig, context=settings.context)
     with api:  # one client for the reports and the pods' announcements
         return _show(settings, api)
 
@@ -191,7 +196,11 @@ def _show(settings: TopSettings, api: Any) -> int:
                 file=sys.stderr,
             )
         return 0
-    namespace = None if everywhere else settings.namespace or context_namespace(settings.kubeconfig)
+    namespace = (
+        None
+        if everywhere
+        else settings.namespace or context_namespace(settings.kubeconfig, settings.context)
+    )
     chosen = order(select(rows, namespace, node), settings.sort)
     if chosen:
         annotations, problem = _pod_annotations(api, {r.namespace for r in chosen})

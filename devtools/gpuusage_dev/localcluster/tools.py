@@ -84,7 +84,17 @@ HELM = Tool(
     env="GPUUSAGE_HELM",
     version_variable="helm.sh/helm/v4/internal/version.version",
 )
-TOOLS = (KUBE_STATE_METRICS, PROMTOOL, HELM)
+KREW = Tool(
+    name="kubectl-krew",
+    module="sigs.k8s.io/krew",
+    version="v0.4.3",
+    package="sigs.k8s.io/krew/cmd/krew",
+    shown_version="v0.4.3",
+    env="GPUUSAGE_KREW",
+    version_variable="sigs.k8s.io/krew/internal/version.gitTag",
+)
+"""kubectl's plugin manager, to install the gpuusage plugin from its manifest as users do."""
+TOOLS = (KUBE_STATE_METRICS, PROMTOOL, HELM, KREW)
 
 
 def _usable(path: Path) -> bool:
@@ -134,7 +144,8 @@ def build_tool(go: str, tool: Tool, dest: Path, work: Path, progress: Progress) 
         dest=dest,
         what=f"{tool.name} {tool.version}",
         progress=progress,
-        rename={"v2": tool.name},  # go may name a /v2 module's binary after its last element
+        # go names a binary after its package's last element (a /v2 module's: v2)
+        rename={"v2": tool.name, tool.package.rsplit("/", 1)[-1]: tool.name},
     )
 
 

@@ -63,12 +63,14 @@ def api_client(
     *,
     retries: int | None = None,
     request_timeout: float | None = None,
+    context: str | None = None,
 ) -> tuple[client.ApiClient, ApiSource]:
     """A fresh ApiClient of the `kubernetes` package for the chosen source; pool_size sets how
     many connections it keeps (the default suits one thread at a time); retries, how often
     urllib3 itself retries a failed request (its default 3; 0 for callers that retry with
     their own backoff, so that an outage is seen within one request's timeout);
-    request_timeout, the read timeout of every request that names none (REQUEST_TIMEOUT).
+    request_timeout, the read timeout of every request that names none (REQUEST_TIMEOUT);
+    context, the kubeconfig's context to use (None: its current one), as kubectl's --context.
 
     Imported here, not at module level: the node agent resolves the same sources without that
     package (see gpuusage.kube.rest).
@@ -77,6 +79,8 @@ def api_client(
     from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
 
     source = choose_source(kubeconfig)
+    if context is not None and source.origin == "in-cluster":
+        raise KubeConfigError(f"--context {context} needs a kubeconfig; none was found")
     configuration = client.Configuration()
     try:
         # The config loaders carry no type hints.
@@ -87,7 +91,7 @@ def api_client(
         else:
             # KUBECONFIG may hold several paths separated by ':'; the loader merges them.
             config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=source.detail, client_configuration=configuration
+                config_file=source.detail, context=context, client_configuration=configuration
             )
     except (ConfigException, OSError, ValueError) as exc:
         raise KubeConfigError(f"cannot load {source.origin} config {source.detail}: {exc}") from exc
