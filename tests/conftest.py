@@ -35,6 +35,8 @@ from gpuusage_operator.settings import OperatorSettings
 from tests.fakenvml import gpu_uuid
 from tests.simworld import SimWorld
 
+pytest_plugins = ["tests.ciguard"]  # CI fails when the real node's tests were skipped
+
 GPU0, GPU1 = gpu_uuid(0), gpu_uuid(1)
 
 # Child processes (the CLI under test) must import the same gpuusage as this test run.

@@ -13,6 +13,7 @@ for the next reconcile of its report instead of being sent.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 DEFAULT_INTERVAL = 1.0
@@ -49,22 +50,30 @@ class Debounce:
 
 @dataclass
 class WriteBudget:
-    """A token bucket: `burst` writes at once, refilled at `rate` a second."""
+    """A token bucket: `burst` writes at once, refilled at `rate` a second. Shared by the
+    workers' threads: each take reads and spends under one lock."""
 
     rate: float = DEFAULT_WRITE_RATE
     burst: int = DEFAULT_WRITE_BURST
     _tokens: float | None = None
     _at: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def take(self, now: float, writes: int = 1) -> bool:
         """Whether these writes may go now (and spend them): all or none, so that a pod's
         annotations and condition never go one without the other."""
-        tokens = float(self.burst) if self._tokens is None else self._tokens
-        if self._at is not None:
-            tokens = min(float(self.burst), tokens + (now - self._at) * self.rate)
-        self._at = now
-        if tokens < writes:
-            self._tokens = tokens
-            return False
-        self._tokens = tokens - writes
-        return True
+        with self._lock:
+            tokens = float(self.burst) if self._tokens is None else self._tokens
+            if self._at is not None:
+                tokens = refilled(tokens, now - self._at, self.rate, self.burst)
+            self._at = now
+            if tokens < writes:
+                self._tokens = tokens
+                return False
+            self._tokens = tokens - writes
+            return True
+
+
+def refilled(tokens: float, seconds: float, rate: float, burst: int) -> float:
+    """The tokens after `seconds` of refilling at `rate`, never more than `burst`."""
+    return min(float(burst), tokens + seconds * rate)

@@ -17,6 +17,7 @@ what is really on the pod. One pod failing (deleted meanwhile: 404) never stops 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter as TallyCounter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
@@ -62,6 +63,20 @@ STALE_MARGIN = 0.05
 """Seconds past the moment a report would turn stale (is_stale: strictly older)."""
 
 
+COUNT_NAMES = frozenset(
+    {
+        "reconciles",
+        "status_writes",
+        "status_conflicts",
+        "pod_writes",
+        "events",
+        "events_dropped",
+        "uid_refusals",
+        "writes_deferred",
+    }
+)
+
+
 @dataclass
 class Counts:
     """Writes made; the benchmark and the zero-write tests read these."""
@@ -83,6 +98,19 @@ class Counts:
     """Pods whose writes waited for a later reconcile: the cluster-wide budget was spent."""
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
     """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """The workers' threads count at once: each count is read and written under it."""
+
+    def add(self, name: str, n: int = 1) -> None:
+        if name not in COUNT_NAMES:
+            raise ValueError(f"no count named {name!r}")
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def failed(self, kind: str) -> None:
+        """A pod write failed with this kind of error."""
+        with self._lock:
+            self.api_errors[kind] += 1
 
     @property
     def pod_errors(self) -> int:
@@ -152,7 +180,7 @@ class Reconciler:
         `dra` tells what the pods' claims got (by default nothing is known of claims). One
         at a time per report: the queue's workers call it (tests, alone)."""
         name = body["metadata"]["name"]
-        self.counts.reconciles += 1
+        self.counts.add("reconciles")
         memory = self.book.get(name)
         if memory is not None and memory.echo is not None:
             memory = replace(memory, echo=None)

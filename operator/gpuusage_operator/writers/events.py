@@ -29,6 +29,9 @@ class EventCounts(Protocol):
     events: int
     events_dropped: int
 
+    def add(self, name: str, n: int = 1) -> None:
+        """Count `n` more of `name` (safe from any thread)."""
+
 
 COMPONENT = "gpuusage.io/operator"
 """The operator's name in its Events (reportingController)."""
@@ -70,7 +73,7 @@ class EventRecorder:
             if write.kind != "drop" and not self.budget.take(self.monotonic()):
                 write = Write("drop")
         if write.kind == "drop":
-            self.counts.events_dropped += 1
+            self.counts.add("events_dropped")
             return
         where = f"event on {regarding.kind} {namespace}/{name}"
         try:
@@ -79,7 +82,7 @@ class EventRecorder:
             created = self._create_event(namespace, regarding, what, note, now)
             with self._lock:
                 self.book.written(key, created, now)
-            self.counts.events += 1
+            self.counts.add("events")
         except Exception as exc:  # an Event is best effort
             log.warning("%s not recorded: %s", where, exc)
 
@@ -97,7 +100,7 @@ class EventRecorder:
             )
         except NotFound:
             return False
-        self.counts.events += 1
+        self.counts.add("events")
         return True
 
     def _create_event(

@@ -39,6 +39,9 @@ class MarkCounts(EventCounts, Protocol):
     writes_deferred: int
     api_errors: TallyCounter[str]
 
+    def failed(self, kind: str) -> None:
+        """A pod write failed with this kind of error (safe from any thread)."""
+
 
 @dataclass
 class Applied:
@@ -123,7 +126,7 @@ class PodMarker:
         versions = {ref.resource_version}
         writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
         if writes and not self.write_budget.take(self.monotonic(), writes):
-            self.counts.writes_deferred += 1
+            self.counts.add("writes_deferred")
             self.due({node})  # its report is reconciled again at the next pass
             return None
         answer: dict[str, Any] = {}
@@ -143,14 +146,14 @@ class PodMarker:
             return None
         except Invalid as exc:
             if not is_other_object(exc):
-                self.counts.api_errors[type(exc).__name__] += 1
+                self.counts.failed(type(exc).__name__)
                 log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
                 return None
             # The pod of this name is not the one decided for (deleted and recreated under
             # the same name while the index lagged): nothing was written to it. Read it again
             # and leave it to the next report, instead of retrying what was meant for another.
             self._applied.pop(ref.uid, None)
-            self.counts.uid_refusals += 1
+            self.counts.add("uid_refusals")
             log.info(
                 "pod %s/%s is no longer %s; reading it again", ref.namespace, ref.name, ref.uid
             )
@@ -160,7 +163,7 @@ class PodMarker:
                 log.warning("pod %s/%s: cannot read it again: %s", ref.namespace, ref.name, error)
             return None
         except Exception as exc:  # one pod must not stop the others; tried again next pass
-            self.counts.api_errors[type(exc).__name__] += 1
+            self.counts.failed(type(exc).__name__)
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             self.due({node})
             return None
@@ -184,7 +187,7 @@ class PodMarker:
         try:
             self.write(ref, {"metadata": {"annotations": patch}}, False)
         except Exception as exc:
-            self.counts.api_errors[type(exc).__name__] += 1
+            self.counts.failed(type(exc).__name__)
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
 
     def clear(self, ref: PodSnapshot) -> None:
@@ -201,7 +204,7 @@ class PodMarker:
         except (NotFound, Invalid):
             pass  # deleted, or replaced by another pod of that name: nothing of ours on it
         except Exception as exc:  # one pod must not stop the others
-            self.counts.api_errors[type(exc).__name__] += 1
+            self.counts.failed(type(exc).__name__)
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
         self.forget(ref.uid)
 
@@ -238,7 +241,7 @@ class PodMarker:
                 ),
                 f"pod {ref.namespace}/{ref.name}",
             )
-        self.counts.pod_writes += 1
+        self.counts.add("pod_writes")
         return raw.written_object(answer)
 
     def record_event(self, ref: PodSnapshot, what: PodEvent, note: str, now: datetime) -> None:

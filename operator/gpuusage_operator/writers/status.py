@@ -16,6 +16,9 @@ class StatusCounts(Protocol):
     status_writes: int
     status_conflicts: int
 
+    def add(self, name: str, n: int = 1) -> None:
+        """Count `n` more of `name` (safe from any thread)."""
+
 
 def write_status(
     custom: Any,
@@ -48,7 +51,7 @@ def write_status(
             ),
             f"status of {name}",
         )
-        counts.status_writes += 1
+        counts.add("status_writes")
         return data
 
     version = meta.get("resourceVersion")
@@ -57,7 +60,7 @@ def write_status(
         try:
             return send(change)
         except Conflict:
-            counts.status_conflicts += 1
+            counts.add("status_conflicts")
     return send({"status": wanted})
 
 
