@@ -23,7 +23,8 @@ class OperatorSettings(CommandSettings):
     kubeconfig: Path | None = None
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
     stale_after: float = Field(default=180.0, gt=0)
-    """Seconds without a report after which a node's report is stale (three agent heartbeats)."""
+    """Seconds without a sign of life from a node's agent (a renewal of its Lease, or a change
+    of its report) after which its report is stale, by the operator's clock."""
     idle_after: float = Field(default=1800.0, ge=0)
     """Seconds a running pod may leave the GPUs it requested unused before it is flagged
     (status.idlePods, pod condition reason RequestedGPUsIdle, a Warning Event); 0: never. Judged
@@ -62,7 +63,7 @@ class OperatorSettings(CommandSettings):
     """Run without peering (one replica only, e.g. on a workstation). Otherwise replicas share
     the ClusterKopfPeering named by --peering and exactly one of them is active."""
     peering: Annotated[str, Field(min_length=1, max_length=253)] = names.DEFAULT_PEERING
-    """Name of the ClusterKopfPeering object the replicas share (it must exist)."""
+    """Name of the ClusterKopfPeering object the replicas share (created when missing)."""
     priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
     """Peering priority: the live replica with the highest one is active. Default: random at
     start, so that replicas never tie (equal priorities would pause all of them)."""

@@ -1,10 +1,11 @@
 """Apply what the pure core wants: GpuNodeUsage status, pod annotations, pod condition, Events.
 
-One idempotent reconcile per report, run in kopf's executor (the `kubernetes` client is
-synchronous): judge_report judges the report, writers.pods writes the pods, writers.status the
-status; this room keeps the order of the writes, what each reconcile leaves in the report's
-memory (see reports) and when the report is next due, and judges whether what a report was
-queued for asks for a reconcile at all (see reasons). Writes happen only
+One idempotent reconcile per report, run on one of the workers' threads (controller.workers;
+the `kubernetes` client is synchronous): judge_report judges the report, writers.pods writes
+the pods, writers.status the status; this room keeps the order of the writes, what each
+reconcile leaves in the report's memory (see reports) and when the report is next due, and
+judges whether what a report was queued for asks for a reconcile at all (see reasons). Writes
+happen only
 where the desired state differs from what is known: the pod index (our annotations and
 condition are part of each entry) or, after our own writes, a last-applied cache that covers
 the moment before the watch delivers them. The cache is trusted only while the index shows a

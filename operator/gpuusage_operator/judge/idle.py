@@ -14,9 +14,10 @@ the same answer), so the time comes from the pod itself:
   stale, so nothing is known about the meantime): from now on;
 * no condition: the pod never used a GPU, so since `status.startTime`.
 
-Only a complete, fresh report can show that nothing runs: when the node's report is stale or
-blind anywhere (the GPU library unavailable, a device unreadable, a process not attributable;
-see certainty), no pod is judged idle.
+Only a fresh report that sees a pod's devices can show that nothing runs on them: when the
+node's report is stale, no pod is judged idle; a device the report is blind on (the GPU library
+unavailable, the device unreadable, a process on it not attributable; see certainty) withholds
+the judgement of the pods that could be using it, never of the whole node (see judge.report).
 """
 
 from __future__ import annotations
