@@ -9,11 +9,24 @@ import os
 import pytest
 
 _skipped: list[str] = []
+NODE = ("gpuusage_node_test", "1")
+"""Put on the reports of tests that carry the `node` marker (xdist passes it to the
+controller with the report)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> object:
+    outcome = yield
+    if item.get_closest_marker("node") is not None:
+        outcome.get_result().user_properties.append(NODE)  # type: ignore[attr-defined]
+    return None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Every report reaches the controller, also from xdist's workers."""
-    if report.skipped and "node" in report.keywords:
+    """Every report reaches the controller, also from xdist's workers; an expected failure
+    (xfail) is no skip."""
+    skipped = report.skipped and not hasattr(report, "wasxfail")
+    if skipped and NODE in [tuple(p) for p in report.user_properties]:
         _skipped.append(report.nodeid)
 
 

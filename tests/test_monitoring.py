@@ -10,6 +10,7 @@ rules` run that proves each shipped alert fires on the trouble and resolves afte
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import time
@@ -835,7 +836,8 @@ def test_the_bill_of_compute_on_a_shared_gpu(
     shares = {pod: _value(scraped, "gpuusage_pod_gpu_compute_share", pod=pod) for pod in sharing}
     assert _value(scraped, "gpuusage_pod_gpu_compute_share", pod="mps") is None, "an MPS client"
     assert _value(scraped, "gpuusage_pod_gpu_handed_share", pod="a") is None, "handed no share"
-    total = sum(v or 0.0 for v in shares.values())
+    # summed exactly rounded, as Prometheus' sum() (compensated) adds them
+    total = math.fsum(v or 0.0 for v in shares.values())
     assert abs(total - 1.0) <= 0.05, f"the hog keeps the GPU busy: the shares add up to {total}"
     assert (shares["hog"] or 0) > 0.5, shares
     # The bill on exactly these series, 70 minutes of them.

@@ -408,7 +408,13 @@ def test_replicas_are_counted_by_device_through_the_aliases() -> None:
         key=lambda r: r.device,
     )
     found = allocations(
-        _pods(pod("p", ("nvidia.com/gpu", ["1::1", f"{GPU0}::2", f"{GPU0}::0"]))),
+        _pods(
+            pod(
+                "p",
+                ("nvidia.com/gpu", ["1::1", f"{GPU0}::2", f"{GPU0}::0"]),
+                ("nvidia.com/gpu", [f"{GPU0}::2"]),  # listed again (another container): one
+            )
+        ),
         aliases=aliases,
         advertised=advertised,
     )

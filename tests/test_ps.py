@@ -23,8 +23,8 @@ from gpuusage_commands.pstable import (
     read_reports,
     render_processes,
     render_processes_json,
-    select_processes,
 )
+from gpuusage_commands.toptable import select
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.conftest import CHILD_ENV, GPU0, GPU1, WorldFactory, wait_for
 from tests.fakenvml import mig_uuid
@@ -33,6 +33,8 @@ from tests.worldview import report
 WHEN = "2026-11-27T03:00:00Z"
 MIG = mig_uuid(0)
 POD_UID = "11111111-2222-3333-4444-555555555555"
+NB_UID = "22222222-2222-3333-4444-555555555555"
+SRV_UID = "33333333-2222-3333-4444-555555555555"
 
 
 def _report(node: str = "gpu-a", *, stale: bool = False, status: bool = True) -> dict[str, Any]:
@@ -77,9 +79,9 @@ def _report(node: str = "gpu-a", *, stale: bool = False, status: bool = True) ->
             "pods": [
                 {"namespace": "ml", "name": "trainer", "uid": POD_UID, "deviceUUID": GPU0,
                  "containers": [{"name": "main", "pids": [4242], "usedMemoryMiB": 30720}]},
-                {"namespace": "lab", "name": "notebook", "uid": POD_UID, "deviceUUID": GPU0,
+                {"namespace": "lab", "name": "notebook", "uid": NB_UID, "deviceUUID": GPU0,
                  "containers": [{"name": "nb", "pids": [5151], "usedMemoryMiB": 10240}]},
-                {"namespace": "ml", "name": "server", "uid": POD_UID, "deviceUUID": MIG,
+                {"namespace": "ml", "name": "server", "uid": SRV_UID, "deviceUUID": MIG,
                  "containers": [{"name": "srv", "pids": [9000], "usedMemoryMiB": 4096}]},
             ],
             "unattributed": [
@@ -123,17 +125,44 @@ def test_a_stale_or_unresolved_report_says_so() -> None:
     rows, notes, _ = read_report(_report(status=False))
     assert {r.pid: r.pod for r in rows} == {4242: None, 5151: None, 777: None, 9000: None}
     assert any("not resolved these processes yet" in n.text for n in notes)
-    assert "unresolved" in render_processes(rows, namespaces=True)
+    assert "<pending>" in render_processes(rows, namespaces=True), "not the Unresolved reason"
+
     _, _, warnings = read_reports([{"metadata": {"name": "bad"}, "spec": {"gpus": "x"}}])
     assert [w.split(" (")[0] for w in warnings] == ["GpuNodeUsage bad: unreadable"]
 
 
+def test_pids_past_the_status_list_and_reused_pids_go_by_the_agents_pod() -> None:
+    """The status lists a container's first pids only: a further process of the pod is still
+    its pod's (container unknown, `-`); a listed pid now in another pod (reused since the
+    status was written) goes by the pod the agent attributed it to; a status behind the
+    report says so."""
+    body = _report()
+    other = "99999999-2222-3333-4444-555555555555"
+    body["spec"]["gpus"][0]["processes"] += [
+        {"pid": 4243, "name": "python", "usedMemoryMiB": 1024, "podUID": POD_UID},
+    ]
+    body["spec"]["gpus"][0]["processes"][1]["podUID"] = other  # 5151, listed under POD_UID
+    body["metadata"]["generation"] = 7
+    body["status"]["observedGeneration"] = 6
+    body["status"]["pods"].append(
+        {"namespace": "new", "name": "reuser", "uid": other, "deviceUUID": GPU0,
+         "containers": [{"name": "x", "pids": [], "usedMemoryMiB": 10240}]}
+    )  # fmt: skip
+    rows, notes, _ = read_report(body)
+    found = {r.pid: r for r in rows}
+    assert (found[4243].pod, found[4243].container) == ("trainer", None)
+    assert (found[5151].namespace, found[5151].pod) == ("new", "reuser")
+    table = render_processes(order_processes(rows, "pid"), namespaces=True).splitlines()
+    assert table[3].split()[:7] == ["gpu-a", "0", "4243", "python", "ml", "trainer", "-"]
+    assert any("from an earlier report" in n.text for n in notes)
+
+
 def test_processes_are_chosen_by_node_and_namespace_and_ordered() -> None:
     rows, _, _ = read_reports([_report("gpu-a"), _report("gpu-b")])
-    assert len(select_processes(rows, None, None)) == 8, "every process, those of no pod too"
-    assert {r.pid for r in select_processes(rows, "ml", None)} == {4242, 9000}
-    assert {(r.node, r.pid) for r in select_processes(rows, "lab", "gpu-b")} == {("gpu-b", 5151)}
-    on_a = select_processes(rows, None, "gpu-a")
+    assert len(select(rows, None, None)) == 8, "every process, those of no pod too"
+    assert {r.pid for r in select(rows, "ml", None)} == {4242, 9000}
+    assert {(r.node, r.pid) for r in select(rows, "lab", "gpu-b")} == {("gpu-b", 5151)}
+    on_a = select(rows, None, "gpu-a")
     assert [r.pid for r in order_processes(on_a)] == [4242, 5151, 9000, 777], "memory first"
     assert [r.pid for r in order_processes(on_a, "share")] == [4242, 5151, 777, 9000]
     assert [r.pid for r in order_processes(on_a, "pid")] == [777, 4242, 5151, 9000]

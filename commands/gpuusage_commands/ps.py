@@ -20,9 +20,9 @@ from gpuusage_commands.pstable import (
     read_reports,
     render_processes,
     render_processes_json,
-    select_processes,
 )
 from gpuusage_commands.top import context_namespace, list_reports
+from gpuusage_commands.toptable import select
 
 
 class PsSettings(CommandSettings):
@@ -89,7 +89,7 @@ def run_ps(settings: PsSettings) -> int:
     rows, notes, warnings = read_reports(items)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    chosen = order_processes(select_processes(rows, namespace, settings.node), settings.sort)
+    chosen = order_processes(select(rows, namespace, settings.node), settings.sort)
     shown = [n for n in notes if settings.node is None or n.node == settings.node]
     if settings.output == "json":
         print(render_processes_json(chosen, shown))

@@ -44,7 +44,8 @@ class ProcessRow:
     container_id: str | None = None
     no_pod: str | None = None
     """Why it belongs to no pod (a status reason: HostProcess, DriverProcess, Unresolved, ...);
-    None for a pod's process, and for one the operator has not resolved yet."""
+    None for a pod's process, and for one the operator has not resolved yet (shown
+    `<pending>`)."""
     no_pod_detail: str = ""
     sm_percent: int | None = None
     share_samples: int | None = None
@@ -71,22 +72,45 @@ def _device_processes(spec: GpuNodeUsageSpec) -> Iterable[tuple[str, str, Proces
                 yield f"{gpu.index}:{mig.index}", mig.uuid, process
 
 
-def _owners(
-    status: GpuNodeUsageStatus | None,
-) -> tuple[dict[tuple[str, int], tuple[str, str, str | None]], dict[tuple[str, int], Any]]:
-    """From the operator's status: (device, pid) → (namespace, pod, container), and
-    (device, pid) → the entry saying why it belongs to no pod."""
-    pods: dict[tuple[str, int], tuple[str, str, str | None]] = {}
-    none: dict[tuple[str, int], Any] = {}
+Owner = tuple[str, str, str | None]
+"""A process's namespace, pod and container (None: not listed)."""
+
+
+@dataclass(frozen=True)
+class Owners:
+    """Whose each process is, from the operator's status."""
+
+    by_pid: dict[tuple[str, int], tuple[str, Owner]]
+    """(device, pid) → (pod UID, owner): the pids the status lists (a container's first few)."""
+    by_pod: dict[tuple[str, str], Owner]
+    """(device, pod UID) → owner without the container: for the pids past that list."""
+    none: dict[tuple[str, int], Any]
+    """(device, pid) → the entry saying why it belongs to no pod."""
+
+    def of(self, device: str, process: Process) -> Owner | None:
+        """The process's owner; a listed pid counts only for the pod the agent attributed it
+        to (a pid reused since the status was written belongs to its new pod)."""
+        listed = self.by_pid.get((device, process.pid))
+        if listed is not None and process.pod_uid in (None, listed[0]):
+            return listed[1]
+        if process.pod_uid is not None:
+            return self.by_pod.get((device, process.pod_uid))
+        return None
+
+
+def _owners(status: GpuNodeUsageStatus | None) -> Owners:
+    owners = Owners({}, {}, {})
     if status is None:
-        return pods, none
+        return owners
     for entry in status.pods:
+        owners.by_pod[(entry.device_uuid, entry.uid)] = (entry.namespace, entry.name, None)
         for container in entry.containers:
             for pid in container.pids:
-                pods[(entry.device_uuid, pid)] = (entry.namespace, entry.name, container.name)
+                owner = (entry.namespace, entry.name, container.name)
+                owners.by_pid[(entry.device_uuid, pid)] = (entry.uid, owner)
     for unattributed in status.unattributed:
-        none[(unattributed.device_uuid, unattributed.pid)] = unattributed
-    return pods, none
+        owners.none[(unattributed.device_uuid, unattributed.pid)] = unattributed
+    return owners
 
 
 def read_report(report: Mapping[str, Any]) -> tuple[list[ProcessRow], list[NodeNote], str | None]:
@@ -101,11 +125,11 @@ def read_report(report: Mapping[str, Any]) -> tuple[list[ProcessRow], list[NodeN
     except ValidationError as exc:
         return [], [], f"GpuNodeUsage {node}: unreadable ({exc.error_count()} errors)"
     stale = bool(status and status.stale)
-    pods, none = _owners(status)
+    owners = _owners(status)
     rows: list[ProcessRow] = []
     for device, uuid, process in _device_processes(spec):
-        owner = pods.get((uuid, process.pid))
-        why = none.get((uuid, process.pid))
+        owner = owners.of(uuid, process)
+        why = owners.none.get((uuid, process.pid)) if owner is None else None
         rows.append(
             ProcessRow(
                 node=node,
@@ -133,6 +157,13 @@ def read_report(report: Mapping[str, Any]) -> tuple[list[ProcessRow], list[NodeN
     notes = notes if stale else []
     if status is None and rows:
         notes.append(NodeNote(node, f"{node}: the operator has not resolved these processes yet"))
+    generation = (report.get("metadata") or {}).get("generation")
+    if status is not None and generation is not None and status.observed_generation != generation:
+        notes.append(
+            NodeNote(
+                node, f"{node}: the owners are from an earlier report (the operator is behind)"
+            )
+        )
     for gpu in spec.gpus:
         for device, omitted in [(str(gpu.index), gpu.omitted_processes)] + [
             (f"{gpu.index}:{m.index}", m.omitted_processes) for m in gpu.mig_devices
@@ -158,18 +189,6 @@ def read_reports(
         if warning:
             warnings.append(warning)
     return rows, notes, warnings
-
-
-def select_processes(
-    rows: Iterable[ProcessRow], namespace: str | None, node: str | None
-) -> list[ProcessRow]:
-    """The rows of `node` (None: every node) and of pods in `namespace` (None: every process,
-    those of no pod too)."""
-    return [
-        r
-        for r in rows
-        if (node is None or r.node == node) and (namespace is None or r.namespace == namespace)
-    ]
 
 
 def order_processes(rows: Iterable[ProcessRow], key: PsSortKey = "memory") -> list[ProcessRow]:
@@ -198,8 +217,8 @@ def activity_text(row: ProcessRow) -> str:
 def _owner_cells(row: ProcessRow) -> tuple[str, str]:
     """The pod and container cells: a process of no pod shows why, in angle brackets."""
     if row.pod is not None:
-        return row.pod, row.container or "<unknown>"
-    return f"<{row.no_pod or 'unresolved'}>", "<none>"
+        return row.pod, row.container or "-"
+    return f"<{row.no_pod or 'pending'}>", "<none>"
 
 
 def render_processes(rows: list[ProcessRow], namespaces: bool, wide: bool = False) -> str:

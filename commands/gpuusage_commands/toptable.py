@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -142,10 +142,21 @@ def _hand(row: PodRow, entry: PodAllocation | None) -> None:
         row.handed_share = entry.gpu_share
 
 
-def select(
-    rows: Iterable[PodRow], namespace: str | None = None, node: str | None = None
-) -> list[PodRow]:
-    """Rows of one namespace (None: all) and one node (None: all)."""
+class Placed(Protocol):
+    """A row of `top` or `ps`: where it is."""
+
+    @property
+    def namespace(self) -> str | None: ...
+    @property
+    def node(self) -> str: ...
+
+
+Row = TypeVar("Row", bound=Placed)
+
+
+def select(rows: Iterable[Row], namespace: str | None = None, node: str | None = None) -> list[Row]:
+    """Rows of one namespace (None: all, and rows of no namespace too) and one node (None:
+    all)."""
     return [
         r
         for r in rows

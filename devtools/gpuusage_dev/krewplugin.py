@@ -107,19 +107,24 @@ with zipfile.ZipFile(here) as packed:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     target = os.path.join(cache, "gpuusage", "kubectl-plugin", build)
     if not os.path.isdir(target):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        staged = tempfile.mkdtemp(prefix=".unpack-", dir=os.path.dirname(target))
-        packed.extractall(staged, [n for n in packed.namelist() if n.startswith("site/")])
         try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            staged = tempfile.mkdtemp(prefix=".unpack-", dir=os.path.dirname(target))
+        except OSError as exc:
+            sys.exit("kubectl-gpuusage cannot unpack itself into %s: %s (set XDG_CACHE_HOME "
+                     "to a writable folder)" % (os.path.dirname(target), exc))
+        try:
+            packed.extractall(staged, [n for n in packed.namelist() if n.startswith("site/")])
             os.replace(staged, target)
-        except OSError:  # another run unpacked it first
+        except OSError:  # another run unpacked it first, or the unpack failed: said below
             shutil.rmtree(staged, ignore_errors=True)
 sys.path[:0] = [os.path.join(target, "site")]
 try:
     import pydantic_core  # noqa: F401
-except ImportError:
-    sys.exit("kubectl-gpuusage carries pydantic's core for CPython 3.11 to 3.14 only; python3 "
-             "is %d.%d: pip install gpuusage instead" % sys.version_info[:2])
+except ImportError as exc:
+    sys.exit("kubectl-gpuusage cannot load pydantic's core (%s); it carries it for CPython 3.11 "
+             "to 3.14 on glibc Linux and macOS, and python3 is %s %d.%d: pip install gpuusage "
+             "instead" % (exc, sys.implementation.name, *sys.version_info[:2]))
 from gpuusage.cli import kubectl_plugin
 
 sys.exit(kubectl_plugin())
@@ -192,11 +197,28 @@ def _site_entries(wheels: Iterable[Path], repo: Path) -> dict[str, bytes]:
                     continue
                 entries[f"site/{name}"] = packed.read(name)
     for source, package in SOURCES:
-        root = repo / source
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                entries[f"site/{package}/{path.relative_to(root).as_posix()}"] = path.read_bytes()
+        for path in _tracked(repo, source):
+            relative = path.relative_to(repo / source).as_posix()
+            entries[f"site/{package}/{relative}"] = path.read_bytes()
     return entries
+
+
+def _tracked(repo: Path, source: str) -> list[Path]:
+    """The files of `source` that git tracks (in a checkout; else every file but byte code):
+    an untracked file (an editor's backup) must not change the archive."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--", source],
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode == 0 and listed.stdout:
+        names = [n for n in listed.stdout.decode().split("\0") if n]
+        return sorted(repo / n for n in names if (repo / n).is_file())
+    return sorted(
+        p
+        for p in (repo / source).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
 
 
 def zipapp(entries: dict[str, bytes]) -> bytes:

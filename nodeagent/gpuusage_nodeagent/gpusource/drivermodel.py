@@ -12,7 +12,8 @@ What it reproduces, each a way the real driver differs from a naive fake:
 * MPS: the clients' work is sampled under the MPS server's pid; the clients get no sample.
 * Part-time work: a process with a duty below 1 has work for the first `duty` of each period of
   about a second (as the measured tenants had, in each second), each process's periods at
-  their own phase (the measured tenants started at unrelated instants), and the engine is
+  their own phase (the measured tenants started at unrelated instants: the model's hypothesis
+  for why the longer count differs from the first probe's), and the engine is
   sliced between the processes that have work at the same instant, a process whose work
   begins waiting for its turn behind those already at work: duties 1.0, 0.5 and 0.2 get about
   70 %, 22 % and 8 %, where the real H200 gave 68.1 %, 22.5 % and 9.3 % of 1,500 samples

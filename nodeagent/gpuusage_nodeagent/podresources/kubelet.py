@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -105,15 +104,15 @@ def replicated(
     """The devices the device plugins advertise as time-slicing replicas (`<UUID>::<n>`, for a
     GPU resource), with how many: what a pod given one of them was handed is 1/N."""
     extra = tuple(extra)
-    counts: Counter[str] = Counter()
+    ids: dict[str, set[str]] = {}
     for given in advertised:
         if not is_gpu_resource(given.resource_name, extra):
             continue
         for device_id in given.device_ids:
             device = _device(device_id, aliases or {})
             if device is not None and REPLICA_SEPARATOR in device_id:
-                counts[device] += 1
-    several = {device: n for device, n in counts.items() if n > 1}  # one is the device itself
+                ids.setdefault(device, set()).add(device_id)
+    several = {device: len(n) for device, n in ids.items() if len(n) > 1}  # one: the device
     return _replicas(several)[:MAX_KUBELET_REPLICAS]
 
 
@@ -121,7 +120,7 @@ def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> Kubelet
     """The pod's GPU devices; None when it was given none (or names nothing valid)."""
     resources: set[str] = set()
     devices: set[str] = set()
-    replicas: Counter[str] = Counter()
+    replicas: dict[str, set[str]] = {}
     other = 0
     for container in pod.containers:
         for given in container.devices:
@@ -137,7 +136,8 @@ def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> Kubelet
                 device = _device(device_id, aliases)
                 if named and device is not None:
                     devices.add(device)
-                    replicas[device] += REPLICA_SEPARATOR in device_id
+                    if REPLICA_SEPARATOR in device_id:  # an ID listed twice is one replica
+                        replicas.setdefault(device, set()).add(device_id)
                 else:
                     other += 1
     if not (resources or other):
@@ -145,6 +145,7 @@ def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> Kubelet
     if len(resources) > MAX_RESOURCES:
         other += len(devices)
         devices.clear()
+        replicas.clear()
     try:
         return KubeletPod(
             namespace=pod.namespace,
@@ -152,7 +153,7 @@ def _entry(pod: PodResources, extra: Iterable[str], aliases: Aliases) -> Kubelet
             resources=sorted(resources)[:MAX_RESOURCES],
             devices=sorted(devices),
             other_devices=min(other, MAX_COUNTED),
-            replicas=_replicas(replicas)[:MAX_POD_REPLICATED],
+            replicas=_replicas({d: len(ids) for d, ids in replicas.items()})[:MAX_POD_REPLICATED],
         )
     except ValidationError:
         return None  # not a pod name the API admits: it cannot be matched to a pod anyway

@@ -100,7 +100,8 @@ class Counts:
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
     """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    """The workers' threads count at once: each count is read and written under it."""
+    """The workers' threads count at once: each count is changed under it (readers, the
+    metrics and the tests, read a whole int, which needs none)."""
 
     def add(self, name: str, n: int = 1) -> None:
         if name not in COUNT_NAMES:
