@@ -179,6 +179,10 @@ def test_device_plugin_pods_are_judged_by_the_devices_the_kubelet_gave_them(
         wait_for(lambda: _entries(world, "notebook")[0].get("handedShare"), what="handed share")
         (notebook,) = _entries(world, "notebook")
         assert (notebook["deviceUUID"], notebook["handedShare"]) == (GPU1, 0.25)
+        handed = {a["name"]: a for a in report(world)["status"]["allocations"]}
+        # for showback, its replica is the quarter of a GPU it stands for, not a whole GPU
+        assert (handed["notebook"].get("gpus", 0), handed["notebook"]["gpuShare"]) == (0, 0.25)
+        assert (handed["train"]["gpus"], handed["train"].get("gpuShare")) == (1, None)
         # the status is written after the pods in the same reconcile
         wait_for(lambda: _entries(world, "train")[0].get("unallocated"), what="status")
         (train,) = _entries(world, "train")

@@ -73,7 +73,9 @@ def test_a_node_lists_at_most_its_bound_and_counts_the_rest() -> None:
 
 def test_the_kubelets_devices_tell_mig_slices_handed_out_as_nvidia_com_gpu() -> None:
     """NVIDIA's device plugin in its "single" MIG strategy names a MIG slice nvidia.com/gpu;
-    the kubelet's device IDs show what it is. Time-sliced replicas stay whole GPUs."""
+    the kubelet's device IDs show what it is. Time-sliced replicas stay whole GPUs while the
+    replicas their GPU is advertised as are not known, and count as their share once they
+    are."""
     single = Allocation(("DevicePlugin",), (AllocatedDevice("kubelet", mig_uuid(0)),))
     entry = pod_allocation(pod(gpu_requests=1), single)
     assert entry is not None
@@ -82,3 +84,8 @@ def test_the_kubelets_devices_tell_mig_slices_handed_out_as_nvidia_com_gpu() -> 
     entry = pod_allocation(pod(gpu_requests=2), replica)  # two replicas of one GPU, folded
     assert entry is not None
     assert (entry.gpus, entry.mig_devices) == (2, 0)
+    known = AllocatedDevice("kubelet", gpu_uuid(0), share=0.5, replicas=2)  # 2 of its 4
+    whole = AllocatedDevice("kubelet", gpu_uuid(1))
+    entry = pod_allocation(pod(gpu_requests=3), Allocation(("DevicePlugin",), (known, whole)))
+    assert entry is not None
+    assert (entry.gpus, entry.mig_devices, entry.gpu_share) == (1, 0, 0.5)

@@ -58,6 +58,9 @@ class AllocatedDevice:
     """The share of its time the pod was handed where the claim shares it (see
     claim_share) or it is one of the device plugin's time-slicing replicas (see
     replica_share); None: the device is the pod's own, or nothing says."""
+    replicas: int = 0
+    """How many of the device plugin's time-slicing replicas of it the pod holds, where the
+    replicas the device is advertised as are known (its share then says of how many)."""
 
     @property
     def match(self) -> Match:
@@ -128,12 +131,12 @@ def _plugin_devices(pod: PodClaims, kubelet: KubeletView) -> list[AllocatedDevic
     ):
         return None
     given = {r.device: r.replicas for r in entry.replicas}
-    return [
-        AllocatedDevice(
-            "kubelet", uuid, share=replica_share(given.get(uuid, 0), kubelet.replicated.get(uuid))
-        )
-        for uuid in entry.devices
-    ]
+    devices = []
+    for uuid in entry.devices:
+        share = replica_share(given.get(uuid, 0), kubelet.replicated.get(uuid))
+        held = given.get(uuid, 0) if share is not None else 0
+        devices.append(AllocatedDevice("kubelet", uuid, share=share, replicas=held))
+    return devices
 
 
 def replica_share(given: int, advertised: int | None) -> float | None:

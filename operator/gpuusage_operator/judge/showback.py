@@ -9,7 +9,9 @@ share are counted apart:
 * MIG slices: `nvidia.com/mig-*` resources, and the MIG devices claims got (also one created
   at prepare time, known by parent and profile);
 * a share: the fraction of one GPU and the GPU memory a fractional scheduler's annotations
-  give, where they say it in numbers.
+  give, where they say it in numbers, and the device plugin's time-slicing replicas a pod
+  holds where the kubelet tells of how many a GPU is advertised as (one of four: a quarter);
+  replicas of a GPU whose count is not known stay whole GPUs, as the request counts them.
 
 The devices the kubelet lists for a device-plugin request are the devices its count stands
 for: they are not added to it, but they tell which of them are MIG slices (a device plugin
@@ -33,10 +35,13 @@ def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | 
     # The kubelet's devices show MIG slices a device plugin hands out as nvidia.com/gpu (its
     # "single" MIG strategy); without them the resource names say which are slices.
     plugin_mig = sum(d.is_mig for d in listed) if listed else pod.mig_requests
-    gpus = max(0, pod.gpu_requests - plugin_mig) + sum(not d.is_mig for d in claimed)
+    replicas = [d for d in listed if d.replicas and d.share is not None and not d.is_mig]
+    requested = pod.gpu_requests - plugin_mig - sum(d.replicas for d in replicas)
+    gpus = max(0, requested) + sum(not d.is_mig for d in claimed)
     mig = plugin_mig + sum(d.is_mig for d in claimed)
     share = share_of(pod.fraction)
-    if not (gpus or mig or share.gpu or share.memory_mib):
+    gpu_share = round((share.gpu or 0.0) + sum(d.share or 0.0 for d in replicas), 4) or None
+    if not (gpus or mig or gpu_share or share.memory_mib):
         return None
     return PodAllocation(
         namespace=pod.namespace,
@@ -44,7 +49,7 @@ def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | 
         uid=pod.uid,
         gpus=gpus,
         mig_devices=mig,
-        gpu_share=share.gpu,
+        gpu_share=gpu_share,
         gpu_memory_share_mib=share.memory_mib,
     )
 
