@@ -157,6 +157,22 @@ def test_pids_past_the_status_list_and_reused_pids_go_by_the_agents_pod() -> Non
     assert any("from an earlier report" in n.text for n in notes)
 
 
+def test_a_gpu_without_a_uuid_is_joined_by_the_name_the_status_gives_it() -> None:
+    """A GPU that failed before its UUID was read: the operator names it gpu-index-<n>."""
+    body = _report()
+    body["spec"]["gpus"][0]["uuid"] = None
+    for entry in body["status"]["pods"][:2] + body["status"]["unattributed"]:
+        entry["deviceUUID"] = "gpu-index-0"
+    rows, _, _ = read_report(body)
+    found = {r.pid: r for r in rows}
+    assert (found[4242].device, found[4242].device_uuid, found[4242].pod) == (
+        "0",
+        "gpu-index-0",
+        "trainer",
+    )
+    assert found[777].no_pod == "HostProcess"
+
+
 def test_processes_are_chosen_by_node_and_namespace_and_ordered() -> None:
     rows, _, _ = read_reports([_report("gpu-a"), _report("gpu-b")])
     assert len(select(rows, None, None)) == 8, "every process, those of no pod too"

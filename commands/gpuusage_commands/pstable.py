@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from gpuusage.api.activity import Activity, process_activity
-from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus, Process
-from gpuusage.api.summary import format_mib
+from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus, Process, UnattributedProcess
+from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage.api.times import format_time
 from gpuusage_commands.toptable import columns
 
@@ -62,14 +62,14 @@ class NodeNote:
     text: str
 
 
-def _device_processes(spec: GpuNodeUsageSpec) -> Iterable[tuple[str, str, Process]]:
-    """(label, UUID, process) for every process the report lists, GPU by GPU."""
+def _devices(spec: GpuNodeUsageSpec) -> list[tuple[str, str, int | None]]:
+    """(UUID, number as nvidia-smi gives it, processes past the report's bound) of every
+    device, by the UUID the operator's status names it (see summary.device_uuid)."""
+    found: list[tuple[str, str, int | None]] = []
     for gpu in spec.gpus:
-        for process in gpu.processes:
-            yield str(gpu.index), gpu.uuid or f"GPU {gpu.index}", process
-        for mig in gpu.mig_devices:
-            for process in mig.processes:
-                yield f"{gpu.index}:{mig.index}", mig.uuid, process
+        found.append((device_uuid(gpu), str(gpu.index), gpu.omitted_processes))
+        found += [(m.uuid, f"{gpu.index}:{m.index}", m.omitted_processes) for m in gpu.mig_devices]
+    return found
 
 
 Owner = tuple[str, str, str | None]
@@ -84,7 +84,7 @@ class Owners:
     """(device, pid) → (pod UID, owner): the pids the status lists (a container's first few)."""
     by_pod: dict[tuple[str, str], Owner]
     """(device, pod UID) → owner without the container: for the pids past that list."""
-    none: dict[tuple[str, int], Any]
+    none: dict[tuple[str, int], UnattributedProcess]
     """(device, pid) → the entry saying why it belongs to no pod."""
 
     def of(self, device: str, process: Process) -> Owner | None:
@@ -126,14 +126,16 @@ def read_report(report: Mapping[str, Any]) -> tuple[list[ProcessRow], list[NodeN
         return [], [], f"GpuNodeUsage {node}: unreadable ({exc.error_count()} errors)"
     stale = bool(status and status.stale)
     owners = _owners(status)
+    devices = _devices(spec)
+    number = {uuid: shown for uuid, shown, _ in devices}
     rows: list[ProcessRow] = []
-    for device, uuid, process in _device_processes(spec):
+    for uuid, process in all_processes(spec):
         owner = owners.of(uuid, process)
         why = owners.none.get((uuid, process.pid)) if owner is None else None
         rows.append(
             ProcessRow(
                 node=node,
-                device=device,
+                device=number[uuid],
                 device_uuid=uuid,
                 pid=process.pid,
                 command=process.name or "?",
@@ -153,8 +155,11 @@ def read_report(report: Mapping[str, Any]) -> tuple[list[ProcessRow], list[NodeN
                 stale=stale,
             )
         )
-    notes = [NodeNote(node, f"{node}: the report is stale: processes may have ended or started")]
-    notes = notes if stale else []
+    notes: list[NodeNote] = []
+    if stale:
+        notes.append(
+            NodeNote(node, f"{node}: the report is stale: processes may have ended or started")
+        )
     if status is None and rows:
         notes.append(NodeNote(node, f"{node}: the operator has not resolved these processes yet"))
     generation = (report.get("metadata") or {}).get("generation")
@@ -164,14 +169,11 @@ def read_report(report: Mapping[str, Any]) -> tuple[list[ProcessRow], list[NodeN
                 node, f"{node}: the owners are from an earlier report (the operator is behind)"
             )
         )
-    for gpu in spec.gpus:
-        for device, omitted in [(str(gpu.index), gpu.omitted_processes)] + [
-            (f"{gpu.index}:{m.index}", m.omitted_processes) for m in gpu.mig_devices
-        ]:
-            if omitted:
-                notes.append(
-                    NodeNote(node, f"{node}: device {device}: {omitted} more processes not listed")
-                )
+    notes += [
+        NodeNote(node, f"{node}: device {shown}: {omitted} more processes not listed")
+        for _, shown, omitted in devices
+        if omitted
+    ]
     return rows, notes, None
 
 

@@ -90,9 +90,7 @@ def _device(device_id: str, aliases: Aliases) -> str | None:
 
 def _replicas(counts: Mapping[str, int]) -> list[DeviceReplicas]:
     return [
-        DeviceReplicas(device=d, replicas=min(n, MAX_COUNTED))
-        for d, n in sorted(counts.items())
-        if n
+        DeviceReplicas(device=d, replicas=min(n, MAX_COUNTED)) for d, n in sorted(counts.items())
     ]
 
 
@@ -189,13 +187,15 @@ def allocations(
             replicas += len(entry.replicas)
         devices += len(entry.devices)
     omitted = len(entries) - len(listed)
-    why = safe_text(f"GetAllocatableResources: {replicas_unknown}", MAX_MESSAGE)
+    why = None
+    if replicas_unknown is not None:
+        why = safe_text(f"GetAllocatableResources: {replicas_unknown}", MAX_MESSAGE)
     return KubeletAllocations(
         state="Read",
         pods=listed,
         omitted_pods=min(omitted, MAX_COUNTED) or None,
         replicated=replicated(advertised or (), extra, known),
-        replicas_message=why if replicas_unknown is not None else None,
+        replicas_message=why,
     )
 
 

@@ -35,7 +35,7 @@ def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | 
     # The kubelet's devices show MIG slices a device plugin hands out as nvidia.com/gpu (its
     # "single" MIG strategy); without them the resource names say which are slices.
     plugin_mig = sum(d.is_mig for d in listed) if listed else pod.mig_requests
-    replicas = [d for d in listed if d.replicas and d.share is not None and not d.is_mig]
+    replicas = [d for d in listed if d.replicas and not d.is_mig]  # counted: their share known
     requested = pod.gpu_requests - plugin_mig - sum(d.replicas for d in replicas)
     gpus = max(0, requested) + sum(not d.is_mig for d in claimed)
     mig = plugin_mig + sum(d.is_mig for d in claimed)
