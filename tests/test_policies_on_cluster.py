@@ -264,7 +264,7 @@ def test_enforced_actions_stop_at_the_policys_rate_limit(
 
     wait_for(
         lambda: {"Done", "RateLimited"} <= outcome("notebook") | outcome("lab"),
-        timeout=60,
+        timeout=120,  # 10-20 s alone; a loaded full run took longer than 60 s twice
         what="one pod deleted, the other rate-limited",
     )
     deleted = "notebook" if "Done" in outcome("notebook") else "lab"
