@@ -14,6 +14,12 @@ from gpuusage_dev.localcluster.node import cannot_run_node
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 FINDINGS = ("UsingUnrequestedGPU", "UsingUnallocatedGPU", "HoldingIdleGPU", "GPUUseEnded")
+REPORTS = (  # the findings as OpenReports, pods' per namespace and the nodes'
+    "ml-team/train-1\tUsingUnallocatedGPU\tfail/high",
+    "research/notebook\tUsingUnrequestedGPU\tfail/high",
+    "research/lab\tHoldingIdleGPU\twarn/medium",
+    "gpuusage-nodes",
+)
 POLICIES = (  # announced, recorded as a dry run, enforced; the policies' table
     "GPUPolicyPending",
     "GPUPolicyDryRun",
@@ -29,7 +35,7 @@ def test_the_simulated_demo(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -
     assert run_demo(DemoSettings(dir=tmp_path / "demo", simulated=True)) == 0
     shown = capfd.readouterr().out
     assert shown.startswith("gpuusage demo: on a simulated node (no real node here: --simulated)")
-    for finding in FINDINGS + POLICIES:
+    for finding in FINDINGS + REPORTS + POLICIES:
         assert finding in shown, finding
 
 
@@ -44,6 +50,6 @@ def test_the_demo_on_a_real_node(
     assert run_demo(DemoSettings(dir=tmp_path_factory.mktemp("demo"))) == 0
     shown = capfd.readouterr().out
     assert shown.startswith("gpuusage demo: on a real node")
-    for finding in FINDINGS + POLICIES:
+    for finding in FINDINGS + REPORTS + POLICIES:
         assert finding in shown, finding
     assert "kubelet gave it GPU-" in shown

@@ -168,10 +168,12 @@ def run_build(settings: BuildSettings) -> int:
         ensure_node_binaries,
     )
     from gpuusage_dev.localcluster.tools import (  # noqa: PLC0415
+        OPENREPORTS_CRDS,
+        PROMETHEUS_OPERATOR_CRDS,
         TOOLS,
+        crds,
         ensure_tool,
         first_build_plan,
-        monitoring_crds,
     )
 
     plan = first_build_plan(settings.node, settings.tools)
@@ -187,8 +189,9 @@ def run_build(settings: BuildSettings) -> int:
     if settings.tools:
         for tool in TOOLS:
             print(ensure_tool(tool))
-        for crd in monitoring_crds():
-            print(crd)
+        for source in (PROMETHEUS_OPERATOR_CRDS, OPENREPORTS_CRDS):
+            for crd in crds(source):
+                print(crd)
     return 0
 
 

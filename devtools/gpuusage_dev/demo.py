@@ -6,7 +6,8 @@ scenario with a matching /proc tree (four GPUs: one time-sliced between a traine
 that requested no GPU and a host process; one in MIG mode; one handed out by a DRA driver; one
 shared by device-plugin pods and a fractional scheduler's pod), a DRA ResourceSlice and claim,
 and a kubelet PodResources socket saying which device each device-plugin pod was given. It runs
-the agent and the operator, shows what a person sees with kubectl, `gpuusage top` and `ps` (a pod
+the agent and the operator, shows what a person sees with kubectl, `gpuusage top`, `ps` and the
+OpenReports (a pod
 with no allocation, a pod on a device outside its allocation, a DRA pod, a fractional pod and a
 notebook holding 70 GiB while computing nothing), ends one process to show the update, puts
 two policies to work (a DryRun one for the idle notebook, an enforced one that evicts the pod
@@ -34,6 +35,7 @@ from gpuusage.retry import poll_until
 from gpuusage_commands.ps import PsSettings, run_ps
 from gpuusage_commands.top import TopSettings, run_top
 from gpuusage_dev.demopolicies import NOTICE, show_policies
+from gpuusage_dev.demoreports import install_openreports, show_reports
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.proctree import pod_cgroup, write_process
@@ -232,8 +234,10 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         api, _ = api_client(cluster.kubeconfig)
         core = client.CoreV1Api(api)
         events = client.EventsV1Api(api)
-        step("installing the GpuNodeUsage CRD")
+        step("installing the GpuNodeUsage CRD, and the OpenReports API's (where findings go)")
         install_crds(api)
+        kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
+        install_openreports(kubectl)
 
         step(
             f"simulating node {DEMO_NODE}: {len(PODS)} pods, 4 GPUs (one time-sliced, one in MIG "
@@ -318,7 +322,6 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
             f"    (the lab notebook computes nothing; flagged after --idle-after={IDLE_AFTER:g}s)"
         )
         _wait(lambda: reason("research", "lab") == "HoldingIdleGPU", "the idle notebook's finding")
-        kubectl = [str(cluster.binaries.kubectl), f"--kubeconfig={cluster.kubeconfig}"]
         print("    (train-0 and the notebook share a GPU: their shares of its time take 15 s)")
         _wait(lambda: shares_told(api, {"train-0", "notebook"}), "the shared GPU's shares")
         show(kubectl, detail=True)
@@ -332,6 +335,7 @@ def run_demo(directory: Path | None, keep: bool = False) -> int:
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
         print("\n$ gpuusage ps -A      # every GPU process, as nvidia-smi lists them", flush=True)
         run_ps(PsSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
+        show_reports(step, kubectl, api)
 
         step("the notebook's kernel exits (the scenario changes)")
         _scenario(scenario, notebook_running=False)

@@ -44,6 +44,7 @@ from gpuusage_dev.demo import (
     step,
 )
 from gpuusage_dev.demopolicies import NOTICE, show_policies, wait_until
+from gpuusage_dev.demoreports import install_openreports, show_reports
 from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO, running_node, write_scenario
 from gpuusage_dev.localcluster.nodeinstall import overlay
 from gpuusage_dev.localcluster.workloads import sleeper_pod
@@ -85,6 +86,7 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
             base="manifests/overlays/policy-actions",
         )
         step("installing gpuusage as users do: kubectl apply -k (the GPUs come from a scenario)")
+        install_openreports(kubectl)  # where its findings go, as a policy tool's install brings
         subprocess.run([*kubectl, "apply", "-k", str(folder)], check=True)
         api, _ = api_client(cluster.kubeconfig)
         core = client.CoreV1Api(api)
@@ -156,6 +158,7 @@ def run_node_demo(directory: Path | None, keep: bool = False) -> int:
         run_top(TopSettings(kubeconfig=cluster.kubeconfig, by="namespace"))
         print("\n$ gpuusage ps -A      # every GPU process, as nvidia-smi lists them", flush=True)
         run_ps(PsSettings(kubeconfig=cluster.kubeconfig, all_namespaces=True))
+        show_reports(step, kubectl, api)
         step("the notebook's kernel leaves the GPU (the scenario changes)")
         write_scenario(scenario, use(notebook=False))
         wait_until(lambda: reason("research", "notebook") == "ProcessesEnded", "the notebook's end")

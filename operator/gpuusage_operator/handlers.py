@@ -9,8 +9,8 @@
   our own list-and-watch (see informers.pods for why not a kopf index). Reports are reconciled only
   once it holds the complete first listing.
 * Every write path first asks the ActiveGate (see ha); the housekeeping pass (see
-  housekeeping) probes the API and finds marks of nodes without a report; kopf's settings and
-  login are in kopfsetup.
+  housekeeping) probes the API, finds marks of nodes without a report and publishes the
+  OpenReports; kopf's settings and login are in kopfsetup.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from gpuusage_operator.informers.pods import PodWatch
 from gpuusage_operator.informers.policies import PolicyWatch
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
 from gpuusage_operator.metrics import OperatorMetrics
+from gpuusage_operator.openreports.gather import gather
+from gpuusage_operator.openreports.writer import OpenReportsWriter
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +62,18 @@ def build_registry(
     policies: PolicyWatch | None = None,
     timeouts: tuple[float, float] = (REQUEST_TIMEOUT, WATCH_IDLE),
     report_interval: float = DEFAULT_INTERVAL,
+    openreports: OpenReportsWriter | None = None,
 ) -> kopf.OperatorRegistry:
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
-    gate = ActiveGate(reconciler.api, peering, clock, reconciler.marker.forget_written)
+
+    def turned_active() -> None:
+        """Another replica may have written meanwhile: what this one wrote is not the latest."""
+        reconciler.marker.forget_written()
+        if openreports is not None:
+            openreports.forget()
+
+    gate = ActiveGate(reconciler.api, peering, clock, turned_active)
 
     def ready() -> bool:
         return pods.synced.is_set() and dra.synced and leases.synced
@@ -80,6 +90,18 @@ def build_registry(
         ready=ready,
         workers=reconcile_workers,
     )
+
+    def publish() -> None:
+        """The OpenReports brought in line with the findings, once the policies are read (a
+        node rule's policy is named in its results)."""
+        assert openreports is not None
+        watch = reconciler.policies.watch if reconciler.policies is not None else None
+        if watch is not None and not watch.synced:
+            return
+        found = watch.node_rule() if watch is not None else None
+        rule = None if found is None else (found[0].name, found[1])
+        findings = gather(pods.lookup(), reconciler.book, set(known), rule)
+        openreports.publish(findings.namespaces, findings.nodes, findings.keep, now=clock())
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -136,6 +158,7 @@ def build_registry(
                 health=health,
                 known=known,
                 ready=ready,
+                publish=publish if openreports is not None else None,
             )
         )
 

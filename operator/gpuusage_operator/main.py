@@ -27,6 +27,7 @@ from gpuusage_operator.informers.leases import LeaseWatch
 from gpuusage_operator.informers.pods import PodWatch
 from gpuusage_operator.informers.policies import PolicyWatch
 from gpuusage_operator.metrics import OperatorMetrics
+from gpuusage_operator.openreports.writer import OpenReportsWriter
 from gpuusage_operator.policies.act import Actor
 from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderun import NodeRunner
@@ -129,6 +130,11 @@ class Operator:
             ),
             renewals=self.leases.renewal,
         )
+        self.openreports = (
+            OpenReportsWriter(client.CustomObjectsApi(self.api), counts)
+            if settings.openreports
+            else None
+        )
         self.peering = join_peering(settings, self.api, self.identity)
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
 
@@ -154,6 +160,7 @@ class Operator:
                 clock=self.clock,
                 policies=self.policies,
                 timeouts=(settings.api_timeout, settings.watch_idle_timeout),
+                openreports=self.openreports,
             )
             kopf.run(
                 registry=registry,

@@ -38,6 +38,7 @@ class _ReconcilerCollector(Collector):
         writes.add_metric(["report_status"], c.status_writes)
         writes.add_metric(["pod"], c.pod_writes)
         writes.add_metric(["event"], c.events)
+        writes.add_metric(["openreport"], c.openreport_writes)
         yield writes
         errors = CounterMetricFamily(
             "gpuusage_operator_api_errors", "API errors on pod writes, by kind.", labels=["kind"]

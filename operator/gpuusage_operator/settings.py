@@ -46,7 +46,12 @@ class OperatorSettings(CommandSettings):
     """Enforced policy actions that change something (all but Notify) that all policies
     together take in any sliding hour; each policy has its own maxActionsPerHour too."""
     resync: float = Field(default=10.0, gt=0)
-    """Seconds between housekeeping passes: an API probe, and marks of nodes without a report."""
+    """Seconds between housekeeping passes: an API probe, marks of nodes without a report, and
+    the OpenReports brought in line with the findings."""
+    openreports: bool = True
+    """Publish the findings as OpenReports (openreports.io/v1alpha1): a Report per namespace
+    for its pods, the ClusterReport gpuusage-nodes for the nodes, where Policy Reporter reads
+    them. Where that API is not served, nothing is written and the log says so once."""
     pod_writes_per_second: float = Field(default=DEFAULT_WRITE_RATE, gt=0, le=10000)
     """Pod writes (annotations, condition) a second across the cluster once the burst is
     spent; over it, a pod's writes wait for the next reconcile of its report."""

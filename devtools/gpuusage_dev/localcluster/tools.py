@@ -149,39 +149,70 @@ def build_tool(go: str, tool: Tool, dest: Path, work: Path, progress: Progress) 
     )
 
 
-PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
-PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
-MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+@dataclass(frozen=True)
+class CrdSource:
+    """CRDs shipped in a Go module's source at one version: what the real schemas are."""
+
+    name: str
+    module: str
+    version: str
+    folder: str
+    """Where in the module's source the files are."""
+    files: tuple[str, ...]
+
+    def cached(self, root: Path | None = None) -> list[Path]:
+        folder = (root or cache_root()) / "bin" / f"{self.name}-crds-{self.version}"
+        return [folder / name for name in self.files]
+
+
+PROMETHEUS_OPERATOR_CRDS = CrdSource(
+    name="prometheus-operator",
+    module="github.com/prometheus-operator/prometheus-operator",
+    version="v0.85.0",
+    folder="example/prometheus-operator-crd",
+    files=tuple(
+        f"monitoring.coreos.com_{kind}.yaml"
+        for kind in ("servicemonitors", "podmonitors", "prometheusrules")
+    ),
+)
+"""The kinds gpuusage's monitoring ships (ServiceMonitor, PodMonitor, PrometheusRule)."""
+OPENREPORTS_CRDS = CrdSource(
+    name="openreports",
+    module="github.com/openreports/reports-api",
+    version="v0.2.1",
+    folder="config/crd",
+    files=("openreports.io_reports.yaml", "openreports.io_clusterreports.yaml"),
+)
+"""openreports.io Report and ClusterReport, where the operator publishes its findings."""
+
+
+def crds(source: CrdSource, progress: Progress = stderr_progress) -> list[Path]:
+    """The CRDs of `source`, read from its Go module once and then cached.
+
+    Installing the real CRDs lets the apiserver check what gpuusage writes or ships against
+    the real schemas, never against a copy kept here.
+    """
+    root = cache_root()
+    wanted = source.cached(root)
+    if all(p.is_file() for p in wanted):
+        return wanted
+    module = f"{source.module}@{source.version}"
+    go = require_go(f"gpuusage reads the CRDs of {module} from its Go module once.")
+    with file_lock(root / "locks" / "build.lock"):
+        progress(f"gpuusage: fetching {module} CRDs ...")
+        work = root / "work" / f"{source.name}-crds"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "go.mod").write_text("module gpuusage.local/crds\n\ngo 1.24.0\n")
+        folder = module_download(go, module, work, go_env(), "Dir") / source.folder
+        wanted[0].parent.mkdir(parents=True, exist_ok=True)
+        for path in wanted:
+            shutil.copyfile(folder / path.name, path)
+    return wanted
 
 
 def monitoring_crds(progress: Progress = stderr_progress) -> list[Path]:
-    """The Prometheus Operator's CRDs for the kinds gpuusage ships (ServiceMonitor, PodMonitor,
-    PrometheusRule), from its Go module at a pinned version.
-
-    Installing the real CRDs lets the apiserver validate the shipped monitoring objects against
-    the real schemas; the module's source archive carries them under example/.
-    """
-    root = cache_root()
-    folder = root / "bin" / f"prometheus-operator-crds-{PROMETHEUS_OPERATOR_VERSION}"
-    wanted = [folder / f"monitoring.coreos.com_{kind}.yaml" for kind in MONITORING_CRDS]
-    if all(p.is_file() for p in wanted):
-        return wanted
-    go = require_go(
-        f"gpuusage reads the Prometheus Operator's CRDs from its Go module "
-        f"{PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION} once."
-    )
-    with file_lock(root / "locks" / "build.lock"):
-        progress(f"gpuusage: fetching {PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION} CRDs ...")
-        work = root / "work" / "prometheus-operator"
-        work.mkdir(parents=True, exist_ok=True)
-        (work / "go.mod").write_text("module gpuusage.local/crds\n\ngo 1.24.0\n")
-        module = f"{PROMETHEUS_OPERATOR}@{PROMETHEUS_OPERATOR_VERSION}"
-        source = module_download(go, module, work, go_env(), "Dir")
-        source = source / "example" / "prometheus-operator-crd"
-        folder.mkdir(parents=True, exist_ok=True)
-        for path in wanted:
-            shutil.copyfile(source / path.name, path)
-    return wanted
+    """The Prometheus Operator's CRDs for the kinds gpuusage ships."""
+    return crds(PROMETHEUS_OPERATOR_CRDS, progress)
 
 
 FIRST_BUILD_MINUTES = {"control plane": 6.0, "node": 1.5, "tools": 8.0}

@@ -1,15 +1,18 @@
-"""What is left for a clock: the API probe, and marks for nodes without a report.
+"""What is left for a clock: the API probe, marks for nodes without a report, the OpenReports.
 
 Everything else that no report event triggers is a deadline in the work queue (see
 workqueue: a pod's idle time, marks settling, a report turning stale). Every `interval` this
 pass checks that the API answers, so that an outage is logged once and its end once, and
 queues the nodes whose pods carry our marks while kopf has shown no report for them (a report
-deleted while no replica watched: the worker's read confirms the absence and clears them).
+deleted while no replica watched: the worker's read confirms the absence and clears them), and
+brings the OpenReports in line with the findings (see openreports: a pass that finds nothing
+changed writes nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from kubernetes import client
@@ -22,6 +25,7 @@ from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.pods import PodWatch
 
+log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 5.0
 
 
@@ -34,9 +38,11 @@ async def housekeeping(
     health: ApiHealth,
     known: set[str],
     ready: Callable[[], bool],
+    publish: Callable[[], None] | None = None,
 ) -> None:
     """See the module's docstring; `known` holds the names of the reports kopf's watch has
-    shown, `ready` whether the indexes are synced."""
+    shown, `ready` whether the indexes are synced, `publish` brings the OpenReports in line
+    (None: they are not published)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
 
@@ -60,3 +66,8 @@ async def housekeeping(
             continue
         for node in pods.lookup().nodes_with_our_marks() - known:
             reconciler.queue.add(node, DUE)
+        if publish is not None:
+            try:
+                await loop.run_in_executor(None, publish)
+            except Exception:  # the next pass tries again; the pass itself must go on
+                log.exception("OpenReports not brought in line")

@@ -74,6 +74,8 @@ COUNT_NAMES = frozenset(
         "events_dropped",
         "uid_refusals",
         "writes_deferred",
+        "openreport_writes",
+        "openreport_errors",
     }
 )
 
@@ -93,6 +95,10 @@ class Counts:
     """Events created, and series of identical ones updated."""
     events_dropped: int = 0
     """Events not written: their object's rate was spent (see eventbook)."""
+    openreport_writes: int = 0
+    """OpenReports created, replaced and deleted (see openreports)."""
+    openreport_errors: int = 0
+    """OpenReports writes that did not land (tried again at the next pass)."""
     uid_refusals: int = 0
     """Pod writes the apiserver refused because the pod of that name had another UID."""
     writes_deferred: int = 0
@@ -271,6 +277,9 @@ class Reconciler:
             sighting=replace(sighting, stale=stale),  # what the status now says
             echo=echo,
             listing=decision.listing,
+            judged=True,
+            orphaned=status.orphaned,
+            blind=tuple((d.uuid, d.blind) for d in status.devices if d.blind),
         )
         self.book.put(name, memory)
         if stale and self.renewals(name) != renewal:

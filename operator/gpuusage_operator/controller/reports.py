@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuusage.api.models import OrphanedMemory
 from gpuusage_operator.judge.freshness import MAX_CLOCK_SKEW, Sighting
 
 
@@ -30,6 +31,12 @@ class ReportMemory:
     """The UIDs of the pods its status lists."""
     unattributed: TallyCounter[str] = field(default_factory=TallyCounter)
     """Its processes that belong to no pod, by reason (for the metrics)."""
+    judged: bool = False
+    """A reconcile judged it whole: what follows is its status's word (for the OpenReports)."""
+    orphaned: OrphanedMemory | None = None
+    """GPU memory no live pod holds, as its status says."""
+    blind: tuple[tuple[str, str], ...] = ()
+    """(device UUID, reason) of each device its status says it cannot show whole."""
 
 
 class ReportBook:
@@ -64,6 +71,10 @@ class ReportBook:
         version = meta.get("resourceVersion")
         memory = self._reports.get(meta["name"])
         return version is not None and memory is not None and memory.echo == version
+
+    def judged(self) -> dict[str, ReportMemory]:
+        """The reports a reconcile has judged whole, by name."""
+        return {name: m for name, m in list(self._reports.items()) if m.judged}
 
     def says_stale(self, name: str) -> bool:
         """Whether the report's status, as our last reconcile left it, says stale."""

@@ -29,6 +29,7 @@ from typing import Literal
 from gpuusage.api.announcement import Announcement
 from gpuusage.api.policy import PodRule, parse_duration
 from gpuusage.api.times import parse_time
+from gpuusage_operator.judge.findings import finding_of
 
 StepKind = Literal["Announce", "Wait", "Act", "Record", "Hold", "Cancel", "Nothing"]
 
@@ -122,15 +123,6 @@ def _same_rule(shown: Announcement, rule: PodRule) -> bool:
     )
 
 
-FINDING_OF: dict[tuple[str, str], str] = {
-    ("True", "HoldingIdleGPU"): "HoldingIdleGPU",
-    ("True", "UsingUnrequestedGPU"): "UsingUnrequestedGPU",
-    ("True", "UsingUnallocatedGPU"): "UsingUnallocatedGPU",
-    ("False", "RequestedGPUsIdle"): "RequestedGPUsIdle",
-}
-"""The pod condition (status, reason) that states each finding."""
-
-
 def observe(
     condition: Mapping[str, str] | None, held_idle_since: datetime | None = None
 ) -> Observation:
@@ -140,10 +132,9 @@ def observe(
     misuse (its announcement starts it)."""
     if condition is None:
         return Observation(None, certain=True)
-    status, reason = condition.get("status", ""), condition.get("reason", "")
-    if status == "Unknown":
+    if condition.get("status") == "Unknown":
         return Observation(None, certain=False)
-    finding = FINDING_OF.get((status, reason))
+    finding = finding_of(condition)
     since = None
     if finding == "HoldingIdleGPU":
         since = held_idle_since

@@ -64,3 +64,18 @@ DEFAULT_PEERING: Final = "gpuusage"
 LEASE_HOLDER_PREFIX = "gpuusage-agent/"
 """Every holderIdentity the node agent writes in its Lease starts so; the operator counts only
 such Leases."""
+
+# OpenReports (openreports.io/v1alpha1): the findings where policy tools read them.
+OPENREPORTS_GROUP: Final = "openreports.io"
+OPENREPORTS_VERSION: Final = "v1alpha1"
+OPENREPORTS_REPORTS: Final = "reports"
+OPENREPORTS_CLUSTER_REPORTS: Final = "clusterreports"
+OPENREPORT_NAME: Final = "gpuusage"
+"""The Report in each namespace with pod findings, holding them all."""
+OPENREPORT_CLUSTER_NAME: Final = "gpuusage-nodes"
+"""The ClusterReport holding the node findings."""
+OPENREPORT_SOURCE: Final = "gpuusage"
+"""The reports' and their results' `source`, by which Policy Reporter tells tools apart."""
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "gpuusage"
+"""The label value on every object the operator creates, so that it lists only its own."""

@@ -1,0 +1,1 @@
+"""The findings published as OpenReports (openreports.io), where policy tools read them."""

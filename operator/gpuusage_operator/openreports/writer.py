@@ -1,0 +1,276 @@
+"""Writing the OpenReports: the thin edge under openreports.results.
+
+The writer knows its reports as the apiserver last returned them (listed by our label, then
+each write's answer), compares what is wanted with that and writes only a difference: a
+Report created when a namespace's first finding comes, replaced (on condition of the version
+it knows) when its findings change, deleted when the last one goes. It lists again every
+RELIST, and at once after a write that found the report changed or gone, so that a hand edit
+or deletion is repaired and nothing it remembers outlives what is stored.
+
+Where the API is not served (the OpenReports CRDs are not installed) or the operator may not
+use it, nothing is written and that is said once; it is asked again every UNSERVED_RETRY, and
+said once more when it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from gpuusage.api import names
+from gpuusage.kube import raw
+from gpuusage.kube.errors import ApiError, Conflict, Forbidden, NotFound, translate
+from gpuusage_operator.openreports.results import CONTENT, kept_results, report_content, stamped
+
+log = logging.getLogger(__name__)
+
+RELIST = 300.0
+"""Seconds after which the reports are listed again, whatever was written meanwhile."""
+UNSERVED_RETRY = 60.0
+"""Seconds after which an API that was not served (or refused) is asked again."""
+LIST_PAGE = 500
+CLUSTER = ""
+"""The key of the ClusterReport among the namespaces' Reports."""
+LISTING = "/list"
+"""The key under which a failure to list is said (once)."""
+
+
+class ReportCounts(Protocol):
+    def add(self, name: str, n: int = 1) -> None:
+        """Count `n` more of `name` (safe from any thread)."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One of our reports as the apiserver last returned it."""
+
+    version: str
+    content: dict[str, Any]
+
+
+def _stored(body: Mapping[str, Any]) -> Stored:
+    meta = body.get("metadata") or {}
+    return Stored(str(meta.get("resourceVersion", "")), {k: body.get(k) for k in CONTENT})
+
+
+class OpenReportsWriter:
+    """Keeps one Report per namespace with findings and one ClusterReport as `publish` asks."""
+
+    def __init__(
+        self,
+        custom: Any,
+        counts: ReportCounts,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        relist: float = RELIST,
+        unserved_retry: float = UNSERVED_RETRY,
+    ) -> None:
+        self._custom = custom
+        self._counts = counts
+        self._monotonic = monotonic
+        self._relist = relist
+        self._unserved_retry = unserved_retry
+        self._known: dict[str, Stored] | None = None
+        """Namespace (CLUSTER: the ClusterReport) → our report there; None: to be listed."""
+        self._listed_at = 0.0
+        self._unserved: str | None = None
+        """Why the API cannot be used, as last said; None: it can."""
+        self._asked_at = 0.0
+        self.passes = 0
+        """Passes that compared the findings with the stored reports (the tests' signal)."""
+        self._said: dict[str, str] = {}
+        """Report key → the write error last logged for it (each is said once, until a write
+        there lands)."""
+
+    def forget(self) -> None:
+        """What is stored may have changed without this replica (another one was active):
+        the next pass lists the reports again."""
+        self._known = None
+
+    @property
+    def unserved(self) -> str | None:
+        """Why nothing is written (the API not served, or refused); None while it is."""
+        return self._unserved
+
+    def publish(
+        self,
+        namespaces: Mapping[str, list[dict[str, Any]]],
+        nodes: list[dict[str, Any]],
+        keep: Collection[str] = (),
+        *,
+        now: datetime,
+    ) -> None:
+        """Bring the reports in line with these findings: each namespace's pod results (a
+        namespace left out has none) and the nodes' results; the nodes in `keep` are not
+        judged yet (after a start or a handover), so what the ClusterReport says of them
+        stays."""
+        known = self._listing()
+        if known is None:
+            return
+        self.passes += 1
+        wanted: dict[str, list[dict[str, Any]]] = {ns: [] for ns in known}
+        wanted.update(namespaces)
+        stored_nodes = known.get(CLUSTER)
+        kept = kept_results(stored_nodes.content if stored_nodes else {}, keep)
+        wanted[CLUSTER] = [*nodes, *kept]
+        for key, results in sorted(wanted.items()):
+            stored = known.get(key)
+            if not results:
+                if stored is not None:
+                    self._delete(key, stored)
+                continue
+            previous = (stored.content.get("results") or []) if stored is not None else []
+            content = report_content(stamped(results, previous, now))
+            if stored is not None and stored.content == content:
+                continue
+            self._write(key, stored, content)
+
+    # -- the apiserver ---------------------------------------------------------------------
+    def _listing(self) -> dict[str, Stored] | None:
+        """Our reports, listed when due; None while the API cannot be used."""
+        at = self._monotonic()
+        if self._unserved is not None and at - self._asked_at < self._unserved_retry:
+            return None
+        if self._known is not None and at - self._listed_at < self._relist:
+            return self._known
+        self._asked_at = at
+        try:
+            found = {
+                item["metadata"]["namespace"]: _stored(item)
+                for item in self._list(names.OPENREPORTS_REPORTS)
+                if item["metadata"].get("name") == names.OPENREPORT_NAME
+            }
+            for item in self._list(names.OPENREPORTS_CLUSTER_REPORTS):
+                if item["metadata"].get("name") == names.OPENREPORT_CLUSTER_NAME:
+                    found[CLUSTER] = _stored(item)
+        except ApiError as error:
+            self._known = None
+            if isinstance(error, NotFound | Forbidden):
+                self._say_unserved(error)
+            elif self._said.get(LISTING) != str(error):
+                self._said[LISTING] = str(error)
+                log.warning("OpenReports not listed (tried again each pass): %s", error)
+            return None
+        self._said.pop(LISTING, None)
+        if self._unserved is not None:
+            log.info("OpenReports: %s/%s is served: findings are published", *_api())
+            self._unserved = None
+        self._known, self._listed_at = found, at
+        return found
+
+    def _say_unserved(self, error: ApiError) -> None:
+        why = "not served" if isinstance(error, NotFound) else "refused"
+        if self._unserved != why:
+            group, version = _api()
+            log.warning(
+                "OpenReports: %s/%s is %s (%s): findings are not published as reports "
+                "(install the OpenReports CRDs and the operator's rights on them, or turn this "
+                "off with --no-openreports); asked again every %.0f s",
+                group,
+                version,
+                why,
+                error,
+                self._unserved_retry,
+            )
+        self._unserved = why
+
+    def _list(self, plural: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            try:
+                response = self._custom.list_cluster_custom_object(
+                    names.OPENREPORTS_GROUP,
+                    names.OPENREPORTS_VERSION,
+                    plural,
+                    label_selector=f"{names.MANAGED_BY_LABEL}={names.MANAGED_BY}",
+                    limit=LIST_PAGE,
+                    _continue=token,
+                    _preload_content=False,
+                )
+                fields: dict[str, Any] = {}
+                items.extend(raw.list_items(raw.body(response), fields))
+            except Exception as exc:
+                raise translate(exc) from exc
+            token = (fields.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items
+
+    def _write(self, key: str, stored: Stored | None, content: dict[str, Any]) -> None:
+        kind = "ClusterReport" if key == CLUSTER else "Report"
+        body: dict[str, Any] = {
+            "apiVersion": f"{names.OPENREPORTS_GROUP}/{names.OPENREPORTS_VERSION}",
+            "kind": kind,
+            "metadata": {
+                "name": names.OPENREPORT_CLUSTER_NAME if key == CLUSTER else names.OPENREPORT_NAME,
+                "labels": {names.MANAGED_BY_LABEL: names.MANAGED_BY},
+            },
+            **content,
+        }
+        if key != CLUSTER:
+            body["metadata"]["namespace"] = key
+        if stored is not None:
+            body["metadata"]["resourceVersion"] = stored.version
+        try:
+            answer = self._call("replace" if stored is not None else "create", key, body)
+        except ApiError as error:
+            self._failed(key, error)
+            return
+        self._counts.add("openreport_writes")
+        self._said.pop(key, None)
+        if self._known is not None:
+            self._known[key] = _stored(raw.written_object(answer) or body)
+
+    def _delete(self, key: str, stored: Stored) -> None:
+        options = {"preconditions": {"resourceVersion": stored.version}}
+        try:
+            self._call("delete", key, options)
+        except NotFound:
+            pass  # gone already (its namespace deleted, a person)
+        except ApiError as error:
+            self._failed(key, error)
+            return
+        else:
+            self._counts.add("openreport_writes")
+        self._said.pop(key, None)
+        if self._known is not None:
+            self._known.pop(key, None)
+
+    def _failed(self, key: str, error: ApiError) -> None:
+        """A write that did not land: listed again before the next try where what is stored
+        is not what was known (changed, deleted or created meanwhile); each kind of failure is
+        said once per report."""
+        self._counts.add("openreport_errors")
+        if isinstance(error, Conflict | NotFound):
+            self._known = None
+        said = f"{type(error).__name__}: {error.reason}"
+        if self._said.get(key) == said:
+            return
+        self._said[key] = said
+        where = "the ClusterReport" if key == CLUSTER else f"the Report in {key}"
+        log.warning("OpenReports: %s not written (tried again next pass): %s", where, error)
+
+    def _call(self, verb: str, key: str, body: dict[str, Any]) -> bytes:
+        plural = names.OPENREPORTS_CLUSTER_REPORTS if key == CLUSTER else names.OPENREPORTS_REPORTS
+        name = names.OPENREPORT_CLUSTER_NAME if key == CLUSTER else names.OPENREPORT_NAME
+        scope = "cluster" if key == CLUSTER else "namespaced"
+        where = (*_api(), *(() if key == CLUSTER else (key,)), plural)
+        method = getattr(self._custom, f"{verb}_{scope}_custom_object")
+        try:
+            if verb == "create":
+                answer = method(*where, body, _preload_content=False)
+            elif verb == "replace":
+                answer = method(*where, name, body, _preload_content=False)
+            else:
+                answer = method(*where, name, body=body, _preload_content=False)
+            return raw.body(answer)
+        except Exception as exc:
+            raise translate(exc) from exc
+
+
+def _api() -> tuple[str, str]:
+    return names.OPENREPORTS_GROUP, names.OPENREPORTS_VERSION
