@@ -18,7 +18,6 @@ REPORTS = (  # the findings as OpenReports, pods' per namespace and the nodes'
     "ml-team/train-1\tUsingUnallocatedGPU\tfail/high",
     "research/notebook\tUsingUnrequestedGPU\tfail/high",
     "research/lab\tHoldingIdleGPU\twarn/medium",
-    "gpuusage-nodes",
 )
 POLICIES = (  # announced, recorded as a dry run, enforced; the policies' table
     "GPUPolicyPending",
@@ -37,6 +36,7 @@ def test_the_simulated_demo(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -
     assert shown.startswith("gpuusage demo: on a simulated node (no real node here: --simulated)")
     for finding in FINDINGS + REPORTS + POLICIES:
         assert finding in shown, finding
+    assert "node/gpu-node-a\tOrphanedGPUMemory\twarn/medium" in shown  # its host process
 
 
 @pytest.mark.node

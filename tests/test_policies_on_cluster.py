@@ -17,7 +17,15 @@ from gpuusage.api import names
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.simworld import SimWorld
-from tests.worldview import create_policy, events, in_namespace, pod, pod_annotations, scrape
+from tests.worldview import (
+    condition,
+    create_policy,
+    events,
+    in_namespace,
+    pod,
+    pod_annotations,
+    scrape,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -388,3 +396,30 @@ def test_kubectl_get_shows_a_policys_mode_and_rules_before_it_decides_anything(
         "0",
     ]
     assert not _status(api, name).get("decisions")
+
+
+def test_an_announcement_waits_for_the_budget_of_pod_writes_as_every_pod_write_does(
+    make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
+) -> None:
+    """A budget of two pod writes, refilled once in 1,000 s: the notebook's marks (annotations
+    and condition) spend it, and the policy's announcement then waits, counted as deferred,
+    with no annotation, no Event and no decision."""
+    world = make_world(
+        {"notebook": 0},
+        operator_extras={"pod_write_burst": 2, "pod_writes_per_second": 0.001},
+    )
+    assert world.built is not None
+    counts = world.built.reconciler.counts
+    wait_for(
+        lambda: condition(pod(world, "notebook")).reason == "UsingUnrequestedGPU",
+        what="the notebook's finding",
+    )
+    deferred = counts.writes_deferred
+    name = f"misuse-{world.ns}"
+    rule = {"finding": "UsingUnrequestedGPU", "after": "1h", "action": "Notify"}
+    policy(name, {"namespaceSelector": in_namespace(world.ns), "rules": [rule]})
+    wait_for(lambda: counts.writes_deferred >= deferred + 3, what="the announcement deferred")
+    assert _announcement(world, "notebook") is None
+    assert "GPUPolicyPending" not in events(world, "notebook")
+    assert not _status(api, name).get("decisions")
+    assert counts.pod_writes == 2

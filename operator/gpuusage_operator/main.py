@@ -107,6 +107,7 @@ class Operator:
             marker.annotate,  # the policies write pods through the writer
             marker.record_event,
             notice=timedelta(seconds=settings.policy_notice),
+            admit=marker.admit_pod,  # one budget for every pod write
             actor=Actor(self.api, clock) if settings.policy_actions else None,
             clock=clock,
             cluster_actions_per_hour=settings.policy_cluster_actions_per_hour,

@@ -3,7 +3,9 @@
 Each reconcile asks the runner about each pod it judged (visit), with the pod's condition as
 this reconcile leaves it; the runner takes the one step the covering policy wants (see
 policies.rule), writes the pod's announcement annotation and an Event, and remembers the
-decision for the policy's status, which `flush` writes once per reconcile. This version carries
+decision for the policy's status, which `flush` writes once per reconcile. A step that writes
+the pod first takes its write from the cluster-wide budget of pod writes (see debounce): over
+it, the step waits for a later reconcile, with no Event and nothing decided. This version carries
 out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict is carried out by
 an Actor (see policies.act), which the operator has only with --policy-actions and the install's
 policy-actions part (the rights these need); without it the decision is recorded as
@@ -78,11 +80,15 @@ class PolicyRunner:
     watch: PolicyWatch
     custom: Any
     """A CustomObjectsApi: the policies' status is written through it."""
-    annotate: Callable[[PodSnapshot, dict[str, str | None]], None]
-    """Patch the pod's annotations (with its UID as precondition)."""
+    annotate: Callable[[PodSnapshot, dict[str, str | None]], bool]
+    """Patch the pod's annotations (with its UID as precondition); whether it landed."""
     record: Callable[[PodSnapshot, PodEvent, str, datetime], None]
     """Record an Event on the pod."""
     notice: timedelta = NOTICE
+    admit: Callable[[PodSnapshot], bool] = lambda pod: True
+    """Whether the cluster-wide budget of pod writes allows one more on this pod now (taken
+    from it): every step that writes the pod asks first, and waits for a later reconcile
+    when it does not."""
     actor: Actor | None = None
     """Carries out enforced actions other than Notify (None: not turned on)."""
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
@@ -147,10 +153,13 @@ class PolicyRunner:
         subject = step.announcement or shown
         if step.kind in ("Wait", "Hold", "Nothing") or subject is None:
             return step.announcement
+        if not self.admit(pod):
+            return shown  # over the budget of pod writes: taken at a later reconcile
         what = WHAT.get(subject.action, subject.action)
         head = f"policy {subject.policy}: {subject.finding}"
         if step.kind == "Cancel":
-            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: None})
+            if not self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: None}):
+                return shown
             if subject.recorded and subject.mode == "Enforce":
                 return None  # taken (or given up) already: nothing is called off
             why = {
@@ -169,20 +178,23 @@ class PolicyRunner:
                 f"{head} since {format_time(announced.since)}: will {what} at "
                 f"{format_time(announced.due)} ({announced.mode}); {hint}"
             )
-            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
+            if not self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)}):
+                return shown
             self.record(pod, PodEvent("GPUPolicyPending", note, "Warning"), note, now)
             self._record_pod_decision(pod, announced, "Pending", now)
             return announced
         if step.kind == "Record":
             note = f"{head}: would {what} now (DryRun: nothing done)"
-            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)})
+            if not self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(announced)}):
+                return shown
             self.record(pod, PodEvent("GPUPolicyDryRun", note), note, now)
             self._record_pod_decision(pod, announced, "DryRun", now)
             return announced
         done = replace(announced, recorded=True)
         if announced.action == "Notify":
             note = f"{head} for {announced.after} or more"
-            self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
+            if not self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)}):
+                return shown
             self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
             self._record_pod_decision(pod, done, "Done", now)
             return done

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import Counter as TallyCounter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -125,9 +125,7 @@ class PodMarker:
         )
         versions = {ref.resource_version}
         writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
-        if writes and not self.write_budget.take(self.monotonic(), writes):
-            self.counts.add("writes_deferred")
-            self.due({node})  # its report is reconciled again at the next pass
+        if writes and not self.admit(node, writes):
             return None
         answer: dict[str, Any] = {}
         try:
@@ -181,21 +179,58 @@ class PodMarker:
         self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
         return plan.condition
 
-    def annotate(self, ref: PodSnapshot, patch: dict[str, str | None]) -> None:
-        """Patch annotations of a pod decided for (its UID a precondition); best effort: a
-        failure is counted and logged, and the next reconcile decides again."""
+    def admit(self, node: str | None, writes: int = 1) -> bool:
+        """Whether the cluster-wide budget allows these pod writes now (they are taken from
+        it); over it, the writes wait and the node's report is reconciled at the next pass."""
+        if self.write_budget.take(self.monotonic(), writes):
+            return True
+        self.counts.add("writes_deferred")
+        if node:
+            self.due({node})
+        return False
+
+    def admit_pod(self, ref: PodSnapshot) -> bool:
+        """admit for one write on this pod (a policy's announcement)."""
+        return self.admit(ref.node)
+
+    def annotate(self, ref: PodSnapshot, patch: dict[str, str | None]) -> bool:
+        """Patch annotations of a pod decided for (its UID a precondition) after `admit`
+        allowed the write; whether it landed (a failure is counted and logged, and the next
+        reconcile decides again). Its echo is known as ours where the pod showed what this
+        replica last applied (as `mark` knows its own), so it costs no reconcile."""
         try:
-            self.write(ref, {"metadata": {"annotations": patch}}, False)
+            answer = self.write(ref, {"metadata": {"annotations": patch}}, False)
+        except NotFound:
+            self.forget(ref.uid)  # deleted meanwhile: nothing to announce
+            return False
         except Exception as exc:
             self.counts.failed(type(exc).__name__)
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+            return False
+        applied = self._applied.get(ref.uid)
+        version = _version(answer)
+        if applied is None or version is None or ref.resource_version not in applied.versions:
+            return True  # what the pod shows is the index's to tell
+        annotated, condition = pod_marks(answer)
+        carried, shown = dict(annotated), dict(condition)
+        wanted = {**applied.annotations, **patch}
+        if all(carried.get(k) == v for k, v in wanted.items()) and all(
+            shown.get(k) == v for k, v in (applied.condition or {}).items()
+        ):
+            self._applied[ref.uid] = replace(applied, versions=applied.versions | {version})
+        else:  # edited by someone else meanwhile: the next pass compares what it carries
+            self._applied.pop(ref.uid, None)
+        return True
 
     def clear(self, ref: PodSnapshot) -> None:
         """Remove what the operator wrote on a pod, a policy's announcement too (no Event:
         nothing was observed)."""
+        shown = ref.our_annotations
+        patch = {k: None for k in names.OPERATOR_ANNOTATIONS if k in shown} or None
+        writes = (patch is not None) + (ref.our_condition is not None)
+        if writes and not self.admit(ref.node, writes):
+            return  # over the budget: cleared when its node is looked at again
         try:
-            shown = ref.our_annotations
-            patch = {k: None for k in names.OPERATOR_ANNOTATIONS if k in shown} or None
             if patch is not None:
                 self.write(ref, {"metadata": {"annotations": patch}}, False)
             if ref.our_condition is not None:
