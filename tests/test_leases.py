@@ -213,23 +213,3 @@ def test_what_the_operator_counts_as_a_renewal() -> None:
     relisted.apply("DELETED", _lease("n1", None))
     assert memory == {}
     assert news[-1] == {"n1"}
-
-
-def test_the_operator_keeps_each_leases_duration_and_hears_when_it_changes() -> None:
-    memory: dict[str, Seen] = {}
-    news: list[set[str]] = []
-    state = LeaseState(memory, lambda: T0, news.append)
-    renewed = "2026-11-24T08:59:50.000000Z"
-    first = _lease("n1", renewed)
-    first["spec"]["leaseDurationSeconds"] = 40
-    state.apply("ADDED", first)
-    assert memory["n1"].duration == timedelta(seconds=40)
-    longer = _lease("n1", renewed)
-    longer["spec"]["leaseDurationSeconds"] = 120
-    state.apply("MODIFIED", longer)  # no renewal, a new duration: when it turns stale moved
-    assert memory["n1"] == Seen(renewed, T0, witnessed=False, duration=timedelta(seconds=120))
-    assert news == [{"n1"}, {"n1"}]
-    broken = _lease("n1", renewed)
-    broken["spec"]["leaseDurationSeconds"] = "soon"
-    state.apply("MODIFIED", broken)
-    assert memory["n1"].duration is None  # judged by the operator's default then

@@ -42,11 +42,11 @@ from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.dra import NO_DRA, DraLookup
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.freshness import (
+    DEFAULT_STALE_AFTER,
     Renewal,
     alive_at,
     is_stale,
     sight,
-    threshold,
 )
 from gpuusage_operator.judge.idle import DEFAULT_IDLE_AFTER
 from gpuusage_operator.judge.podstate import Verdict
@@ -146,9 +146,7 @@ class Reconciler:
     (both would decide from the same pod state and both write: two start Events)."""
     book: ReportBook = field(default_factory=ReportBook)
     """What this replica remembers of each report (see reports)."""
-    stale_after: timedelta | None = None
-    """--stale-after; None: each node by its agent's Lease's duration, else three minutes
-    (see freshness.threshold)."""
+    stale_after: timedelta = DEFAULT_STALE_AFTER
     idle_after: timedelta | None = DEFAULT_IDLE_AFTER
     """How long requested GPUs may go unused before the pod is flagged; None: never."""
     restart_grace: timedelta = RESTART_GRACE
@@ -206,17 +204,17 @@ class Reconciler:
             log.error("GpuNodeUsage %s cannot be read: %s", name, exc)
             return False
         generation = body["metadata"].get("generation")
-        renewal = self.renewals(name)
         sighting = sight(
             None if memory is None else memory.sighting,
             generation,
             spec.observed_at,
             previous,
             now,
-            stale_after=threshold(self.stale_after, renewal),
+            stale_after=self.stale_after,
         )
         memory = ReportMemory(sighting) if memory is None else replace(memory, sighting=sighting)
         self.book.put(name, memory)
+        renewal = self.renewals(name)
         decision = judge_report(
             spec,
             previous,
@@ -298,9 +296,8 @@ class Reconciler:
         memory = self.book.get(name)
         if memory is None:
             return False
-        seen, renewal = memory.sighting, self.renewals(name)
-        limit = threshold(self.stale_after, renewal)
-        return is_stale(alive_at(seen, renewal), now, limit) != seen.stale
+        seen = memory.sighting
+        return is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
 
     def watch_staleness(self, name: str, now: datetime) -> None:
         """A fresh report turns stale with no event (a dead agent writes nothing): its name is
@@ -309,8 +306,8 @@ class Reconciler:
         memory = self.book.get(name)
         if memory is None or memory.sighting.stale:
             return
-        seen, renewal = memory.sighting, self.renewals(name)
-        turns = alive_at(seen, renewal) + threshold(self.stale_after, renewal)
+        seen = memory.sighting
+        turns = alive_at(seen, self.renewals(name)) + self.stale_after
         delay = (turns - now).total_seconds() + STALE_MARGIN
         self.queue.add_after(name, delay, STALENESS)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from gpuusage.api import names
@@ -36,16 +36,6 @@ class Seen:
     renew_time: str | None
     seen_at: datetime
     witnessed: bool
-    duration: timedelta | None = None
-    """The Lease's leaseDurationSeconds: how long its holder vouches for itself."""
-
-
-def lease_duration(spec: Mapping[str, Any]) -> timedelta | None:
-    """A Lease's leaseDurationSeconds as a duration (None: absent or not a positive number)."""
-    seconds = spec.get("leaseDurationSeconds")
-    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds > 0:
-        return timedelta(seconds=seconds)
-    return None
 
 
 class LeaseState:
@@ -75,17 +65,14 @@ class LeaseState:
                 self._on_news({name})
             return
         self._names.add(name)
-        renew, duration = spec.get("renewTime"), lease_duration(spec)
+        renew = spec.get("renewTime")
         known = self._memory.get(name)
         if known is None:
-            self._memory[name] = Seen(renew, self._now(), witnessed=False, duration=duration)
+            self._memory[name] = Seen(renew, self._now(), witnessed=False)
             self._on_news({name})
         elif known.renew_time != renew:
-            self._memory[name] = Seen(renew, self._now(), witnessed=True, duration=duration)
+            self._memory[name] = Seen(renew, self._now(), witnessed=True)
             self._on_renewed(name)
-        elif known.duration != duration:  # a new duration changes when the node turns stale
-            self._memory[name] = Seen(renew, known.seen_at, known.witnessed, duration)
-            self._on_news({name})
 
     def _now(self) -> datetime:
         return self._clock().replace(microsecond=0)  # as the status keeps times
@@ -151,4 +138,4 @@ class LeaseWatch(OptionalWatch):
         seen = self._memory.get(node)
         if seen is None or not self.available.is_set():
             return None
-        return Renewal(f"{self.namespace}/{node}", seen.seen_at, seen.witnessed, seen.duration)
+        return Renewal(f"{self.namespace}/{node}", seen.seen_at, seen.witnessed)
