@@ -40,7 +40,8 @@ from gpuusage_operator.judge.allocation import (
     judge,
     replica_share,
 )
-from gpuusage_operator.judge.podstate import REASON_UNALLOCATED, desired_condition, event_for
+from gpuusage_operator.judge.findings import REASON_UNALLOCATED
+from gpuusage_operator.judge.podstate import desired_condition, event_for
 from gpuusage_operator.judge.requests import (
     DEFAULT_RULES,
     AllocationRules,

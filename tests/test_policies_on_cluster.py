@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
+from gpuusage_operator.controller.debounce import WriteBudget
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.simworld import SimWorld
@@ -401,19 +402,19 @@ def test_kubectl_get_shows_a_policys_mode_and_rules_before_it_decides_anything(
 def test_an_announcement_waits_for_the_budget_of_pod_writes_as_every_pod_write_does(
     make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
 ) -> None:
-    """A budget of two pod writes, refilled once in 1,000 s: the notebook's marks (annotations
-    and condition) spend it, and the policy's announcement then waits, counted as deferred,
-    with no annotation, no Event and no decision."""
-    world = make_world(
-        {"notebook": 0},
-        operator_extras={"pod_write_burst": 2, "pod_writes_per_second": 0.001},
-    )
+    """Once the notebook is marked, the budget of pod writes is spent (refilled once in 1,000
+    s): the policy's announcement then waits, counted as deferred, with no annotation, no
+    Event and no decision."""
+    world = make_world({"notebook": 0})
     assert world.built is not None
-    counts = world.built.reconciler.counts
+    marker, counts = world.built.reconciler.marker, world.built.reconciler.counts
     wait_for(
         lambda: condition(pod(world, "notebook")).reason == "UsingUnrequestedGPU",
         what="the notebook's finding",
     )
+    spent = WriteBudget(rate=0.001, burst=2)
+    assert spent.take(marker.monotonic(), 2)
+    marker.write_budget = spent
     deferred = counts.writes_deferred
     name = f"misuse-{world.ns}"
     rule = {"finding": "UsingUnrequestedGPU", "after": "1h", "action": "Notify"}
@@ -422,4 +423,3 @@ def test_an_announcement_waits_for_the_budget_of_pod_writes_as_every_pod_write_d
     assert _announcement(world, "notebook") is None
     assert "GPUPolicyPending" not in events(world, "notebook")
     assert not _status(api, name).get("decisions")
-    assert counts.pod_writes == 2

@@ -8,10 +8,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpuusage.api.announcement import Announcement, decode, encode
+from gpuusage.api.models import Process
 from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
+from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.informers.policies import NamespaceState, PolicyState
+from gpuusage_operator.judge.allocation import Allocation, Judgement
+from gpuusage_operator.judge.findings import Observation, finding_of, observe
+from gpuusage_operator.judge.idle import Idle
+from gpuusage_operator.judge.podstate import Verdict, desired_condition
+from gpuusage_operator.judge.resolution import PodUse, Resolution
 from gpuusage_operator.policies.limit import WINDOW, next_allowed, recent
-from gpuusage_operator.policies.rule import Observation, Step, next_step, observe
+from gpuusage_operator.policies.rule import Step, next_step
 from gpuusage_operator.policies.select import covers, exempt, opt_out_hint, opted_out, selects
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -221,37 +228,58 @@ def test_another_finding_under_another_rule_replaces_the_announcement() -> None:
 
 
 @pytest.mark.parametrize(
-    ("condition", "finding", "certain"),
+    ("condition", "finding"),
     [
-        (None, None, True),
-        ({"status": "True", "reason": "ProcessesRunning"}, None, True),
-        ({"status": "True", "reason": "HoldingIdleGPU"}, "HoldingIdleGPU", True),
-        ({"status": "True", "reason": "UsingUnallocatedGPU"}, "UsingUnallocatedGPU", True),
-        ({"status": "False", "reason": "RequestedGPUsIdle"}, "RequestedGPUsIdle", True),
-        ({"status": "False", "reason": "ProcessesEnded"}, None, True),
-        ({"status": "Unknown", "reason": "NodeReportStale"}, None, False),
-        ({"status": "Unknown", "reason": "ContainerRestarted"}, None, False),
+        (None, None),
+        ({"status": "True", "reason": "ProcessesRunning"}, None),
+        ({"status": "True", "reason": "HoldingIdleGPU"}, "HoldingIdleGPU"),
+        ({"status": "True", "reason": "UsingUnallocatedGPU"}, "UsingUnallocatedGPU"),
+        ({"status": "False", "reason": "RequestedGPUsIdle"}, "RequestedGPUsIdle"),
+        ({"status": "False", "reason": "ProcessesEnded"}, None),
+        ({"status": "Unknown", "reason": "NodeReportStale"}, None),
+        ({"status": "Unknown", "reason": "ContainerRestarted"}, None),
     ],
 )
-def test_a_pods_finding_is_what_its_condition_states(
-    condition: dict[str, str] | None, finding: str | None, certain: bool
+def test_a_pods_condition_states_its_finding(
+    condition: dict[str, str] | None, finding: str | None
 ) -> None:
-    seen = observe(condition)
-    assert (seen.finding, seen.certain) == (finding, certain)
+    assert finding_of(condition) == finding
 
 
-def test_a_findings_start_comes_from_the_report_or_the_condition() -> None:
-    held = observe({"status": "True", "reason": "HoldingIdleGPU"}, held_idle_since=IDLE_SINCE)
-    assert held.since == IDLE_SINCE
-    idle = observe(
-        {
-            "status": "False",
-            "reason": "RequestedGPUsIdle",
-            "lastTransitionTime": "2026-11-25T11:00:00Z",
-        }
+POD = PodSnapshot("ml", "nb", "uid-1", "n1", gpu_requests=1)
+USE = PodUse(POD, "n1", NOW, (Resolution("GPU-0", Process(pid=7, used_memory_mib=1024), POD),))
+GIVEN = Allocation(("DevicePlugin",))
+HOLDING = Judgement(GIVEN, held_idle_since=IDLE_SINCE)
+VERDICTS = [
+    (Verdict(POD, "InUse", USE, judgement=Judgement(Allocation(), "Unrequested")), None),
+    (Verdict(POD, "InUse", USE, judgement=Judgement(GIVEN, "Unallocated", ("GPU-0",))), None),
+    (
+        Verdict(POD, "InUse", USE, judgement=Judgement(GIVEN, held_idle_since=IDLE_SINCE)),
+        IDLE_SINCE,
+    ),
+    (Verdict(POD, "InUse", USE, judgement=Judgement(GIVEN)), None),
+    (Verdict(POD, "Idle", idle=Idle(POD, IDLE_SINCE, GIVEN)), IDLE_SINCE),
+    (Verdict(POD, "Stopped"), None),
+]
+
+
+@pytest.mark.parametrize(("verdict", "since"), VERDICTS)
+def test_the_policies_take_the_finding_the_pods_condition_states(
+    verdict: Verdict, since: datetime | None
+) -> None:
+    """One rule names a pod's finding: what the policies are handed is what the condition the
+    judge wants for the pod states, with the finding's start where the judge knows it."""
+    seen = observe(verdict.state, verdict.judgement, verdict.idle)
+    condition = desired_condition(
+        verdict.state, verdict.use, "n1", verdict.idle, judgement=verdict.judgement
     )
-    assert idle.since == datetime(2026, 11, 25, 11, 0, tzinfo=UTC)
-    assert observe({"status": "True", "reason": "UsingUnrequestedGPU"}).since is None
+    assert seen.certain
+    assert seen.finding == finding_of(condition)
+    assert seen.since == since
+
+
+def test_unknown_use_is_no_finding_and_no_end_of_one() -> None:
+    assert observe("Unknown", None, None) == Observation(None, certain=False)
 
 
 def test_an_announcement_reads_back_as_written_and_a_garbled_one_is_none() -> None:

@@ -41,6 +41,7 @@ from gpuusage_operator.controller.reports import ReportBook, ReportMemory
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.dra import NO_DRA, DraLookup
 from gpuusage_operator.index.pods import PodLookup
+from gpuusage_operator.judge.findings import observe
 from gpuusage_operator.judge.freshness import (
     DEFAULT_STALE_AFTER,
     Renewal,
@@ -243,9 +244,9 @@ class Reconciler:
             if isinstance(verdict.unknown, RestartCause):
                 wake.append(verdict.unknown.until)
             shown = self.marker.mark(verdict, spec.node_name, now)
-            if self.policies is not None and shown is not None:
-                since = verdict.judgement.held_idle_since if verdict.judgement else None
-                due = self.policies.visit(verdict.pod, shown, since, now)
+            if self.policies is not None and shown is not None:  # acted on once stated
+                seen = observe(verdict.state, verdict.judgement, verdict.idle)
+                due = self.policies.visit(verdict.pod, seen, now)
                 if due is not None:
                     wake.append(due)
         if self.nodes is not None:

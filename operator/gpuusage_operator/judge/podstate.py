@@ -27,6 +27,14 @@ from gpuusage_operator.index.dra import NO_DRA
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.allocation import DeviceFacts, Judgement, judge
 from gpuusage_operator.judge.certainty import BlindSpots, Cause, LastDevices, why_unknown
+from gpuusage_operator.judge.findings import (
+    REASON_HELD_IDLE,
+    REASON_IDLE,
+    REASON_UNALLOCATED,
+    REASON_UNREQUESTED,
+    UseState,
+    pod_finding,
+)
 from gpuusage_operator.judge.idle import Idle
 from gpuusage_operator.judge.requests import DEFAULT_RULES
 from gpuusage_operator.judge.resolution import PodUse
@@ -36,18 +44,12 @@ from gpuusage_operator.judge.transitions import transition_time
 MAX_USAGE_BYTES = 4096
 OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
 
-REASON_UNREQUESTED = "UsingUnrequestedGPU"
-REASON_UNALLOCATED = "UsingUnallocatedGPU"
-REASON_HELD_IDLE = "HoldingIdleGPU"
 WARNED_USE = {
     REASON_UNREQUESTED: "GPUs it did not request",
     REASON_UNALLOCATED: "a GPU outside its allocation",
     REASON_HELD_IDLE: "GPU memory without computing",
 }
 """In-use reasons that are findings: each gets a Warning Event when it starts."""
-REASON_IDLE = "RequestedGPUsIdle"
-
-UseState = Literal["InUse", "Stopped", "Unknown", "Idle"]
 
 
 def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
@@ -195,7 +197,8 @@ def desired_condition(
             f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation"
         )
         judged = judgement or judge_alone(use)
-        if judged.finding == "Unrequested":
+        found = pod_finding(state, judged, idle)
+        if found == "UsingUnrequestedGPU":
             return _gpu_in_use(
                 "True",
                 REASON_UNREQUESTED,
@@ -203,7 +206,7 @@ def desired_condition(
                 "MIG resource, no DRA claim, no scheduler's share), so the scheduler and quotas "
                 "do not count this use (NVIDIA_VISIBLE_DEVICES=all?)",
             )
-        if judged.finding == "Unallocated":
+        if found == "UsingUnallocatedGPU":
             return _gpu_in_use(
                 "True",
                 REASON_UNALLOCATED,
@@ -211,7 +214,7 @@ def desired_condition(
                 f"allocated ({judged.allocation.detail}): NVIDIA_VISIBLE_DEVICES overridden, or "
                 "a process outside its container's devices?",
             )
-        if judged.held_idle_since is not None:
+        if found == "HoldingIdleGPU":
             return _gpu_in_use(
                 "True",
                 REASON_HELD_IDLE,
@@ -236,7 +239,7 @@ def desired_condition(
             "NodeReportStale",
             f"the GPU report of node {node} is stale; last known use is kept in the annotations",
         )
-    if state == "Idle" and idle is not None:
+    if pod_finding(state, judgement, idle) == "RequestedGPUsIdle" and idle is not None:
         return _gpu_in_use(
             "False",
             REASON_IDLE,

@@ -1,12 +1,12 @@
 """What a policy rule does next about one pod. Pure.
 
-The pod's state of affairs is its finding (what its GPUInUse condition says now), whether that
-is certain, and the announcement the operator left on the pod when the finding first fell
-under the rule (the annotation gpuusage.io/policy-action: which policy, finding and action,
-since when, due when). Announcing first is what makes acting safe: the pod's owner sees, in the
-annotation and a Warning Event, what will happen and when, and the announcement survives an
-operator restart or a handover between replicas, so no deadline starts over and none is
-skipped. The steps:
+The pod's state of affairs is its finding as the judge decided it (see judge.findings:
+observe), whether that is certain, and the announcement the operator left on the pod when the
+finding first fell under the rule (the annotation gpuusage.io/policy-action: which policy,
+finding and action, since when, due when). Announcing first is what makes acting safe: the
+pod's owner sees, in the annotation and a Warning Event, what will happen and when, and the
+announcement survives an operator restart or a handover between replicas, so no deadline starts
+over and none is skipped. The steps:
 
 * **Announce** when the rule's finding holds, is certain, and nothing is announced yet (or the
   rule changed since): due at the finding's start plus `after`, and never sooner than `notice`
@@ -21,29 +21,16 @@ skipped. The steps:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from gpuusage.api.announcement import Announcement
 from gpuusage.api.policy import PodRule, parse_duration
-from gpuusage.api.times import parse_time
-from gpuusage_operator.judge.findings import finding_of
+from gpuusage_operator.judge.findings import Observation
 
 StepKind = Literal["Announce", "Wait", "Act", "Record", "Hold", "Cancel", "Nothing"]
-
-
-@dataclass(frozen=True)
-class Observation:
-    """The pod as its marks show it now."""
-
-    finding: str | None
-    """HoldingIdleGPU, RequestedGPUsIdle, UsingUnrequestedGPU, UsingUnallocatedGPU, or None."""
-    certain: bool
-    """False while its condition is Unknown or its node's report is stale or blind."""
-    since: datetime | None = None
-    """When the finding began, where the report says (heldIdleSince, idle since)."""
 
 
 @dataclass(frozen=True)
@@ -121,23 +108,3 @@ def _same_rule(shown: Announcement, rule: PodRule) -> bool:
         rule.mode,
         rule.after,
     )
-
-
-def observe(
-    condition: Mapping[str, str] | None, held_idle_since: datetime | None = None
-) -> Observation:
-    """A pod's finding as its GPUInUse condition states it: Unknown is uncertain; the finding's
-    start is the report's heldIdleSince for memory held idle, the condition's transition time
-    for requested GPUs left idle (it dates from the start of the idleness), unknown for
-    misuse (its announcement starts it)."""
-    if condition is None:
-        return Observation(None, certain=True)
-    if condition.get("status") == "Unknown":
-        return Observation(None, certain=False)
-    finding = finding_of(condition)
-    since = None
-    if finding == "HoldingIdleGPU":
-        since = held_idle_since
-    elif finding == "RequestedGPUsIdle":
-        since = parse_time(condition.get("lastTransitionTime"))
-    return Observation(finding, certain=True, since=since)

@@ -1,17 +1,17 @@
 """Policies carried out: the thin edge between policies.rule's steps and the API.
 
-Each reconcile asks the runner about each pod it judged (visit), with the pod's condition as
-this reconcile leaves it; the runner takes the one step the covering policy wants (see
-policies.rule), writes the pod's announcement annotation and an Event, and remembers the
-decision for the policy's status, which `flush` writes once per reconcile. A step that writes
-the pod first takes its write from the cluster-wide budget of pod writes (see debounce): over
-it, the step waits for a later reconcile, with no Event and nothing decided. This version carries
-out DryRun and Notify; an enforced ScaleToZero, Suspend, DeletePod or Evict is carried out by
-an Actor (see policies.act), which the operator has only with --policy-actions and the install's
-policy-actions part (the rights these need); without it the decision is recorded as
-NotPermitted, with a Warning Event, and nothing is attempted. An action refused for now (a
-PodDisruptionBudget) is tried again BLOCKED_RETRY later; one over the rate limits (see
-policies.limit) when they allow it.
+Each reconcile asks the runner about each pod it judged (visit), with the pod's finding as the
+judge observed it (see judge.findings), once the pod's marks state it; the runner takes the one
+step the covering policy wants (see policies.rule), writes the pod's announcement annotation
+and an Event, and remembers the decision for the policy's status, which `flush` writes once per
+reconcile. A step that writes the pod first takes its write from the cluster-wide budget of pod
+writes (see debounce): over it, the step waits for a later reconcile, with no Event and nothing
+decided. This version carries out DryRun and Notify; an enforced ScaleToZero, Suspend,
+DeletePod or Evict is carried out by an Actor (see policies.act), which the operator has only
+with --policy-actions and the install's policy-actions part (the rights these need); without it
+the decision is recorded as NotPermitted, with a Warning Event, and nothing is attempted. An
+action refused for now (a PodDisruptionBudget) is tried again BLOCKED_RETRY later; one over the
+rate limits (see policies.limit) when they allow it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter as TallyCounter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -30,10 +30,11 @@ from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec, Tar
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.informers.policies import PolicyWatch
+from gpuusage_operator.judge.findings import Observation
 from gpuusage_operator.judge.podstate import PodEvent
 from gpuusage_operator.policies.act import Actor, Result
 from gpuusage_operator.policies.limit import CLUSTER_ACTIONS_PER_HOUR, next_allowed, recent
-from gpuusage_operator.policies.rule import Step, next_step, observe
+from gpuusage_operator.policies.rule import Step, next_step
 from gpuusage_operator.policies.select import opt_out_hint, opted_out
 
 log = logging.getLogger(__name__)
@@ -104,14 +105,9 @@ class PolicyRunner:
     """The generation whose mode and rules this replica last wrote, by policy."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def visit(
-        self,
-        pod: PodSnapshot,
-        condition: Mapping[str, str] | None,
-        held_idle_since: datetime | None,
-        now: datetime,
-    ) -> datetime | None:
-        """Take the covering policy's next step about the pod; when to look again."""
+    def visit(self, pod: PodSnapshot, seen: Observation, now: datetime) -> datetime | None:
+        """Take the covering policy's next step about the pod, whose finding the judge
+        observed as `seen` and its marks now state; when to look again."""
         if not self.watch.synced:
             return None  # a partial view neither acts nor cancels
         ours = pod.our_annotations
@@ -127,7 +123,7 @@ class PolicyRunner:
         step = next_step(
             policy.name,
             policy.spec.rules,
-            observe(condition, held_idle_since),
+            seen,
             shown,
             exempt=opted_out(policy.spec, ours, namespace_exempt),
             now=now,
