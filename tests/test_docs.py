@@ -6,6 +6,7 @@ default they give a flag is the code's."""
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib.util
 import io
@@ -366,3 +367,73 @@ def test_the_default_checks_can_fail() -> None:
     row = "| operator `--pod-writes-per-second`, `--pod-write-burst` | 50, 400 | budget |"
     assert table_defaults(row) == ["operator --pod-write-burst | 400: the code's default is [500]"]
     assert table_defaults("| agent `--idle-after` | 1800 s | x |") != []  # the operator's
+
+
+# -- the reasons the operator writes -----------------------------------------------------------
+
+OPERATOR = ROOT / "operator" / "gpuusage_operator"
+
+
+def _literal(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def written_reasons(source: str) -> set[str]:
+    """The condition and Event reasons a module writes as literals: an Event's (PodEvent's
+    first argument), a pod condition's (`_gpu_in_use`'s second), a `reason=` argument, a
+    value given to a name `reason` or `REASON_*` (a mapping's values too). Reasons made up
+    from an outcome (`f"GPUPolicy{outcome}"`) are not read."""
+    found: set[str] = set()
+
+    def values(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            node = node.func.value  # {...}.get(outcome, ...)
+        if isinstance(node, ast.Dict):
+            return [v for v in map(_literal, node.values) if v]
+        text = _literal(node)
+        return [text] if text else []
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            at = {"PodEvent": 0, "_gpu_in_use": 1}.get(name)
+            if at is not None and len(node.args) > at:
+                found.update(values(node.args[at]))
+            found.update(v for kw in node.keywords if kw.arg == "reason" for v in values(kw.value))
+        targets: list[tuple[ast.expr, ast.expr]] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    targets += zip(target.elts, node.value.elts, strict=False)
+                else:
+                    targets.append((target, node.value))
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets.append((node.target, node.value))
+        for named, value in targets:
+            if isinstance(named, ast.Name) and (
+                named.id == "reason" or named.id.startswith("REASON_")
+            ):
+                found.update(values(value))
+    return found
+
+
+def test_every_reason_the_operator_writes_is_in_the_docs() -> None:
+    written = set()
+    for path in sorted(OPERATOR.rglob("*.py")):
+        written |= written_reasons(path.read_text())
+    assert len(written) >= 25, sorted(written)  # the code is read
+    text = "\n".join(d.read_text() for d in DOCUMENTS)
+    assert sorted(r for r in written if f"`{r}`" not in text and f"{r}:" not in text) == []
+
+
+def test_the_reason_check_reads_what_the_code_writes() -> None:
+    source = """
+REASON_X: Final = "Alpha"
+event = PodEvent("Beta", "note")
+condition = _gpu_in_use("True", "Gamma", "message")
+reason, status = "Delta", "True"
+reason = {"Done": "Epsilon"}.get(outcome, f"GPUPolicy{outcome}")
+made = Cause(reason="Zeta")
+"""
+    assert written_reasons(source) == {"Alpha", "Beta", "Gamma", "Delta", "Epsilon", "Zeta"}
