@@ -274,7 +274,8 @@ def make_world(
     `pod_extras` adds to a pod what create_running_pod takes (annotations, claims, templates);
     `operator_extras` and `agent_extras`, settings of the operator and of the agent;
     `leases`: the operator watches Leases in the world's namespace, and (`agent_lease`) the
-    agent renews its Lease there (every 2.5 s; an unchanged report is refreshed after 60 s).
+    agent renews its Lease there (every 2.5 s, a 10 s Lease; an unchanged report is refreshed
+    after 60 s). `stale_after` None: the operator judges a node by its Lease's duration.
     `write(notebook=True)` puts train on GPU0 (with Xorg) and the notebook on GPU1;
     `scenario(gpus)` writes any other scenario. operator=False: no operator of its own (a second
     node beside a world that has one).
@@ -287,7 +288,7 @@ def make_world(
         idle_after: float = 1800.0,
         operator: bool = True,
         attribution_grace: float = 120.0,
-        stale_after: float = 4.0,
+        stale_after: float | None = 4.0,
         pod_extras: dict[str, dict[str, Any]] | None = None,
         operator_extras: dict[str, Any] | None = None,
         agent_extras: dict[str, Any] | None = None,

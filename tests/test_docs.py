@@ -357,7 +357,7 @@ def test_the_readmes_table_of_settings_gives_the_codes_defaults() -> None:
 
 
 def test_the_default_checks_can_fail() -> None:
-    assert table_defaults("| operator `--stale-after` | 120 s | x |") != []
+    assert table_defaults("| operator `--stale-after` | 180 s | x |") != []  # unset in code
     assert named_defaults("flagged after `--idle-after` (1200 s) without use") == [
         "--idle-after (1200): the code's default is [1800.0]"
     ]

@@ -9,12 +9,14 @@ from gpuusage.api import names
 from gpuusage.api.models import Condition, GpuNodeUsageStatus
 from gpuusage.api.times import format_time
 from gpuusage_operator.judge.freshness import (
+    DEFAULT_STALE_AFTER,
     Renewal,
     Sighting,
     alive_at,
     is_stale,
     sight,
     stale_condition,
+    threshold,
 )
 
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
@@ -145,3 +147,11 @@ def test_a_lease_found_at_start_does_not_revive_a_report_already_stale() -> None
     assert alive_at(stale, replace(found, witnessed=True)) == now
     assert alive_at(Sighting(4, OBSERVED, stale=False), found) == now
     assert alive_at(stale, None) == OBSERVED, "no Lease: the report alone"
+
+
+def test_the_threshold_is_the_setting_else_the_leases_duration_else_three_minutes() -> None:
+    leased = Renewal("ns/n", OBSERVED, True, timedelta(seconds=40))
+    assert threshold(timedelta(seconds=90), leased) == timedelta(seconds=90)
+    assert threshold(None, leased) == timedelta(seconds=40)
+    assert threshold(None, Renewal("ns/n", OBSERVED, True)) == DEFAULT_STALE_AFTER
+    assert threshold(None, None) == DEFAULT_STALE_AFTER

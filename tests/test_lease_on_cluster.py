@@ -145,3 +145,20 @@ def test_a_report_the_apiserver_refuses_is_not_kept_fresh_by_the_lease(
     wait_for(lambda: _stale(world)["status"] == "False", what="fresh once admitted")
     world.write(notebook=True)  # the next change is published whole
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="the change shown")
+
+
+def test_unless_told_otherwise_a_node_is_stale_after_its_leases_own_duration(
+    make_world: WorldFactory,
+) -> None:
+    """No --stale-after: the agent's 10 s Lease says how long it vouches for itself, and the
+    operator holds it to that, as the node lifecycle controller holds a kubelet."""
+    world = make_world(leases=True, agent_lease=True, stale_after=None)
+    fresh = wait_for(
+        lambda: (s := _stale(world))["reason"] == "LeaseRenewed" and s, what="fresh by the Lease"
+    )
+    assert "within the 10s threshold" in fresh["message"]
+    world.agent.halt()
+    stale = wait_for(lambda: (s := _stale(world))["status"] == "True" and s, what="stale")
+    assert stale["reason"] == "ReportOutdated"
+    assert "(threshold 10s)" in stale["message"]
+    wait_for(lambda: condition(pod(world, "train")).status == "Unknown", what="train Unknown")

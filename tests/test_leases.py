@@ -213,3 +213,58 @@ def test_what_the_operator_counts_as_a_renewal() -> None:
     relisted.apply("DELETED", _lease("n1", None))
     assert memory == {}
     assert news[-1] == {"n1"}
+
+
+def test_the_operator_keeps_each_leases_duration_and_hears_when_it_changes() -> None:
+    memory: dict[str, Seen] = {}
+    news: list[set[str]] = []
+    state = LeaseState(memory, lambda: T0, news.append)
+    renewed = "2026-11-24T08:59:50.000000Z"
+    first = _lease("n1", renewed)
+    first["spec"]["leaseDurationSeconds"] = 40
+    state.apply("ADDED", first)
+    assert memory["n1"].duration == timedelta(seconds=40)
+    longer = _lease("n1", renewed)
+    longer["spec"]["leaseDurationSeconds"] = 120
+    state.apply("MODIFIED", longer)  # no renewal, a new duration: when it turns stale moved
+    assert memory["n1"] == Seen(renewed, T0, witnessed=False, duration=timedelta(seconds=120))
+    assert news == [{"n1"}, {"n1"}]
+    broken = _lease("n1", renewed)
+    broken["spec"]["leaseDurationSeconds"] = "soon"
+    state.apply("MODIFIED", broken)
+    assert memory["n1"].duration is None  # judged by the operator's default then
+
+
+def test_renewals_the_operator_could_not_watch_for_are_not_counted_against_the_node() -> None:
+    """While the Lease watch is interrupted, and from its next list until a renewal is seen,
+    the agent is given from that list on: the operator's own blind spell (an apiserver
+    restart) never makes a live node stale. Such a floor is no witnessed renewal."""
+    from gpuusage_operator.informers.leases import LeaseWatch  # noqa: PLC0415
+
+    now = [T0]
+    watch = LeaseWatch(None, "system", clock=lambda: now[0])
+    watch.available.set()
+    watch.informer.state.apply("ADDED", _lease("n1", "2026-11-24T08:59:50.000000Z"))
+    watch.informer.synced.set()
+    now[0] = T0 + timedelta(seconds=10)
+    watch.informer.state.apply("MODIFIED", _lease("n1", "2026-11-24T09:00:10.000000Z"))
+    seen = watch.renewal("n1")
+    assert seen is not None
+    assert (seen.seen_at, seen.witnessed) == (T0 + timedelta(seconds=10), True)
+
+    watch.informer.synced.clear()  # the watch breaks; a list is tried again 30 s later
+    now[0] = T0 + timedelta(seconds=40)
+    relisted = watch._new_state()
+    blind = watch.renewal("n1")
+    assert blind is not None
+    assert (blind.seen_at, blind.witnessed) == (T0 + timedelta(seconds=40), False)
+    relisted.apply("ADDED", _lease("n1", "2026-11-24T09:00:10.000000Z"))  # no renewal since
+    watch.informer.synced.set()
+    now[0] = T0 + timedelta(seconds=45)
+    after = watch.renewal("n1")
+    assert after is not None
+    assert (after.seen_at, after.witnessed) == (T0 + timedelta(seconds=40), False)
+    relisted.apply("MODIFIED", _lease("n1", "2026-11-24T09:00:45.000000Z"))
+    renewed = watch.renewal("n1")
+    assert renewed is not None
+    assert (renewed.seen_at, renewed.witnessed) == (T0 + timedelta(seconds=45), True)

@@ -114,3 +114,43 @@ def test_an_announcement_takes_its_write_from_the_budget() -> None:
     assert not marker.admit_pod(shown)
     assert marker.counts.writes_deferred == 1
     assert due == [{"n1"}]
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def record(self, namespace: str, regarding: Any, what: Any, note: str, now: Any) -> None:
+        self.reasons.append(what.reason)
+
+
+def test_a_finding_seen_again_after_a_spell_of_unknown_is_not_flagged_again() -> None:
+    """Unrequested use, then the node's report stale (Unknown), then the same use again: one
+    Warning. Another finding after the spell is one: it was not what the pod showed."""
+    from gpuusage.api.models import Process  # noqa: PLC0415
+    from gpuusage_operator.judge.allocation import Allocation, Judgement  # noqa: PLC0415
+    from gpuusage_operator.judge.resolution import PodUse, Resolution  # noqa: PLC0415
+
+    pods, events = _Pods(), _Recorded()
+    recorder: Any = events
+    marker = PodMarker(core=pods, counts=Counts(), events=recorder, write_budget=WriteBudget())
+
+    def judged(finding: Any) -> None:
+        pod = snapshot_of(pods.pod)
+        assert pod is not None
+        use = PodUse(pod, "n1", NOW, (Resolution("GPU-0", Process(pid=7), pod),))
+        verdict = Verdict(pod, "InUse", use, judgement=Judgement(Allocation(), finding))
+        marker.mark(verdict, "n1", NOW)
+
+    def unknown() -> None:
+        pod = snapshot_of(pods.pod)
+        assert pod is not None
+        marker.mark(Verdict(pod, "Unknown"), "n1", NOW)
+
+    judged("Unrequested")
+    unknown()
+    judged("Unrequested")
+    assert events.reasons == ["UsingUnrequestedGPU"]
+    unknown()
+    judged("Unallocated")  # not what it showed before the spell
+    assert events.reasons == ["UsingUnrequestedGPU", "UsingUnallocatedGPU"]

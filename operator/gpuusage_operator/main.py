@@ -120,7 +120,7 @@ class Operator:
             book,
             rules=rules,
             driver_namespaces=settings.driver_namespace_set(),
-            stale_after=timedelta(seconds=settings.stale_after),
+            stale_after=(timedelta(seconds=settings.stale_after) if settings.stale_after else None),
             idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
             restart_grace=timedelta(seconds=settings.restart_grace),
             policies=runner,

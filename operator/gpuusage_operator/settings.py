@@ -22,9 +22,11 @@ from gpuusage_operator.policies.limit import CLUSTER_ACTIONS_PER_HOUR
 class OperatorSettings(CommandSettings):
     kubeconfig: Path | None = None
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
-    stale_after: float = Field(default=180.0, gt=0)
+    stale_after: float | None = Field(default=None, gt=0)
     """Seconds without a sign of life from a node's agent (a renewal of its Lease, or a change
-    of its report) after which its report is stale, by the operator's clock."""
+    of its report) after which its report is stale, by the operator's clock. Unset: the
+    agent's Lease's own duration (leaseDurationSeconds, the agent's --lease-duration), as the
+    node lifecycle controller judges a kubelet, or 180 for an agent that renews no Lease."""
     idle_after: float = Field(default=1800.0, ge=0)
     """Seconds a running pod may leave the GPUs it requested unused before it is flagged
     (status.idlePods, pod condition reason RequestedGPUsIdle, a Warning Event); 0: never. Judged

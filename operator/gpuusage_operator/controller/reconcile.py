@@ -43,11 +43,11 @@ from gpuusage_operator.index.dra import NO_DRA, DraLookup
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.findings import observe
 from gpuusage_operator.judge.freshness import (
-    DEFAULT_STALE_AFTER,
     Renewal,
     alive_at,
     is_stale,
     sight,
+    threshold,
 )
 from gpuusage_operator.judge.idle import DEFAULT_IDLE_AFTER
 from gpuusage_operator.judge.podstate import Verdict
@@ -147,7 +147,9 @@ class Reconciler:
     (both would decide from the same pod state and both write: two start Events)."""
     book: ReportBook = field(default_factory=ReportBook)
     """What this replica remembers of each report (see reports)."""
-    stale_after: timedelta = DEFAULT_STALE_AFTER
+    stale_after: timedelta | None = None
+    """--stale-after; None: each node by its agent's Lease's duration, else three minutes
+    (see freshness.threshold)."""
     idle_after: timedelta | None = DEFAULT_IDLE_AFTER
     """How long requested GPUs may go unused before the pod is flagged; None: never."""
     restart_grace: timedelta = RESTART_GRACE
@@ -205,17 +207,17 @@ class Reconciler:
             log.error("GpuNodeUsage %s cannot be read: %s", name, exc)
             return False
         generation = body["metadata"].get("generation")
+        renewal = self.renewals(name)
         sighting = sight(
             None if memory is None else memory.sighting,
             generation,
             spec.observed_at,
             previous,
             now,
-            stale_after=self.stale_after,
+            stale_after=threshold(self.stale_after, renewal),
         )
         memory = ReportMemory(sighting) if memory is None else replace(memory, sighting=sighting)
         self.book.put(name, memory)
-        renewal = self.renewals(name)
         decision = judge_report(
             spec,
             previous,
@@ -297,8 +299,9 @@ class Reconciler:
         memory = self.book.get(name)
         if memory is None:
             return False
-        seen = memory.sighting
-        return is_stale(alive_at(seen, self.renewals(name)), now, self.stale_after) != seen.stale
+        seen, renewal = memory.sighting, self.renewals(name)
+        limit = threshold(self.stale_after, renewal)
+        return is_stale(alive_at(seen, renewal), now, limit) != seen.stale
 
     def watch_staleness(self, name: str, now: datetime) -> None:
         """A fresh report turns stale with no event (a dead agent writes nothing): its name is
@@ -307,8 +310,8 @@ class Reconciler:
         memory = self.book.get(name)
         if memory is None or memory.sighting.stale:
             return
-        seen = memory.sighting
-        turns = alive_at(seen, self.renewals(name)) + self.stale_after
+        seen, renewal = memory.sighting, self.renewals(name)
+        turns = alive_at(seen, renewal) + threshold(self.stale_after, renewal)
         delay = (turns - now).total_seconds() + STALE_MARGIN
         self.queue.add_after(name, delay, STALENESS)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from gpuusage.api import names
@@ -36,6 +36,16 @@ class Seen:
     renew_time: str | None
     seen_at: datetime
     witnessed: bool
+    duration: timedelta | None = None
+    """The Lease's leaseDurationSeconds: how long its holder vouches for itself."""
+
+
+def lease_duration(spec: Mapping[str, Any]) -> timedelta | None:
+    """A Lease's leaseDurationSeconds as a duration (None: absent or not a positive number)."""
+    seconds = spec.get("leaseDurationSeconds")
+    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds > 0:
+        return timedelta(seconds=seconds)
+    return None
 
 
 class LeaseState:
@@ -65,14 +75,17 @@ class LeaseState:
                 self._on_news({name})
             return
         self._names.add(name)
-        renew = spec.get("renewTime")
+        renew, duration = spec.get("renewTime"), lease_duration(spec)
         known = self._memory.get(name)
         if known is None:
-            self._memory[name] = Seen(renew, self._now(), witnessed=False)
+            self._memory[name] = Seen(renew, self._now(), witnessed=False, duration=duration)
             self._on_news({name})
         elif known.renew_time != renew:
-            self._memory[name] = Seen(renew, self._now(), witnessed=True)
+            self._memory[name] = Seen(renew, self._now(), witnessed=True, duration=duration)
             self._on_renewed(name)
+        elif known.duration != duration:  # a new duration changes when the node turns stale
+            self._memory[name] = Seen(renew, known.seen_at, known.witnessed, duration)
+            self._on_news({name})
 
     def _now(self) -> datetime:
         return self._clock().replace(microsecond=0)  # as the status keeps times
@@ -102,8 +115,10 @@ class LeaseWatch(OptionalWatch):
         idle_timeout: float = WATCH_IDLE,
     ) -> None:
         self.namespace = namespace
-        self._on_news = on_news
+        self._on_news, self._on_renewed, self._clock = on_news, on_renewed, clock
         self._memory: dict[str, Seen] = {}
+        self._listed_at = clock().replace(microsecond=0)
+        """When the watch's latest list began: before it, renewals could not be seen."""
         self.informer: Informer[LeaseState] = Informer(
             "lease",
             lambda limit, token: coordination.list_namespaced_lease(
@@ -112,7 +127,7 @@ class LeaseWatch(OptionalWatch):
             lambda version, idle: coordination.list_namespaced_lease(
                 namespace, **watch_kwargs(version, idle)
             ),
-            lambda: LeaseState(self._memory, clock, on_news, on_renewed),
+            self._new_state,
             health=health,
             on_gone=self._forget,
             idle_timeout=idle_timeout,
@@ -122,6 +137,12 @@ class LeaseWatch(OptionalWatch):
             lambda: coordination.list_namespaced_lease(namespace, limit=1, _preload_content=False),
             f"the agents' Leases in {namespace} cannot be read (%s): liveness from reports only",
         )
+
+    def _new_state(self) -> LeaseState:
+        """The state a list fills (each list, the first and every one after an interruption,
+        starts one): the moment is when renewals could be seen again."""
+        self._listed_at = self._clock().replace(microsecond=0)
+        return LeaseState(self._memory, self._clock, self._on_news, self._on_renewed)
 
     def _forget(self, _: LeaseState, names: set[str]) -> None:
         """Leases gone while the watch was interrupted (found missing by a new list)."""
@@ -135,7 +156,17 @@ class LeaseWatch(OptionalWatch):
         return super().probe()
 
     def renewal(self, node: str) -> Renewal | None:
+        """What was seen of the node's Lease. While the watch is interrupted, and until a
+        renewal is seen after it lists again, renewals could not be seen: the agent is given
+        from the latest list on to show one (neither a renewal nor its absence is known of
+        the time the operator could not watch), as the node lifecycle controller does not
+        count its own blind spells against a node. Such a floor is no witnessed renewal, so
+        it never makes a report already stale fresh again."""
         seen = self._memory.get(node)
         if seen is None or not self.available.is_set():
             return None
-        return Renewal(f"{self.namespace}/{node}", seen.seen_at, seen.witnessed)
+        lease = f"{self.namespace}/{node}"
+        since = self._listed_at
+        if not self.informer.synced.is_set() or seen.seen_at < since:
+            return Renewal(lease, max(seen.seen_at, since), False, seen.duration)
+        return Renewal(lease, seen.seen_at, seen.witnessed, seen.duration)

@@ -1,8 +1,9 @@
 """Is a node's report fresh? The pure decision behind the Stale condition.
 
 A report is stale when the operator has seen no sign of life from its agent for longer than the
-threshold: the agent is gone, stuck, or cannot reach the API. The operator then marks the
-node's pods `Unknown` rather than pretending their GPU use is current.
+threshold (see threshold: the operator's --stale-after where set, else the agent's Lease's own
+duration, else three minutes): the agent is gone, stuck, or cannot reach the API. The
+operator then marks the node's pods `Unknown` rather than pretending their GPU use is current.
 
 Signs of life are renewals of the agent's Lease (named after the node, in the agent's
 namespace; see Renewal) and changes of the report. An agent that renews a Lease writes its
@@ -94,6 +95,20 @@ class Renewal:
     witnessed: bool
     """A renewal was seen happening, not only the Lease as it was found at the operator's
     start: only that can make a report its status calls stale fresh again."""
+    duration: timedelta | None = None
+    """The Lease's leaseDurationSeconds: how long the agent vouches for itself per renewal."""
+
+
+def threshold(stale_after: timedelta | None, renewal: Renewal | None) -> timedelta:
+    """How long without a sign of life a node's report may go before it is stale: the
+    operator's --stale-after where set; else, for an agent that renews a Lease, the Lease's
+    own duration, as the node lifecycle controller judges a kubelet's Lease; else
+    DEFAULT_STALE_AFTER (an agent without a Lease, judged by its report's rewrites)."""
+    if stale_after is not None:
+        return stale_after
+    if renewal is not None and renewal.duration is not None:
+        return renewal.duration
+    return DEFAULT_STALE_AFTER
 
 
 def alive_at(sighting: Sighting, renewal: Renewal | None) -> datetime:

@@ -278,17 +278,25 @@ class PodEvent:
     type: Literal["Normal", "Warning"] = "Normal"
 
 
-def event_for(previous: Mapping[str, Any] | None, new: Mapping[str, str]) -> PodEvent | None:
+def event_for(
+    previous: Mapping[str, Any] | None, new: Mapping[str, str], resumed: str | None = None
+) -> PodEvent | None:
     """The Event to record on a condition change, or None: only transitions, never per cycle.
 
     Use starting and ending are Normal; starting on a GPU the pod never requested, and
     requested GPUs turning idle, are Warnings (what a person looking at the pod should act on).
-    Use seen again after a spell of Unknown went on rather than started: no Event.
+    Use seen again after a spell of Unknown went on rather than started: no Event, and no
+    second Warning for a finding that is what the pod showed before the spell (`resumed`:
+    that reason, where known).
     """
     before = (previous or {}).get("status")
     before_reason = (previous or {}).get("reason")
     warned = WARNED_USE.get(new["reason"])
-    if new["status"] == "True" and before == "Unknown" and warned is None:
+    if (
+        new["status"] == "True"
+        and before == "Unknown"
+        and (warned is None or new["reason"] == resumed)
+    ):
         return None  # use seen again after a spell of not knowing: it went on, it did not start
     if new["status"] == "True" and before != "True":
         if warned is not None:
@@ -376,6 +384,7 @@ def plan_pod(
     *,
     remembered: Mapping[str, Any] | None = None,
     known: Mapping[str, str] | None = None,
+    resumed: str | None = None,
 ) -> PodPlan:
     """From what the pod shows now to what its verdict wants. An Unknown pod keeps the last
     known use in its annotations; an idle pod's condition dates from the start of its
@@ -384,7 +393,8 @@ def plan_pod(
     transition is judged from it (no Event for a condition put back as it was) and its
     transition time kept when its status stands. `known`: the annotations the operator last
     wrote on the pod, where it remembers them: an Unknown pod keeps those, not what someone may
-    have written over them since."""
+    have written over them since. `resumed`: the reason the pod showed before its condition
+    turned Unknown, where the operator remembers it (see event_for)."""
     if verdict.state == "InUse" and verdict.use is not None:
         wanted: dict[str, str] = desired_annotations(verdict.use)
     elif verdict.state == "Unknown":
@@ -402,7 +412,7 @@ def plan_pod(
         kept = condition_patch([remembered], condition, since)
         when = (kept or remembered).get("lastTransitionTime") or format_time(since)
         cpatch = {**condition, "lastTransitionTime": when}
-    event = event_for(previous, condition) if cpatch is not None else None
+    event = event_for(previous, condition, resumed) if cpatch is not None else None
     return PodPlan(
         annotations=wanted,
         annotation_patch=patch,

@@ -26,7 +26,7 @@ from gpuusage_operator.judge.certainty import (
     devices_of,
     sees_all,
 )
-from gpuusage_operator.judge.freshness import Renewal, Sighting, alive_at, is_stale
+from gpuusage_operator.judge.freshness import Renewal, Sighting, alive_at, is_stale, threshold
 from gpuusage_operator.judge.holding import held_idle, next_held_deadline
 from gpuusage_operator.judge.idle import Idle, idle_pods, next_idle_deadline
 from gpuusage_operator.judge.podstate import Verdict, verdicts
@@ -43,7 +43,8 @@ class Judging:
 
     rules: AllocationRules
     driver_namespaces: frozenset[str]
-    stale_after: timedelta
+    stale_after: timedelta | None
+    """--stale-after; None: each node by its Lease's duration (see freshness.threshold)."""
     idle_after: timedelta | None
     restart_grace: timedelta
     last: LastDevices
@@ -86,7 +87,8 @@ def judge_report(
     resolutions = list(resolve_all(spec, lookup, judging.driver_namespaces))
     uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
     judged = judgements(uses, spec, dra, rules)
-    fresh = not is_stale(alive_at(sighting, renewal), now, judging.stale_after)
+    stale_after = threshold(judging.stale_after, renewal)
+    fresh = not is_stale(alive_at(sighting, renewal), now, stale_after)
     blind = blind_spots(spec, resolutions)
     kubelet = KubeletView.of(spec)
     candidates = lookup.requesting_on_node(spec.node_name)
@@ -139,7 +141,7 @@ def judge_report(
         generation=generation,
         sighting=sighting,
         previous=previous,
-        stale_after=judging.stale_after,
+        stale_after=stale_after,
         idle=[i.entry() for i in idle],
         allocations=allocations,
         judged=judged,

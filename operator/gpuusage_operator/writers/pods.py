@@ -68,6 +68,9 @@ class PodMarker:
     """Reads one pod into the index again: called when a write was refused because the pod
     of that name is now another one."""
     _applied: dict[str, Applied] = field(default_factory=dict)
+    _resumed: dict[str, str] = field(default_factory=dict)
+    """Pod UID → the reason its condition had (True) before this replica turned it Unknown: a
+    finding seen again after the spell went on, and gets no second Warning."""
     _written: dict[str, dict[str, str]] = field(default_factory=dict)
     """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
     `_applied`, kept when someone else edits the pod: where a pod was last seen using GPUs is
@@ -86,6 +89,18 @@ class PodMarker:
         """The pod is gone: nothing of it is kept."""
         self._applied.pop(uid, None)
         self._written.pop(uid, None)
+        self._resumed.pop(uid, None)
+
+    def _remember_spell(
+        self, uid: str, before: dict[str, str] | None, after: dict[str, Any]
+    ) -> None:
+        """A condition written: turned Unknown from True, the reason it had is kept for when
+        use is seen again; known again (True or False), the spell is over."""
+        status = after.get("status")
+        if status != "Unknown":
+            self._resumed.pop(uid, None)
+        elif before is not None and before.get("status") == "True":
+            self._resumed[uid] = before.get("reason", "")
 
     def forget_written(self) -> None:
         """Another replica may have written since (this one was on standby): what this one
@@ -122,6 +137,7 @@ class PodMarker:
             now,
             remembered=remembered,
             known=self._written.get(ref.uid),
+            resumed=self._resumed.get(ref.uid),
         )
         versions = {ref.resource_version}
         writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
@@ -167,6 +183,8 @@ class PodMarker:
             return None
         if plan.annotation_patch is not None:
             self._written[ref.uid] = dict(plan.annotations)
+        if plan.condition_patch is not None:
+            self._remember_spell(ref.uid, applied.condition, plan.condition)
         if plan.annotation_patch is None and plan.condition_patch is None:
             return plan.condition  # nothing written: what the index shows stays the truth
         annotated, condition = pod_marks(answer)
