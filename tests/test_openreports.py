@@ -353,3 +353,29 @@ def test_the_writer_says_each_failure_once_and_lists_again_when_told(
     writer.forget()  # another replica was active meanwhile
     writer.publish(findings, [], now=NOW + timedelta(minutes=1))
     assert (api.lists, counts.openreport_writes) == (lists + 2, 1)  # both kinds listed
+
+
+def test_kept_results_are_ours_as_we_write_them() -> None:
+    stale = node_results(NodeFacts("gpu-a", True, None))
+    edited = {**stale[0], "severity": "unheard-of"}
+    foreign = {**stale[0], "source": "kyverno"}
+    content = {"results": [edited, foreign, "garbage", *stale]}
+    assert kept_results(content, {"gpu-a"}) == stale
+
+
+def test_only_reports_judged_since_this_replica_turned_active_are_published() -> None:
+    from gpuusage_operator.controller.reports import ReportBook, ReportMemory  # noqa: PLC0415
+    from gpuusage_operator.index.pods import PodLookup  # noqa: PLC0415
+    from gpuusage_operator.judge.freshness import Sighting  # noqa: PLC0415
+    from gpuusage_operator.openreports.gather import gather  # noqa: PLC0415
+
+    book = ReportBook()
+    for node in ("gpu-a", "gpu-gone"):
+        book.put(node, ReportMemory(Sighting(1, NOW, stale=True), judged=True))
+    found = gather(PodLookup({}), book, {"gpu-a", "gpu-b"})
+    assert [r["resources"][0]["name"] for r in found.nodes] == ["gpu-a"]  # gpu-gone: deleted
+    assert found.keep == {"gpu-b"}  # shown, not judged yet: what is published of it stays
+    book.unjudge()  # turned active after standing by: what it judged may be out of date
+    again = gather(PodLookup({}), book, {"gpu-a", "gpu-b"})
+    assert again.nodes == []
+    assert again.keep == frozenset({"gpu-a", "gpu-b"})

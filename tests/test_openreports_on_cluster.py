@@ -321,6 +321,21 @@ def test_the_writer_keeps_its_bound_repairs_hand_edits_and_leaves_others_reports
     assert len(_report(api, namespace)["results"]) == MAX_RESULTS + 1
     assert counts.openreport_errors == 0
 
+    # A person takes our label off: the list no longer shows it, the name is taken; the
+    # report is found by its name and written whole again, label and all.
+    custom.patch_namespaced_custom_object(
+        *GROUP,
+        namespace,
+        names.OPENREPORTS_REPORTS,
+        names.OPENREPORT_NAME,
+        {"metadata": {"labels": {names.MANAGED_BY_LABEL: None}}},
+    )
+    for _ in range(2):
+        writer.publish(findings, [], now=now)
+    relabelled = _report(api, namespace)
+    assert relabelled["metadata"]["labels"] == {names.MANAGED_BY_LABEL: names.MANAGED_BY}
+    assert len(relabelled["results"]) == MAX_RESULTS + 1
+
     # The findings go: our Report goes, Kyverno's stays as it was.
     writer.publish({}, [], now=now)
     assert _absent(api, namespace)

@@ -154,3 +154,19 @@ def test_a_finding_seen_again_after_a_spell_of_unknown_is_not_flagged_again() ->
     unknown()
     judged("Unallocated")  # not what it showed before the spell
     assert events.reasons == ["UsingUnrequestedGPU", "UsingUnallocatedGPU"]
+
+
+def test_known_again_as_before_the_spell_records_no_event() -> None:
+    from gpuusage_operator.judge.podstate import event_for  # noqa: PLC0415
+
+    unknown = {"status": "Unknown", "reason": "NodeReportStale"}
+    idle = {"status": "False", "reason": "RequestedGPUsIdle"}
+    ended = {"status": "False", "reason": "ProcessesEnded"}
+    assert event_for(unknown, idle, resumed="RequestedGPUsIdle") is None
+    warned = event_for(unknown, idle)
+    assert warned is not None
+    assert warned.type == "Warning"  # not remembered: said again
+    assert event_for(unknown, ended, resumed="ProcessesEnded") is None
+    moved = event_for(unknown, ended, resumed="ProcessesRunning")
+    assert moved is not None
+    assert moved.reason == "GPUUseEnded"

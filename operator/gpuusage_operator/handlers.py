@@ -70,6 +70,7 @@ def build_registry(
     def turned_active() -> None:
         """Another replica may have written meanwhile: what this one wrote is not the latest."""
         reconciler.marker.forget_written()
+        reconciler.book.unjudge()
         if openreports is not None:
             openreports.forget()
 

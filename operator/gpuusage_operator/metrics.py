@@ -58,6 +58,11 @@ class _ReconcilerCollector(Collector):
                 decided.add_metric([policy, action, outcome], n)
             yield decided
         yield CounterMetricFamily(
+            "gpuusage_operator_openreport_errors",
+            "OpenReports writes that did not land (tried again at the next housekeeping pass).",
+            value=c.openreport_errors,
+        )
+        yield CounterMetricFamily(
             "gpuusage_operator_status_write_conflicts",
             "Status writes of only what changed that the apiserver refused because the report "
             "had changed since it was read; the whole status was written instead.",

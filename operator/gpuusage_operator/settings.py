@@ -26,7 +26,7 @@ class OperatorSettings(CommandSettings):
     """Seconds without a sign of life from a node's agent (a renewal of its Lease, or a change
     of its report) after which its report is stale, by the operator's clock. Unset: the
     agent's Lease's own duration (leaseDurationSeconds, the agent's --lease-duration), as the
-    node lifecycle controller judges a kubelet, or 180 for an agent that renews no Lease."""
+    kubelet's Lease holds it alive, or 180 for an agent that renews no Lease."""
     idle_after: float = Field(default=1800.0, ge=0)
     """Seconds a running pod may leave the GPUs it requested unused before it is flagged
     (status.idlePods, pod condition reason RequestedGPUsIdle, a Warning Event); 0: never. Judged

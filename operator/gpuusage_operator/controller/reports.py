@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter as TallyCounter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuusage.api.models import OrphanedMemory
@@ -71,6 +71,12 @@ class ReportBook:
         version = meta.get("resourceVersion")
         memory = self._reports.get(meta["name"])
         return version is not None and memory is not None and memory.echo == version
+
+    def unjudge(self) -> None:
+        """What was judged may be out of date (this replica stood by, its watches paused): no
+        record counts as judged until a reconcile judges it again."""
+        for name, memory in list(self._reports.items()):
+            self._reports[name] = replace(memory, judged=False)
 
     def judged(self) -> dict[str, ReportMemory]:
         """The reports a reconcile has judged whole, by name."""

@@ -159,9 +159,10 @@ class LeaseWatch(OptionalWatch):
         """What was seen of the node's Lease. While the watch is interrupted, and until a
         renewal is seen after it lists again, renewals could not be seen: the agent is given
         from the latest list on to show one (neither a renewal nor its absence is known of
-        the time the operator could not watch), as the node lifecycle controller does not
-        count its own blind spells against a node. Such a floor is no witnessed renewal, so
-        it never makes a report already stale fresh again."""
+        the time the operator could not watch: its own blind spell is not the node's). Such a
+        floor is no witnessed renewal, so it never makes a report already stale fresh again.
+        Every list grants it, a list after an expired watch too: staleness comes at most one
+        duration later for it."""
         seen = self._memory.get(node)
         if seen is None or not self.available.is_set():
             return None

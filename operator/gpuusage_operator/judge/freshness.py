@@ -102,7 +102,7 @@ class Renewal:
 def threshold(stale_after: timedelta | None, renewal: Renewal | None) -> timedelta:
     """How long without a sign of life a node's report may go before it is stale: the
     operator's --stale-after where set; else, for an agent that renews a Lease, the Lease's
-    own duration, as the node lifecycle controller judges a kubelet's Lease; else
+    own duration (what the agent vouches for with each renewal); else
     DEFAULT_STALE_AFTER (an agent without a Lease, judged by its report's rewrites)."""
     if stale_after is not None:
         return stale_after

@@ -292,11 +292,9 @@ def event_for(
     before = (previous or {}).get("status")
     before_reason = (previous or {}).get("reason")
     warned = WARNED_USE.get(new["reason"])
-    if (
-        new["status"] == "True"
-        and before == "Unknown"
-        and (warned is None or new["reason"] == resumed)
-    ):
+    if before == "Unknown" and resumed is not None and new["reason"] == resumed:
+        return None  # known again as it was before the spell: nothing happened to the pod
+    if new["status"] == "True" and before == "Unknown" and warned is None:
         return None  # use seen again after a spell of not knowing: it went on, it did not start
     if new["status"] == "True" and before != "True":
         if warned is not None:

@@ -38,7 +38,8 @@ def gather(
         for node in sorted(lookup.nodes_with_our_marks())
         for pod in lookup.on_node_with_our_marks(node)
     ]
-    judged = book.judged()
+    shown = set(shown)
+    judged = {name: memory for name, memory in book.judged().items() if name in shown}
     nodes = [
         result
         for name, memory in sorted(judged.items())
@@ -46,4 +47,4 @@ def gather(
             NodeFacts(name, memory.sighting.stale, memory.orphaned, memory.blind), node_rule
         )
     ]
-    return Findings(namespace_results(pods), nodes, frozenset(set(shown) - set(judged)))
+    return Findings(namespace_results(pods), nodes, frozenset(shown - set(judged)))

@@ -163,7 +163,8 @@ def node_results(
     if facts.stale:
         message = (
             f"the GPU report of node {node} is stale: its agent has shown no sign of life for "
-            "the operator's --stale-after, so nothing about its GPUs or pods can be judged"
+            "longer than the operator allows (its Lease's duration, or --stale-after), so "
+            "nothing about its GPUs or pods can be judged"
         )
         return [_result("NodeReportStale", "NodeReportStale", resource, message)]
     found: list[dict[str, Any]] = []
@@ -259,11 +260,16 @@ def report_content(
 
 
 def kept_results(content: Mapping[str, Any], nodes: Collection[str]) -> list[dict[str, Any]]:
-    """The results a report's content holds about these nodes (as they stand)."""
+    """The results a report's content holds about these nodes (as they stand): ours only, as
+    we write them (a hand-edited result that is not is dropped, never republished)."""
     kept = []
     for result in content.get("results") or []:
+        if not isinstance(result, dict):
+            continue
         resource = (result.get("resources") or [{}])[0]
-        if resource.get("kind") == "Node" and resource.get("name") in nodes:
+        ours = result.get("source") == names.OPENREPORT_SOURCE and result.get("rule") in RULES
+        valid = result.get("severity") in SEVERITY_ORDER and result.get("result") in STATUS_FILTER
+        if ours and valid and resource.get("kind") == "Node" and resource.get("name") in nodes:
             kept.append(result)
     return kept
 

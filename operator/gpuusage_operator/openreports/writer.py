@@ -216,7 +216,14 @@ class OpenReportsWriter:
         if stored is not None:
             body["metadata"]["resourceVersion"] = stored.version
         try:
-            answer = self._call("replace" if stored is not None else "create", key, body)
+            try:
+                answer = self._call("replace" if stored is not None else "create", key, body)
+            except Conflict:
+                taken = self._unlabelled(key) if stored is None else None
+                if taken is None:
+                    raise
+                body["metadata"]["resourceVersion"] = taken  # ours, its label taken off
+                answer = self._call("replace", key, body)
         except ApiError as error:
             self._failed(key, error)
             return
@@ -224,6 +231,33 @@ class OpenReportsWriter:
         self._said.pop(key, None)
         if self._known is not None:
             self._known[key] = _stored(raw.written_object(answer) or body)
+
+    def _unlabelled(self, key: str) -> str | None:
+        """The resourceVersion of the report under our name that our label-selected list did
+        not show (a person took the label off): written whole again, label and all. None:
+        there is none (it was created meanwhile: listed again)."""
+        plural = names.OPENREPORTS_CLUSTER_REPORTS if key == CLUSTER else names.OPENREPORTS_REPORTS
+        name = names.OPENREPORT_CLUSTER_NAME if key == CLUSTER else names.OPENREPORT_NAME
+        try:
+            if key == CLUSTER:
+                response = self._custom.list_cluster_custom_object(
+                    *_api(), plural, field_selector=f"metadata.name={name}", _preload_content=False
+                )
+            else:
+                response = self._custom.list_namespaced_custom_object(
+                    *_api(),
+                    key,
+                    plural,
+                    field_selector=f"metadata.name={name}",
+                    _preload_content=False,
+                )
+            found = list(raw.list_items(raw.body(response), {}))
+        except Exception:  # listed again from scratch instead
+            return None
+        labels = (found[0].get("metadata") or {}).get("labels") or {} if found else {}
+        if not found or labels.get(names.MANAGED_BY_LABEL) == names.MANAGED_BY:
+            return None
+        return str((found[0].get("metadata") or {}).get("resourceVersion", "")) or None
 
     def _delete(self, key: str, stored: Stored) -> None:
         options = {"preconditions": {"resourceVersion": stored.version}}

@@ -116,7 +116,9 @@ class PolicyRunner:
         if shown is not None and (policy is None or shown.policy != policy.name):
             # the announcement's policy no longer covers the pod (deleted, reselected)
             gone = self.watch.policy(shown.policy)
-            self._take(pod, Step("Cancel", why="RuleRemoved"), shown, gone is not None, now)
+            step = Step("Cancel", why="RuleRemoved")
+            if self._take(pod, step, shown, gone is not None, now) is not None:
+                return None  # not written (the budget): called off at a later reconcile
             shown = None
         if policy is None:
             return None

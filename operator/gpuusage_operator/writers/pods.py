@@ -94,18 +94,19 @@ class PodMarker:
     def _remember_spell(
         self, uid: str, before: dict[str, str] | None, after: dict[str, Any]
     ) -> None:
-        """A condition written: turned Unknown from True, the reason it had is kept for when
-        use is seen again; known again (True or False), the spell is over."""
+        """A condition written: turned Unknown from a known state, the reason it had is kept
+        for when the pod is known again; known again (True or False), the spell is over."""
         status = after.get("status")
         if status != "Unknown":
             self._resumed.pop(uid, None)
-        elif before is not None and before.get("status") == "True":
+        elif before is not None and before.get("status") in ("True", "False"):
             self._resumed[uid] = before.get("reason", "")
 
     def forget_written(self) -> None:
         """Another replica may have written since (this one was on standby): what this one
         wrote is no longer known to be the latest."""
         self._written.clear()
+        self._resumed.clear()
 
     def last_devices(self, pod: PodSnapshot) -> list[str] | None:
         """Where the pod was last seen using GPUs: what this replica wrote, where it wrote;
