@@ -199,13 +199,19 @@ def node_results(
     return found
 
 
+def _resource(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object a result is about (none for ResultsOmitted: empty)."""
+    found: Mapping[str, Any] = (result.get("resources") or [{}])[0]
+    return found
+
+
 def _key(result: Mapping[str, Any]) -> tuple[str, str]:
-    resource = (result.get("resources") or [{}])[0]
+    resource = _resource(result)
     return (str(resource.get("uid") or resource.get("name") or ""), str(result.get("rule", "")))
 
 
 def _order(result: Mapping[str, Any]) -> tuple[int, str, str, str]:
-    resource = (result.get("resources") or [{}])[0]
+    resource = _resource(result)
     return (
         SEVERITY_ORDER.index(result["severity"]),
         str(resource.get("name", "")),
@@ -266,7 +272,7 @@ def kept_results(content: Mapping[str, Any], nodes: Collection[str]) -> list[dic
     for result in content.get("results") or []:
         if not isinstance(result, dict):
             continue
-        resource = (result.get("resources") or [{}])[0]
+        resource = _resource(result)
         ours = result.get("source") == names.OPENREPORT_SOURCE and result.get("rule") in RULES
         valid = result.get("severity") in SEVERITY_ORDER and result.get("result") in STATUS_FILTER
         if ours and valid and resource.get("kind") == "Node" and resource.get("name") in nodes:

@@ -35,6 +35,7 @@ UNSERVED_RETRY = 60.0
 LIST_PAGE = 500
 CLUSTER = ""
 """The key of the ClusterReport among the namespaces' Reports."""
+API = (names.OPENREPORTS_GROUP, names.OPENREPORTS_VERSION)
 LISTING = "/list"
 """The key under which a failure to list is said (once)."""
 
@@ -42,6 +43,37 @@ LISTING = "/list"
 class ReportCounts(Protocol):
     def add(self, name: str, n: int = 1) -> None:
         """Count `n` more of `name` (safe from any thread)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the report of one key lives: the client's methods for its scope take `where`
+    (group, version, [namespace,] plural), then its name."""
+
+    scope: str
+    where: tuple[str, ...]
+    name: str
+    kind: str
+    said: str
+    """How the log names it."""
+
+
+def target(key: str) -> Target:
+    if key == CLUSTER:
+        return Target(
+            "cluster",
+            (*API, names.OPENREPORTS_CLUSTER_REPORTS),
+            names.OPENREPORT_CLUSTER_NAME,
+            "ClusterReport",
+            "the ClusterReport",
+        )
+    return Target(
+        "namespaced",
+        (*API, key, names.OPENREPORTS_REPORTS),
+        names.OPENREPORT_NAME,
+        "Report",
+        f"the Report in {key}",
+    )
 
 
 @dataclass(frozen=True)
@@ -157,7 +189,7 @@ class OpenReportsWriter:
             return None
         self._said.pop(LISTING, None)
         if self._unserved is not None:
-            log.info("OpenReports: %s/%s is served: findings are published", *_api())
+            log.info("OpenReports: %s/%s is served: findings are published", *API)
             self._unserved = None
         self._known, self._listed_at = found, at
         return found
@@ -165,7 +197,7 @@ class OpenReportsWriter:
     def _say_unserved(self, error: ApiError) -> None:
         why = "not served" if isinstance(error, NotFound) else "refused"
         if self._unserved != why:
-            group, version = _api()
+            group, version = API
             log.warning(
                 "OpenReports: %s/%s is %s (%s): findings are not published as reports "
                 "(install the OpenReports CRDs and the operator's rights on them, or turn this "
@@ -184,8 +216,7 @@ class OpenReportsWriter:
         while True:
             try:
                 response = self._custom.list_cluster_custom_object(
-                    names.OPENREPORTS_GROUP,
-                    names.OPENREPORTS_VERSION,
+                    *API,
                     plural,
                     label_selector=f"{names.MANAGED_BY_LABEL}={names.MANAGED_BY}",
                     limit=LIST_PAGE,
@@ -201,12 +232,12 @@ class OpenReportsWriter:
                 return items
 
     def _write(self, key: str, stored: Stored | None, content: dict[str, Any]) -> None:
-        kind = "ClusterReport" if key == CLUSTER else "Report"
+        at = target(key)
         body: dict[str, Any] = {
-            "apiVersion": f"{names.OPENREPORTS_GROUP}/{names.OPENREPORTS_VERSION}",
-            "kind": kind,
+            "apiVersion": "/".join(API),
+            "kind": at.kind,
             "metadata": {
-                "name": names.OPENREPORT_CLUSTER_NAME if key == CLUSTER else names.OPENREPORT_NAME,
+                "name": at.name,
                 "labels": {names.MANAGED_BY_LABEL: names.MANAGED_BY},
             },
             **content,
@@ -236,28 +267,19 @@ class OpenReportsWriter:
         """The resourceVersion of the report under our name that our label-selected list did
         not show (a person took the label off): written whole again, label and all. None:
         there is none (it was created meanwhile: listed again)."""
-        plural = names.OPENREPORTS_CLUSTER_REPORTS if key == CLUSTER else names.OPENREPORTS_REPORTS
-        name = names.OPENREPORT_CLUSTER_NAME if key == CLUSTER else names.OPENREPORT_NAME
+        at = target(key)
+        method = getattr(self._custom, f"list_{at.scope}_custom_object")
         try:
-            if key == CLUSTER:
-                response = self._custom.list_cluster_custom_object(
-                    *_api(), plural, field_selector=f"metadata.name={name}", _preload_content=False
-                )
-            else:
-                response = self._custom.list_namespaced_custom_object(
-                    *_api(),
-                    key,
-                    plural,
-                    field_selector=f"metadata.name={name}",
-                    _preload_content=False,
-                )
+            response = method(
+                *at.where, field_selector=f"metadata.name={at.name}", _preload_content=False
+            )
             found = list(raw.list_items(raw.body(response), {}))
         except Exception:  # listed again from scratch instead
             return None
-        labels = (found[0].get("metadata") or {}).get("labels") or {} if found else {}
-        if not found or labels.get(names.MANAGED_BY_LABEL) == names.MANAGED_BY:
+        meta = (found[0].get("metadata") or {}) if found else {}
+        if not found or (meta.get("labels") or {}).get(names.MANAGED_BY_LABEL) == names.MANAGED_BY:
             return None
-        return str((found[0].get("metadata") or {}).get("resourceVersion", "")) or None
+        return str(meta.get("resourceVersion", "")) or None
 
     def _delete(self, key: str, stored: Stored) -> None:
         options = {"preconditions": {"resourceVersion": stored.version}}
@@ -285,26 +307,19 @@ class OpenReportsWriter:
         if self._said.get(key) == said:
             return
         self._said[key] = said
-        where = "the ClusterReport" if key == CLUSTER else f"the Report in {key}"
+        where = target(key).said
         log.warning("OpenReports: %s not written (tried again next pass): %s", where, error)
 
     def _call(self, verb: str, key: str, body: dict[str, Any]) -> bytes:
-        plural = names.OPENREPORTS_CLUSTER_REPORTS if key == CLUSTER else names.OPENREPORTS_REPORTS
-        name = names.OPENREPORT_CLUSTER_NAME if key == CLUSTER else names.OPENREPORT_NAME
-        scope = "cluster" if key == CLUSTER else "namespaced"
-        where = (*_api(), *(() if key == CLUSTER else (key,)), plural)
-        method = getattr(self._custom, f"{verb}_{scope}_custom_object")
+        at = target(key)
+        method = getattr(self._custom, f"{verb}_{at.scope}_custom_object")
         try:
             if verb == "create":
-                answer = method(*where, body, _preload_content=False)
+                answer = method(*at.where, body, _preload_content=False)
             elif verb == "replace":
-                answer = method(*where, name, body, _preload_content=False)
+                answer = method(*at.where, at.name, body, _preload_content=False)
             else:
-                answer = method(*where, name, body=body, _preload_content=False)
+                answer = method(*at.where, at.name, body=body, _preload_content=False)
             return raw.body(answer)
         except Exception as exc:
             raise translate(exc) from exc
-
-
-def _api() -> tuple[str, str]:
-    return names.OPENREPORTS_GROUP, names.OPENREPORTS_VERSION

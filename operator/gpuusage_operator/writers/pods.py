@@ -69,8 +69,8 @@ class PodMarker:
     of that name is now another one."""
     _applied: dict[str, Applied] = field(default_factory=dict)
     _resumed: dict[str, str] = field(default_factory=dict)
-    """Pod UID → the reason its condition had (True) before this replica turned it Unknown: a
-    finding seen again after the spell went on, and gets no second Warning."""
+    """Pod UID → the reason its condition had (True or False) before this replica turned it
+    Unknown: the pod known again as it was is no event (a finding gets no second Warning)."""
     _written: dict[str, dict[str, str]] = field(default_factory=dict)
     """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
     `_applied`, kept when someone else edits the pod: where a pod was last seen using GPUs is
