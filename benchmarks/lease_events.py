@@ -165,6 +165,7 @@ def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> R
         cast(Any, None),
         ActiveGate(api, None),
         cast(Any, None),  # the metrics: touched only by a reconcile or a failure
+        read=lambda name: None,  # no reconcile runs
         debounce=Debounce(),
         clock=lambda: datetime.now(UTC),
         ready=lambda: True,

@@ -10,11 +10,13 @@ import pytest
 
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
+from gpuusage_operator.index.dra import NO_DRA
 from gpuusage_operator.index.pods import REQUESTING_KEY, PodSnapshot, index_keys, snapshot_of
-from gpuusage_operator.judge.allocation import AllocatedDevice, Allocation
+from gpuusage_operator.judge.allocation import AllocatedDevice, Allocation, allocation_of
 from gpuusage_operator.judge.certainty import blind_spots
 from gpuusage_operator.judge.idle import idle_pods, idle_since, next_idle_deadline
 from gpuusage_operator.judge.podstate import condition_patch, desired_condition
+from gpuusage_operator.judge.requests import DEFAULT_RULES
 from tests.examples import example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
@@ -45,6 +47,12 @@ def body(
             "conditions": [condition] if condition else [],
         },
     }
+
+
+def by_request(pod: PodSnapshot) -> Allocation:
+    """What the pod was handed by its requests alone (no claims, no kubelet: the report's
+    rule with nothing else known)."""
+    return allocation_of(pod.claimed, NO_DRA, DEFAULT_RULES)
 
 
 def ref(**kwargs: Any) -> PodSnapshot:
@@ -92,7 +100,9 @@ def test_idle_since(condition: dict[str, str] | None, expected: datetime) -> Non
 
 
 def test_not_candidates() -> None:
-    assert idle_pods([ref(gpus=0)], in_use=set(), now=NOW, idle_after=HOUR) == []
+    assert (
+        idle_pods([ref(gpus=0)], in_use=set(), now=NOW, idle_after=HOUR, allocated=by_request) == []
+    )
     assert idle_since(ref(phase="Pending"), NOW) is None
 
 
@@ -118,11 +128,18 @@ def test_claims_and_shares_are_judged_by_what_they_got() -> None:
 
 def test_threshold_in_use_and_switch_off() -> None:
     waiting, ended = ref(), ref(condition=cond("False", "ProcessesEnded", NOW - HOUR / 2))
-    found = idle_pods([waiting, ended], in_use=set(), now=NOW, idle_after=HOUR)
+    found = idle_pods(
+        [waiting, ended], in_use=set(), now=NOW, idle_after=HOUR, allocated=by_request
+    )
     assert [(i.pod.uid, i.since) for i in found] == [("u-1", STARTED)], "30 min < 1 h"
-    assert idle_pods([waiting], in_use={"u-1"}, now=NOW, idle_after=HOUR) == []
-    assert idle_pods([waiting], in_use=set(), now=NOW, idle_after=None) == []
-    assert len(idle_pods([ended], in_use=set(), now=NOW, idle_after=HOUR / 2)) == 1, "boundary"
+    assert (
+        idle_pods([waiting], in_use={"u-1"}, now=NOW, idle_after=HOUR, allocated=by_request) == []
+    )
+    assert idle_pods([waiting], in_use=set(), now=NOW, idle_after=None, allocated=by_request) == []
+    assert (
+        len(idle_pods([ended], in_use=set(), now=NOW, idle_after=HOUR / 2, allocated=by_request))
+        == 1
+    ), "boundary"
 
 
 def test_incomplete_reports_judge_nobody() -> None:
@@ -142,7 +159,7 @@ def test_incomplete_reports_judge_nobody() -> None:
 def test_flagging_is_stable_once_written() -> None:
     """The condition written for an idle pod reads back as the same idleness: no flip-flop."""
     waiting = ref()
-    (first,) = idle_pods([waiting], in_use=set(), now=NOW, idle_after=HOUR)
+    (first,) = idle_pods([waiting], in_use=set(), now=NOW, idle_after=HOUR, allocated=by_request)
     wanted = desired_condition("Idle", None, "n1", first)
     assert (wanted["status"], wanted["reason"]) == ("False", "RequestedGPUsIdle")
     assert "given 2 GPUs (device plugin)" in wanted["message"]
@@ -150,7 +167,9 @@ def test_flagging_is_stable_once_written() -> None:
     written = condition_patch([], wanted, first.since)
     assert written is not None
     later = NOW + timedelta(minutes=5)
-    (again,) = idle_pods([ref(condition=written)], in_use=set(), now=later, idle_after=HOUR)
+    (again,) = idle_pods(
+        [ref(condition=written)], in_use=set(), now=later, idle_after=HOUR, allocated=by_request
+    )
     assert again.since == first.since
     assert condition_patch([written], desired_condition("Idle", None, "n1", again), later) is None
 
@@ -162,7 +181,18 @@ def test_the_next_deadline_is_when_the_next_pod_would_turn_idle() -> None:
     waiting = ref()  # started two hours ago: already idle for an hour's threshold
     due = next_idle_deadline([ended, waiting], in_use=set(), now=NOW, idle_after=HOUR)
     assert due == NOW + HOUR / 2, "the already idle pod needs no wake-up"
-    assert idle_pods([ended], in_use=set(), now=due - timedelta(seconds=1), idle_after=HOUR) == []
-    assert len(idle_pods([ended], in_use=set(), now=due, idle_after=HOUR)) == 1
+    assert (
+        idle_pods(
+            [ended],
+            in_use=set(),
+            now=due - timedelta(seconds=1),
+            idle_after=HOUR,
+            allocated=by_request,
+        )
+        == []
+    )
+    assert (
+        len(idle_pods([ended], in_use=set(), now=due, idle_after=HOUR, allocated=by_request)) == 1
+    )
     assert next_idle_deadline([ended], in_use={"u-1"}, now=NOW, idle_after=HOUR) is None
     assert next_idle_deadline([ended], in_use=set(), now=NOW, idle_after=None) is None

@@ -12,6 +12,7 @@ from gpuusage.api import names
 from gpuusage.api.models import Process
 from gpuusage_operator.ha.peering import MAX_PRIORITY, is_active, live_peers, random_priority
 from gpuusage_operator.index.pods import index_keys, snapshot_of
+from gpuusage_operator.judge.allocation import judgements
 from gpuusage_operator.judge.freshness import Sighting
 from gpuusage_operator.judge.podstate import (
     annotation_patch,
@@ -373,11 +374,17 @@ def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
     assert status.totals is not None
     assert status.totals.unrequested_pods == 1
     uses = pod_uses("gpu-node-a", OBSERVED, resolve_all(spec_, pod_lookup(sneaky, honest)))
-    condition = desired_condition("InUse", uses[POD_TRAIN], "gpu-node-a")
-    assert (condition["status"], condition["reason"]) == ("True", "UsingUnrequestedGPU")
-    assert desired_condition("InUse", uses[POD_NOTEBOOK], "gpu-node-a")["reason"] == (
-        "ProcessesRunning"
+    judged = judgements(uses, spec_)
+    condition = desired_condition(
+        "InUse", uses[POD_TRAIN], "gpu-node-a", judgement=judged[POD_TRAIN]
     )
+    assert (condition["status"], condition["reason"]) == ("True", "UsingUnrequestedGPU")
+    notebook = desired_condition(
+        "InUse", uses[POD_NOTEBOOK], "gpu-node-a", judgement=judged[POD_NOTEBOOK]
+    )
+    assert notebook["reason"] == "ProcessesRunning"
+    unjudged = desired_condition("InUse", uses[POD_TRAIN], "gpu-node-a")
+    assert unjudged["reason"] == "ProcessesRunning", "no judgement, no finding: no second rule"
 
 
 def test_a_pods_share_of_a_device_adds_its_processes_up() -> None:

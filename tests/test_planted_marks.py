@@ -14,22 +14,26 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.ha.peering import Peering
 from gpuusage_operator.index.pods import PodSnapshot
+from gpuusage_operator.judge.certainty import last_seen
 from gpuusage_operator.judge.podstate import Verdict, plan_pod
-from gpuusage_operator.writers.pods import PodMarker
 from tests.conftest import WorldFactory, wait_for
 from tests.simworld import SimWorld
 from tests.worldview import condition, conditions, pod, pod_annotations, report
 
 PLANTED = {names.ANNOTATION_GPUS: "GPU-planted"}
+NOW = datetime(2026, 11, 27, tzinfo=UTC)
 
 
 def plant(world: SimWorld, name: str) -> None:
@@ -107,18 +111,36 @@ def _pod(annotations: dict[str, str], status: str | None) -> PodSnapshot:
     )
 
 
-def test_where_a_pod_was_last_seen_is_what_the_operator_wrote_else_a_vouched_annotation() -> None:
-    marker = PodMarker(core=None, counts=_Counts(), events=None, write_budget=WriteBudget())  # type: ignore[arg-type]
+def test_where_a_pod_was_last_seen_is_what_the_operator_judged_else_a_vouched_annotation() -> None:
     planted = _pod(PLANTED, "True")
-    assert marker.last_devices(planted) == ["GPU-planted"], "after a restart: the pod's word"
-    assert marker.last_devices(_pod(PLANTED, None)) is None, "no condition of ours: none"
-    assert marker.last_devices(_pod(PLANTED, "False")) is None
-    marker._written["uid-1"] = {names.ANNOTATION_GPUS: "GPU-real"}
-    assert marker.last_devices(planted) == ["GPU-real"], "what we wrote, not what was planted"
-    marker._written["uid-1"] = {}
-    assert marker.last_devices(planted) is None, "we removed it: seen nowhere"
-    marker.forget_written()
-    assert marker.last_devices(planted) == ["GPU-planted"], "another replica may have written"
+    assert last_seen(planted, {}) == ["GPU-planted"], "after a restart: the pod's word"
+    assert last_seen(_pod(PLANTED, None), {}) is None, "no condition of ours: none"
+    assert last_seen(_pod(PLANTED, "False"), {}) is None
+    assert last_seen(planted, {"uid-1": ("GPU-real",)}) == ["GPU-real"], "judged, not planted"
+    assert last_seen(planted, {"uid-1": ()}) is None, "its use ended: seen nowhere"
+
+
+def test_the_reconciler_keeps_what_the_judge_saw_and_forgets_it_on_turning_active() -> None:
+    """In use: the devices; ended or idle: nowhere; Unknown or settling: as it was. A replica
+    that turns active forgets it all (another may have judged meanwhile)."""
+    reconciler = Reconciler(
+        cast(Any, None),
+        cast(Any, SimpleNamespace(forget_written=lambda: None)),
+        cast(Any, None),
+        WorkQueue(),
+    )
+    pod = _pod(PLANTED, "True")
+    use = cast(Any, SimpleNamespace(devices=["GPU-real"]))
+    reconciler._remember(Verdict(pod, "InUse", use))
+    assert reconciler._seen_on == {"uid-1": ("GPU-real",)}
+    reconciler._remember(Verdict(pod, "Unknown"))
+    reconciler._remember(Verdict(pod, "Stopped", settles_until=NOW, absent_since=NOW))
+    assert reconciler._seen_on == {"uid-1": ("GPU-real",)}
+    assert reconciler._absent == {"uid-1": NOW}
+    reconciler._remember(Verdict(pod, "Stopped"))
+    assert (reconciler._seen_on, reconciler._absent) == ({"uid-1": ()}, {})
+    reconciler.turned_active()
+    assert reconciler._seen_on == {}
 
 
 def test_an_unknown_pod_keeps_what_the_operator_wrote() -> None:

@@ -297,3 +297,50 @@ def test_stop_ends_the_watch_it_is_blocked_in(api: client.ApiClient) -> None:
     watch.stop()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_a_list_again_tells_what_changed_while_no_watch_was_open() -> None:
+    """client-go's Replace: a pod that started holding GPUs, a pod whose marks changed and a
+    pod new to the list while the watch was interrupted are heard as MODIFIED events would be;
+    the first list tells nothing (every report is judged after it in any case)."""
+
+    def gpu_pod(uid: str, name: str, phase: str, rv: str, marked: bool = False) -> dict[str, Any]:
+        body = pod(uid, name, CID_A if uid == UID_1 else CID_B, marked=marked, rv=rv)
+        body["spec"]["containers"] = [
+            {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        ]
+        body["status"]["phase"] = phase
+        return body
+
+    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": "too old"}}
+    pages = [
+        {"metadata": {"resourceVersion": "1"}, "items": [gpu_pod(UID_1, "p1", "Pending", "1")]},
+        {
+            "metadata": {"resourceVersion": "9"},
+            "items": [
+                gpu_pod(UID_1, "p1", "Running", "5", marked=True),
+                gpu_pod(UID_2, "p2", "Running", "7"),
+            ],
+        },
+    ]
+    due: list[set[str]] = []
+    edited: list[str | None] = []
+    watch = PodWatch(
+        FakeCore(pages, [gone]),
+        retry_seconds=0.01,
+        on_requesting=due.append,
+        on_marks=lambda ref: edited.append(ref.resource_version),
+    )
+    watch.list_all()
+    assert (due, edited) == ([], []), "the first list tells nothing"
+
+    def stop_after_relist() -> str:
+        version = PodWatch.list_all(watch)
+        watch.stop()
+        return version
+
+    watch.list_all = stop_after_relist  # type: ignore[method-assign]
+    watch.run()
+    assert watch.relists == 2
+    assert due == [{"n1"}], "p1 started holding its GPU, p2 came running with one: one call"
+    assert edited == ["5"], "p1's marks changed meanwhile"

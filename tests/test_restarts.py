@@ -146,6 +146,38 @@ def test_marks_settle_for_a_running_pod_in_use_only() -> None:
     assert settle_until(_pod(condition="Unknown"), first, NOW) is None
 
 
+def test_the_judge_holds_a_verdict_while_the_marks_settle() -> None:
+    """The hold is the judge's: a pod marked in use whose processes a report no longer shows
+    settles from the first such report (its time kept by the caller between reports), the
+    report wakes then, and once settled the verdict stands with nothing held."""
+    pod = _pod()
+    (held,) = verdicts({}, [pod], [], stale=False, blind=SEEN, restarts=(NOW, GRACE))
+    assert (held.state, held.settles_until, held.absent_since) == ("Stopped", NOW + SETTLE, NOW)
+    assert held.wakes == NOW + SETTLE
+    later = NOW + timedelta(seconds=2)
+    (still,) = verdicts(
+        {}, [pod], [], stale=False, blind=SEEN, restarts=(later, GRACE), absent={pod.uid: NOW}
+    )
+    assert (still.settles_until, still.absent_since) == (NOW + SETTLE, NOW), "from the first"
+    settled = NOW + SETTLE
+    (ended,) = verdicts(
+        {}, [pod], [], stale=False, blind=SEEN, restarts=(settled, GRACE), absent={pod.uid: NOW}
+    )
+    assert (ended.state, ended.settles_until, ended.absent_since) == ("Stopped", None, None)
+    assert ended.wakes is None
+    (restarting,) = verdicts(
+        {},
+        [_pod(_ago(10))],
+        [],
+        stale=False,
+        blind=SEEN,
+        restarts=(settled, GRACE),
+        absent={pod.uid: NOW},
+    )
+    assert restarting.settles_until is None
+    assert restarting.wakes == NOW - timedelta(seconds=10) + GRACE, "the grace's end"
+
+
 def test_the_index_carries_the_exits() -> None:
     body = {
         "metadata": {"name": "train", "namespace": "ml", "uid": "u"},

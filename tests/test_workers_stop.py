@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 
+from gpuusage_operator.controller.reasons import EVENT
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 
@@ -26,6 +27,7 @@ class Blocking(ReportWorkers):
             nothing,
             nothing,
             nothing,
+            read=nothing,
             debounce=nothing,
             clock=nothing,
             ready=lambda: True,
@@ -56,7 +58,7 @@ def test_idle_workers_stop_at_once(workers: Blocking) -> None:
 
 
 def test_a_reconcile_in_progress_is_waited_for(workers: Blocking) -> None:
-    workers.offer("gpu-1", {})
+    workers.queue.add("gpu-1", EVENT)
     assert workers.started.wait(10)
     threading.Timer(0.3, workers.release.set).start()
     assert workers.stop(wait=20), "every worker returned"
@@ -66,7 +68,7 @@ def test_a_reconcile_in_progress_is_waited_for(workers: Blocking) -> None:
 def test_a_reconcile_that_outlasts_the_wait_is_reported(
     workers: Blocking, caplog: pytest.LogCaptureFixture
 ) -> None:
-    workers.offer("gpu-1", {})
+    workers.queue.add("gpu-1", EVENT)
     assert workers.started.wait(10)
     assert not workers.stop(wait=0.2)
     assert workers.finished == []

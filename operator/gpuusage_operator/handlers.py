@@ -1,13 +1,13 @@
-"""The kopf wiring: report events into the work queue, and the tasks beside it.
+"""The kopf wiring: the informers, the workers and the housekeeping pass, run in kopf's runtime.
 
-* kopf stays the framework for what it does well: watching reports, peering, startup and
-  login. Reports are handled with `on.event`, not `on.create/update`: no diff-base annotation
-  (which would copy the whole spec into metadata) and no finalizer on objects the agent owns.
-  An event only hands the report's body to the workers (see controller.workers) and queues its name
-  (see workqueue): one worker per report at a time, deadlines, retries with a backoff.
-* The pod index keeps a few fields per pod (see index.pods), never whole bodies, and is kept by
-  our own list-and-watch (see informers.pods for why not a kopf index). Reports are reconciled only
-  once it holds the complete first listing.
+* kopf stays the operator's runtime: startup and cleanup, login, peering, the liveness
+  endpoint. The reports, pods, Leases, claims and policies are watched by our own informers
+  (see informers: why not kopf's watch), which only queue names (see workqueue): one worker per
+  report at a time, deadlines, retries with a backoff; the worker reads the report from the
+  report watch's cache (see controller.workers). No diff-base annotation and no finalizer on
+  the objects the agent owns.
+* The pod index keeps a few fields per pod (see index.pods), never whole bodies. Reports are
+  reconciled only once every informer holds its complete first listing.
 * Every write path first asks the ActiveGate (see ha); the housekeeping pass (see
   housekeeping) probes the API, finds marks of nodes without a report and publishes the
   OpenReports; kopf's settings and login are in kopfsetup.
@@ -23,13 +23,13 @@ from typing import Any
 
 import kopf
 
-from gpuusage.api import names
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage_operator.controller.debounce import DEFAULT_INTERVAL, Debounce
 from gpuusage_operator.controller.housekeeping import housekeeping
+from gpuusage_operator.controller.reasons import EVENT
 from gpuusage_operator.controller.reconcile import Reconciler
-from gpuusage_operator.controller.workers import Deleted, ReportWorkers
+from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.ha.peering import Peering
 from gpuusage_operator.informers.apihealth import ApiHealth
@@ -38,6 +38,7 @@ from gpuusage_operator.informers.informer import WATCH_IDLE
 from gpuusage_operator.informers.leases import LeaseWatch
 from gpuusage_operator.informers.pods import PodWatch
 from gpuusage_operator.informers.policies import PolicyWatch
+from gpuusage_operator.informers.reports import ReportWatch
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.openreports.gather import gather
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 def build_registry(
     reconciler: Reconciler,
+    reports: ReportWatch,
     pods: PodWatch,
     metrics: OperatorMetrics,
     *,
@@ -68,24 +70,26 @@ def build_registry(
     registry = kopf.OperatorRegistry()
 
     def turned_active() -> None:
-        """Another replica may have written meanwhile: what this one wrote is not the latest."""
-        reconciler.marker.forget_written()
-        reconciler.book.unjudge()
+        """Another replica may have written meanwhile: what this one wrote is not the latest,
+        and every report is to be judged again (a standby's workers drop what they take)."""
+        reconciler.turned_active()
         if openreports is not None:
             openreports.forget()
+        for name in reports.names():
+            reconciler.queue.add(name, EVENT)
 
     gate = ActiveGate(reconciler.api, peering, clock, turned_active)
 
     def ready() -> bool:
-        return pods.synced.is_set() and dra.synced and leases.synced
+        return reports.synced.is_set() and pods.synced.is_set() and dra.synced and leases.synced
 
-    known: set[str] = set()  # report names kopf's watch has shown: the metric, housekeeping
     workers = ReportWorkers(
         reconciler,
         pods,
         dra,
         gate,
         metrics,
+        read=reports.get,
         debounce=Debounce(report_interval),
         clock=clock,
         ready=ready,
@@ -101,7 +105,7 @@ def build_registry(
             return
         found = watch.node_rule() if watch is not None else None
         rule = None if found is None else (found[0].name, found[1])
-        findings = gather(pods.lookup(), reconciler.book, set(known), rule)
+        findings = gather(pods.lookup(), reconciler.book, reports.names(), rule)
         openreports.publish(findings.namespaces, findings.nodes, findings.keep, now=clock())
 
     @kopf.on.startup(registry=registry)
@@ -115,29 +119,13 @@ def build_registry(
         return connection_info(kubeconfig)
 
     metrics.active.set_function(lambda: float(gate.last))
-    metrics.reports.set_function(lambda: len(known))
-
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
-    async def on_report(**kwargs: Any) -> None:
-        body: kopf.Body = kwargs["body"]
-        name = body["metadata"]["name"]
-        if kwargs["type"] == "DELETED":
-            known.discard(name)
-        else:
-            known.add(name)
-        if not await gate.active():
-            return  # kopf re-lists everything when this replica's watches resume
-        if kwargs["type"] == "DELETED":
-            workers.offer(name, Deleted((body.get("spec") or {}).get("nodeName") or name))
-            return
-        if reconciler.book.is_echo(body):
-            metrics.echoes_skipped.inc()
-            return
-        workers.offer(name, dict(body))
+    metrics.reports.set_function(lambda: len(reports))
 
     @kopf.on.startup(registry=registry)
     async def start_tasks(**kwargs: Any) -> None:
         memo: kopf.Memo = kwargs["memo"]
+        memo["reports"] = threading.Thread(target=reports.run, name="report-watch", daemon=True)
+        memo["reports"].start()
         memo["pod_watch"] = threading.Thread(target=pods.run, name="pod-watch", daemon=True)
         memo["pod_watch"].start()
         memo["dra"] = threading.Thread(target=dra.start, name="dra-start", daemon=True)
@@ -157,7 +145,7 @@ def build_registry(
                 resync_seconds,
                 gate,
                 health=health,
-                known=known,
+                known=reports.names,
                 ready=ready,
                 publish=publish if openreports is not None else None,
             )
@@ -165,6 +153,7 @@ def build_registry(
 
     @kopf.on.cleanup(registry=registry)
     async def stop_tasks(**kwargs: Any) -> None:
+        reports.stop()
         pods.stop()
         dra.stop()
         leases.stop()

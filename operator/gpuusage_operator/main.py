@@ -26,6 +26,7 @@ from gpuusage_operator.informers.dra import DraWatch, resource_apis
 from gpuusage_operator.informers.leases import LeaseWatch
 from gpuusage_operator.informers.pods import PodWatch
 from gpuusage_operator.informers.policies import PolicyWatch
+from gpuusage_operator.informers.reports import ReportWatch
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.openreports.writer import OpenReportsWriter
 from gpuusage_operator.policies.act import Actor
@@ -63,9 +64,16 @@ class Operator:
         # Built in order, each part complete: the queue and what is remembered of the reports
         # first, then the watches (they only queue names), the writers, the policy runners and
         # the reconciler that uses them all.
-        queue, book = WorkQueue(), ReportBook()
+        queue, book, counts = WorkQueue(), ReportBook(), Counts()
         idle = settings.watch_idle_timeout
-        triggers = Triggers(queue, book)
+        triggers = Triggers(queue, book, echoed=lambda: counts.add("echoes_skipped"))
+        self.reports = ReportWatch(
+            client.CustomObjectsApi(self._watch_api),
+            on_event=triggers.report_changed,
+            on_listed=triggers.reports_listed,
+            health=self.health,
+            idle_timeout=idle,
+        )
         self.pods = PodWatch(
             client.CoreV1Api(self._watch_api),
             health=self.health,
@@ -92,7 +100,6 @@ class Operator:
             on_change=lambda: triggers.due(book.names()),
             idle_timeout=idle,
         )
-        counts = Counts()
         marker = pod_writer(
             self.api,
             counts,
@@ -149,6 +156,7 @@ class Operator:
                 self.metrics.serve(settings.metrics_address, settings.metrics_port)
             registry = build_registry(
                 self.reconciler,
+                self.reports,
                 self.pods,
                 self.metrics,
                 kubeconfig=settings.kubeconfig,
@@ -179,6 +187,7 @@ class Operator:
                 ready_flag=ready_flag,
             )
         finally:
+            self.reports.stop()
             self.pods.stop()
             self.dra.stop()
             self.leases.stop()

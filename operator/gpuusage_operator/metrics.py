@@ -81,6 +81,11 @@ class _ReconcilerCollector(Collector):
             value=c.writes_deferred,
         )
         yield CounterMetricFamily(
+            "gpuusage_operator_echoes_skipped",
+            "Report events skipped because they only echo this replica's own status write.",
+            value=c.echoes_skipped,
+        )
+        yield CounterMetricFamily(
             "gpuusage_operator_pod_writes_refused_for_uid",
             "Pod writes the apiserver refused because the pod of that name had been replaced by "
             "another (its UID differed from the one the write was decided for).",
@@ -142,11 +147,6 @@ class OperatorMetrics:
             "gpuusage_operator_reconcile_failures_total",
             "Reconciles that failed as a whole (e.g. the status write), by kind.",
             ["kind"],
-            registry=r,
-        )
-        self.echoes_skipped = Counter(
-            "gpuusage_operator_echoes_skipped_total",
-            "Report events skipped because they only echo this replica's own status write.",
             registry=r,
         )
         self.reports_held = Counter(

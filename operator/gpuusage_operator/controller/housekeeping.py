@@ -3,8 +3,8 @@
 Everything else that no report event triggers is a deadline in the work queue (see
 workqueue: a pod's idle time, marks settling, a report turning stale). Every `interval` this
 pass checks that the API answers, so that an outage is logged once and its end once, and
-queues the nodes whose pods carry our marks while kopf has shown no report for them (a report
-deleted while no replica watched: the worker's read confirms the absence and clears them), and
+queues the nodes whose pods carry our marks while the report watch holds no report for them (a
+report deleted while no replica watched: the worker finds it absent and clears them), and
 brings the OpenReports in line with the findings (see openreports: a pass that finds nothing
 changed writes nothing).
 """
@@ -36,12 +36,12 @@ async def housekeeping(
     gate: ActiveGate,
     *,
     health: ApiHealth,
-    known: set[str],
+    known: Callable[[], set[str]],
     ready: Callable[[], bool],
     publish: Callable[[], None] | None = None,
 ) -> None:
-    """See the module's docstring; `known` holds the names of the reports kopf's watch has
-    shown, `ready` whether the indexes are synced, `publish` brings the OpenReports in line
+    """See the module's docstring; `known` tells the names of the reports the watch holds,
+    `ready` whether the indexes are synced, `publish` brings the OpenReports in line
     (None: they are not published)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
@@ -64,7 +64,7 @@ async def housekeeping(
             continue
         if not ready() or not await gate.active():
             continue
-        for node in pods.lookup().nodes_with_our_marks() - known:
+        for node in pods.lookup().nodes_with_our_marks() - known():
             reconciler.queue.add(node, DUE)
         if publish is not None:
             try:

@@ -6,7 +6,8 @@ reads what changed from the caches when it takes the name (see controller.worker
 reasons always ask for a reconcile; the others only when what they point at matters to the
 report, which the reconciler judges when a worker takes them (Reconciler.needs_reconcile):
 
-* EVENT: the report changed (its body waits with the workers);
+* EVENT: the report was added, changed or deleted (the worker reads it from the report
+  watch's cache, see informers.reports);
 * DUE: a pod started or stopped holding GPUs on the node, a Lease appeared or went, a
   policy changed, a pod's writes waited for the budget or failed;
 * DEADLINE: one of the report's judgements comes due (idle time, marks settling, a notice);
@@ -20,8 +21,9 @@ report, which the reconciler judges when a worker takes them (Reconciler.needs_r
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from gpuusage_operator.controller.reports import ReportBook
 from gpuusage_operator.controller.workqueue import WorkQueue
@@ -58,7 +60,25 @@ class Triggers:
 
     queue: WorkQueue
     book: ReportBook
-    """What is remembered of the reports: read only, to leave out renewals that cannot matter."""
+    """What is remembered of the reports: read only, to leave out renewals that cannot matter
+    and the echoes of our own status writes."""
+    echoed: Callable[[], None] = field(default=lambda: None)
+    """Counts a report event left out as our own write's echo (for the metrics)."""
+
+    def report_changed(self, name: str, report: Mapping[str, Any] | None) -> None:
+        """The report watch showed the report added, changed or (None) deleted. A change that
+        shows the report exactly as our last reconcile left it only echoes our own status
+        write: reconciling it would find nothing to do at the price of a full reconcile."""
+        if report is not None and self.book.is_echo(report):
+            self.echoed()
+            return
+        self.queue.add(name, EVENT)
+
+    def reports_listed(self, names: Iterable[str]) -> None:
+        """A list of the reports found these changed or gone since the last (every report at
+        the first list)."""
+        for name in names:
+            self.queue.add(name, EVENT)
 
     def due(self, nodes: Iterable[str]) -> None:
         """These reports are to be reconciled without an event of their own (any thread)."""

@@ -54,7 +54,7 @@ from gpuusage_operator.judge.podstate import Verdict
 from gpuusage_operator.judge.report import Judging, judge_report
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
-from gpuusage_operator.judge.restarts import RESTART_GRACE, RestartCause, settle_until
+from gpuusage_operator.judge.restarts import RESTART_GRACE
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.writers.pods import PodMarker
@@ -77,6 +77,7 @@ COUNT_NAMES = frozenset(
         "writes_deferred",
         "openreport_writes",
         "openreport_errors",
+        "echoes_skipped",
     }
 )
 
@@ -104,6 +105,8 @@ class Counts:
     """Pod writes the apiserver refused because the pod of that name had another UID."""
     writes_deferred: int = 0
     """Pods whose writes waited for a later reconcile: the cluster-wide budget was spent."""
+    echoes_skipped: int = 0
+    """Report events left out: they only echoed our own status write (see reasons)."""
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
     """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -169,8 +172,12 @@ class Reconciler:
     """Where report statuses are written (a kubernetes CustomObjectsApi); by default one on
     `api`. Tests pass a stand-in that answers as the apiserver does."""
     _absent: dict[str, datetime] = field(default_factory=dict)
-    """Pod UID → when a report first showed none of the processes of a pod marked in use
-    (see restarts: its marks settle before use is called ended)."""
+    """Pod UID → when a report first showed none of the processes of a pod marked in use,
+    while its marks settle (the judge decides, see podstate.verdicts; this keeps it for the
+    next report)."""
+    _seen_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Pod UID → the devices this replica last judged it using (empty: its use ended; see
+    certainty.last_seen), kept for the next report."""
 
     def __post_init__(self) -> None:
         self._custom = self.reports_api or client.CustomObjectsApi(self.api)
@@ -180,7 +187,6 @@ class Reconciler:
             self.stale_after,
             self.idle_after,
             self.restart_grace,
-            self.marker.last_devices,
         )
 
     # -- reports ---------------------------------------------------------------------------
@@ -228,6 +234,8 @@ class Reconciler:
             dra=dra,
             now=now,
             judging=self._judging,
+            absent=self._absent,
+            seen_on=self._seen_on,
         )
         unattributed: TallyCounter[str] = TallyCounter(
             r.reason for r in decision.resolutions if r.reason
@@ -239,12 +247,9 @@ class Reconciler:
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
         for verdict in decision.verdicts:
-            hold = self._settling(verdict, now)
-            if hold is not None:
-                wake.append(hold)
-                continue
-            if isinstance(verdict.unknown, RestartCause):
-                wake.append(verdict.unknown.until)
+            self._remember(verdict)
+            if verdict.settles_until is not None:
+                continue  # as it is until then (decision.wake has the time)
             shown = self.marker.mark(verdict, spec.node_name, now)
             if self.policies is not None and shown is not None:  # acted on once stated
                 seen = observe(verdict.state, verdict.judgement, verdict.idle)
@@ -334,17 +339,39 @@ class Reconciler:
                 return True
         return False
 
+    def _remember(self, verdict: Verdict) -> None:
+        """What the judge said of a pod that the next report's judging reads (see
+        judge_report): since when its processes are absent, where it was last seen in use."""
+        uid = verdict.pod.uid
+        if verdict.absent_since is None:
+            self._absent.pop(uid, None)
+        else:
+            self._absent[uid] = verdict.absent_since
+        if verdict.settles_until is not None or verdict.state == "Unknown":
+            return  # nothing known anew of where it is
+        devices = verdict.use.devices if verdict.state == "InUse" and verdict.use else ()
+        self._seen_on[uid] = tuple(devices)
+
     def forget_pods(self, uids: set[str]) -> None:
         """These pods were deleted: nothing of them is kept (the worker of their node's report
         calls it, so no reconcile of that report runs meanwhile)."""
         for uid in uids:
             self._absent.pop(uid, None)
+            self._seen_on.pop(uid, None)
             self.marker.forget(uid)
 
     def remembered_pods(self) -> set[str]:
         """The pods (by UID) of which the operator keeps something: what it wrote on them,
-        since when their processes were absent. Bounded by the pods that exist."""
-        return self.marker.remembered() | set(self._absent)
+        since when their processes were absent, where it saw them. Bounded by the pods that
+        exist."""
+        return self.marker.remembered() | set(self._absent) | set(self._seen_on)
+
+    def turned_active(self) -> None:
+        """This replica stood by and now acts: another may have judged and written
+        meanwhile, so nothing it judged or wrote before is taken as the latest."""
+        self.marker.forget_written()
+        self.book.unjudge()
+        self._seen_on.clear()
 
     def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
@@ -354,16 +381,3 @@ class Reconciler:
             self.marker.clear(ref)
         if self.nodes is not None:
             self.nodes.forget(node, now)
-
-    # -- pods ------------------------------------------------------------------------------
-    def _settling(self, verdict: Verdict, now: datetime) -> datetime | None:
-        """Until when the pod's marks stay as they are (see restarts.settle_until); None: act
-        on the verdict now."""
-        uid = verdict.pod.uid
-        if verdict.state != "Stopped" and not isinstance(verdict.unknown, RestartCause):
-            self._absent.pop(uid, None)
-            return None
-        until = settle_until(verdict.pod, self._absent.setdefault(uid, now), now)
-        if until is None:
-            self._absent.pop(uid, None)
-        return until

@@ -1,14 +1,14 @@
 """The operator's workers: each takes a report's name from the work queue and reconciles it.
 
-A name comes with the reasons it was queued for (see workqueue, reasons): a report event (its
-body waits here, the latest one), a deadline, a pod event, a Lease renewal, a retry. The worker
-first drops what the operator kept of deleted pods, then asks the reconciler whether any reason
-matters to the report (a renewal of a fresh report, pod edits that echo our own writes, the
-deletion of a pod the status does not list cost no reconcile). It reconciles the report's
-latest version: the event's body, or, with none waiting, the report read afresh (a report
-found gone loses its pods' marks). A reconcile that fails is
-queued again after a backoff (1 s doubling to 60 s) until it succeeds; one that succeeds starts
-its backoff over. Nothing is written unless this replica is the active one.
+A name comes with the reasons it was queued for (see workqueue, reasons): a report event, a
+deadline, a pod event, a Lease renewal, a retry. The worker first drops what the operator kept
+of deleted pods, then asks the reconciler whether any reason matters to the report (a renewal
+of a fresh report, pod edits that echo our own writes, the deletion of a pod the status does
+not list cost no reconcile). It reconciles the report as the report watch's cache holds it now
+(the lister, see informers.reports): its latest version, whatever the name was queued for; a
+report the cache does not hold is gone, and its pods lose their marks at once. A reconcile
+that fails is queued again after a backoff (1 s doubling to 60 s) until it succeeds; one that
+succeeds starts its backoff over. Nothing is written unless this replica is the active one.
 """
 
 from __future__ import annotations
@@ -17,15 +17,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from kubernetes import client
-
-from gpuusage.api import names
 from gpuusage.api.times import Clock
-from gpuusage.kube.errors import NotFound, translate
 from gpuusage_operator.controller.debounce import Debounce
 from gpuusage_operator.controller.reasons import EVENT, STALENESS, gone_pods
 from gpuusage_operator.controller.reconcile import Reconciler
@@ -43,15 +37,12 @@ bounded (kube.errors.DEFAULT_BACKOFF: 3.7 s of pauses), so a reconcile ends with
 unless the API stops answering, which the wait does not outlast."""
 
 
-@dataclass(frozen=True)
-class Deleted:
-    """The report was deleted: its node's pods lose our marks."""
-
-    node: str
+ReadReport = Callable[[str], dict[str, Any] | None]
+"""A report's name → its latest body from the watch's cache; None: there is none."""
 
 
 class ReportWorkers:
-    """The worker threads and the report bodies waiting for them."""
+    """The worker threads."""
 
     def __init__(
         self,
@@ -61,27 +52,17 @@ class ReportWorkers:
         gate: ActiveGate,
         metrics: OperatorMetrics,
         *,
+        read: ReadReport,
         debounce: Debounce,
         clock: Clock,
         ready: Callable[[], bool],
         workers: int,
     ) -> None:
-        self.reconciler, self.queue = reconciler, reconciler.queue
+        self.reconciler, self.queue, self._read = reconciler, reconciler.queue, read
         self._pods, self._dra, self._gate, self._metrics = pods, dra, gate, metrics
         self._debounce, self._clock, self._ready = debounce, clock, ready
         self._count = workers
-        self._pending: dict[str, dict[str, Any] | Deleted] = {}
-        self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-
-    def offer(self, name: str, body: dict[str, Any] | Deleted) -> None:
-        """A report event: its body replaces any waiting, and the name is queued (after what is
-        left of the report's debounce interval)."""
-        with self._lock:
-            self._pending[name] = body
-        if isinstance(body, Deleted):
-            self._debounce.forget(name)
-        self.queue.add(name, EVENT)
 
     def start(self) -> None:
         for n in range(self._count):
@@ -137,44 +118,23 @@ class ReportWorkers:
             self._later(name, reasons, NOT_READY_AGAIN)
             return False
         if not self._gate.active_now():
-            with self._lock:  # kopf lists every report again when this replica resumes
-                self._pending.pop(name, None)
-            return False
+            return False  # every name is queued again when this replica turns active
         now = self._clock()
         if not reconciler.needs_reconcile(name, reasons, now):
             if STALENESS in reasons:  # renewed meanwhile: the next deadline
                 reconciler.watch_staleness(name, now)
             return False
+        body = self._read(name)
+        if body is None:  # deleted (or never there: a node whose pods carry marks)
+            self._debounce.forget(name)
+            reconciler.forget_node(name, self._pods.lookup(), now)
+            return True
         wait = self._debounce.wait(name, time.monotonic())
         if wait > 0:  # reconciled less than an interval ago (a report rewritten too often)
             if EVENT in reasons:
                 self._metrics.reports_held.inc()
             self._later(name, reasons, wait)
             return False
-        with self._lock:
-            body = self._pending.pop(name, None)
-        if isinstance(body, Deleted):
-            reconciler.forget_node(body.node, self._pods.lookup(), now)
-            return True
         self._debounce.ran(name, time.monotonic())
-        if body is None:
-            revisit(reconciler, self._pods, self._dra, name, now)
-        else:
-            reconciler.reconcile(body, self._pods.lookup(), now, self._dra.lookup())
+        reconciler.reconcile(body, self._pods.lookup(), now, self._dra.lookup())
         return True
-
-
-def revisit(
-    reconciler: Reconciler, pods: PodWatch, dra: DraWatch, name: str, now: datetime
-) -> None:
-    """Read a report and reconcile it (a report found gone loses its pods' marks)."""
-    custom = client.CustomObjectsApi(reconciler.api)
-    try:
-        body = custom.get_cluster_custom_object(names.GROUP, names.VERSION, names.PLURAL, name)
-    except Exception as exc:
-        if isinstance(translate(exc), NotFound):
-            reconciler.forget_node(name, pods.lookup(), now)
-            return
-        raise
-    assert isinstance(body, dict)
-    reconciler.reconcile(body, pods.lookup(), now, dra.lookup())

@@ -117,6 +117,29 @@ def _marks(pod: PodSnapshot) -> tuple[object, ...]:
     return pod.annotations, pod.condition
 
 
+def _changes(
+    before: IndexState,
+    after: IndexState,
+    on_requesting: Callable[[set[str]], None],
+    on_marks: Callable[[PodSnapshot], None],
+) -> None:
+    """Tell the hooks what differs between two states, pod by pod, as MODIFIED events would:
+    the nodes pods started or stopped holding GPUs on (pods new to `after` included), the pods
+    whose marks changed. Pods gone are on_gone's."""
+    nodes: set[str] = set()
+    for uid in after.ids():
+        old, new = before.get(uid), after.get(uid)
+        if new is None:
+            continue
+        was, now = requesting_node(old), requesting_node(new)
+        if was != now:
+            nodes |= {node for node in (was, now) if node}
+        if old is not None and _marks(old) != _marks(new):
+            on_marks(new)
+    if nodes:
+        on_requesting(nodes)
+
+
 class PodWatch(Informer[IndexState]):
     """The pod informer, with the lookups and the one-pod refresh the reconciler needs."""
 
@@ -142,6 +165,12 @@ class PodWatch(Informer[IndexState]):
                 if ref is not None and ref.node:
                     on_gone(ref.node, uid)
 
+        def replaced(before: IndexState, after: IndexState) -> None:
+            """What a list again finds changed since the state it replaces is told as the watch
+            would have told it (client-go's Replace): the first list tells nothing."""
+            if self.relists > 1:
+                _changes(before, after, on_requesting, on_marks)
+
         self._core = core  # kubernetes.client.CoreV1Api
         super().__init__(
             "pod",
@@ -156,6 +185,7 @@ class PodWatch(Informer[IndexState]):
             wait=wait,
             health=health,
             on_gone=missed,
+            on_listed=replaced,
             idle_timeout=idle_timeout,
         )
         self.refreshes = 0

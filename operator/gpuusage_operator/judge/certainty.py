@@ -26,7 +26,7 @@ by pod: only a report that sees every device a pod could be using can show that 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuusage.api import names
@@ -42,6 +42,7 @@ from gpuusage.api.summary import device_uuid
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.allocation import Allocation
 from gpuusage_operator.judge.resolution import Resolution
+from gpuusage_operator.judge.restarts import in_use
 
 REASON_DEVICE: BlindReason = "DeviceNotReadable"
 REASON_UNRESOLVED: BlindReason = "ProcessesUnresolved"
@@ -175,7 +176,20 @@ LastDevices = Callable[[PodSnapshot], list[str] | None]
 """Where a pod was last seen using GPUs. The pod's annotation is only the pod's word: anyone
 who may edit the pod can write it, and a device named there that the node does not report makes
 the pod's use Unknown (see why_unknown) and withholds idle judgement. The operator passes what
-it wrote itself (see writers.pods.PodMarker.last_devices)."""
+it judged itself (see last_seen)."""
+
+
+def last_seen(pod: PodSnapshot, judged: Mapping[str, tuple[str, ...]]) -> list[str] | None:
+    """Where the pod was last seen using GPUs: where this replica last judged it in use (an
+    empty entry: its use ended, seen nowhere); for a pod it has not judged (after a restart or
+    a failover), the pod's annotation, but only while our condition says it is or may be in use
+    (a condition tenants cannot write: pods/status). An annotation planted on a pod never seen
+    in use, or over what we judged, naming a device the node does not report, would otherwise
+    make its use Unknown for good and keep it from ever being judged idle."""
+    devices = judged.get(pod.uid)
+    if devices is not None:
+        return list(devices) or None
+    return last_devices(pod) if in_use(pod) else None
 
 
 def why_unknown(

@@ -28,10 +28,8 @@ from datetime import datetime, timedelta
 
 from gpuusage.api.models import IdlePod
 from gpuusage.api.times import parse_time
-from gpuusage_operator.index.dra import NO_DRA
 from gpuusage_operator.index.pods import PodSnapshot
-from gpuusage_operator.judge.allocation import Allocation, allocation_of
-from gpuusage_operator.judge.requests import DEFAULT_RULES
+from gpuusage_operator.judge.allocation import Allocation
 
 DEFAULT_IDLE_AFTER = timedelta(minutes=30)
 
@@ -56,11 +54,8 @@ class Idle:
 
 
 Allocated = Callable[[PodSnapshot], Allocation]
-
-
-def from_the_pod_alone(pod: PodSnapshot) -> Allocation:
-    """What the pod itself says it was given (no claims known)."""
-    return allocation_of(pod.claimed, NO_DRA, DEFAULT_RULES)
+"""What a pod was handed, by the report's one rule (judge.report: the settings' rules, the
+claims, the kubelet's view), worked out once per report."""
 
 
 def idle_since(pod: PodSnapshot, now: datetime) -> datetime | None:
@@ -102,7 +97,7 @@ def idle_pods(
     in_use: Collection[str],
     now: datetime,
     idle_after: timedelta | None,
-    allocated: Allocated = from_the_pod_alone,
+    allocated: Allocated,
 ) -> list[Idle]:
     """The candidates (not among the in_use UIDs) with a GPU allocation, idle for at least
     idle_after. idle_after None turns the check off."""

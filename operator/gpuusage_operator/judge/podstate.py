@@ -16,16 +16,15 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.summary import share_moved
 from gpuusage.api.times import format_time
-from gpuusage_operator.index.dra import NO_DRA
 from gpuusage_operator.index.pods import PodSnapshot
-from gpuusage_operator.judge.allocation import DeviceFacts, Judgement, judge
+from gpuusage_operator.judge.allocation import Judgement
 from gpuusage_operator.judge.certainty import BlindSpots, Cause, LastDevices, why_unknown
 from gpuusage_operator.judge.findings import (
     REASON_HELD_IDLE,
@@ -36,9 +35,8 @@ from gpuusage_operator.judge.findings import (
     pod_finding,
 )
 from gpuusage_operator.judge.idle import Idle
-from gpuusage_operator.judge.requests import DEFAULT_RULES
 from gpuusage_operator.judge.resolution import PodUse
-from gpuusage_operator.judge.restarts import RestartCause, restart_cause
+from gpuusage_operator.judge.restarts import RestartCause, restart_cause, settle_until
 from gpuusage_operator.judge.transitions import transition_time
 
 MAX_USAGE_BYTES = 4096
@@ -186,8 +184,8 @@ def desired_condition(
     The message names the devices but not the memory: memory changes often, lives in the
     annotations, and putting it here would turn each change into a second pod write. An
     Unknown state says why (`unknown`; without one: the node's report is stale). A pod in
-    use is judged against its allocation (`judgement`; without one: against what the pod
-    itself says, no claims known).
+    use is judged against its allocation (`judgement`, the report's; without one it states
+    no finding).
     """
     if state == "InUse" and use is not None:
         count = len(use.resolutions)
@@ -196,8 +194,7 @@ def desired_condition(
             f"{'use' if count != 1 else 'uses'} {', '.join(use.devices)}; memory in the "
             f"{names.ANNOTATION_GPU_MEMORY_MIB} annotation"
         )
-        judged = judgement or judge_alone(use)
-        found = pod_finding(state, judged, idle)
+        found = pod_finding(state, judgement, idle)
         if found == "UsingUnrequestedGPU":
             return _gpu_in_use(
                 "True",
@@ -206,12 +203,12 @@ def desired_condition(
                 "MIG resource, no DRA claim, no scheduler's share), so the scheduler and quotas "
                 "do not count this use (NVIDIA_VISIBLE_DEVICES=all?)",
             )
-        if found == "UsingUnallocatedGPU":
+        if found == "UsingUnallocatedGPU" and judgement is not None:
             return _gpu_in_use(
                 "True",
                 REASON_UNALLOCATED,
-                message + f"; {', '.join(judged.outside)} is outside what the pod was "
-                f"allocated ({judged.allocation.detail}): NVIDIA_VISIBLE_DEVICES overridden, or "
+                message + f"; {', '.join(judgement.outside)} is outside what the pod was "
+                f"allocated ({judgement.allocation.detail}): NVIDIA_VISIBLE_DEVICES overridden, or "
                 "a process outside its container's devices?",
             )
         if found == "HoldingIdleGPU":
@@ -319,6 +316,20 @@ class Verdict:
     idle: Idle | None = None
     unknown: Cause | RestartCause | None = None
     judgement: Judgement | None = None
+    settles_until: datetime | None = None
+    """Until when the pod's marks stay as they are, though the report shows none of its
+    processes (see restarts.settle_until): nothing is written for it, nor acted on, before."""
+    absent_since: datetime | None = None
+    """While it settles: when a report first showed none of its processes (the reconciler
+    keeps it for the next report)."""
+
+    @property
+    def wakes(self) -> datetime | None:
+        """When this pod's verdict changes with nothing else changing: its marks settled, or
+        its restarting container's grace over."""
+        if self.settles_until is not None:
+            return self.settles_until
+        return self.unknown.until if isinstance(self.unknown, RestartCause) else None
 
 
 def verdicts(
@@ -331,12 +342,16 @@ def verdicts(
     judged: Mapping[str, Judgement] | None = None,
     restarts: tuple[datetime, timedelta] | None = None,
     last: LastDevices | None = None,
+    absent: Mapping[str, datetime] | None = None,
 ) -> list[Verdict]:
     """Every pod a report speaks about: the pods it shows using GPUs (Unknown while it is
     stale), the idle ones, and the pods that carry our marks but are no longer listed: use
     ended, unless the report is stale or blind where the pod was (see certainty), or a
     container of it is restarting (given `restarts`: now and the grace; see restarts), which
-    keeps them Unknown. `last`: where each pod was last seen (by default its annotation)."""
+    keeps them Unknown. `last`: where each pod was last seen (by default its annotation).
+    Given `restarts`, a pod whose use ended or whose container is restarting first settles
+    (see restarts.settle_until), from when `absent` says an earlier report first showed none
+    of its processes (by UID; from now where it says nothing)."""
     judged = judged or {}
     found = [
         Verdict(use.pod, "Unknown" if stale else "InUse", use, judgement=judged.get(uid))
@@ -355,7 +370,20 @@ def verdicts(
         state: UseState = "Unknown" if stale or unknown else "Stopped"
         found.append(Verdict(pod, state, unknown=unknown))
     found += [Verdict(i.pod, "Idle", idle=i) for i in idle]
-    return found
+    if restarts is None:
+        return found
+    now = restarts[0]
+    return [_settling(verdict, (absent or {}).get(verdict.pod.uid, now), now) for verdict in found]
+
+
+def _settling(verdict: Verdict, absent_since: datetime, now: datetime) -> Verdict:
+    """The verdict, held while the pod's marks settle (see restarts.settle_until)."""
+    if verdict.state != "Stopped" and not isinstance(verdict.unknown, RestartCause):
+        return verdict
+    until = settle_until(verdict.pod, absent_since, now)
+    if until is None:
+        return verdict
+    return replace(verdict, settles_until=until, absent_since=absent_since)
 
 
 @dataclass(frozen=True)
@@ -429,8 +457,3 @@ def shows(
     if annotation_patch(annotations, plan.annotations or None) is not None:
         return False
     return condition is not None and all(condition.get(k) == v for k, v in plan.condition.items())
-
-
-def judge_alone(use: PodUse) -> Judgement:
-    """A pod's judgement from what it says itself (no claims known, default rules)."""
-    return judge(use.pod.claimed, use.devices, NO_DRA, DEFAULT_RULES, DeviceFacts())

@@ -5,7 +5,7 @@ read through their lookups); the reconciler writes what is decided (see reconcil
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -21,9 +21,9 @@ from gpuusage_operator.judge.allocation import (
 )
 from gpuusage_operator.judge.certainty import (
     BlindSpots,
-    LastDevices,
     blind_spots,
     devices_of,
+    last_seen,
     sees_all,
 )
 from gpuusage_operator.judge.freshness import Renewal, Sighting, alive_at, is_stale, threshold
@@ -38,8 +38,7 @@ from gpuusage_operator.judge.status import desired_status
 
 @dataclass(frozen=True)
 class Judging:
-    """What judging a report takes besides the report: the operator's settings, and where it
-    saw each pod last using GPUs."""
+    """What judging a report takes besides the report and the pods: the operator's settings."""
 
     rules: AllocationRules
     driver_namespaces: frozenset[str]
@@ -47,7 +46,6 @@ class Judging:
     """--stale-after; None: each node by its Lease's duration (see freshness.threshold)."""
     idle_after: timedelta | None
     restart_grace: timedelta
-    last: LastDevices
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,8 @@ class ReportJudgement:
     """Every pod the report speaks about, with what it should carry (see podstate)."""
     wake: list[datetime]
     """When the judgement changes with nothing else changing (a pod's idle time reaching
-    --idle-after): the report is to be judged again then."""
+    --idle-after, its marks settled, its restarting container's grace over): the report is to
+    be judged again then."""
     listing: frozenset[str]
     """The UIDs of the pods the status lists (a deletion of one makes the report due)."""
 
@@ -81,8 +80,18 @@ def judge_report(
     dra: DraLookup,
     now: datetime,
     judging: Judging,
+    absent: Mapping[str, datetime] | None = None,
+    seen_on: Mapping[str, tuple[str, ...]] | None = None,
 ) -> ReportJudgement:
-    """Judge one report (see the module's docstring)."""
+    """Judge one report (see the module's docstring). What was judged of the pods before, by
+    UID: `absent`, when an earlier report first showed none of a pod's processes (see
+    podstate.verdicts: its marks settle); `seen_on`, the devices it was last judged using
+    (see certainty.last_seen)."""
+    judged_before = seen_on or {}
+
+    def last(pod: PodSnapshot) -> list[str] | None:
+        return last_seen(pod, judged_before)
+
     rules = judging.rules
     resolutions = list(resolve_all(spec, lookup, judging.driver_namespaces))
     uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
@@ -105,19 +114,13 @@ def judge_report(
     def seen_whole(pod: PodSnapshot, used: Iterable[str] = ()) -> bool:
         """Whether the report sees every device the pod could be using: a blind device
         withholds judgement on its own pods, never on the whole node."""
-        return sees_all(blind, devices_of(allocated(pod), used, pod, spec, judging.last))
+        return sees_all(blind, devices_of(allocated(pod), used, pod, spec, last))
 
     idle: list[Idle] = []
     wake: list[datetime] = []
     if fresh:
         judgeable = [p for p in candidates if p.uid not in uses and seen_whole(p)]
-        idle = idle_pods(
-            judgeable,
-            uses,
-            now,
-            judging.idle_after,
-            lambda pod: allocation_of(pod.claimed, dra, rules),
-        )
+        idle = idle_pods(judgeable, uses, now, judging.idle_after, allocated)
         whole = [u for u in uses.values() if seen_whole(u.pod, u.devices)]
         in_use = frozenset(uses)
         wake += [
@@ -156,8 +159,10 @@ def judge_report(
         blind=blind,
         judged=judged,
         restarts=(now, judging.restart_grace),
-        last=judging.last,
+        last=last,
+        absent=absent,
     )
+    wake += [w for w in (verdict.wakes for verdict in found) if w is not None]
     listing = (
         frozenset(uses)
         | frozenset(i.pod.uid for i in idle)

@@ -25,9 +25,7 @@ from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.controller.debounce import WriteBudget
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
-from gpuusage_operator.judge.certainty import devices_named, last_devices
 from gpuusage_operator.judge.podstate import PodEvent, Verdict, plan_pod, shows
-from gpuusage_operator.judge.restarts import in_use
 from gpuusage_operator.writers.events import COMPONENT, EventCounts, EventRecorder
 
 log = logging.getLogger(__name__)
@@ -73,8 +71,8 @@ class PodMarker:
     Unknown: the pod known again as it was is no event (a finding gets no second Warning)."""
     _written: dict[str, dict[str, str]] = field(default_factory=dict)
     """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
-    `_applied`, kept when someone else edits the pod: where a pod was last seen using GPUs is
-    the operator's knowledge, not the pod's word (see last_devices)."""
+    `_applied`, kept when someone else edits the pod: an Unknown pod keeps the last known use
+    as the operator wrote it, not what someone wrote over it since (see plan_pod)."""
 
     def remembered(self) -> set[str]:
         """The pods (by UID) it remembers writing on."""
@@ -107,18 +105,6 @@ class PodMarker:
         wrote is no longer known to be the latest."""
         self._written.clear()
         self._resumed.clear()
-
-    def last_devices(self, pod: PodSnapshot) -> list[str] | None:
-        """Where the pod was last seen using GPUs: what this replica wrote, where it wrote;
-        otherwise (after a restart or a failover) the pod's annotation, but only while our
-        condition says it is or may be in use (a condition tenants cannot write: pods/status).
-        An annotation planted on a pod never seen in use, or over what we wrote, naming a
-        device the node does not report, would otherwise make its use Unknown for good and
-        keep it from ever being judged idle."""
-        written = self._written.get(pod.uid)
-        if written is not None:
-            return devices_named(written.get(names.ANNOTATION_GPUS))
-        return last_devices(pod) if in_use(pod) else None
 
     def mark(self, verdict: Verdict, node: str, now: datetime) -> dict[str, Any] | None:
         """Apply plan_pod's writes to one pod, then record what the pod now shows; the
