@@ -16,10 +16,11 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
+from gpuusage.api.reasons import EVERY_REASON, PolicyEventReason, members
 from gpuusage.cli import build_parser
 from gpuusage.settings import CommandSettings, flag_name
 from gpuusage_commands.crd import CrdSettings
@@ -418,13 +419,24 @@ def written_reasons(source: str) -> set[str]:
     return found
 
 
-def test_every_reason_the_operator_writes_is_in_the_docs() -> None:
+def test_every_reason_is_in_the_docs() -> None:
+    """Every reason of gpuusage.api.reasons (the one list the code's types hold it to) is
+    named in the README or docs/."""
+    assert len(EVERY_REASON) >= 35, EVERY_REASON  # the module is read
+    text = "\n".join(d.read_text() for d in DOCUMENTS)
+    assert [r for r in EVERY_REASON if f"`{r}`" not in text and f"{r}:" not in text] == []
+
+
+def test_every_reason_the_operator_writes_is_one_of_the_list() -> None:
+    """What the code writes as a literal is one of gpuusage.api.reasons' (the types check the
+    rest): a reason made up anywhere else fails here."""
     written = set()
     for path in sorted(OPERATOR.rglob("*.py")):
         written |= written_reasons(path.read_text())
     assert len(written) >= 25, sorted(written)  # the code is read
-    text = "\n".join(d.read_text() for d in DOCUMENTS)
-    assert sorted(r for r in written if f"`{r}`" not in text and f"{r}:" not in text) == []
+    assert sorted(written - set(EVERY_REASON)) == []
+    assert "GPUPolicyRateLimited" in members(PolicyEventReason)
+    assert members(Literal["a"], Literal["b", "a"]) == ("a", "b"), "once each"
 
 
 def test_the_reason_check_reads_what_the_code_writes() -> None:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuusage.api.models import UnattributedReason
+from gpuusage.api.reasons import UnattributedReason
 from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.informers.apihealth import ApiHealth
 

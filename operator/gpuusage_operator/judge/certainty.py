@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from gpuusage.api import names
 from gpuusage.api.models import (
     MAX_PROCESSES,
-    BlindReason,
     DeviceError,
     Gpu,
     GpuNodeUsageSpec,
     MigDevice,
 )
+from gpuusage.api.reasons import BlindReason
 from gpuusage.api.summary import device_uuid
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.allocation import Allocation

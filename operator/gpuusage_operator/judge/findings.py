@@ -14,17 +14,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, Literal
 
-from gpuusage.api.policy import PodFinding
+from gpuusage.api.reasons import PodFinding
 
 if TYPE_CHECKING:
     from gpuusage_operator.judge.allocation import Judgement
     from gpuusage_operator.judge.idle import Idle
 
-REASON_UNREQUESTED: Final = "UsingUnrequestedGPU"
-REASON_UNALLOCATED: Final = "UsingUnallocatedGPU"
-REASON_HELD_IDLE: Final = "HoldingIdleGPU"
-REASON_IDLE: Final = "RequestedGPUsIdle"
-"""Each finding's name is the reason of the pod condition that states it."""
+REASON_UNREQUESTED: Final[PodFinding] = "UsingUnrequestedGPU"
+REASON_UNALLOCATED: Final[PodFinding] = "UsingUnallocatedGPU"
+REASON_HELD_IDLE: Final[PodFinding] = "HoldingIdleGPU"
+REASON_IDLE: Final[PodFinding] = "RequestedGPUsIdle"
+"""Each finding's name is the reason of the pod condition that states it (every reason is
+one of gpuusage.api.reasons')."""
 
 UseState = Literal["InUse", "Stopped", "Unknown", "Idle"]
 

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 
 from gpuusage.api import names
 from gpuusage.api.models import Condition, GpuNodeUsageStatus
+from gpuusage.api.reasons import StaleReason
 from gpuusage.api.times import format_time
 from gpuusage_operator.judge.transitions import transition_time
 
@@ -160,6 +161,7 @@ def stale_condition(
     stale = is_stale(alive, now, stale_after)
     status = "True" if stale else "False"
     limit = int(stale_after.total_seconds())
+    reason: StaleReason
     if stale:
         reason = "ReportOutdated"
         sign = (

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from gpuusage.api import names
+from gpuusage.api.reasons import EventReason, InUseReason, PodFinding
 from gpuusage.api.summary import share_moved
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import PodSnapshot
@@ -42,12 +43,17 @@ from gpuusage_operator.judge.transitions import transition_time
 MAX_USAGE_BYTES = 4096
 OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
 
-WARNED_USE = {
+WARNED_USE: dict[PodFinding, str] = {
     REASON_UNREQUESTED: "GPUs it did not request",
     REASON_UNALLOCATED: "a GPU outside its allocation",
     REASON_HELD_IDLE: "GPU memory without computing",
 }
 """In-use reasons that are findings: each gets a Warning Event when it starts."""
+
+
+def _warned(reason: str | None) -> PodFinding | None:
+    """The in-use finding a condition's reason states, if it is one."""
+    return next((finding for finding in WARNED_USE if finding == reason), None)
 
 
 def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
@@ -161,7 +167,7 @@ def annotation_patch(
     return patch or None
 
 
-def _gpu_in_use(status: str, reason: str, message: str) -> dict[str, str]:
+def _gpu_in_use(status: str, reason: InUseReason, message: str) -> dict[str, str]:
     return {
         "type": names.POD_CONDITION_GPU_IN_USE,
         "status": status,
@@ -270,7 +276,7 @@ def condition_patch(
 
 @dataclass(frozen=True)
 class PodEvent:
-    reason: str
+    reason: EventReason
     note: str
     type: Literal["Normal", "Warning"] = "Normal"
 
@@ -288,17 +294,17 @@ def event_for(
     """
     before = (previous or {}).get("status")
     before_reason = (previous or {}).get("reason")
-    warned = WARNED_USE.get(new["reason"])
+    finding = _warned(new["reason"])
     if before == "Unknown" and resumed is not None and new["reason"] == resumed:
         return None  # known again as it was before the spell: nothing happened to the pod
-    if new["status"] == "True" and before == "Unknown" and warned is None:
+    if new["status"] == "True" and before == "Unknown" and finding is None:
         return None  # use seen again after a spell of not knowing: it went on, it did not start
     if new["status"] == "True" and before != "True":
-        if warned is not None:
-            return PodEvent(new["reason"], f"started using {warned}", "Warning")
+        if finding is not None:
+            return PodEvent(finding, f"started using {WARNED_USE[finding]}", "Warning")
         return PodEvent("GPUUseStarted", "started using GPUs")
-    if warned is not None and before_reason != new["reason"]:
-        return PodEvent(new["reason"], f"uses {warned}", "Warning")
+    if finding is not None and before_reason != new["reason"]:
+        return PodEvent(finding, f"uses {WARNED_USE[finding]}", "Warning")
     if new["reason"] == REASON_IDLE and before_reason != REASON_IDLE:
         return PodEvent(REASON_IDLE, "requested GPUs are idle", "Warning")
     if new["status"] == "False" and before in ("True", "Unknown"):

@@ -35,7 +35,8 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from gpuusage.api.models import GpuNodeUsageSpec, Process, UnattributedReason
+from gpuusage.api.models import GpuNodeUsageSpec, Process
+from gpuusage.api.reasons import UnattributedReason
 from gpuusage.api.summary import all_processes
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot
 

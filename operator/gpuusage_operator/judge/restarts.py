@@ -22,22 +22,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
 
 from gpuusage.api import names
+from gpuusage.api.reasons import RestartReason
 from gpuusage.api.times import format_time, parse_time
 from gpuusage_operator.index.pods import PodSnapshot
 
 SETTLE = timedelta(seconds=5)
 RESTART_GRACE = timedelta(seconds=60)
-REASON_RESTARTED: Literal["ContainerRestarted"] = "ContainerRestarted"
+REASON_RESTARTED: RestartReason = "ContainerRestarted"
 
 
 @dataclass(frozen=True)
 class RestartCause:
     """Why a pod's use is Unknown while its container restarts."""
 
-    reason: Literal["ContainerRestarted"]
+    reason: RestartReason
     message: str
     until: datetime
     """When the restart stops explaining the absence: use ended, unless seen again."""

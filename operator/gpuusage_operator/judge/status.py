@@ -40,6 +40,7 @@ from gpuusage.api.models import (
     UnattributedProcess,
     safe_text,
 )
+from gpuusage.api.reasons import ReadyReason
 from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.judge.allocation import AllocatedDevice, Judgement, judgements
 from gpuusage_operator.judge.certainty import BlindSpots, blind_spots
@@ -227,6 +228,7 @@ def node_totals(
 
 
 def _ready(stale: Condition, generation: int | None, now: datetime) -> Condition:
+    reason: ReadyReason
     if stale.status == "True":
         reason, status, message = "ReportStale", "False", stale.message
     else:

@@ -19,6 +19,7 @@ from typing import Literal
 
 from gpuusage.api.models import OrphanedMemory
 from gpuusage.api.policy import NodeRule, Target
+from gpuusage.api.reasons import PolicyOutcome, policy_event_reason
 from gpuusage.api.times import format_time
 from gpuusage_operator.judge.podstate import PodEvent
 from gpuusage_operator.policies.act import Result
@@ -109,6 +110,8 @@ class NodeRunner:
         result = self.marker.write(node, wanted, _message(orphaned, wanted), now)
         if result.outcome == "Refused":  # a write that raced another's, or throttled
             return now + AGAIN
+        if result.outcome == "Gone":
+            return None  # the node went meanwhile: nothing to mark or say
         if result.outcome != "Done":
             self._once(node, result.outcome, result.detail, now, about)
             return None
@@ -116,7 +119,7 @@ class NodeRunner:
             self._known[node] = (wanted, now)
         if wanted.tainted and not marks.tainted and name:
             self.runner.count_action(name, now)
-        outcome = "Done" if step.kind == "Mark" else "Cleared"
+        outcome: PolicyOutcome = "Done" if step.kind == "Mark" else "Cleared"
         self._once(node, outcome, _message(orphaned, wanted), now, about)
         return later
 
@@ -133,7 +136,9 @@ class NodeRunner:
                 self._known[node] = (found, now)
         return found
 
-    def _once(self, node: str, outcome: str, note: str, now: datetime, about: Stretch) -> None:
+    def _once(
+        self, node: str, outcome: PolicyOutcome, note: str, now: datetime, about: Stretch
+    ) -> None:
         """Record the decision and its Event, unless this stretch already has it."""
         policy = about.policy
         with self._lock:
@@ -143,9 +148,7 @@ class NodeRunner:
         if policy:
             target = Target(kind="Node", name=node)
             self.runner.record_decision(policy, target, about.subject, outcome, now)
-        reason = {"Done": "GPUPolicyActed", "Cleared": "GPUPolicyCleared"}.get(
-            outcome, f"GPUPolicy{outcome}"
-        )
+        reason = policy_event_reason(outcome)
         kind: Literal["Normal", "Warning"] = (
             "Normal" if outcome in ("Cleared", "DryRun") else "Warning"
         )

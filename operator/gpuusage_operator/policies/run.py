@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from gpuusage.api import names
 from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec, Target
+from gpuusage.api.reasons import PolicyOutcome, policy_event_reason
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.informers.policies import PolicyWatch
@@ -214,14 +215,14 @@ class PolicyRunner:
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(later)})
             again = format_time(later.due)
             note = f"{head}: could not {what} yet: {result.detail}; trying again at {again}"
-            reason = f"GPUPolicy{result.outcome}"
+            reason = policy_event_reason(result.outcome)
             self.record(pod, PodEvent(reason, note, "Warning"), note, now)
             self._record_pod_decision(pod, later, result.outcome, now)
             return later
         if result.outcome == "Done":
             self.count_action(announced.policy, now)
         self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
-        reason = {"Done": "GPUPolicyActed"}.get(result.outcome, f"GPUPolicy{result.outcome}")
+        reason = policy_event_reason(result.outcome)
         if result.outcome == "Done":
             note = f"{head}: {result.detail}"
         else:
@@ -263,7 +264,7 @@ class PolicyRunner:
         )
 
     def _record_pod_decision(
-        self, pod: PodSnapshot, subject: Announcement, outcome: str, now: datetime
+        self, pod: PodSnapshot, subject: Announcement, outcome: PolicyOutcome, now: datetime
     ) -> None:
         self.record_decision(
             subject.policy,
@@ -274,7 +275,7 @@ class PolicyRunner:
         )
 
     def record_decision(
-        self, policy: str, target: Target, subject: Subject, outcome: str, now: datetime
+        self, policy: str, target: Target, subject: Subject, outcome: PolicyOutcome, now: datetime
     ) -> None:
         """Remember a decision for the policy's status and the metric."""
         decision = Decision(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic.alias_generators import to_camel
 
 from gpuusage.api import names
+from gpuusage.api.reasons import BlindReason, UnattributedReason
 
 _UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 GPU_UUID_PATTERN = f"^GPU-{_UUID}$"
@@ -480,12 +481,6 @@ class PodUsage(ApiModel):
     whole GPU, no allocation). Time-slicing promises no fairness: using more is no misuse."""
 
 
-BlindReason = Literal[
-    "DeviceNotReadable", "ProcessesNotVisible", "ProcessesUnresolved", "ProcessesOmitted"
-]
-"""Why a device cannot be seen whole; the pod condition reason of the pods last seen on it."""
-
-
 class DeviceUsage(ApiModel):
     """One GPU or MIG device: its memory, its processes, and how much of it no pod explains.
 
@@ -555,16 +550,6 @@ class PodAllocation(ApiModel):
         default=None, alias="gpuMemoryShareMiB"
     )
     """A fractional scheduler's share in GPU memory (its gpu-memory annotation), in MiB."""
-
-
-UnattributedReason = Literal[
-    "HostProcess",
-    "UnknownContainer",
-    "PodNotFound",
-    "PodOnOtherNode",
-    "Unresolved",
-    "DriverProcess",
-]
 
 
 class UnattributedProcess(ApiModel):

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from gpuusage.api.models import ApiModel, Namespace
+from gpuusage.api.reasons import PodFinding
 
 IDLE_FINDINGS = ("HoldingIdleGPU", "RequestedGPUsIdle")
 MISUSE_FINDINGS = ("UsingUnrequestedGPU", "UsingUnallocatedGPU")
@@ -26,9 +27,6 @@ IDLE_ACTIONS = ("Notify", "ScaleToZero", "Suspend", "DeletePod")
 MISUSE_ACTIONS = ("Notify", "Evict")
 NODE_ACTIONS = ("Notify", "Taint")
 
-PodFinding = Literal[
-    "HoldingIdleGPU", "RequestedGPUsIdle", "UsingUnrequestedGPU", "UsingUnallocatedGPU"
-]
 PodAction = Literal["Notify", "ScaleToZero", "Suspend", "DeletePod", "Evict"]
 NodeFinding = Literal["OrphanedGPUMemory"]
 NodeAction = Literal["Notify", "Taint"]
