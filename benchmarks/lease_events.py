@@ -29,7 +29,7 @@ from typing import Any, cast
 from kubernetes import client
 
 from gpuusage.api.times import format_micro_time
-from gpuusage_operator.controller.debounce import Debounce, WriteBudget
+from gpuusage_operator.controller.debounce import Debounce
 from gpuusage_operator.controller.reasons import RENEWED, Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reports import ReportBook, ReportMemory
@@ -38,6 +38,7 @@ from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.informers.leases import LeaseWatch
 from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import pod_writer
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)

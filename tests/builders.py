@@ -15,13 +15,13 @@ import yaml
 
 from gpuusage.api import names
 from gpuusage.api.models import Source
-from gpuusage_operator.controller.debounce import WriteBudget
 from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reports import ReportBook
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, index_keys
 from gpuusage_operator.judge.freshness import Renewal
+from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import pod_writer
 from tests.fakenvml import gpu_uuid
 

@@ -13,7 +13,8 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_operator.controller.debounce import DEFAULT_INTERVAL, Debounce, WriteBudget
+from gpuusage_operator.controller.debounce import DEFAULT_INTERVAL, Debounce
+from gpuusage_operator.writers.budget import WriteBudget
 from tests.conftest import GPU0, WorldFactory, wait_for
 from tests.worldview import condition, pod, pod_annotations, report
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuusage_operator.controller.debounce import WriteBudget
 from gpuusage_operator.controller.reasons import RENEWED, STALENESS, Gone, Triggers
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.freshness import DEFAULT_STALE_AFTER, Renewal
+from gpuusage_operator.writers.budget import WriteBudget
 from tests.builders import api_pod, apply_merge_patch, pod_lookup, reconciler_on
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 

@@ -257,3 +257,60 @@ def test_no_two_public_things_of_the_operator_share_a_name(tmp_path: Path) -> No
         "Book": ["a.py"],
         "decide": ["a.py:Book"],
     }
+
+
+ROOM_RANKS = {
+    "index": 0,
+    "judge": 0,
+    "writers": 1,
+    "informers": 2,
+    "policies": 2,
+    "openreports": 3,
+    "controller": 3,
+    "ha": 3,
+}
+"""The operator's rooms from the bottom up: what pods and reports are and what they mean
+(index, judge: pure) below what writes them (writers), what watches and acts on judgements
+(informers, policies) and what drives it all (controller, openreports, ha). A room reads only
+rooms at or below its own rank; the bottom rooms read no module outside the rooms either."""
+
+
+def upward_imports(graph: Graph, package: str) -> list[str]:
+    """`importer -> imported` for each import of a room by a room ranked below it, and of a
+    module outside the rooms by the bottom rooms."""
+
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 else None  # package.room.module
+
+    found = []
+    for importer, targets in sorted(graph.items()):
+        here = room(importer)
+        if here is None:
+            continue
+        for target in sorted(targets):
+            there = room(target)
+            if there is None and target != package:
+                if ROOM_RANKS[here] == 0:
+                    found.append(f"{importer} -> {target}")
+            elif there is not None and ROOM_RANKS[there] > ROOM_RANKS[here]:
+                found.append(f"{importer} -> {target}")
+    return found
+
+
+def test_no_room_of_the_operator_reads_a_room_above_it() -> None:
+    """A newcomer reads the judge without the writers, the policies or the controller: what
+    decides never calls back into what acts on the decision."""
+    package, folder = "gpuusage_operator", PACKAGES["gpuusage_operator"]
+    rooms = {sub.name for sub in folder.iterdir() if (sub / "__init__.py").exists()}
+    assert rooms == set(ROOM_RANKS), "every room has its rank"
+    assert upward_imports(import_graph(package, folder), package) == []
+    planted = {
+        "p.judge.podstate": {"p.writers.pods", "p.index.pods"},
+        "p.index.pods": {"p.main"},
+        "p.writers.pods": {"p.judge.podstate", "p.main"},
+    }
+    assert upward_imports(planted, "p") == [
+        "p.index.pods -> p.main",
+        "p.judge.podstate -> p.writers.pods",
+    ]

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpuusage.api import names
-from gpuusage_operator.controller.debounce import WriteBudget
 from gpuusage_operator.controller.reconcile import Counts
 from gpuusage_operator.index.pods import snapshot_of
 from gpuusage_operator.judge.podstate import Verdict
+from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import PodMarker
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.writers.budget import WriteBudget
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.simworld import SimWorld

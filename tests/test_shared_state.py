@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from gpuusage_operator.controller import debounce, reconcile
-from gpuusage_operator.controller.debounce import WriteBudget
+from gpuusage_operator.controller import reconcile
 from gpuusage_operator.controller.reconcile import Counts
+from gpuusage_operator.writers import budget as write_budget
+from gpuusage_operator.writers.budget import WriteBudget
 
 THREADS = 16
 
@@ -47,13 +48,13 @@ def _together(work: Callable[[], None]) -> None:
 def test_the_write_budget_is_never_overspent(monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread may be switched out between reading the tokens and spending them (here at the
     refill, made a switch point): the lock keeps every other thread out meanwhile."""
-    refill = debounce.refilled
+    refill = write_budget.refilled
 
     def switching(*args: Any) -> float:
         time.sleep(0)  # let another thread run here, as the interpreter may
         return refill(*args)
 
-    monkeypatch.setattr(debounce, "refilled", switching)
+    monkeypatch.setattr(write_budget, "refilled", switching)
     budget = WriteBudget(rate=0.0, burst=2000)
     budget.take(0.0, 0)  # the clock starts: every later take refills
     granted = [0] * THREADS

@@ -13,7 +13,6 @@ from kubernetes import client
 
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
-from gpuusage_operator.controller.debounce import WriteBudget
 from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reports import ReportBook
@@ -34,6 +33,7 @@ from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.settings import OperatorSettings
+from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import pod_writer
 
 log = logging.getLogger(__name__)

@@ -11,12 +11,12 @@ from gpuusage.api import names
 from gpuusage.api.policy import MAX_ACTIONS_PER_HOUR
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage.settings import CommandSettings, comma_list
-from gpuusage_operator.controller.debounce import DEFAULT_WRITE_BURST, DEFAULT_WRITE_RATE
 from gpuusage_operator.ha.peering import MAX_PRIORITY
 from gpuusage_operator.informers.informer import WATCH_IDLE
 from gpuusage_operator.judge.requests import AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.policies.limit import CLUSTER_ACTIONS_PER_HOUR
+from gpuusage_operator.writers.budget import DEFAULT_WRITE_BURST, DEFAULT_WRITE_RATE
 
 
 class OperatorSettings(CommandSettings):

@@ -18,8 +18,8 @@ from kubernetes import client
 from gpuusage.api.times import format_micro_time
 from gpuusage.kube import raw
 from gpuusage.kube.errors import NotFound, retried
-from gpuusage_operator.controller.debounce import WriteBudget
 from gpuusage_operator.judge.podstate import PodEvent
+from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.eventbook import EventBook, Write
 
 log = logging.getLogger(__name__)

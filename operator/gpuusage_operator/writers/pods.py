@@ -23,9 +23,9 @@ from gpuusage.api import names
 from gpuusage.kube import raw
 from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
-from gpuusage_operator.controller.debounce import WriteBudget
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
 from gpuusage_operator.judge.podstate import PodEvent, Verdict, plan_pod, shows
+from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.events import COMPONENT, EventCounts, EventRecorder
 
 log = logging.getLogger(__name__)
