@@ -8,7 +8,7 @@ answered in-process, and reports CPU per event (all threads).
 
 Three ways in one run, side by side, each with a production worker thread (ReportWorkers) over
 a reconciler that has seen every report fresh: the watch alone; the watch as the operator wires
-it (Triggers.renewed: a renewal is queued only for a report whose status says stale); and every
+it (Liveness.renewed: a renewal is queued only for a report judged stale); and every
 renewal queued, taken by the worker, found to change nothing (the design that avoids). With
 `--rate` the events come paced, as a fleet sends them, so that each queued one wakes the worker
 (unpaced, the queue coalesces them and hides that cost).
@@ -32,12 +32,11 @@ from gpuusage.api.times import format_micro_time
 from gpuusage_operator.controller.debounce import Debounce
 from gpuusage_operator.controller.reasons import RENEWED, Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
-from gpuusage_operator.controller.reports import ReportBook, ReportMemory
+from gpuusage_operator.controller.reports import ReportBook
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.informers.leases import LeaseWatch
-from gpuusage_operator.judge.freshness import Sighting
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import pod_writer
 
@@ -158,10 +157,13 @@ def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> R
         refresh=lambda namespace, name, uid: None,
     )
     now = datetime.now(UTC)
+    reconciler = Reconciler(
+        api, marker, counts, triggers.queue, triggers.book, renewals=watch.renewal
+    )
     for node in nodes:
-        triggers.book.put(node, ReportMemory(Sighting(1, now)))
+        reconciler.liveness.judge(node, 1, now, None, now)
     return ReportWorkers(
-        Reconciler(api, marker, counts, triggers.queue, triggers.book, renewals=watch.renewal),
+        reconciler,
         cast(Any, None),  # the pod and DRA indexes: read only by a reconcile, and none runs
         cast(Any, None),
         ActiveGate(api, None),
@@ -175,23 +177,25 @@ def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> R
 
 
 WAYS = ("watch_alone", "as_wired", "every_renewal_queued")
-"""The Lease watch alone; wired as the operator wires it (Triggers.renewed); and each renewal
-queued for a worker, the design Triggers.renewed avoids."""
+"""The Lease watch alone; wired as the operator wires it (Liveness.renewed); and each renewal
+queued for a worker, the design Liveness.renewed avoids."""
 
 
 def measure(data: bytes, nodes: list[str], rate: float, way: str) -> dict[str, Any]:
     news: list[set[str]] = []
     queue, book = WorkQueue(), ReportBook()
     triggers = Triggers(queue, book)
+    built: list[ReportWorkers] = []
     renewed: Callable[[str], None] = {
         "watch_alone": lambda node: None,
-        "as_wired": triggers.renewed,
+        "as_wired": lambda node: built[0].reconciler.liveness.renewed(node),  # noqa: PLW0108
         "every_renewal_queued": lambda node: queue.add(node, RENEWED),
     }[way]
     watch = LeaseWatch(
         PacedLeases(data, rate), "gpuusage-system", on_news=news.append, on_renewed=renewed
     )
     workers = queued_workers(nodes, triggers, watch)
+    built.append(workers)
     workers.start()
     watch.available.set()  # as start() leaves it once the probe answered
     informer = watch.informer

@@ -62,7 +62,7 @@ from gpuusage.api.models import (
 )
 from gpuusage.api.models import GpuNodeUsageStatus as Status
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot
-from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.freshness import Sighting, freshness
 from gpuusage_operator.judge.resolution import resolve_all
 from gpuusage_operator.judge.status import desired_status
 from tests.conftest import Kubectl
@@ -100,7 +100,9 @@ def example_pods(node: str) -> PodLookup:
 def spec_only_status(spec: GpuNodeUsageSpec, now: datetime) -> Status:
     """The operator's status for the example report, as if its pods existed."""
     resolutions = list(resolve_all(spec, example_pods(spec.node_name)))
-    return desired_status(spec, resolutions, now, generation=1, sighting=Sighting(1, now))
+    return desired_status(
+        spec, resolutions, now, generation=1, fresh=freshness(Sighting(1, now), None, None, now)
+    )
 
 
 def _node_name() -> str:

@@ -14,7 +14,7 @@ from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.main import NodeReader
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_operator.judge.allocation import judgements
-from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.freshness import Sighting, freshness
 from gpuusage_operator.judge.resolution import pod_uses, resolve_all
 from gpuusage_operator.judge.status import desired_status
 from tests.builders import api_pod, pod_lookup
@@ -72,7 +72,9 @@ def test_the_mps_server_is_a_driver_process_and_clients_are_their_pods(
     uses = pod_uses(NODE, NOW, resolutions)
     assert list(uses) == [CLIENT_UID], "the daemon's pod uses no GPU of its own"
     assert judgements(uses, spec)[CLIENT_UID].finding is None
-    status = desired_status(spec, resolutions, NOW, generation=1, sighting=Sighting(1, NOW))
+    status = desired_status(
+        spec, resolutions, NOW, generation=1, fresh=freshness(Sighting(1, NOW), None, None, NOW)
+    )
     assert status.totals is not None
     assert (status.totals.unrequested_pods, status.totals.unattributed_processes) == (0, 0)
     assert [(u.pid, u.reason) for u in status.unattributed] == [(300, "DriverProcess")]

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuusage_operator.controller.reasons import RENEWED, STALENESS, Gone, Triggers
+from gpuusage_operator.controller.reasons import RENEWED, STALENESS, Gone
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.freshness import DEFAULT_STALE_AFTER, Renewal
 from gpuusage_operator.writers.budget import WriteBudget
@@ -133,15 +133,14 @@ def test_a_lease_renewal_matters_only_to_a_report_whose_status_says_stale() -> N
     renewed = frozenset({RENEWED})
     assert not reconciler.reconcile(_report("7"), nobody, NOW), "fresh"
     assert not reconciler.needs_reconcile(NODE, renewed, NOW), "fresh, and says so"
-    triggers = Triggers(reconciler.queue, reconciler.book)
-    triggers.renewed(NODE)
+    reconciler.liveness.renewed(NODE)
     assert reconciler.queue.get(timeout=0) is None, "a fresh report's renewal is not queued"
     later = NOW + DEFAULT_STALE_AFTER + timedelta(seconds=1)
     assert reconciler.needs_reconcile(NODE, frozenset({STALENESS}), later), "turned stale"
     assert reconciler.reconcile(_report("101", api.status), nobody, later), "written stale"
     while (taken := reconciler.queue.get(timeout=0)) is not None:  # its own deadlines
         reconciler.queue.done(taken[0])
-    triggers.renewed(NODE)
+    reconciler.liveness.renewed(NODE)
     assert reconciler.queue.get(timeout=0) == (NODE, renewed), "a stale report's is"
     assert not reconciler.needs_reconcile(NODE, renewed, later), "no renewal seen yet"
     renewal.append(Renewal(f"gpuusage-system/{NODE}", later, witnessed=True))
@@ -149,28 +148,28 @@ def test_a_lease_renewal_matters_only_to_a_report_whose_status_says_stale() -> N
     assert not reconciler.needs_reconcile("gpu-node-b", renewed, later), "a report never seen"
 
 
-def test_a_renewal_while_the_report_is_judged_stale_is_queued_by_that_reconcile() -> None:
-    """The Lease watch's trigger reads the report's memory: a renewal that comes while a
-    reconcile is writing the report stale finds it fresh there and is left out. That reconcile
-    sees the renewal change under it and queues it itself."""
+def test_a_renewal_while_the_report_is_written_stale_is_queued() -> None:
+    """A renewal told while a reconcile writes the report stale (after it judged, before the
+    status landed) finds the verdict in force already stale, and is queued: none is lost
+    between a judgement and its write."""
     later = NOW + DEFAULT_STALE_AFTER + timedelta(seconds=1)
-    renewal = Renewal(f"gpuusage-system/{NODE}", later, witnessed=True)
-    reads: list[str] = []
-    armed = False
-
-    def renewals(node: str) -> Renewal | None:
-        if not armed:
-            return None
-        reads.append(node)
-        return None if len(reads) == 1 else renewal  # renewed after the reconcile's first read
-
+    renewal: list[Renewal] = []
     api = StatusApi()
-    reconciler = reconciler_on(client.ApiClient(), reports_api=api, renewals=renewals)
+    reconciler = reconciler_on(
+        client.ApiClient(), reports_api=api, renewals=lambda node: renewal[-1] if renewal else None
+    )
     nobody = PodLookup({})
     assert not reconciler.reconcile(_report("7"), nobody, NOW), "fresh"
     while (taken := reconciler.queue.get(timeout=0)) is not None:
         reconciler.queue.done(taken[0])
-    armed = True
+    write = api.patch_cluster_custom_object_status
+
+    def renewed_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        renewal.append(Renewal(f"gpuusage-system/{NODE}", later, witnessed=True))
+        reconciler.liveness.renewed(NODE)  # as the Lease watch tells it, once it shows it
+        return write(*args, **kwargs)
+
+    api.patch_cluster_custom_object_status = renewed_meanwhile  # type: ignore[method-assign]
     assert reconciler.reconcile(_report("101", api.status), nobody, later), "judged stale"
     assert reconciler.queue.get(timeout=0) == (NODE, frozenset({RENEWED}))
     assert reconciler.needs_reconcile(NODE, frozenset({RENEWED}), later), "and it matters"

@@ -13,6 +13,7 @@ from gpuusage_operator.judge.freshness import (
     Renewal,
     Sighting,
     alive_at,
+    freshness,
     is_stale,
     sight,
     stale_condition,
@@ -21,6 +22,21 @@ from gpuusage_operator.judge.freshness import (
 
 OBSERVED = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 LIMIT = timedelta(seconds=120)
+
+
+def condition_at(
+    seen: Sighting,
+    now: datetime,
+    *,
+    previous: Condition | None = None,
+    generation: int | None = None,
+    renewal: Renewal | None = None,
+) -> Condition:
+    """The Stale condition of a report seen so, at `now`, with a threshold of LIMIT."""
+    fresh = freshness(seen, renewal, LIMIT, now)
+    return stale_condition(fresh, now, previous=previous, generation=generation)
+
+
 SECOND = timedelta(seconds=1)
 
 
@@ -43,7 +59,7 @@ def test_a_report_dated_in_the_future_goes_stale_when_it_stops_changing() -> Non
     assert changed.seen_at == OBSERVED + 10 * SECOND
     assert changed.skew is not None
     assert changed.skew > timedelta(days=365 * 70)
-    condition = stale_condition(changed, OBSERVED + 11 * SECOND, LIMIT)
+    condition = condition_at(changed, OBSERVED + 11 * SECOND)
     assert condition.status == "False"
     assert "clock is about" in condition.message
     assert "ahead of the operator's" in condition.message
@@ -55,7 +71,7 @@ def test_skew_is_measured_only_on_changes_seen_as_they_happen() -> None:
     assert first.skew is None, "at first sight the report may simply be old"
     live = sight(first, 2, behind + 30 * SECOND, None, OBSERVED + 30 * SECOND, stale_after=LIMIT)
     assert live.skew == -timedelta(minutes=10)
-    text = stale_condition(live, OBSERVED + 31 * SECOND, LIMIT).message
+    text = condition_at(live, OBSERVED + 31 * SECOND).message
     assert "about 10 minutes behind the operator's" in text
     late = sight(
         live, 3, OBSERVED, None, OBSERVED + 30 * SECOND + LIMIT + SECOND, stale_after=LIMIT
@@ -63,7 +79,7 @@ def test_skew_is_measured_only_on_changes_seen_as_they_happen() -> None:
     assert late.skew is None, "after a pause the change may be old: no skew claimed"
     close = sight(live, 3, OBSERVED + 40 * SECOND, None, OBSERVED + 41 * SECOND, stale_after=LIMIT)
     assert close.skew == -SECOND
-    assert "clock" not in stale_condition(close, OBSERVED + 42 * SECOND, LIMIT).message
+    assert "clock" not in condition_at(close, OBSERVED + 42 * SECOND).message
 
 
 def _status(generation: int, seen: datetime | None, stale: bool) -> GpuNodeUsageStatus:
@@ -95,23 +111,23 @@ def test_a_new_replica_reads_when_the_report_was_seen_from_its_status() -> None:
 
 def test_condition_reads_well_and_keeps_transition_time() -> None:
     seen = Sighting(4, OBSERVED)
-    fresh = stale_condition(seen, OBSERVED + timedelta(seconds=5), LIMIT)
+    fresh = condition_at(seen, OBSERVED + timedelta(seconds=5))
     assert (fresh.type, fresh.status, fresh.reason) == ("Stale", "False", "ReportFresh")
     assert fresh.message.startswith("the node agent reports within the 120s threshold")
     assert "renews no Lease" in fresh.message, "says what liveness is judged by"
 
     later = OBSERVED + timedelta(seconds=30)
-    still = stale_condition(seen, later, LIMIT, previous=fresh)
+    still = condition_at(seen, later, previous=fresh)
     assert still.last_transition_time == fresh.last_transition_time
 
     much_later = OBSERVED + timedelta(minutes=3, seconds=7)
-    stale = stale_condition(seen, much_later, LIMIT, previous=still, generation=4)
+    stale = condition_at(seen, much_later, previous=still, generation=4)
     assert (stale.status, stale.reason) == ("True", "ReportOutdated")
     assert stale.last_transition_time == much_later
     assert "no report from the node agent since 2026-11-21T12:00:00Z by the operator's clock" in (
         stale.message
     )
-    again = stale_condition(seen, much_later + 9 * SECOND, LIMIT, previous=stale, generation=4)
+    again = condition_at(seen, much_later + 9 * SECOND, previous=stale, generation=4)
     assert again == stale, "an unchanged situation yields an identical condition (no status write)"
     assert stale.observed_generation == 4
 
@@ -126,12 +142,12 @@ def test_lease_renewals_keep_a_report_fresh_that_does_not_change() -> None:
     renewed = Renewal(LEASE, OBSERVED + timedelta(minutes=4), witnessed=True)
     later = OBSERVED + timedelta(minutes=5)
     assert alive_at(seen, renewed) == renewed.seen_at
-    fresh = stale_condition(seen, later, LIMIT, renewal=renewed)
+    fresh = condition_at(seen, later, renewal=renewed)
     assert (fresh.status, fresh.reason) == ("False", "LeaseRenewed")
     assert fresh.message == f"the node agent renews Lease {LEASE} within the 120s threshold"
     assert not is_stale(alive_at(seen, renewed), later, LIMIT)
     stopped = renewed.seen_at + LIMIT + SECOND
-    stale = stale_condition(seen, stopped, LIMIT, renewal=renewed)
+    stale = condition_at(seen, stopped, renewal=renewed)
     assert (stale.status, stale.reason) == ("True", "ReportOutdated")
     assert f"no renewal of Lease {LEASE} and no change of the report since" in stale.message
     assert format_time(renewed.seen_at) in stale.message

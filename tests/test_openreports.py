@@ -366,12 +366,11 @@ def test_kept_results_are_ours_as_we_write_them() -> None:
 def test_only_reports_judged_since_this_replica_turned_active_are_published() -> None:
     from gpuusage_operator.controller.reports import ReportBook, ReportMemory  # noqa: PLC0415
     from gpuusage_operator.index.pods import PodLookup  # noqa: PLC0415
-    from gpuusage_operator.judge.freshness import Sighting  # noqa: PLC0415
     from gpuusage_operator.openreports.gather import gather  # noqa: PLC0415
 
     book = ReportBook()
     for node in ("gpu-a", "gpu-gone"):
-        book.put(node, ReportMemory(Sighting(1, NOW, stale=True), judged=True))
+        book.put(node, ReportMemory(stale=True, judged=True))
     found = gather(PodLookup({}), book, {"gpu-a", "gpu-b"})
     assert [r["resources"][0]["name"] for r in found.nodes] == ["gpu-a"]  # gpu-gone: deleted
     assert found.keep == {"gpu-b"}  # shown, not judged yet: what is published of it stays

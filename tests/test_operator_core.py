@@ -13,7 +13,7 @@ from gpuusage.api.models import Process
 from gpuusage_operator.ha.peering import MAX_PRIORITY, is_active, live_peers, random_priority
 from gpuusage_operator.index.pods import index_keys, snapshot_of
 from gpuusage_operator.judge.allocation import judgements
-from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.freshness import Sighting, freshness
 from gpuusage_operator.judge.podstate import (
     annotation_patch,
     condition_patch,
@@ -111,7 +111,9 @@ def test_a_report_attributes_processes_only_to_pods_of_its_own_node() -> None:
 def test_desired_status_of_the_example_node() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
     resolutions = list(resolve_all(spec, pod_lookup(*PODS)))
-    status = desired_status(spec, resolutions, NOW, generation=3, sighting=SEEN)
+    status = desired_status(
+        spec, resolutions, NOW, generation=3, fresh=freshness(SEEN, None, None, NOW)
+    )
     assert status.observed_generation == 3
     assert status.totals is not None
     assert (status.totals.pods, status.totals.processes, status.totals.unattributed_processes) == (
@@ -146,13 +148,15 @@ def test_desired_status_of_the_example_node() -> None:
 def test_status_is_identical_for_an_unchanged_report() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
     resolutions = list(resolve_all(spec, pod_lookup(*PODS)))
-    first = desired_status(spec, resolutions, NOW, generation=3, sighting=SEEN)
+    first = desired_status(
+        spec, resolutions, NOW, generation=3, fresh=freshness(SEEN, None, None, NOW)
+    )
     again = desired_status(
         spec,
         list(reversed(resolutions)),
         NOW + timedelta(seconds=40),
         generation=3,
-        sighting=SEEN,
+        fresh=freshness(SEEN, None, None, NOW),
         previous=first,
     )
     assert again == first
@@ -161,7 +165,11 @@ def test_status_is_identical_for_an_unchanged_report() -> None:
 def test_stale_report_makes_the_node_not_ready() -> None:
     spec = example_spec("gpu-node-a", OBSERVED)
     status = desired_status(
-        spec, [], OBSERVED + timedelta(minutes=10), generation=1, sighting=Sighting(1, OBSERVED)
+        spec,
+        [],
+        OBSERVED + timedelta(minutes=10),
+        generation=1,
+        fresh=freshness(Sighting(1, OBSERVED), None, None, OBSERVED + timedelta(minutes=10)),
     )
     conditions = {c.type: c for c in status.conditions}
     assert (conditions["Stale"].status, conditions["Ready"].status) == ("True", "False")
@@ -367,7 +375,7 @@ def test_gpu_requests_and_use_of_unrequested_gpus() -> None:
         list(resolve_all(spec_, pod_lookup(sneaky, honest))),
         NOW,
         generation=1,
-        sighting=SEEN,
+        fresh=freshness(SEEN, None, None, NOW),
     )
     flags = {(p.name, p.requested_gpus, p.unrequested) for p in status.pods}
     assert flags == {("sneaky", 0, True), ("notebook", 1, False)}

@@ -19,7 +19,6 @@ from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.informers.informer import WatchExpired
 from gpuusage_operator.informers.reports import ReportStore, ReportWatch
-from gpuusage_operator.judge.freshness import Sighting
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 
@@ -89,7 +88,7 @@ def test_each_change_queues_the_name_and_a_list_again_queues_what_differs() -> N
     queue, book = WorkQueue(), ReportBook()
     echoes: list[int] = []
     triggers = Triggers(queue, book, echoed=lambda: echoes.append(1))
-    book.put("n2", ReportMemory(Sighting(1, NOW), echo="12"))
+    book.put("n2", ReportMemory(echo="12"))
     custom = FakeCustom(
         pages=[
             [report("n1", "1"), report("n2", "2"), report("n3", "3")],

@@ -33,7 +33,7 @@ from gpuusage_operator.judge.certainty import (
     sees_all,
     why_unknown,
 )
-from gpuusage_operator.judge.freshness import Sighting
+from gpuusage_operator.judge.freshness import Sighting, freshness
 from gpuusage_operator.judge.resolution import resolve_all
 from gpuusage_operator.judge.status import desired_status
 from tests.builders import marked_snapshot
@@ -152,7 +152,9 @@ def test_the_operator_keeps_a_blind_devices_pods_unknown_and_judges_the_others()
     assert not sees_all(blind, devices_of(on_gpu0, [], pod, spec))
     assert not sees_all(blind, devices_of(Allocation(("DevicePlugin",)), [], pod, spec))
     assert not sees_all(blind, devices_of(on_gpu1, [], marked_snapshot(gpu0), spec))
-    status = desired_status(spec, [], NOW, generation=1, sighting=Sighting(1, NOW), blind=blind)
+    status = desired_status(
+        spec, [], NOW, generation=1, fresh=freshness(Sighting(1, NOW), None, None, NOW), blind=blind
+    )
     assert [(d.uuid, d.blind) for d in status.devices] == [
         (gpu0, "ProcessesNotVisible"),
         (gpu1, None),

@@ -90,7 +90,8 @@ class Operator:
             clock=clock,
             health=self.health,
             on_news=triggers.due,
-            on_renewed=triggers.renewed,
+            # the reconciler is built below, before the watch starts
+            on_renewed=lambda node: self.reconciler.liveness.renewed(node),  # noqa: PLW0108
             idle_timeout=idle,
         )
         self.policies = PolicyWatch(

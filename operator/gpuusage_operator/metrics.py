@@ -114,7 +114,7 @@ class _ReconcilerCollector(Collector):
             "the time this replica saw the report change (positive: the node's clock is ahead).",
             labels=["node"],
         )
-        for node, seconds in sorted(self._reconciler.book.clock_skews().items()):
+        for node, seconds in sorted(self._reconciler.liveness.clock_skews().items()):
             skew.add_metric([node], seconds)
         yield skew
         yield GaugeMetricFamily(

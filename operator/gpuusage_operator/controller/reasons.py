@@ -12,8 +12,8 @@ report, which the reconciler judges when a worker takes them (Reconciler.needs_r
   policy changed, a pod's writes waited for the budget or failed;
 * DEADLINE: one of the report's judgements comes due (idle time, marks settling, a notice);
 * STALENESS, RENEWED: the report may have turned stale, or its agent's Lease was renewed (a
-  stale report may be fresh again): reconciled only when its freshness differs from what
-  its status says;
+  stale report may be fresh again; see liveness, which queues both): reconciled only when its
+  freshness differs from the verdict in force;
 * Edited: a pod's gpuusage.io/ marks changed: reconciled unless that is the echo of our write;
 * Gone: a pod was deleted: reconciled when the report's status lists it (its memory of the
   pod is dropped either way).
@@ -60,8 +60,8 @@ class Triggers:
 
     queue: WorkQueue
     book: ReportBook
-    """What is remembered of the reports: read only, to leave out renewals that cannot matter
-    and the echoes of our own status writes."""
+    """What is remembered of the reports: read only, to leave out the echoes of our own
+    status writes."""
     echoed: Callable[[], None] = field(default=lambda: None)
     """Counts a report event left out as our own write's echo (for the metrics)."""
 
@@ -84,15 +84,6 @@ class Triggers:
         """These reports are to be reconciled without an event of their own (any thread)."""
         for node in nodes:
             self.queue.add(node, DUE)
-
-    def renewed(self, node: str) -> None:
-        """The node's agent renewed its Lease. Only a report whose status says stale can be
-        changed by that (a renewal never makes a report stale), and every agent renews every
-        10 s: queueing the others would wake a worker for nothing 500 times a second at 5,000
-        nodes (benchmarks/lease_events.py). A renewal that comes while a reconcile is writing
-        the report stale may be left out here: that reconcile then queues it itself."""
-        if self.book.says_stale(node):
-            self.queue.add(node, RENEWED)
 
     def marks_edited(self, pod: PodSnapshot) -> None:
         """The pod's gpuusage.io/ annotations or GPUInUse condition changed. Whether that is

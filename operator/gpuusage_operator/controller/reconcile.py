@@ -21,7 +21,7 @@ import logging
 import threading
 from collections import Counter as TallyCounter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,10 +29,10 @@ from kubernetes import client
 from pydantic import ValidationError
 
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
+from gpuusage_operator.controller.liveness import Liveness
 from gpuusage_operator.controller.reasons import (
     DEADLINE,
     FRESHNESS,
-    RENEWED,
     STALENESS,
     Edited,
     Gone,
@@ -44,10 +44,6 @@ from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.findings import observe
 from gpuusage_operator.judge.freshness import (
     Renewal,
-    alive_at,
-    is_stale,
-    sight,
-    threshold,
 )
 from gpuusage_operator.judge.idle import DEFAULT_IDLE_AFTER
 from gpuusage_operator.judge.podstate import Verdict
@@ -181,10 +177,11 @@ class Reconciler:
 
     def __post_init__(self) -> None:
         self._custom = self.reports_api or client.CustomObjectsApi(self.api)
+        self.liveness = Liveness(self.queue, stale_after=self.stale_after, renewals=self.renewals)
+        """When each node goes stale (see liveness): the one owner of its signs of life."""
         self._judging = Judging(
             self.rules,
             self.driver_namespaces,
-            self.stale_after,
             self.idle_after,
             self.restart_grace,
         )
@@ -198,10 +195,6 @@ class Reconciler:
         at a time per report: the queue's workers call it (tests, alone)."""
         name = body["metadata"]["name"]
         self.counts.add("reconciles")
-        memory = self.book.get(name)
-        if memory is not None and memory.echo is not None:
-            memory = replace(memory, echo=None)
-            self.book.put(name, memory)
         missed = self.counts.pod_writes_missed
         written: str | None = None
         try:
@@ -213,23 +206,12 @@ class Reconciler:
             log.error("GpuNodeUsage %s cannot be read: %s", name, exc)
             return False
         generation = body["metadata"].get("generation")
-        renewal = self.renewals(name)
-        sighting = sight(
-            None if memory is None else memory.sighting,
-            generation,
-            spec.observed_at,
-            previous,
-            now,
-            stale_after=threshold(self.stale_after, renewal),
-        )
-        memory = ReportMemory(sighting) if memory is None else replace(memory, sighting=sighting)
-        self.book.put(name, memory)
+        fresh = self.liveness.judge(name, generation, spec.observed_at, previous, now)
         decision = judge_report(
             spec,
             previous,
             generation=generation,
-            sighting=sighting,
-            renewal=renewal,
+            fresh=fresh,
             lookup=lookup,
             dra=dra,
             now=now,
@@ -240,8 +222,6 @@ class Reconciler:
         unattributed: TallyCounter[str] = TallyCounter(
             r.reason for r in decision.resolutions if r.reason
         )
-        memory = replace(memory, unattributed=unattributed)
-        self.book.put(name, memory)
         status, stale = decision.status, decision.status.stale
         wake = list(decision.wake)
         # Pods first: their annotations and condition are what people read, and each write
@@ -280,45 +260,31 @@ class Reconciler:
         echo = None  # a failed pod write is retried on the echo instead
         if written is not None and self.counts.pod_writes_missed == missed:
             echo = written
-        memory = replace(
-            memory,
-            sighting=replace(sighting, stale=stale),  # what the status now says
-            echo=echo,
-            listing=decision.listing,
-            judged=True,
-            orphaned=status.orphaned,
-            blind=tuple((d.uuid, d.blind) for d in status.devices if d.blind),
+        self.book.put(  # once, whole: other threads read it
+            name,
+            ReportMemory(
+                stale=stale,
+                echo=echo,
+                listing=decision.listing,
+                unattributed=unattributed,
+                judged=True,
+                orphaned=status.orphaned,
+                blind=tuple((d.uuid, d.blind) for d in status.devices if d.blind),
+            ),
         )
-        self.book.put(name, memory)
-        if stale and self.renewals(name) != renewal:
-            # Renewed while this reconcile judged it stale: the watch's trigger may have read
-            # the report's memory before it said stale, and left the renewal out.
-            self.queue.add(name, RENEWED)
         if wake:  # a report that does not change sends no event: judged again then
             self.queue.add_after(name, (min(wake) - now).total_seconds(), DEADLINE)
         self.watch_staleness(name, now)
         return stale
 
-    def staleness_flipped(self, name: str, now: datetime) -> bool:
-        """Whether the report's freshness by `now` differs from what its status says."""
-        memory = self.book.get(name)
-        if memory is None:
-            return False
-        seen, renewal = memory.sighting, self.renewals(name)
-        limit = threshold(self.stale_after, renewal)
-        return is_stale(alive_at(seen, renewal), now, limit) != seen.stale
-
     def watch_staleness(self, name: str, now: datetime) -> None:
         """A fresh report turns stale with no event (a dead agent writes nothing): its name is
         queued for when it would, with the reason STALENESS (the worker checks that it has,
         a Lease renewed meanwhile may have kept it fresh, and reconciles only then)."""
-        memory = self.book.get(name)
-        if memory is None or memory.sighting.stale:
-            return
-        seen, renewal = memory.sighting, self.renewals(name)
-        turns = alive_at(seen, renewal) + threshold(self.stale_after, renewal)
-        delay = (turns - now).total_seconds() + STALE_MARGIN
-        self.queue.add_after(name, delay, STALENESS)
+        turns = self.liveness.deadline(name, now)
+        if turns is not None:
+            delay = (turns - now).total_seconds() + STALE_MARGIN
+            self.queue.add_after(name, delay, STALENESS)
 
     def needs_reconcile(self, name: str, reasons: frozenset[Hashable], now: datetime) -> bool:
         """Whether what the report was queued for matters to it (see reasons): any reason but
@@ -333,7 +299,7 @@ class Reconciler:
                 if self.book.lists(name, reason.uid):
                     return True
             elif reason in FRESHNESS:
-                if self.staleness_flipped(name, now):
+                if self.liveness.flipped(name, now):
                     return True
             else:
                 return True
@@ -377,6 +343,7 @@ class Reconciler:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
         pods lose every mark gpuusage put on them (annotations and condition), at once."""
         self.book.drop(node)
+        self.liveness.forget(node)
         for ref in lookup.on_node_with_our_marks(node):
             self.marker.clear(ref)
         if self.nodes is not None:

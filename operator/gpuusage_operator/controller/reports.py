@@ -1,7 +1,8 @@
 """What this replica remembers of each report between its reconciles, in one record per report.
 
-The reconcile of a report creates its record and replaces it whole each time; only the
-report's deletion drops it (Reconciler.forget_node). Other threads (the metrics, the policy
+The reconcile of a report creates its record and replaces it whole, once, at its end; only the
+report's deletion drops it (Reconciler.forget_node). Its signs of life are not here: they are
+the Liveness's (see liveness). Other threads (the metrics, the policy
 watch, the workers judging a reason) read records without a lock: a record is never changed in
 place, and readers copy the table before walking it.
 """
@@ -14,16 +15,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuusage.api.models import OrphanedMemory
-from gpuusage_operator.judge.freshness import MAX_CLOCK_SKEW, Sighting
 
 
 @dataclass(frozen=True)
 class ReportMemory:
     """What this replica remembers of one report."""
 
-    sighting: Sighting
-    """When this replica saw the report's current generation appear (see freshness), and
-    whether its status says stale."""
+    stale: bool = False
+    """Whether the status our last reconcile judged says stale (when it goes stale is the
+    Liveness's to say, see liveness)."""
     echo: str | None = None
     """The resourceVersion our last status write gave it, when that reconcile wrote everything
     it wanted: the watch event of that version only echoes our own write."""
@@ -82,24 +82,10 @@ class ReportBook:
         """The reports a reconcile has judged whole, by name."""
         return {name: m for name, m in list(self._reports.items()) if m.judged}
 
-    def says_stale(self, name: str) -> bool:
-        """Whether the report's status, as our last reconcile left it, says stale."""
-        memory = self._reports.get(name)
-        return memory is not None and memory.sighting.stale
-
     def lists(self, name: str, uid: str) -> bool:
         """Whether the report's status lists this pod."""
         memory = self._reports.get(name)
         return memory is not None and uid in memory.listing
-
-    def clock_skews(self) -> dict[str, float]:
-        """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
-        skews = {name: memory.sighting.skew for name, memory in list(self._reports.items())}
-        return {
-            name: skew.total_seconds()
-            for name, skew in skews.items()
-            if skew is not None and abs(skew) > MAX_CLOCK_SKEW
-        }
 
     def unattributed(self) -> list[TallyCounter[str]]:
         """Each remembered report's processes that belong to no pod, by reason."""

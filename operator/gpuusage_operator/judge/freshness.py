@@ -125,6 +125,33 @@ def is_stale(seen_at: datetime, now: datetime, stale_after: timedelta) -> bool:
     return now - seen_at > stale_after
 
 
+@dataclass(frozen=True)
+class Freshness:
+    """A report's freshness at one moment, worked out once (see freshness): what the Stale
+    condition, the judge and the staleness deadline all read."""
+
+    sighting: Sighting
+    renewal: Renewal | None
+    threshold: timedelta
+    alive: datetime
+    """The last sign of life (see alive_at)."""
+    stale: bool
+
+    @property
+    def turns_stale(self) -> datetime:
+        """When a fresh report turns stale if no sign of life comes."""
+        return self.alive + self.threshold
+
+
+def freshness(
+    sighting: Sighting, renewal: Renewal | None, stale_after: timedelta | None, now: datetime
+) -> Freshness:
+    """The report's freshness at `now` (`stale_after`: --stale-after, see threshold)."""
+    limit = threshold(stale_after, renewal)
+    alive = alive_at(sighting, renewal)
+    return Freshness(sighting, renewal, limit, alive, is_stale(alive, now, limit))
+
+
 def skew_text(skew: timedelta | None) -> str | None:
     """How far the agent's clock is off, in words, when that is beyond MAX_CLOCK_SKEW.
 
@@ -143,13 +170,11 @@ def skew_text(skew: timedelta | None) -> str | None:
 
 
 def stale_condition(
-    sighting: Sighting,
+    fresh: Freshness,
     now: datetime,
-    stale_after: timedelta = DEFAULT_STALE_AFTER,
     *,
     previous: Condition | None = None,
     generation: int | None = None,
-    renewal: Renewal | None = None,
 ) -> Condition:
     """The Stale condition, keeping lastTransitionTime when the status did not change.
 
@@ -157,10 +182,9 @@ def stale_condition(
     change on every reconcile and turn every reconcile into a status write. It says what
     liveness is judged by (the Lease, or the report's rewrites).
     """
-    alive = alive_at(sighting, renewal)
-    stale = is_stale(alive, now, stale_after)
+    alive, stale, renewal, sighting = fresh.alive, fresh.stale, fresh.renewal, fresh.sighting
     status = "True" if stale else "False"
-    limit = int(stale_after.total_seconds())
+    limit = int(fresh.threshold.total_seconds())
     reason: StaleReason
     if stale:
         reason = "ReportOutdated"

@@ -26,7 +26,7 @@ from gpuusage_operator.judge.certainty import (
     last_seen,
     sees_all,
 )
-from gpuusage_operator.judge.freshness import Renewal, Sighting, alive_at, is_stale, threshold
+from gpuusage_operator.judge.freshness import Freshness
 from gpuusage_operator.judge.holding import held_idle, next_held_deadline
 from gpuusage_operator.judge.idle import Idle, idle_pods, next_idle_deadline
 from gpuusage_operator.judge.podstate import Verdict, verdicts
@@ -42,8 +42,6 @@ class Judging:
 
     rules: AllocationRules
     driver_namespaces: frozenset[str]
-    stale_after: timedelta | None
-    """--stale-after; None: each node by its Lease's duration (see freshness.threshold)."""
     idle_after: timedelta | None
     restart_grace: timedelta
 
@@ -74,8 +72,7 @@ def judge_report(
     previous: GpuNodeUsageStatus | None,
     *,
     generation: int | None,
-    sighting: Sighting,
-    renewal: Renewal | None,
+    fresh: Freshness,
     lookup: PodLookup,
     dra: DraLookup,
     now: datetime,
@@ -96,8 +93,6 @@ def judge_report(
     resolutions = list(resolve_all(spec, lookup, judging.driver_namespaces))
     uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
     judged = judgements(uses, spec, dra, rules)
-    stale_after = threshold(judging.stale_after, renewal)
-    fresh = not is_stale(alive_at(sighting, renewal), now, stale_after)
     blind = blind_spots(spec, resolutions)
     kubelet = KubeletView.of(spec)
     candidates = lookup.requesting_on_node(spec.node_name)
@@ -118,7 +113,7 @@ def judge_report(
 
     idle: list[Idle] = []
     wake: list[datetime] = []
-    if fresh:
+    if not fresh.stale:
         judgeable = [p for p in candidates if p.uid not in uses and seen_whole(p)]
         idle = idle_pods(judgeable, uses, now, judging.idle_after, allocated)
         whole = [u for u in uses.values() if seen_whole(u.pod, u.devices)]
@@ -127,11 +122,11 @@ def judge_report(
             d
             for d in (
                 next_idle_deadline(judgeable, in_use, now, judging.idle_after),
-                next_held_deadline(whole, sighting.seen_at, now, judging.idle_after),
+                next_held_deadline(whole, fresh.sighting.seen_at, now, judging.idle_after),
             )
             if d is not None
         ]
-        held = held_idle(whole, sighting.seen_at, now, judging.idle_after)
+        held = held_idle(whole, fresh.sighting.seen_at, now, judging.idle_after)
         judged = {
             uid: replace(j, held_idle_since=held[uid]) if uid in held else j
             for uid, j in judged.items()
@@ -142,13 +137,11 @@ def judge_report(
         resolutions,
         now,
         generation=generation,
-        sighting=sighting,
+        fresh=fresh,
         previous=previous,
-        stale_after=stale_after,
         idle=[i.entry() for i in idle],
         allocations=allocations,
         judged=judged,
-        renewal=renewal,
         blind=blind,
     )
     found = verdicts(

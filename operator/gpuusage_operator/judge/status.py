@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from gpuusage.api import names
 from gpuusage.api.models import (
@@ -44,12 +44,7 @@ from gpuusage.api.reasons import ReadyReason
 from gpuusage.api.summary import all_processes, device_uuid, format_mib
 from gpuusage_operator.judge.allocation import AllocatedDevice, Judgement, judgements
 from gpuusage_operator.judge.certainty import BlindSpots, blind_spots
-from gpuusage_operator.judge.freshness import (
-    DEFAULT_STALE_AFTER,
-    Renewal,
-    Sighting,
-    stale_condition,
-)
+from gpuusage_operator.judge.freshness import Freshness, stale_condition
 from gpuusage_operator.judge.holding import computing
 from gpuusage_operator.judge.orphaned import orphaned_memory
 from gpuusage_operator.judge.requests import share_of
@@ -250,27 +245,23 @@ def desired_status(
     now: datetime,
     *,
     generation: int | None,
-    sighting: Sighting,
+    fresh: Freshness,
     previous: GpuNodeUsageStatus | None = None,
-    stale_after: timedelta = DEFAULT_STALE_AFTER,
     idle: Sequence[IdlePod] = (),
     judged: Mapping[str, Judgement] | None = None,
-    renewal: Renewal | None = None,
     allocations: tuple[Sequence[PodAllocation], int | None] = ((), None),
     blind: BlindSpots | None = None,
 ) -> GpuNodeUsageStatus:
-    """The status for this report; `sighting` says when the operator saw it change, `idle`
+    """The status for this report; `fresh` says how fresh it is (see freshness), `idle`
     are the pods the caller judged idle (see idle), `judged` each using pod's allocation
     judgement (see allocation; by default one that knows no claims), `allocations` what each
     pod on the node was handed and how many were left out (see showback)."""
     old_conditions = previous.conditions if previous else []
     stale = stale_condition(
-        sighting,
+        fresh,
         now,
-        stale_after,
         previous=next((c for c in old_conditions if c.type == names.CONDITION_STALE), None),
         generation=generation,
-        renewal=renewal,
     )
     ready = _ready(stale, generation, now)
     before = next((c for c in old_conditions if c.type == ready.type), None)
@@ -292,7 +283,7 @@ def desired_status(
     )
     return GpuNodeUsageStatus(
         observed_generation=generation,
-        report_seen_at=sighting.seen_at.replace(microsecond=0),
+        report_seen_at=fresh.sighting.seen_at.replace(microsecond=0),
         conditions=[ready, stale],
         totals=node_totals(spec, usages, outside, len(idle), devices),
         orphaned=orphaned_memory(resolutions, previous.orphaned if previous else None, now),

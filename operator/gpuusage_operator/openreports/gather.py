@@ -44,7 +44,7 @@ def gather(
         result
         for name, memory in sorted(judged.items())
         for result in node_results(
-            NodeFacts(name, memory.sighting.stale, memory.orphaned, memory.blind), node_rule
+            NodeFacts(name, memory.stale, memory.orphaned, memory.blind), node_rule
         )
     ]
     return Findings(namespace_results(pods), nodes, frozenset(shown - set(judged)))
