@@ -7,8 +7,8 @@ its status says), and so when a fresh node turns stale. The watches tell it (`re
 reconcile asks it once for the report's freshness (`judge`), which records the verdict under
 the same lock as it reads the renewal: a renewal told after that finds the verdict it can
 change, and is queued (RENEWED), so none is lost between a judgement and the status write.
-The workers ask it whether a staleness reason matters (`flipped`) and when to look again
-(`deadline`). The rule itself is judge.freshness's, pure.
+The workers ask it whether a staleness reason matters (`flipped`); it queues each fresh
+node for the moment it would turn stale (`watch`). The rule itself is judge.freshness's, pure.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from gpuusage.api.models import GpuNodeUsageStatus
-from gpuusage_operator.controller.reasons import RENEWED
+from gpuusage_operator.controller.reasons import RENEWED, STALENESS
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.judge.freshness import (
     MAX_CLOCK_SKEW,
@@ -31,6 +31,8 @@ from gpuusage_operator.judge.freshness import (
     threshold,
 )
 
+STALE_MARGIN = 0.05
+"""Seconds past the moment a report would turn stale (is_stale: strictly older)."""
 Renewals = Callable[[str], Renewal | None]
 """A node → its agent's Lease as the operator saw it renewed (None: no Lease known)."""
 
@@ -103,6 +105,15 @@ class Liveness:
         if found is None or found[0].stale:
             return None
         return found[1].turns_stale
+
+    def watch(self, name: str, now: datetime) -> None:
+        """A fresh report turns stale with no event (a dead agent writes nothing): its name is
+        queued for when it would, with the reason STALENESS (the worker asks `flipped`: a Lease
+        renewed meanwhile may have kept it fresh, and then comes here again)."""
+        turns = self.deadline(name, now)
+        if turns is not None:
+            delay = (turns - now).total_seconds() + STALE_MARGIN
+            self._queue.add_after(name, delay, STALENESS)
 
     def says_stale(self, name: str) -> bool:
         """Whether the verdict in force calls the report stale."""

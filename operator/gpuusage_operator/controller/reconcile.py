@@ -33,7 +33,6 @@ from gpuusage_operator.controller.liveness import Liveness
 from gpuusage_operator.controller.reasons import (
     DEADLINE,
     FRESHNESS,
-    STALENESS,
     Edited,
     Gone,
 )
@@ -57,8 +56,6 @@ from gpuusage_operator.writers.pods import PodMarker
 from gpuusage_operator.writers.status import echo_version, write_status
 
 log = logging.getLogger(__name__)
-STALE_MARGIN = 0.05
-"""Seconds past the moment a report would turn stale (is_stale: strictly older)."""
 
 
 COUNT_NAMES = frozenset(
@@ -274,17 +271,8 @@ class Reconciler:
         )
         if wake:  # a report that does not change sends no event: judged again then
             self.queue.add_after(name, (min(wake) - now).total_seconds(), DEADLINE)
-        self.watch_staleness(name, now)
+        self.liveness.watch(name, now)
         return stale
-
-    def watch_staleness(self, name: str, now: datetime) -> None:
-        """A fresh report turns stale with no event (a dead agent writes nothing): its name is
-        queued for when it would, with the reason STALENESS (the worker checks that it has,
-        a Lease renewed meanwhile may have kept it fresh, and reconciles only then)."""
-        turns = self.liveness.deadline(name, now)
-        if turns is not None:
-            delay = (turns - now).total_seconds() + STALE_MARGIN
-            self.queue.add_after(name, delay, STALENESS)
 
     def needs_reconcile(self, name: str, reasons: frozenset[Hashable], now: datetime) -> bool:
         """Whether what the report was queued for matters to it (see reasons): any reason but

@@ -122,7 +122,7 @@ class ReportWorkers:
         now = self._clock()
         if not reconciler.needs_reconcile(name, reasons, now):
             if STALENESS in reasons:  # renewed meanwhile: the next deadline
-                reconciler.watch_staleness(name, now)
+                reconciler.liveness.watch(name, now)
             return False
         body = self._read(name)
         if body is None:  # deleted (or never there: a node whose pods carry marks)
