@@ -41,7 +41,7 @@ from gpuusage_operator.judge.allocation import (
     replica_share,
 )
 from gpuusage_operator.judge.findings import REASON_UNALLOCATED
-from gpuusage_operator.judge.podstate import desired_condition, event_for
+from gpuusage_operator.judge.podstate import desired_condition
 from gpuusage_operator.judge.requests import (
     DEFAULT_RULES,
     AllocationRules,
@@ -52,6 +52,7 @@ from gpuusage_operator.judge.requests import (
 )
 from gpuusage_operator.judge.resolution import PodUse, Resolution
 from gpuusage_operator.judge.status import handed_share, pod_usages
+from gpuusage_operator.writers.marks import event_for
 
 GPU0 = "GPU-00000000-1111-2222-3333-444444444444"
 GPU1 = "GPU-11111111-1111-2222-3333-444444444444"

@@ -13,8 +13,9 @@ from gpuusage_operator.judge.certainty import (
     blind_spots,
     why_unknown,
 )
-from gpuusage_operator.judge.podstate import desired_condition, event_for
+from gpuusage_operator.judge.podstate import desired_condition
 from gpuusage_operator.judge.resolution import resolve_all
+from gpuusage_operator.writers.marks import event_for
 from tests.builders import marked_snapshot
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 

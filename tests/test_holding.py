@@ -12,9 +12,10 @@ from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.allocation import Allocation, Judgement
 from gpuusage_operator.judge.findings import REASON_HELD_IDLE, REASON_UNREQUESTED
 from gpuusage_operator.judge.holding import held_idle, held_idle_since, next_held_deadline
-from gpuusage_operator.judge.podstate import desired_condition, event_for
+from gpuusage_operator.judge.podstate import desired_condition
 from gpuusage_operator.judge.resolution import PodUse, Resolution
 from gpuusage_operator.judge.status import pod_usages
+from gpuusage_operator.writers.marks import event_for
 from tests.fakenvml import gpu_uuid
 
 T = datetime(2026, 11, 24, 9, 0, 0, tzinfo=UTC)

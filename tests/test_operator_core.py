@@ -14,17 +14,11 @@ from gpuusage_operator.ha.peering import MAX_PRIORITY, is_active, live_peers, ra
 from gpuusage_operator.index.pods import index_keys, snapshot_of
 from gpuusage_operator.judge.allocation import judgements
 from gpuusage_operator.judge.freshness import Sighting, freshness
-from gpuusage_operator.judge.podstate import (
-    annotation_patch,
-    condition_patch,
-    desired_annotations,
-    desired_condition,
-    event_for,
-    usage_json,
-)
+from gpuusage_operator.judge.podstate import desired_annotations, desired_condition, usage_json
 from gpuusage_operator.judge.requests import gpu_requests
 from gpuusage_operator.judge.resolution import pod_uses, resolve_all, resolve_process
 from gpuusage_operator.judge.status import compute_share, desired_status
+from gpuusage_operator.writers.marks import annotation_patch, condition_patch, event_for
 from tests.builders import api_pod, pod_lookup
 from tests.examples import (
     CTR_INFER,

@@ -27,7 +27,8 @@ from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.ha.peering import Peering
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.certainty import last_seen
-from gpuusage_operator.judge.podstate import Verdict, plan_pod
+from gpuusage_operator.judge.podstate import Verdict, mark_of
+from gpuusage_operator.writers.marks import plan_pod
 from tests.conftest import WorldFactory, wait_for
 from tests.simworld import SimWorld
 from tests.worldview import condition, conditions, pod, pod_annotations, report
@@ -148,9 +149,10 @@ def test_an_unknown_pod_keeps_what_the_operator_wrote() -> None:
     known = {names.ANNOTATION_GPUS: "GPU-real", names.ANNOTATION_GPU_MEMORY_MIB: "4096"}
     verdict = Verdict(_pod(shown, "True"), "Unknown")
     now = datetime(2026, 11, 25, tzinfo=UTC)
-    kept = plan_pod(verdict, shown, None, "n1", now, known=known)
+    marks = mark_of(verdict, "n1")
+    kept = plan_pod(marks, shown, None, now, known=known)
     assert kept.annotation_patch == known
-    assert plan_pod(verdict, shown, None, "n1", now).annotation_patch is None, "unremembered"
+    assert plan_pod(marks, shown, None, now).annotation_patch is None, "unremembered"
 
 
 def test_a_replica_turning_active_again_forgets_what_it_wrote() -> None:

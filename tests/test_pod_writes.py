@@ -6,14 +6,17 @@ apiserver would (the patched pod with a new resourceVersion)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
+
+import pytest
 
 from gpuusage.api import names
 from gpuusage_operator.controller.reconcile import Counts
 from gpuusage_operator.index.pods import snapshot_of
-from gpuusage_operator.judge.podstate import Verdict
+from gpuusage_operator.judge.podstate import Verdict, mark_of
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import PodMarker
 
@@ -63,6 +66,22 @@ class _Pods:
         return self._answer()
 
 
+def judged_as(verdict: Verdict) -> Verdict:
+    """The verdict with its marks, as the judge hands it over (see podstate.verdicts)."""
+    return replace(verdict, marks=mark_of(verdict, "n1"))
+
+
+def test_a_verdict_without_marks_is_refused() -> None:
+    pods = _Pods()
+    marker = PodMarker(
+        core=pods, counts=Counts(), events=cast(Any, None), write_budget=WriteBudget()
+    )
+    before = snapshot_of(pods.pod)
+    assert before is not None
+    with pytest.raises(ValueError, match="no marks"):
+        marker.mark(Verdict(before, "Unknown"), "n1", NOW)
+
+
 def _marked() -> tuple[PodMarker, _Pods]:
     """A pod this replica has marked (its condition written: Unknown, the report stale)."""
     pods = _Pods()
@@ -70,7 +89,7 @@ def _marked() -> tuple[PodMarker, _Pods]:
     marker = PodMarker(core=pods, counts=Counts(), events=events, write_budget=WriteBudget())
     before = snapshot_of(pods.pod)
     assert before is not None
-    assert marker.mark(Verdict(before, "Unknown"), "n1", NOW) is not None
+    assert marker.mark(judged_as(Verdict(before, "Unknown")), "n1", NOW) is not None
     return marker, pods
 
 
@@ -140,12 +159,12 @@ def test_a_finding_seen_again_after_a_spell_of_unknown_is_not_flagged_again() ->
         assert pod is not None
         use = PodUse(pod, "n1", NOW, (Resolution("GPU-0", Process(pid=7), pod),))
         verdict = Verdict(pod, "InUse", use, judgement=Judgement(Allocation(), finding))
-        marker.mark(verdict, "n1", NOW)
+        marker.mark(judged_as(verdict), "n1", NOW)
 
     def unknown() -> None:
         pod = snapshot_of(pods.pod)
         assert pod is not None
-        marker.mark(Verdict(pod, "Unknown"), "n1", NOW)
+        marker.mark(judged_as(Verdict(pod, "Unknown")), "n1", NOW)
 
     judged("Unrequested")
     unknown()
@@ -157,7 +176,7 @@ def test_a_finding_seen_again_after_a_spell_of_unknown_is_not_flagged_again() ->
 
 
 def test_known_again_as_before_the_spell_records_no_event() -> None:
-    from gpuusage_operator.judge.podstate import event_for  # noqa: PLC0415
+    from gpuusage_operator.writers.marks import event_for  # noqa: PLC0415
 
     unknown = {"status": "Unknown", "reason": "NodeReportStale"}
     idle = {"status": "False", "reason": "RequestedGPUsIdle"}

@@ -13,13 +13,14 @@ from gpuusage.api import names
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import PodSnapshot, container_exits, snapshot_of
 from gpuusage_operator.judge.certainty import BlindSpots
-from gpuusage_operator.judge.podstate import desired_condition, event_for, plan_pod, verdicts
+from gpuusage_operator.judge.podstate import desired_condition, verdicts
 from gpuusage_operator.judge.restarts import (
     REASON_RESTARTED,
     SETTLE,
     restart_cause,
     settle_until,
 )
+from gpuusage_operator.writers.marks import event_for, plan_pod
 
 NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 GRACE = timedelta(seconds=60)
@@ -126,7 +127,8 @@ def test_a_restarting_pod_is_unknown_without_events_and_goes_on_when_seen_again(
         REASON_RESTARTED,
     )
     shown = dict(pod.condition)
-    plan = plan_pod(verdict, pod.our_annotations, shown, "gpu-node-a", NOW)
+    assert verdict.marks is not None
+    plan = plan_pod(verdict.marks, pod.our_annotations, shown, NOW)
     assert plan.condition["status"] == "Unknown"
     assert plan.annotation_patch is None, "last known use kept"
     assert plan.event is None, "a restart is no end of use"

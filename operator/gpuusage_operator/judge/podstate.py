@@ -1,4 +1,4 @@
-"""What each pod should show about its GPU use, and the smallest patch to get there. Pure.
+"""What each pod should show about its GPU use: its verdict and the marks that state it. Pure.
 
 For every pod with processes on a node's GPUs: the annotations `gpuusage.io/gpus`,
 `gpuusage.io/gpu-memory-mib` and `gpuusage.io/usage` (compact JSON, bounded in size with an
@@ -6,9 +6,8 @@ explicit truncation marker), and the pod condition `gpuusage.io/GPUInUse`. When 
 annotations are removed and the condition turns False; when a pod that requested GPUs has left
 them idle long enough its False condition says so (reason RequestedGPUsIdle); when the node's
 report is stale, or cannot see a device the pod was using (see certainty), the condition turns
-Unknown and the annotations stay (last known use). Patches are computed against what the pod
-shows now and are None when nothing would change: an unchanged report costs no pod write and no
-Event.
+Unknown and the annotations stay (last known use). The writers diff these marks against what
+the pod shows (see writers.marks).
 """
 
 from __future__ import annotations
@@ -18,11 +17,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from gpuusage.api import names
-from gpuusage.api.reasons import EventReason, InUseReason, PodFinding
-from gpuusage.api.summary import share_moved
+from gpuusage.api.reasons import InUseReason
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.allocation import Judgement
@@ -38,22 +36,8 @@ from gpuusage_operator.judge.findings import (
 from gpuusage_operator.judge.idle import Idle
 from gpuusage_operator.judge.resolution import PodUse
 from gpuusage_operator.judge.restarts import RestartCause, restart_cause, settle_until
-from gpuusage_operator.judge.transitions import transition_time
 
 MAX_USAGE_BYTES = 4096
-OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
-
-WARNED_USE: dict[PodFinding, str] = {
-    REASON_UNREQUESTED: "GPUs it did not request",
-    REASON_UNALLOCATED: "a GPU outside its allocation",
-    REASON_HELD_IDLE: "GPU memory without computing",
-}
-"""In-use reasons that are findings: each gets a Warning Event when it starts."""
-
-
-def _warned(reason: str | None) -> PodFinding | None:
-    """The in-use finding a condition's reason states, if it is one."""
-    return next((finding for finding in WARNED_USE if finding == reason), None)
 
 
 def usage_json(use: PodUse, max_bytes: int = MAX_USAGE_BYTES) -> str:
@@ -106,65 +90,6 @@ def desired_annotations(use: PodUse) -> dict[str, str]:
         names.ANNOTATION_GPU_MEMORY_MIB: str(use.memory_mib),
         names.ANNOTATION_USAGE: usage_json(use),
     }
-
-
-SHARE_MOVED = 0.1
-"""A container's share of a device moving by less than this leaves its annotation as it is."""
-
-
-def _shares(doc: dict[str, Any]) -> list[float | None]:
-    """The document's shares, one per device slot in order, taken out of it."""
-    found: list[float | None] = []
-    for container in doc.get("containers") or []:
-        for device in container.get("devices") or []:
-            found.append(device.pop("share", None) if isinstance(device, dict) else None)
-    return found
-
-
-def _same_use(current: str | None, wanted: str | None) -> bool:
-    """Usage documents that differ only in observedAt, and in shares by less than a tenth,
-    describe the same use.
-
-    Every agent heartbeat carries a new observation time; rewriting every GPU pod for it would
-    turn each heartbeat into a pod write. The annotation therefore keeps the time at which the
-    use was first observed in its current form. A share the agent republished for a move of a
-    few points, or one carried along by another change on the node, must not rewrite the pod
-    either: its annotation follows only moves of SHARE_MOVED.
-    """
-    if current is None or wanted is None:
-        return current == wanted
-    try:
-        old, new = json.loads(current), json.loads(wanted)
-    except ValueError:
-        return False
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return False
-    old.pop("observedAt", None)
-    new.pop("observedAt", None)
-    old_shares, new_shares = _shares(old), _shares(new)
-    if old != new or len(old_shares) != len(new_shares):
-        return False
-    return not any(
-        share_moved(a, b, SHARE_MOVED) for a, b in zip(old_shares, new_shares, strict=True)
-    )
-
-
-def annotation_patch(
-    current: Mapping[str, str], desired: Mapping[str, str] | None
-) -> dict[str, str | None] | None:
-    """The metadata.annotations merge patch from current to desired (None: remove ours).
-
-    Returns None when nothing would change.
-    """
-    patch: dict[str, str | None] = {}
-    for key in OUR_ANNOTATIONS:
-        want = None if desired is None else desired.get(key)
-        have = current.get(key)
-        if key == names.ANNOTATION_USAGE and _same_use(have, want):
-            continue
-        if have != want:
-            patch[key] = want
-    return patch or None
 
 
 def _gpu_in_use(status: str, reason: InUseReason, message: str) -> dict[str, str]:
@@ -255,61 +180,32 @@ def desired_condition(
     )
 
 
-def condition_patch(
-    current: Iterable[Mapping[str, Any]], desired: Mapping[str, str], now: datetime
-) -> dict[str, Any] | None:
-    """The condition to send through a strategic-merge patch of pods/status, or None.
-
-    lastTransitionTime follows transitions.transition_time.
-    """
-    existing = next((c for c in current if c.get("type") == desired["type"]), None)
-    if existing is not None and all(existing.get(k) == v for k, v in desired.items()):
-        return None
-    transition = transition_time(
-        None if existing is None else existing.get("status"),
-        None if existing is None else existing.get("lastTransitionTime"),
-        desired["status"],
-        format_time(now),
-    )
-    return {**desired, "lastTransitionTime": transition}
-
-
 @dataclass(frozen=True)
-class PodEvent:
-    reason: EventReason
-    note: str
-    type: Literal["Normal", "Warning"] = "Normal"
+class WantedMarks:
+    """What a pod should carry after a report, as the judge wants it: what the writers diff
+    against the pod (see writers.marks)."""
+
+    annotations: dict[str, str] | None
+    """Our annotations (empty: none); None: the last known use stays (an Unknown pod)."""
+    condition: dict[str, str]
+    """The GPUInUse condition, without its lastTransitionTime."""
+    since: datetime | None = None
+    """When the condition's state began, where that is before the report (an idle pod: the
+    start of its idleness); None: the moment it is written."""
 
 
-def event_for(
-    previous: Mapping[str, Any] | None, new: Mapping[str, str], resumed: str | None = None
-) -> PodEvent | None:
-    """The Event to record on a condition change, or None: only transitions, never per cycle.
-
-    Use starting and ending are Normal; starting on a GPU the pod never requested, and
-    requested GPUs turning idle, are Warnings (what a person looking at the pod should act on).
-    Use seen again after a spell of Unknown went on rather than started: no Event, and no
-    second Warning for a finding that is what the pod showed before the spell (`resumed`:
-    that reason, where known).
-    """
-    before = (previous or {}).get("status")
-    before_reason = (previous or {}).get("reason")
-    finding = _warned(new["reason"])
-    if before == "Unknown" and resumed is not None and new["reason"] == resumed:
-        return None  # known again as it was before the spell: nothing happened to the pod
-    if new["status"] == "True" and before == "Unknown" and finding is None:
-        return None  # use seen again after a spell of not knowing: it went on, it did not start
-    if new["status"] == "True" and before != "True":
-        if finding is not None:
-            return PodEvent(finding, f"started using {WARNED_USE[finding]}", "Warning")
-        return PodEvent("GPUUseStarted", "started using GPUs")
-    if finding is not None and before_reason != new["reason"]:
-        return PodEvent(finding, f"uses {WARNED_USE[finding]}", "Warning")
-    if new["reason"] == REASON_IDLE and before_reason != REASON_IDLE:
-        return PodEvent(REASON_IDLE, "requested GPUs are idle", "Warning")
-    if new["status"] == "False" and before in ("True", "Unknown"):
-        return PodEvent("GPUUseEnded", "stopped using GPUs")
-    return None
+def mark_of(verdict: Verdict, node: str) -> WantedMarks:
+    """The marks a verdict wants a pod on `node` to carry."""
+    if verdict.state == "InUse" and verdict.use is not None:
+        annotations: dict[str, str] | None = desired_annotations(verdict.use)
+    elif verdict.state == "Unknown":
+        annotations = None
+    else:
+        annotations = {}
+    condition = desired_condition(
+        verdict.state, verdict.use, node, verdict.idle, verdict.unknown, judgement=verdict.judgement
+    )
+    return WantedMarks(annotations, condition, verdict.idle.since if verdict.idle else None)
 
 
 @dataclass(frozen=True)
@@ -328,6 +224,8 @@ class Verdict:
     absent_since: datetime | None = None
     """While it settles: when a report first showed none of its processes (the reconciler
     keeps it for the next report)."""
+    marks: WantedMarks | None = None
+    """What the pod should carry (see mark_of): every verdict of verdicts() has them."""
 
     @property
     def wakes(self) -> datetime | None:
@@ -349,6 +247,7 @@ def verdicts(
     restarts: tuple[datetime, timedelta] | None = None,
     last: LastDevices | None = None,
     absent: Mapping[str, datetime] | None = None,
+    node: str = "",
 ) -> list[Verdict]:
     """Every pod a report speaks about: the pods it shows using GPUs (Unknown while it is
     stale), the idle ones, and the pods that carry our marks but are no longer listed: use
@@ -357,7 +256,8 @@ def verdicts(
     keeps them Unknown. `last`: where each pod was last seen (by default its annotation).
     Given `restarts`, a pod whose use ended or whose container is restarting first settles
     (see restarts.settle_until), from when `absent` says an earlier report first showed none
-    of its processes (by UID; from now where it says nothing)."""
+    of its processes (by UID; from now where it says nothing). Each verdict carries its marks
+    (see mark_of), for a pod on `node` (by default the pod's own node)."""
     judged = judged or {}
     found = [
         Verdict(use.pod, "Unknown" if stale else "InUse", use, judgement=judged.get(uid))
@@ -376,6 +276,7 @@ def verdicts(
         state: UseState = "Unknown" if stale or unknown else "Stopped"
         found.append(Verdict(pod, state, unknown=unknown))
     found += [Verdict(i.pod, "Idle", idle=i) for i in idle]
+    found = [replace(v, marks=mark_of(v, node or v.pod.node or "")) for v in found]
     if restarts is None:
         return found
     now = restarts[0]
@@ -390,76 +291,3 @@ def _settling(verdict: Verdict, absent_since: datetime, now: datetime) -> Verdic
     if until is None:
         return verdict
     return replace(verdict, settles_until=until, absent_since=absent_since)
-
-
-@dataclass(frozen=True)
-class PodPlan:
-    """The writes that bring a pod to its verdict; None where nothing would change."""
-
-    annotations: dict[str, str]
-    """Our annotations once the plan is applied (empty: none)."""
-    annotation_patch: dict[str, str | None] | None
-    condition: dict[str, str]
-    """The condition once the plan is applied (with its lastTransitionTime)."""
-    condition_patch: dict[str, Any] | None
-    event: PodEvent | None
-    """Recorded once the condition patch landed."""
-    event_note: str = ""
-
-
-def plan_pod(
-    verdict: Verdict,
-    shown_annotations: Mapping[str, str],
-    shown_condition: Mapping[str, Any] | None,
-    node: str,
-    now: datetime,
-    *,
-    remembered: Mapping[str, Any] | None = None,
-    known: Mapping[str, str] | None = None,
-    resumed: str | None = None,
-) -> PodPlan:
-    """From what the pod shows now to what its verdict wants. An Unknown pod keeps the last
-    known use in its annotations; an idle pod's condition dates from the start of its
-    idleness, so that the time reads back as the same idle_since on the next report.
-    `remembered`: the condition the operator last wrote, where someone removed it since: the
-    transition is judged from it (no Event for a condition put back as it was) and its
-    transition time kept when its status stands. `known`: the annotations the operator last
-    wrote on the pod, where it remembers them: an Unknown pod keeps those, not what someone may
-    have written over them since. `resumed`: the reason the pod showed before its condition
-    turned Unknown, where the operator remembers it (see event_for)."""
-    if verdict.state == "InUse" and verdict.use is not None:
-        wanted: dict[str, str] = desired_annotations(verdict.use)
-    elif verdict.state == "Unknown":
-        wanted = dict(shown_annotations if known is None else known)
-    else:
-        wanted = {}
-    condition = desired_condition(
-        verdict.state, verdict.use, node, verdict.idle, verdict.unknown, judgement=verdict.judgement
-    )
-    patch = annotation_patch(shown_annotations, wanted or None)
-    since = verdict.idle.since if verdict.idle is not None else now
-    cpatch = condition_patch([shown_condition] if shown_condition else [], condition, since)
-    previous = shown_condition if remembered is None else remembered
-    if cpatch is not None and remembered is not None:
-        kept = condition_patch([remembered], condition, since)
-        when = (kept or remembered).get("lastTransitionTime") or format_time(since)
-        cpatch = {**condition, "lastTransitionTime": when}
-    event = event_for(previous, condition, resumed) if cpatch is not None else None
-    return PodPlan(
-        annotations=wanted,
-        annotation_patch=patch,
-        condition={**condition, **cpatch} if cpatch else dict(shown_condition or condition),
-        condition_patch=cpatch,
-        event=event,
-        event_note="" if event is None else f"{event.note}: {condition['message']}",
-    )
-
-
-def shows(
-    annotations: Mapping[str, str], condition: Mapping[str, str] | None, plan: PodPlan
-) -> bool:
-    """Whether a pod carrying these marks carries what the plan brings it to: nothing of the
-    plan left to write (a usage annotation within its rounding counts as the same)."""
-    if annotation_patch(annotations, plan.annotations or None) is not None:
-        return False
-    return condition is not None and all(condition.get(k) == v for k, v in plan.condition.items())

@@ -154,6 +154,7 @@ def judge_report(
         restarts=(now, judging.restart_grace),
         last=last,
         absent=absent,
+        node=spec.node_name,
     )
     wake += [w for w in (verdict.wakes for verdict in found) if w is not None]
     listing = (

@@ -21,11 +21,11 @@ from gpuusage.api.models import OrphanedMemory
 from gpuusage.api.policy import NodeRule, Target
 from gpuusage.api.reasons import PolicyOutcome, policy_event_reason
 from gpuusage.api.times import format_time
-from gpuusage_operator.judge.podstate import PodEvent
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderule import NodeMarks, due_of, node_step
 from gpuusage_operator.policies.run import PolicyRunner
+from gpuusage_operator.writers.marks import PodEvent
 
 AGAIN = timedelta(seconds=10)
 """How soon a Node that could not be read or written for now is tried again."""

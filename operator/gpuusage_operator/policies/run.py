@@ -32,11 +32,11 @@ from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.informers.policies import PolicyWatch
 from gpuusage_operator.judge.findings import Observation
-from gpuusage_operator.judge.podstate import PodEvent
 from gpuusage_operator.policies.act import Actor, Result
 from gpuusage_operator.policies.limit import CLUSTER_ACTIONS_PER_HOUR, next_allowed, recent
 from gpuusage_operator.policies.rule import Step, next_step
 from gpuusage_operator.policies.select import opt_out_hint, opted_out
+from gpuusage_operator.writers.marks import PodEvent
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from kubernetes import client
 from gpuusage.api.times import format_micro_time
 from gpuusage.kube import raw
 from gpuusage.kube.errors import NotFound, retried
-from gpuusage_operator.judge.podstate import PodEvent
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.eventbook import EventBook, Write
+from gpuusage_operator.writers.marks import PodEvent
 
 log = logging.getLogger(__name__)
 

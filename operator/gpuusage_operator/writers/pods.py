@@ -1,8 +1,9 @@
 """Marking pods: what the operator writes on a pod (its gpuusage.io/ annotations and the
 GPUInUse condition, the Events of transitions), and what it remembers having written.
 
-The decisions are podstate's (plan_pod); this room sends them: every write carries the UID it
-was decided for, draws from the cluster-wide budget (see debounce), and is remembered only
+What each pod should carry is the judge's (a verdict's marks, see judge.podstate); the patch
+from what it shows is marks.plan_pod's; this module sends it: every write carries the UID it
+was decided for, draws from the cluster-wide budget (see budget), and is remembered only
 while the pod's resourceVersion shows it, so that what a pod carries, not what was last sent,
 is compared with what it should carry.
 """
@@ -24,9 +25,10 @@ from gpuusage.kube import raw
 from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
-from gpuusage_operator.judge.podstate import PodEvent, Verdict, plan_pod, shows
+from gpuusage_operator.judge.podstate import Verdict
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.events import COMPONENT, EventCounts, EventRecorder
+from gpuusage_operator.writers.marks import PodEvent, plan_pod, shows
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +118,12 @@ class PodMarker:
         remembered = applied.condition if applied is not None and not ref.condition else None
         if applied is None or ref.resource_version not in applied.versions:
             applied = Applied(ref.our_annotations, ref.our_condition)
+        if verdict.marks is None:
+            raise ValueError(f"pod {ref.namespace}/{ref.name}: a verdict with no marks to write")
         plan = plan_pod(
-            verdict,
+            verdict.marks,
             applied.annotations,
             applied.condition,
-            node,
             now,
             remembered=remembered,
             known=self._written.get(ref.uid),

@@ -1,0 +1,227 @@
+"""A pod's marks written: the smallest patch from what the pod shows to what the judge wants
+(see judge.podstate.WantedMarks), and the Event a change of its condition records. Pure.
+
+The judge decides what each pod should carry; this diffs that against the pod and says what to
+write. Patches are None when nothing would change: an unchanged report costs no pod write and
+no Event. Every heartbeat's new observation time and a share moving by a few points leave the
+usage annotation as it is (see _same_use).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from gpuusage.api import names
+from gpuusage.api.reasons import EventReason, PodFinding
+from gpuusage.api.summary import share_moved
+from gpuusage.api.times import format_time
+from gpuusage_operator.judge.findings import (
+    REASON_HELD_IDLE,
+    REASON_IDLE,
+    REASON_UNALLOCATED,
+    REASON_UNREQUESTED,
+)
+from gpuusage_operator.judge.podstate import WantedMarks
+from gpuusage_operator.judge.transitions import transition_time
+
+OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
+
+WARNED_USE: dict[PodFinding, str] = {
+    REASON_UNREQUESTED: "GPUs it did not request",
+    REASON_UNALLOCATED: "a GPU outside its allocation",
+    REASON_HELD_IDLE: "GPU memory without computing",
+}
+"""In-use reasons that are findings: each gets a Warning Event when it starts."""
+
+
+def _warned(reason: str | None) -> PodFinding | None:
+    """The in-use finding a condition's reason states, if it is one."""
+    return next((finding for finding in WARNED_USE if finding == reason), None)
+
+
+SHARE_MOVED = 0.1
+"""A container's share of a device moving by less than this leaves its annotation as it is."""
+
+
+def _shares(doc: dict[str, Any]) -> list[float | None]:
+    """The document's shares, one per device slot in order, taken out of it."""
+    found: list[float | None] = []
+    for container in doc.get("containers") or []:
+        for device in container.get("devices") or []:
+            found.append(device.pop("share", None) if isinstance(device, dict) else None)
+    return found
+
+
+def _same_use(current: str | None, wanted: str | None) -> bool:
+    """Usage documents that differ only in observedAt, and in shares by less than a tenth,
+    describe the same use.
+
+    Every agent heartbeat carries a new observation time; rewriting every GPU pod for it would
+    turn each heartbeat into a pod write. The annotation therefore keeps the time at which the
+    use was first observed in its current form. A share the agent republished for a move of a
+    few points, or one carried along by another change on the node, must not rewrite the pod
+    either: its annotation follows only moves of SHARE_MOVED.
+    """
+    if current is None or wanted is None:
+        return current == wanted
+    try:
+        old, new = json.loads(current), json.loads(wanted)
+    except ValueError:
+        return False
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    old.pop("observedAt", None)
+    new.pop("observedAt", None)
+    old_shares, new_shares = _shares(old), _shares(new)
+    if old != new or len(old_shares) != len(new_shares):
+        return False
+    return not any(
+        share_moved(a, b, SHARE_MOVED) for a, b in zip(old_shares, new_shares, strict=True)
+    )
+
+
+def annotation_patch(
+    current: Mapping[str, str], desired: Mapping[str, str] | None
+) -> dict[str, str | None] | None:
+    """The metadata.annotations merge patch from current to desired (None: remove ours).
+
+    Returns None when nothing would change.
+    """
+    patch: dict[str, str | None] = {}
+    for key in OUR_ANNOTATIONS:
+        want = None if desired is None else desired.get(key)
+        have = current.get(key)
+        if key == names.ANNOTATION_USAGE and _same_use(have, want):
+            continue
+        if have != want:
+            patch[key] = want
+    return patch or None
+
+
+def condition_patch(
+    current: Iterable[Mapping[str, Any]], desired: Mapping[str, str], now: datetime
+) -> dict[str, Any] | None:
+    """The condition to send through a strategic-merge patch of pods/status, or None.
+
+    lastTransitionTime follows transitions.transition_time.
+    """
+    existing = next((c for c in current if c.get("type") == desired["type"]), None)
+    if existing is not None and all(existing.get(k) == v for k, v in desired.items()):
+        return None
+    transition = transition_time(
+        None if existing is None else existing.get("status"),
+        None if existing is None else existing.get("lastTransitionTime"),
+        desired["status"],
+        format_time(now),
+    )
+    return {**desired, "lastTransitionTime": transition}
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    reason: EventReason
+    note: str
+    type: Literal["Normal", "Warning"] = "Normal"
+
+
+def event_for(
+    previous: Mapping[str, Any] | None, new: Mapping[str, str], resumed: str | None = None
+) -> PodEvent | None:
+    """The Event to record on a condition change, or None: only transitions, never per cycle.
+
+    Use starting and ending are Normal; starting on a GPU the pod never requested, and
+    requested GPUs turning idle, are Warnings (what a person looking at the pod should act on).
+    Use seen again after a spell of Unknown went on rather than started: no Event, and no
+    second Warning for a finding that is what the pod showed before the spell (`resumed`:
+    that reason, where known).
+    """
+    before = (previous or {}).get("status")
+    before_reason = (previous or {}).get("reason")
+    finding = _warned(new["reason"])
+    if before == "Unknown" and resumed is not None and new["reason"] == resumed:
+        return None  # known again as it was before the spell: nothing happened to the pod
+    if new["status"] == "True" and before == "Unknown" and finding is None:
+        return None  # use seen again after a spell of not knowing: it went on, it did not start
+    if new["status"] == "True" and before != "True":
+        if finding is not None:
+            return PodEvent(finding, f"started using {WARNED_USE[finding]}", "Warning")
+        return PodEvent("GPUUseStarted", "started using GPUs")
+    if finding is not None and before_reason != new["reason"]:
+        return PodEvent(finding, f"uses {WARNED_USE[finding]}", "Warning")
+    if new["reason"] == REASON_IDLE and before_reason != REASON_IDLE:
+        return PodEvent(REASON_IDLE, "requested GPUs are idle", "Warning")
+    if new["status"] == "False" and before in ("True", "Unknown"):
+        return PodEvent("GPUUseEnded", "stopped using GPUs")
+    return None
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """The writes that bring a pod to its verdict; None where nothing would change."""
+
+    annotations: dict[str, str]
+    """Our annotations once the plan is applied (empty: none)."""
+    annotation_patch: dict[str, str | None] | None
+    condition: dict[str, str]
+    """The condition once the plan is applied (with its lastTransitionTime)."""
+    condition_patch: dict[str, Any] | None
+    event: PodEvent | None
+    """Recorded once the condition patch landed."""
+    event_note: str = ""
+
+
+def plan_pod(
+    marks: WantedMarks,
+    shown_annotations: Mapping[str, str],
+    shown_condition: Mapping[str, Any] | None,
+    now: datetime,
+    *,
+    remembered: Mapping[str, Any] | None = None,
+    known: Mapping[str, str] | None = None,
+    resumed: str | None = None,
+) -> PodPlan:
+    """From what the pod shows now to the marks its verdict wants (see podstate.WantedMarks). An
+    Unknown pod keeps the last known use in its annotations; a condition whose state began
+    before now (an idle pod's: the start of its idleness) dates from then.
+    `remembered`: the condition the operator last wrote, where someone removed it since: the
+    transition is judged from it (no Event for a condition put back as it was) and its
+    transition time kept when its status stands. `known`: the annotations the operator last
+    wrote on the pod, where it remembers them: an Unknown pod keeps those, not what someone may
+    have written over them since. `resumed`: the reason the pod showed before its condition
+    turned Unknown, where the operator remembers it (see event_for)."""
+    if marks.annotations is None:  # last known use kept
+        wanted = dict(shown_annotations if known is None else known)
+    else:
+        wanted = dict(marks.annotations)
+    condition = marks.condition
+    patch = annotation_patch(shown_annotations, wanted or None)
+    since = marks.since or now
+    cpatch = condition_patch([shown_condition] if shown_condition else [], condition, since)
+    previous = shown_condition if remembered is None else remembered
+    if cpatch is not None and remembered is not None:
+        kept = condition_patch([remembered], condition, since)
+        when = (kept or remembered).get("lastTransitionTime") or format_time(since)
+        cpatch = {**condition, "lastTransitionTime": when}
+    event = event_for(previous, condition, resumed) if cpatch is not None else None
+    return PodPlan(
+        annotations=wanted,
+        annotation_patch=patch,
+        condition={**condition, **cpatch} if cpatch else dict(shown_condition or condition),
+        condition_patch=cpatch,
+        event=event,
+        event_note="" if event is None else f"{event.note}: {condition['message']}",
+    )
+
+
+def shows(
+    annotations: Mapping[str, str], condition: Mapping[str, str] | None, plan: PodPlan
+) -> bool:
+    """Whether a pod carrying these marks carries what the plan brings it to: nothing of the
+    plan left to write (a usage annotation within its rounding counts as the same)."""
+    if annotation_patch(annotations, plan.annotations or None) is not None:
+        return False
+    return condition is not None and all(condition.get(k) == v for k, v in plan.condition.items())
