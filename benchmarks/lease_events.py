@@ -163,7 +163,7 @@ def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> R
         Reconciler(api, marker, counts, triggers.queue, triggers.book, renewals=watch.renewal),
         cast(Any, None),  # the pod and DRA indexes: read only by a reconcile, and none runs
         cast(Any, None),
-        ActiveGate(api, None),
+        ActiveGate(None),
         cast(Any, None),  # the metrics: touched only by a reconcile or a failure
         debounce=Debounce(),
         clock=lambda: datetime.now(UTC),

@@ -10,7 +10,6 @@ an idle policy). The operator judges from what it wrote itself, and puts its ann
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,8 +19,6 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage_operator.controller.debounce import WriteBudget
-from gpuusage_operator.ha.leader import ActiveGate
-from gpuusage_operator.ha.peering import Peering
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.podstate import Verdict, plan_pod
 from gpuusage_operator.writers.pods import PodMarker
@@ -131,17 +128,3 @@ def test_an_unknown_pod_keeps_what_the_operator_wrote() -> None:
     assert plan_pod(verdict, shown, None, "n1", now).annotation_patch is None, "unremembered"
 
 
-def test_a_replica_turning_active_again_forgets_what_it_wrote() -> None:
-    """Another replica may have written the pods' marks while this one stood by."""
-    turned: list[bool] = []
-    answers = iter([True, False, True, True])
-    gate = ActiveGate(
-        None,  # type: ignore[arg-type]
-        Peering("p", "me", 1, 60, settle=0.0),
-        on_active=lambda: turned.append(True),
-    )
-    gate.REMEMBER_YES = 0.0
-    gate._read = lambda: next(answers)  # type: ignore[method-assign]
-    seen = [asyncio.run(gate.active()) for _ in range(4)]
-    assert seen == [True, False, True, True]
-    assert turned == [True], "once: back from standby (not at the first answer)"

@@ -1,14 +1,17 @@
 """The kopf wiring: report events into the work queue, and the tasks beside it.
 
-* kopf stays the framework for what it does well: watching reports, peering, startup and
-  login. Reports are handled with `on.event`, not `on.create/update`: no diff-base annotation
-  (which would copy the whole spec into metadata) and no finalizer on objects the agent owns.
+* kopf stays the framework for what it does well: watching reports, startup and login. It
+  runs without peering on every replica, so every replica keeps watching; which one acts is
+  decided by the operator's Lease (see ha.leader), and a standby drops report events.
+  Reports are handled with `on.event`, not `on.create/update`: no diff-base annotation (which
+  would copy the whole spec into metadata) and no finalizer on objects the agent owns.
   An event only hands the report's body to the workers (see controller.workers) and queues its name
   (see workqueue): one worker per report at a time, deadlines, retries with a backoff.
 * The pod index keeps a few fields per pod (see index.pods), never whole bodies, and is kept by
   our own list-and-watch (see informers.pods for why not a kopf index). Reports are reconciled only
   once it holds the complete first listing.
-* Every write path first asks the ActiveGate (see ha); the housekeeping pass (see
+* Every write path first asks the ActiveGate (see ha), and every write request asks it again
+  just before it is sent (ha.fence); the housekeeping pass (see
   housekeeping) probes the API, finds marks of nodes without a report and publishes the
   OpenReports; kopf's settings and login are in kopfsetup.
 """
@@ -28,10 +31,12 @@ from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage_operator.controller.debounce import DEFAULT_INTERVAL, Debounce
 from gpuusage_operator.controller.housekeeping import housekeeping
+from gpuusage_operator.controller.reasons import DUE
 from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.controller.workers import Deleted, ReportWorkers
-from gpuusage_operator.ha.leader import ActiveGate
-from gpuusage_operator.ha.peering import Peering
+from gpuusage_operator.ha.election import Election
+from gpuusage_operator.ha.fence import fence_writes
+from gpuusage_operator.ha.leader import ActiveGate, LeaseElector
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.dra import DraWatch
 from gpuusage_operator.informers.informer import WATCH_IDLE
@@ -53,7 +58,7 @@ def build_registry(
     *,
     kubeconfig: Path | None,
     resync_seconds: float,
-    peering: Peering | None,
+    elector: LeaseElector | None,
     reconcile_workers: int,
     health: ApiHealth,
     dra: DraWatch,
@@ -67,19 +72,26 @@ def build_registry(
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
 
+    known: set[str] = set()  # report names kopf's watch has shown: the metric, housekeeping
+
     def turned_active() -> None:
-        """Another replica may have written meanwhile: what this one wrote is not the latest."""
+        """Another replica may have written meanwhile: what this one wrote is not the latest,
+        and every report it knows is read afresh (a standby dropped their events)."""
         reconciler.marker.forget_written()
         reconciler.book.unjudge()
         if openreports is not None:
             openreports.forget()
+        metrics.leadership_acquired.inc()
+        for name in set(known):  # one C call: safe against the event loop adding meanwhile
+            reconciler.queue.add(name, DUE)
 
-    gate = ActiveGate(reconciler.api, peering, clock, turned_active)
+    election: Election | None = elector.election if elector is not None else None
+    gate = ActiveGate(election, turned_active)
+    fence_writes(reconciler.api, gate.active_now)
 
     def ready() -> bool:
         return pods.synced.is_set() and dra.synced and leases.synced
 
-    known: set[str] = set()  # report names kopf's watch has shown: the metric, housekeeping
     workers = ReportWorkers(
         reconciler,
         pods,
@@ -106,7 +118,7 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings, peering, *timeouts)
+        configure_kopf(settings, *timeouts)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -126,7 +138,7 @@ def build_registry(
         else:
             known.add(name)
         if not await gate.active():
-            return  # kopf re-lists everything when this replica's watches resume
+            return  # read afresh when this replica starts leading (turned_active)
         if kwargs["type"] == "DELETED":
             workers.offer(name, Deleted((body.get("spec") or {}).get("nodeName") or name))
             return
@@ -150,6 +162,8 @@ def build_registry(
             )
             memo["policies"].start()
         workers.start()
+        if elector is not None:
+            elector.start(on_change=gate.active_now)  # the gate notices a term at once
         memo["housekeeping"] = asyncio.create_task(
             housekeeping(
                 reconciler,
@@ -171,6 +185,8 @@ def build_registry(
         if policies is not None:
             policies.stop()
         await asyncio.to_thread(workers.stop)  # waits for the reconciles in progress
+        if elector is not None:  # only now: nothing of this replica is writing any more
+            await asyncio.to_thread(elector.stop)
         task = kwargs["memo"].get("housekeeping")
         if task is not None:
             task.cancel()

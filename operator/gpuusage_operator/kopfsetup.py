@@ -11,7 +11,6 @@ import kopf
 from gpuusage.api import names
 from gpuusage.kube.config import CONNECT_TIMEOUT, REQUEST_TIMEOUT, api_client
 from gpuusage.retry import Backoff
-from gpuusage_operator.ha.peering import Peering
 
 
 def retry_forever() -> Backoff:
@@ -45,19 +44,16 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 def configure_kopf(
     settings: kopf.OperatorSettings,
-    peering: Peering | None,
     request_timeout: float = REQUEST_TIMEOUT,
     watch_idle: float = 70.0,
 ) -> None:
-    """kopf's settings for this operator (the startup handler applies them)."""
+    """kopf's settings for this operator (the startup handler applies them). kopf runs
+    without peering on every replica (the Lease decides who acts: ha.leader)."""
     settings.posting.enabled = False
-    if peering is not None:
-        settings.peering.lifetime = peering.lifetime
-        settings.peering.stealth = True  # keep-alives are not worth a log line each
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
-    # Client-side bounds on every request and watch of kopf's (reports, peering), as ours have
+    # Client-side bounds on every request and watch of kopf's (reports), as ours have
     # (kube.config): a half-open connection fails instead of freezing a watch. A watch that
     # hears nothing, not even a bookmark, for the inactivity timeout is started again.
     settings.networking.connect_timeout = CONNECT_TIMEOUT

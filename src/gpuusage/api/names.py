@@ -61,6 +61,10 @@ PEERING_CRD_NAME: Final = f"{PEERING_PLURAL}.{PEERING_GROUP}"
 DEFAULT_PEERING: Final = "gpuusage"
 """The ClusterKopfPeering the operator's replicas share unless --peering says otherwise."""
 
+LEADER_LEASE: Final = "gpuusage-operator"
+"""The coordination.k8s.io Lease in the operator's namespace through which its replicas elect
+the one that acts (unless --leader-elect-resource-name says otherwise)."""
+
 LEASE_HOLDER_PREFIX = "gpuusage-agent/"
 """Every holderIdentity the node agent writes in its Lease starts so; the operator counts only
 such Leases."""
