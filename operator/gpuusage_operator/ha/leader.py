@@ -257,8 +257,10 @@ class ActiveGate:
                         self._term = election.term
                 answer = election.leading()
         if answer != self._last:
-            log.info("this replica is %s", "active" if answer else "on standby")
-            self._last = answer
+            with self._lock:  # said once, whichever thread asks first
+                if answer != self._last:
+                    log.info("this replica is %s", "active" if answer else "on standby")
+                    self._last = answer
         return answer
 
     @property
