@@ -126,5 +126,3 @@ def test_an_unknown_pod_keeps_what_the_operator_wrote() -> None:
     kept = plan_pod(verdict, shown, None, "n1", now, known=known)
     assert kept.annotation_patch == known
     assert plan_pod(verdict, shown, None, "n1", now).annotation_patch is None, "unremembered"
-
-
