@@ -275,8 +275,9 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
 
 def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> None:
     """`helm upgrade --reuse-values` of a release that set operator.peeringLifetime: the value
-    is accepted and passed on, and the operator says it is ignored and what replaces it."""
-    objects = _render(helm, "operator.peeringLifetime=30")
+    is accepted and passed on, and the operator says it is ignored and what replaces it; values
+    reused from before operator.leaderElection existed (null here: absent) render too."""
+    objects = _render(helm, "operator.peeringLifetime=30", "operator.leaderElection=null")
     assert "--peering-lifetime=30" in _container(objects, "Deployment", "gpuusage-operator")["args"]
 
 
@@ -361,7 +362,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     )  # fmt: skip
     assert _status(cluster_helm, name, namespace)["info"]["status"] == "deployed"
     rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
-    assert len(rendered) == 35  # the monitoring overlay's 36 but the Namespace
+    assert len(rendered) == 36  # the monitoring overlay's 37 but the Namespace
     for kind, obj_ns, obj_name in rendered:
         if kind in ("CustomResourceDefinition", "Namespace"):
             continue  # crds/ only when missing (the session installed them); no Namespace
