@@ -38,6 +38,7 @@ LEASE, RENEW, RETRY = 6, 4, 1
 TAKEOVER = LEASE + RETRY
 """The longest a standby may take to take over from a leader that stopped renewing: it saw
 the last renewal within a retry period of it, and waits a lease from then."""
+PEERING_FLAGS = ("--peering", "--priority", "--peering-lifetime")
 LATENCY = 1.0
 """Room for the requests' own time on a loaded 2-core machine."""
 
@@ -186,9 +187,13 @@ def test_one_replica_acts_and_the_other_takes_over_within_the_lease_after_a_kill
     lease duration + retry period and acts; a clean stop hands the Lease over at once."""
     _uid, cid = create_running_pod(setup.core, setup.ns, "train", setup.node, "trainer")
     _report(setup, [cid])
-    setup.start("first")
+    # the flags of the peering, as an install from before sets them: accepted, ignored, said
+    setup.start("first", "--peering", "gpuusage", "--priority", "200", "--peering-lifetime", "10")
     setup.start("second")
     leader, standby = setup.leader()
+    first = setup.replicas[0]
+    warnings = [f"{flag} is ignored since leadership is a Lease" for flag in PEERING_FLAGS]
+    wait_for(lambda: all(first.said(w) == 1 for w in warnings), what="a warning for each such flag")
     me = setup.holder()
     wait_for(lambda: _condition(setup, "train") == "True", what="the leader marks the pod")
     wait_for(lambda: setup.events() == [("GPUUseStarted", me)], what="its start Event")
