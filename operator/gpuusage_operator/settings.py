@@ -81,7 +81,8 @@ class OperatorSettings(CommandSettings):
     leader_elect_resource_name: Annotated[str, Field(min_length=1, max_length=253)] = (
         names.LEADER_LEASE
     )
-    """Name of the Lease the replicas elect their leader through."""
+    """Name of the Lease the replicas elect their leader through (the install's Role lets the
+    operator get and update only gpuusage-operator: another name needs its own rule)."""
     leader_elect_resource_namespace: str = Field(
         default="", max_length=63, json_schema_extra={"env": ["POD_NAMESPACE"]}
     )
