@@ -423,3 +423,15 @@ def test_the_lease_lives_where_it_is_told_else_in_the_service_accounts_namespace
     assert lease_namespace("", account) == "default"
     account.write_text("gpuusage-system\n")
     assert lease_namespace("", account) == "gpuusage-system"
+
+
+def test_a_stopping_elector_stops_leading_even_when_the_lease_cannot_be_released() -> None:
+    clock, store = Clock(), Store()
+    lock = FakeLock(store)
+    elector = LeaseElector(lock, Election("a", TIMING, clock), clock=clock.wall, steady=clock)
+    assert elector.try_once()
+    lock.failing = True
+    elector.stop()
+    assert not elector.election.leading(), "no write of this replica after it stopped"
+    assert store.record is not None
+    assert store.record.holder == "a", "not released: the others wait for the lease to run out"

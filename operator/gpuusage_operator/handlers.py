@@ -184,11 +184,11 @@ def build_registry(
         leases.stop()
         if policies is not None:
             policies.stop()
-        await asyncio.to_thread(workers.stop)  # waits for the reconciles in progress
-        if elector is not None:  # only now: nothing of this replica is writing any more
-            await asyncio.to_thread(elector.stop)
         task = kwargs["memo"].get("housekeeping")
         if task is not None:
             task.cancel()
+        await asyncio.to_thread(workers.stop)  # waits for the reconciles in progress
+        if elector is not None:  # only now: nothing of this replica is writing any more
+            await asyncio.to_thread(elector.stop)
 
     return registry

@@ -202,6 +202,8 @@ class Operator:
                 ready_flag=ready_flag,
             )
         finally:
+            if self.elector is not None:  # released by kopf's cleanup; here, only resigned
+                self.elector.stop(release=False)
             self.pods.stop()
             self.dra.stop()
             self.leases.stop()

@@ -168,10 +168,14 @@ class Election:
             self.term += 1
         return new_term
 
-    def release(self, record: LeaseRecord, now: datetime) -> LeaseRecord | None:
-        """Stop leading at once; the record that hands the Lease over (None: it is not ours
-        to release). Call it before writing, so nothing is done between the write and here."""
+    def resign(self) -> None:
+        """Stop leading at once (before the Lease is handed over, so that nothing of this
+        replica is written after another may have taken it)."""
         self._renewed_at = None
+
+    def release(self, record: LeaseRecord, now: datetime) -> LeaseRecord | None:
+        """Resign; the record that hands the Lease over (None: it is not ours to release)."""
+        self.resign()
         if record.holder != self.identity:
             return None
         return LeaseRecord("", RELEASED_DURATION, now, now, record.transitions, record.version)

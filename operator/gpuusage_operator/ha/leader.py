@@ -205,12 +205,13 @@ class LeaseElector:
         self._failing = False
 
     def stop(self, release: bool = True) -> None:
-        """Stop trying; with `release`, stop leading at once and then hand the Lease over
-        (holderIdentity emptied) where this replica holds it. Call it once this replica has
-        stopped writing."""
+        """Stop trying and stop leading at once; with `release`, then hand the Lease over
+        (holderIdentity emptied) where this replica holds it, so that another takes over
+        within a retry period. Call it once this replica has stopped writing."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+        self.election.resign()  # any write still on its way is refused from here (fence)
         if not release:
             return
         try:
