@@ -184,7 +184,8 @@ def test_one_replica_acts_and_the_other_takes_over_within_the_lease_after_a_kill
     setup: HaSetup,
 ) -> None:
     """(a) only the leader writes; (d) SIGKILL of the leader: the other takes the Lease within
-    lease duration + retry period and acts; a clean stop hands the Lease over at once."""
+    lease duration + retry period and acts; a clean stop hands the Lease over within a retry
+    period."""
     _uid, cid = create_running_pod(setup.core, setup.ns, "train", setup.node, "trainer")
     _report(setup, [cid])
     # the flags of the peering, as an install from before sets them: accepted, ignored, said
@@ -230,10 +231,19 @@ def test_one_replica_acts_and_the_other_takes_over_within_the_lease_after_a_kill
     print(f"SIGKILL: Lease taken after {takeover:.1f} s, the pod marked after {acted:.1f} s")
     assert takeover <= TAKEOVER + LATENCY, f"took the Lease {takeover:.1f} s after the kill"
 
-    standby.process.send_signal(signal.SIGTERM)  # a clean stop: the Lease is released
+    # A rolling update: a new replica stands by, the leader stops cleanly and releases the
+    # Lease, and the new one takes it within a retry period, not a lease.
+    third = setup.start("third")
+    wait_for(lambda: third.said("this replica is on standby"), what="the new replica to stand by")
+    standby.process.send_signal(signal.SIGTERM)
     assert standby.process.wait(30) == 0
-    assert setup.holder() == ""
+    stopped = datetime.now(UTC)
     assert standby.said(f"released Lease {setup.ns}/{names.LEADER_LEASE}")
+    wait_for(lambda: setup.holder().endswith(third.identity_suffix), what="the new replica to lead")
+    handover = (setup.lease().spec.acquire_time - stopped).total_seconds()
+    print(f"clean stop: the Lease taken {handover:.1f} s after the leader exited")
+    assert handover <= RETRY + LATENCY, f"the Lease taken {handover:.1f} s after the stop"
+    assert setup.lease().spec.lease_transitions == 2, "the release counts none, the take one"
 
 
 @dataclass(frozen=True)
