@@ -357,8 +357,10 @@ def test_a_leader_paused_past_its_renew_deadline_acts_no_more_when_it_wakes(
     )
     took = time.monotonic() - paused
     new = setup.holder()
+    wait_for(lambda: _evicted(setup, enforced), what="the new leader to evict")
+    evicted = time.monotonic() - paused  # the deadline passed during the pause: at once
     _one_action_once(setup, enforced, new)
-    print(f"SIGSTOP: the Lease taken {took:.1f} s after the pause")
+    print(f"SIGSTOP: the Lease taken {took:.1f} s after the pause, a pod evicted {evicted:.1f} s")
     assert took <= TAKEOVER + LATENCY
 
     before = leader.said("this replica is on standby")
