@@ -55,7 +55,6 @@ lint: $(VENV)/.installed
 
 crd: $(VENV)/.installed
 	$(VENV)/bin/gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml
-	$(VENV)/bin/gpuusage crd --peering --output crds/kopf.dev_clusterkopfpeerings.yaml
 	$(VENV)/bin/gpuusage crd --policy --output crds/gpuusage.io_gpuusagepolicies.yaml
 	$(PY) -m gpuusage_dev.chart
 

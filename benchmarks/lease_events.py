@@ -166,7 +166,7 @@ def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> R
         reconciler,
         cast(Any, None),  # the pod and DRA indexes: read only by a reconcile, and none runs
         cast(Any, None),
-        ActiveGate(api, None),
+        ActiveGate(None),
         cast(Any, None),  # the metrics: touched only by a reconcile or a failure
         read=lambda name: None,  # no reconcile runs
         debounce=Debounce(),

@@ -88,7 +88,6 @@ def test_the_charts_copies_are_those_of_their_sources() -> None:
     assert crds == {
         "gpuusage.io_gpunodeusages.yaml",
         "gpuusage.io_gpuusagepolicies.yaml",
-        "kopf.dev_clusterkopfpeerings.yaml",
     }
 
 
@@ -207,6 +206,9 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
         "operator.idleAfter=0",
         "operator.restartGrace=30",
         "operator.staleAfter=90",
+        "operator.leaderElection.leaseDuration=30",
+        "operator.leaderElection.renewDeadline=20",
+        "operator.leaderElection.retryPeriod=4",
         "operator.draDrivers={gpu.nvidia.com,gpu.example.com}",
         "operator.fractionAnnotations={example.com/share}",
         "operator.podDisruptionBudget.enabled=false",
@@ -242,6 +244,9 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
         "--stale-after=90",
         "--idle-after=0",
         "--restart-grace=30",
+        "--leader-elect-lease-duration=30",
+        "--leader-elect-renew-deadline=20",
+        "--leader-elect-retry-period=4",
         "--gpu-resources=example.com/gpu,hami.io/vgpu",
         "--dra-drivers=gpu.nvidia.com,gpu.example.com",
         "--fraction-annotations=example.com/share",
@@ -268,6 +273,14 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
     assert without_ksm == set(), "kube-state-metrics and its ServiceMonitor left out"
 
 
+def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> None:
+    """`helm upgrade --reuse-values` of a release that set operator.peeringLifetime: the value
+    is accepted and passed on, and the operator says it is ignored and what replaces it; values
+    reused from before operator.leaderElection existed (null here: absent) render too."""
+    objects = _render(helm, "operator.peeringLifetime=30", "operator.leaderElection=null")
+    assert "--peering-lifetime=30" in _container(objects, "Deployment", "gpuusage-operator")["args"]
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -278,6 +291,11 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
         ({"agent": {"extraArgs": ["interval=5"]}}, "at '/agent/extraArgs/0'"),
         ({"operator": {"replicas": 0}}, "at '/operator/replicas': minimum"),
         ({"operator": {"idleAfter": "30m"}}, "at '/operator/idleAfter'"),
+        (
+            {"operator": {"leaderElection": {"renewDeadline": 15}}},
+            "operator.leaderElection: leaseDuration (15 s) > renewDeadline (15 s)",
+        ),
+        ({"operator": {"leaderElection": {"leaseDuration": 1}}}, "leaderElection/leaseDuration"),
         ({"gpuResources": ["nvidia"]}, "at '/gpuResources/0'"),
         ({"namespace": {"name": "Bad_NS"}}, "at '/namespace/name'"),
         ({"image": {"pullPolicy": "always"}}, "at '/image/pullPolicy'"),
@@ -344,7 +362,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     )  # fmt: skip
     assert _status(cluster_helm, name, namespace)["info"]["status"] == "deployed"
     rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
-    assert len(rendered) == 35  # the monitoring overlay's 36 but the Namespace
+    assert len(rendered) == 36  # the monitoring overlay's 37 but the Namespace
     for kind, obj_ns, obj_name in rendered:
         if kind in ("CustomResourceDefinition", "Namespace"):
             continue  # crds/ only when missing (the session installed them); no Namespace

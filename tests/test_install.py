@@ -9,6 +9,7 @@ RBAC and of the admission policy is checked by trying to break it.
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -180,7 +181,10 @@ def world(installed: Install, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
     ready = threading.Event()
     operator_settings = OperatorSettings(
-        kubeconfig=operator_kc, resync=0.5, peering=f"install-{suffix}", lease_namespace=home
+        kubeconfig=operator_kc,
+        resync=0.5,
+        leader_elect_resource_namespace=home,
+        lease_namespace=home,
     )
     agent = Background(lambda stop: run_agent(agent_settings, stop))
     operator = Background(lambda stop: run_operator(operator_settings, stop, ready))
@@ -499,6 +503,26 @@ def test_the_agent_renews_its_own_nodes_lease_and_no_other(world: InstallWorld) 
     )
     operator = client.CoordinationV1Api(world.operator_api)
     _denied(lambda: operator.patch_namespaced_lease(world.a, home, renewal))
+
+
+def test_the_operator_holds_its_own_lease_and_cannot_write_the_agents(world: InstallWorld) -> None:
+    """Leader election under the operator's real token: it took the Lease gpuusage-operator in
+    its namespace; it may neither read nor replace nor delete an agent's Lease by name, nor
+    write a Lease in another namespace."""
+    home = world.home
+    admin: Any = client.CoordinationV1Api(world.admin)  # read as the server fills it
+    held: str = wait_for(
+        lambda: admin.read_namespaced_lease(names.LEADER_LEASE, home).spec.holder_identity,
+        what="the operator to take its Lease",
+    )
+    assert held.endswith(f"/{os.getpid()}"), held  # the operator runs in this process
+    operator: Any = client.CoordinationV1Api(world.operator_api)
+    assert operator.read_namespaced_lease(names.LEADER_LEASE, home).spec.holder_identity == held
+    agents = wait_for(lambda: admin.read_namespaced_lease(world.a, home), what="an agent's Lease")
+    _denied(lambda: operator.read_namespaced_lease(world.a, home))
+    _denied(lambda: operator.replace_namespaced_lease(world.a, home, agents))
+    _denied(lambda: operator.delete_namespaced_lease(world.a, home))
+    _denied(lambda: operator.create_namespaced_lease("default", _lease("x", "default")))
 
 
 def test_operator_token_may_write_only_its_marks_on_a_pod(world: InstallWorld) -> None:

@@ -79,7 +79,7 @@ def test_the_operators_backoffs_outlast_any_outage(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr("kopf._cogs.clients.api.asyncio.sleep", no_sleep)
     settings = kopf.OperatorSettings()
-    configure_kopf(settings, peering=None)
+    configure_kopf(settings)
     session = Session(failures=30)
     answer = _request(settings.networking.error_backoffs, session)
     assert answer.status == 200

@@ -14,7 +14,6 @@ from gpuusage.api import names
 from gpuusage.api.crd import (
     render_crd,
     render_crd_yaml,
-    render_peering_crd_yaml,
     render_policy_crd_yaml,
     to_structural,
 )
@@ -40,8 +39,6 @@ def test_crd_file_matches_the_models() -> None:
         "crds/ drifted from the models; regenerate with "
         "`gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml`"
     )
-    peering = REPO / "crds" / "kopf.dev_clusterkopfpeerings.yaml"
-    assert peering.read_text() == render_peering_crd_yaml(), "regenerate with `make crd`"
     policies = REPO / "crds" / "gpuusage.io_gpuusagepolicies.yaml"
     assert policies.read_text() == render_policy_crd_yaml(), "regenerate with `make crd`"
 

@@ -10,7 +10,6 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.models import Process
-from gpuusage_operator.ha.peering import MAX_PRIORITY, is_active, live_peers, random_priority
 from gpuusage_operator.index.pods import index_keys, snapshot_of
 from gpuusage_operator.judge.allocation import judgements
 from gpuusage_operator.judge.freshness import Sighting, freshness
@@ -308,24 +307,6 @@ def test_events_only_on_transitions(before: str | None, after: str, event: str |
 
     found = event_for(condition(before) if before else None, condition(after))
     assert (f"{found.reason} {found.type}" if found else None) == event
-
-
-def test_peering_rule_matches_kopf() -> None:
-    now = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
-
-    def record(priority: int, seconds_ago: int, lifetime: int = 30) -> dict[str, Any]:
-        seen = (now - timedelta(seconds=seconds_ago)).isoformat()
-        return {"priority": priority, "lifetime": lifetime, "lastseen": seen}
-
-    status = {"me": record(100, 1), "higher-but-dead": record(500, 31), "lower": record(50, 2)}
-    assert live_peers(status, now) == {"me": 100, "lower": 50}
-    assert is_active(status, "me", 100, now)
-    assert not is_active({**status, "higher": record(200, 5)}, "me", 100, now)
-    assert not is_active({**status, "twin": record(100, 5)}, "me", 100, now), "ties pause all"
-    assert is_active({}, "me", 0, now), "alone (or not yet seen): active"
-    garbage = {"x": "nonsense", "y": {"priority": "high", "lastseen": "yesterday"}}
-    assert is_active({**status, **garbage}, "me", 100, now), "unreadable records are ignored"
-    assert 1 <= random_priority() <= MAX_PRIORITY
 
 
 def test_marked_pods_are_found_per_node_without_a_scan() -> None:

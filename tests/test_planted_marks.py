@@ -10,7 +10,6 @@ an idle policy). The operator judges from what it wrote itself, and puts its ann
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,8 +22,6 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.controller.workqueue import WorkQueue
-from gpuusage_operator.ha.leader import ActiveGate
-from gpuusage_operator.ha.peering import Peering
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.certainty import last_seen
 from gpuusage_operator.judge.podstate import Verdict, mark_of
@@ -153,19 +150,3 @@ def test_an_unknown_pod_keeps_what_the_operator_wrote() -> None:
     kept = plan_pod(marks, shown, None, now, known=known)
     assert kept.annotation_patch == known
     assert plan_pod(marks, shown, None, now).annotation_patch is None, "unremembered"
-
-
-def test_a_replica_turning_active_again_forgets_what_it_wrote() -> None:
-    """Another replica may have written the pods' marks while this one stood by."""
-    turned: list[bool] = []
-    answers = iter([True, False, True, True])
-    gate = ActiveGate(
-        None,  # type: ignore[arg-type]
-        Peering("p", "me", 1, 60, settle=0.0),
-        on_active=lambda: turned.append(True),
-    )
-    gate.REMEMBER_YES = 0.0
-    gate._read = lambda: next(answers)  # type: ignore[method-assign]
-    seen = [asyncio.run(gate.active()) for _ in range(4)]
-    assert seen == [True, False, True, True]
-    assert turned == [True], "once: back from standby (not at the first answer)"

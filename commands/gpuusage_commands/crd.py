@@ -5,26 +5,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpuusage.api.crd import render_crd_yaml, render_peering_crd_yaml, render_policy_crd_yaml
+from gpuusage.api.crd import render_crd_yaml, render_policy_crd_yaml
 from gpuusage.settings import CommandSettings
 
 
 class CrdSettings(CommandSettings):
     output: Path | None = None
     """Write the CRD YAML to this file instead of standard output."""
-    peering: bool = False
-    """Render kopf's ClusterKopfPeering CRD instead (the operator replicas' meeting point)."""
     policy: bool = False
     """Render the GpuUsagePolicy CRD instead (what gpuusage does about what it sees)."""
 
 
 def run_crd(settings: CrdSettings) -> int:
-    if settings.peering:
-        text = render_peering_crd_yaml()
-    elif settings.policy:
-        text = render_policy_crd_yaml()
-    else:
-        text = render_crd_yaml()
+    text = render_policy_crd_yaml() if settings.policy else render_crd_yaml()
     if settings.output is None:
         sys.stdout.write(text)
     else:

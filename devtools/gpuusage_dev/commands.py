@@ -18,8 +18,8 @@ class LocalClusterSettings(CommandSettings):
     dir: Path
     """Folder for the cluster's state, certificates, logs and kubeconfig."""
     install_crds: bool = False
-    """After start, install the CRDs (GpuNodeUsage, ClusterKopfPeering) and the operators'
-    peering object, and wait until they are established."""
+    """After start, install the CRDs (GpuNodeUsage, GpuUsagePolicy) and wait until they are
+    established."""
     timeout: float = Field(default=120.0, gt=0)
     """Seconds to wait for the apiserver's /readyz (and the node's readiness)."""
     node: str | None = None

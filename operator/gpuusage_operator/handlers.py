@@ -1,14 +1,17 @@
 """The kopf wiring: the informers, the workers and the housekeeping pass, run in kopf's runtime.
 
-* kopf stays the operator's runtime: startup and cleanup, login, peering, the liveness
-  endpoint. The reports, pods, Leases, claims and policies are watched by our own informers
-  (see informers: why not kopf's watch), which only queue names (see workqueue): one worker per
-  report at a time, deadlines, retries with a backoff; the worker reads the report from the
-  report watch's cache (see controller.workers). No diff-base annotation and no finalizer on
-  the objects the agent owns.
+* kopf stays the operator's runtime: startup and cleanup, login, the liveness endpoint. It runs
+  without peering on every replica; which one acts is decided by the operator's Lease (see
+  ha.leader), and every replica's informers keep their caches warm. The reports, pods,
+  Leases, claims and policies are watched by our own informers (see informers: why not
+  kopf's watch), which only queue names (see workqueue): one worker per report at a time,
+  deadlines, retries with a backoff; the worker reads the report from the report watch's
+  cache (see controller.workers). No diff-base annotation and no finalizer on the objects
+  the agent owns.
 * The pod index keeps a few fields per pod (see index.pods), never whole bodies. Reports are
   reconciled only once every informer holds its complete first listing.
-* Every write path first asks the ActiveGate (see ha); the housekeeping pass (see
+* Every write path first asks the ActiveGate (see ha), and every write request asks it again
+  just before it is sent (ha.fence); the housekeeping pass (see
   housekeeping) probes the API, finds marks of nodes without a report and publishes the
   OpenReports; kopf's settings and login are in kopfsetup.
 """
@@ -30,8 +33,9 @@ from gpuusage_operator.controller.housekeeping import housekeeping
 from gpuusage_operator.controller.reasons import EVENT
 from gpuusage_operator.controller.reconcile import Reconciler
 from gpuusage_operator.controller.workers import ReportWorkers
-from gpuusage_operator.ha.leader import ActiveGate
-from gpuusage_operator.ha.peering import Peering
+from gpuusage_operator.ha.election import Election
+from gpuusage_operator.ha.fence import fence_writes
+from gpuusage_operator.ha.leader import ActiveGate, LeaseElector
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.dra import DraWatch
 from gpuusage_operator.informers.informer import WATCH_IDLE
@@ -55,7 +59,7 @@ def build_registry(
     *,
     kubeconfig: Path | None,
     resync_seconds: float,
-    peering: Peering | None,
+    elector: LeaseElector | None,
     reconcile_workers: int,
     health: ApiHealth,
     dra: DraWatch,
@@ -75,10 +79,13 @@ def build_registry(
         reconciler.turned_active()
         if openreports is not None:
             openreports.forget()
+        metrics.leadership_acquired.inc()
         for name in reports.names():
             reconciler.queue.add(name, EVENT)
 
-    gate = ActiveGate(reconciler.api, peering, clock, turned_active)
+    election: Election | None = elector.election if elector is not None else None
+    gate = ActiveGate(election, turned_active)
+    fence_writes(reconciler.api, gate.active_now)
 
     def ready() -> bool:
         return reports.synced.is_set() and pods.synced.is_set() and dra.synced and leases.synced
@@ -110,7 +117,7 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings, peering, *timeouts)
+        configure_kopf(settings, *timeouts)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -138,6 +145,8 @@ def build_registry(
             )
             memo["policies"].start()
         workers.start()
+        if elector is not None:
+            elector.start(on_change=gate.active_now)  # the gate notices a term at once
         memo["housekeeping"] = asyncio.create_task(
             housekeeping(
                 reconciler,
@@ -159,9 +168,11 @@ def build_registry(
         leases.stop()
         if policies is not None:
             policies.stop()
-        await asyncio.to_thread(workers.stop)  # waits for the reconciles in progress
         task = kwargs["memo"].get("housekeeping")
         if task is not None:
             task.cancel()
+        await asyncio.to_thread(workers.stop)  # waits for the reconciles in progress
+        if elector is not None:  # only now: nothing of this replica is writing any more
+            await asyncio.to_thread(elector.stop)
 
     return registry

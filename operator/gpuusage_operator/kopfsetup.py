@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import kopf
 
-from gpuusage.api import names
 from gpuusage.kube.config import CONNECT_TIMEOUT, REQUEST_TIMEOUT, api_client
 from gpuusage.retry import Backoff
-from gpuusage_operator.ha.peering import Peering
 
 
 def retry_forever() -> Backoff:
@@ -19,45 +15,18 @@ def retry_forever() -> Backoff:
     return Backoff((1, 1, 2, 3, 5), then=10)
 
 
-class NoDiffBase(kopf.DiffBaseStorage):
-    """No diff base: this operator has event handlers only, which need none.
-
-    kopf builds the diff base (a deep copy of the whole object, status included) for every
-    event before it looks at the handlers; with our own status writes echoing back, that was
-    a measurable share of the operator's CPU per report update (benchmarks/README.md).
-    Nothing is stored on the objects either.
-    """
-
-    def build(
-        self,
-        *,
-        body: kopf.Body,
-        extra_fields: Iterable[Any] | None = None,
-    ) -> kopf.BodyEssence:
-        return kopf.BodyEssence()
-
-    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
-        """Nothing to keep."""
-
-
 def configure_kopf(
     settings: kopf.OperatorSettings,
-    peering: Peering | None,
     request_timeout: float = REQUEST_TIMEOUT,
     watch_idle: float = 70.0,
 ) -> None:
-    """kopf's settings for this operator (the startup handler applies them)."""
+    """kopf's settings for this operator (the startup handler applies them). kopf runs
+    without peering on every replica (the Lease decides who acts: ha.leader) and has no
+    resource handler: the operator's informers watch what it reads (see informers), so no
+    diff base nor progress is ever stored on an object."""
     settings.posting.enabled = False
-    if peering is not None:
-        settings.peering.lifetime = peering.lifetime
-        settings.peering.stealth = True  # keep-alives are not worth a log line each
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
-    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
-    # Client-side bounds on every request and watch of kopf's (reports, peering), as ours have
+    # Client-side bounds on every request and watch of kopf's own, as ours have
     # (kube.config): a half-open connection fails instead of freezing a watch. A watch that
     # hears nothing, not even a bookmark, for the inactivity timeout is started again.
     settings.networking.connect_timeout = CONNECT_TIMEOUT
@@ -65,9 +34,10 @@ def configure_kopf(
     settings.watching.connect_timeout = CONNECT_TIMEOUT
     settings.watching.client_timeout = 300 + request_timeout
     settings.watching.inactivity_timeout = watch_idle
-    # kopf gives up a request after its backoffs (54 s in all) and then stops watching reports
-    # for good: several apiserver restarts in a row left the operator deaf until it was
-    # restarted (benchmarks/README.md, fault soak). Retry for as long as it takes.
+    # kopf gives up a request after its backoffs (54 s in all) and then stops what made it for
+    # good: several apiserver restarts in a row left an operator whose reports kopf watched
+    # deaf until it was restarted (benchmarks/README.md, fault soak). Retry for as long as it
+    # takes.
     settings.networking.error_backoffs = retry_forever()
 
 

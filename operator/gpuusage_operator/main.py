@@ -17,8 +17,14 @@ from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reports import ReportBook
 from gpuusage_operator.controller.workqueue import WorkQueue
-from gpuusage_operator.ha.leader import join_peering
-from gpuusage_operator.ha.peering import own_identity
+from gpuusage_operator.ha.election import Election
+from gpuusage_operator.ha.leader import (
+    LeaseElector,
+    LeaseLock,
+    lease_namespace,
+    own_identity,
+    steady,
+)
 from gpuusage_operator.handlers import build_registry
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.dra import DraWatch, resource_apis
@@ -45,6 +51,8 @@ class Operator:
 
     def __init__(self, settings: OperatorSettings, clock: Clock = utc_now) -> None:
         log.info("operator settings: %s", json.dumps(settings.redacted(), sort_keys=True))
+        for warning in settings.deprecated_flags():
+            log.warning("%s", warning)
         self.settings, self.clock = settings, clock
         # Every call retries with its own bounded backoff (kube.errors.retried, the pod watch's
         # relist, the next report): urllib3's own retries would only multiply the waits.
@@ -144,14 +152,31 @@ class Operator:
             if settings.openreports
             else None
         )
-        self.peering = join_peering(settings, self.api, self.identity)
+        self._election_api, _ = api_client(  # unfenced: the Lease is written on standby too
+            settings.kubeconfig,
+            retries=0,
+            request_timeout=max(1.0, settings.leader_elect_retry_period),
+        )
+        self.elector = (
+            None
+            if settings.standalone
+            else LeaseElector(
+                LeaseLock(
+                    self._election_api,
+                    lease_namespace(settings.leader_elect_resource_namespace),
+                    settings.leader_elect_resource_name,
+                ),
+                Election(self.identity, settings.leader_timing(), steady),
+                clock=clock,
+            )
+        )
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
 
     def run(
         self, stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None
     ) -> int:
         """Serve until SIGTERM/SIGINT (or stop_flag); the clients are closed at the end."""
-        settings, peering = self.settings, self.peering
+        settings = self.settings
         try:
             if settings.metrics_port:
                 self.metrics.serve(settings.metrics_address, settings.metrics_port)
@@ -162,7 +187,7 @@ class Operator:
                 self.metrics,
                 kubeconfig=settings.kubeconfig,
                 resync_seconds=settings.resync,
-                peering=peering,
+                elector=self.elector,
                 reconcile_workers=settings.workers,
                 health=self.health,
                 dra=self.dra,
@@ -175,9 +200,7 @@ class Operator:
             kopf.run(
                 registry=registry,
                 clusterwide=True,
-                standalone=settings.standalone,
-                peering_name=None if peering is None else peering.name,
-                priority=None if peering is None else peering.priority,
+                standalone=True,  # no kopf peering: the Lease decides who acts (ha.leader)
                 identity=cast(Any, self.identity),  # kopf's Identity is a NewType of str
                 liveness_endpoint=(
                     f"http://0.0.0.0:{settings.health_port}/healthz"
@@ -188,12 +211,15 @@ class Operator:
                 ready_flag=ready_flag,
             )
         finally:
+            if self.elector is not None:  # released by kopf's cleanup; here, only resigned
+                self.elector.stop(release=False)
             self.reports.stop()
             self.pods.stop()
             self.dra.stop()
             self.leases.stop()
             self.policies.stop()
             self._watch_api.close()  # type: ignore[no-untyped-call]
+            self._election_api.close()  # type: ignore[no-untyped-call]
             self.api.close()  # type: ignore[no-untyped-call]
         return 0
 

@@ -156,7 +156,15 @@ class OperatorMetrics:
             registry=r,
         )
         self.active = Gauge(
-            "gpuusage_operator_active", "1 when this replica is the active one.", registry=r
+            "gpuusage_operator_active",
+            "1 while this replica leads (holds the operator's Lease within its renew deadline).",
+            registry=r,
+        )
+        self.leadership_acquired = Counter(
+            "gpuusage_operator_leadership_acquired_total",
+            "Times this replica started leading: took the operator's Lease, or took it back "
+            "after its renew deadline had passed.",
+            registry=r,
         )
         self.reports = Gauge(
             "gpuusage_operator_reports", "GpuNodeUsage objects this replica knows.", registry=r

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from gpuusage.api import names
 from gpuusage.api.policy import MAX_ACTIONS_PER_HOUR
 from gpuusage.kube.config import REQUEST_TIMEOUT
-from gpuusage.settings import CommandSettings, comma_list
-from gpuusage_operator.ha.peering import MAX_PRIORITY
+from gpuusage.settings import CommandSettings, comma_list, flag_name
+from gpuusage_operator.ha.election import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, Timing
 from gpuusage_operator.informers.informer import WATCH_IDLE
 from gpuusage_operator.judge.requests import AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
@@ -67,16 +67,33 @@ class OperatorSettings(CommandSettings):
     a bookmark, before its connection is taken for dead and its objects listed again (a
     half-open connection: a peer gone without closing it, a dropped NAT entry)."""
     standalone: bool = False
-    """Run without peering (one replica only, e.g. on a workstation). Otherwise replicas share
-    the ClusterKopfPeering named by --peering and exactly one of them is active."""
-    peering: Annotated[str, Field(min_length=1, max_length=253)] = names.DEFAULT_PEERING
-    """Name of the ClusterKopfPeering object the replicas share (created when missing)."""
-    priority: Annotated[int, Field(ge=0, le=MAX_PRIORITY)] | None = None
-    """Peering priority: the live replica with the highest one is active. Default: random at
-    start, so that replicas never tie (equal priorities would pause all of them)."""
-    peering_lifetime: int = Field(default=30, ge=10, le=3600)
-    """Seconds a replica's peering record stays valid without renewal: how long a crashed
-    active replica blocks the standby (a clean shutdown hands over at once)."""
+    """Act alone, with no leader election (one replica only, e.g. on a workstation).
+    Otherwise the replicas elect a leader through a Lease and only the leader acts."""
+    leader_elect_lease_duration: int = Field(default=int(LEASE_DURATION), ge=2, le=3600)
+    """Seconds a standby waits, from when it saw the leader's Lease last change, before it
+    may take the Lease over (client-go's --leader-elect-lease-duration): how long a crashed
+    leader leaves nobody acting. A clean stop hands over at once."""
+    leader_elect_renew_deadline: float = Field(default=RENEW_DEADLINE, gt=0, le=3600)
+    """Seconds the leader keeps acting without a successful renewal of its Lease; shorter
+    than the lease duration, so it stops before another replica may take over."""
+    leader_elect_retry_period: float = Field(default=RETRY_PERIOD, gt=0, le=3600)
+    """Seconds between tries to take or renew the Lease; shorter than the renew deadline."""
+    leader_elect_resource_name: Annotated[str, Field(min_length=1, max_length=253)] = (
+        names.LEADER_LEASE
+    )
+    """Name of the Lease the replicas elect their leader through (the install's Role lets the
+    operator get and update only gpuusage-operator: another name needs its own rule)."""
+    leader_elect_resource_namespace: str = Field(
+        default="", max_length=63, json_schema_extra={"env": ["POD_NAMESPACE"]}
+    )
+    """Namespace of that Lease (the operator's own, POD_NAMESPACE from the downward API);
+    empty: the in-cluster service account's namespace, else default."""
+    peering: str | None = None
+    """Deprecated, ignored: leadership is a Lease now (--leader-elect-resource-name)."""
+    priority: int | None = None
+    """Deprecated, ignored: the first replica to take the Lease leads (no priorities)."""
+    peering_lifetime: int | None = None
+    """Deprecated, ignored: see --leader-elect-lease-duration."""
     health_port: int = Field(default=0, ge=0, le=65535)
     """Port of kopf's liveness endpoint (GET /healthz, for a liveness probe); 0: none."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
@@ -102,6 +119,48 @@ class OperatorSettings(CommandSettings):
     )
     """Namespace of the node agents' Leases (installed together: the operator's own,
     POD_NAMESPACE from the downward API). Empty: liveness from the reports' rewrites alone."""
+
+    @field_validator("leader_elect_renew_deadline", "leader_elect_retry_period")
+    @classmethod
+    def _leader_timing(cls, value: float, info: ValidationInfo) -> float:
+        """lease duration > renew deadline > retry period (fields are validated in order; one
+        found invalid already is left to its own message)."""
+        if info.field_name == "leader_elect_renew_deadline":
+            lease = info.data.get("leader_elect_lease_duration")
+            if lease is not None and value >= lease:
+                raise ValueError(
+                    f"must be shorter than --leader-elect-lease-duration ({lease} s), so that a "
+                    "leader that cannot renew stops before another replica may take over"
+                )
+        else:
+            deadline = info.data.get("leader_elect_renew_deadline")
+            if deadline is not None and value >= deadline:
+                raise ValueError(
+                    f"must be shorter than --leader-elect-renew-deadline ({deadline:g} s), so "
+                    "that the leader renews before its deadline passes"
+                )
+        return value
+
+    def deprecated_flags(self) -> list[str]:
+        """What to say about each deprecated flag that was given: they are accepted, so an
+        upgraded install keeps starting, and ignored."""
+        replaced = {
+            "peering": "--leader-elect-resource-name (the Lease; no ClusterKopfPeering)",
+            "priority": "nothing: the first replica to take the Lease leads",
+            "peering_lifetime": "--leader-elect-lease-duration",
+        }
+        return [
+            f"{flag_name(field)} is ignored since leadership is a Lease; instead: {what}"
+            for field, what in replaced.items()
+            if getattr(self, field) is not None
+        ]
+
+    def leader_timing(self) -> Timing:
+        return Timing(
+            self.leader_elect_lease_duration,
+            self.leader_elect_renew_deadline,
+            self.leader_elect_retry_period,
+        )
 
     def driver_namespace_set(self) -> frozenset[str]:
         return frozenset(comma_list(self.driver_namespaces))

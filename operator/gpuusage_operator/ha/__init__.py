@@ -1,2 +1,2 @@
-"""High availability: which replica writes, by kopf's peering (the pure rule in `peering`,
-the edge that follows it in `leader`)."""
+"""High availability: which replica writes, by leader election over a Lease (the pure rule in
+`election`, the elector and the gate in `leader`, the check before every write in `fence`)."""

@@ -1,114 +1,273 @@
-"""High availability: which replica writes. The one place for it besides the pure rule.
+"""High availability: which replica acts. The edge of the election (the rule is `election`'s).
 
-Replicas meet in a ClusterKopfPeering (created here if missing). kopf pauses a standby
-replica's watches, but only once it has seen a peer with a higher priority, and not our own
-housekeeping task. Replicas that start together would both act for a moment, so every write
-path first asks an ActiveGate, which applies kopf's rule (peering.is_active) to a fresh read of
-the peering object after a short settling time.
+Every replica runs kopf without peering, so every replica's watches stay open; what decides
+which one acts is the operator's Lease (`names.LEADER_LEASE` in the operator's namespace),
+held as client-go's leader election holds it. A `LeaseElector` thread reads and writes it
+every retry period; the `ActiveGate` answers from the election alone, with no "yes" kept
+beyond what the renew deadline allows, so a replica that was paused, cut off or refused
+stops acting within it, before another may take over. A replica that starts leading first
+runs `on_active` (what it remembers may be out of date; the reports it knows are queued).
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
 
 from kubernetes import client
 
-from gpuusage.api import names
-from gpuusage.api.times import Clock, utc_now
-from gpuusage.kube.crds import ensure_peering
-from gpuusage_operator.ha.peering import Peering, is_active, random_priority
-from gpuusage_operator.settings import OperatorSettings
+from gpuusage.api.times import Clock, format_micro_time, parse_time, utc_now
+from gpuusage.kube import raw
+from gpuusage.kube.errors import Conflict, NotFound, translate
+from gpuusage_operator.ha.election import Election, LeaseRecord
 
 log = logging.getLogger(__name__)
 
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
-def join_peering(
-    settings: OperatorSettings, api: client.ApiClient, identity: str
-) -> Peering | None:
-    """This replica's place among its peers (None when standalone); the peering object is
-    created when missing."""
-    if settings.standalone:
-        return None
-    priority = random_priority() if settings.priority is None else settings.priority
-    peering = Peering(settings.peering, identity, priority, settings.peering_lifetime)
-    log.info("peering %r as %s with priority %d", peering.name, identity, priority)
+
+def own_identity() -> str:
+    """This replica's holderIdentity: the pod name (the hostname in a pod) and the pid, so a
+    restarted process is a new holder."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}/{os.getpid()}"
+
+
+def steady() -> float:
+    """Seconds that never jump and go on while the machine is suspended (CLOCK_BOOTTIME where
+    there is one): a leader woken from a suspended VM must see its deadline past."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
+def lease_namespace(configured: str, account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """Where the operator's Lease is: as configured (--leader-elect-resource-namespace, else
+    POD_NAMESPACE), else the in-cluster service account's namespace, else `default`."""
+    if configured:
+        return configured
     try:
-        ensure_peering(api, peering.name)
-    except Exception as exc:  # kopf then says clearly that the peering is missing
-        log.warning("cannot create ClusterKopfPeering %s: %s", peering.name, exc)
-    return peering
+        found = account_file.read_text().strip()
+    except OSError:
+        found = ""
+    return found or "default"
 
 
-class ActiveGate:
-    """Whether this replica may write now, by kopf's peering rule on a fresh read.
+def record_of(body: dict[str, Any]) -> LeaseRecord:
+    spec = body.get("spec") or {}
+    return LeaseRecord(
+        holder=str(spec.get("holderIdentity") or ""),
+        duration=float(spec.get("leaseDurationSeconds") or 0),
+        acquired=parse_time(spec.get("acquireTime")),
+        renewed=parse_time(spec.get("renewTime")),
+        transitions=int(spec.get("leaseTransitions") or 0),
+        version=str((body.get("metadata") or {}).get("resourceVersion") or ""),
+    )
 
-    A "yes" is remembered for a second (a handover may then see one duplicate write, which is
-    idempotent); a "no" never is, so a replica that has just become active is never held back
-    by what it read before.
-    """
 
-    REMEMBER_YES = 1.0
+def _time(moment: datetime | None) -> str | None:
+    return None if moment is None else format_micro_time(moment)
+
+
+class LeaseLock:
+    """The one Lease the replicas share: read, created, replaced on the version read."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
+        self._leases = client.CoordinationV1Api(api)
+        self.namespace, self.name = namespace, name
+
+    def __str__(self) -> str:
+        return f"Lease {self.namespace}/{self.name}"
+
+    def get(self) -> LeaseRecord | None:
+        try:
+            response = self._leases.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False
+            )
+        except Exception as exc:
+            if isinstance(translate(exc), NotFound):
+                return None
+            raise
+        return record_of(json.loads(raw.body(response)))
+
+    def write(self, record: LeaseRecord) -> LeaseRecord:
+        """Create the Lease (a record of no version) or replace it on `record.version`; what
+        was stored. A 409 (someone else wrote first) raises Conflict."""
+        spec: dict[str, Any] = {
+            "holderIdentity": record.holder or None,
+            "leaseDurationSeconds": int(record.duration) if record.duration else None,
+            "acquireTime": _time(record.acquired),
+            "renewTime": _time(record.renewed),
+            "leaseTransitions": record.transitions,
+        }
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if record.version:
+            metadata["resourceVersion"] = record.version
+        body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+        body |= {"metadata": metadata, "spec": spec}
+        try:
+            if record.version:
+                response = self._leases.replace_namespaced_lease(
+                    self.name, self.namespace, body, _preload_content=False
+                )
+            else:
+                response = self._leases.create_namespaced_lease(
+                    self.namespace, body, _preload_content=False
+                )
+        except Exception as exc:
+            raise translate(exc) from exc
+        return record_of(json.loads(raw.body(response)))
+
+
+class Lock(Protocol):
+    """What the elector needs of a Lease (LeaseLock; a fake in tests)."""
+
+    def get(self) -> LeaseRecord | None: ...
+    def write(self, record: LeaseRecord) -> LeaseRecord: ...
+
+
+class LeaseElector:
+    """The thread that takes and renews the Lease every retry period (sooner when the holder's
+    lease runs out sooner), and hands it over when stopped."""
 
     def __init__(
         self,
-        api: client.ApiClient,
-        peering: Peering | None,
+        lock: Lock,
+        election: Election,
+        *,
         clock: Clock = utc_now,
+        steady: Callable[[], float] = steady,
+    ) -> None:
+        self.lock, self.election = lock, election
+        self._clock, self._steady = clock, steady
+        self._on_change: Callable[[], object] = lambda: None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self, on_change: Callable[[], object] = lambda: None) -> None:
+        """Start trying in a thread of its own; `on_change` is called after every try (in that
+        thread), so that the gate sees a term begin or end without waiting to be asked."""
+        self._on_change = on_change
+        log.info(
+            "electing a leader through %s as %s (lease %g s, renew deadline %g s, retry %g s)",
+            self.lock,
+            self.election.identity,
+            self.election.timing.lease_duration,
+            self.election.timing.renew_deadline,
+            self.election.timing.retry_period,
+        )
+        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.try_once()
+            try:
+                self._on_change()
+            except Exception:  # the election must go on
+                log.exception("leadership change not handled")
+            self._stop.wait(self.election.next_try_in())
+
+    def try_once(self) -> bool:
+        """Read the Lease and take or renew it when the rule allows; whether it was written."""
+        sent = self._steady()
+        try:
+            found = self.lock.get()
+            wanted = self.election.claim(found, self._clock())
+            if wanted is None:
+                self._succeeded()
+                return False
+            written = self.lock.write(wanted)
+        except Conflict:
+            log.debug("%s was written by another replica first", self.lock)
+            self._succeeded()
+            return False
+        except Exception as exc:
+            if not self._failing:
+                log.warning("cannot read or write %s: %s", self.lock, translate(exc))
+            self._failing = True
+            return False
+        self._succeeded()
+        if self.election.won(sent, written):
+            log.info("took %s (transitions %d)", self.lock, written.transitions)
+        return True
+
+    def _succeeded(self) -> None:
+        if self._failing:
+            log.info("%s can be read and written again", self.lock)
+        self._failing = False
+
+    def stop(self, release: bool = True) -> None:
+        """Stop trying and stop leading at once; with `release`, then hand the Lease over
+        (holderIdentity emptied) where this replica holds it, so that another takes over
+        within a retry period. Call it once this replica has stopped writing."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.election.resign()  # any write still on its way is refused from here (fence)
+        if not release:
+            return
+        try:
+            found = self.lock.get()
+            handed = None if found is None else self.election.release(found, self._clock())
+            if handed is not None:
+                self.lock.write(handed)
+                log.info("released %s", self.lock)
+        except Exception as exc:  # the others take over once the lease runs out
+            log.warning("cannot release %s: %s", self.lock, translate(exc))
+
+
+class ActiveGate:
+    """Whether this replica may write now: the election's answer, or always in standalone."""
+
+    def __init__(
+        self,
+        election: Election | None,
         on_active: Callable[[], None] = lambda: None,
     ) -> None:
-        self._custom = client.CustomObjectsApi(api)
+        self._election = election
         self._on_active = on_active
-        """Called when this replica turns active after a spell on standby (another replica
-        may have written meanwhile)."""
-        self._peering = peering
-        self._clock = clock
-        self._settled_at = time.monotonic() + (peering.settle if peering else 0.0)
-        self._yes_until = 0.0
+        """Run once at the start of every term, before any caller is told yes: another replica
+        may have written meanwhile."""
+        self._term = 0
+        self._lock = threading.Lock()
         self._last: bool | None = None
 
-    def _read(self) -> bool:
-        assert self._peering is not None
-        body = self._custom.get_cluster_custom_object(
-            names.PEERING_GROUP, names.PEERING_VERSION, names.PEERING_PLURAL, self._peering.name
-        )
-        status = (body.get("status") or {}) if isinstance(body, dict) else {}
-        return is_active(status, self._peering.identity, self._peering.priority, self._clock())
-
     async def active(self) -> bool:
-        """active_now, from the event loop (a read of the peering object runs in a thread)."""
-        if self._peering is None:
-            self._last = True
-            return True
-        if time.monotonic() < self._yes_until:
-            return True
-        return await asyncio.get_running_loop().run_in_executor(None, self.active_now)
+        """active_now, from the event loop (it reads no API: nothing to wait for)."""
+        return self.active_now()
 
     def active_now(self) -> bool:
-        """Whether this replica may write now (blocks while the peers settle at start)."""
-        if self._peering is None:
-            self._last = True
-            return True
-        wait = self._settled_at - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        if time.monotonic() < self._yes_until:
-            return True
-        try:
-            answer = self._read()
-        except Exception as exc:  # cannot tell: a standby must not write
-            log.warning("cannot read peering %s: %s", self._peering.name, exc)
-            answer = False
-        if answer:
-            self._yes_until = time.monotonic() + self.REMEMBER_YES
+        """Whether this replica may write now."""
+        election = self._election
+        if election is None:
+            answer = True
+        else:
+            answer = election.leading()
+            if answer and election.term != self._term:
+                with self._lock:
+                    if election.term != self._term:
+                        self._on_active()
+                        self._term = election.term
+                answer = election.leading()
         if answer != self._last:
-            log.info("this replica is %s", "active" if answer else "on standby")
-            if answer and self._last is False:
-                self._on_active()
-            self._last = answer
+            with self._lock:  # said once, whichever thread asks first
+                if answer != self._last:
+                    log.info("this replica is %s", "active" if answer else "on standby")
+                    self._last = answer
         return answer
+
+    @property
+    def terms(self) -> int:
+        """How many times this replica started leading (1 standalone): the metric's count."""
+        return self._term if self._election is not None else 1
 
     @property
     def last(self) -> bool:

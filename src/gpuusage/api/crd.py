@@ -304,52 +304,6 @@ def render_crd_yaml() -> str:
     return HEADER + "---\n" + body
 
 
-def render_peering_crd() -> dict[str, Any]:
-    """kopf's ClusterKopfPeering CRD: where operator replicas find each other (HA).
-
-    kopf does not install it; its schema is kopf's documented one (status holds one free-form
-    record per replica), pinned here so the install and the tests use the same definition.
-    """
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": names.PEERING_CRD_NAME, "labels": dict(INSTALL_LABELS)},
-        "spec": {
-            "group": names.PEERING_GROUP,
-            "scope": "Cluster",
-            "names": {
-                "kind": names.PEERING_KIND,
-                "plural": names.PEERING_PLURAL,
-                "singular": names.PEERING_KIND.lower(),
-            },
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "status": {
-                                    "type": "object",
-                                    "x-kubernetes-preserve-unknown-fields": True,
-                                }
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
-
-
-def render_peering_crd_yaml() -> str:
-    """The peering CRD as the YAML document stored in crds/."""
-    body = yaml.safe_dump(render_peering_crd(), sort_keys=False, width=100)
-    return HEADER.replace("gpuusage.api.models", "gpuusage.api.crd") + "---\n" + body
-
-
 POLICY_PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
         "name": "Mode",

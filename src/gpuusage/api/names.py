@@ -52,14 +52,9 @@ STALE_REASON_LEASE: Final = "LeaseRenewed"
 """The Stale condition's reason while the operator judges the node by its agent's Lease: the
 agent then refreshes an unchanged report only every --report-refresh (see the publisher)."""
 
-# kopf's ClusterKopfPeering, where the operator's replicas find each other (HA).
-PEERING_GROUP: Final = "kopf.dev"
-PEERING_VERSION: Final = "v1"
-PEERING_KIND: Final = "ClusterKopfPeering"
-PEERING_PLURAL: Final = "clusterkopfpeerings"
-PEERING_CRD_NAME: Final = f"{PEERING_PLURAL}.{PEERING_GROUP}"
-DEFAULT_PEERING: Final = "gpuusage"
-"""The ClusterKopfPeering the operator's replicas share unless --peering says otherwise."""
+LEADER_LEASE: Final = "gpuusage-operator"
+"""The coordination.k8s.io Lease in the operator's namespace through which its replicas elect
+the one that acts (unless --leader-elect-resource-name says otherwise)."""
 
 LEASE_HOLDER_PREFIX = "gpuusage-agent/"
 """Every holderIdentity the node agent writes in its Lease starts so; the operator counts only

@@ -1,7 +1,7 @@
 """Times as the Kubernetes API writes them (RFC 3339, UTC, whole seconds, a trailing "Z").
 
 One pair of functions for every place that writes or reads such a time (conditions,
-annotations, peering records), so that what is written compares equal to what is read back.
+annotations, Leases), so that what is written compares equal to what is read back.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Install the CRDs and the operators' peering object, and wait until the apiserver serves them."""
+"""Install the CRDs and wait until the apiserver serves them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
-from gpuusage.api.crd import render_crd, render_peering_crd, render_policy_crd
+from gpuusage.api.crd import render_crd, render_policy_crd
 from gpuusage.retry import poll_until
 
 
@@ -56,34 +56,15 @@ def _wait_served(api: client.ApiClient, timeout: float) -> None:
         raise TimeoutError(f"{names.PLURAL}.{names.GROUP} not served in time")
 
 
-def ensure_peering(api: client.ApiClient, name: str = names.DEFAULT_PEERING) -> None:
-    """Create the ClusterKopfPeering object unless it exists (kopf does not create it)."""
-    body = {
-        "apiVersion": f"{names.PEERING_GROUP}/{names.PEERING_VERSION}",
-        "kind": names.PEERING_KIND,
-        "metadata": {"name": name},
-    }
-    try:
-        client.CustomObjectsApi(api).create_cluster_custom_object(
-            names.PEERING_GROUP, names.PEERING_VERSION, names.PEERING_PLURAL, body
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 def install_crds(api: client.ApiClient, timeout: float = 60.0) -> None:
-    """Create or update our CRDs (idempotent), wait for Established=True, create the peering.
+    """Create or update our CRDs (idempotent) and wait for Established=True.
 
     Waiting matters: objects of a new kind are refused until the apiserver has built the
     schema and registered the endpoints.
     """
     ext = client.ApiextensionsV1Api(api)
     deadline = time.monotonic() + timeout
-    created = [
-        _apply_crd(ext, render()) for render in (render_crd, render_policy_crd, render_peering_crd)
-    ]
+    created = [_apply_crd(ext, render()) for render in (render_crd, render_policy_crd)]
     for name in created:
         _wait_established(ext, name, max(0.0, deadline - time.monotonic()))
     _wait_served(api, max(0.0, deadline - time.monotonic()))
-    ensure_peering(api)
