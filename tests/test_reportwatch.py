@@ -140,6 +140,9 @@ class Reconciler:
 
     def __init__(self) -> None:
         self.queue = WorkQueue()
+        self.book = ReportBook()
+        self.counted: list[str] = []
+        self.counts = SimpleNamespace(add=self.counted.append)
         self.calls: list[tuple[str, Any]] = []
 
     def forget_pods(self, uids: set[str]) -> None:
@@ -180,3 +183,33 @@ def test_a_worker_reconciles_what_the_cache_holds_when_it_takes_the_name() -> No
     del cache["n1"]
     assert workers.work("n1", frozenset({EVENT})), "gone: not held"
     assert reconciler.calls == [("reconcile", "1"), ("forget_node", "n1")]
+
+
+def test_an_echo_queued_before_its_reconcile_recorded_it_costs_no_reconcile() -> None:
+    """The watch can show our status write before the reconcile that made it has recorded it:
+    the name is queued, and the worker, taking it once that reconcile is over, skips it."""
+    echo = report("n1", "12")
+    reconciler = Reconciler()
+    book = reconciler.book
+    reconciler_any = cast(Any, reconciler)
+    triggers = Triggers(reconciler.queue, book)
+    triggers.report_changed("n1", echo)  # before the reconcile recorded its write
+    assert drain(reconciler.queue) == [("n1", {EVENT})]
+    book.put("n1", ReportMemory(echo="12"))  # the reconcile's last step
+    index = cast(Any, SimpleNamespace(lookup=lambda: None))
+    workers = ReportWorkers(
+        reconciler_any,
+        index,
+        index,
+        cast(Any, SimpleNamespace(active_now=lambda: True)),
+        cast(Any, None),
+        read={"n1": echo}.get,
+        debounce=Debounce(),
+        clock=lambda: NOW,
+        ready=lambda: True,
+        workers=1,
+    )
+    assert not workers.work("n1", frozenset({EVENT}))
+    assert (reconciler.calls, reconciler.counted) == ([], ["echoes_skipped"])
+    assert workers.work("n1", frozenset({EVENT, "deadline"})), "another reason: reconciled"
+    assert reconciler.calls == [("reconcile", "12")]

@@ -68,7 +68,9 @@ class Triggers:
     def report_changed(self, name: str, report: Mapping[str, Any] | None) -> None:
         """The report watch showed the report added, changed or (None) deleted. A change that
         shows the report exactly as our last reconcile left it only echoes our own status
-        write: reconciling it would find nothing to do at the price of a full reconcile."""
+        write: reconciling it would find nothing to do at the price of a full reconcile. An
+        echo that comes before that reconcile has recorded its write is queued, and the worker
+        tells it apart when it takes the name (see workers)."""
         if report is not None and self.book.is_echo(report):
             self.echoed()
             return

@@ -129,6 +129,11 @@ class ReportWorkers:
             self._debounce.forget(name)
             reconciler.forget_node(name, self._pods.lookup(), now)
             return True
+        if reasons == {EVENT} and reconciler.book.is_echo(body):
+            # Its status write's echo, come while that reconcile was still finishing (the watch
+            # is quicker than the reconcile's last step): told apart now, once it has.
+            reconciler.counts.add("echoes_skipped")
+            return False
         wait = self._debounce.wait(name, time.monotonic())
         if wait > 0:  # reconciled less than an interval ago (a report rewritten too often)
             if EVENT in reasons:
