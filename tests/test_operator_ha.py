@@ -329,13 +329,9 @@ def _stays_one(setup: HaSetup, enforced: Enforced) -> None:
     assert acted[0].series is None, "the Acted Event was not written twice"
 
 
-def test_a_leader_paused_past_its_renew_deadline_acts_no_more_when_it_wakes(
-    setup: HaSetup,
-) -> None:
-    """(b) Both pods are announced; the leader is paused (SIGSTOP) before the deadline with
-    its deadlines queued. The other takes over within lease duration + retry period and
-    evicts one pod (the limit holds back the other). Resumed (SIGCONT), the old leader finds
-    its renew deadline past: it evicts nothing, writes no Event, takes no action."""
+def _both_announced(setup: HaSetup) -> tuple[Enforced, Replica, Replica]:
+    """Two replicas with policy actions, the enforced policy (its name), both pods announced
+    and their Pending Events written by the leader: (policy, leader, standby)."""
     enforced = _enforced(setup)
     extra = ("--policy-actions", "--policy-notice", "5")
     setup.start("first", *extra)
@@ -347,6 +343,17 @@ def test_a_leader_paused_past_its_renew_deadline_acts_no_more_when_it_wakes(
         lambda: _policy_events(setup) == [("GPUPolicyPending", me)] * 2,
         what="two Pending Events, by the leader",
     )
+    return enforced, leader, standby
+
+
+def test_a_leader_paused_past_its_renew_deadline_acts_no_more_when_it_wakes(
+    setup: HaSetup,
+) -> None:
+    """(b) Both pods are announced; the leader is paused (SIGSTOP) before the deadline with
+    its deadlines queued. The other takes over within lease duration + retry period and
+    evicts one pod (the limit holds back the other). Resumed (SIGCONT), the old leader finds
+    its renew deadline past: it evicts nothing, writes no Event, takes no action."""
+    enforced, leader, standby = _both_announced(setup)
     assert _evicted(setup, enforced) == [], "paused before the deadline"
     leader.process.send_signal(signal.SIGSTOP)
     paused = time.monotonic()
@@ -379,17 +386,7 @@ def test_an_apiserver_away_longer_than_the_lease_hands_out_nothing_twice(
     """(c) The apiserver stops while both pods' deadline passes, for longer than the lease:
     the leader stops at its renew deadline; once the apiserver is back, one replica (either)
     leads and evicts one pod, once."""
-    enforced = _enforced(setup)
-    extra = ("--policy-actions", "--policy-notice", "5")
-    setup.start("first", *extra)
-    setup.start("second", *extra)
-    leader, _standby = setup.leader()
-    me = setup.holder()
-    wait_for(lambda: _announced(setup, enforced), what="both pods announced")
-    wait_for(
-        lambda: _policy_events(setup) == [("GPUPolicyPending", me)] * 2,
-        what="two Pending Events, by the leader",
-    )
+    enforced, leader, _standby = _both_announced(setup)
     before = leader.said("this replica is on standby")
     setup.cluster.stop_apiserver()
     try:
