@@ -12,10 +12,10 @@ from typing import Any, cast
 
 import pytest
 
-from gpuusage.kube.errors import Conflict
+from gpuusage.kube.errors import Conflict, NotLeading
 from gpuusage.settings import SettingsError, add_arguments, resolve
 from gpuusage_operator.ha.election import Election, LeaseRecord, Timing, TimingError
-from gpuusage_operator.ha.fence import NotLeading, fence_writes
+from gpuusage_operator.ha.fence import fence_writes
 from gpuusage_operator.ha.leader import ActiveGate, LeaseElector, lease_namespace
 from gpuusage_operator.settings import OperatorSettings
 
@@ -119,6 +119,23 @@ def test_the_first_replica_creates_the_lease_and_leads() -> None:
     assert me.term == 1
     assert store.record is not None
     assert (store.record.holder, store.record.duration, store.record.transitions) == ("a", 15, 0)
+
+
+def test_a_replica_seen_leading_is_seen_in_its_new_term() -> None:
+    """Another thread may ask at any moment: once `leading()` says yes, the term has already
+    moved on, so the gate runs the new term's start (forget, judge again) before any write."""
+
+    class Watched(Election):
+        def __setattr__(self, name: str, value: object) -> None:
+            super().__setattr__(name, value)
+            if name == "_renewed_at" and value is not None:
+                seen.append((self.leading(), self.term))
+
+    seen: list[tuple[bool, int]] = []
+    clock, store = Clock(), Store()
+    me = Watched("a", TIMING, clock)
+    assert attempt(me, store, clock)
+    assert seen == [(True, 1)], "never leading in the old term"
 
 
 def test_a_standby_waits_a_whole_lease_from_when_it_saw_the_last_change() -> None:

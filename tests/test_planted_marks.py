@@ -137,8 +137,11 @@ def test_the_reconciler_keeps_what_the_judge_saw_and_forgets_it_on_turning_activ
     assert reconciler._absent == {"uid-1": NOW}
     reconciler._remember(Verdict(pod, "Stopped"))
     assert (reconciler._seen_on, reconciler._absent) == ({"uid-1": ()}, {})
+    reconciler._remember(Verdict(pod, "Stopped", settles_until=NOW, absent_since=NOW))
+    reconciler.liveness.judge("n1", 1, NOW, None, NOW)
     reconciler.turned_active()
-    assert reconciler._seen_on == {}
+    assert (reconciler._seen_on, reconciler._absent) == ({}, {})
+    assert reconciler.liveness.deadline("n1", NOW) is None, "seen afresh, as at start"
 
 
 def test_an_unknown_pod_keeps_what_the_operator_wrote() -> None:

@@ -211,5 +211,10 @@ def test_an_echo_queued_before_its_reconcile_recorded_it_costs_no_reconcile() ->
     )
     assert not workers.work("n1", frozenset({EVENT}))
     assert (reconciler.calls, reconciler.counted) == ([], ["echoes_skipped"])
+    book.unjudge()  # turned active again: another replica may have judged and written since
+    assert workers.work("n1", frozenset({EVENT})), "no longer taken for our echo"
+    assert reconciler.calls == [("reconcile", "12")]
+    reconciler.calls.clear()
+    workers._debounce.forget("n1")
     assert workers.work("n1", frozenset({EVENT, "deadline"})), "another reason: reconciled"
     assert reconciler.calls == [("reconcile", "12")]

@@ -80,7 +80,7 @@ def build_registry(
         if openreports is not None:
             openreports.forget()
         metrics.leadership_acquired.inc()
-        for name in reports.names():
+        for name in reports.names() | reconciler.book.names():  # those deleted meanwhile too
             reconciler.queue.add(name, EVENT)
 
     election: Election | None = elector.election if elector is not None else None

@@ -115,11 +115,12 @@ class Liveness:
             delay = (turns - now).total_seconds() + STALE_MARGIN
             self._queue.add_after(name, delay, STALENESS)
 
-    def says_stale(self, name: str) -> bool:
-        """Whether the verdict in force calls the report stale."""
+    def reset(self) -> None:
+        """Forget every sighting and verdict: another replica may have judged the reports
+        since (this one stood by), so each is seen afresh, as at start, from what its status
+        says (see freshness.sight)."""
         with self._lock:
-            seen = self._seen.get(name)
-        return seen is not None and seen.stale
+            self._seen.clear()
 
     def forget(self, name: str) -> None:
         """The report is gone."""

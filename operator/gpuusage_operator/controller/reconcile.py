@@ -277,8 +277,8 @@ class Reconciler:
     def needs_reconcile(self, name: str, reasons: frozenset[Hashable], now: datetime) -> bool:
         """Whether what the report was queued for matters to it (see reasons): any reason but
         these does; a freshness reason only when the report's freshness by `now` differs from
-        what its status says, a pod's edited marks unless they echo our own write, a deleted
-        pod only when the status lists it."""
+        the verdict in force (see liveness), a pod's edited marks unless they echo our own
+        write, a deleted pod only when the status lists it."""
         for reason in reasons or {None}:
             if isinstance(reason, Edited):
                 if not self.marker.wrote(reason.uid, reason.version):
@@ -322,10 +322,14 @@ class Reconciler:
 
     def turned_active(self) -> None:
         """This replica stood by and now acts: another may have judged and written
-        meanwhile, so nothing it judged or wrote before is taken as the latest."""
+        meanwhile, so nothing it judged or wrote before is taken as the latest (the reports'
+        freshness, where their pods were seen and since when they were absent, what it wrote,
+        its echoes)."""
         self.marker.forget_written()
         self.book.unjudge()
+        self.liveness.reset()
         self._seen_on.clear()
+        self._absent.clear()
 
     def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its

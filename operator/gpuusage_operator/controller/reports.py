@@ -9,6 +9,7 @@ place, and readers copy the table before walking it.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as TallyCounter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -44,15 +45,20 @@ class ReportBook:
 
     def __init__(self) -> None:
         self._reports: dict[str, ReportMemory] = {}
+        self._lock = threading.Lock()
+        """Held by every writer (a reconcile's put must not be lost to an unjudge that read
+        the table before it); readers read without it."""
 
     def get(self, name: str) -> ReportMemory | None:
         return self._reports.get(name)
 
     def put(self, name: str, memory: ReportMemory) -> None:
-        self._reports[name] = memory
+        with self._lock:
+            self._reports[name] = memory
 
     def drop(self, name: str) -> None:
-        self._reports.pop(name, None)
+        with self._lock:
+            self._reports.pop(name, None)
 
     def names(self) -> set[str]:
         """Every report reconciled since start (what a policy's node rules may concern: a
@@ -73,10 +79,14 @@ class ReportBook:
         return version is not None and memory is not None and memory.echo == version
 
     def unjudge(self) -> None:
-        """What was judged may be out of date (this replica stood by, its watches paused): no
-        record counts as judged until a reconcile judges it again."""
-        for name, memory in list(self._reports.items()):
-            self._reports[name] = replace(memory, judged=False)
+        """What was judged may be out of date (another replica may have judged and written
+        since): no record counts as judged until a reconcile judges it again, and no version
+        is taken for the echo of our own write (every report is judged again, not skipped)."""
+        with self._lock:
+            self._reports = {
+                name: replace(memory, judged=False, echo=None)
+                for name, memory in self._reports.items()
+            }
 
     def judged(self) -> dict[str, ReportMemory]:
         """The reports a reconcile has judged whole, by name."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from gpuusage.api.times import Clock
+from gpuusage.kube.errors import NotLeading
 from gpuusage_operator.controller.debounce import Debounce
 from gpuusage_operator.controller.reasons import EVENT, STALENESS, gone_pods
 from gpuusage_operator.controller.reconcile import Reconciler
@@ -93,6 +94,8 @@ class ReportWorkers:
             started = time.monotonic()
             try:
                 ran = self.work(name, reasons)
+            except NotLeading:  # stopped leading meanwhile: queued again if it leads again
+                self.queue.forget(name)
             except Exception as exc:
                 delay = self.queue.add_rate_limited(name)
                 self._metrics.reconcile_failures.labels(kind=type(exc).__name__).inc()

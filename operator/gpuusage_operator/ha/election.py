@@ -162,10 +162,10 @@ class Election:
         new_term = not (
             self._renewed_at is not None and sent_at - self._renewed_at < self.timing.renew_deadline
         )
+        if new_term:  # before it leads: a reader that sees it lead sees the new term too
+            self.term += 1
         self._renewed_at = sent_at
         self._observed, self._observed_at = written, self._steady()
-        if new_term:
-            self.term += 1
         return new_term
 
     def resign(self) -> None:

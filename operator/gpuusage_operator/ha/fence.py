@@ -16,13 +16,9 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuusage.kube.errors import ApiError
+from gpuusage.kube.errors import NotLeading
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-class NotLeading(ApiError):
-    """A write this replica did not send: it does not lead now (not retried)."""
 
 
 def fence_writes(api: client.ApiClient, may_write: Callable[[], bool]) -> None:

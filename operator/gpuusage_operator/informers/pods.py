@@ -37,7 +37,8 @@ class IndexState:
     """Pods kept whole: uid → the keys it is indexed under, key → {uid: PodSnapshot}; plain
     pods (see index.podpack) packed, under their UID alone.
 
-    The hooks hear only changes the watch reports (MODIFIED, DELETED), never a list, which
+    The hooks hear the changes the watch reports (MODIFIED, DELETED), and from a list again
+    only what differs from the state it replaces (see PodWatch), never the first list, which
     would make every node due; each is told once the index shows the change, so that a
     worker that acts on it reads the pod as it is now."""
 

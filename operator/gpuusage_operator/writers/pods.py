@@ -22,7 +22,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube import raw
-from gpuusage.kube.errors import Invalid, NotFound, is_other_object, retried
+from gpuusage.kube.errors import Invalid, NotFound, NotLeading, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
 from gpuusage_operator.judge.podstate import Verdict
@@ -148,6 +148,8 @@ class PodMarker:
         except NotFound:
             self.forget(ref.uid)  # deleted meanwhile: nothing to mark
             return None
+        except NotLeading:
+            return None  # the replica that leads writes it (see ha.fence): no failure
         except Invalid as exc:
             if not is_other_object(exc):
                 self.counts.failed(type(exc).__name__)

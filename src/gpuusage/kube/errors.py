@@ -61,6 +61,11 @@ class TooLarge(ApiError):
     not retried."""
 
 
+class NotLeading(ApiError):
+    """A write the operator did not send: this replica does not lead now (never retried;
+    the replica that leads writes instead)."""
+
+
 def is_permanent_for_body(error: ApiError) -> bool:
     """Whether sending the same body again can only fail the same way."""
     return isinstance(error, Invalid | TooLarge)
