@@ -18,7 +18,7 @@ from tests.worldview import (
     events,
     pod,
     pod_annotations,
-    renewed_at,
+    refreshed_rarely,
     report,
 )
 
@@ -38,29 +38,7 @@ def test_hand_edits_of_the_marks_are_put_right_without_a_new_report(
     marked = wait_for(lambda: condition(pod(world, "train")), what="the condition written")
     assert marked.status == "True"
 
-    def settled() -> int | None:
-        """The report's generation once the agent refreshes it only every 60 s: the status
-        says the Lease is what counts, and no write came for longer than its heartbeat."""
-        found = report(world)
-        listed = (found.get("status") or {}).get("conditions") or []
-        stale: dict[str, Any] = next((c for c in listed if c["type"] == "Stale"), {})
-        if stale.get("reason") != "LeaseRenewed":
-            return None
-        generation = found["metadata"]["generation"]
-        # The agent renews its Lease in its cycle: two renewals later (5 s, five of its 1 s
-        # heartbeats) a write would have come.
-        seen = [renewed_at(world.api, world.node, ns)]
-        while len(seen) < 3:
-            seen.append(
-                wait_for(
-                    lambda: (t := renewed_at(world.api, world.node, ns)) != seen[-1] and t,
-                    timeout=15,
-                    what="the agent's Lease renewed",
-                )
-            )
-        return generation if report(world)["metadata"]["generation"] == generation else None
-
-    generation = wait_for(settled, timeout=30, what="the report refreshed only every 60 s")
+    generation = refreshed_rarely(world)
     before = events(world, "train")
 
     core.patch_namespaced_pod("train", ns, {"metadata": {"annotations": {memory: "1"}}})

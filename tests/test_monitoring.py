@@ -799,6 +799,22 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     ), "every query but those that default to 0"
 
 
+def _hour_of(share: float | None) -> float:
+    """An hour of one-minute samples of `share`, as the rules bill it: `sum_over_time` over
+    the hour's 60 samples, added as Prometheus adds them (its compensated sum, kahanSumInc),
+    divided by 60. Not `share` itself: that can differ from it in the last bit (0.806 billed
+    0.8059999999999999), and promtool compares exactly."""
+    total = compensation = 0.0
+    for value in [share or 0.0] * 60:
+        added = total + value
+        if abs(total) >= abs(value):
+            compensation += (total - added) + value
+        else:
+            compensation += (value - added) + total
+        total = added
+    return (total + compensation) / 60
+
+
 @pytest.mark.cluster
 def test_the_bill_of_compute_on_a_shared_gpu(
     make_world: WorldFactory, state_metrics: int, promtool: Path, tmp_path: Path
@@ -842,9 +858,9 @@ def test_the_bill_of_compute_on_a_shared_gpu(
     assert (shares["hog"] or 0) > 0.5, shares
     # The bill on exactly these series, 70 minutes of them.
     hours: dict[tuple[str, ...], float | None] = {
-        ("namespace:gpuusage_gpu_compute_hours:sum1h", w.ns): total,
+        ("namespace:gpuusage_gpu_compute_hours:sum1h", w.ns): _hour_of(total),
         **{
-            ("namespace_pod:gpuusage_gpu_compute_hours:sum1h", w.ns, pod): shares[pod]
+            ("namespace_pod:gpuusage_gpu_compute_hours:sum1h", w.ns, pod): _hour_of(shares[pod])
             for pod in sharing
         },
         **{("namespace_pod:gpuusage_gpu_hours_computing:sum1h", w.ns, pod): 1.0 for pod in sharing},
@@ -853,7 +869,7 @@ def test_the_bill_of_compute_on_a_shared_gpu(
     }
     ns = f'{{namespace="{w.ns}"}}'
     bill = {
-        bill_query("compute", "1h", w.ns): (ns, total),
+        bill_query("compute", "1h", w.ns): (ns, _hour_of(total)),
         bill_query("untold", "1h", w.ns): (ns, 1.0),
     }
     billed = tmp_path / "compute_test.yaml"

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import WorldFactory, wait_for
-from tests.worldview import condition, pod, refusing, report
+from tests.worldview import condition, pod, refreshed_rarely, refusing, report
 
 
 def _failures(port: int) -> float:
@@ -30,6 +30,7 @@ def test_a_failed_status_write_is_tried_again_without_a_new_report(
 ) -> None:
     world = make_world({"train": 1, "notebook": 1}, leases=True, agent_lease=True, stale_after=60)
     wait_for(lambda: condition(pod(world, "notebook")).status == "True", what="marked")
+    refreshed_rarely(world)  # from here on the agent writes the report only when it changes
     with refusing(
         world.api,
         f"refuse-status-{world.node}",

@@ -12,6 +12,8 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gpuusage.api import names
+from tests.conftest import wait_for
+from tests.simworld import SimWorld
 
 
 class View(Protocol):
@@ -146,3 +148,31 @@ def refusing(
     finally:
         admission.delete_validating_admission_policy_binding(name)
         admission.delete_validating_admission_policy(name)
+
+
+def refreshed_rarely(world: SimWorld, timeout: float = 30.0) -> int:
+    """The report's generation once its agent refreshes it only rarely (every 60 s in the
+    worlds with Leases): the status says the Lease is what counts, and two renewals of the
+    agent's Lease (five of its 1 s heartbeats) came with no write of the report. Before that
+    the agent rewrites it every heartbeat, and a test of what happens without a new report
+    would see new ones."""
+
+    def settled() -> int | None:
+        found = report(world)
+        listed = (found.get("status") or {}).get("conditions") or []
+        stale: dict[str, Any] = next((c for c in listed if c["type"] == "Stale"), {})
+        if stale.get("reason") != names.STALE_REASON_LEASE:
+            return None
+        generation: int = found["metadata"]["generation"]
+        seen = [renewed_at(world.api, world.node, world.ns)]
+        while len(seen) < 3:
+            seen.append(
+                wait_for(
+                    lambda: (t := renewed_at(world.api, world.node, world.ns)) != seen[-1] and t,
+                    what="the agent's Lease renewed",
+                )
+            )
+        return generation if report(world)["metadata"]["generation"] == generation else None
+
+    found: int = wait_for(settled, timeout, what="the report refreshed only rarely")
+    return found
