@@ -4,10 +4,12 @@ and under real tokens: test_install)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -268,3 +270,32 @@ def test_renewals_the_operator_could_not_watch_for_are_not_counted_against_the_n
     renewed = watch.renewal("n1")
     assert renewed is not None
     assert (renewed.seen_at, renewed.witnessed) == (T0 + timedelta(seconds=45), True)
+
+
+def test_a_lease_gone_while_the_watch_was_interrupted_is_news_after_the_next_list() -> None:
+    """A list again that no longer finds a Lease forgets what was seen of it and makes its
+    node's report due (its freshness is judged by the report alone again); Leases still there
+    are no news."""
+    from gpuusage_operator.informers.leases import LeaseWatch  # noqa: PLC0415
+
+    class Pages:
+        def __init__(self, *lists: list[dict[str, Any]]) -> None:
+            self.lists = list(lists)
+
+        def list_namespaced_lease(self, namespace: str, **_: Any) -> Any:
+            page = {"metadata": {"resourceVersion": "1"}, "items": self.lists.pop(0)}
+            return SimpleNamespace(data=json.dumps(page).encode(), release_conn=lambda: None)
+
+    news: list[set[str]] = []
+    both = [
+        _lease("n1", "2026-11-24T08:59:50.000000Z"),
+        _lease("n2", "2026-11-24T08:59:50.000000Z"),
+    ]
+    watch = LeaseWatch(Pages(both, both[:1]), "system", clock=lambda: T0, on_news=news.append)
+    watch.available.set()  # as start() leaves it once the probe answered
+    watch.informer.list_all()
+    assert news == [{"n1"}, {"n2"}]
+    watch.informer.list_all()  # n2's Lease deleted while no watch was open
+    assert news[2:] == [{"n2"}]
+    assert watch.renewal("n2") is None
+    assert watch.renewal("n1") is not None

@@ -69,11 +69,10 @@ class Informer(Generic[S]):
     """Keeps a state current from the API; run() blocks, so it runs in a thread.
 
     `wait(seconds)` pauses between retries and returns True when the loop should stop; tests
-    inject one to see the backoff without sleeping. `on_gone` hears the ids of objects missing
-    from a new list (gone while the watch was interrupted), with the state that held them; a
-    DELETED event is the state's own to tell. `on_listed` hears every list, with the state it
-    replaced (empty at the first) and the new one, before `synced` is set: what changed while
-    no watch was open is told from the two (client-go's Replace).
+    inject one to see the backoff without sleeping. `on_listed` hears every list, with the
+    state it replaced (empty at the first) and the new one, before `synced` is set: what
+    changed while no watch was open (objects gone, changed, new) is told from the two
+    (client-go's Replace); a watch's events, DELETED too, are the state's own to tell.
     """
 
     def __init__(
@@ -86,7 +85,6 @@ class Informer(Generic[S]):
         retry_seconds: float = 1.0,
         wait: Callable[[float], bool] | None = None,
         health: ApiHealth | None = None,
-        on_gone: Callable[[S, set[str]], None] = lambda before, ids: None,
         on_listed: Callable[[S, S], None] = lambda before, after: None,
         idle_timeout: float = WATCH_IDLE,
         trim: Callable[[], object] = memory.trim,
@@ -96,7 +94,6 @@ class Informer(Generic[S]):
         self.idle_timeout = idle_timeout
         self._list_page, self._watch_from, self._new_state = list_page, watch_from, new_state
         self._health = health or ApiHealth()
-        self._on_gone = on_gone
         self._on_listed = on_listed
         self.state: S = new_state()
         self._backoff = doubling(retry_seconds, MAX_RETRY)
@@ -162,13 +159,10 @@ class Informer(Generic[S]):
                 break
         with self.writing:
             before = self.state
-            gone = before.ids() - state.ids()
             self.state = state  # one assignment: readers see the old state or the new one
         self._trim()  # the pages read, and the state replaced, are freed: see memory
         self.relists += 1
         self._health.succeeded()
-        if gone and self.relists > 1:
-            self._on_gone(before, gone)
         self._on_listed(before, state)
         again = "synced" if self.relists == 1 else "listed again"
         log.info("%s index %s: %d objects", self.what, again, len(state))

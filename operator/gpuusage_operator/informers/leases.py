@@ -129,7 +129,7 @@ class LeaseWatch(OptionalWatch):
             ),
             self._new_state,
             health=health,
-            on_gone=self._forget,
+            on_listed=self._forget,
             idle_timeout=idle_timeout,
         )
         super().__init__(
@@ -144,10 +144,12 @@ class LeaseWatch(OptionalWatch):
         self._listed_at = self._clock().replace(microsecond=0)
         return LeaseState(self._memory, self._clock, self._on_news, self._on_renewed)
 
-    def _forget(self, _: LeaseState, names: set[str]) -> None:
+    def _forget(self, before: LeaseState, after: LeaseState) -> None:
         """Leases gone while the watch was interrupted (found missing by a new list)."""
-        gone = {name for name in names if self._memory.pop(name, None) is not None}
-        self._on_news(gone)
+        missing = before.ids() - after.ids()
+        gone = {name for name in missing if self._memory.pop(name, None) is not None}
+        if gone:
+            self._on_news(gone)
 
     def probe(self) -> bool:
         if not self.namespace:

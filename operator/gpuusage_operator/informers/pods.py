@@ -98,10 +98,10 @@ class IndexState:
         else:
             self.put(uid, snapshot_keys(new))
         if event_type == "MODIFIED":
-            before, after = requesting_node(old), requesting_node(new)
-            if before != after:
-                self.on_requesting({node for node in (before, after) if node})
-            if old is not None and _marks(old) != _marks(new):
+            nodes, marked = _difference(old, new)
+            if nodes:
+                self.on_requesting(nodes)
+            if marked:
                 self.on_marks(new)
 
     def lookup(self) -> PodLookup:
@@ -118,24 +118,36 @@ def _marks(pod: PodSnapshot) -> tuple[object, ...]:
     return pod.annotations, pod.condition
 
 
+def _difference(old: PodSnapshot | None, new: PodSnapshot) -> tuple[set[str], bool]:
+    """What a pod's change from `old` (None: not known before) to `new` tells the hooks: the
+    nodes it started or stopped holding GPUs on, and whether its gpuusage.io/ marks changed."""
+    was, now = requesting_node(old), requesting_node(new)
+    nodes = {node for node in (was, now) if node} if was != now else set()
+    return nodes, old is not None and _marks(old) != _marks(new)
+
+
 def _changes(
     before: IndexState,
     after: IndexState,
     on_requesting: Callable[[set[str]], None],
     on_marks: Callable[[PodSnapshot], None],
+    on_gone: Callable[[str, str], None],
 ) -> None:
-    """Tell the hooks what differs between two states, pod by pod, as MODIFIED events would:
-    the nodes pods started or stopped holding GPUs on (pods new to `after` included), the pods
-    whose marks changed. Pods gone are on_gone's."""
+    """Tell the hooks what differs between two states, pod by pod, as the watch's events would
+    have: the pods gone (with the node `before` had them on), the nodes pods started or stopped
+    holding GPUs on (pods new to `after` included), the pods whose marks changed."""
+    for uid in before.ids() - after.ids():
+        ref = before.get(uid)
+        if ref is not None and ref.node:
+            on_gone(ref.node, uid)
     nodes: set[str] = set()
     for uid in after.ids():
-        old, new = before.get(uid), after.get(uid)
+        new = after.get(uid)
         if new is None:
             continue
-        was, now = requesting_node(old), requesting_node(new)
-        if was != now:
-            nodes |= {node for node in (was, now) if node}
-        if old is not None and _marks(old) != _marks(new):
+        moved, marked = _difference(before.get(uid), new)
+        nodes |= moved
+        if marked:
             on_marks(new)
     if nodes:
         on_requesting(nodes)
@@ -157,20 +169,13 @@ class PodWatch(Informer[IndexState]):
         rules: AllocationRules = DEFAULT_RULES,
         idle_timeout: float = WATCH_IDLE,
     ) -> None:
-        """The hooks are IndexState's; `on_gone` also hears the pods a new list misses (gone
-        while the watch was interrupted), with the node the index had them on."""
-
-        def missed(before: IndexState, uids: set[str]) -> None:
-            for uid in uids:
-                ref = before.get(uid)
-                if ref is not None and ref.node:
-                    on_gone(ref.node, uid)
+        """The hooks are IndexState's; they also hear what a list again finds changed since the
+        state it replaces, as the watch would have told it (client-go's Replace), the pods gone
+        while the watch was interrupted included; the first list tells nothing."""
 
         def replaced(before: IndexState, after: IndexState) -> None:
-            """What a list again finds changed since the state it replaces is told as the watch
-            would have told it (client-go's Replace): the first list tells nothing."""
             if self.relists > 1:
-                _changes(before, after, on_requesting, on_marks)
+                _changes(before, after, on_requesting, on_marks, on_gone)
 
         self._core = core  # kubernetes.client.CoreV1Api
         super().__init__(
@@ -185,7 +190,6 @@ class PodWatch(Informer[IndexState]):
             retry_seconds=retry_seconds,
             wait=wait,
             health=health,
-            on_gone=missed,
             on_listed=replaced,
             idle_timeout=idle_timeout,
         )
