@@ -102,3 +102,22 @@ def test_a_deadlines_reason_is_told_when_the_deadline_comes() -> None:
     q.done("n1")
     clock.now += 10
     assert q.get(0) == ("n1", frozenset({"staleness", "deadline"}))
+
+
+def test_a_replaced_deadline_is_not_kept_until_its_own_time() -> None:
+    """A report reconciled again and again: each reconcile gives its staleness deadline an
+    hour away, each event a deadline a second away, which replaces it. The queue holds about
+    one entry per name, however often that happens."""
+    clock = Clock()
+    q = queue(clock)
+    for _ in range(1000):
+        q.add_after("n1", 3600, "staleness")
+        q.add_after("n2", 3600, "staleness")
+        q.add_after("n1", 1, "event")
+        clock.now += 1
+        assert q.get(0) == ("n1", frozenset({"event", "staleness"}))
+        q.done("n1")
+    assert q.held() <= 2 * 2 + 16
+    assert q.waiting("n2") == 3600 - 1000, "the other name's deadline stands"
+    clock.now += 2600
+    assert q.get(0) == ("n2", frozenset({"staleness"}))
