@@ -19,7 +19,8 @@ from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reports import ReportBook
 from gpuusage_operator.controller.workqueue import WorkQueue
-from gpuusage_operator.index.pods import PodLookup, PodSnapshot, index_keys
+from gpuusage_operator.index.keptpods import KeptPods
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_of
 from gpuusage_operator.judge.freshness import Renewal
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import pod_writer
@@ -73,11 +74,15 @@ def api_pod(
 
 
 def pod_lookup(*pods: dict[str, Any]) -> PodLookup:
-    index: dict[str, list[Any]] = {}
-    for body in pods:
-        for key, ref in index_keys(body).items():
-            index.setdefault(key, []).append(ref)
-    return PodLookup(index)
+    """These pods as the operator's index keeps them, each kept whole."""
+    return snapshots_lookup(*(ref for body in pods if (ref := snapshot_of(body)) is not None))
+
+
+def snapshots_lookup(*refs: PodSnapshot) -> PodLookup:
+    kept = KeptPods()
+    for ref in refs:
+        kept.put(ref)
+    return PodLookup(kept)
 
 
 # -- pods as the operator's index keeps them --------------------------------------------------

@@ -93,7 +93,7 @@ def test_a_busy_nvml_node_publishes_a_valid_report(
     assert listed == MAX_PROCESSES
     assert sum(g.omitted_processes or 0 for g in spec.gpus) == 800 - MAX_PROCESSES
     # The operator takes a device with omitted processes as one it cannot fully see.
-    blind = blind_spots(spec, resolve_all(spec, PodLookup({})))
+    blind = blind_spots(spec, resolve_all(spec, PodLookup()))
     omitted = next(g for g in spec.gpus if g.omitted_processes)
     pod = PodSnapshot(
         "ml",

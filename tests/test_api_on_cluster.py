@@ -65,6 +65,7 @@ from gpuusage_operator.index.pods import PodLookup, PodSnapshot
 from gpuusage_operator.judge.freshness import Sighting, freshness
 from gpuusage_operator.judge.resolution import resolve_all
 from gpuusage_operator.judge.status import desired_status
+from tests.builders import snapshots_lookup
 from tests.conftest import Kubectl
 from tests.examples import (
     CTR_INFER,
@@ -83,17 +84,15 @@ OBSERVED = datetime(2026, 11, 21, 17, 0, 0, 123456, tzinfo=UTC)
 
 def example_pods(node: str) -> PodLookup:
     """The example report's pods, running on `node`."""
-    return PodLookup(
-        {
-            key: ref
+    return snapshots_lookup(
+        *(
+            PodSnapshot("ml", name, uid, node, ((cid, "main"),))
             for uid, cid, name in (
                 (POD_TRAIN, CTR_TRAIN, "train-0"),
                 (POD_NOTEBOOK, CTR_NOTEBOOK, "notebook"),
                 (POD_INFER, CTR_INFER, "triton"),
             )
-            for ref in [PodSnapshot("ml", name, uid, node, ((cid, "main"),))]
-            for key in (f"uid:{uid}", f"cid:{cid}")
-        }
+        )
     )
 
 

@@ -24,7 +24,7 @@ SPEC = example_spec("n1", NOW)
 GPU0 = SPEC.gpus[0].uuid or ""
 GPU1 = SPEC.gpus[1].uuid or ""
 MIG = SPEC.gpus[1].mig_devices[0].uuid
-NOBODY = PodLookup({})
+NOBODY = PodLookup()
 
 
 def test_a_report_that_sees_everything_ends_use() -> None:

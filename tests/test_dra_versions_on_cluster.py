@@ -11,7 +11,7 @@ from kubernetes import client
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
-from gpuusage_operator.index.pods import index_keys
+from gpuusage_operator.index.pods import snapshot_of
 from gpuusage_operator.informers.dra import DraWatch, resource_apis
 from gpuusage_operator.judge.allocation import allocation_of
 from gpuusage_operator.judge.requests import DEFAULT_RULES
@@ -67,7 +67,9 @@ def test_claims_are_read_through_the_beta_version_served(beta: tuple[str, LocalC
             },
             "status": {"phase": "Running"},
         }
-        claimed = next(iter(index_keys(pod).values())).claimed
+        found = snapshot_of(pod)
+        assert found is not None
+        claimed = found.claimed
         allocation = wait_for(
             lambda: (a := allocation_of(claimed, watch.lookup(), DEFAULT_RULES)).devices and a,
             what="the claim's device",

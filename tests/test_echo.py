@@ -73,7 +73,7 @@ def test_only_the_echo_of_our_own_status_write_is_skipped() -> None:
     api = StatusApi()
     reconciler = reconciler_on(client.ApiClient(), reports_api=api)
     book = reconciler.book
-    nobody = PodLookup({})  # no pods: every process is unattributed, no pod writes
+    nobody = PodLookup()  # no pods: every process is unattributed, no pod writes
 
     reconciler.reconcile(_report("7"), nobody, NOW)
     assert api.writes == 1
@@ -129,7 +129,7 @@ def test_a_lease_renewal_matters_only_to_a_report_whose_status_says_stale() -> N
     reconciler = reconciler_on(
         client.ApiClient(), reports_api=api, renewals=lambda node: renewal[-1] if renewal else None
     )
-    nobody = PodLookup({})
+    nobody = PodLookup()
     renewed = frozenset({RENEWED})
     assert not reconciler.reconcile(_report("7"), nobody, NOW), "fresh"
     assert not reconciler.needs_reconcile(NODE, renewed, NOW), "fresh, and says so"
@@ -158,7 +158,7 @@ def test_a_renewal_while_the_report_is_written_stale_is_queued() -> None:
     reconciler = reconciler_on(
         client.ApiClient(), reports_api=api, renewals=lambda node: renewal[-1] if renewal else None
     )
-    nobody = PodLookup({})
+    nobody = PodLookup()
     assert not reconciler.reconcile(_report("7"), nobody, NOW), "fresh"
     while (taken := reconciler.queue.get(timeout=0)) is not None:
         reconciler.queue.done(taken[0])

@@ -33,11 +33,13 @@ def test_events_add_change_and_remove_keys() -> None:
     pods are packed under their UID alone, and a pod moves between the two as it changes."""
     state = IndexState()
     state.apply("ADDED", pod(UID_1, "p1", None))
-    assert state.by_key == {}, "a plain pod has no keys"
+    assert state.kept.all_keys() == [], "a plain pod has no keys"
     assert state.lookup().by_uid(UID_1) == snapshot_of(pod(UID_1, "p1", None))
     state.apply("MODIFIED", pod(UID_1, "p1", CID_A, marked=True, rv="2"))
     state.apply("ADDED", pod(UID_2, "p2", CID_B))
-    assert set(state.by_key) == {f"uid:{UID_1}", f"cid:{CID_A}", "marked:n1"}
+    assert set(state.kept.all_keys()) == {f"cid:{CID_A}", "marked:n1"}
+    assert state.kept.uids() == {UID_1}
+    assert state.plain.uids() == {UID_2}
     lookup = state.lookup()
     assert lookup.by_container(CID_A) == snapshot_of(pod(UID_1, "p1", CID_A, True, "2"))
     assert lookup.by_container(CID_B) is None, "plain: no key per container"
@@ -47,7 +49,8 @@ def test_events_add_change_and_remove_keys() -> None:
     assert state.ids() == {UID_1, UID_2}
     # Our marks gone and a container restarted: plain again, the old keys are gone.
     state.apply("MODIFIED", pod(UID_1, "p1", "c" * 64, rv="3"))
-    assert state.by_key == {}
+    assert state.kept.all_keys() == []
+    assert len(state.kept) == 0
     assert state.lookup().by_uid(UID_1) == snapshot_of(pod(UID_1, "p1", "c" * 64, rv="3"))
     state.apply("DELETED", pod(UID_2, "p2", CID_B))
     assert state.lookup().by_uid(UID_2) is None

@@ -123,7 +123,7 @@ def test_a_refresh_costs_a_small_status_write_and_a_stale_read_the_whole_one(
     )
     recorder = Recorder(api)
     reconciler = reconciler_on(api, reports_api=recorder)
-    nobody = PodLookup({})  # every process unattributed: no pod writes, the status is the test
+    nobody = PodLookup()  # every process unattributed: no pod writes, the status is the test
 
     def get() -> dict[str, Any]:
         got = custom.get_cluster_custom_object(*group, name)

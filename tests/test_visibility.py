@@ -140,7 +140,7 @@ def test_the_operator_keeps_a_blind_devices_pods_unknown_and_judges_the_others()
         )
     )
     spec = build_spec("n1", NOW, reading, {})
-    blind = blind_spots(spec, resolve_all(spec, PodLookup({})))
+    blind = blind_spots(spec, resolve_all(spec, PodLookup()))
     cause = why_unknown(marked_snapshot(gpu0), blind)
     assert cause is not None
     assert cause.reason == REASON_NOT_VISIBLE

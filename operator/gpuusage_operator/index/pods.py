@@ -1,11 +1,12 @@
 """What the operator remembers about pods: a few fields, keyed by container ID and pod UID.
 
 The index keeps an entry for every pod in the cluster, so the entry is deliberately small (no
-specs, no full statuses). A pod that may hold GPUs or carries our marks is kept whole, as a
-PodSnapshot under several keys: its UID and each container ID it has had reported in its status
-(init, regular and ephemeral containers), with the runtime scheme (`containerd://`) stripped,
-as the agent reports bare IDs. Every other pod, most of a cluster's, is kept packed under its
-UID alone (see index.podpack: under 0.5 KiB resident a pod).
+specs, no full statuses). A pod that may hold GPUs or carries our marks is kept whole: its
+PodSnapshot, packed, under its UID, and found too under each container ID it has had reported
+in its status (init, regular and ephemeral containers, the runtime scheme `containerd://`
+stripped, as the agent reports bare IDs) and its node's keys (see index.keptpods). Every other
+pod, most of a cluster's, is kept packed under its UID alone (see index.podpack: under 0.5 KiB
+resident a pod).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from gpuusage_operator.judge.requests import (
     mig_requests,
 )
 
-UID_KEY = "uid:"
 CONTAINER_KEY = "cid:"
 MARKED_KEY = "marked:"
 """Pods carrying our annotations or condition, by node: clean-up needs them without a scan."""
@@ -212,24 +212,23 @@ def _restarts(policy: str, exit_code: object) -> bool:
     return policy == "Always" or (policy == "OnFailure" and exit_code != 0)
 
 
-def index_keys(
-    body: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES
-) -> dict[str, PodSnapshot]:
-    """The keys one pod is indexed under, each with the same small PodSnapshot."""
+def index_keys(body: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) -> tuple[str, ...]:
+    """The keys a pod kept whole is found under besides its UID (see snapshot_keys)."""
     ref = snapshot_of(body, rules)
-    return {} if ref is None else snapshot_keys(ref)
+    return () if ref is None else snapshot_keys(ref)
 
 
-def snapshot_keys(ref: PodSnapshot) -> dict[str, PodSnapshot]:
-    """The keys a snapshot is indexed under when it is kept whole (not packed)."""
-    keys = {UID_KEY + ref.uid: ref}
-    keys.update({CONTAINER_KEY + cid: ref for cid, _ in ref.containers})
+def snapshot_keys(ref: PodSnapshot) -> tuple[str, ...]:
+    """The keys a pod kept whole is found under besides its UID: each of its container IDs,
+    its node's key of pods with our marks (for clean-up) and of running pods that may hold
+    GPUs (for idle judgement), so that a reconcile reads its node's pods, not the cluster's."""
+    keys = [CONTAINER_KEY + cid for cid, _ in ref.containers]
     if ref.node and ref.marked:
-        keys[MARKED_KEY + ref.node] = ref
+        keys.append(MARKED_KEY + ref.node)
     requesting = requesting_node(ref)
     if requesting:
-        keys[REQUESTING_KEY + requesting] = ref
-    return keys
+        keys.append(REQUESTING_KEY + requesting)
+    return tuple(dict.fromkeys(keys))
 
 
 def requesting_node(ref: PodSnapshot | None) -> str | None:
@@ -237,6 +236,20 @@ def requesting_node(ref: PodSnapshot | None) -> str | None:
     if ref is not None and ref.node and ref.running and ref.may_hold_gpus:
         return ref.node
     return None
+
+
+class KeptLookup(Protocol):
+    """The pods kept whole (see index.keptpods)."""
+
+    def get(self, uid: str) -> PodSnapshot | None: ...
+
+    def under(self, key: str) -> list[PodSnapshot]:
+        """The pods found under one of snapshot_keys' keys, in the order they came."""
+        ...
+
+    def all_keys(self) -> list[str]:
+        """Every key some pod is found under."""
+        ...
 
 
 class PlainLookup(Protocol):
@@ -247,47 +260,40 @@ class PlainLookup(Protocol):
     def with_container(self, container_id: str) -> PodSnapshot | None: ...
 
 
-class _NoPlain:
+class _Nobody:
     def get(self, uid: str) -> PodSnapshot | None:
         return None
 
     def with_container(self, container_id: str) -> PodSnapshot | None:
         return None
 
+    def under(self, key: str) -> list[PodSnapshot]:
+        return []
+
+    def all_keys(self) -> list[str]:
+        return []
+
 
 class PodLookup:
     """Read access to the index, by container ID or pod UID.
 
-    The index maps each key to the pods under it (a mapping uid → PodSnapshot, or any collection of
-    PodRefs); several pods could in theory claim one key: the last one is taken, and such
+    Several pods could in theory claim one container ID: the last one is taken, and such
     ambiguity is rare enough to ignore. Plain pods (no GPU, none of our marks) are kept apart,
     packed, under their UID alone: `by_uid` finds them, `by_container` does not (see
     `plain_with_container`).
     """
 
-    def __init__(self, index: Mapping[str, Any], plain: PlainLookup | None = None) -> None:
-        self._index = index
-        self._plain = plain or _NoPlain()
-
-    def _all(self, key: str) -> list[PodSnapshot]:
-        found = self._index.get(key)
-        if found is None:
-            return []
-        if isinstance(found, PodSnapshot):
-            return [found]
-        values = found.values() if isinstance(found, Mapping) else found
-        return [ref for ref in values if isinstance(ref, PodSnapshot)]
-
-    def _one(self, key: str) -> PodSnapshot | None:
-        refs = self._all(key)
-        return refs[-1] if refs else None
+    def __init__(self, kept: KeptLookup | None = None, plain: PlainLookup | None = None) -> None:
+        self._kept: KeptLookup = kept or _Nobody()
+        self._plain: PlainLookup = plain or _Nobody()
 
     def by_container(self, container_id: str) -> PodSnapshot | None:
         """The pod keyed under this container ID: plain pods are not (a scan finds them)."""
-        return self._one(CONTAINER_KEY + container_id)
+        refs = self._kept.under(CONTAINER_KEY + container_id)
+        return refs[-1] if refs else None
 
     def by_uid(self, uid: str) -> PodSnapshot | None:
-        return self._one(UID_KEY + uid) or self._plain.get(uid)
+        return self._kept.get(uid) or self._plain.get(uid)
 
     def plain_with_container(self, container_id: str) -> PodSnapshot | None:
         """The plain pod whose status lists this container ID: a scan of every plain pod, for
@@ -304,7 +310,8 @@ class PodLookup:
 
     def nodes_with_our_marks(self) -> set[str]:
         """Every node with a pod that carries our marks (one pass over the index's keys)."""
-        return {key[len(MARKED_KEY) :] for key in list(self._index) if key.startswith(MARKED_KEY)}
+        keys = self._kept.all_keys()
+        return {key[len(MARKED_KEY) :] for key in keys if key.startswith(MARKED_KEY)}
 
     def requesting_on_node(self, node: str) -> list[PodSnapshot]:
         """Running pods of a node that may hold GPUs (a request, a claim, a share; for idle
@@ -312,5 +319,5 @@ class PodLookup:
         return self._on_node(REQUESTING_KEY, node)
 
     def _on_node(self, prefix: str, node: str) -> list[PodSnapshot]:
-        found = {ref.uid: ref for ref in self._all(prefix + node) if ref.node == node}
+        found = {ref.uid: ref for ref in self._kept.under(prefix + node) if ref.node == node}
         return list(found.values())

@@ -18,15 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuusage.kube import raw
+from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.podpack import PlainPods, packable
-from gpuusage_operator.index.pods import (
-    UID_KEY,
-    PodLookup,
-    PodSnapshot,
-    requesting_node,
-    snapshot_keys,
-    snapshot_of,
-)
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot, requesting_node, snapshot_of
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.informer import WATCH_IDLE, Informer, watch_kwargs
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
@@ -34,8 +28,8 @@ from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 
 @dataclass
 class IndexState:
-    """Pods kept whole: uid → the keys it is indexed under, key → {uid: PodSnapshot}; plain
-    pods (see index.podpack) packed, under their UID alone.
+    """Pods kept whole (see index.keptpods), and plain pods (see index.podpack) packed under
+    their UID alone.
 
     The hooks hear the changes the watch reports (MODIFIED, DELETED), and from a list again
     only what differs from the state it replaces (see PodWatch), never the first list, which
@@ -52,30 +46,15 @@ class IndexState:
     on_gone: Callable[[str, str], None] = lambda node, uid: None
     """Hears a deleted pod that was on a node: (node, UID)."""
 
-    keys_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    by_key: dict[str, dict[str, PodSnapshot]] = field(default_factory=dict)
+    kept: KeptPods = field(default_factory=KeptPods)
     plain: PlainPods = field(default_factory=PlainPods)
 
-    def put(self, uid: str, keys: Mapping[str, PodSnapshot]) -> None:
-        """Keep a pod whole under these keys."""
-        self.remove(uid)
-        for key, ref in keys.items():
-            self.by_key[key] = {**self.by_key.get(key, {}), uid: ref}
-        if keys:
-            self.keys_of[uid] = tuple(keys)
-
     def remove(self, uid: str) -> None:
-        if self.plain.remove(uid):
-            return
-        for key in self.keys_of.pop(uid, ()):
-            rest = {u: r for u, r in self.by_key.get(key, {}).items() if u != uid}
-            if rest:
-                self.by_key[key] = rest
-            else:
-                self.by_key.pop(key, None)
+        if not self.plain.remove(uid):
+            self.kept.remove(uid)
 
     def get(self, uid: str) -> PodSnapshot | None:
-        return self.by_key.get(UID_KEY + uid, {}).get(uid) or self.plain.get(uid)
+        return self.kept.get(uid) or self.plain.get(uid)
 
     def apply(self, event_type: str, pod: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) for one pod object."""
@@ -93,10 +72,11 @@ class IndexState:
         if new is None:
             return
         if packable(new, pod):
-            self.remove(uid)
+            self.kept.remove(uid)
             self.plain.put(new)
         else:
-            self.put(uid, snapshot_keys(new))
+            self.plain.remove(uid)
+            self.kept.put(new)
         if event_type == "MODIFIED":
             nodes, marked = _difference(old, new)
             if nodes:
@@ -105,13 +85,13 @@ class IndexState:
                 self.on_marks(new)
 
     def lookup(self) -> PodLookup:
-        return PodLookup(self.by_key, self.plain)
+        return PodLookup(self.kept, self.plain)
 
     def ids(self) -> set[str]:
-        return set(self.keys_of) | self.plain.uids()
+        return self.kept.uids() | self.plain.uids()
 
     def __len__(self) -> int:
-        return len(self.keys_of) + len(self.plain)
+        return len(self.kept) + len(self.plain)
 
 
 def _marks(pod: PodSnapshot) -> tuple[object, ...]:

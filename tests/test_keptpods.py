@@ -1,0 +1,104 @@
+"""The pods kept whole, packed: exact round trips, and the keys they are found under as they
+change, move and go."""
+
+from __future__ import annotations
+
+from gpuusage.api import names
+from gpuusage_operator.index.keptpods import KeptPods, pack_whole, unpack_whole
+from gpuusage_operator.index.podpack import uid_key
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+
+UID_A = "0b6c3a52-9d0e-4b8e-8f1a-2c3d4e5f6a7b"
+UID_B = "1b6c3a52-9d0e-4b8e-8f1a-2c3d4e5f6a7b"
+CONDITION = (
+    ("lastTransitionTime", "2026-11-27T10:00:00Z"),
+    ("message", "1 GPU, 40 % of its compute"),
+    ("reason", "ProcessesRunning"),
+    ("status", "True"),
+    ("type", names.POD_CONDITION_GPU_IN_USE),
+)
+
+
+def gpu_pod(uid: str = UID_A, node: str | None = "n1", **changes: object) -> PodSnapshot:
+    fields: dict[str, object] = {
+        "namespace": "ml",
+        "name": "train-0",
+        "uid": uid,
+        "node": node,
+        "containers": (("a" * 64, "main"), ("b" * 64, "init")),
+        "annotations": ((names.ANNOTATION_GPUS, "GPU-1"),),
+        "condition": CONDITION,
+        "resource_version": "42",
+        "gpu_requests": 2,
+        "gpu_resources": ("nvidia.com/gpu",),
+        "mig_requests": 0,
+        "fraction": "",
+        "claims": ("gpu-claim",),
+        "pending_claims": 1,
+        "running": True,
+        "started_at": "2026-11-27T09:00:00Z",
+        "labels": (("app", "train"),),
+        "exits": (("main", "2026-11-27T09:30:00Z"),),
+    }
+    fields.update(changes)
+    return PodSnapshot(**fields)  # type: ignore[arg-type]
+
+
+def test_a_record_unpacks_to_an_equal_snapshot() -> None:
+    for ref in (
+        gpu_pod(),
+        gpu_pod(node=None, resource_version=None, started_at=None, condition=()),
+        gpu_pod(uid="static-pod-uid-not-a-uuid", containers=()),
+        gpu_pod(name="ünïcode-名前", fraction="gpu-fraction=0.5", running=False),
+    ):
+        record = pack_whole(ref)
+        back = unpack_whole(uid_key(ref.uid), record)
+        assert back == ref
+        assert isinstance(back.running, bool)
+        assert isinstance(back.containers, tuple)
+        assert len(record) < len(repr(ref)), "the record is smaller than the snapshot's text"
+
+
+def test_a_pod_is_found_under_its_keys_until_it_changes_or_goes() -> None:
+    kept = KeptPods()
+    kept.put(gpu_pod())
+    kept.put(gpu_pod(UID_B, containers=(("c" * 64, "main"),), annotations=(), condition=()))
+    lookup = PodLookup(kept)
+    assert lookup.by_uid(UID_A) == gpu_pod()
+    found = lookup.by_container("b" * 64)
+    assert found is not None
+    assert found.uid == UID_A
+    assert {ref.uid for ref in lookup.requesting_on_node("n1")} == {UID_A, UID_B}
+    assert [ref.uid for ref in lookup.on_node_with_our_marks("n1")] == [UID_A]
+    assert lookup.nodes_with_our_marks() == {"n1"}
+
+    # Moved (a new snapshot with another node and container): the old keys hold it no more.
+    kept.put(gpu_pod(node="n2", containers=(("d" * 64, "main"),)))
+    assert lookup.by_container("a" * 64) is None
+    found = lookup.by_container("d" * 64)
+    assert found is not None
+    assert found.node == "n2"
+    assert [ref.uid for ref in lookup.requesting_on_node("n1")] == [UID_B]
+    assert lookup.nodes_with_our_marks() == {"n2"}
+    assert len(kept) == 2
+
+    assert kept.remove(UID_A) is True
+    assert kept.remove(UID_A) is False, "gone already"
+    assert lookup.by_uid(UID_A) is None
+    assert lookup.nodes_with_our_marks() == set()
+    assert sorted(kept.all_keys()) == ["cid:" + "c" * 64, "requesting:n1"]
+    assert kept.uids() == {UID_B}
+
+
+def test_a_container_id_two_pods_claim_finds_the_last_put_and_then_the_other() -> None:
+    kept = KeptPods()
+    kept.put(gpu_pod(UID_A, containers=(("e" * 64, "main"),)))
+    kept.put(gpu_pod(UID_B, containers=(("e" * 64, "main"),)))
+    lookup = PodLookup(kept)
+    found = lookup.by_container("e" * 64)
+    assert found is not None
+    assert found.uid == UID_B
+    kept.remove(UID_B)
+    found = lookup.by_container("e" * 64)
+    assert found is not None
+    assert found.uid == UID_A
