@@ -18,7 +18,7 @@ from typing import Any
 from gpuusage.api.models import OrphanedMemory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ReportMemory:
     """What this replica remembers of one report."""
 

@@ -39,7 +39,7 @@ DEFAULT_STALE_AFTER = timedelta(minutes=3)
 MAX_CLOCK_SKEW = timedelta(seconds=60)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sighting:
     """What the operator knows of a report's changes, by its own clock."""
 
@@ -85,7 +85,7 @@ def sight(
     return Sighting(generation, now, None, stale)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Renewal:
     """What the operator saw of a node agent's Lease, by its own clock."""
 

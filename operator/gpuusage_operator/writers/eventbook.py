@@ -38,14 +38,14 @@ class Write:
     """For series: its count after this one."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Series:
     name: str
     count: int
     last: datetime
 
 
-@dataclass
+@dataclass(slots=True)
 class _Bucket:
     tokens: float
     at: datetime

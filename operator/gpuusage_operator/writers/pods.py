@@ -11,6 +11,7 @@ is compared with what it should carry.
 from __future__ import annotations
 
 import logging
+import marshal
 import time
 from collections import Counter as TallyCounter
 from collections.abc import Callable
@@ -50,6 +51,16 @@ class Applied:
     versions: frozenset[str | None] = frozenset()
     """resourceVersions of the pod from just before our writes up to the last of them."""
 
+    def packed(self) -> bytes:
+        """As the marker keeps it: one bytes object (a few hundred bytes, where the dicts and
+        set took 1.6 kB a pod at 5,000 pods; benchmarks/README.md), read back exactly."""
+        return marshal.dumps((self.annotations, self.condition, self.versions))
+
+    @classmethod
+    def unpacked(cls, record: bytes) -> Applied:
+        annotations, condition, versions = marshal.loads(record)
+        return cls(annotations, condition, versions)
+
 
 @dataclass
 class PodMarker:
@@ -67,12 +78,14 @@ class PodMarker:
     refresh: Callable[[str, str, str], None] = lambda namespace, name, stale_uid: None
     """Reads one pod into the index again: called when a write was refused because the pod
     of that name is now another one."""
-    _applied: dict[str, Applied] = field(default_factory=dict)
+    _applied: dict[str, bytes] = field(default_factory=dict)
+    """Pod UID → what it showed after our last writes and their versions (Applied, packed)."""
     _resumed: dict[str, str] = field(default_factory=dict)
     """Pod UID → the reason its condition had (True or False) before this replica turned it
     Unknown: the pod known again as it was is no event (a finding gets no second Warning)."""
-    _written: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
+    _written: dict[str, bytes] = field(default_factory=dict)
+    """Pod UID → our annotations as this replica last wrote them (empty: removed; packed as
+    `_applied`). Unlike
     `_applied`, kept when someone else edits the pod: an Unknown pod keeps the last known use
     as the operator wrote it, not what someone wrote over it since (see plan_pod)."""
 
@@ -82,8 +95,16 @@ class PodMarker:
 
     def wrote(self, uid: str, version: str | None) -> bool:
         """Whether this version of the pod is (the echo of) one of our writes."""
-        applied = self._applied.get(uid)
+        applied = self._applied_to(uid)
         return applied is not None and version in applied.versions
+
+    def _applied_to(self, uid: str) -> Applied | None:
+        record = self._applied.get(uid)
+        return None if record is None else Applied.unpacked(record)
+
+    def _written_on(self, uid: str) -> dict[str, str] | None:
+        record = self._written.get(uid)
+        return None if record is None else dict(marshal.loads(record))
 
     def forget(self, uid: str) -> None:
         """The pod is gone: nothing of it is kept."""
@@ -112,7 +133,7 @@ class PodMarker:
         """Apply plan_pod's writes to one pod, then record what the pod now shows; the
         condition it shows (None when the writes failed or the pod is gone)."""
         ref = verdict.pod
-        applied = self._applied.get(ref.uid)
+        applied = self._applied_to(ref.uid)
         # Our condition gone from the pod (removed by hand) is put back as it was, with its
         # transition time and no Event: nothing happened to the pod's GPU use.
         remembered = applied.condition if applied is not None and not ref.condition else None
@@ -126,7 +147,7 @@ class PodMarker:
             applied.condition,
             now,
             remembered=remembered,
-            known=self._written.get(ref.uid),
+            known=self._written_on(ref.uid),
             resumed=self._resumed.get(ref.uid),
         )
         versions = {ref.resource_version}
@@ -174,7 +195,7 @@ class PodMarker:
             self.due({node})
             return None
         if plan.annotation_patch is not None:
-            self._written[ref.uid] = dict(plan.annotations)
+            self._written[ref.uid] = marshal.dumps(dict(plan.annotations))
         if plan.condition_patch is not None:
             self._remember_spell(ref.uid, applied.condition, plan.condition)
         if plan.annotation_patch is None and plan.condition_patch is None:
@@ -186,7 +207,8 @@ class PodMarker:
             # for our echo, and the next pass compares what the pod then carries.
             versions = set()
             self.due({node})
-        self._applied[ref.uid] = Applied(plan.annotations, plan.condition, frozenset(versions))
+        applied = Applied(dict(plan.annotations), dict(plan.condition), frozenset(versions))
+        self._applied[ref.uid] = applied.packed()
         return plan.condition
 
     def admit(self, node: str | None, writes: int = 1) -> bool:
@@ -217,7 +239,7 @@ class PodMarker:
             self.counts.failed(type(exc).__name__)
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             return False
-        applied = self._applied.get(ref.uid)
+        applied = self._applied_to(ref.uid)
         version = _version(answer)
         if applied is None or version is None or ref.resource_version not in applied.versions:
             return True  # what the pod shows is the index's to tell
@@ -227,7 +249,8 @@ class PodMarker:
         if all(carried.get(k) == v for k, v in wanted.items()) and all(
             shown.get(k) == v for k, v in (applied.condition or {}).items()
         ):
-            self._applied[ref.uid] = replace(applied, versions=applied.versions | {version})
+            applied = replace(applied, versions=applied.versions | {version})
+            self._applied[ref.uid] = applied.packed()
         else:  # edited by someone else meanwhile: the next pass compares what it carries
             self._applied.pop(ref.uid, None)
         return True
