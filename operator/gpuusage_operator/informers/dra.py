@@ -34,13 +34,35 @@ VERSIONS = ("v1", "v1beta2", "v1beta1")
 """resource.k8s.io versions the watch reads, in the order it prefers them."""
 
 
+GROUP = "resource.k8s.io"
+
+
+class ResourceApi:
+    """The two lists (and watches) of resource.k8s.io the informers make, at one version,
+    sent through the client's object API (`/apis/<group>/<version>/<plural>`, the same
+    requests): the generated ResourceV1Api classes of the `kubernetes` package, one per version,
+    cost the operator 11 MiB of resident memory on import (benchmarks/README.md, "Operator:
+    memory at 5,000 reports")."""
+
+    def __init__(self, custom: Any, version: str) -> None:
+        self._custom = custom  # kubernetes.client.CustomObjectsApi
+        self.version = version
+
+    def list_resource_claim_for_all_namespaces(self, **kwargs: Any) -> Any:
+        return self._custom.list_cluster_custom_object(
+            GROUP, self.version, "resourceclaims", **kwargs
+        )
+
+    def list_resource_slice(self, **kwargs: Any) -> Any:
+        return self._custom.list_cluster_custom_object(
+            GROUP, self.version, "resourceslices", **kwargs
+        )
+
+
 def resource_apis(api: client.ApiClient) -> list[tuple[str, Any]]:
-    """The client's DRA APIs, one per version of VERSIONS."""
-    return [
-        ("v1", client.ResourceV1Api(api)),
-        ("v1beta2", client.ResourceV1beta2Api(api)),
-        ("v1beta1", client.ResourceV1beta1Api(api)),
-    ]
+    """The DRA API at each version of VERSIONS."""
+    custom = client.CustomObjectsApi(api)
+    return [(version, ResourceApi(custom, version)) for version in VERSIONS]
 
 
 class DraWatch(OptionalWatch):
