@@ -1,21 +1,27 @@
 """Where the operator's memory goes: live Python objects against what the process holds.
 
 The operator runs in this process on a world of `--nodes` reports with `--pods-per-node` pods
-each (operator_scale's World, on the local control plane) until every pod is annotated.
+each (operator_scale's World, on the local control plane, built and watched by a child
+process: memory freed after building it would otherwise be reused by the operator and hidden
+from the figure) until every pod is annotated. The resident figure starts from the process
+with every module imported: see operator_scale for the operator's whole process.
 Printed: the resident memory it added, sampled while it converged, and with --trace the growth
 of the live Python heap (tracemalloc, which slows the run several times and inflates the
 resident figure, so the two are measured in separate runs), by file and by allocation site.
 Comparing worlds with the same pods and more reports separates what a report costs from what
-a pod costs.
+a pod costs. With --sizes, the deep size of each of the operator's structures once converged
+(objects shared by two structures are counted in each).
 
     python benchmarks/operator_memory.py --nodes 2000 --pods-per-node 1
     python benchmarks/operator_memory.py --nodes 500 --pods-per-node 4 --trace
+    python benchmarks/operator_memory.py --nodes 2000 --pods-per-node 1 --sizes
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import sys
 import tempfile
 import threading
@@ -23,6 +29,7 @@ import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operator_scale as scale
@@ -62,23 +69,82 @@ def report_heap(before: tracemalloc.Snapshot, nodes: int, pods: int) -> None:
         print(f"  {stat.size_diff / 2**20:7.2f} MiB  {' < '.join(reversed(frames))}")
 
 
+def deep_size(obj: object, seen: set[int]) -> int:
+    """The bytes of an object and of everything it holds that `seen` has not counted yet
+    (classes, functions and modules are not counted: they are shared by all)."""
+    stack, total = [obj], 0
+    while stack:
+        item = stack.pop()
+        if id(item) in seen or item is None or isinstance(item, type | type(sys) | type(main)):
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+        elif not isinstance(item, str | bytes | int | float):
+            if hasattr(item, "__dict__"):
+                stack.append(vars(item))
+            for slot in getattr(type(item), "__slots__", ()):
+                if hasattr(item, slot):
+                    stack.append(getattr(item, slot))
+    return total
+
+
+def report_sizes(name: str, obj: object, reports: int, level: int = 0) -> None:
+    """Each structure over 100 kB, three levels down, with its bytes a report."""
+    size = deep_size(obj, set())
+    if size < 100_000:
+        return
+    print(f"{'  ' * level}{name}: {size / 2**20:.2f} MiB, {size / reports:.0f} B a report")
+    if level < 3 and hasattr(obj, "__dict__"):
+        for key, value in sorted(vars(obj).items()):
+            report_sizes(key, value, reports, level + 1)
+
+
+def build_world(
+    kubeconfig: Path, nodes: int, pods_per_node: int, built: Any, annotated: Any
+) -> None:
+    """In a child process: the world, then the count of annotated pods, kept in `annotated`
+    (so that neither what building it allocated nor the watch's own memory is counted as the
+    operator's)."""
+    api, _ = api_client(kubeconfig)
+    api.configuration.connection_pool_maxsize = 32
+    install_crds(api)
+    scale.World(api, nodes, pods_per_node).create(ThreadPoolExecutor(16))
+    watcher = scale.PodWatch(api)
+    watcher.start()
+    built.set()
+    while True:
+        annotated.value = watcher.annotated()
+        time.sleep(0.5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--pods-per-node", type=int, default=1)
     parser.add_argument("--trace", action="store_true", help="also trace the live heap")
+    parser.add_argument("--sizes", action="store_true", help="the structures' deep sizes")
     args = parser.parse_args()
     pods = args.nodes * args.pods_per_node
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster")
         cluster.up()
         try:
-            api, _ = api_client(cluster.kubeconfig)
-            api.configuration.connection_pool_maxsize = 32
-            install_crds(api)
-            scale.World(api, args.nodes, args.pods_per_node).create(ThreadPoolExecutor(16))
-            watcher = scale.PodWatch(api)
-            watcher.start()
+            fork = multiprocessing.get_context("fork")
+            built, annotated = fork.Event(), fork.Value("i", 0)
+            world = fork.Process(
+                target=build_world,
+                args=(cluster.kubeconfig, args.nodes, args.pods_per_node, built, annotated),
+                daemon=True,
+            )
+            world.start()
+            while not built.wait(1.0):
+                if not world.is_alive():
+                    raise SystemExit("the world could not be built")
             gc.collect()
             start_mib = resident_mib()
             before = None
@@ -89,15 +155,14 @@ def main() -> None:
             settings = OperatorSettings(
                 kubeconfig=cluster.kubeconfig, standalone=True, stale_after=3600
             )
-            thread = threading.Thread(
-                target=Operator(settings).run, args=(stop, ready), daemon=True
-            )
+            operator = Operator(settings)
+            thread = threading.Thread(target=operator.run, args=(stop, ready), daemon=True)
             started = time.monotonic()
             thread.start()
             samples = []
-            while watcher.annotated() < pods:
+            while annotated.value < pods:
                 if time.monotonic() - started > 900:
-                    raise SystemExit(f"only {watcher.annotated()} of {pods} pods annotated")
+                    raise SystemExit(f"only {annotated.value} of {pods} pods annotated")
                 elapsed = time.monotonic() - started
                 samples.append(f"{elapsed:.0f}s:{resident_mib() - start_mib:.0f}")
                 time.sleep(1.0)
@@ -109,8 +174,11 @@ def main() -> None:
             print(f"resident memory added at the end: {resident_mib() - start_mib:.1f} MiB")
             if before is not None:
                 report_heap(before, args.nodes, pods)
+            if args.sizes:
+                report_sizes("operator", operator, args.nodes)
             stop.set()
             thread.join(30)
+            world.terminate()
         finally:
             cluster.down()
 
