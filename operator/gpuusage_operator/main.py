@@ -13,6 +13,7 @@ from kubernetes import client
 
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import api_client
+from gpuusage.kube.core import CoreApi
 from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reports import ReportBook
@@ -83,7 +84,7 @@ class Operator:
             idle_timeout=idle,
         )
         self.pods = PodWatch(
-            client.CoreV1Api(self._watch_api),
+            CoreApi(self._watch_api),
             health=self.health,
             on_gone=triggers.pod_gone,
             on_requesting=triggers.due,  # reports are named after their nodes
@@ -104,7 +105,7 @@ class Operator:
         )
         self.policies = PolicyWatch(
             client.CustomObjectsApi(self._watch_api),
-            client.CoreV1Api(self._watch_api),
+            CoreApi(self._watch_api),
             health=self.health,
             on_change=lambda: triggers.due(book.names()),
             idle_timeout=idle,

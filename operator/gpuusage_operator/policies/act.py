@@ -19,6 +19,9 @@ and changes what a person would change, through the API a person would use.
 Every write carries the object's UID as a precondition where the API takes one, so a pod or
 workload recreated under the same name is never acted upon. The rights come only with the
 install's policy-actions part; without them the apiserver answers 403 and the outcome says so.
+The requests go through the client's object API (`/apis/<group>/<version>/...`) and
+kube.core.CoreApi, not the generated AppsV1Api, BatchV1Api and CoreV1Api: importing those
+holds 43 MiB (see kube.core).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from kubernetes import client
 
 from gpuusage.api.times import format_time, utc_now
 from gpuusage.kube import raw
+from gpuusage.kube.core import CoreApi
 from gpuusage.kube.errors import Conflict, Forbidden, NotFound, is_other_object, translate
 
 Outcome = Literal["Done", "Refused", "RateLimited", "NotPermitted", "NotApplicable", "Gone"]
@@ -95,10 +99,7 @@ class Actor:
     def __init__(self, api: client.ApiClient, clock: Callable[[], datetime] = utc_now) -> None:
         self._clock = clock
         self._custom = client.CustomObjectsApi(api)
-        self._core = client.CoreV1Api(api)
-        self._apps = client.AppsV1Api(api)
-        self._batch = client.BatchV1Api(api)
-        self._policy = client.PolicyV1Api(api)
+        self._core = CoreApi(api)
 
     def act(self, namespace: str, name: str, uid: str, action: str) -> Result:
         try:
@@ -127,11 +128,14 @@ class Actor:
     def _scale_to_zero(self, namespace: str, meta: Mapping[str, Any]) -> Result:
         owner = controller_of(meta)
         if owner is not None and owner.kind in ("ReplicaSet", "StatefulSet"):
-            read = {
-                "ReplicaSet": self._apps.read_namespaced_replica_set,
-                "StatefulSet": self._apps.read_namespaced_stateful_set,
-            }[owner.kind]
-            above = controller_of(_read(read(owner.name, namespace, _preload_content=False)))
+            plural = {"ReplicaSet": "replicasets", "StatefulSet": "statefulsets"}[owner.kind]
+            above = controller_of(
+                _read(
+                    self._custom.get_namespaced_custom_object(
+                        "apps", "v1", namespace, plural, owner.name, _preload_content=False
+                    )
+                )
+            )
             if above is not None and above.kind == "Deployment":
                 owner = above
             elif above is not None and (above.kind, above.group) == ("Notebook", "kubeflow.org"):
@@ -139,12 +143,14 @@ class Actor:
         if owner is None or owner.kind not in SCALABLE:
             return Result("NotApplicable", "no Deployment, StatefulSet or ReplicaSet owns the pod")
         body = {"spec": {"replicas": 0}}
-        patch = {
-            "Deployment": self._apps.patch_namespaced_deployment_scale,
-            "StatefulSet": self._apps.patch_namespaced_stateful_set_scale,
-            "ReplicaSet": self._apps.patch_namespaced_replica_set_scale,
+        plural = {
+            "Deployment": "deployments",
+            "StatefulSet": "statefulsets",
+            "ReplicaSet": "replicasets",
         }[owner.kind]
-        patch(owner.name, namespace, body)
+        self._custom.patch_namespaced_custom_object_scale(
+            "apps", "v1", namespace, plural, owner.name, body
+        )
         return Result("Done", f"scaled {owner.kind} {namespace}/{owner.name} to zero")
 
     def _stop_notebook(self, namespace: str, notebook: Owner) -> Result:
@@ -159,7 +165,11 @@ class Actor:
         owner = controller_of(meta)
         if owner is None or owner.kind != "Job":
             return Result("NotApplicable", "no Job owns the pod")
-        job = _read(self._batch.read_namespaced_job(owner.name, namespace, _preload_content=False))
+        job = _read(
+            self._custom.get_namespaced_custom_object(
+                "batch", "v1", namespace, "jobs", owner.name, _preload_content=False
+            )
+        )
         above = controller_of(job)
         if above is not None and (above.kind, above.group) == ("JobSet", "jobset.x-k8s.io"):
             body = {"metadata": {"uid": above.uid}, "spec": {"suspend": True}}
@@ -169,8 +179,13 @@ class Actor:
             return Result("Done", f"suspended JobSet {namespace}/{above.name}")
         if (job.get("labels") or {}).get(KUEUE_QUEUE):
             return self._deactivate_workload(namespace, owner)
-        self._batch.patch_namespaced_job(
-            owner.name, namespace, {"metadata": {"uid": owner.uid}, "spec": {"suspend": True}}
+        self._custom.patch_namespaced_custom_object(
+            "batch",
+            "v1",
+            namespace,
+            "jobs",
+            owner.name,
+            {"metadata": {"uid": owner.uid}, "spec": {"suspend": True}},
         )
         return Result("Done", f"suspended Job {namespace}/{owner.name}")
 
@@ -202,17 +217,23 @@ class Actor:
             return Result(
                 "NotApplicable", f"{owner.kind} {owner.name} owns the pod: it would make another"
             )
-        self._core.delete_namespaced_pod(
-            name,
-            namespace,
-            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+        raw.body(
+            self._core.delete_namespaced_pod(
+                name, namespace, body={"preconditions": {"uid": uid}}, _preload_content=False
+            )
         )
         return Result("Done", f"deleted pod {namespace}/{name}")
 
     def _evict(self, namespace: str, name: str, uid: str) -> Result:
-        eviction = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        raw.body(
+            self._core.create_namespaced_pod_eviction(
+                name, namespace, eviction, _preload_content=False
+            )
         )
-        self._core.create_namespaced_pod_eviction(name, namespace, eviction)
         return Result("Done", f"evicted pod {namespace}/{name}")

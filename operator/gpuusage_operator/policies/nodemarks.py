@@ -21,6 +21,7 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.api.times import format_time
 from gpuusage.kube import raw
+from gpuusage.kube.core import CoreApi
 from gpuusage.kube.errors import Conflict, Forbidden, NotFound, translate
 from gpuusage.kube.rest import MERGE_PATCH, STRATEGIC
 from gpuusage_operator.policies.act import Result
@@ -52,7 +53,7 @@ class NodeMarker:
     """Reads and writes our marks on Nodes through `api`."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self._core = client.CoreV1Api(api)
+        self._core = CoreApi(api)
 
     def _read(self, node: str) -> dict[str, Any]:
         found: dict[str, Any] = json.loads(

@@ -23,6 +23,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube import raw
+from gpuusage.kube.core import CoreApi
 from gpuusage.kube.errors import Invalid, NotFound, NotLeading, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
@@ -338,7 +339,7 @@ def pod_writer(
     """The pod writer on one API client, with its Event recorder: `instance` names this
     replica in its Events, `due` queues reports, `refresh` reads a pod into the index again."""
     events = EventRecorder(client.EventsV1Api(api), counts, instance, COMPONENT)
-    return PodMarker(client.CoreV1Api(api), counts, events, write_budget, due=due, refresh=refresh)
+    return PodMarker(CoreApi(api), counts, events, write_budget, due=due, refresh=refresh)
 
 
 def _version(pod: dict[str, Any]) -> str | None:
