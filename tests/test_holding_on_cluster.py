@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import GPU0, GPU1, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid, mig_uuid
 from tests.simworld import SimWorld
-from tests.worldview import condition, events, pod, report
+from tests.worldview import condition, events, pod, refreshed_rarely, report
 
 pytestmark = pytest.mark.cluster
 
@@ -89,10 +89,14 @@ def test_idle_findings_come_on_time_while_the_report_does_not_change(
     make_world: WorldFactory,
 ) -> None:
     """With a Lease the agent rewrites an unchanged report only every few minutes, so no event
-    comes when a pod's idle time reaches --idle-after: the operator looks again by itself."""
+    comes when a pod's idle time reaches --idle-after: the operator looks again by itself.
+
+    Until the report's status names the Lease, the agent rewrites the report every heartbeat
+    (and the operator may judge the node before that): the report's generation is taken once
+    the agent refreshes it only rarely, which --idle-after outlasts."""
     world = make_world(
         {"train": 1, "notebook": 1, "slice": 1, "waiter": 1},
-        idle_after=4.0,
+        idle_after=20.0,
         agent_extras={"idle_window": 0.5},
         leases=True,
         agent_lease=True,
@@ -102,8 +106,9 @@ def test_idle_findings_come_on_time_while_the_report_does_not_change(
         lambda: (s := report(world)["spec"])["gpus"][1]["processes"][0].get("idleSince") and s,
         what="the notebook's idleSince published",
     )
-    generation = report(world)["metadata"]["generation"]
+    generation = refreshed_rarely(world)
     assert spec["gpus"][1]["processes"][0]["idleSince"]
+    assert _reason(world, "notebook") != "True HoldingIdleGPU", "not held idle yet"
     wait_for(lambda: _reason(world, "notebook") == "True HoldingIdleGPU", what="held idle")
     wait_for(lambda: _reason(world, "waiter") == "False RequestedGPUsIdle", what="waiter idle")
     assert report(world)["metadata"]["generation"] == generation, "no report write came between"
