@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuusage.api import names
 from gpuusage_operator.index.keptpods import KeptPods, pack_whole, unpack_whole
-from gpuusage_operator.index.podpack import uid_key
+from gpuusage_operator.index.podpack import PlainPods, uid_key
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot
 
 UID_A = "0b6c3a52-9d0e-4b8e-8f1a-2c3d4e5f6a7b"
@@ -102,3 +102,19 @@ def test_a_container_id_two_pods_claim_finds_the_last_put_and_then_the_other() -
     found = lookup.by_container("e" * 64)
     assert found is not None
     assert found.uid == UID_A
+
+
+def test_a_lookup_made_while_the_index_is_empty_sees_pods_put_afterwards() -> None:
+    """A lookup reads the index as it is when asked, not as it was when the lookup was made
+    (an empty index is no missing index)."""
+    kept, plain = KeptPods(), PlainPods()
+    lookup = PodLookup(kept, plain)
+    kept.put(gpu_pod())
+    plain.put(PodSnapshot("ml", "web", UID_B, "n1", (("f" * 64, "main"),)))
+    found = lookup.by_container("a" * 64)
+    assert found is not None
+    assert found.uid == UID_A
+    assert lookup.nodes_with_our_marks() == {"n1"}
+    web = lookup.plain_with_container("f" * 64)
+    assert web is not None
+    assert web.name == "web"

@@ -10,7 +10,8 @@ tuple of the UID keys under it. A lookup unpacks the pods it returns (a few micr
 each); packing is exact, so the snapshot read back equals the one put.
 
 Written by the pod watch's thread only, read by any: every write replaces a dict entry whole
-(single dict operations, atomic in CPython), so a reader sees a pod before or after a change.
+(single dict operations, atomic in CPython), and a pod changed is put before what it no
+longer is goes, so a reader finds it, as it was or as it is, throughout a change.
 """
 
 from __future__ import annotations
@@ -43,12 +44,19 @@ class KeptPods:
         self._keys: dict[str, tuple[UidKey, ...]] = {}
 
     def put(self, ref: PodSnapshot) -> None:
-        """Keep a pod (in place of what was kept of it)."""
-        self.remove(ref.uid)
+        """Keep a pod (in place of what was kept of it): its record is replaced first, then
+        it joins the keys it gained and leaves those it lost, so that it is never missing."""
         key = uid_key(ref.uid)
+        old = self._records.get(key)
+        before = snapshot_keys(unpack_whole(key, old)) if old is not None else ()
+        after = snapshot_keys(ref)
         self._records[key] = pack_whole(ref)
-        for name in snapshot_keys(ref):
-            self._keys[name] = (*self._keys.get(name, ()), key)
+        for name in after:
+            if name not in before:
+                self._keys[name] = (*self._keys.get(name, ()), key)
+        for name in before:
+            if name not in after:
+                self._leave(name, key)
 
     def remove(self, uid: str) -> bool:
         """Forget the pod; whether it was here."""
@@ -57,12 +65,15 @@ class KeptPods:
         if record is None:
             return False
         for name in snapshot_keys(unpack_whole(key, record)):
-            rest = tuple(k for k in self._keys.get(name, ()) if k != key)
-            if rest:
-                self._keys[name] = rest
-            else:
-                self._keys.pop(name, None)
+            self._leave(name, key)
         return True
+
+    def _leave(self, name: str, key: UidKey) -> None:
+        rest = tuple(k for k in self._keys.get(name, ()) if k != key)
+        if rest:
+            self._keys[name] = rest
+        else:
+            self._keys.pop(name, None)
 
     def get(self, uid: str) -> PodSnapshot | None:
         key = uid_key(uid)

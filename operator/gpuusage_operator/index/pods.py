@@ -284,8 +284,9 @@ class PodLookup:
     """
 
     def __init__(self, kept: KeptLookup | None = None, plain: PlainLookup | None = None) -> None:
-        self._kept: KeptLookup = kept or _Nobody()
-        self._plain: PlainLookup = plain or _Nobody()
+        # `is None`, not falsiness: an index empty now is still read when pods come.
+        self._kept: KeptLookup = kept if kept is not None else _Nobody()
+        self._plain: PlainLookup = plain if plain is not None else _Nobody()
 
     def by_container(self, container_id: str) -> PodSnapshot | None:
         """The pod keyed under this container ID: plain pods are not (a scan finds them)."""

@@ -71,12 +71,13 @@ class IndexState:
         new = snapshot_of(pod, self.rules)
         if new is None:
             return
+        # Put where it now belongs before leaving where it was: readers never miss it.
         if packable(new, pod):
-            self.kept.remove(uid)
             self.plain.put(new)
+            self.kept.remove(uid)
         else:
-            self.plain.remove(uid)
             self.kept.put(new)
+            self.plain.remove(uid)
         if event_type == "MODIFIED":
             nodes, marked = _difference(old, new)
             if nodes:

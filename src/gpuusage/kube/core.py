@@ -13,6 +13,7 @@ the keyword arguments the operator passes; the answer is the raw response, as
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes.client.exceptions import ApiException
 
@@ -115,11 +116,11 @@ def _content_type(method: str, body: Any) -> str:
 
 
 def _part(value: str) -> str:
-    """A name as one part of a path (names of pods, namespaces and nodes hold no '/', but a
-    caller's mistake must not reach another path)."""
+    """A name as one part of a path, quoted as CoreV1Api quotes it (names of pods, namespaces
+    and nodes hold no '/', but a caller's mistake must not reach another path)."""
     if not value or "/" in value or value in (".", ".."):
         raise ValueError(f"not a name: {value!r}")
-    return value
+    return quote(value, safe="")
 
 
 def _pod(name: str, namespace: str) -> str:
