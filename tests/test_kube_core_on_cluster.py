@@ -6,6 +6,7 @@ client's ApiException, and the module spares the operator CoreV1Api's import."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -124,10 +125,13 @@ def test_a_node_and_its_status_are_patched(api: client.ApiClient) -> None:
 
 
 def test_the_operator_is_built_without_core_v1_api() -> None:
-    """The reason for the module: constructing the operator imports no generated API class
-    but the four small ones it uses (CoreV1Api's import alone holds 22 MiB)."""
+    """The reason for the module: building the operator, policy actions on, imports no
+    generated API class but the three small ones it uses (CoreV1Api's import alone holds
+    22 MiB). Clients before 37.0 import every class with the package: nothing to spare."""
     script = (
         "import sys, pathlib\n"
+        "import kubernetes.client\n"
+        "before = set(sys.modules)\n"
         "from gpuusage_operator.main import Operator\n"
         "from gpuusage_operator.settings import OperatorSettings\n"
         "config = pathlib.Path(sys.argv[1])\n"
@@ -135,16 +139,23 @@ def test_the_operator_is_built_without_core_v1_api() -> None:
         '{server: "https://127.0.0.1:1"}}]\\nusers: [{name: u, user: {token: t}}]\\n'
         "contexts: [{name: x, context: {cluster: c, user: u}}]\\ncurrent-context: x\\n')\n"
         "Operator(OperatorSettings(kubeconfig=config, standalone=True, policy_actions=True))\n"
-        "print(sorted(m for m in sys.modules if m.startswith('kubernetes.client.api.')))\n"
+        "new = set(sys.modules) - before\n"
+        "print(sorted(m for m in new if m.startswith('kubernetes.client.api.')))\n"
+        "print(len([m for m in before if m.startswith('kubernetes.client.api.')]))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script, "/tmp/gpuusage-core-test.kubeconfig"],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
-    assert json.loads(out.replace("'", '"')) == [
-        "kubernetes.client.api.coordination_v1_api",
-        "kubernetes.client.api.custom_objects_api",
-        "kubernetes.client.api.events_v1_api",
-    ]
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ).stdout.splitlines()
+    imported, with_the_package = json.loads(out[0].replace("'", '"')), int(out[1])
+    if with_the_package:
+        assert imported == [], "this client imports every API class with the package"
+    else:
+        assert imported == [
+            "kubernetes.client.api.coordination_v1_api",
+            "kubernetes.client.api.custom_objects_api",
+            "kubernetes.client.api.events_v1_api",
+        ]

@@ -36,6 +36,7 @@ SURFACE = [
     "tests/test_allocation_on_cluster.py",
     "tests/test_dra_versions_on_cluster.py",
     "tests/test_lease_on_cluster.py",
+    "tests/test_kube_core_on_cluster.py",
 ]
 """Tests that exercise what each dependency offers: NVML structs and calls, pydantic models and
 the CRD they render, the client's patch/list/watch calls (kubernetes, kopf), HTTP/2 (h2)."""

@@ -7,7 +7,8 @@ reports"). `CoreApi` sends those requests as `CoreV1Api` does, through the same 
 (its configuration, credentials, connection pool and fence), with the same method names and
 the keyword arguments the operator passes; the answer is the raw response, as
 `_preload_content=False` gives it (see raw), read by the caller or dropped. A status outside
-2xx raises the client's ApiException, as `CoreV1Api` does.
+2xx raises the client's ApiException, as `CoreV1Api` does. The client's ApiClient changed its
+calls in 37.0; both it and the earlier one (the lowest supported, 36.0) are served.
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ class CoreApi:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or _content_type(method, body)
+        if not hasattr(self.api_client, "param_serialize"):
+            # The client before 37.0 (generated otherwise): one call, which raises
+            # ApiException itself and answers the unread urllib3 response.
+            return self.api_client.call_api(
+                path,
+                method,
+                query_params=query,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
         request = self.api_client.param_serialize(
             method=method,
             resource_path=path,
