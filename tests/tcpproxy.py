@@ -57,7 +57,7 @@ class TcpProxy:
                     if not data:
                         return
                     peers[sock].sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # closed meanwhile (cut, close): select refuses fd -1
             return
         finally:
             for sock in (a, b):
