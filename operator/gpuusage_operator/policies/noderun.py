@@ -24,7 +24,7 @@ from gpuusage.api.times import format_time
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderule import NodeMarks, due_of, node_step
-from gpuusage_operator.policies.run import PolicyRunner
+from gpuusage_operator.policies.run import PARTIAL_RETRY, PolicyRunner
 from gpuusage_operator.writers.marks import PodEvent
 
 AGAIN = timedelta(seconds=10)
@@ -69,7 +69,7 @@ class NodeRunner:
         """Take the node rule's step about the node; when to look again."""
         watch = self.runner.watch
         if not watch.synced:
-            return None
+            return now + PARTIAL_RETRY  # a partial view neither acts nor cancels
         found = watch.node_rule()
         policy, rule = found if found is not None else (None, None)
         if rule is None and self.marker is None:

@@ -51,6 +51,10 @@ WHAT = {
 }
 BLOCKED_RETRY = timedelta(minutes=1)
 """How long after an action refused for now (a PodDisruptionBudget) it is tried again."""
+PARTIAL_RETRY = timedelta(seconds=1)
+"""How soon a subject met while the policies are being listed (again, after the API was
+away) is looked at again: its report may not change for a long time, and a step due meanwhile
+(an announcement's deadline) must not wait for that."""
 
 
 class Subject(Protocol):
@@ -110,7 +114,7 @@ class PolicyRunner:
         """Take the covering policy's next step about the pod, whose finding the judge
         observed as `seen` and its marks now state; when to look again."""
         if not self.watch.synced:
-            return None  # a partial view neither acts nor cancels
+            return now + PARTIAL_RETRY  # a partial view neither acts nor cancels
         ours = pod.our_annotations
         shown = decode(ours.get(names.ANNOTATION_POLICY_ACTION))
         policy, namespace_exempt = self.watch.covering(pod.namespace, dict(pod.labels))
