@@ -128,11 +128,15 @@ class Actor:
     def _scale_to_zero(self, namespace: str, meta: Mapping[str, Any]) -> Result:
         owner = controller_of(meta)
         if owner is not None and owner.kind in ("ReplicaSet", "StatefulSet"):
-            plural = {"ReplicaSet": "replicasets", "StatefulSet": "statefulsets"}[owner.kind]
             above = controller_of(
                 _read(
                     self._custom.get_namespaced_custom_object(
-                        "apps", "v1", namespace, plural, owner.name, _preload_content=False
+                        "apps",
+                        "v1",
+                        namespace,
+                        SCALABLE[owner.kind],
+                        owner.name,
+                        _preload_content=False,
                     )
                 )
             )
@@ -143,13 +147,8 @@ class Actor:
         if owner is None or owner.kind not in SCALABLE:
             return Result("NotApplicable", "no Deployment, StatefulSet or ReplicaSet owns the pod")
         body = {"spec": {"replicas": 0}}
-        plural = {
-            "Deployment": "deployments",
-            "StatefulSet": "statefulsets",
-            "ReplicaSet": "replicasets",
-        }[owner.kind]
         self._custom.patch_namespaced_custom_object_scale(
-            "apps", "v1", namespace, plural, owner.name, body
+            "apps", "v1", namespace, SCALABLE[owner.kind], owner.name, body
         )
         return Result("Done", f"scaled {owner.kind} {namespace}/{owner.name} to zero")
 
