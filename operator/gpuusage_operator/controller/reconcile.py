@@ -51,7 +51,7 @@ from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.judge.restarts import RESTART_GRACE
 from gpuusage_operator.policies.noderun import NodeRunner
-from gpuusage_operator.policies.run import PolicyRunner
+from gpuusage_operator.policies.run import STATUS_RETRY, PolicyRunner
 from gpuusage_operator.writers.pods import PodMarker
 from gpuusage_operator.writers.status import echo_version, write_status
 
@@ -239,8 +239,8 @@ class Reconciler:
             )
             if due is not None:
                 wake.append(due)
-        if self.policies is not None:
-            self.policies.flush()
+        if self.policies is not None and self.policies.flush():
+            wake.append(now + STATUS_RETRY)  # some decisions are not in their status yet
         if previous is None or previous != status:  # the bodies are built only to be compared
             wanted = status.to_patch()
             known = None if previous is None else previous.to_patch()
@@ -326,6 +326,8 @@ class Reconciler:
         freshness, where their pods were seen and since when they were absent, what it wrote,
         its echoes)."""
         self.marker.forget_written()
+        if self.policies is not None:
+            self.policies.forget_written()
         self.book.unjudge()
         self.liveness.reset()
         self._seen_on.clear()

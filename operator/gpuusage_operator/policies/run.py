@@ -55,6 +55,9 @@ PARTIAL_RETRY = timedelta(seconds=1)
 """How soon a subject met while the policies are being listed (again, after the API was
 away) is looked at again: its report may not change for a long time, and a step due meanwhile
 (an announcement's deadline) must not wait for that."""
+STATUS_RETRY = timedelta(seconds=5)
+"""How soon decisions whose policy's status could not be read or written are written again
+(the reconcile that took them is run again then, though its report does not change)."""
 
 
 class Subject(Protocol):
@@ -296,9 +299,13 @@ class PolicyRunner:
             self._pending.setdefault(policy, []).append(decision)
             self.decided[policy, subject.action, outcome] += 1
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """Write the decisions taken since the last flush into their policies' status (newest
-        first, at most MAX_DECISIONS), with the mode, the rules and the actions taken."""
+        first, at most MAX_DECISIONS), with the mode, the rules and the actions taken; whether
+        some wait for a later flush. A status that cannot be read or written keeps its
+        decisions for the next flush, and is read back before it: a write whose answer was
+        lost may have landed, and a decision it already lists is neither listed nor counted
+        twice (a fault leaves the status behind, never wrong)."""
         with self._lock:
             pending, self._pending = self._pending, {}
         known = self.watch.policies.state.ids()
@@ -310,17 +317,24 @@ class PolicyRunner:
             shown = policy is not None and self._shown.get(name) == policy.generation
             if policy is not None and policy.observed != policy.generation and not shown:
                 pending[name] = []  # new or changed: its mode and rules are shown at once
+        waiting = False
         for name, decisions in pending.items():
             policy = self.watch.policy(name)
             if policy is None:
                 continue
-            earlier, taken = self._written.get(name) or self._stored(name)
+            base = self._written.get(name) or self._stored(name)
+            if base is None:
+                waiting = self._keep(name, decisions) or waiting
+                continue
+            earlier, taken = base
             fresh = [
-                d.model_dump(by_alias=True, mode="json", exclude_defaults=True)
+                dumped
                 for d in reversed(decisions)
+                if (dumped := d.model_dump(by_alias=True, mode="json", exclude_defaults=True))
+                not in earlier
             ]
             listed = (fresh + earlier)[:MAX_DECISIONS]
-            taken += sum(1 for d in decisions if d.done)
+            taken += sum(1 for d in fresh if d.get("done"))
             now = max((d.decided_at for d in decisions), default=self.clock())
             status = {
                 "observedGeneration": policy.generation,
@@ -340,19 +354,38 @@ class PolicyRunner:
                 )
             except Exception as exc:  # the status is a record; the pods carry the truth
                 log.warning("GpuUsagePolicy %s: status not written: %s", name, exc)
+                self._written.pop(name, None)  # it may have landed: read back next time
                 if not decisions:  # its mode and rules alone: tried again when it changes
                     self._shown[name] = policy.generation
+                waiting = self._keep(name, decisions) or waiting
                 continue
             self._written[name] = (listed, taken)
             self._shown[name] = policy.generation
+        return waiting
 
-    def _stored(self, name: str) -> tuple[list[dict[str, Any]], int]:
-        """What the policy's status held when first written by this replica."""
+    def _keep(self, name: str, decisions: list[Decision]) -> bool:
+        """Decisions not written yet wait for the next flush, before those taken since."""
+        if not decisions:
+            return False
+        with self._lock:
+            self._pending[name] = decisions + self._pending.get(name, [])
+        return True
+
+    def forget_written(self) -> None:
+        """This replica acts again after standing by: another may have written the policies'
+        status meanwhile, so each is read back before this one writes it again."""
+        self._written.clear()
+        self._shown.clear()
+
+    def _stored(self, name: str) -> tuple[list[dict[str, Any]], int] | None:
+        """What the policy's status holds now (None: it cannot be read, so it is not written
+        either: what it lists and counts would be lost)."""
         try:
             body = self.custom.get_cluster_custom_object_status(
                 names.GROUP, names.VERSION, names.POLICY_PLURAL, name
             )
-        except Exception:  # a status that cannot be read starts afresh
-            return [], 0
+        except Exception as exc:
+            log.warning("GpuUsagePolicy %s: status not read, written later: %s", name, exc)
+            return None
         status = (body or {}).get("status") or {}
         return list(status.get("decisions") or []), int(status.get("actionsTaken") or 0)
