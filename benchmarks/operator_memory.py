@@ -20,8 +20,10 @@ a pod costs. With --sizes, the deep size of each of the operator's structures on
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import multiprocessing
+import os
 import sys
 import tempfile
 import threading
@@ -104,6 +106,66 @@ def report_sizes(name: str, obj: object, reports: int, level: int = 0) -> None:
             report_sizes(key, value, reports, level + 1)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def report_allocators() -> None:
+    """Who holds the resident pages: the mappings by kind (smaps), glibc's heap in use and
+    free (mallinfo2), and pymalloc's arenas (in use and free, from sys._debugmallocstats)."""
+    kinds: dict[str, int] = {}
+    kind = ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:
+            path = head[5] if len(head) > 5 else ""
+            kind = (
+                "heap"
+                if path == "[heap]"
+                else "stack"
+                if "stack" in path
+                else ("file" if path.startswith("/") else "anonymous")
+            )
+        elif head[0] == "Rss:":
+            kinds[kind] = kinds.get(kind, 0) + int(head[1])
+    print("resident by mapping: " + ", ".join(f"{k} {v / 1024:.1f} MiB" for k, v in kinds.items()))
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    print(
+        f"glibc: heap {info.arena / 2**20:.1f} MiB ({info.uordblks / 2**20:.1f} in use, "
+        f"{info.fordblks / 2**20:.1f} free), mmapped {info.hblkhd / 2**20:.1f} MiB"
+    )
+    with tempfile.TemporaryFile("w+") as out:  # it writes to the C stderr
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        stats = out.read()
+    wanted = ("arenas allocated current", "bytes in allocated blocks", "bytes in available")
+    for line in stats.splitlines():
+        if line.startswith("#") and any(w in line for w in wanted):
+            print("pymalloc:", " ".join(line[1:].split()))
+
+
 def build_world(
     kubeconfig: Path, nodes: int, pods_per_node: int, built: Any, annotated: Any
 ) -> None:
@@ -128,6 +190,7 @@ def main() -> None:
     parser.add_argument("--pods-per-node", type=int, default=1)
     parser.add_argument("--trace", action="store_true", help="also trace the live heap")
     parser.add_argument("--sizes", action="store_true", help="the structures' deep sizes")
+    parser.add_argument("--malloc", action="store_true", help="pymalloc's arenas and pools")
     args = parser.parse_args()
     pods = args.nodes * args.pods_per_node
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,6 +239,8 @@ def main() -> None:
                 report_heap(before, args.nodes, pods)
             if args.sizes:
                 report_sizes("operator", operator, args.nodes)
+            if args.malloc:
+                report_allocators()
             stop.set()
             thread.join(30)
             world.terminate()
