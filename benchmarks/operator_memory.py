@@ -10,11 +10,14 @@ of the live Python heap (tracemalloc, which slows the run several times and infl
 resident figure, so the two are measured in separate runs), by file and by allocation site.
 Comparing worlds with the same pods and more reports separates what a report costs from what
 a pod costs. With --sizes, the deep size of each of the operator's structures once converged
-(objects shared by two structures are counted in each).
+(objects shared by two structures are counted in each). With --malloc, who holds the resident
+pages once converged: the mappings by kind, glibc's heap (in use and free) and pymalloc's
+arenas (blocks in use and free), which tells the live state from what the allocators keep.
 
     python benchmarks/operator_memory.py --nodes 2000 --pods-per-node 1
     python benchmarks/operator_memory.py --nodes 500 --pods-per-node 4 --trace
     python benchmarks/operator_memory.py --nodes 2000 --pods-per-node 1 --sizes
+    python benchmarks/operator_memory.py --nodes 5000 --pods-per-node 1 --malloc
 """
 
 from __future__ import annotations
@@ -190,6 +193,7 @@ def main() -> None:
     parser.add_argument("--pods-per-node", type=int, default=1)
     parser.add_argument("--trace", action="store_true", help="also trace the live heap")
     parser.add_argument("--sizes", action="store_true", help="the structures' deep sizes")
+    parser.add_argument("--workers", type=int, default=16, help="the operator's --workers")
     parser.add_argument("--malloc", action="store_true", help="pymalloc's arenas and pools")
     args = parser.parse_args()
     pods = args.nodes * args.pods_per_node
@@ -216,7 +220,10 @@ def main() -> None:
                 before = tracemalloc.take_snapshot()
             stop, ready = threading.Event(), threading.Event()
             settings = OperatorSettings(
-                kubeconfig=cluster.kubeconfig, standalone=True, stale_after=3600
+                kubeconfig=cluster.kubeconfig,
+                standalone=True,
+                stale_after=3600,
+                workers=args.workers,
             )
             operator = Operator(settings)
             thread = threading.Thread(target=operator.run, args=(stop, ready), daemon=True)
