@@ -341,16 +341,19 @@ def test_rate_limits_count_a_sliding_hour_per_policy_and_across_the_cluster() ->
     assert next_allowed("b", acted, per_policy=1, cluster=10, now=now) is None  # aged out
     assert next_allowed("b", acted, per_policy=1, cluster=3, now=now) == minutes[0] + WINDOW
     assert next_allowed("c", acted, per_policy=5, cluster=4, now=now) is None
-    assert recent([now + timedelta(seconds=1), *minutes], now) == minutes
+    # a time after now counts: another worker's action, whose reconcile began later
+    ahead = now + timedelta(seconds=1)
+    assert recent([ahead, *minutes], now) == [*minutes, ahead]
+    assert next_allowed("a", {"a": [ahead]}, per_policy=1, cluster=10, now=now) == ahead + WINDOW
 
 
-def test_a_policys_counted_actions_follow_its_status_without_judging_pods_again() -> None:
+def test_a_policys_status_is_read_back_without_judging_pods_again() -> None:
     calls: list[str] = []
     policies = PolicyState(lambda: calls.append("policy"))
     rules = {"rules": [{"finding": "HoldingIdleGPU", "action": "Notify"}]}
     policies.apply("ADDED", {**_object("p"), "spec": rules})
-    stamp = "2026-01-01T10:00:00Z"
-    written = {"actedAt": [stamp, "not a time"]}
+    assert policies.policies["p"].observed is None
+    written = {"observedGeneration": 1, "actedAt": ["2026-01-01T10:00:00Z"]}
     policies.apply("MODIFIED", {**_object("p"), "spec": rules, "status": written})
     assert calls == ["policy"]
-    assert policies.policies["p"].acted == (datetime(2026, 1, 1, 10, tzinfo=UTC),)
+    assert policies.policies["p"].observed == 1

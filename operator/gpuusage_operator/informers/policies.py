@@ -11,14 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from gpuusage.api import names
 from gpuusage.api.policy import GpuUsagePolicySpec, NodeRule
-from gpuusage.api.times import parse_time
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.informer import (
     WATCH_IDLE,
@@ -36,21 +34,15 @@ class Policy:
     name: str
     generation: int
     spec: GpuUsagePolicySpec
-    acted: tuple[datetime, ...] = ()
-    """status.actedAt: the enforced actions of the last hour, as last written."""
     observed: int | None = None
     """status.observedGeneration: the generation whose mode and rules the status shows."""
 
 
 def _written(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the policy's status says that the operator reads back: actedAt, observedGeneration."""
-    status = obj.get("status") or {}
-    found = (parse_time(t) for t in status.get("actedAt") or [])
-    observed = status.get("observedGeneration")
-    return {
-        "acted": tuple(t for t in found if t is not None),
-        "observed": observed if isinstance(observed, int) else None,
-    }
+    """What the policy's status says that the operator reads back: observedGeneration (the
+    actions it counts are read from the apiserver itself when needed: see policies.run)."""
+    observed = (obj.get("status") or {}).get("observedGeneration")
+    return {"observed": observed if isinstance(observed, int) else None}
 
 
 class PolicyState:

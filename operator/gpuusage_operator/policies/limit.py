@@ -20,8 +20,9 @@ COUNTED = frozenset({"ScaleToZero", "Suspend", "DeletePod", "Evict", "Taint"})
 
 
 def recent(times: Iterable[datetime], now: datetime) -> list[datetime]:
-    """The times within the window ending now, oldest first."""
-    return sorted(t for t in times if now - WINDOW < t <= now)
+    """The times within the window ending now, oldest first (and any after now: another
+    worker's, whose reconcile began later, or another replica's with its clock ahead)."""
+    return sorted(t for t in times if now - WINDOW < t)
 
 
 def next_allowed(

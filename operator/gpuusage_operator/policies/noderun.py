@@ -100,14 +100,21 @@ class NodeRunner:
             return None
         wanted = step.wanted
         later = None
+        counted = False  # a taint set now is counted before it is set (see reserve)
         if wanted.tainted and not marks.tainted and name:
-            later = self.runner.allowed(name, now)
-            if later is not None:
+            slot = self.runner.reserve(name, now)
+            if slot.retry is not None and not slot.limited:
+                return slot.retry  # the counts could not be read or written: nothing done
+            counted = slot.retry is None
+            if slot.limited:
+                later = slot.retry
                 self._once(node, "RateLimited", "taint rate-limited", now, about)
                 wanted = NodeMarks(condition=wanted.condition, tainted=False)
                 if wanted == marks:
                     return later
         result = self.marker.write(node, wanted, _message(orphaned, wanted), now)
+        if counted and result.outcome != "Done":
+            self.runner.release(name, now)
         if result.outcome == "Refused":  # a write that raced another's, or throttled
             return now + AGAIN
         if result.outcome == "Gone":
@@ -117,8 +124,6 @@ class NodeRunner:
             return None
         with self._lock:
             self._known[node] = (wanted, now)
-        if wanted.tainted and not marks.tainted and name:
-            self.runner.count_action(name, now)
         outcome: PolicyOutcome = "Done" if step.kind == "Mark" else "Cleared"
         self._once(node, outcome, _message(orphaned, wanted), now, about)
         return later

@@ -28,7 +28,8 @@ from gpuusage.api import names
 from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec, Target
 from gpuusage.api.reasons import PolicyOutcome, policy_event_reason
-from gpuusage.api.times import format_time
+from gpuusage.api.times import format_time, parse_time
+from gpuusage.kube.errors import NotFound, translate
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.informers.policies import PolicyWatch
 from gpuusage_operator.judge.findings import Observation
@@ -58,6 +59,15 @@ away) is looked at again: its report may not change for a long time, and a step 
 STATUS_RETRY = timedelta(seconds=5)
 """How soon decisions whose policy's status could not be read or written are written again
 (the reconcile that took them is run again then, though its report does not change)."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What reserving an action gave: taken (retry None), or when to try again, for the rate
+    limits (limited) or because the counts could not be read or written."""
+
+    retry: datetime | None = None
+    limited: bool = False
 
 
 class Subject(Protocol):
@@ -109,9 +119,12 @@ class PolicyRunner:
     _pending: dict[str, list[Decision]] = field(default_factory=dict)
     _written: dict[str, tuple[list[dict[str, Any]], int]] = field(default_factory=dict)
     _acted: dict[str, list[datetime]] = field(default_factory=dict)
+    """Each policy's counted actions, by policy (see _counted)."""
     _shown: dict[str, int] = field(default_factory=dict)
     """The generation whose mode and rules this replica last wrote, by policy."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _reserving: threading.Lock = field(default_factory=threading.Lock)
+    """Held while the counted actions are checked and written (see reserve)."""
 
     def visit(self, pod: PodSnapshot, seen: Observation, now: datetime) -> datetime | None:
         """Take the covering policy's next step about the pod, whose finding the judge
@@ -204,21 +217,28 @@ class PolicyRunner:
             self.record(pod, PodEvent("GPUPolicyNotice", note, "Warning"), note, now)
             self._record_pod_decision(pod, done, "Done", now)
             return done
-        allowed = self.allowed(announced.policy, now)
+        limited: datetime | None = None
         if self.actor is None:
             result = Result(
                 "NotPermitted",
                 "policy actions are not turned on (--policy-actions, with the install's "
                 "policy-actions part)",
             )
-        elif allowed is not None:
-            result = Result("RateLimited", "its actions per hour (policy or cluster) are spent")
         else:
-            result = self.actor.act(pod.namespace, pod.name, pod.uid, announced.action)
+            slot = self.reserve(announced.policy, now)
+            if slot.retry is not None and not slot.limited:
+                return replace(announced, due=slot.retry)  # not counted: nothing done or said
+            if slot.retry is not None:
+                limited = slot.retry
+                result = Result("RateLimited", "its actions per hour (policy or cluster) are spent")
+            else:
+                result = self.actor.act(pod.namespace, pod.name, pod.uid, announced.action)
+                if result.outcome != "Done":
+                    self.release(announced.policy, now)
         if result.outcome == "Gone":
             return None  # the pod or its owner went meanwhile: nothing to act on or say
         if result.outcome in ("Refused", "RateLimited"):
-            later = replace(announced, due=allowed or now + BLOCKED_RETRY)
+            later = replace(announced, due=limited or now + BLOCKED_RETRY)
             self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(later)})
             again = format_time(later.due)
             note = f"{head}: could not {what} yet: {result.detail}; trying again at {again}"
@@ -226,8 +246,6 @@ class PolicyRunner:
             self.record(pod, PodEvent(reason, note, "Warning"), note, now)
             self._record_pod_decision(pod, later, result.outcome, now)
             return later
-        if result.outcome == "Done":
-            self.count_action(announced.policy, now)
         self.annotate(pod, {names.ANNOTATION_POLICY_ACTION: encode(done)})
         reason = policy_event_reason(result.outcome)
         if result.outcome == "Done":
@@ -238,37 +256,84 @@ class PolicyRunner:
         self._record_pod_decision(pod, done, result.outcome, now)
         return done
 
-    def acted(self, now: datetime) -> dict[str, list[datetime]]:
-        """Each policy's enforced actions of the last hour: those its status lists (another
-        replica's, or this one's before a restart) and those this replica took since."""
+    def acted(self, now: datetime) -> dict[str, list[datetime]] | None:
+        """Each policy's counted actions of the last hour (None while one's status cannot be
+        read: the cluster-wide limit needs them all)."""
+        counted: dict[str, list[datetime]] = {}
+        existing = self.watch.policies.state.ids()
+        with self._lock:  # a policy gone counts for the cluster's limit while its times do
+            for gone in [n for n, t in self._acted.items() if n not in existing and not t]:
+                del self._acted[gone]
+            known = set(self._acted)
+        for name in known | existing:
+            times = self._counted(name, now)
+            if times is None:
+                return None
+            counted[name] = times
+        return counted
+
+    def _counted(self, name: str, now: datetime) -> list[datetime] | None:
+        """The policy's counted actions of the last hour: read from its status once (after a
+        start or a takeover: they are every replica's, as each is written there before it is
+        taken), then this replica's memory of them, as only the leader takes and writes them;
+        None while the status cannot be read."""
         with self._lock:
-            self._acted = {n: kept for n, t in self._acted.items() if (kept := recent(t, now))}
-            mine = {name: list(times) for name, times in self._acted.items()}
-        names_ = set(mine) | self.watch.policies.state.ids()
-        return {
-            name: recent(
-                set(mine.get(name, ())) | set(p.acted if (p := self.watch.policy(name)) else ()),
-                now,
+            times = self._acted.get(name)
+        if times is None:
+            stored = self._read_status(name)
+            if stored is None:
+                return None
+            read = (parse_time(t) for t in stored.get("actedAt") or [])
+            with self._lock:
+                times = self._acted.setdefault(name, [t for t in read if t is not None])
+        with self._lock:
+            times[:] = recent(times, now)
+            return list(times)
+
+    def reserve(self, policy: str, now: datetime) -> Slot:
+        """One of the policy's enforced actions, to be taken now: counted, in this replica and
+        in the policy's status, before it is taken, so that a replica that stops right after
+        it leaves the next leader a count of it (a slot counted for an action never taken errs
+        towards fewer actions, never more). Reservations are made one at a time, so two
+        workers never both take the last slot, and the status written lists each."""
+        with self._reserving:
+            counted = self.acted(now)
+            if counted is None:
+                return Slot(now + STATUS_RETRY)
+            found = self.watch.policy(policy)
+            later = next_allowed(
+                policy,
+                counted,
+                per_policy=found.spec.max_actions_per_hour if found is not None else 0,
+                cluster=self.cluster_actions_per_hour,
+                now=now,
             )
-            for name in names_
-        }
+            if later is not None:
+                return Slot(later, limited=True)
+            with self._lock:
+                self._acted.setdefault(policy, []).append(now)
+                times = list(self._acted[policy])
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    names.GROUP,
+                    names.VERSION,
+                    names.POLICY_PLURAL,
+                    policy,
+                    {"status": {"actedAt": [format_time(t) for t in times]}},
+                )
+            except Exception as exc:  # not counted where the next leader reads: not taken
+                log.warning("GpuUsagePolicy %s: action not counted, taken later: %s", policy, exc)
+                self.release(policy, now)
+                return Slot(now + STATUS_RETRY)
+            return Slot()
 
-    def count_action(self, policy: str, now: datetime) -> None:
-        """An enforced action that changed something was taken: the rate limits count it."""
+    def release(self, policy: str, now: datetime) -> None:
+        """The action reserved at `now` was not taken (refused, gone, not applicable): not
+        counted; the next status written drops it."""
         with self._lock:
-            self._acted.setdefault(policy, []).append(now)
-
-    def allowed(self, policy: str, now: datetime) -> datetime | None:
-        """None when the policy may act now; else when the rate limits let it."""
-        found = self.watch.policy(policy)
-        per_policy = found.spec.max_actions_per_hour if found is not None else 0
-        return next_allowed(
-            policy,
-            self.acted(now),
-            per_policy=per_policy,
-            cluster=self.cluster_actions_per_hour,
-            now=now,
-        )
+            times = self._acted.get(policy, [])
+            if now in times:
+                times.remove(now)
 
     def _record_pod_decision(
         self, pod: PodSnapshot, subject: Announcement, outcome: PolicyOutcome, now: datetime
@@ -336,22 +401,25 @@ class PolicyRunner:
             listed = (fresh + earlier)[:MAX_DECISIONS]
             taken += sum(1 for d in fresh if d.get("done"))
             now = max((d.decided_at for d in decisions), default=self.clock())
-            status = {
+            status: dict[str, Any] = {
                 "observedGeneration": policy.generation,
                 "mode": mode_of(policy.spec),
                 "rules": rules_of(policy.spec),
                 "actionsTaken": taken,
                 "decisions": listed,
-                "actedAt": [format_time(t) for t in self.acted(now).get(name, [])],
             }
             try:
-                self.custom.patch_cluster_custom_object_status(
-                    names.GROUP,
-                    names.VERSION,
-                    names.POLICY_PLURAL,
-                    name,
-                    {"status": status},
-                )
+                with self._reserving:  # no reservation written meanwhile is written over
+                    times = self._counted(name, now)
+                    if times is not None:  # else left as it is
+                        status["actedAt"] = [format_time(t) for t in times]
+                    self.custom.patch_cluster_custom_object_status(
+                        names.GROUP,
+                        names.VERSION,
+                        names.POLICY_PLURAL,
+                        name,
+                        {"status": status},
+                    )
             except Exception as exc:  # the status is a record; the pods carry the truth
                 log.warning("GpuUsagePolicy %s: status not written: %s", name, exc)
                 self._written.pop(name, None)  # it may have landed: read back next time
@@ -376,16 +444,27 @@ class PolicyRunner:
         status meanwhile, so each is read back before this one writes it again."""
         self._written.clear()
         self._shown.clear()
+        with self._lock:
+            self._acted.clear()
 
     def _stored(self, name: str) -> tuple[list[dict[str, Any]], int] | None:
-        """What the policy's status holds now (None: it cannot be read, so it is not written
-        either: what it lists and counts would be lost)."""
+        """What the policy's status lists and counts now (None: it cannot be read, so it is
+        not written either: what it lists and counts would be lost)."""
+        status = self._read_status(name)
+        if status is None:
+            return None
+        return list(status.get("decisions") or []), int(status.get("actionsTaken") or 0)
+
+    def _read_status(self, name: str) -> dict[str, Any] | None:
+        """The policy's status as the apiserver has it now ({} for a policy gone); None when
+        it cannot be read."""
         try:
             body = self.custom.get_cluster_custom_object_status(
                 names.GROUP, names.VERSION, names.POLICY_PLURAL, name
             )
         except Exception as exc:
-            log.warning("GpuUsagePolicy %s: status not read, written later: %s", name, exc)
+            if isinstance(translate(exc), NotFound):
+                return {}
+            log.warning("GpuUsagePolicy %s: status not read, tried again later: %s", name, exc)
             return None
-        status = (body or {}).get("status") or {}
-        return list(status.get("decisions") or []), int(status.get("actionsTaken") or 0)
+        return dict((body or {}).get("status") or {})
