@@ -211,5 +211,6 @@ class GpuUsagePolicyStatus(ApiModel):
     acted_at: Annotated[list[datetime], Field(max_length=MAX_ACTIONS_PER_HOUR)] = Field(
         default_factory=list
     )
-    """When the enforced actions of the last hour were taken (what the rate limits count, kept
-    here so that a restarted or another replica counts them too)."""
+    """When the enforced actions of the last hour were taken, each written just before it was
+    (what the rate limits count, kept here so that a restarted replica or the next leader
+    counts them too)."""
