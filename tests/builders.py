@@ -5,11 +5,13 @@ helpers."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import yaml
 
@@ -21,7 +23,9 @@ from gpuusage_operator.controller.reports import ReportBook
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_of
+from gpuusage_operator.informers.policies import PolicyState
 from gpuusage_operator.judge.freshness import Renewal
+from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.pods import pod_writer
 from tests.fakenvml import gpu_uuid
@@ -169,6 +173,64 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = apply_merge_patch(result.get(key), value)
     return result
+
+
+class PolicyStatusApi:
+    """A GpuUsagePolicy's status subresource in a dict (merge patches and reads, as the
+    apiserver applies them), with the faults of a real one: a write refused, a write that
+    lands but whose answer is lost, a read refused. For tests of the policies' bookkeeping
+    under faults; what the apiserver keeps is proven on it."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {}
+        self.refuse_writes = self.lose_answers = self.refuse_reads = False
+        self.writes = 0
+        self._lock = threading.Lock()
+
+    def patch_cluster_custom_object_status(self, *args: Any) -> Any:
+        if self.refuse_writes:
+            raise ConnectionError("refused")
+        with self._lock:
+            self.writes += 1
+            self.status = apply_merge_patch(self.status, args[-1]["status"])
+        if self.lose_answers:
+            raise TimeoutError("the answer was lost")
+        return {"status": self.status}
+
+    def get_cluster_custom_object_status(self, *args: Any) -> Any:
+        if self.refuse_reads:
+            raise ConnectionError("refused")
+        return {"status": dict(self.status)}
+
+
+def enforced_policy(name: str = "idle", limit: int = 10) -> dict[str, Any]:
+    """A GpuUsagePolicy as listed: evict pods holding GPUs idle, at most `limit` an hour."""
+    return {
+        "metadata": {"name": name, "generation": 1},
+        "spec": {
+            "maxActionsPerHour": limit,
+            "rules": [{"finding": "HoldingIdleGPU", "action": "Evict", "mode": "Enforce"}],
+        },
+    }
+
+
+def policy_runner(
+    api: PolicyStatusApi, now: datetime, *, limit: int = 10, cluster: int = 30
+) -> tuple[PolicyRunner, PolicyState]:
+    """The pods' policy runner over one enforced policy whose status lives in `api`, with the
+    state of its watch (to tell it of the policy's changes)."""
+    state = PolicyState()
+    state.apply("ADDED", {**enforced_policy(limit=limit), "status": {"observedGeneration": 1}})
+    watch = SimpleNamespace(policies=SimpleNamespace(state=state), policy=state.policies.get)
+    runner = PolicyRunner(
+        watch=cast(Any, watch),
+        custom=api,
+        annotate=lambda pod, patch: True,
+        record=lambda *a: None,
+        clock=lambda: now,
+        cluster_actions_per_hour=cluster,
+    )
+    return runner, state
 
 
 def one_process_scenario(path: Path, used: int) -> None:

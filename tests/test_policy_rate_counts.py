@@ -2,8 +2,8 @@
 status before it is taken: once its status comes back it is not counted a second time (the
 status holds whole seconds), a replica that stops right after acting leaves the next leader its
 count, an action not taken gives its slot back, and workers acting at once never both take the
-last slot. The status lives in a dict here (its faults are the point); what the apiserver keeps
-is proven in test_policies_on_cluster and test_operator_ha."""
+last slot. The status lives in a dict here (builders.PolicyStatusApi: its faults are the
+point); what the apiserver keeps is proven in test_policies_on_cluster and test_operator_ha."""
 
 from __future__ import annotations
 
@@ -14,61 +14,24 @@ from typing import Any, cast
 
 from gpuusage_operator.informers.policies import PolicyState
 from gpuusage_operator.policies.run import STATUS_RETRY, PolicyRunner, Slot
+from tests.builders import PolicyStatusApi, enforced_policy, policy_runner
 
 NOW = datetime(2026, 11, 27, 12, 0, 30, 123456, tzinfo=UTC)
 
 
-def policy(limit: int) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "idle", "generation": 1},
-        "spec": {
-            "maxActionsPerHour": limit,
-            "rules": [{"finding": "HoldingIdleGPU", "action": "Evict", "mode": "Enforce"}],
-        },
-    }
-
-
-class StatusApi:
-    """The policy's status subresource: merge patches of its fields, reads, and faults."""
-
-    def __init__(self) -> None:
-        self.status: dict[str, Any] = {}
-        self.refuse_writes = self.refuse_reads = False
-        self.lock = threading.Lock()
-
-    def patch_cluster_custom_object_status(self, *args: Any) -> Any:
-        if self.refuse_writes:
-            raise ConnectionError("refused")
-        with self.lock:
-            self.status = {**self.status, **args[-1]["status"]}
-        return {"status": self.status}
-
-    def get_cluster_custom_object_status(self, *args: Any) -> Any:
-        if self.refuse_reads:
-            raise ConnectionError("refused")
-        return {"status": dict(self.status)}
-
-
-def replica(api: StatusApi, limit: int, cluster: int = 30) -> tuple[PolicyRunner, PolicyState]:
-    state = PolicyState()
-    state.apply("ADDED", policy(limit))
-    watch = SimpleNamespace(policies=SimpleNamespace(state=state), policy=state.policies.get)
-    runner = PolicyRunner(
-        watch=cast(Any, watch),
-        custom=api,
-        annotate=lambda pod, patch: True,
-        record=lambda *a: None,
-        clock=lambda: NOW,
-        cluster_actions_per_hour=cluster,
-    )
-    return runner, state
+def replica(
+    api: PolicyStatusApi, limit: int, cluster: int = 30
+) -> tuple[PolicyRunner, PolicyState]:
+    return policy_runner(api, NOW, limit=limit, cluster=cluster)
 
 
 def test_an_action_is_counted_once_after_its_status_comes_back() -> None:
-    api = StatusApi()
+    api = PolicyStatusApi()
     runner, state = replica(api, limit=2)
     assert runner.reserve("idle", NOW) == Slot()
-    state.apply("MODIFIED", {**policy(2), "status": api.status})  # the echo, whole seconds
+    state.apply(
+        "MODIFIED", {**enforced_policy(limit=2), "status": api.status}
+    )  # the echo, whole seconds
     later = NOW + timedelta(minutes=1)
     assert runner.acted(later) == {"idle": [NOW]}
     assert runner.reserve("idle", later) == Slot(), "the second of two allowed"
@@ -77,7 +40,7 @@ def test_an_action_is_counted_once_after_its_status_comes_back() -> None:
 
 
 def test_an_action_is_counted_in_the_status_before_it_is_taken() -> None:
-    api = StatusApi()
+    api = PolicyStatusApi()
     first, _ = replica(api, limit=1)
     assert first.reserve("idle", NOW) == Slot()
     assert api.status["actedAt"] == ["2026-11-27T12:00:30Z"]
@@ -89,7 +52,7 @@ def test_an_action_is_counted_in_the_status_before_it_is_taken() -> None:
 
 
 def test_an_action_whose_count_cannot_be_written_is_not_taken() -> None:
-    api = StatusApi()
+    api = PolicyStatusApi()
     runner, _ = replica(api, limit=1)
     api.refuse_writes = True
     assert runner.reserve("idle", NOW) == Slot(NOW + STATUS_RETRY)
@@ -99,7 +62,7 @@ def test_an_action_whose_count_cannot_be_written_is_not_taken() -> None:
 
 
 def test_counts_that_cannot_be_read_take_no_action_and_write_no_count() -> None:
-    api = StatusApi()
+    api = PolicyStatusApi()
     api.status = {"actedAt": ["2026-11-27T12:00:00Z"]}
     runner, _ = replica(api, limit=2)
     api.refuse_reads = True
@@ -112,7 +75,7 @@ def test_counts_that_cannot_be_read_take_no_action_and_write_no_count() -> None:
 
 
 def test_an_action_not_taken_gives_its_slot_back_and_the_next_status_drops_it() -> None:
-    api = StatusApi()
+    api = PolicyStatusApi()
     runner, _ = replica(api, limit=1)
     assert runner.reserve("idle", NOW) == Slot()
     runner.release("idle", NOW)  # refused by a PodDisruptionBudget, say
@@ -129,7 +92,7 @@ def test_an_action_not_taken_gives_its_slot_back_and_the_next_status_drops_it() 
 
 
 def test_a_replica_that_leads_again_counts_what_the_status_holds() -> None:
-    api = StatusApi()
+    api = PolicyStatusApi()
     runner, _ = replica(api, limit=3)
     assert runner.reserve("idle", NOW) == Slot()
     other = "2026-11-27T12:01:00Z"  # another replica's, while this one stood by
@@ -143,7 +106,7 @@ def test_a_replica_that_leads_again_counts_what_the_status_holds() -> None:
 
 
 def test_workers_acting_at_once_never_take_more_slots_than_the_limit() -> None:
-    api = StatusApi()
+    api = PolicyStatusApi()
     runner, _ = replica(api, limit=50, cluster=7)
     start = threading.Barrier(16)
     taken: list[Slot] = []

@@ -2,7 +2,7 @@
 the decisions wait for the next flush, and the status is read back before it (a write whose
 answer was lost may have landed; another replica may have written while this one stood by).
 The status as the apiserver keeps it is proven in test_policies_on_cluster; here the API's
-faults are the point, so the status lives in a dict."""
+faults are the point, so the status lives in a dict (builders.PolicyStatusApi)."""
 
 from __future__ import annotations
 
@@ -11,52 +11,15 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from gpuusage.api.policy import Target
-from gpuusage_operator.informers.policies import PolicyState
 from gpuusage_operator.policies.run import PolicyRunner
+from tests.builders import PolicyStatusApi, policy_runner
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
-POLICY = {
-    "metadata": {"name": "idle", "generation": 1},
-    "spec": {"rules": [{"finding": "HoldingIdleGPU", "action": "Evict", "mode": "Enforce"}]},
-}
 
 
-class StatusApi:
-    """The policies' status subresource, with the faults of a real one: a write refused, a
-    write that lands but whose answer is lost, a read refused."""
-
-    def __init__(self) -> None:
-        self.status: dict[str, Any] = {}
-        self.refuse_writes = self.lose_answers = self.refuse_reads = False
-        self.writes = 0
-
-    def patch_cluster_custom_object_status(self, *args: Any) -> Any:
-        if self.refuse_writes:
-            raise ConnectionError("refused")
-        self.writes += 1
-        self.status = dict(args[-1]["status"])
-        if self.lose_answers:
-            raise TimeoutError("the answer was lost")
-        return {"status": self.status}
-
-    def get_cluster_custom_object_status(self, *args: Any) -> Any:
-        if self.refuse_reads:
-            raise ConnectionError("refused")
-        return {"status": self.status}
-
-
-def runner() -> tuple[PolicyRunner, StatusApi]:
-    state = PolicyState()
-    state.apply("ADDED", {**POLICY, "status": {"observedGeneration": 1}})
-    watch = SimpleNamespace(policies=SimpleNamespace(state=state), policy=state.policies.get)
-    api = StatusApi()
-    policies = PolicyRunner(
-        watch=cast(Any, watch),
-        custom=api,
-        annotate=lambda pod, patch: True,
-        record=lambda *a: None,
-        clock=lambda: NOW,
-    )
+def runner() -> tuple[PolicyRunner, PolicyStatusApi]:
+    api = PolicyStatusApi()
+    policies, _ = policy_runner(api, NOW)
     return policies, api
 
 
@@ -66,7 +29,7 @@ def decide(policies: PolicyRunner, pod: str, at: datetime, outcome: str = "Done"
     policies.record_decision("idle", target, subject, cast(Any, outcome), at)
 
 
-def listed(api: StatusApi) -> list[tuple[str, str]]:
+def listed(api: PolicyStatusApi) -> list[tuple[str, str]]:
     return [(d["target"]["name"], d["outcome"]) for d in api.status.get("decisions", [])]
 
 
