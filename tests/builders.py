@@ -6,6 +6,7 @@ helpers."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.api.models import Source
@@ -176,46 +178,68 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
 
 
 class PolicyStatusApi:
-    """A GpuUsagePolicy's status subresource in a dict (merge patches and reads, as the
-    apiserver applies them), with the faults of a real one: a write refused, a write that
-    lands but whose answer is lost, a read refused. For tests of the policies' bookkeeping
-    under faults; what the apiserver keeps is proven on it."""
+    """A GpuUsagePolicy's status subresource in a dict, as the apiserver serves it: merge
+    patches (refused with 409 when they name a resourceVersion that is not the latest), reads,
+    each answering the object with its resourceVersion; with the faults of a real one: a write
+    refused, a write that lands but whose answer is lost, a read refused, and `delay` seconds
+    a request (so that workers overlap). For tests of the policies' bookkeeping under faults;
+    what the apiserver keeps is proven on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
         self.status: dict[str, Any] = {}
+        self.version = 1
         self.refuse_writes = self.lose_answers = self.refuse_reads = False
         self.writes = 0
+        self.delay = delay
         self._lock = threading.Lock()
 
+    def write_elsewhere(self, status: dict[str, Any]) -> None:
+        """Another replica (or a person) merges this into the status."""
+        with self._lock:
+            self.status = apply_merge_patch(self.status, status)
+            self.version += 1
+
+    def _answer(self) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": str(self.version)}, "status": dict(self.status)}
+
     def patch_cluster_custom_object_status(self, *args: Any) -> Any:
+        time.sleep(self.delay)
         if self.refuse_writes:
             raise ConnectionError("refused")
+        body = args[-1]
         with self._lock:
+            named = body.get("metadata", {}).get("resourceVersion")
+            if named is not None and named != str(self.version):
+                raise ApiException(status=409, reason="Conflict")
             self.writes += 1
-            self.status = apply_merge_patch(self.status, args[-1]["status"])
+            self.status = apply_merge_patch(self.status, body["status"])
+            self.version += 1
+            answer = self._answer()
         if self.lose_answers:
             raise TimeoutError("the answer was lost")
-        return {"status": self.status}
+        return answer
 
     def get_cluster_custom_object_status(self, *args: Any) -> Any:
+        time.sleep(self.delay)
         if self.refuse_reads:
             raise ConnectionError("refused")
-        return {"status": dict(self.status)}
+        with self._lock:
+            return self._answer()
 
 
 def enforced_policy(name: str = "idle", limit: int = 10) -> dict[str, Any]:
-    """A GpuUsagePolicy as listed: evict pods holding GPUs idle, at most `limit` an hour."""
+    """A GpuUsagePolicy as listed: delete pods holding GPUs idle, at most `limit` an hour."""
     return {
         "metadata": {"name": name, "generation": 1},
         "spec": {
             "maxActionsPerHour": limit,
-            "rules": [{"finding": "HoldingIdleGPU", "action": "Evict", "mode": "Enforce"}],
+            "rules": [{"finding": "HoldingIdleGPU", "action": "DeletePod", "mode": "Enforce"}],
         },
     }
 
 
 def policy_runner(
-    api: PolicyStatusApi, now: datetime, *, limit: int = 10, cluster: int = 30
+    api: PolicyStatusApi, clock: Callable[[], datetime], *, limit: int = 10, cluster: int = 30
 ) -> tuple[PolicyRunner, PolicyState]:
     """The pods' policy runner over one enforced policy whose status lives in `api`, with the
     state of its watch (to tell it of the policy's changes)."""
@@ -227,7 +251,7 @@ def policy_runner(
         custom=api,
         annotate=lambda pod, patch: True,
         record=lambda *a: None,
-        clock=lambda: now,
+        clock=clock,
         cluster_actions_per_hour=cluster,
     )
     return runner, state

@@ -1,19 +1,25 @@
 """Policies on the real control plane: announced first (the pod's annotation and a Warning
 Event with the deadline), a dry run recorded once and nothing done, a Notify carried out, an
-exempt pod left alone, an announcement cancelled when its finding clears, and the decisions in
-the policy's status."""
+exempt pod left alone, an announcement cancelled when its finding clears, the decisions in
+the policy's status, and the ledger's counts on the status subresource."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
+from gpuusage.api.times import format_time
+from gpuusage_operator.informers.policies import PolicyState
+from gpuusage_operator.policies.ledger import STATUS_RETRY, PolicyLedger, Slot
 from gpuusage_operator.writers.budget import WriteBudget
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
@@ -423,3 +429,60 @@ def test_an_announcement_waits_for_the_budget_of_pod_writes_as_every_pod_write_d
     assert _announcement(world, "notebook") is None
     assert "GPUPolicyPending" not in events(world, "notebook")
     assert not _status(api, name).get("decisions")
+
+
+def test_the_ledger_counts_on_the_status_the_apiserver_has(
+    api: client.ApiClient, policy: PolicyMaker
+) -> None:
+    """The policies' ledger on the real status subresource: an action's count written before
+    it is taken; a merge patch naming an older resourceVersion refused (409), so a count built
+    on a status another leader changed meanwhile never writes over it; read back, the next
+    counts on top of it."""
+    custom = client.CustomObjectsApi(api)
+    name = f"ledger-{uuid.uuid4().hex[:6]}"
+    created = policy(
+        name,
+        {
+            "namespaceSelector": {"matchLabels": {"gpuusage.io/test": name}},  # selects none
+            "maxActionsPerHour": 3,
+            "rules": [{"finding": "HoldingIdleGPU", "action": "DeletePod", "mode": "Enforce"}],
+        },
+    )
+    state = PolicyState()
+    state.apply("ADDED", created)
+    watch = SimpleNamespace(policies=SimpleNamespace(state=state), policy=state.policies.get)
+    now = datetime.now(UTC)
+    book = PolicyLedger(cast(Any, watch), custom, lambda: now, cluster_actions_per_hour=30)
+
+    assert book.reserve(name) == Slot(at=now.replace(microsecond=0))
+    assert _status(api, name)["actedAt"] == [format_time(now)]
+
+    stale: Any = custom.get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, name
+    )
+    other = format_time(now - timedelta(seconds=30))
+    custom.patch_cluster_custom_object_status(  # another leader, without a version
+        names.GROUP,
+        names.VERSION,
+        names.POLICY_PLURAL,
+        name,
+        {"status": {"actedAt": [other, format_time(now)]}},
+    )
+    with pytest.raises(ApiException) as refused:
+        custom.patch_cluster_custom_object_status(
+            names.GROUP,
+            names.VERSION,
+            names.POLICY_PLURAL,
+            name,
+            {
+                "metadata": {"resourceVersion": stale["metadata"]["resourceVersion"]},
+                "status": {"actedAt": []},
+            },
+        )
+    assert refused.value.status == 409
+
+    assert book.reserve(name) == Slot(retry=now.replace(microsecond=0) + STATUS_RETRY)
+    assert _status(api, name)["actedAt"] == [other, format_time(now)], "not written over"
+    assert book.reserve(name) == Slot(at=now.replace(microsecond=0)), "read back, then counted"
+    assert _status(api, name)["actedAt"] == [other, format_time(now), format_time(now)]
+    assert book.reserve(name).limited

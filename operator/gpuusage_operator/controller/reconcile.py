@@ -50,8 +50,9 @@ from gpuusage_operator.judge.report import Judging, judge_report
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.judge.restarts import RESTART_GRACE
+from gpuusage_operator.policies.ledger import STATUS_RETRY
 from gpuusage_operator.policies.noderun import NodeRunner
-from gpuusage_operator.policies.run import STATUS_RETRY, PolicyRunner
+from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.writers.pods import PodMarker
 from gpuusage_operator.writers.status import echo_version, write_status
 
@@ -239,7 +240,7 @@ class Reconciler:
             )
             if due is not None:
                 wake.append(due)
-        if self.policies is not None and self.policies.flush():
+        if self.policies is not None and self.policies.ledger.flush():
             wake.append(now + STATUS_RETRY)  # some decisions are not in their status yet
         if previous is None or previous != status:  # the bodies are built only to be compared
             wanted = status.to_patch()
@@ -327,7 +328,7 @@ class Reconciler:
         its echoes)."""
         self.marker.forget_written()
         if self.policies is not None:
-            self.policies.forget_written()
+            self.policies.ledger.forget()
         self.book.unjudge()
         self.liveness.reset()
         self._seen_on.clear()

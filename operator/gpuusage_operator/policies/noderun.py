@@ -100,12 +100,12 @@ class NodeRunner:
             return None
         wanted = step.wanted
         later = None
-        counted = False  # a taint set now is counted before it is set (see reserve)
+        counted = None  # a taint set now is counted before it is set (see ledger.reserve)
         if wanted.tainted and not marks.tainted and name:
-            slot = self.runner.reserve(name, now)
+            slot = self.runner.ledger.reserve(name)
             if slot.retry is not None and not slot.limited:
                 return slot.retry  # the counts could not be read or written: nothing done
-            counted = slot.retry is None
+            counted = slot.at
             if slot.limited:
                 later = slot.retry
                 self._once(node, "RateLimited", "taint rate-limited", now, about)
@@ -113,8 +113,8 @@ class NodeRunner:
                 if wanted == marks:
                     return later
         result = self.marker.write(node, wanted, _message(orphaned, wanted), now)
-        if counted and result.outcome != "Done":
-            self.runner.release(name, now)
+        if counted is not None and result.outcome != "Done":
+            self.runner.ledger.release(name, counted)
         if result.outcome == "Refused":  # a write that raced another's, or throttled
             return now + AGAIN
         if result.outcome == "Gone":

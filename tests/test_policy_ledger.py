@@ -1,0 +1,337 @@
+"""The policies' ledger (policies.ledger): a policy's status falls behind on a fault, never
+wrong, and its rate limits count each enforced action once, before it is taken.
+
+The status lives in a dict here (builders.PolicyStatusApi: its faults and its resourceVersion
+are the point); that the apiserver refuses a status write naming an older resourceVersion is
+proven in test_policies_on_cluster, and the whole on it in test_policies_on_cluster and
+test_operator_ha."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+from kubernetes.client.exceptions import ApiException
+
+from gpuusage.api.models import OrphanedMemory
+from gpuusage.api.policy import Decision, Target
+from gpuusage_operator.informers.policies import PolicyState
+from gpuusage_operator.policies.act import Result
+from gpuusage_operator.policies.ledger import GONE_RETRY, STATUS_RETRY, PolicyLedger, Slot
+from gpuusage_operator.policies.noderule import NodeMarks
+from gpuusage_operator.policies.noderun import NodeRunner
+from tests.builders import PolicyStatusApi, enforced_policy, policy_runner
+
+START = datetime(2026, 11, 27, 12, 0, 30, 123456, tzinfo=UTC)
+WHOLE = START.replace(microsecond=0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def ledger(
+    api: PolicyStatusApi, limit: int = 10, cluster: int = 30
+) -> tuple[PolicyLedger, PolicyState, Clock]:
+    clock = Clock()
+    runner, state = policy_runner(api, clock, limit=limit, cluster=cluster)
+    return runner.ledger, state, clock
+
+
+def decide(book: PolicyLedger, pod: str, outcome: str = "Done") -> None:
+    decision = Decision(
+        target=Target(kind="Pod", namespace="ml", name=pod, uid=f"uid-{pod}"),
+        finding="HoldingIdleGPU",
+        action="Evict",
+        mode="Enforce",
+        decided_at=START,
+        done=outcome == "Done",
+        outcome=outcome,
+    )
+    book.add("idle", decision)
+
+
+def listed(api: PolicyStatusApi) -> list[tuple[str, str]]:
+    return [(d["target"]["name"], d["outcome"]) for d in api.status.get("decisions", [])]
+
+
+# -- decisions --------------------------------------------------------------------------------
+
+
+def test_decisions_whose_status_write_failed_are_written_by_the_next_flush() -> None:
+    api = PolicyStatusApi()
+    book, _, _ = ledger(api)
+    decide(book, "a")
+    api.refuse_writes = True
+    assert book.flush() is True, "the decision waits"
+    assert api.status == {}
+    api.refuse_writes = False
+    decide(book, "b", "Pending")
+    assert book.flush() is False
+    assert listed(api) == [("b", "Pending"), ("a", "Done")]
+    assert api.status["actionsTaken"] == 1
+
+
+def test_a_write_that_landed_though_its_answer_was_lost_is_not_counted_twice() -> None:
+    api = PolicyStatusApi()
+    book, _, _ = ledger(api)
+    decide(book, "first")
+    assert book.flush() is False
+    decide(book, "a")
+    api.lose_answers = True
+    assert book.flush() is True
+    assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
+    api.lose_answers = False
+    assert book.flush() is False
+    assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
+    assert api.writes == 3, "written again, the same"
+
+
+def test_a_status_that_cannot_be_read_is_not_overwritten_with_less() -> None:
+    api = PolicyStatusApi()
+    earlier = {"target": {"kind": "Pod", "name": "old"}, "outcome": "Done", "done": True}
+    api.write_elsewhere({"actionsTaken": 3, "decisions": [earlier]})
+    book, _, _ = ledger(api)
+    api.refuse_reads = True
+    decide(book, "a")
+    assert book.flush() is True
+    assert api.writes == 0, "not written without what it holds"
+    api.refuse_reads = False
+    assert book.flush() is False
+    assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("old", "Done")], 4)
+
+
+def test_a_write_built_on_a_status_changed_meanwhile_is_refused_then_made_again() -> None:
+    api = PolicyStatusApi()
+    book, _, _ = ledger(api)
+    decide(book, "a")
+    book.flush()
+    other = {"target": {"kind": "Pod", "name": "x"}, "outcome": "Done", "done": True}
+    # another leader wrote while this one, without knowing, still takes itself for the leader
+    api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
+    decide(book, "b")
+    assert book.flush() is True, "refused: 409"
+    assert (listed(api), api.status["actionsTaken"]) == ([("x", "Done"), ("a", "Done")], 2)
+    assert book.flush() is False, "read back, then written"
+    assert listed(api) == [("b", "Done"), ("x", "Done"), ("a", "Done")]
+    assert api.status["actionsTaken"] == 3
+
+
+def test_a_replica_that_leads_again_reads_back_what_another_wrote_meanwhile() -> None:
+    api = PolicyStatusApi()
+    book, _, _ = ledger(api)
+    decide(book, "a")
+    book.flush()
+    other = {"target": {"kind": "Pod", "name": "x"}, "outcome": "Done", "done": True}
+    api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
+    book.forget()  # turned active again
+    decide(book, "b")
+    assert book.flush() is False
+    assert listed(api) == [("b", "Done"), ("x", "Done"), ("a", "Done")]
+    assert api.status["actionsTaken"] == 3
+
+
+def test_a_status_refused_for_good_keeps_nothing_back() -> None:
+    api = PolicyStatusApi()
+    book, _, _ = ledger(api)
+    refused = ApiException(status=403, reason="Forbidden")
+    api.patch_cluster_custom_object_status = lambda *a: (_ for _ in ()).throw(refused)  # type: ignore[method-assign]
+    decide(book, "a")
+    assert book.flush() is False, "no write to wait for"
+    assert book.flush() is False
+
+
+def test_flushes_at_once_list_and_count_every_decision() -> None:
+    api = PolicyStatusApi(delay=0.05)
+    book, _, _ = ledger(api)
+    decide(book, "first")
+    first = threading.Thread(target=book.flush)
+    first.start()
+    while api.writes == 0 and not book._writing.locked():  # the first flush under way
+        pass
+    decide(book, "second")
+    assert book.flush() is True, "waits for the write under way"
+    first.join()
+    assert book.flush() is False
+    assert listed(api) == [("second", "Done"), ("first", "Done")]
+    assert api.status["actionsTaken"] == 2
+
+
+# -- rate limits ------------------------------------------------------------------------------
+
+
+def test_an_action_is_counted_once_after_its_status_comes_back() -> None:
+    api = PolicyStatusApi()
+    book, state, clock = ledger(api, limit=2)
+    assert book.reserve("idle") == Slot(at=WHOLE)
+    state.apply("MODIFIED", {**enforced_policy(limit=2), "status": api.status})  # the echo
+    clock.now = START + timedelta(minutes=1)
+    assert book.acted(clock.now) == {"idle": [WHOLE]}
+    assert book.reserve("idle") == Slot(at=WHOLE + timedelta(minutes=1)), "the second of two"
+    clock.now += timedelta(seconds=1)
+    assert book.reserve("idle").limited
+    assert api.status["actedAt"] == ["2026-11-27T12:00:30Z", "2026-11-27T12:01:30Z"]
+
+
+def test_an_action_is_counted_in_the_status_before_it_is_taken() -> None:
+    api = PolicyStatusApi()
+    first, _, _ = ledger(api, limit=1)
+    assert first.reserve("idle") == Slot(at=WHOLE)
+    assert api.status["actedAt"] == ["2026-11-27T12:00:30Z"]
+    # the replica stops before it flushes a decision; the next leader reads the count
+    second, _, clock = ledger(api, limit=1)
+    clock.now += timedelta(seconds=20)
+    assert second.reserve("idle") == Slot(retry=WHOLE + timedelta(hours=1), limited=True)
+
+
+def test_an_action_whose_count_cannot_be_written_is_not_taken() -> None:
+    api = PolicyStatusApi()
+    book, _, clock = ledger(api, limit=1)
+    api.refuse_writes = True
+    assert book.reserve("idle") == Slot(retry=WHOLE + STATUS_RETRY)
+    api.refuse_writes = False
+    assert book.acted(clock.now) == {"idle": []}, "not counted"
+    assert book.reserve("idle") == Slot(at=WHOLE)
+
+
+def test_counts_that_cannot_be_read_take_no_action_and_write_no_count() -> None:
+    api = PolicyStatusApi()
+    api.write_elsewhere({"actedAt": ["2026-11-27T12:00:00Z"]})
+    book, _, clock = ledger(api, limit=2)
+    api.refuse_reads = True
+    assert book.reserve("idle") == Slot(retry=WHOLE + STATUS_RETRY)
+    assert book.acted(clock.now) is None
+    assert api.status == {"actedAt": ["2026-11-27T12:00:00Z"]}
+    api.refuse_reads = False
+    assert book.reserve("idle") == Slot(at=WHOLE)
+    assert api.status["actedAt"] == ["2026-11-27T12:00:00Z", "2026-11-27T12:00:30Z"]
+
+
+def test_an_action_not_taken_gives_its_slot_back_and_the_next_status_drops_it() -> None:
+    api = PolicyStatusApi()
+    book, _, clock = ledger(api, limit=1)
+    slot = book.reserve("idle")
+    assert slot.at is not None
+    book.release("idle", slot.at)  # refused by a PodDisruptionBudget, say
+    decide(book, "a", "Refused")
+    book.flush()
+    assert api.status["actedAt"] == []
+    clock.now += timedelta(minutes=1)
+    assert book.reserve("idle").at is not None
+
+
+def test_an_action_whose_policy_went_meanwhile_is_not_counted() -> None:
+    api = PolicyStatusApi()
+    book, state, _ = ledger(api, limit=1)
+    state.apply("DELETED", enforced_policy())
+    assert book.reserve("idle") == Slot(retry=WHOLE + GONE_RETRY)
+    assert api.writes == 0
+
+
+def test_a_count_written_on_a_status_another_leader_changed_is_refused() -> None:
+    """The replica lost the lead and won it back within one reservation: the write it had
+    built on what it knew before names an older version, and the other leader's count
+    stays."""
+    api = PolicyStatusApi()
+    book, _, clock = ledger(api, limit=2)
+    assert book.reserve("idle").at is not None
+    clock.now += timedelta(minutes=1)
+    real_patch = api.patch_cluster_custom_object_status
+
+    def handover_meanwhile(*args: Any) -> Any:
+        api.write_elsewhere({"actedAt": [*api.status["actedAt"], "2026-11-27T12:01:00Z"]})
+        book.forget()  # the write fence found this replica leading again
+        return real_patch(*args)
+
+    api.patch_cluster_custom_object_status = handover_meanwhile  # type: ignore[method-assign]
+    assert book.reserve("idle") == Slot(retry=WHOLE + timedelta(minutes=1) + STATUS_RETRY)
+    assert api.status["actedAt"] == ["2026-11-27T12:00:30Z", "2026-11-27T12:01:00Z"]
+    api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
+    assert book.reserve("idle").limited, "the other leader's action counts"
+
+
+def test_workers_acting_at_once_never_take_more_slots_than_the_limit() -> None:
+    api = PolicyStatusApi(delay=0.002)
+    book, _, _ = ledger(api, limit=50, cluster=5)
+    start = threading.Barrier(8)
+    taken: list[Slot] = []
+
+    def worker() -> None:
+        start.wait()
+        for _ in range(3):
+            taken.append(book.reserve("idle"))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(1 for s in taken if s.at is not None) == 5
+    assert len(api.status["actedAt"]) == 5, "every slot taken is in the status"
+
+
+# -- the node rule's taint --------------------------------------------------------------------
+
+
+class Marker:
+    """A Node's marks: read as none, written with the given outcome."""
+
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.written: list[NodeMarks] = []
+
+    def read(self, node: str) -> NodeMarks:
+        return NodeMarks()
+
+    def write(self, node: str, wanted: NodeMarks, message: str, now: datetime) -> Result:
+        self.written.append(wanted)
+        return Result(cast(Any, self.outcome), "")
+
+
+def tainting(api: PolicyStatusApi, outcome: str) -> tuple[NodeRunner, Marker, Clock]:
+    clock = Clock()
+    runner, state = policy_runner(api, clock, limit=1)
+    rule = {"finding": "OrphanedGPUMemory", "after": "0s", "action": "Taint", "mode": "Enforce"}
+    policy = enforced_policy(limit=1)
+    state.apply(
+        "MODIFIED",
+        {
+            **policy,
+            "metadata": {"name": "idle", "generation": 2},
+            "spec": {**policy["spec"], "nodeRules": [rule]},
+        },
+    )
+    found = state.policies["idle"]
+    runner.watch = cast(
+        Any,
+        SimpleNamespace(
+            synced=True,
+            policies=SimpleNamespace(state=state),
+            policy=state.policies.get,
+            node_rule=lambda: (found, found.spec.node_rules[0]),
+        ),
+    )
+    runner.ledger.watch = runner.watch
+    marker = Marker(outcome)
+    return NodeRunner(runner, record=lambda *a: None, marker=cast(Any, marker)), marker, clock
+
+
+def test_a_taint_is_counted_before_it_is_set_and_given_back_when_not_set() -> None:
+    orphaned = OrphanedMemory(memoryMiB=4096, processes=1, since=START - timedelta(hours=1))
+    api = PolicyStatusApi()
+    refused, marker, clock = tainting(api, "Refused")
+    refused.visit("n1", orphaned, certain=True, now=clock.now)
+    assert marker.written == [NodeMarks(condition=True, tainted=True)]
+    assert refused.runner.ledger.acted(clock.now) == {"idle": []}, "given back"
+
+    api = PolicyStatusApi()
+    done, marker, clock = tainting(api, "Done")
+    done.visit("n1", orphaned, certain=True, now=clock.now)
+    assert api.status["actedAt"] == ["2026-11-27T12:00:30Z"]
+    assert done.runner.ledger.acted(clock.now) == {"idle": [WHOLE]}
