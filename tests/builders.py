@@ -5,6 +5,7 @@ helpers."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
@@ -175,6 +177,35 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = apply_merge_patch(result.get(key), value)
     return result
+
+
+class ReportStatusApi:
+    """A GpuNodeUsage's status subresource as the apiserver answers the reconciler (raw, as
+    it reads it): a merge patch applied to the stored status, refused with 409 when it names a
+    resourceVersion not current."""
+
+    def __init__(self) -> None:
+        self.version = 100
+        self.writes = 0
+        self.refused = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.status: dict[str, Any] | None = None
+        self.generation = 1
+
+    def patch_cluster_custom_object_status(
+        self, group: str, version: str, plural: str, name: str, body: dict[str, Any], **_: Any
+    ) -> Any:
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        if expected is not None and expected != str(self.version):
+            self.refused += 1
+            raise client.ApiException(status=409, reason="Conflict")
+        self.version += 1
+        self.writes += 1
+        self.bodies.append(body)
+        self.status = apply_merge_patch(self.status, body["status"])
+        meta = {"name": name, "resourceVersion": str(self.version), "generation": self.generation}
+        answer = {"metadata": meta, "status": self.status}
+        return SimpleNamespace(data=json.dumps(answer).encode(), release_conn=lambda: None)
 
 
 class PolicyStatusApi:

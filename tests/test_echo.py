@@ -9,9 +9,7 @@ on-cluster end-to-end test checks the running operator's skip counter.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
 from kubernetes import client
@@ -20,39 +18,11 @@ from gpuusage_operator.controller.reasons import RENEWED, STALENESS, Gone
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.freshness import DEFAULT_STALE_AFTER, Renewal
 from gpuusage_operator.writers.budget import WriteBudget
-from tests.builders import api_pod, apply_merge_patch, pod_lookup, reconciler_on
+from tests.builders import ReportStatusApi, api_pod, pod_lookup, reconciler_on
 from tests.examples import CTR_TRAIN, POD_TRAIN, example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, 30, tzinfo=UTC)
 NODE = "gpu-node-a"
-
-
-class StatusApi:
-    """patch_cluster_custom_object_status as the apiserver answers it: a merge patch applied
-    to the stored status, refused with 409 when it names a resourceVersion not current."""
-
-    def __init__(self) -> None:
-        self.version = 100
-        self.writes = 0
-        self.refused = 0
-        self.bodies: list[dict[str, Any]] = []
-        self.status: dict[str, Any] | None = None
-        self.generation = 1
-
-    def patch_cluster_custom_object_status(
-        self, group: str, version: str, plural: str, name: str, body: dict[str, Any], **_: Any
-    ) -> Any:
-        expected = (body.get("metadata") or {}).get("resourceVersion")
-        if expected is not None and expected != str(self.version):
-            self.refused += 1
-            raise client.ApiException(status=409, reason="Conflict")
-        self.version += 1
-        self.writes += 1
-        self.bodies.append(body)
-        self.status = apply_merge_patch(self.status, body["status"])
-        meta = {"name": name, "resourceVersion": str(self.version), "generation": self.generation}
-        answer = {"metadata": meta, "status": self.status}
-        return SimpleNamespace(data=json.dumps(answer).encode(), release_conn=lambda: None)
 
 
 def _report(version: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -70,7 +40,7 @@ def _event(version: str, name: str = NODE) -> dict[str, Any]:
 
 
 def test_only_the_echo_of_our_own_status_write_is_skipped() -> None:
-    api = StatusApi()
+    api = ReportStatusApi()
     reconciler = reconciler_on(client.ApiClient(), reports_api=api)
     book = reconciler.book
     nobody = PodLookup()  # no pods: every process is unattributed, no pod writes
@@ -110,7 +80,7 @@ def test_deleting_a_pod_the_status_lists_makes_the_report_due() -> None:
     """A pod's deletion sends no report event (the agent may send nothing for a while): the
     watch queues its node's report, which is reconciled when its status lists the pod, and
     not for another pod."""
-    api = StatusApi()
+    api = ReportStatusApi()
     no_pod_writes = WriteBudget(0.001, 0)  # the pods' marks wait: only the status is written
     reconciler = reconciler_on(client.ApiClient(), reports_api=api, write_budget=no_pod_writes)
     reconciler.reconcile(_report("7"), pod_lookup(api_pod("t", POD_TRAIN, {"c": CTR_TRAIN})), NOW)
@@ -125,7 +95,7 @@ def test_a_lease_renewal_matters_only_to_a_report_whose_status_says_stale() -> N
     """Every agent renews its Lease every 10 s and the watch queues each renewal: one costs a
     reconcile only when it makes a report its status calls stale fresh again."""
     renewal: list[Renewal] = []
-    api = StatusApi()
+    api = ReportStatusApi()
     reconciler = reconciler_on(
         client.ApiClient(), reports_api=api, renewals=lambda node: renewal[-1] if renewal else None
     )
@@ -154,7 +124,7 @@ def test_a_renewal_while_the_report_is_written_stale_is_queued() -> None:
     between a judgement and its write."""
     later = NOW + DEFAULT_STALE_AFTER + timedelta(seconds=1)
     renewal: list[Renewal] = []
-    api = StatusApi()
+    api = ReportStatusApi()
     reconciler = reconciler_on(
         client.ApiClient(), reports_api=api, renewals=lambda node: renewal[-1] if renewal else None
     )

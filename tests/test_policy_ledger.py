@@ -13,16 +13,25 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
 
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api.models import OrphanedMemory
 from gpuusage.api.policy import Decision, Target
+from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.informers.policies import PolicyState
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.ledger import GONE_RETRY, STATUS_RETRY, PolicyLedger, Slot
 from gpuusage_operator.policies.noderule import NodeMarks
 from gpuusage_operator.policies.noderun import NodeRunner
-from tests.builders import PolicyStatusApi, enforced_policy, policy_runner
+from tests.builders import (
+    PolicyStatusApi,
+    ReportStatusApi,
+    enforced_policy,
+    policy_runner,
+    reconciler_on,
+)
+from tests.examples import example_spec
 
 START = datetime(2026, 11, 27, 12, 0, 30, 123456, tzinfo=UTC)
 WHOLE = START.replace(microsecond=0)
@@ -335,3 +344,36 @@ def test_a_taint_is_counted_before_it_is_set_and_given_back_when_not_set() -> No
     done.visit("n1", orphaned, certain=True, now=clock.now)
     assert api.status["actedAt"] == ["2026-11-27T12:00:30Z"]
     assert done.runner.ledger.acted(clock.now) == {"idle": [WHOLE]}
+
+
+# -- in the reconcile ---------------------------------------------------------------------------
+
+
+def test_a_reconcile_whose_decisions_wait_looks_again_and_a_new_leader_reads_back() -> None:
+    """The report's reconcile flushes the policies' decisions; when some wait (the status
+    refused them), the report is due again STATUS_RETRY later though it does not change. A
+    replica that turns active reads each status back before writing it."""
+    reconciler = reconciler_on(client.ApiClient(), reports_api=ReportStatusApi())
+    api = PolicyStatusApi()
+    runner, _ = policy_runner(api, Clock())
+    reconciler.policies = runner
+    report = {
+        "metadata": {"name": "gpu-node-a", "resourceVersion": "7", "generation": 1},
+        "spec": example_spec("gpu-node-a", START).to_api(),
+    }
+    decide(runner.ledger, "a")
+    api.refuse_writes = True
+    reconciler.reconcile(report, PodLookup(), START)
+    waits = reconciler.queue.waiting("gpu-node-a")
+    assert waits is not None
+    assert STATUS_RETRY.total_seconds() - 1 < waits <= STATUS_RETRY.total_seconds()
+
+    api.refuse_writes = False
+    reconciler.reconcile(report, PodLookup(), START)
+    assert listed(api) == [("a", "Done")]
+    api.write_elsewhere({"actionsTaken": 5})  # the other leader's, while this one stood by
+    reconciler.turned_active()
+    decide(runner.ledger, "b")
+    reconciler.reconcile(report, PodLookup(), START)
+    assert (listed(api), api.status["actionsTaken"]) == ([("b", "Done"), ("a", "Done")], 6)
+    assert api.writes == 2, "read back: no write refused"
