@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -209,53 +208,61 @@ class ReportStatusApi:
 
 
 class PolicyStatusApi:
-    """A GpuUsagePolicy's status subresource in a dict, as the apiserver serves it: merge
-    patches (refused with 409 when they name a resourceVersion that is not the latest), reads,
-    each answering the object with its resourceVersion; with the faults of a real one: a write
-    refused, a write that lands but whose answer is lost, a read refused, and `delay` seconds
-    a request (so that workers overlap). For tests of the policies' bookkeeping under faults;
-    what the apiserver keeps is proven on it."""
+    """GpuUsagePolicies' status subresource in dicts, by policy, as the apiserver serves it:
+    merge patches (refused with 409 when they name a resourceVersion that is not the latest),
+    reads, each answering the object with its resourceVersion; with the faults of a real one:
+    a write refused, a write that lands but whose answer is lost, a read refused, and writes
+    held at `gate` until it is set (so that workers overlap). For tests of the policies'
+    bookkeeping under faults; what the apiserver keeps is proven on it."""
 
-    def __init__(self, delay: float = 0.0) -> None:
-        self.status: dict[str, Any] = {}
-        self.version = 1
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.statuses: dict[str, dict[str, Any]] = {}
+        self.versions: dict[str, int] = {}
         self.refuse_writes = self.lose_answers = self.refuse_reads = False
-        self.writes = 0
-        self.delay = delay
+        self.writes = self.held = 0
+        self.gate = gate
         self._lock = threading.Lock()
 
-    def write_elsewhere(self, status: dict[str, Any]) -> None:
-        """Another replica (or a person) merges this into the status."""
-        with self._lock:
-            self.status = apply_merge_patch(self.status, status)
-            self.version += 1
+    @property
+    def status(self) -> dict[str, Any]:
+        """The status of the policy "idle" (enforced_policy's)."""
+        return self.statuses.get("idle", {})
 
-    def _answer(self) -> dict[str, Any]:
-        return {"metadata": {"resourceVersion": str(self.version)}, "status": dict(self.status)}
+    def write_elsewhere(self, status: dict[str, Any], name: str = "idle") -> None:
+        """Another replica merges this into the status (or a person edits the policy: {})."""
+        with self._lock:
+            self.statuses[name] = apply_merge_patch(self.statuses.get(name, {}), status)
+            self.versions[name] = self.versions.get(name, 1) + 1
+
+    def _answer(self, name: str) -> dict[str, Any]:
+        version = str(self.versions.get(name, 1))
+        return {"metadata": {"resourceVersion": version}, "status": self.statuses.get(name, {})}
 
     def patch_cluster_custom_object_status(self, *args: Any) -> Any:
-        time.sleep(self.delay)
+        name, body = args[-2], args[-1]
+        if self.gate is not None:
+            with self._lock:
+                self.held += 1
+            self.gate.wait()
         if self.refuse_writes:
             raise ConnectionError("refused")
-        body = args[-1]
         with self._lock:
             named = body.get("metadata", {}).get("resourceVersion")
-            if named is not None and named != str(self.version):
+            if named is not None and named != str(self.versions.get(name, 1)):
                 raise ApiException(status=409, reason="Conflict")
             self.writes += 1
-            self.status = apply_merge_patch(self.status, body["status"])
-            self.version += 1
-            answer = self._answer()
+            self.statuses[name] = apply_merge_patch(self.statuses.get(name, {}), body["status"])
+            self.versions[name] = self.versions.get(name, 1) + 1
+            answer = self._answer(name)
         if self.lose_answers:
             raise TimeoutError("the answer was lost")
         return answer
 
     def get_cluster_custom_object_status(self, *args: Any) -> Any:
-        time.sleep(self.delay)
         if self.refuse_reads:
             raise ConnectionError("refused")
         with self._lock:
-            return self._answer()
+            return self._answer(args[-1])
 
 
 def enforced_policy(name: str = "idle", limit: int = 10) -> dict[str, Any]:

@@ -9,6 +9,7 @@ test_operator_ha."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
@@ -75,13 +76,15 @@ def listed(api: PolicyStatusApi) -> list[tuple[str, str]]:
 
 def test_decisions_whose_status_write_failed_are_written_by_the_next_flush() -> None:
     api = PolicyStatusApi()
-    book, _, _ = ledger(api)
+    book, _, clock = ledger(api)
     decide(book, "a")
     api.refuse_writes = True
     assert book.flush() is True, "the decision waits"
     assert api.status == {}
     api.refuse_writes = False
     decide(book, "b", "Pending")
+    assert book.flush() is False, "left to the reconcile due to flush"
+    clock.now += STATUS_RETRY
     assert book.flush() is False
     assert listed(api) == [("b", "Pending"), ("a", "Done")]
     assert api.status["actionsTaken"] == 1
@@ -89,7 +92,7 @@ def test_decisions_whose_status_write_failed_are_written_by_the_next_flush() -> 
 
 def test_a_write_that_landed_though_its_answer_was_lost_is_not_counted_twice() -> None:
     api = PolicyStatusApi()
-    book, _, _ = ledger(api)
+    book, _, clock = ledger(api)
     decide(book, "first")
     assert book.flush() is False
     decide(book, "a")
@@ -97,6 +100,7 @@ def test_a_write_that_landed_though_its_answer_was_lost_is_not_counted_twice() -
     assert book.flush() is True
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
     api.lose_answers = False
+    clock.now += STATUS_RETRY
     assert book.flush() is False
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
     assert api.writes == 3, "written again, the same"
@@ -106,17 +110,18 @@ def test_a_status_that_cannot_be_read_is_not_overwritten_with_less() -> None:
     api = PolicyStatusApi()
     earlier = {"target": {"kind": "Pod", "name": "old"}, "outcome": "Done", "done": True}
     api.write_elsewhere({"actionsTaken": 3, "decisions": [earlier]})
-    book, _, _ = ledger(api)
+    book, _, clock = ledger(api)
     api.refuse_reads = True
     decide(book, "a")
     assert book.flush() is True
     assert api.writes == 0, "not written without what it holds"
     api.refuse_reads = False
+    clock.now += STATUS_RETRY
     assert book.flush() is False
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("old", "Done")], 4)
 
 
-def test_a_write_built_on_a_status_changed_meanwhile_is_refused_then_made_again() -> None:
+def test_a_write_built_on_a_status_changed_meanwhile_is_read_back_and_made_again() -> None:
     api = PolicyStatusApi()
     book, _, _ = ledger(api)
     decide(book, "a")
@@ -125,11 +130,10 @@ def test_a_write_built_on_a_status_changed_meanwhile_is_refused_then_made_again(
     # another leader wrote while this one, without knowing, still takes itself for the leader
     api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
     decide(book, "b")
-    assert book.flush() is True, "refused: 409"
-    assert (listed(api), api.status["actionsTaken"]) == ([("x", "Done"), ("a", "Done")], 2)
-    assert book.flush() is False, "read back, then written"
+    assert book.flush() is False, "refused (409), read back, written"
     assert listed(api) == [("b", "Done"), ("x", "Done"), ("a", "Done")]
     assert api.status["actionsTaken"] == 3
+    assert api.writes == 2
 
 
 def test_a_replica_that_leads_again_reads_back_what_another_wrote_meanwhile() -> None:
@@ -157,19 +161,67 @@ def test_a_status_refused_for_good_keeps_nothing_back() -> None:
 
 
 def test_flushes_at_once_list_and_count_every_decision() -> None:
-    api = PolicyStatusApi(delay=0.05)
-    book, _, _ = ledger(api)
+    gate = threading.Event()
+    api = PolicyStatusApi(gate)
+    book, _, clock = ledger(api)
     decide(book, "first")
     first = threading.Thread(target=book.flush)
     first.start()
-    while api.writes == 0 and not book._writing.locked():  # the first flush under way
-        pass
+    while not api.held:  # the first flush's write is under way
+        time.sleep(0.001)
     decide(book, "second")
-    assert book.flush() is True, "waits for the write under way"
+    assert book.flush() is True, "waits for the write under way: looked at again later"
+    assert book.flush() is False, "one reconcile is due to, not every one"
+    gate.set()
     first.join()
+    clock.now += STATUS_RETRY
     assert book.flush() is False
     assert listed(api) == [("second", "Done"), ("first", "Done")]
     assert api.status["actionsTaken"] == 2
+
+
+def test_while_a_status_cannot_be_written_one_reconcile_is_due_to_flush_again() -> None:
+    api = PolicyStatusApi()
+    book, _, clock = ledger(api)
+    api.refuse_writes = True
+    decide(book, "a")
+    assert [book.flush() for _ in range(5)] == [True, False, False, False, False]
+    clock.now += STATUS_RETRY
+    assert book.flush() is True, "the one due, or any after it, tries and is due again"
+    api.refuse_writes = False
+    clock.now += STATUS_RETRY
+    assert book.flush() is False
+    assert listed(api) == [("a", "Done")]
+
+
+def test_a_status_whose_mode_alone_was_not_written_is_written_again() -> None:
+    api = PolicyStatusApi()
+    book, state, clock = ledger(api)
+    edited = enforced_policy()
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["rules"][0]["mode"] = "DryRun"
+    state.apply("MODIFIED", edited)
+    api.refuse_writes = True
+    assert book.flush() is True, "the edited policy's mode and rules wait"
+    api.refuse_writes = False
+    clock.now += STATUS_RETRY
+    assert book.flush() is False
+    assert (api.status["mode"], api.status["observedGeneration"]) == ("DryRun", 2)
+
+
+def test_an_edited_policy_shows_its_new_mode_though_its_version_changed() -> None:
+    api = PolicyStatusApi()
+    book, state, _ = ledger(api)
+    decide(book, "a")
+    book.flush()
+    edited = enforced_policy()
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["rules"][0]["mode"] = "DryRun"
+    api.write_elsewhere({})  # the spec's edit: a new resourceVersion
+    state.apply("MODIFIED", {**edited, "status": api.status})
+    assert book.flush() is False
+    assert (api.status["mode"], api.status["observedGeneration"]) == ("DryRun", 2)
+    assert listed(api) == [("a", "Done")]
 
 
 # -- rate limits ------------------------------------------------------------------------------
@@ -243,10 +295,10 @@ def test_an_action_whose_policy_went_meanwhile_is_not_counted() -> None:
     assert api.writes == 0
 
 
-def test_a_count_written_on_a_status_another_leader_changed_is_refused() -> None:
+def test_a_count_built_on_a_status_another_leader_changed_is_decided_again() -> None:
     """The replica lost the lead and won it back within one reservation: the write it had
-    built on what it knew before names an older version, and the other leader's count
-    stays."""
+    built on what it knew before names an older version, is refused, and the count read back
+    includes the other leader's action, which takes the last slot."""
     api = PolicyStatusApi()
     book, _, clock = ledger(api, limit=2)
     assert book.reserve("idle").at is not None
@@ -254,19 +306,57 @@ def test_a_count_written_on_a_status_another_leader_changed_is_refused() -> None
     real_patch = api.patch_cluster_custom_object_status
 
     def handover_meanwhile(*args: Any) -> Any:
+        api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
         api.write_elsewhere({"actedAt": [*api.status["actedAt"], "2026-11-27T12:01:00Z"]})
         book.forget()  # the write fence found this replica leading again
         return real_patch(*args)
 
     api.patch_cluster_custom_object_status = handover_meanwhile  # type: ignore[method-assign]
-    assert book.reserve("idle") == Slot(retry=WHOLE + timedelta(minutes=1) + STATUS_RETRY)
-    assert api.status["actedAt"] == ["2026-11-27T12:00:30Z", "2026-11-27T12:01:00Z"]
-    api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
     assert book.reserve("idle").limited, "the other leader's action counts"
+    assert api.status["actedAt"] == ["2026-11-27T12:00:30Z", "2026-11-27T12:01:00Z"]
+
+
+def test_a_handover_noticed_while_counting_takes_no_action_on_counts_of_before() -> None:
+    """The other policies' counts (the cluster-wide limit) were read in the term before: the
+    count written stays (fewer actions, never more), the action waits and is decided again on
+    counts read afresh."""
+    api = PolicyStatusApi()
+    book, state, clock = ledger(api, limit=5, cluster=2)
+    state.apply("ADDED", enforced_policy("other", limit=5))
+    assert book.reserve("idle").at is not None
+    real_patch = api.patch_cluster_custom_object_status
+
+    def handover_meanwhile(*args: Any) -> Any:
+        api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
+        api.write_elsewhere({"actedAt": ["2026-11-27T12:00:10Z"]}, name="other")
+        book.forget()
+        return real_patch(*args)
+
+    api.patch_cluster_custom_object_status = handover_meanwhile  # type: ignore[method-assign]
+    clock.now += timedelta(seconds=1)
+    assert book.reserve("idle") == Slot(retry=WHOLE + timedelta(seconds=1) + STATUS_RETRY)
+    assert len(api.status["actedAt"]) == 2, "counted all the same"
+    assert book.reserve("idle").limited, "three of two, on counts read afresh"
+
+
+def test_the_cluster_wide_limit_counts_every_policy_and_one_gone_while_its_times_last() -> None:
+    api = PolicyStatusApi()
+    book, state, clock = ledger(api, limit=5, cluster=2)
+    state.apply("ADDED", enforced_policy("other", limit=5))
+    assert book.reserve("other").at is not None
+    assert book.reserve("idle").at is not None
+    clock.now += timedelta(seconds=1)
+    assert book.reserve("idle").limited, "two of two, across the policies"
+    api.statuses.pop("other")  # the policy deleted: its status with it
+    state.apply("DELETED", enforced_policy("other"))
+    assert book.reserve("idle").limited, "its action of this hour still counts"
+    clock.now += timedelta(hours=1)
+    assert book.reserve("idle").at is not None
+    assert set(book.acted(clock.now) or {}) == {"idle"}, "nothing kept of it once aged out"
 
 
 def test_workers_acting_at_once_never_take_more_slots_than_the_limit() -> None:
-    api = PolicyStatusApi(delay=0.002)
+    api = PolicyStatusApi()
     book, _, _ = ledger(api, limit=50, cluster=5)
     start = threading.Barrier(8)
     taken: list[Slot] = []
@@ -355,7 +445,8 @@ def test_a_reconcile_whose_decisions_wait_looks_again_and_a_new_leader_reads_bac
     replica that turns active reads each status back before writing it."""
     reconciler = reconciler_on(client.ApiClient(), reports_api=ReportStatusApi())
     api = PolicyStatusApi()
-    runner, _ = policy_runner(api, Clock())
+    clock = Clock()
+    runner, _ = policy_runner(api, clock)
     reconciler.policies = runner
     report = {
         "metadata": {"name": "gpu-node-a", "resourceVersion": "7", "generation": 1},
@@ -369,6 +460,7 @@ def test_a_reconcile_whose_decisions_wait_looks_again_and_a_new_leader_reads_bac
     assert STATUS_RETRY.total_seconds() - 1 < waits <= STATUS_RETRY.total_seconds()
 
     api.refuse_writes = False
+    clock.now += STATUS_RETRY  # the reconcile due
     reconciler.reconcile(report, PodLookup(), START)
     assert listed(api) == [("a", "Done")]
     api.write_elsewhere({"actionsTaken": 5})  # the other leader's, while this one stood by
