@@ -67,6 +67,20 @@ def decide(book: PolicyLedger, pod: str, outcome: str = "Done") -> None:
     book.add("idle", decision)
 
 
+def edited_to_dry_run() -> dict[str, Any]:
+    """The policy as listed once its owner turned its rule to DryRun (generation 2)."""
+    edited = enforced_policy()
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["rules"][0]["mode"] = "DryRun"
+    return edited
+
+
+def flushed_when_due(book: PolicyLedger, clock: Clock) -> bool:
+    """The reconcile due STATUS_RETRY later flushes, and nothing waits after it."""
+    clock.now += STATUS_RETRY
+    return book.flush() is False
+
+
 def listed(api: PolicyStatusApi) -> list[tuple[str, str]]:
     return [(d["target"]["name"], d["outcome"]) for d in api.status.get("decisions", [])]
 
@@ -84,8 +98,7 @@ def test_decisions_whose_status_write_failed_are_written_by_the_next_flush() -> 
     api.refuse_writes = False
     decide(book, "b", "Pending")
     assert book.flush() is False, "left to the reconcile due to flush"
-    clock.now += STATUS_RETRY
-    assert book.flush() is False
+    assert flushed_when_due(book, clock)
     assert listed(api) == [("b", "Pending"), ("a", "Done")]
     assert api.status["actionsTaken"] == 1
 
@@ -100,8 +113,7 @@ def test_a_write_that_landed_though_its_answer_was_lost_is_not_counted_twice() -
     assert book.flush() is True
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
     api.lose_answers = False
-    clock.now += STATUS_RETRY
-    assert book.flush() is False
+    assert flushed_when_due(book, clock)
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
     assert api.writes == 3, "written again, the same"
 
@@ -116,8 +128,7 @@ def test_a_status_that_cannot_be_read_is_not_overwritten_with_less() -> None:
     assert book.flush() is True
     assert api.writes == 0, "not written without what it holds"
     api.refuse_reads = False
-    clock.now += STATUS_RETRY
-    assert book.flush() is False
+    assert flushed_when_due(book, clock)
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("old", "Done")], 4)
 
 
@@ -174,8 +185,7 @@ def test_flushes_at_once_list_and_count_every_decision() -> None:
     assert book.flush() is False, "one reconcile is due to, not every one"
     gate.set()
     first.join()
-    clock.now += STATUS_RETRY
-    assert book.flush() is False
+    assert flushed_when_due(book, clock)
     assert listed(api) == [("second", "Done"), ("first", "Done")]
     assert api.status["actionsTaken"] == 2
 
@@ -189,23 +199,19 @@ def test_while_a_status_cannot_be_written_one_reconcile_is_due_to_flush_again() 
     clock.now += STATUS_RETRY
     assert book.flush() is True, "the one due, or any after it, tries and is due again"
     api.refuse_writes = False
-    clock.now += STATUS_RETRY
-    assert book.flush() is False
+    assert flushed_when_due(book, clock)
     assert listed(api) == [("a", "Done")]
 
 
 def test_a_status_whose_mode_alone_was_not_written_is_written_again() -> None:
     api = PolicyStatusApi()
     book, state, clock = ledger(api)
-    edited = enforced_policy()
-    edited["metadata"]["generation"] = 2
-    edited["spec"]["rules"][0]["mode"] = "DryRun"
+    edited = edited_to_dry_run()
     state.apply("MODIFIED", edited)
     api.refuse_writes = True
     assert book.flush() is True, "the edited policy's mode and rules wait"
     api.refuse_writes = False
-    clock.now += STATUS_RETRY
-    assert book.flush() is False
+    assert flushed_when_due(book, clock)
     assert (api.status["mode"], api.status["observedGeneration"]) == ("DryRun", 2)
 
 
@@ -214,9 +220,7 @@ def test_an_edited_policy_shows_its_new_mode_though_its_version_changed() -> Non
     book, state, _ = ledger(api)
     decide(book, "a")
     book.flush()
-    edited = enforced_policy()
-    edited["metadata"]["generation"] = 2
-    edited["spec"]["rules"][0]["mode"] = "DryRun"
+    edited = edited_to_dry_run()
     api.write_elsewhere({})  # the spec's edit: a new resourceVersion
     state.apply("MODIFIED", {**edited, "status": api.status})
     assert book.flush() is False
