@@ -219,7 +219,7 @@ class PolicyStatusApi:
         self.statuses: dict[str, dict[str, Any]] = {}
         self.versions: dict[str, int] = {}
         self.refuse_writes = self.lose_answers = self.refuse_reads = False
-        self.writes = self.held = 0
+        self.writes = self.held = self.attempts = 0
         self.gate = gate
         self._lock = threading.Lock()
 
@@ -240,6 +240,8 @@ class PolicyStatusApi:
 
     def patch_cluster_custom_object_status(self, *args: Any) -> Any:
         name, body = args[-2], args[-1]
+        with self._lock:
+            self.attempts += 1
         if self.gate is not None:
             with self._lock:
                 self.held += 1

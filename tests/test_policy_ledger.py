@@ -8,18 +8,23 @@ test_operator_ha."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api.models import OrphanedMemory
-from gpuusage.api.policy import Decision, Target
+from gpuusage.api.policy import MAX_DECISIONS, Decision, Target
+from gpuusage_operator.controller import housekeeping as housekeeping_module
 from gpuusage_operator.index.pods import PodLookup
+from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.policies import PolicyState
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.ledger import GONE_RETRY, STATUS_RETRY, PolicyLedger, Slot
@@ -76,9 +81,18 @@ def edited_to_dry_run() -> dict[str, Any]:
 
 
 def flushed_when_due(book: PolicyLedger, clock: Clock) -> bool:
-    """The reconcile due STATUS_RETRY later flushes, and nothing waits after it."""
+    """A flush STATUS_RETRY later (a reconcile's or the housekeeping pass's) writes, and
+    nothing waits after it."""
     clock.now += STATUS_RETRY
-    return book.flush() is False
+    book.flush()
+    return not book.waiting()
+
+
+def wait_until(done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not done():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.001)
 
 
 def listed(api: PolicyStatusApi) -> list[tuple[str, str]]:
@@ -88,16 +102,19 @@ def listed(api: PolicyStatusApi) -> list[tuple[str, str]]:
 # -- decisions --------------------------------------------------------------------------------
 
 
-def test_decisions_whose_status_write_failed_are_written_by_the_next_flush() -> None:
+def test_decisions_whose_status_write_failed_are_written_by_a_later_flush() -> None:
     api = PolicyStatusApi()
     book, _, clock = ledger(api)
     decide(book, "a")
     api.refuse_writes = True
-    assert book.flush() is True, "the decision waits"
+    book.flush()
+    assert book.waiting(), "the decision waits"
     assert api.status == {}
     api.refuse_writes = False
     decide(book, "b", "Pending")
-    assert book.flush() is False, "left to the reconcile due to flush"
+    attempts = api.attempts
+    book.flush()
+    assert api.attempts == attempts, "not tried again before STATUS_RETRY"
     assert flushed_when_due(book, clock)
     assert listed(api) == [("b", "Pending"), ("a", "Done")]
     assert api.status["actionsTaken"] == 1
@@ -107,10 +124,11 @@ def test_a_write_that_landed_though_its_answer_was_lost_is_not_counted_twice() -
     api = PolicyStatusApi()
     book, _, clock = ledger(api)
     decide(book, "first")
-    assert book.flush() is False
+    book.flush()
     decide(book, "a")
     api.lose_answers = True
-    assert book.flush() is True
+    book.flush()
+    assert book.waiting()
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
     api.lose_answers = False
     assert flushed_when_due(book, clock)
@@ -125,8 +143,9 @@ def test_a_status_that_cannot_be_read_is_not_overwritten_with_less() -> None:
     book, _, clock = ledger(api)
     api.refuse_reads = True
     decide(book, "a")
-    assert book.flush() is True
-    assert api.writes == 0, "not written without what it holds"
+    book.flush()
+    assert book.waiting()
+    assert api.attempts == 0, "not written without what it holds"
     api.refuse_reads = False
     assert flushed_when_due(book, clock)
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("old", "Done")], 4)
@@ -141,10 +160,11 @@ def test_a_write_built_on_a_status_changed_meanwhile_is_read_back_and_made_again
     # another leader wrote while this one, without knowing, still takes itself for the leader
     api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
     decide(book, "b")
-    assert book.flush() is False, "refused (409), read back, written"
+    book.flush()
+    assert not book.waiting(), "refused (409), read back, written"
     assert listed(api) == [("b", "Done"), ("x", "Done"), ("a", "Done")]
     assert api.status["actionsTaken"] == 3
-    assert api.writes == 2
+    assert (api.attempts, api.writes) == (3, 2)
 
 
 def test_a_replica_that_leads_again_reads_back_what_another_wrote_meanwhile() -> None:
@@ -156,60 +176,110 @@ def test_a_replica_that_leads_again_reads_back_what_another_wrote_meanwhile() ->
     api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
     book.forget()  # turned active again
     decide(book, "b")
-    assert book.flush() is False
+    book.flush()
     assert listed(api) == [("b", "Done"), ("x", "Done"), ("a", "Done")]
     assert api.status["actionsTaken"] == 3
+    assert (api.attempts, api.writes) == (2, 2), "read back first: nothing refused"
+
+
+def test_a_read_from_before_a_handover_is_not_kept_after_it() -> None:
+    api = PolicyStatusApi()
+    book, _, _ = ledger(api)
+    real_get = api.get_cluster_custom_object_status
+
+    def handover_meanwhile(*args: Any) -> Any:
+        answer = real_get(*args)
+        book.forget()  # between the answer and its keeping
+        return answer
+
+    api.get_cluster_custom_object_status = handover_meanwhile  # type: ignore[method-assign]
+    assert book.acted(START) is None, "not used"
+    api.get_cluster_custom_object_status = real_get  # type: ignore[method-assign]
+    assert book.acted(START) == {"idle": []}
 
 
 def test_a_status_refused_for_good_keeps_nothing_back() -> None:
     api = PolicyStatusApi()
-    book, _, _ = ledger(api)
+    book, _, clock = ledger(api)
+    real_patch = api.patch_cluster_custom_object_status
     refused = ApiException(status=403, reason="Forbidden")
     api.patch_cluster_custom_object_status = lambda *a: (_ for _ in ()).throw(refused)  # type: ignore[method-assign]
     decide(book, "a")
-    assert book.flush() is False, "no write to wait for"
-    assert book.flush() is False
+    book.flush()
+    assert not book.waiting(), "dropped: it would never be written"
+    api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
+    decide(book, "b")
+    clock.now += STATUS_RETRY
+    book.flush()
+    assert listed(api) == [("b", "Done")]
+
+
+def test_a_status_that_cannot_be_read_for_good_keeps_nothing_back() -> None:
+    api = PolicyStatusApi()
+    book, _, _ = ledger(api)
+    gone = ApiException(status=404, reason="Not Found")
+    api.get_cluster_custom_object_status = lambda *a: (_ for _ in ()).throw(gone)  # type: ignore[method-assign]
+    decide(book, "a")
+    book.flush()
+    assert not book.waiting()
+    assert api.attempts == 0
+
+
+def test_while_they_wait_every_done_decision_is_kept_and_the_newest_others() -> None:
+    api = PolicyStatusApi()
+    book, _, clock = ledger(api)
+    api.refuse_writes = True
+    for n in range(MAX_DECISIONS + 20):
+        decide(book, f"p{n}", "Done" if n % 10 == 0 else "Pending")
+        clock.now += STATUS_RETRY
+        book.flush()
+    api.refuse_writes = False
+    assert flushed_when_due(book, clock)
+    done = (MAX_DECISIONS + 20) // 10
+    assert api.status["actionsTaken"] == done, "every action taken is counted"
+    names_ = [name for name, _ in listed(api)]
+    assert len(names_) == MAX_DECISIONS
+    assert names_[0] == f"p{MAX_DECISIONS + 19}", "the newest first"
+    assert {f"p{n}" for n in range(0, MAX_DECISIONS + 20, 10)} <= set(names_)
 
 
 def test_flushes_at_once_list_and_count_every_decision() -> None:
     gate = threading.Event()
     api = PolicyStatusApi(gate)
-    book, _, clock = ledger(api)
+    book, _, _ = ledger(api)
     decide(book, "first")
-    first = threading.Thread(target=book.flush)
+    failed: list[BaseException] = []
+
+    def flush() -> None:
+        try:
+            book.flush()
+        except BaseException as exc:
+            failed.append(exc)
+
+    first = threading.Thread(target=flush)
     first.start()
-    while not api.held:  # the first flush's write is under way
-        time.sleep(0.001)
+    wait_until(lambda: api.held > 0)  # the first flush's write is under way
     decide(book, "second")
-    assert book.flush() is True, "waits for the write under way: looked at again later"
-    assert book.flush() is False, "one reconcile is due to, not every one"
+    book.flush()
+    assert api.held == 1, "did not wait behind the write under way"
     gate.set()
-    first.join()
-    assert flushed_when_due(book, clock)
+    first.join(10)
+    assert not first.is_alive()
+    assert failed == []
+    assert book.waiting(), "the second waits for the next flush"
+    book.flush()
+    assert not book.waiting()
     assert listed(api) == [("second", "Done"), ("first", "Done")]
     assert api.status["actionsTaken"] == 2
-
-
-def test_while_a_status_cannot_be_written_one_reconcile_is_due_to_flush_again() -> None:
-    api = PolicyStatusApi()
-    book, _, clock = ledger(api)
-    api.refuse_writes = True
-    decide(book, "a")
-    assert [book.flush() for _ in range(5)] == [True, False, False, False, False]
-    clock.now += STATUS_RETRY
-    assert book.flush() is True, "the one due, or any after it, tries and is due again"
-    api.refuse_writes = False
-    assert flushed_when_due(book, clock)
-    assert listed(api) == [("a", "Done")]
 
 
 def test_a_status_whose_mode_alone_was_not_written_is_written_again() -> None:
     api = PolicyStatusApi()
     book, state, clock = ledger(api)
-    edited = edited_to_dry_run()
-    state.apply("MODIFIED", edited)
+    state.apply("MODIFIED", edited_to_dry_run())
     api.refuse_writes = True
-    assert book.flush() is True, "the edited policy's mode and rules wait"
+    book.flush()
+    assert book.waiting(), "the edited policy's mode and rules wait"
     api.refuse_writes = False
     assert flushed_when_due(book, clock)
     assert (api.status["mode"], api.status["observedGeneration"]) == ("DryRun", 2)
@@ -220,10 +290,10 @@ def test_an_edited_policy_shows_its_new_mode_though_its_version_changed() -> Non
     book, state, _ = ledger(api)
     decide(book, "a")
     book.flush()
-    edited = edited_to_dry_run()
     api.write_elsewhere({})  # the spec's edit: a new resourceVersion
-    state.apply("MODIFIED", {**edited, "status": api.status})
-    assert book.flush() is False
+    state.apply("MODIFIED", {**edited_to_dry_run(), "status": api.status})
+    book.flush()
+    assert not book.waiting()
     assert (api.status["mode"], api.status["observedGeneration"]) == ("DryRun", 2)
     assert listed(api) == [("a", "Done")]
 
@@ -443,28 +513,18 @@ def test_a_taint_is_counted_before_it_is_set_and_given_back_when_not_set() -> No
 # -- in the reconcile ---------------------------------------------------------------------------
 
 
-def test_a_reconcile_whose_decisions_wait_looks_again_and_a_new_leader_reads_back() -> None:
-    """The report's reconcile flushes the policies' decisions; when some wait (the status
-    refused them), the report is due again STATUS_RETRY later though it does not change. A
-    replica that turns active reads each status back before writing it."""
+def test_a_reconcile_flushes_its_decisions_and_a_new_leader_reads_back() -> None:
+    """The report's reconcile flushes the policies' decisions; a replica that turns active
+    reads each status back before writing it."""
     reconciler = reconciler_on(client.ApiClient(), reports_api=ReportStatusApi())
     api = PolicyStatusApi()
-    clock = Clock()
-    runner, _ = policy_runner(api, clock)
+    runner, _ = policy_runner(api, Clock())
     reconciler.policies = runner
     report = {
         "metadata": {"name": "gpu-node-a", "resourceVersion": "7", "generation": 1},
         "spec": example_spec("gpu-node-a", START).to_api(),
     }
     decide(runner.ledger, "a")
-    api.refuse_writes = True
-    reconciler.reconcile(report, PodLookup(), START)
-    waits = reconciler.queue.waiting("gpu-node-a")
-    assert waits is not None
-    assert STATUS_RETRY.total_seconds() - 1 < waits <= STATUS_RETRY.total_seconds()
-
-    api.refuse_writes = False
-    clock.now += STATUS_RETRY  # the reconcile due
     reconciler.reconcile(report, PodLookup(), START)
     assert listed(api) == [("a", "Done")]
     api.write_elsewhere({"actionsTaken": 5})  # the other leader's, while this one stood by
@@ -472,4 +532,49 @@ def test_a_reconcile_whose_decisions_wait_looks_again_and_a_new_leader_reads_bac
     decide(runner.ledger, "b")
     reconciler.reconcile(report, PodLookup(), START)
     assert (listed(api), api.status["actionsTaken"]) == ([("b", "Done"), ("a", "Done")], 6)
-    assert api.writes == 2, "read back: no write refused"
+    assert api.attempts == api.writes == 2, "read back: no write refused"
+
+
+def test_the_housekeeping_pass_writes_what_waits_though_no_reconcile_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decisions that could not be written wait for a flush; the housekeeping pass flushes
+    them (the API probe answered, this replica leads), so none waits for a report to change.
+    The probe is answered in-process: the pass itself runs on the apiserver in every
+    on-cluster test."""
+    reconciler = reconciler_on(client.ApiClient())
+    api = PolicyStatusApi()
+    clock = Clock()
+    runner, _ = policy_runner(api, clock)
+    reconciler.policies = runner
+    decide(runner.ledger, "a")
+    api.refuse_writes = True
+    runner.ledger.flush()
+    api.refuse_writes = False
+    clock.now += STATUS_RETRY
+    probe = SimpleNamespace(list_cluster_custom_object=lambda *a, **k: {"items": []})
+    monkeypatch.setattr(client, "CustomObjectsApi", lambda api: probe)
+
+    async def active() -> bool:
+        return True
+
+    async def run() -> None:
+        lookup = SimpleNamespace(nodes_with_our_marks=set)
+        task = asyncio.create_task(
+            housekeeping_module.housekeeping(
+                reconciler,
+                cast(Any, SimpleNamespace(lookup=lambda: lookup)),
+                0.01,
+                cast(Any, SimpleNamespace(active=active)),
+                health=ApiHealth(),
+                known=set,
+                ready=lambda: True,
+            )
+        )
+        deadline = time.monotonic() + 10
+        while runner.ledger.waiting() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(run())
+    assert listed(api) == [("a", "Done")]

@@ -6,7 +6,8 @@ pass checks that the API answers, so that an outage is logged once and its end o
 queues the nodes whose pods carry our marks while the report watch holds no report for them (a
 report deleted while no replica watched: the worker finds it absent and clears them), and
 brings the OpenReports in line with the findings (see openreports: a pass that finds nothing
-changed writes nothing).
+changed writes nothing), and writes the policies' decisions that a reconcile could not (see
+policies.ledger: none may come for a long time).
 """
 
 from __future__ import annotations
@@ -71,3 +72,5 @@ async def housekeeping(
                 await loop.run_in_executor(None, publish)
             except Exception:  # the next pass tries again; the pass itself must go on
                 log.exception("OpenReports not brought in line")
+        if reconciler.policies is not None and reconciler.policies.ledger.waiting():
+            await loop.run_in_executor(None, reconciler.policies.ledger.flush)

@@ -50,7 +50,6 @@ from gpuusage_operator.judge.report import Judging, judge_report
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.judge.restarts import RESTART_GRACE
-from gpuusage_operator.policies.ledger import STATUS_RETRY
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.writers.pods import PodMarker
@@ -240,8 +239,8 @@ class Reconciler:
             )
             if due is not None:
                 wake.append(due)
-        if self.policies is not None and self.policies.ledger.flush():
-            wake.append(now + STATUS_RETRY)  # some decisions are not in their status yet
+        if self.policies is not None:
+            self.policies.ledger.flush()
         if previous is None or previous != status:  # the bodies are built only to be compared
             wanted = status.to_patch()
             known = None if previous is None else previous.to_patch()

@@ -4,14 +4,16 @@ handovers.
 
 Only the leader writes a policy's status, and it keeps what it last read or wrote of it (read
 once after a start or a takeover, then its own writes). Every write names that
-resourceVersion, so a write built on a status another replica changed meanwhile (a leader
-that lost the lead and won it back within one reconcile) is refused (409) and the status read
-back. A fault leaves the status behind, never wrong:
+resourceVersion, so a write built on a status changed meanwhile (the spec edited; another
+replica, while this one lost the lead and won it back within one reconcile) is refused (409),
+the status read back and the write made again. A fault leaves the status behind, never wrong:
 
-* Decisions whose write failed wait for the next flush (STATUS_RETRY later), and the status is
-  read back first: a decision that a write whose answer was lost had recorded is neither listed
-  nor counted twice. A status the apiserver refuses for good (no right to it, the policy gone,
-  a body refused) keeps nothing back: the decisions are logged and dropped.
+* Decisions whose write failed wait for a flush at least STATUS_RETRY later (a reconcile's or
+  the housekeeping pass's), and the status is read back first: a decision that a write whose
+  answer was lost had recorded is neither listed nor counted twice. While they wait, every
+  done one is kept, and of the others the newest the status can list. A status the apiserver
+  refuses for good (no right to it, the policy gone, a body refused) keeps nothing back: the
+  decisions are logged and dropped.
 * An enforced action is counted in `status.actedAt` before it is taken (`reserve`), one at a
   time, so two workers never both take the last slot and a leader that stops right after
   acting leaves the next one its count; an action then not taken gives its slot back
@@ -96,15 +98,13 @@ class PolicyLedger:
     clock: Callable[[], datetime]
     cluster_actions_per_hour: int
     _pending: dict[str, list[Decision]] = field(default_factory=dict)
-    _unlisted: dict[str, int] = field(default_factory=dict)
-    """Done decisions dropped from the pending ones past MAX_DECISIONS: still counted."""
     _known: dict[str, _Status] = field(default_factory=dict)
     _shown: dict[str, int] = field(default_factory=dict)
     """The generation whose mode and rules this replica last wrote, by policy."""
     _term: int = 0
     """Bumped by forget: a reservation that saw it change did not know every count."""
     _retry_at: datetime | None = None
-    """When a reconcile is due to flush what waits (one for all of them: see flush)."""
+    """No flush before then: the last one could not write everything (see flush)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards the fields above (never held across a request)."""
     _writing: threading.Lock = field(default_factory=threading.Lock)
@@ -196,38 +196,35 @@ class PolicyLedger:
             if status is not None and at in status.acted:
                 status.acted.remove(at)
 
-    def flush(self) -> bool:
+    def flush(self) -> None:
         """Write the decisions added since the last flush into their policies' status (newest
-        first, at most MAX_DECISIONS), with the mode, the rules, the actions taken and counted;
-        whether the calling reconcile is to run again STATUS_RETRY later to flush what waits.
-        After a failure one reconcile is, and until then the others leave what they add to it
-        (a status that cannot be written is tried once every STATUS_RETRY, not by every
-        reconcile); while another write is under way, what is added waits the same way (no
-        worker queues behind a slow status)."""
-        with self._lock:
-            if self._retry_at is not None and self.clock() < self._retry_at:
-                return False  # what waits is written by the reconcile due then
-        if not self._writing.acquire(blocking=False):
-            return self._again()
-        try:
-            with self._lock:
-                self._retry_at = None
-            self._flush()
-        finally:
-            self._writing.release()
-        return self._again()
-
-    def _again(self) -> bool:
-        """Whether the caller is the one to flush again later: something waits, and no other
-        reconcile is due to."""
+        first, at most MAX_DECISIONS), with the mode, the rules, the actions taken and counted.
+        What could not be written waits: after a failure no flush tries before STATUS_RETRY
+        has passed (a status that cannot be written is not asked at every reconcile), and the
+        housekeeping pass flushes too, so what waits is written though no reconcile comes.
+        While another write is under way, what is added waits for the next flush (no worker
+        queues behind a slow status)."""
         now = self.clock()
         with self._lock:
-            if not self._pending or (self._retry_at is not None and self._retry_at > now):
-                return False
-            self._retry_at = now + STATUS_RETRY
-            return True
+            due = self._retry_at
+            if due is not None and now < due <= now + STATUS_RETRY:  # (a clock set back: due)
+                return
+        if not self._writing.acquire(blocking=False):
+            return
+        try:
+            waiting = self._flush()
+        finally:
+            self._writing.release()
+        with self._lock:
+            self._retry_at = now + STATUS_RETRY if waiting else None
 
-    def _flush(self) -> None:
+    def waiting(self) -> bool:
+        """Whether decisions (or a policy's mode and rules) wait to be written."""
+        with self._lock:
+            return bool(self._pending)
+
+    def _flush(self) -> bool:
+        """Flush, under `_writing`; whether something waits."""
         with self._lock:
             pending, self._pending = self._pending, {}
             known = self.watch.policies.state.ids()
@@ -238,15 +235,20 @@ class PolicyLedger:
             shown = policy is not None and self._shown.get(name) == policy.generation
             if policy is not None and policy.observed != policy.generation and not shown:
                 pending[name] = []  # new or changed: its mode and rules are shown at once
+        waiting = False
         for name, decisions in pending.items():
             policy = self.watch.policy(name)
             if policy is None:
                 continue  # gone: nothing to write its decisions into
             written: Written = "Conflict"
-            for _ in range(2):  # built on a status changed meanwhile: read back, once
-                written = self._record(name, policy.generation, policy.spec, decisions)
-                if written != "Conflict":
-                    break
+            try:
+                for _ in range(2):  # built on a status changed meanwhile: read back, once
+                    written = self._record(name, policy.generation, policy.spec, decisions)
+                    if written != "Conflict":
+                        break
+            except Exception:  # kept for the next flush: nothing taken out is lost
+                log.exception("GpuUsagePolicy %s: status not written", name)
+                written = "Failed"
             if written == "Refused":  # it would never be written: kept back
                 log.error(
                     "GpuUsagePolicy %s: %d decisions not recorded in its status",
@@ -255,11 +257,11 @@ class PolicyLedger:
                 )
             elif written != "Written":
                 self._keep(name, decisions, shown=policy.generation)
+                waiting = True
                 continue
             with self._lock:
                 self._shown[name] = policy.generation
-                if written == "Written":
-                    self._unlisted.pop(name, None)
+        return waiting
 
     def _record(
         self, name: str, generation: int, spec: GpuUsagePolicySpec, decisions: list[Decision]
@@ -276,34 +278,34 @@ class PolicyLedger:
             if (dumped := d.model_dump(by_alias=True, mode="json", exclude_defaults=True))
             not in status.decisions
         ]
-        with self._lock:
-            unlisted = self._unlisted.get(name, 0)
         now = max((d.decided_at for d in decisions), default=self.clock())
         patch = {
             "observedGeneration": generation,
             "mode": mode_of(spec),
             "rules": rules_of(spec),
-            "actionsTaken": status.taken + unlisted + sum(1 for d in fresh if d.get("done")),
+            "actionsTaken": status.taken + sum(1 for d in fresh if d.get("done")),
             "decisions": (fresh + status.decisions)[:MAX_DECISIONS],
             "actedAt": [format_time(t) for t in recent(status.acted, now)],
         }
         return self._write(name, status.version, patch)
 
     def _keep(self, name: str, decisions: list[Decision], *, shown: int) -> None:
-        """Decisions not written yet wait for the next flush, before those added since; past
-        MAX_DECISIONS the oldest are dropped (the status lists no more), their done ones still
-        counted. A policy whose mode and rules alone were not written waits too."""
+        """Decisions not written yet wait for the next flush, before those added since. Every
+        done one is kept (actionsTaken counts it; the rate limits bound how many there are);
+        of the others only the newest, up to what the status lists. A policy whose mode and
+        rules alone were not written waits too."""
         with self._lock:
             waiting = decisions + self._pending.get(name, [])
-            dropped = waiting[:-MAX_DECISIONS]
+            room = MAX_DECISIONS - sum(1 for d in waiting if d.done)
+            others = [i for i, d in enumerate(waiting) if not d.done]
+            dropped = set(others[: max(0, len(others) - room)])
             if dropped:
-                self._unlisted[name] = self._unlisted.get(name, 0) + sum(d.done for d in dropped)
                 log.warning(
-                    "GpuUsagePolicy %s: %d decisions dropped while its status cannot be written",
+                    "GpuUsagePolicy %s: %d decisions not recorded: its status cannot be written",
                     name,
                     len(dropped),
                 )
-            self._pending[name] = waiting[-MAX_DECISIONS:]
+            self._pending[name] = [d for i, d in enumerate(waiting) if i not in dropped]
             if self._shown.get(name) == shown:
                 del self._shown[name]
 
@@ -311,7 +313,7 @@ class PolicyLedger:
         """The policy's status as this replica knows it, read from the apiserver when it does
         not (REFUSED for good, None while it cannot be read)."""
         with self._lock:
-            known = self._known.get(name)
+            known, term = self._known.get(name), self._term
         if known is not None:
             return known
         try:
@@ -328,6 +330,8 @@ class PolicyLedger:
         if found is None:
             return None
         with self._lock:
+            if self._term != term:  # read in the term before: not kept, not used
+                return None
             return self._known.setdefault(name, found)
 
     def _write(self, name: str, version: str, patch: dict[str, Any]) -> Written:
@@ -365,9 +369,10 @@ def _read(body: Any) -> _Status | None:
         return None
     status = (body or {}).get("status") or {}
     acted = (parse_time(t) for t in status.get("actedAt") or [])
+    taken, decisions = status.get("actionsTaken"), status.get("decisions")
     return _Status(
         version,
-        list(status.get("decisions") or []),
-        int(status.get("actionsTaken") or 0),
+        [d for d in decisions if isinstance(d, dict)] if isinstance(decisions, list) else [],
+        taken if isinstance(taken, int) else 0,
         [t for t in acted if t is not None],
     )
