@@ -151,14 +151,20 @@ def test_a_status_that_cannot_be_read_is_not_overwritten_with_less() -> None:
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("old", "Done")], 4)
 
 
-def test_a_write_built_on_a_status_changed_meanwhile_is_read_back_and_made_again() -> None:
+def written_a_then_another_leader_x() -> tuple[PolicyLedger, PolicyStatusApi]:
+    """The ledger wrote decision a; then another leader recorded x (its action: 2 taken)."""
     api = PolicyStatusApi()
     book, _, _ = ledger(api)
     decide(book, "a")
     book.flush()
     other = {"target": {"kind": "Pod", "name": "x"}, "outcome": "Done", "done": True}
-    # another leader wrote while this one, without knowing, still takes itself for the leader
     api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
+    return book, api
+
+
+def test_a_write_built_on_a_status_changed_meanwhile_is_read_back_and_made_again() -> None:
+    # another leader wrote while this one, without knowing, still takes itself for the leader
+    book, api = written_a_then_another_leader_x()
     decide(book, "b")
     book.flush()
     assert not book.waiting(), "refused (409), read back, written"
@@ -168,12 +174,7 @@ def test_a_write_built_on_a_status_changed_meanwhile_is_read_back_and_made_again
 
 
 def test_a_replica_that_leads_again_reads_back_what_another_wrote_meanwhile() -> None:
-    api = PolicyStatusApi()
-    book, _, _ = ledger(api)
-    decide(book, "a")
-    book.flush()
-    other = {"target": {"kind": "Pod", "name": "x"}, "outcome": "Done", "done": True}
-    api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
+    book, api = written_a_then_another_leader_x()
     book.forget()  # turned active again
     decide(book, "b")
     book.flush()
