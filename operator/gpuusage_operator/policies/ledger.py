@@ -291,7 +291,8 @@ class PolicyLedger:
 
     def _keep(self, name: str, decisions: list[Decision], *, shown: int) -> None:
         """Decisions not written yet wait for the next flush, before those added since. Every
-        done one is kept (actionsTaken counts it; the rate limits bound how many there are);
+        done one is kept (actionsTaken counts it; the rate limits bound the enforced ones,
+        the pods the notices);
         of the others only the newest, up to what the status lists. A policy whose mode and
         rules alone were not written waits too."""
         with self._lock:
