@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import yaml
 from kubernetes import client
@@ -278,6 +278,13 @@ def enforced_policy(name: str = "idle", limit: int = 10) -> dict[str, Any]:
     }
 
 
+def policy_watch(state: PolicyState) -> Any:
+    """A PolicyWatch, listed, over these policies (a test sets `node_rule` where it needs)."""
+    return SimpleNamespace(
+        synced=True, policies=SimpleNamespace(state=state), policy=state.policies.get
+    )
+
+
 def policy_runner(
     api: PolicyStatusApi, clock: Callable[[], datetime], *, limit: int = 10, cluster: int = 30
 ) -> tuple[PolicyRunner, PolicyState]:
@@ -285,9 +292,8 @@ def policy_runner(
     state of its watch (to tell it of the policy's changes)."""
     state = PolicyState()
     state.apply("ADDED", {**enforced_policy(limit=limit), "status": {"observedGeneration": 1}})
-    watch = SimpleNamespace(policies=SimpleNamespace(state=state), policy=state.policies.get)
     runner = PolicyRunner(
-        watch=cast(Any, watch),
+        watch=policy_watch(state),
         custom=api,
         annotate=lambda pod, patch: True,
         record=lambda *a: None,

@@ -9,8 +9,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -21,6 +20,7 @@ from gpuusage.api.times import format_time
 from gpuusage_operator.informers.policies import PolicyState
 from gpuusage_operator.policies.ledger import PolicyLedger, Slot
 from gpuusage_operator.writers.budget import WriteBudget
+from tests.builders import policy_watch
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.simworld import SimWorld
@@ -450,9 +450,8 @@ def test_the_ledger_counts_on_the_status_the_apiserver_has(
     )
     state = PolicyState()
     state.apply("ADDED", created)
-    watch = SimpleNamespace(policies=SimpleNamespace(state=state), policy=state.policies.get)
     now = datetime.now(UTC)
-    book = PolicyLedger(cast(Any, watch), custom, lambda: now, cluster_actions_per_hour=30)
+    book = PolicyLedger(policy_watch(state), custom, lambda: now, cluster_actions_per_hour=30)
 
     assert book.reserve(name) == Slot(at=now.replace(microsecond=0))
     assert _status(api, name)["actedAt"] == [format_time(now)]

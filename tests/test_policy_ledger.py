@@ -482,16 +482,7 @@ def tainting(api: PolicyStatusApi, outcome: str) -> tuple[NodeRunner, Marker, Cl
         },
     )
     found = state.policies["idle"]
-    runner.watch = cast(
-        Any,
-        SimpleNamespace(
-            synced=True,
-            policies=SimpleNamespace(state=state),
-            policy=state.policies.get,
-            node_rule=lambda: (found, found.spec.node_rules[0]),
-        ),
-    )
-    runner.ledger.watch = runner.watch
+    cast(Any, runner.watch).node_rule = lambda: (found, found.spec.node_rules[0])
     marker = Marker(outcome)
     return NodeRunner(runner, record=lambda *a: None, marker=cast(Any, marker)), marker, clock
 

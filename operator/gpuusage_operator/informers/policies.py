@@ -40,7 +40,7 @@ class Policy:
 
 def _written(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What the policy's status says that the operator reads back: observedGeneration (the
-    actions it counts are read from the apiserver itself when needed: see policies.run)."""
+    actions it counts are read from the apiserver itself when needed: see policies.ledger)."""
     observed = (obj.get("status") or {}).get("observedGeneration")
     return {"observed": observed if isinstance(observed, int) else None}
 

@@ -78,7 +78,7 @@ class Subject(Protocol):
 class PolicyRunner:
     watch: PolicyWatch
     custom: Any
-    """A CustomObjectsApi: the policies' status is written through it."""
+    """A CustomObjectsApi: the ledger reads and writes the policies' status through it."""
     annotate: Callable[[PodSnapshot, dict[str, str | None]], bool]
     """Patch the pod's annotations (with its UID as precondition); whether it landed."""
     record: Callable[[PodSnapshot, PodEvent, str, datetime], None]
@@ -91,7 +91,8 @@ class PolicyRunner:
     actor: Actor | None = None
     """Carries out enforced actions other than Notify (None: not turned on)."""
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
-    """Now, for a status written without a decision (the window of status.actedAt)."""
+    """Now, for the ledger: when an enforced action is counted, and the window of
+    status.actedAt."""
     cluster_actions_per_hour: int = CLUSTER_ACTIONS_PER_HOUR
     """All policies' enforced actions (but Notify) in any sliding hour."""
     decided: TallyCounter[tuple[str, str, str]] = field(default_factory=TallyCounter)
