@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuusage_dev.localcluster import binaries, tools
+from gpuusage_dev.localcluster import binaries, tools, versions
 from gpuusage_dev.localcluster.binaries import BinariesError
 
 KUBERNETES_GO_MOD_EXCERPT = """
@@ -92,8 +92,14 @@ def test_too_old_go_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_cache_is_keyed_by_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GPUUSAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(versions.ENV, raising=False)
     paths = binaries.cached_binaries()
-    assert paths.kube_apiserver.parent.name == f"kubernetes-{binaries.KUBERNETES_VERSION}"
+    assert paths.kube_apiserver.parent.name == f"kubernetes-{versions.DEFAULT}"
+    assert binaries.cached_binaries(version="1.35").kube_apiserver.parent.name == (
+        "kubernetes-v1.35.4"
+    )
+    monkeypatch.setenv(versions.ENV, "v1.36")
+    assert binaries.cached_node_binaries().kubelet.parent.name == "kubernetes-v1.36.3"
     assert paths.etcd.parent.name == f"etcd-{binaries.ETCD_VERSION}"
     assert str(paths.kubectl).startswith(str(tmp_path))
 
@@ -157,3 +163,35 @@ def test_a_first_build_says_what_it_makes_and_about_how_long(
         path.write_text("#!/bin/sh\n")
         path.chmod(0o755)
     assert tools.first_build_plan(node=True, tools=True, root=tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("asked", "runs"),
+    [
+        (None, versions.DEFAULT),
+        ("1.36", "v1.36.3"),
+        ("v1.35", "v1.35.4"),
+        ("1.37.2", "v1.37.2"),
+        ("v1.35.4", "v1.35.4"),
+    ],
+)
+def test_a_supported_minor_names_its_release(asked: str | None, runs: str) -> None:
+    assert versions.choose(asked, environ={}) == runs
+
+
+def test_the_environment_chooses_when_no_flag_does() -> None:
+    assert versions.choose(None, environ={versions.ENV: "1.36"}) == "v1.36.3"
+    assert versions.choose("1.35", environ={versions.ENV: "1.36"}) == "v1.35.4"
+
+
+@pytest.mark.parametrize("asked", ["1.34", "v1.34.4", "1.36.9", "1.38", "latest", "2.0"])
+def test_an_unsupported_version_is_refused_with_the_list(asked: str) -> None:
+    with pytest.raises(versions.UnsupportedVersion) as refused:
+        versions.choose(asked, environ={})
+    assert asked in str(refused.value)
+    assert ", ".join(versions.SUPPORTED) in str(refused.value)
+
+
+def test_the_newest_supported_release_is_the_default() -> None:
+    assert max(versions.SUPPORTED, key=versions.minor) == versions.DEFAULT
+    assert min(versions.SUPPORTED, key=versions.minor) == versions.OLDEST

@@ -30,6 +30,9 @@ class LocalClusterSettings(CommandSettings):
     gpus: Path | None = None
     """The node's GPU scenario (the fake source's format) for its device plugin; default: four
     whole GPUs."""
+    kubernetes_version: str | None = None
+    """The Kubernetes release to run (a supported minor such as 1.36 names its release);
+    default: the newest supported (gpuusage_dev.localcluster.versions)."""
 
 
 class RestartSettings(CommandSettings):
@@ -56,13 +59,16 @@ class RestartSettings(CommandSettings):
 
 
 class BuildSettings(CommandSettings):
-    """Versions are pinned in gpuusage_dev.localcluster.binaries and .tools."""
+    """Versions are pinned in gpuusage_dev.localcluster.versions, .binaries and .tools."""
 
     tools: bool = False
     """Also build kube-state-metrics, promtool and helm and fetch the Prometheus Operator's CRDs
     (the monitoring and Helm chart tests use them)."""
     node: bool = False
     """Also build the kubelet, kube-scheduler and kube-controller-manager (a real node)."""
+    kubernetes_version: str | None = None
+    """The Kubernetes release to build (a supported minor such as 1.36 names its release);
+    default: the newest supported (gpuusage_dev.localcluster.versions)."""
 
 
 class DemoSettings(CommandSettings):
@@ -81,7 +87,7 @@ def run_up(settings: LocalClusterSettings) -> int:
     from gpuusage_dev.localcluster.cluster import LocalCluster  # noqa: PLC0415
 
     if settings.node is None:
-        cluster = LocalCluster(settings.dir)
+        cluster = LocalCluster(settings.dir, kubernetes_version=settings.kubernetes_version)
         cluster.up(timeout=settings.timeout)
     else:
         cluster = _up_with_node(settings, settings.node)
@@ -89,7 +95,9 @@ def run_up(settings: LocalClusterSettings) -> int:
         api, _ = api_client(cluster.kubeconfig)
         with api:
             install_crds(api)
-    print(f"local control plane ready at {cluster.server}")
+    print(
+        f"local control plane (Kubernetes {cluster.kubernetes_version}) ready at {cluster.server}"
+    )
     if settings.node is not None:
         print(f"node {settings.node} Ready (its files and logs in {settings.dir / 'node'})")
     print(f"export KUBECONFIG={cluster.kubeconfig}")
@@ -108,7 +116,7 @@ def _up_with_node(settings: LocalClusterSettings, name: str) -> LocalCluster:
     if why is not None:
         raise NodeUnavailable(f"cannot run node {name} here: {why}")
     scenario = yaml.safe_load(settings.gpus.read_text()) if settings.gpus else None
-    cluster = node_cluster(settings.dir)
+    cluster = node_cluster(settings.dir, kubernetes_version=settings.kubernetes_version)
     cluster.up(timeout=settings.timeout)
     node = Node(
         settings.dir / "node",
@@ -117,6 +125,7 @@ def _up_with_node(settings: LocalClusterSettings, name: str) -> LocalCluster:
         pki=settings.dir / "pki",
         scenario=scenario,
         product=True,
+        kubernetes_version=cluster.kubernetes_version,
     )
     try:
         node.start(settings.timeout)
@@ -163,6 +172,7 @@ def run_restart(settings: RestartSettings) -> int:
 
 def run_build(settings: BuildSettings) -> int:
     from gpuusage_dev.fakekubelet import ensure_fake_kubelet  # noqa: PLC0415
+    from gpuusage_dev.localcluster import versions  # noqa: PLC0415
     from gpuusage_dev.localcluster.binaries import (  # noqa: PLC0415
         ensure_binaries,
         ensure_node_binaries,
@@ -176,15 +186,16 @@ def run_build(settings: BuildSettings) -> int:
         first_build_plan,
     )
 
-    plan = first_build_plan(settings.node, settings.tools)
+    version = versions.choose(settings.kubernetes_version)
+    plan = first_build_plan(settings.node, settings.tools, version=version)
     if plan:
         print(plan, file=sys.stderr, flush=True)
-    found = ensure_binaries()
+    found = ensure_binaries(version=version)
     for path in (found.kube_apiserver, found.etcd, found.kubectl):
         print(path)
     print(ensure_fake_kubelet())  # the demo's and the tests' kubelet PodResources socket
     if settings.node:
-        for path in ensure_node_binaries().all:
+        for path in ensure_node_binaries(version=version).all:
             print(path)
     if settings.tools:
         for tool in TOOLS:

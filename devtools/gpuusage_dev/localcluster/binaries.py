@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuusage.errors import GpuusageError
+from gpuusage_dev.localcluster import versions
 
-KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.5"
 MIN_GO = (1, 24)
 
@@ -75,24 +75,24 @@ def cache_root() -> Path:
     return base / "gpuusage"
 
 
-def _kubernetes_dir(root: Path) -> Path:
-    return root / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
+def _kubernetes_dir(root: Path, version: str) -> Path:
+    return root / "bin" / f"kubernetes-{version}"
 
 
 def _etcd_dir(root: Path) -> Path:
     return root / "bin" / f"etcd-{ETCD_VERSION}"
 
 
-def cached_binaries(root: Path | None = None) -> Binaries:
-    """The cache paths, whether or not the files exist yet."""
+def cached_binaries(root: Path | None = None, version: str | None = None) -> Binaries:
+    """The cache paths of `version` (see versions.choose), whether or not the files exist yet."""
     root = root or cache_root()
-    kube = _kubernetes_dir(root)
+    kube = _kubernetes_dir(root, versions.choose(version))
     return Binaries(kube / "kube-apiserver", _etcd_dir(root) / "etcd", kube / "kubectl")
 
 
-def cached_node_binaries(root: Path | None = None) -> NodeBinaries:
-    """The node programs' cache paths, beside the control plane's (one Kubernetes version)."""
-    kube = _kubernetes_dir(root or cache_root())
+def cached_node_binaries(root: Path | None = None, version: str | None = None) -> NodeBinaries:
+    """The node programs' cache paths, beside the control plane's of the same version."""
+    kube = _kubernetes_dir(root or cache_root(), versions.choose(version))
     return NodeBinaries(kube / "kubelet", kube / "kube-scheduler", kube / "kube-controller-manager")
 
 
@@ -117,21 +117,25 @@ def from_assets(assets: Path) -> Binaries:
     return found
 
 
-def ensure_binaries(progress: Progress = stderr_progress) -> Binaries:
-    """Return usable binaries, building any that are missing from the cache."""
+def ensure_binaries(progress: Progress = stderr_progress, version: str | None = None) -> Binaries:
+    """Return usable binaries of `version` (see versions.choose), building any that are missing
+    from the cache."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets:
         return from_assets(Path(assets))
+    version = versions.choose(version)
     root = cache_root()
-    wanted = cached_binaries(root)
+    wanted = cached_binaries(root, version)
     if not missing_binaries(wanted):
         return wanted
-    go = require_go()
+    go = require_go(control_plane_hint(version))
     with file_lock(root / "locks" / "build.lock"):
         if wanted.kube_apiserver in missing_binaries(wanted) or wanted.kubectl in missing_binaries(
             wanted
         ):
-            build_kubernetes(go, _kubernetes_dir(root), root / "work", progress)
+            build_kubernetes(
+                go, version, _kubernetes_dir(root, version), work=root / "work", progress=progress
+            )
         if wanted.etcd in missing_binaries(wanted):
             build_etcd(go, _etcd_dir(root), root / "work", progress)
     still = missing_binaries(wanted)
@@ -140,22 +144,29 @@ def ensure_binaries(progress: Progress = stderr_progress) -> Binaries:
     return wanted
 
 
-def ensure_node_binaries(progress: Progress = stderr_progress) -> NodeBinaries:
-    """The kubelet, kube-scheduler and kube-controller-manager of KUBERNETES_VERSION, built from
+def ensure_node_binaries(
+    progress: Progress = stderr_progress, version: str | None = None
+) -> NodeBinaries:
+    """The kubelet, kube-scheduler and kube-controller-manager of `version`, built from
     the same module as kube-apiserver when missing (about 2-3 minutes more once the
     apiserver's build cache is warm; 8 from an empty one)."""
+    version = versions.choose(version)
     root = cache_root()
-    wanted = cached_node_binaries(root)
+    wanted = cached_node_binaries(root, version)
     if not absent(wanted.all):
         return wanted
-    go = require_go(NODE_HINT)
+    go = require_go(
+        f"A local node needs the kubelet, kube-scheduler and kube-controller-manager "
+        f"{version}, which gpuusage builds from Go modules once."
+    )
     with file_lock(root / "locks" / "build.lock"):
         if absent(wanted.all):
             build_kubernetes(
                 go,
-                _kubernetes_dir(root),
-                root / "work",
-                progress,
+                version,
+                _kubernetes_dir(root, version),
+                work=root / "work",
+                progress=progress,
                 commands=("kubelet", "kube-scheduler", "kube-controller-manager"),
             )
     still = absent(wanted.all)
@@ -164,19 +175,15 @@ def ensure_node_binaries(progress: Progress = stderr_progress) -> NodeBinaries:
     return wanted
 
 
-NODE_HINT = (
-    f"A local node needs the kubelet, kube-scheduler and kube-controller-manager "
-    f"{KUBERNETES_VERSION}, which gpuusage builds from Go modules once."
-)
-
-CONTROL_PLANE_HINT = (
-    f"gpuusage builds kube-apiserver {KUBERNETES_VERSION}, kubectl and etcd {ETCD_VERSION} from "
-    "Go modules once (about 5 minutes on 2 cores), or set KUBEBUILDER_ASSETS to a folder holding "
-    "kube-apiserver, etcd and kubectl."
-)
+def control_plane_hint(version: str) -> str:
+    return (
+        f"gpuusage builds kube-apiserver {version}, kubectl and etcd {ETCD_VERSION} from "
+        "Go modules once (about 5 minutes on 2 cores), or set KUBEBUILDER_ASSETS to a folder "
+        "holding kube-apiserver, etcd and kubectl."
+    )
 
 
-def require_go(hint: str = CONTROL_PLANE_HINT) -> str:
+def require_go(hint: str) -> str:
     """The `go` command, checked for a usable version; the error says how to get one."""
     go = shutil.which("go")
     hint = (
@@ -231,28 +238,28 @@ def go_env() -> dict[str, str]:
 
 def build_kubernetes(
     go: str,
+    version: str,
     dest: Path,
+    *,
     work: Path,
     progress: Progress,
     commands: tuple[str, ...] = ("kube-apiserver", "kubectl"),
 ) -> None:
-    """Build `commands` (k8s.io/kubernetes/cmd/...) of KUBERNETES_VERSION into dest."""
-    module = work / f"kubernetes-{KUBERNETES_VERSION}"
+    """Build `commands` (k8s.io/kubernetes/cmd/...) of `version` into dest."""
+    module = work / f"kubernetes-{version}"
     module.mkdir(parents=True, exist_ok=True)
     env = go_env()
-    progress(f"gpuusage: resolving k8s.io/kubernetes {KUBERNETES_VERSION} ...")
-    go_mod_path = module_download(
-        go, f"k8s.io/kubernetes@{KUBERNETES_VERSION}", module, env, "GoMod"
-    )
-    replaces = staging_replaces(go_mod_path.read_text(), KUBERNETES_VERSION)
+    progress(f"gpuusage: resolving k8s.io/kubernetes {version} ...")
+    go_mod_path = module_download(go, f"k8s.io/kubernetes@{version}", module, env, "GoMod")
+    replaces = staging_replaces(go_mod_path.read_text(), version)
     (module / "go.mod").write_text(
         "module gpuusage.local/kubebuild\n\ngo 1.24.0\n\n"
-        f"require k8s.io/kubernetes {KUBERNETES_VERSION}\n\n" + "\n".join(replaces) + "\n"
+        f"require k8s.io/kubernetes {version}\n\n" + "\n".join(replaces) + "\n"
     )
-    minor = KUBERNETES_VERSION.split(".")[1]
+    minor = version.split(".")[1]
     ldflags = (
         "-s -w "
-        f"-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION} "
+        f"-X k8s.io/component-base/version.gitVersion={version} "
         f"-X k8s.io/component-base/version.gitMajor=1 "
         f"-X k8s.io/component-base/version.gitMinor={minor}"
     )
@@ -263,7 +270,7 @@ def build_kubernetes(
         packages=[f"k8s.io/kubernetes/cmd/{name}" for name in commands],
         ldflags=ldflags,
         dest=dest,
-        what=f"{', '.join(commands)} {KUBERNETES_VERSION}",
+        what=f"{', '.join(commands)} {version}",
         progress=progress,
     )
 

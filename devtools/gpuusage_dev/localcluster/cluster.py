@@ -32,6 +32,7 @@ import yaml
 
 from gpuusage import procfs
 from gpuusage.errors import GpuusageError
+from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.binaries import Binaries, ensure_binaries, stderr_progress
 from gpuusage_dev.localcluster.pki import Pki, create_pki
 
@@ -69,6 +70,8 @@ class ClusterState:
     apiserver_args: list[str] = field(default_factory=list)
     """Flags `up` was given for the apiserver beyond ours: a restart keeps them."""
     authorization: str = "RBAC"
+    kubernetes_version: str = ""
+    """The release `up` started (see versions): a restart runs the same binaries."""
 
     @classmethod
     def load(cls, path: Path) -> ClusterState | None:
@@ -185,9 +188,13 @@ class LocalCluster:
         authorization_modes: Sequence[str] = ("RBAC",),
         tie_to_parent: bool = False,
         progress: Callable[[str], None] = stderr_progress,
+        kubernetes_version: str | None = None,
     ) -> None:
+        """`kubernetes_version`: the release to start (versions.choose: the default, or
+        $GPUUSAGE_KUBERNETES_VERSION); a cluster already started keeps the one it runs."""
         self.directory = directory.resolve()
         self._binaries = binaries
+        self._version = kubernetes_version
         self._apiserver_args = list(apiserver_args)
         self._authorization = ",".join(authorization_modes)
         self._etcd_args = list(etcd_args)
@@ -212,9 +219,17 @@ class LocalCluster:
         return f"https://127.0.0.1:{state.apiserver_port}"
 
     @property
+    def kubernetes_version(self) -> str:
+        """The release this cluster runs: the one its state records, else the one chosen."""
+        state = self._state or ClusterState.load(self.state_path)
+        if state is not None and state.kubernetes_version and self._version is None:
+            return state.kubernetes_version
+        return versions.choose(self._version)
+
+    @property
     def binaries(self) -> Binaries:
         if self._binaries is None:
-            self._binaries = ensure_binaries(self._progress)
+            self._binaries = ensure_binaries(self._progress, self.kubernetes_version)
         return self._binaries
 
     def log_path(self, component: str) -> Path:
@@ -237,6 +252,8 @@ class LocalCluster:
                 f"stop it with `gpuusage local-cluster down --dir {self.directory}`"
             )
         self._stop_strays()
+        version = versions.choose(self._version)
+        self._version = version
         binaries = self.binaries  # build before taking ports: it can take minutes
         for sub in ("etcd-data", "pki"):
             shutil.rmtree(self.directory / sub, ignore_errors=True)
@@ -250,6 +267,7 @@ class LocalCluster:
                 apiserver_port=free_port(),
                 apiserver_args=self._apiserver_args,
                 authorization=self._authorization,
+                kubernetes_version=version,
             )
             self._state.save(self.state_path)
             try:

@@ -28,6 +28,7 @@ import yaml
 
 from gpuusage.retry import poll_until
 from gpuusage_dev.deviceplugin import DevicePlugin, scenario_resources
+from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.binaries import (
     NodeBinaries,
     cache_root,
@@ -197,12 +198,15 @@ class Node:
         binaries: NodeBinaries | None = None,
         product: bool = False,
         time_slicing: dict[str, int] | None = None,
+        kubernetes_version: str | None = None,
     ) -> None:
         """`name`, `server`, `pki` and `scenario` are needed to start it; stopping needs only
         its folder. `product`: also build the product's images (productimages) and import them
         under the names the manifests use. `time_slicing`: GPUs (UUID → N) the device plugin
-        advertises as N time-slicing replicas (see deviceplugin)."""
+        advertises as N time-slicing replicas (see deviceplugin). `kubernetes_version`: the
+        kubelet's release, the control plane's (versions.choose)."""
         self.directory = directory.resolve()
+        self.kubernetes_version = versions.choose(kubernetes_version)
         self.name = name
         self.server = server
         self.pki = pki or self.directory / "pki"
@@ -217,7 +221,7 @@ class Node:
     @property
     def binaries(self) -> NodeBinaries:
         if self._binaries is None:
-            self._binaries = ensure_node_binaries()
+            self._binaries = ensure_node_binaries(version=self.kubernetes_version)
         return self._binaries
 
     @property
@@ -250,6 +254,7 @@ class Node:
             scenario=saved["scenario"],
             product=saved["product"],
             time_slicing=saved.get("time_slicing"),
+            kubernetes_version=saved.get("kubernetes_version"),
         )
 
     def _save_settings(self) -> None:
@@ -260,6 +265,7 @@ class Node:
             "scenario": self.scenario,
             "product": self.product,
             "time_slicing": self.time_slicing,
+            "kubernetes_version": self.kubernetes_version,
         }
         self.settings_path.write_text(json.dumps(settings))
 
@@ -693,7 +699,11 @@ def another_kubelet(socket_path: Path | None = None) -> str | None:
 
 
 def node_cluster(
-    directory: Path, *, tie_to_parent: bool = False, apiserver_args: Sequence[str] = ()
+    directory: Path,
+    *,
+    tie_to_parent: bool = False,
+    apiserver_args: Sequence[str] = (),
+    kubernetes_version: str | None = None,
 ) -> LocalCluster:
     """A local control plane a node can join as a real one does: the Node authorizer and
     NodeRestriction on (kept across restarts), and any more apiserver flags."""
@@ -702,6 +712,7 @@ def node_cluster(
         authorization_modes=("Node", "RBAC"),
         apiserver_args=["--enable-admission-plugins=NodeRestriction", *apiserver_args],
         tie_to_parent=tie_to_parent,
+        kubernetes_version=kubernetes_version,
     )
 
 
@@ -738,6 +749,7 @@ def running_node(
             scenario=scenario,
             product=product,
             time_slicing=time_slicing,
+            kubernetes_version=cluster.kubernetes_version,
         )
         try:
             node.start()

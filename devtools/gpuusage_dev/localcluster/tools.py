@@ -222,14 +222,18 @@ kubectl 325 s with their modules' download, etcd 30 s, the node's three programs
 whole first `make test` build took 18.5 minutes against `make demo`'s 10)."""
 
 
-def first_build_plan(node: bool, tools: bool, root: Path | None = None) -> str | None:
+def first_build_plan(
+    node: bool, tools: bool, root: Path | None = None, version: str | None = None
+) -> str | None:
     """What a build is about to make for the first time, and about how long it takes; None
     when everything is cached (or KUBEBUILDER_ASSETS names the control plane's binaries)."""
     root = root or cache_root()
     parts: list[tuple[str, str]] = []
-    if not os.environ.get("KUBEBUILDER_ASSETS") and missing_binaries(cached_binaries(root)):
+    if not os.environ.get("KUBEBUILDER_ASSETS") and missing_binaries(
+        cached_binaries(root, version)
+    ):
         parts.append(("control plane", "kube-apiserver, etcd, kubectl"))
-    if node and absent(cached_node_binaries(root).all):
+    if node and absent(cached_node_binaries(root, version).all):
         parts.append(("node", "kubelet, kube-scheduler, kube-controller-manager"))
     if tools and _tools_missing(root):
         parts.append(("tools", "kube-state-metrics, promtool, helm"))

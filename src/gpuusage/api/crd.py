@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from gpuusage.api import names, policy
 from gpuusage.api.models import (
     MAX_ALLOCATED_LISTED,
+    MAX_KUBELET_CLAIM_DEVICES,
     MAX_KUBELET_DEVICES,
     MAX_KUBELET_REPLICAS,
     MAX_PROCESSES,
@@ -199,6 +200,13 @@ def render_crd() -> dict[str, Any]:
                 "rule": "!has(self.kubelet) || !has(self.kubelet.pods) || self.kubelet.pods.map("
                 f"p, has(p.replicas) ? size(p.replicas) : 0).sum() <= {MAX_KUBELET_REPLICAS}",
                 "message": f"kubelet.pods lists at most {MAX_KUBELET_REPLICAS} replicas in all",
+            },
+            {
+                "rule": "!has(self.kubelet) || !has(self.kubelet.pods) || self.kubelet.pods.map("
+                "p, has(p.claimDevices) ? size(p.claimDevices) : 0).sum() <= "
+                f"{MAX_KUBELET_CLAIM_DEVICES}",
+                "message": f"kubelet.pods lists at most {MAX_KUBELET_CLAIM_DEVICES} claim devices "
+                "in all",
             },
         ]
     )

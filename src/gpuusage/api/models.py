@@ -61,6 +61,8 @@ MAX_MIG_UUID = 64  # MIG-GPU-<uuid>/<gi>/<ci> is at most 56 characters
 MAX_DEVICE_ID = MAX_MIG_UUID  # no GPU, MIG device, stand-in or <parent>/<profile> is longer
 MAX_KUBELET_PODS = 64  # pods listed with the kubelet's devices (the rest counted as omitted)
 MAX_KUBELET_DEVICES = 256  # devices listed for those pods, in all
+MAX_KUBELET_CLAIM_DEVICES = 64  # DRA devices listed for those pods, in all
+MAX_POD_CLAIM_DEVICES = 16  # DRA devices listed for one pod
 MAX_ALLOCATED_LISTED = 256  # allocated devices listed in status.pods, in all
 MAX_COUNTED = 1_000_000  # counts of things not listed are shown up to this
 MAX_REQUESTED_GPUS = 1024  # what a pod's request is shown as, at most
@@ -327,9 +329,30 @@ class DeviceReplicas(ApiModel):
     replicas: Annotated[int, Field(ge=1, le=MAX_COUNTED)]
 
 
+DraDriverName = Annotated[str, Field(max_length=63, pattern=DNS_SUBDOMAIN_PATTERN)]
+DraPoolName = Annotated[str, Field(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9./]*[a-z0-9])?$")]
+DraDeviceName = Annotated[str, Field(max_length=128, pattern=DNS_LABEL_PATTERN)]
+
+
+class KubeletClaimDevice(ApiModel):
+    """One device a DRA driver prepared for one of the pod's claims, as the kubelet's
+    PodResources API lists it per container (`dynamic_resources`): the kubelet names the claim,
+    driver, pool and device, never the device's UUID."""
+
+    claim: PodName
+    """The ResourceClaim's name (in the pod's namespace)."""
+    driver: DraDriverName
+    pool: DraPoolName
+    device: DraDeviceName
+    uuid: DeviceId | None = None
+    """The GPU or MIG UUID, where the CDI devices the driver prepared for it say which device
+    of this node it is; None: not known from the node (the operator then maps the device
+    through its ResourceSlice, where it may read them)."""
+
+
 class KubeletPod(ApiModel):
-    """The devices the kubelet's device manager gave one pod (PodResources List), for the GPU
-    resources the agent counts."""
+    """The devices the kubelet gave one pod (PodResources List): those its device manager
+    handed out for the GPU resources the agent counts, and those DRA drivers prepared."""
 
     namespace: Namespace
     name: PodName
@@ -346,6 +369,14 @@ class KubeletPod(ApiModel):
         default_factory=list
     )
     """The time-slicing replicas the pod was given, by device (IDs with the `::<n>` suffix)."""
+    claim_devices: Annotated[list[KubeletClaimDevice], Field(max_length=MAX_POD_CLAIM_DEVICES)] = (
+        Field(default_factory=list)
+    )
+    """The devices DRA drivers prepared for the pod's claims, once each. Empty where the kubelet
+    lists none: a kubelet that does not list DRA devices says so in `draMessage`."""
+    omitted_claim_devices: Annotated[int, Field(ge=0, le=MAX_COUNTED)] = 0
+    """DRA devices of the pod not listed (over the bound): its claims' devices are then not
+    known one by one from the node."""
 
 
 class KubeletAllocations(ApiModel):
@@ -369,12 +400,20 @@ class KubeletAllocations(ApiModel):
     replicas_message: Message | None = None
     """Why the replicas the devices are advertised as could not be read: pods given a replica
     then have no handed share."""
+    dra_message: Message | None = None
+    """What of the kubelet's view of DRA could not be read (a kubelet that lists no DRA
+    devices, or lacks the `Get` call): pods' claims are then known from the API alone."""
 
     @model_validator(mode="after")
     def _devices_bounded(self) -> KubeletAllocations:
         """The same bound as the CRD's rule (see api.crd)."""
         at_most(sum(len(p.devices) for p in self.pods), MAX_KUBELET_DEVICES, "kubelet devices")
         at_most(sum(len(p.replicas) for p in self.pods), MAX_KUBELET_REPLICAS, "kubelet replicas")
+        at_most(
+            sum(len(p.claim_devices) for p in self.pods),
+            MAX_KUBELET_CLAIM_DEVICES,
+            "kubelet claim devices",
+        )
         return self
 
 
