@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# What a real node of the local cluster needs from the distribution (containerd, runc, CNI
-# plugins, a static busybox for the test images, mmdebstrap for the product images' base),
-# installed when missing. Only as root with
+# What a real node of the local cluster needs from the distribution (runc, CNI plugins, a
+# static busybox for the test images, mmdebstrap for the product images' base; containerd is
+# built from Go modules like the control plane), installed when missing. Only as root with
 # apt-get; elsewhere it says what is missing, and the real-node tests skip with the reason.
 set -u
 missing=()
-command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 command -v busybox >/dev/null || missing+=(busybox-static)

@@ -144,19 +144,20 @@ def test_a_first_build_says_what_it_makes_and_about_how_long(
     plan = tools.first_build_plan(node=True, tools=False, root=tmp_path)
     assert plan is not None
     assert "kube-apiserver, etcd, kubectl; kubelet, kube-scheduler" in plan
-    assert "about 7.5 minutes on 2 cores" in plan
+    assert "containerd" in plan
+    assert "about 9.5 minutes on 2 cores" in plan
     assert "promtool" not in plan
     everything = tools.first_build_plan(node=True, tools=True, root=tmp_path)
     assert everything is not None
     assert "promtool" in everything
-    assert "about 15.5 minutes" in everything
+    assert "about 17.5 minutes" in everything
     plane = binaries.cached_binaries(tmp_path)
     made = [
         plane.kube_apiserver,
         plane.etcd,
         plane.kubectl,
         *binaries.cached_node_binaries(tmp_path).all,
-        *(tool.cached(tmp_path) for tool in tools.TOOLS),
+        *(tool.cached(tmp_path) for tool in (*tools.TOOLS, tools.CONTAINERD)),
     ]
     for path in made:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuusage import procfs
+from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.binaries import ensure_binaries
 from gpuusage_dev.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, is_running
 from tests.conftest import CHILD_ENV
@@ -65,7 +66,8 @@ def test_up_gives_a_kubeconfig_kubectl_uses_and_down_leaves_nothing(tmp_path: Pa
             text=True,
             check=True,
         )
-        assert "Server Version: v1.34.4" in version.stdout
+        assert f"Server Version: {versions.DEFAULT}" in version.stdout
+        assert state["kubernetes_version"] == versions.DEFAULT
         assert "WARNING" not in version.stderr  # same version: no skew warning
         assert len(_live_processes_using(tmp_path)) == 2
 
@@ -80,6 +82,19 @@ def test_up_gives_a_kubeconfig_kubectl_uses_and_down_leaves_nothing(tmp_path: Pa
     assert (
         "nothing was running" in _gpuusage("local-cluster", "down", "--dir", str(tmp_path)).stdout
     )
+
+
+def test_an_unsupported_kubernetes_version_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    refused = _gpuusage(
+        "local-cluster", "up", "--dir", str(tmp_path), "--kubernetes-version", "1.34", check=False
+    )
+    assert refused.returncode != 0
+    assert "'1.34' is not one the local cluster runs" in refused.stderr
+    assert ", ".join(versions.SUPPORTED) in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert _live_processes_using(tmp_path) == []
 
 
 def test_down_cleans_up_after_the_caller_crashed(tmp_path: Path) -> None:
@@ -135,10 +150,15 @@ def test_apiserver_restart_keeps_data(tmp_path: Path) -> None:
 
 
 def test_restart_command_brings_back_the_same_control_plane(tmp_path: Path) -> None:
-    """`local-cluster restart`: same ports, certificates and data; each component and both."""
-    _gpuusage("local-cluster", "up", "--dir", str(tmp_path))
+    """`local-cluster restart`: same ports, certificates, data and Kubernetes release (here the
+    oldest supported, asked for by its minor); each component and both."""
+    out = _gpuusage(
+        "local-cluster", "up", "--dir", str(tmp_path), "--kubernetes-version", versions.OLDEST[1:5]
+    ).stdout
+    assert f"(Kubernetes {versions.OLDEST})" in out
     try:
-        kubectl = [str(ensure_binaries().kubectl), f"--kubeconfig={tmp_path / 'kubeconfig'}"]
+        oldest = ensure_binaries(version=versions.OLDEST).kubectl
+        kubectl = [str(oldest), f"--kubeconfig={tmp_path / 'kubeconfig'}"]
         subprocess.run([*kubectl, "create", "namespace", "kept"], check=True, capture_output=True)
         before = json.loads((tmp_path / STATE_FILE).read_text())
         kubeconfig = (tmp_path / "kubeconfig").read_text()
@@ -162,6 +182,10 @@ def test_restart_command_brings_back_the_same_control_plane(tmp_path: Path) -> N
                 [*kubectl, "get", "ns", "kept"], capture_output=True, text=True, check=True
             )
             assert "kept" in got.stdout, "etcd's data survived"
+            server = subprocess.run(
+                [*kubectl, "version"], check=True, capture_output=True, text=True
+            )
+            assert f"Server Version: {versions.OLDEST}" in server.stdout
         assert len(_live_processes_using(tmp_path)) == 2
     finally:
         _gpuusage("local-cluster", "down", "--dir", str(tmp_path))

@@ -178,6 +178,7 @@ def run_build(settings: BuildSettings) -> int:
         ensure_node_binaries,
     )
     from gpuusage_dev.localcluster.tools import (  # noqa: PLC0415
+        CONTAINERD,
         OPENREPORTS_CRDS,
         PROMETHEUS_OPERATOR_CRDS,
         TOOLS,
@@ -197,6 +198,7 @@ def run_build(settings: BuildSettings) -> int:
     if settings.node:
         for path in ensure_node_binaries(version=version).all:
             print(path)
+        print(ensure_tool(CONTAINERD))
     if settings.tools:
         for tool in TOOLS:
             print(ensure_tool(tool))

@@ -25,6 +25,7 @@ from gpuusage.api.models import GpuNodeUsageSpec
 from gpuusage.errors import GpuusageError
 from gpuusage.kube.errors import ApiError
 from gpuusage.kube.rest import RestClient
+from gpuusage.kube.serverversion import UnsupportedKubernetes, check_server
 from gpuusage.settings import comma_list
 from gpuusage_nodeagent.activity import ActivityTracker, Key
 from gpuusage_nodeagent.caps import capped
@@ -253,6 +254,11 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
         metrics.serve(settings.metrics_address, settings.metrics_port, settings.interval)
     api, source = RestClient.from_kubeconfig(settings.kubeconfig)
     log.info("API from %s (%s)", source.origin, source.detail)
+    try:
+        check_server(lambda: api.get("/version"), allow_old=settings.allow_old_kubernetes)
+    except UnsupportedKubernetes:
+        api.close()
+        raise
     renewer = None
     if settings.lease_namespace and not settings.once:
         renewer = LeaseRenewer(

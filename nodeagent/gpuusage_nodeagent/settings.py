@@ -19,6 +19,10 @@ class AgentSettings(CommandSettings):
     """The node this agent reports for (in a DaemonSet: NODE_NAME from the downward API)."""
     interval: float = Field(default=10.0, gt=0)
     """Seconds between observations."""
+    allow_old_kubernetes: bool = False
+    """Run on a cluster older than the oldest supported Kubernetes (gpuusage.kube.serverversion:
+    1.35), where nothing proves what the kubelet's PodResources answers mean; otherwise such a
+    cluster is refused at start with the floor and the reason."""
     lease_namespace: str = Field(
         default="", max_length=63, json_schema_extra={"env": ["POD_NAMESPACE"]}
     )

@@ -12,8 +12,10 @@ import kopf
 from kubernetes import client
 
 from gpuusage.api.times import Clock, utc_now
+from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage.kube.core import CoreApi
+from gpuusage.kube.serverversion import check_server
 from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reports import ReportBook
@@ -179,6 +181,10 @@ class Operator:
         """Serve until SIGTERM/SIGINT (or stop_flag); the clients are closed at the end."""
         settings = self.settings
         try:
+            check_server(
+                lambda: json.loads(raw.body(CoreApi(self.api).get_code())),
+                allow_old=settings.allow_old_kubernetes,
+            )
             if settings.metrics_port:
                 self.metrics.serve(settings.metrics_address, settings.metrics_port)
             registry = build_registry(

@@ -66,6 +66,10 @@ class OperatorSettings(CommandSettings):
     """Seconds a watch of pods, Leases, DRA objects or policies may receive nothing, not even
     a bookmark, before its connection is taken for dead and its objects listed again (a
     half-open connection: a peer gone without closing it, a dropped NAT entry)."""
+    allow_old_kubernetes: bool = False
+    """Run on a cluster older than the oldest supported Kubernetes (gpuusage.kube.serverversion:
+    1.35), where nothing proves how its allocations are judged; otherwise such a cluster is
+    refused at start with the floor and the reason."""
     standalone: bool = False
     """Act alone, with no leader election (one replica only, e.g. on a workstation).
     Otherwise the replicas elect a leader through a Lease and only the leader acts."""

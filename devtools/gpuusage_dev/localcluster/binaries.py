@@ -364,6 +364,7 @@ def go_build(
     what: str,
     progress: Progress,
     rename: dict[str, str] | None = None,
+    tags: str = "",
 ) -> list[Path]:
     """Run `go build -v`, reporting progress, and move the results into dest atomically.
 
@@ -373,6 +374,8 @@ def go_build(
     dest.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=dest))
     cmd = [go, "build", "-v", "-ldflags", ldflags, "-o", str(staging) + "/"]
+    if tags:
+        cmd[2:2] = ["-tags", tags]
     progress(f"gpuusage: building {what} from Go modules (first time only; a few minutes) ...")
     started = time.monotonic()
     proc = subprocess.Popen(

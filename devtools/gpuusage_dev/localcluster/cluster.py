@@ -423,6 +423,11 @@ class LocalCluster:
             f"--etcd-servers=http://127.0.0.1:{state.etcd_client_port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # The `kubernetes` Service's endpoints would name the advertised address, which
+            # 1.37 refuses on loopback; nothing routes a Service here (no kube-proxy): the
+            # node's pods that call the apiserver use the host's network and 127.0.0.1
+            # (localcluster.nodeinstall).
+            "--endpoint-reconciler-type=none",
             f"--secure-port={state.apiserver_port}",
             f"--cert-dir={self.directory / 'pki'}",
             f"--tls-cert-file={pki.serving_cert}",

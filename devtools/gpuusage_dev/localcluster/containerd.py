@@ -1,6 +1,9 @@
 """A containerd of our own for the local cluster's real node, rooted in one folder.
 
-Debian's containerd (1.6) and runc run it as root. Everything it keeps lives under the folder:
+containerd 1.7, built from Go modules like the control plane (tools.CONTAINERD: Debian 12's 1.6
+ignores the CDI devices a DRA driver prepares), and Debian's runc run it as root. Its CRI
+plugin reads CDI specs from CDI_DIR, where DRA drivers write them on real nodes. Everything else
+it keeps lives under the folder:
 root, state, socket, and the `opt` plugin's path (else it makes /opt/containerd). The CRI plugin
 restricts the OOM score adjustment (runc fails without that where root lacks CAP_SYS_RESOURCE,
 as in some sandboxes), uses the cgroupfs driver (runc's SystemdCgroup off) and
@@ -27,7 +30,10 @@ from typing import Any
 from gpuusage.errors import GpuusageError
 from gpuusage.retry import poll_until
 
-NEEDED = ("containerd", "ctr", "runc")
+NEEDED = ("runc",)
+CDI_DIR = Path("/var/run/cdi")
+"""Where the CRI plugin reads CDI specs: the standard dynamic folder, where NVIDIA's DRA driver
+and the local node's own write them."""
 
 
 class NodeUnavailable(GpuusageError):
@@ -41,8 +47,8 @@ def node_prerequisites() -> str | None:
     missing = [tool for tool in NEEDED if shutil.which(tool) is None]
     if missing:
         return (
-            f"{', '.join(missing)} not found: a local node needs the distribution's containerd "
-            "and runc (apt-get install containerd runc containernetworking-plugins)"
+            f"{', '.join(missing)} not found: a local node needs the distribution's runc and "
+            "CNI plugins (apt-get install runc containernetworking-plugins)"
         )
     return None
 
@@ -65,10 +71,16 @@ def base_spec(default: dict[str, Any], hard_here: int) -> dict[str, Any]:
 
 
 def config_text(
-    directory: Path, sandbox_image: str, cni_conf: Path, cni_bin: Path, spec: Path
+    directory: Path,
+    sandbox_image: str,
+    cni_conf: Path,
+    cni_bin: Path,
+    spec: Path,
+    *,
+    cdi_dir: Path = CDI_DIR,
 ) -> str:
-    """containerd's config (version 2) with everything under `directory`; `spec`: the base
-    runtime spec of its containers."""
+    """containerd's config (version 2) with everything under `directory` but the CDI specs it
+    reads; `spec`: the base runtime spec of its containers."""
     return f"""version = 2
 root = "{directory / "root"}"
 state = "{directory / "state"}"
@@ -83,6 +95,8 @@ state = "{directory / "state"}"
   sandbox_image = "{sandbox_image}"
   restrict_oom_score_adj = true
   disable_apparmor = true
+  enable_cdi = true
+  cdi_spec_dirs = ["{cdi_dir}"]
 
 [plugins."io.containerd.grpc.v1.cri".containerd]
   snapshotter = "overlayfs"
@@ -130,6 +144,20 @@ class Containerd:
         self.sandbox_image = sandbox_image
         self.cni_bin = cni_bin
         self._process: subprocess.Popen[bytes] | None = None
+        self._binary: Path | None = None
+
+    @property
+    def binary(self) -> Path:
+        """containerd (built once, see tools.CONTAINERD); its shim and `ctr` lie beside it."""
+        if self._binary is None:
+            from gpuusage_dev.localcluster.tools import CONTAINERD, ensure_tool  # noqa: PLC0415
+
+            self._binary = ensure_tool(CONTAINERD)
+        return self._binary
+
+    @property
+    def ctr_binary(self) -> Path:
+        return self.binary.with_name("ctr")
 
     @property
     def pid(self) -> int:
@@ -157,7 +185,11 @@ class Containerd:
         self.cni_conf.mkdir(parents=True, exist_ok=True)
         spec = self.directory / "base-spec.json"
         default = subprocess.run(
-            ["ctr", "oci", "spec"], capture_output=True, text=True, check=True, timeout=30
+            [str(self.ctr_binary), "oci", "spec"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
         )
         _, hard_here = resource.getrlimit(resource.RLIMIT_NOFILE)
         spec.write_text(json.dumps(base_spec(json.loads(default.stdout), hard_here), indent=1))
@@ -166,11 +198,13 @@ class Containerd:
             config_text(self.directory, self.sandbox_image, self.cni_conf, self.cni_bin, spec)
         )
         log = (self.directory / "containerd.log").open("ab")
+        path = f"{self.binary.parent}{os.pathsep}{os.environ.get('PATH', '')}"  # its shim
         self._process = subprocess.Popen(
-            ["containerd", "--config", str(config)],
+            [str(self.binary), "--config", str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "PATH": path},
         )
         if not poll_until(self._answers, timeout, 0.2):
             self.stop()
@@ -187,7 +221,7 @@ class Containerd:
     ) -> subprocess.CompletedProcess[bytes]:
         """`ctr` on this containerd, in Kubernetes' namespace (k8s.io)."""
         return subprocess.run(
-            ["ctr", "-a", str(self.socket), "-n", "k8s.io", *args],
+            [str(self.ctr_binary), "-a", str(self.socket), "-n", "k8s.io", *args],
             input=input_bytes,
             capture_output=True,
             check=check,

@@ -44,6 +44,7 @@ from gpuusage_dev.localcluster.cluster import (
     terminate,
 )
 from gpuusage_dev.localcluster.containerd import (
+    CDI_DIR,
     TTRPC_SOCKET,
     Containerd,
     NodeUnavailable,
@@ -83,6 +84,7 @@ HOST_PATHS = (
     DEVICE_PLUGINS,
     Path("/var/lib/cni"),
     Path("/var/run/netns"),
+    CDI_DIR,
 )
 """Folders outside the node's own that the kubelet, CNI and containerd make: removed on stop
 unless they were there before."""
@@ -347,7 +349,10 @@ class Node:
                 f"--service-account-private-key-file={self.pki / 'sa.key'}",
                 f"--root-ca-file={ca}",
                 "--use-service-account-credentials=true",
-                "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+                # No node IPAM (the CNI's host-local IPAM hands out addresses). The cloud
+                # providers' loops, which 1.35 and 1.36 list and skip, are gone from 1.37,
+                # which refuses to hear of them.
+                "--controllers=*,-nodeipam",
                 # NotReady 30 s after the kubelet's last Lease renewal (50 s by default)
                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE}s",
             ],

@@ -77,6 +77,10 @@ class CoreApi:
     def patch_node_status(self, name: str, body: Any, **kwargs: Any) -> Any:
         return self._send("PATCH", f"/api/v1/nodes/{_part(name)}/status", kwargs, body)
 
+    def get_code(self, **kwargs: Any) -> Any:
+        """GET /version (VersionApi's name for it): the cluster's Kubernetes version."""
+        return self._send("GET", "/version", kwargs)
+
     def _send(self, method: str, path: str, options: dict[str, Any], body: Any = None) -> Any:
         """One request as the generated method sends it; the raw response (whatever
         `_preload_content` says: nothing here is read into a model)."""
