@@ -104,6 +104,25 @@ BUILT_TOOLS = {"cluster": "cluster", "helm_binary": "slow"}
 gets: `make check`, the inner loop, runs neither."""
 
 
+COMPAT_MODULES = frozenset(
+    {
+        "test_install.py",
+        "test_api_on_cluster.py",
+        "test_allocation_on_cluster.py",
+        "test_dra_versions_on_cluster.py",
+        "test_agent_on_cluster.py",
+        "test_operator_on_cluster.py",
+        "test_real_drivers_on_cluster.py",
+        "test_server_version.py",
+        "test_local_node.py",
+        "test_node_e2e.py",
+    }
+)
+"""The tests of install, allocation, DRA and the real node: `make test-compat` runs them (the
+`compat` marker) on every supported Kubernetes release, `make test-oldest` those that need no
+node on the oldest."""
+
+
 MACHINE_GROUP = "machine"
 """The one group of tests that use what this machine has once (the kubelet's device-plugin
 socket, containerd's host folders, the CNI bridge): under `pytest -n`, they run one after
@@ -113,10 +132,12 @@ another in one worker; every other test runs where a worker is free."""
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that starts the control plane is a cluster test, one that runs helm a slow one,
-    whether or not it says so. For parallel runs (`--dist loadgroup`): the node's tests share
+    whether or not it says so; one of COMPAT_MODULES a compat test. For parallel runs (`--dist loadgroup`): the node's tests share
     one group; a test using a module's fixture runs in its module's group, so that the fixture
     (an installed product, a built wheel) is made once, not once per worker."""
     for item in items:
+        if item.path.name in COMPAT_MODULES:
+            item.add_marker(pytest.mark.compat)
         for fixture, marker in BUILT_TOOLS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(getattr(pytest.mark, marker))
@@ -177,6 +198,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         with api:
             install_crds(api)
         yield local
+        deprecated = local.requested_deprecated_apis()
+        assert not deprecated, (
+            "the product or the tests requested deprecated APIs of Kubernetes "
+            f"{local.kubernetes_version}: {'; '.join(deprecated)}"
+        )
     finally:
         local.down()
 

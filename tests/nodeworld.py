@@ -72,6 +72,8 @@ def installed_world(
         world = NodeWorld(scenario, cluster, node, api, client.CoreV1Api(api), folder)
         wait_for(lambda: node_report(world).get("status"), timeout=90, what="the report reconciled")
         yield world
+        deprecated = cluster.requested_deprecated_apis()  # the node's, the product's, the tests'
+        assert not deprecated, f"deprecated APIs requested: {'; '.join(deprecated)}"
 
 
 def write_node_scenario(world: NodeWorld, processes: dict[str, list[dict[str, int]]]) -> None:

@@ -14,7 +14,13 @@ import pytest
 from gpuusage import procfs
 from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.binaries import ensure_binaries
-from gpuusage_dev.localcluster.cluster import STATE_FILE, LocalCluster, ProcessRecord, is_running
+from gpuusage_dev.localcluster.cluster import (
+    STATE_FILE,
+    LocalCluster,
+    ProcessRecord,
+    deprecated_apis,
+    is_running,
+)
 from tests.conftest import CHILD_ENV
 
 pytestmark = pytest.mark.cluster
@@ -190,3 +196,28 @@ def test_restart_command_brings_back_the_same_control_plane(tmp_path: Path) -> N
     finally:
         _gpuusage("local-cluster", "down", "--dir", str(tmp_path))
     assert _live_processes_using(tmp_path) == []
+
+
+def test_the_apiservers_deprecated_api_gauge_is_read_as_it_writes_it() -> None:
+    metrics = (
+        "# HELP apiserver_requested_deprecated_apis [STABLE] Gauge of deprecated APIs\n"
+        'apiserver_requested_deprecated_apis{group="",removed_release="",resource="endpoints",'
+        'subresource="",version="v1"} 1\n'
+        'apiserver_requested_deprecated_apis{group="resource.k8s.io",removed_release="1.38",'
+        'resource="resourceclaims",subresource="status",version="v1beta1"} 1\n'
+        'apiserver_request_total{code="200",group="",resource="pods",verb="LIST"} 3\n'
+    )
+    assert deprecated_apis(metrics) == [
+        "resource.k8s.io/v1beta1 resourceclaims/status (removed in 1.38)",
+        "v1 endpoints (removed in a later release)",
+    ]
+
+
+def test_a_deprecated_request_shows_in_the_gauge_the_suite_checks(tmp_path: Path) -> None:
+    """What the suite's clusters check at their end can see a deprecated request: v1
+    Endpoints, deprecated since 1.33, asked for once."""
+    with LocalCluster(tmp_path, tie_to_parent=True) as local:
+        assert local.requested_deprecated_apis() == []
+        kubectl = [str(local.binaries.kubectl), f"--kubeconfig={local.kubeconfig}"]
+        subprocess.run([*kubectl, "get", "endpoints", "-A"], check=True, capture_output=True)
+        assert local.requested_deprecated_apis() == ["v1 endpoints (removed in a later release)"]

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -173,6 +174,23 @@ def _stray_processes(directory: Path) -> list[ProcessRecord]:
         if any(needle in arg for arg in argv[1:]):
             found.append(ProcessRecord(Path(argv[0]).name, pid, procfs.start_ticks(pid)))
     return found
+
+
+def deprecated_apis(metrics: str) -> list[str]:
+    """`group/version resource[/subresource] (removed in R)` for each series of
+    apiserver_requested_deprecated_apis in a /metrics text."""
+    found = []
+    for line in metrics.splitlines():
+        if not line.startswith("apiserver_requested_deprecated_apis{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line[: line.rindex("}")]))
+        group = f"{labels['group']}/" if labels.get("group") else ""
+        sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+        found.append(
+            f"{group}{labels.get('version', '?')} {labels.get('resource', '?')}{sub}"
+            f" (removed in {labels.get('removed_release') or 'a later release'})"
+        )
+    return sorted(found)
 
 
 class LocalCluster:
@@ -475,6 +493,14 @@ class LocalCluster:
             f"kube-apiserver not ready after {timeout:.0f} s ({last}); "
             f"last lines of its log:\n{self._log_tail('kube-apiserver')}"
         )
+
+    def requested_deprecated_apis(self) -> list[str]:
+        """The deprecated APIs this apiserver has served a request for since it started (its
+        `apiserver_requested_deprecated_apis` gauge), as `group/version resource`."""
+        with urllib.request.urlopen(
+            f"{self.server}/metrics", context=self._ssl_context(), timeout=30
+        ) as response:
+            return deprecated_apis(response.read().decode())
 
     def _log_tail(self, name: str, lines: int = 30) -> str:
         try:
