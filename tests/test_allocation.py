@@ -492,12 +492,13 @@ def test_a_claim_hands_each_pod_its_part_of_a_shared_device(
     sharing: dict[str, Any] | None, pods: int, in_status: bool, share: float | None
 ) -> None:
     """NVIDIA's GpuConfig `sharing`, from the allocation's device config (or the claim's own):
-    MPS's active thread percentage where valid, else an equal part for each pod the claim is
-    reserved for; nothing for a claim one pod has alone or that shares nothing."""
-    claim = claim_snapshot(_shared_claim(sharing, pods, in_status=in_status))
+    MPS's active thread percentage where valid, else an equal part for each running pod that
+    names the claim; nothing for a claim one pod has alone or that shares nothing. The claim's
+    `reservedFor` is not who uses it (it may name a PodGroup): it lists one entry here whatever
+    the pods."""
+    claim = claim_snapshot(_shared_claim(sharing, 1, in_status=in_status))
     assert claim is not None
-    assert claim.consumers == pods
-    found = claim_share(claim)
+    found = claim_share(claim, pods)
     assert found == (pytest.approx(share) if share is not None else None)
 
 

@@ -14,7 +14,7 @@ from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, en
 from gpuusage_operator.index.pods import snapshot_of
 from gpuusage_operator.informers.dra import DraWatch, resource_apis
 from gpuusage_operator.judge.allocation import allocation_of
-from gpuusage_operator.judge.requests import DEFAULT_RULES
+from gpuusage_operator.judge.requests import DEFAULT_RULES, PodClaims
 from tests.conftest import wait_for
 from tests.fakenvml import gpu_uuid
 
@@ -80,5 +80,83 @@ def test_claims_are_read_through_the_beta_version_served(beta: tuple[str, LocalC
         )
         assert [d.uuid for d in allocation.devices] == [gpu_uuid(0)]
         assert allocation.complete
+    finally:
+        watch.stop()
+
+
+def test_shared_devices_and_counters_are_read_through_the_beta_version_served(
+    beta: tuple[str, LocalCluster],
+) -> None:
+    """A GPU several claims share (`allowMultipleAllocations`, `capacity`; under `basic` in
+    v1beta1), a slice of shared counters alone, and a claim's result with its `shareID` and
+    `consumedCapacity`, written at the beta version and read through it."""
+    version, cluster = beta
+    api, _ = api_client(cluster.kubeconfig)
+    custom = client.CustomObjectsApi(api)
+    ensure_namespace(client.CoreV1Api(api), "team")
+    fields = {
+        "attributes": {"uuid": {"string": gpu_uuid(5)}},
+        "allowMultipleAllocations": True,
+        "capacity": {"memory": {"value": "80Gi"}, "shares": {"value": "4"}},
+    }
+    device = {"name": "gpu-5", **({"basic": fields} if version == "v1beta1" else fields)}
+    pool = {"name": "gpu-s", "generation": 1, "resourceSliceCount": 2}
+    for name, part in (
+        ("devices", {"devices": [device]}),
+        ("counters", {"sharedCounters": [{"name": "gpu-5", "counters": {"m": {"value": "1"}}}]}),
+    ):
+        body = {
+            "apiVersion": f"resource.k8s.io/{version}",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"gpu-s-{name}"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "gpu-s", "pool": pool, **part},
+        }
+        custom.create_cluster_custom_object("resource.k8s.io", version, "resourceslices", body)
+    request = {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
+    claim = {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "part"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", **request}
+                    if version == "v1beta1"
+                    else {"name": "gpu", "exactly": request}
+                ]
+            }
+        },
+    }
+    custom.create_namespaced_custom_object(
+        "resource.k8s.io", version, "team", "resourceclaims", claim
+    )
+    result = {
+        "request": "gpu",
+        "driver": "gpu.nvidia.com",
+        "pool": "gpu-s",
+        "device": "gpu-5",
+        "shareID": "7d0c9d8e-1111-4222-8333-444455556666",
+        "consumedCapacity": {"memory": "20Gi", "shares": "1"},
+    }
+    custom.patch_namespaced_custom_object_status(
+        "resource.k8s.io",
+        version,
+        "team",
+        "resourceclaims",
+        "part",
+        {"status": {"allocation": {"devices": {"results": [result]}}}},
+    )
+    watch = DraWatch(resource_apis(api))
+    watch.start()
+    try:
+        wait_for(lambda: watch.synced, what="DRA listed")
+        assert watch.version == version
+        claimed = PodClaims("team", "p", claims=("part",))
+        allocation = wait_for(
+            lambda: (a := allocation_of(claimed, watch.lookup(), DEFAULT_RULES)).devices and a,
+            what="the claim's part of the device",
+        )
+        found = [(d.uuid, d.share, d.memory_mib, d.partial) for d in allocation.devices]
+        assert found == [(gpu_uuid(5), 0.25, 20480, True)]
     finally:
         watch.stop()

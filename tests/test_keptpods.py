@@ -35,6 +35,8 @@ def gpu_pod(uid: str = UID_A, node: str | None = "n1", **changes: object) -> Pod
         "fraction": "",
         "claims": ("gpu-claim",),
         "pending_claims": 1,
+        "extended_claim": "train-0-gpu-8x2kq",
+        "extended_requests": ("container-0-request-0",),
         "running": True,
         "started_at": "2026-11-27T09:00:00Z",
         "labels": (("app", "train"),),
@@ -86,7 +88,12 @@ def test_a_pod_is_found_under_its_keys_until_it_changes_or_goes() -> None:
     assert kept.remove(UID_A) is False, "gone already"
     assert lookup.by_uid(UID_A) is None
     assert lookup.nodes_with_our_marks() == set()
-    assert sorted(kept.all_keys()) == ["cid:" + "c" * 64, "requesting:n1"]
+    assert sorted(kept.all_keys()) == [
+        "cid:" + "c" * 64,
+        "claim:ml/gpu-claim",
+        "claim:ml/train-0-gpu-8x2kq",
+        "requesting:n1",
+    ]
     assert kept.uids() == {UID_B}
 
 

@@ -112,6 +112,25 @@ def test_what_is_plain_and_what_stays_whole() -> None:
                 ],
             }
         ),
+        "a GPU resource a DRA driver serves": body(
+            spec={
+                "nodeName": "node-1",
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            },
+            status={
+                **plain["status"],
+                "extendedResourceClaimStatus": {
+                    "resourceClaimName": "web-7f9c-abcde-extended-resources-x2k9z",
+                    "requestMappings": [
+                        {
+                            "containerName": "a",
+                            "resourceName": "nvidia.com/gpu",
+                            "requestName": "container-0-request-0",
+                        }
+                    ],
+                },
+            },
+        ),
         "a static pod's mirror": body(
             metadata={**plain["metadata"], "annotations": {"kubernetes.io/config.mirror": "h"}}
         ),

@@ -1,12 +1,23 @@
 """Dynamic Resource Allocation, read as the operator needs it: which devices a claim got. Pure.
 
 A pod names its claims in `spec.resourceClaims[]` (a `resourceClaimName`, or a template whose
-generated claim `status.resourceClaimStatuses[]` names). A ResourceClaim's
-`status.allocation.devices.results[]` says (driver, pool, device) per request, and the
-ResourceSlice of that driver and pool describes the device: NVIDIA's driver (`gpu.nvidia.com`)
-gives a GPU its `uuid` attribute and a MIG device its `uuid`, `parentUUID` and `profile`. A MIG
-device created at prepare time (dynamic MIG) has no `uuid` in the slice: it can be matched only
-by its parent GPU and its profile, and is said to be matched so.
+generated claim `status.resourceClaimStatuses[]` names) and, where the scheduler served one of
+its extended resources (`nvidia.com/gpu`) from a DRA driver whose DeviceClass names it
+(`extendedResourceName`, KEP-5004), in `status.extendedResourceClaimStatus`: the special claim
+the scheduler made for the pod, and which of its requests stands for which container's resource.
+A ResourceClaim's `status.allocation.devices.results[]` says (driver, pool, device) per request,
+with a `shareID` and the `consumedCapacity` where the device is shared by several claims
+(`allowMultipleAllocations`, KEP-5075), and the ResourceSlice of that driver and pool describes
+the device: NVIDIA's driver (`gpu.nvidia.com`) gives a GPU its `uuid` attribute and a MIG device
+its `uuid`, `parentUUID` and `profile`, and both their `capacity` (`memory`, and `shares` where
+consumable shares are on). A MIG device created at prepare time (dynamic MIG, drawn from its
+GPU's `sharedCounters`, KEP-4815) has no `uuid` in the slice: it can be matched only by its
+parent GPU and its profile, and is said to be matched so. A pool's counters may stand in a slice
+of their own, without devices; counters say nothing of which device a claim got, so only the
+devices are read.
+
+Who uses a claim is told by the pods that name it, never by its `status.reservedFor`, which may
+name a whole PodGroup (KEP-5729) rather than pods.
 
 The states below are what the informers keep (see informers.dra): a few fields per object, never
 whole bodies.
@@ -14,9 +25,14 @@ whole bodies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+Amounts = tuple[tuple[str, float], ...]
+"""Capacities by name (the driver's own domain left out: `memory`, never
+`gpu.nvidia.com/memory`), as numbers (memory in bytes)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,13 @@ class SliceDevice:
     uuid: str | None = None
     parent_uuid: str | None = None
     profile: str | None = None
+    multiple: bool = False
+    """`allowMultipleAllocations`: several claims may be allocated it, each consuming part of
+    its capacity."""
+    capacity: Amounts = ()
+
+    def amount(self, name: str) -> float | None:
+        return dict(self.capacity).get(name)
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,54 @@ class ClaimResult:
     driver: str
     pool: str
     device: str
+    request: str = ""
+    """The claim's request it was allocated for (`<request>/<subrequest>` for a subrequest)."""
+    share_id: str | None = None
+    """Set where the device is shared by several claims: which allocation of it this is."""
+    consumed: Amounts = ()
+    """The part of the device's capacity this allocation consumed (`consumedCapacity`)."""
+
+    def amount(self, name: str) -> float | None:
+        return dict(self.consumed).get(name)
+
+
+_SUFFIX = {
+    **{
+        binary: 2.0 ** (10 * (i + 1))
+        for i, binary in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))
+    },
+    **{decimal: 10.0 ** (3 * i - 9) for i, decimal in enumerate("num")},
+    **{decimal: 10.0 ** (3 * (i + 1)) for i, decimal in enumerate("kMGTPE")},
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9]*\.?[0-9]+)(" + "|".join(_SUFFIX) + r"|[eE][+-]?[0-9]+)?$")
+
+
+def quantity(value: object) -> float | None:
+    """A Kubernetes quantity ("80Gi", "100", "500m", "1e3") as a number; None where it is
+    none (the apiserver writes them canonical, so anything else is not read)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    found = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    if found is None:
+        return None
+    number, suffix = float(found.group(1)), found.group(2)
+    if not suffix:
+        return number
+    if suffix[0] in "eE" and len(suffix) > 1:
+        return number * 10.0 ** int(suffix[1:])
+    return number * _SUFFIX[suffix]
+
+
+def _amounts(values: Mapping[str, Any], driver: str, nested: bool) -> Amounts:
+    """Named quantities, the driver's domain taken off their names; `nested`: each is
+    `{"value": quantity}` (a slice's capacity) rather than the quantity (a consumed part)."""
+    found: dict[str, float] = {}
+    for name, raw in values.items():
+        number = quantity((raw or {}).get("value") if nested and isinstance(raw, Mapping) else raw)
+        if number is not None:
+            short = name[len(driver) + 1 :] if name.startswith(driver + "/") else name
+            found[str(short)] = number
+    return tuple(sorted(found.items()))
 
 
 @dataclass(frozen=True)
@@ -52,8 +123,6 @@ class ClaimSnapshot:
     strategy: `TimeSlicing` or `MPS`); None: not said."""
     thread_percent: int | None = None
     """MPS: the clients' default active thread percentage, where the config sets it."""
-    consumers: int = 0
-    """The pods the claim is reserved for (`status.reservedFor`): who share its devices."""
 
 
 SHARING = ("TimeSlicing", "MPS")
@@ -95,11 +164,12 @@ def slice_devices(body: Mapping[str, Any]) -> tuple[SliceDevice, ...]:
     if not driver or not pool:
         return ()
     found = []
-    for device in spec.get("devices") or []:
+    for device in spec.get("devices") or []:  # none in a slice of shared counters alone
         if not device.get("name"):
             continue
-        # v1beta1 nests them under `basic`; v1beta2 and v1 do not
-        attributes = device.get("attributes") or (device.get("basic") or {}).get("attributes") or {}
+        # v1beta1 nests a device's fields under `basic`; v1beta2 and v1 do not
+        fields = device.get("basic") or device
+        attributes = fields.get("attributes") or {}
         found.append(
             SliceDevice(
                 driver=str(driver),
@@ -108,6 +178,8 @@ def slice_devices(body: Mapping[str, Any]) -> tuple[SliceDevice, ...]:
                 uuid=_attribute(attributes, "uuid"),
                 parent_uuid=_attribute(attributes, "parentUUID"),
                 profile=_attribute(attributes, "profile"),
+                multiple=fields.get("allowMultipleAllocations") is True,
+                capacity=_amounts(fields.get("capacity") or {}, str(driver), nested=True),
             )
         )
     return tuple(found)
@@ -119,7 +191,14 @@ def claim_snapshot(body: Mapping[str, Any]) -> ClaimSnapshot | None:
         return None
     allocation = (body.get("status") or {}).get("allocation")
     results = tuple(
-        ClaimResult(str(r["driver"]), str(r["pool"]), str(r["device"]))
+        ClaimResult(
+            str(r["driver"]),
+            str(r["pool"]),
+            str(r["device"]),
+            request=str(r.get("request") or ""),
+            share_id=str(r["shareID"]) if r.get("shareID") else None,
+            consumed=_amounts(r.get("consumedCapacity") or {}, str(r["driver"]), nested=False),
+        )
         for r in ((allocation or {}).get("devices") or {}).get("results") or []
         if r.get("driver") and r.get("pool") and r.get("device")
     )
@@ -132,8 +211,42 @@ def claim_snapshot(body: Mapping[str, Any]) -> ClaimSnapshot | None:
         results=results,
         sharing=sharing,
         thread_percent=percent,
-        consumers=len((body.get("status") or {}).get("reservedFor") or []),
     )
+
+
+@dataclass(frozen=True)
+class ExtendedClaim:
+    """The claim the scheduler made for a pod's extended resources that a DRA driver serves
+    (`status.extendedResourceClaimStatus`), as far as GPUs go."""
+
+    name: str = ""
+    """The claim's name (empty: the pod has none)."""
+    requests: tuple[str, ...] = ()
+    """Its requests that stand for a GPU resource of some container: their devices are GPUs,
+    whatever driver serves them (the pod asked for GPUs)."""
+    served: tuple[tuple[str, str], ...] = ()
+    """(container, resource) pairs the claim serves: no device plugin hands them out, so they
+    are not counted as a device-plugin request."""
+
+
+def extended_claim(pod: Mapping[str, Any], counts: Callable[[str], bool]) -> ExtendedClaim:
+    """The pod's extended-resource claim; `counts` says which resource names are GPUs."""
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    name = status.get("resourceClaimName")
+    if not name:
+        return ExtendedClaim()
+    mappings = [m for m in status.get("requestMappings") or [] if isinstance(m, Mapping)]
+    requests = sorted(
+        {
+            str(m["requestName"])
+            for m in mappings
+            if m.get("requestName") and counts(str(m.get("resourceName") or ""))
+        }
+    )
+    served = sorted(
+        {(str(m.get("containerName") or ""), str(m.get("resourceName") or "")) for m in mappings}
+    )
+    return ExtendedClaim(str(name), tuple(requests), tuple(served))
 
 
 def pod_claims(pod: Mapping[str, Any]) -> tuple[tuple[str, ...], int]:
@@ -214,14 +327,21 @@ class SliceState:
         return len(self.by_uid)
 
 
+def _nobody(namespace: str, name: str) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
 class DraLookup:
     """What the operator knows of claims and slices; `available` is False where the cluster
-    serves no DRA API or the operator may not read it (then nothing about claims is known)."""
+    serves no DRA API or the operator may not read it (then nothing about claims is known).
+    `users` counts the running pods that name a claim (the pod index's, see
+    index.pods.PodLookup.claim_users): who share what it got."""
 
     claims: Mapping[tuple[str, str], ClaimSnapshot] = field(default_factory=dict)
     devices: Mapping[DeviceKey, SliceDevice] = field(default_factory=dict)
     available: bool = True
+    users: Callable[[str, str], int] = _nobody
 
     def claim(self, namespace: str, name: str) -> ClaimSnapshot | None:
         return self.claims.get((namespace, name)) if self.available else None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpuusage.api import names
-from gpuusage_operator.index.dra import pod_claims
+from gpuusage_operator.index.dra import extended_claim, pod_claims
 from gpuusage_operator.judge.requests import (
     DEFAULT_RULES,
     AllocationRules,
@@ -25,6 +25,7 @@ from gpuusage_operator.judge.requests import (
     gpu_requests,
     gpu_resources,
     mig_requests,
+    without_served,
 )
 
 CONTAINER_KEY = "cid:"
@@ -32,6 +33,8 @@ MARKED_KEY = "marked:"
 """Pods carrying our annotations or condition, by node: clean-up needs them without a scan."""
 REQUESTING_KEY = "requesting:"
 """Running pods that requested GPUs, by node: idle detection needs them without a scan."""
+CLAIM_KEY = "claim:"
+"""Running pods by each claim they name (`<namespace>/<claim>`): who share what it got."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class PodSnapshot:
     """The names of its ResourceClaims (DRA), in its namespace."""
     pending_claims: int = 0
     """Template claims whose generated claim is not named in the pod's status yet."""
+    extended_claim: str = ""
+    """The claim the scheduler made for its extended resources that a DRA driver serves
+    (`status.extendedResourceClaimStatus`); its requests are not in gpu_requests."""
+    extended_requests: tuple[str, ...] = ()
+    """That claim's requests standing for GPU resources."""
     running: bool = False
     """Phase Running and not being deleted: only such a pod can leave requested GPUs idle."""
     started_at: str | None = None
@@ -90,7 +98,7 @@ class PodSnapshot:
     def may_hold_gpus(self) -> bool:
         """It asked for GPUs in one of the ways allocation counts (a request, a claim, a
         scheduler's share)."""
-        return bool(self.gpu_requests > 0 or self.claims or self.fraction)
+        return bool(self.gpu_requests > 0 or self.claims or self.extended_claim or self.fraction)
 
     @property
     def our_condition(self) -> dict[str, str] | None:
@@ -107,7 +115,14 @@ class PodSnapshot:
             self.fraction,
             self.claims,
             self.pending_claims,
+            self.extended_claim,
+            self.extended_requests,
         )
+
+    @property
+    def claim_names(self) -> tuple[str, ...]:
+        """Every claim it names, its extended-resource claim included."""
+        return (*self.claims, self.extended_claim) if self.extended_claim else self.claims
 
     def container_name(self, container_id: str) -> str | None:
         return next((name for cid, name in self.containers if cid == container_id), None)
@@ -137,6 +152,8 @@ def snapshot_of(
                 containers.append((cid, str(item.get("name", ""))))
     ours, condition = pod_marks(body)
     claims, pending = pod_claims(body)
+    extended = extended_claim(body, rules.counts)
+    spec = without_served(body.get("spec") or {}, extended.served)
     ref = PodSnapshot(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -146,12 +163,14 @@ def snapshot_of(
         annotations=ours,
         condition=condition,
         resource_version=meta.get("resourceVersion"),
-        gpu_requests=gpu_requests(body.get("spec") or {}, rules),
-        gpu_resources=gpu_resources(body.get("spec") or {}, rules),
-        mig_requests=mig_requests(body.get("spec") or {}),
+        gpu_requests=gpu_requests(spec, rules),
+        gpu_resources=gpu_resources(spec, rules),
+        mig_requests=mig_requests(spec),
         fraction=fraction_of(meta.get("annotations") or {}, rules),
         claims=claims,
         pending_claims=pending,
+        extended_claim=extended.name,
+        extended_requests=extended.requests,
         running=status.get("phase") == "Running" and not meta.get("deletionTimestamp"),
         started_at=status.get("startTime"),
         exits=container_exits(status, (body.get("spec") or {}).get("restartPolicy")),
@@ -221,13 +240,15 @@ def index_keys(body: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) 
 def snapshot_keys(ref: PodSnapshot) -> tuple[str, ...]:
     """The keys a pod kept whole is found under besides its UID: each of its container IDs,
     its node's key of pods with our marks (for clean-up) and of running pods that may hold
-    GPUs (for idle judgement), so that a reconcile reads its node's pods, not the cluster's."""
+    GPUs (for idle judgement), so that a reconcile reads its node's pods, not the cluster's;
+    and, while it runs, each claim it names (who share a claim's devices)."""
     keys = [CONTAINER_KEY + cid for cid, _ in ref.containers]
     if ref.node and ref.marked:
         keys.append(MARKED_KEY + ref.node)
     requesting = requesting_node(ref)
     if requesting:
         keys.append(REQUESTING_KEY + requesting)
+        keys += [f"{CLAIM_KEY}{ref.namespace}/{claim}" for claim in ref.claim_names]
     return tuple(dict.fromkeys(keys))
 
 
@@ -318,6 +339,11 @@ class PodLookup:
         """Running pods of a node that may hold GPUs (a request, a claim, a share; for idle
         detection), from their own key."""
         return self._on_node(REQUESTING_KEY, node)
+
+    def claim_users(self, namespace: str, claim: str) -> int:
+        """How many running pods name this claim (see dra.DraLookup.users)."""
+        found = self._kept.under(f"{CLAIM_KEY}{namespace}/{claim}")
+        return len({ref.uid for ref in found if ref.namespace == namespace and ref.running})
 
     def _on_node(self, prefix: str, node: str) -> list[PodSnapshot]:
         found = {ref.uid: ref for ref in self._kept.under(prefix + node) if ref.node == node}

@@ -101,9 +101,12 @@ def _marks(pod: PodSnapshot) -> tuple[object, ...]:
 
 def _difference(old: PodSnapshot | None, new: PodSnapshot) -> tuple[set[str], bool]:
     """What a pod's change from `old` (None: not known before) to `new` tells the hooks: the
-    nodes it started or stopped holding GPUs on, and whether its gpuusage.io/ marks changed."""
+    nodes it started or stopped holding GPUs on, or whose running pod's allocation changed (a
+    claim named in its status), and whether its gpuusage.io/ marks changed."""
     was, now = requesting_node(old), requesting_node(new)
     nodes = {node for node in (was, now) if node} if was != now else set()
+    if now and was == now and old is not None and old.claimed != new.claimed:
+        nodes = {now}
     return nodes, old is not None and _marks(old) != _marks(new)
 
 

@@ -9,7 +9,16 @@ Three ways a pod gets a GPU, each counted (`sources`):
   publishes in its report (`spec.kubelet`), by pod namespace and name.
 * **DRA**: its ResourceClaims whose allocation results come from a configured driver
   (`gpu.nvidia.com` by default), each result mapped through its ResourceSlice to the device's
-  UUID (a MIG device without one, created at prepare time, by its parent GPU and profile).
+  UUID (a MIG device without one, created at prepare time, by its parent GPU and profile), and
+  the claim the scheduler made for its GPU resources that a DRA driver serves (KEP-5004): that
+  claim's devices are its GPUs (whatever the driver), and the resources it serves are no
+  device-plugin request (see index.pods). Where the claim cannot be read from the API (no DRA
+  served or readable, the claim not found) or a result's device is in no slice, the devices
+  the kubelet lists for the claim with their UUIDs (the agent's `spec.kubelet`) stand in; a
+  claim the kubelet lists nothing for stays unknown, never "none". A device several claims
+  share (`allowMultipleAllocations`, KEP-5075) is each one's allocation, and what its claim
+  consumed of it is its part: memory capacity the GPU memory it was handed, a `shares` or
+  `cores` capacity its share of the device's time (see consumed_part).
 * **Fractional**: a scheduler's share in the pod's annotations (KAI / Run:ai `gpu-fraction`,
   `gpu-memory`; configurable): a share of some GPU.
 
@@ -32,9 +41,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
-from gpuusage.api.models import GpuNodeUsageSpec, KubeletPod
+from gpuusage.api.models import MAX_MIB, GpuNodeUsageSpec, KubeletClaimDevice, KubeletPod
 from gpuusage.api.resources import mig_profile
-from gpuusage_operator.index.dra import NO_DRA, ClaimSnapshot, DraLookup
+from gpuusage_operator.index.dra import (
+    NO_DRA,
+    ClaimResult,
+    ClaimSnapshot,
+    DraLookup,
+    SliceDevice,
+)
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules, PodClaims
 
 if TYPE_CHECKING:
@@ -61,6 +76,12 @@ class AllocatedDevice:
     replicas: int = 0
     """How many of the device plugin's time-slicing replicas of it the pod holds, where the
     replicas the device is advertised as are known (its share then says of how many)."""
+    memory_mib: int | None = None
+    """The GPU memory handed with it where its claim consumed part of a shared device's
+    memory capacity (see consumed_part); None: its memory is not parted out."""
+    partial: bool = False
+    """A part of a device several claims share (`allowMultipleAllocations`): showback counts
+    the part (its share, its memory), not a GPU."""
 
     @property
     def match(self) -> Match:
@@ -102,6 +123,9 @@ class KubeletView:
     """Every GPU and MIG UUID of the report: a kubelet ID outside it is not a device we see."""
     replicated: Mapping[str, int] = field(default_factory=dict)
     """Devices the device plugins advertise as time-slicing replicas: how many."""
+    dra: bool = False
+    """The kubelet's DRA devices are read (no `draMessage`): a claim's devices it lists are
+    what its drivers prepared."""
 
     @classmethod
     def of(cls, spec: GpuNodeUsageSpec) -> KubeletView:
@@ -112,7 +136,17 @@ class KubeletView:
         }
         pods = {(p.namespace, p.name): p for p in spec.kubelet.pods}
         replicated = {r.device: r.replicas for r in spec.kubelet.replicated}
-        return cls(pods, frozenset(known), replicated)
+        return cls(pods, frozenset(known), replicated, spec.kubelet.dra_message is None)
+
+    def prepared(self, pod: PodClaims, claim: str) -> list[KubeletClaimDevice] | None:
+        """The devices the kubelet lists for one of the pod's claims, where it lists them
+        all; None where nothing is known of them from the node (not read, the pod not listed,
+        nothing listed for the claim, some left out)."""
+        entry = self.pods.get((pod.namespace, pod.name))
+        if not self.dra or entry is None or entry.omitted_claim_devices:
+            return None
+        listed = [d for d in entry.claim_devices if d.claim == claim]
+        return listed or None
 
 
 NO_KUBELET = KubeletView()
@@ -147,15 +181,140 @@ def replica_share(given: int, advertised: int | None) -> float | None:
     return min(given / advertised, 1.0)
 
 
-def claim_share(claim: ClaimSnapshot) -> float | None:
-    """The share of its devices' time a claim hands each pod it is reserved for: MPS's active
-    thread percentage where set, else an equal part among them (time-slicing promises no
-    more); None for a claim that shares nothing or one pod alone (its device is its own)."""
+def claim_share(claim: ClaimSnapshot, users: int) -> float | None:
+    """The share of its devices' time a claim hands each of the `users` running pods that name
+    it: MPS's active thread percentage where set, else an equal part among them (time-slicing
+    promises no more); None for a claim that shares nothing or one pod alone (its device is
+    its own)."""
     if claim.sharing is None:
         return None
     if claim.sharing == "MPS" and claim.thread_percent is not None:
         return claim.thread_percent / 100
-    return 1 / claim.consumers if claim.consumers > 1 else None
+    return 1 / users if users > 1 else None
+
+
+MEMORY_CAPACITY = "memory"
+"""The capacity whose consumed part is GPU memory (bytes): NVIDIA's and HAMi's drivers."""
+TIME_CAPACITIES = ("shares", "cores")
+"""Capacities whose consumed part over the whole is a share of the device's time: NVIDIA's
+consumable `shares` (one of N co-tenants), HAMi's `cores` (a percentage of the SMs, which
+HAMi-core enforces)."""
+
+
+def consumed_part(device: SliceDevice, result: ClaimResult) -> tuple[float | None, int | None]:
+    """What an allocation of a device several claims share consumed of it: the share of its
+    time (a time capacity consumed over the device's) and the GPU memory in MiB; None for
+    either where nothing says (a device not shared, nothing consumed: a driver that parts out
+    no memory consumes 0 of it)."""
+    if not (device.multiple or result.share_id):
+        return None, None
+    share = None
+    for name in TIME_CAPACITIES:
+        total, used = device.amount(name), result.amount(name)
+        if total and used and total > 0 and used > 0:
+            share = min(used / total, 1.0)
+            break
+    memory = result.amount(MEMORY_CAPACITY)
+    mib = int(min(memory, MAX_MIB * 2.0**20) // 2**20) if memory and memory > 0 else 0
+    return share, mib or None
+
+
+@dataclass(frozen=True)
+class ClaimDevices:
+    """What one claim of a pod got, as far as GPUs go."""
+
+    devices: tuple[AllocatedDevice, ...] = ()
+    unknown: tuple[str, ...] = ()
+    gpus: bool = False
+    """It is a GPU allocation (GPU results, or the pod's GPU resources it serves)."""
+
+
+def _is_gpu_uuid(uuid: str | None) -> bool:
+    return bool(uuid) and str(uuid).startswith(("GPU-", "MIG-"))
+
+
+def _from_node(
+    name: str,
+    listed: list[KubeletClaimDevice] | None,
+    rules: AllocationRules,
+    extended: bool,
+    why: str,
+) -> ClaimDevices:
+    """A claim's GPUs as the kubelet lists them, where the API cannot tell (`why`): a device
+    with a GPU or MIG UUID is a GPU; one of a GPU driver without one, or of the pod's
+    extended-resource claim, is a GPU not known by device; nothing listed is nothing known."""
+    if listed is None:
+        return ClaimDevices(unknown=(f"claim {name}: {why}",), gpus=extended)
+    devices, unknown = [], []
+    for d in listed:
+        if _is_gpu_uuid(d.uuid):
+            devices.append(AllocatedDevice(f"claim {name}", d.uuid))
+        elif extended or d.driver in rules.dra_drivers:
+            unknown.append(f"claim {name}: device {d.device} has no UUID on the node")
+    return ClaimDevices(tuple(devices), tuple(unknown), bool(devices or unknown or extended))
+
+
+def handed_part(part: float | None, claim: ClaimSnapshot, users: int) -> float | None:
+    """A pod's share of a device's time: the part its claim consumed of a shared device, split
+    among the pods sharing the claim (MPS's thread percentage, of the whole device, where set);
+    None where neither says."""
+    split = claim_share(claim, users)
+    if part is None or split is None:
+        return part if split is None else split
+    return split if claim.thread_percent is not None else part * split
+
+
+def _from_api(
+    pod: PodClaims,
+    claim: ClaimSnapshot,
+    dra: DraLookup,
+    rules: AllocationRules,
+    listed: list[KubeletClaimDevice] | None,
+) -> ClaimDevices:
+    """A claim's GPU results, each mapped through its slice (else the kubelet's UUID for it),
+    with the part of a shared device it consumed."""
+    name = claim.name
+    requests = pod.extended_requests if name == pod.extended_claim else ()
+    results = [
+        r
+        for r in claim.results
+        if r.driver in rules.dra_drivers or r.request.split("/")[0] in requests
+    ]
+    on_node = {(d.driver, d.pool, d.device): d.uuid for d in listed or [] if _is_gpu_uuid(d.uuid)}
+    users = max(dra.users(pod.namespace, name), 1)
+    devices, unknown = [], []
+    for result in results:
+        device = dra.device(result) or SliceDevice(result.driver, result.pool, result.device)
+        uuid = device.uuid or on_node.get((result.driver, result.pool, result.device))
+        if not (uuid or (device.parent_uuid and device.profile)):
+            unknown.append(f"claim {name}: device {result.device} not in any ResourceSlice")
+            continue
+        part, memory = consumed_part(device, result)
+        devices.append(
+            AllocatedDevice(
+                f"claim {name}",
+                uuid,
+                device.parent_uuid,
+                device.profile,
+                handed_part(part, claim, users),
+                memory_mib=memory // users if memory else None,
+                partial=device.multiple or result.share_id is not None,
+            )
+        )
+    return ClaimDevices(tuple(devices), tuple(unknown), bool(results or requests))
+
+
+def claim_devices(
+    pod: PodClaims, name: str, dra: DraLookup, rules: AllocationRules, kubelet: KubeletView
+) -> ClaimDevices:
+    """What one claim the pod names got (see the module's docstring)."""
+    extended = name == pod.extended_claim and bool(pod.extended_requests)
+    listed = kubelet.prepared(pod, name)
+    claim = dra.claim(pod.namespace, name)
+    if claim is None or not claim.allocated:
+        why = "DRA cannot be read" if not dra.available else "not found or not allocated"
+        return _from_node(name, listed, rules, extended, why)
+    return _from_api(pod, claim, dra, rules, listed)
 
 
 def allocation_of(
@@ -168,7 +327,9 @@ def allocation_of(
     words: list[str] = []
     devices: list[AllocatedDevice] = []
     unknown: list[str] = []
-    listed = (pod.namespace, pod.name) in kubelet.pods
+    entry = kubelet.pods.get((pod.namespace, pod.name))
+    # Listed for a device plugin's devices: the DRA devices the kubelet lists are the claims'.
+    listed = entry is not None and bool(entry.devices or entry.other_devices)
     if pod.gpu_requests > 0 or listed:
         sources.append("DevicePlugin")
         count = pod.gpu_requests
@@ -189,28 +350,12 @@ def allocation_of(
         words.append(f"a share ({pod.fraction})")
     if pod.pending_claims:
         unknown.append(f"{pod.pending_claims} claim(s) not generated yet")
-    for name in pod.claims:
-        claim = dra.claim(pod.namespace, name) if dra.available else None
-        if claim is None or not claim.allocated:
-            why = "DRA cannot be read" if not dra.available else "not found or not allocated"
-            unknown.append(f"claim {name}: {why}")
-            continue
-        gpu_results = [r for r in claim.results if r.driver in rules.dra_drivers]
-        for result in gpu_results:
-            device = dra.device(result)
-            if device is None or not (device.uuid or (device.parent_uuid and device.profile)):
-                unknown.append(f"claim {name}: device {result.device} not in any ResourceSlice")
-                continue
-            devices.append(
-                AllocatedDevice(
-                    f"claim {name}",
-                    device.uuid,
-                    device.parent_uuid,
-                    device.profile,
-                    claim_share(claim),
-                )
-            )
-        if gpu_results:
+    names = (*pod.claims, pod.extended_claim) if pod.extended_claim else pod.claims
+    for name in dict.fromkeys(names):
+        found = claim_devices(pod, name, dra, rules, kubelet)
+        devices.extend(found.devices)
+        unknown.extend(found.unknown)
+        if found.gpus:
             words.append(f"claim {name}")
     if any(w.startswith("claim ") for w in words):
         sources.append("DRA")

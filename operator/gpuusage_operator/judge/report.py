@@ -90,6 +90,7 @@ def judge_report(
         return last_seen(pod, judged_before)
 
     rules = judging.rules
+    dra = replace(dra, users=lookup.claim_users)  # who share a claim: the pods that name it
     resolutions = list(resolve_all(spec, lookup, judging.driver_namespaces))
     uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
     judged = judgements(uses, spec, dra, rules)

@@ -7,7 +7,7 @@ what was handed is `allocation`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,29 @@ def _gpus_in(resources: Mapping[str, Any] | None, counts: Callable[[str], bool])
             except ValueError:
                 continue  # not a whole number: not something a device plugin hands out
     return total
+
+
+def without_served(spec: Mapping[str, Any], served: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """The pod's spec without the (container, resource) requests a DRA driver serves (an
+    extended-resource claim's; see index.dra.extended_claim): a device plugin hands them no
+    device, so they are no device-plugin request, and the claim's devices count them."""
+    gone = set(served)
+    if not gone:
+        return dict(spec)
+
+    def container(c: Mapping[str, Any]) -> dict[str, Any]:
+        name, resources = c.get("name"), c.get("resources") or {}
+        kept = {
+            kind: {k: v for k, v in (resources.get(kind) or {}).items() if (name, k) not in gone}
+            for kind in ("requests", "limits")
+        }
+        return {**c, "resources": kept}
+
+    return {
+        **spec,
+        "containers": [container(c) for c in spec.get("containers") or []],
+        "initContainers": [container(c) for c in spec.get("initContainers") or []],
+    }
 
 
 def _requests(spec: Mapping[str, Any], counts: Callable[[str], bool]) -> int:
@@ -123,3 +146,8 @@ class PodClaims:
     fraction: str = ""
     claims: tuple[str, ...] = ()
     pending_claims: int = 0
+    extended_claim: str = ""
+    """The claim the scheduler made for its extended resources that a DRA driver serves (see
+    index.dra.extended_claim); empty: none."""
+    extended_requests: tuple[str, ...] = ()
+    """That claim's requests standing for GPU resources: their devices are its GPUs."""

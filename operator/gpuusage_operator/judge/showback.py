@@ -11,7 +11,13 @@ share are counted apart:
 * a share: the fraction of one GPU and the GPU memory a fractional scheduler's annotations
   give, where they say it in numbers, and the device plugin's time-slicing replicas a pod
   holds where the kubelet tells of how many a GPU is advertised as (one of four: a quarter);
-  replicas of a GPU whose count is not known stay whole GPUs, as the request counts them.
+  replicas of a GPU whose count is not known stay whole GPUs, as the request counts them;
+* a part of a device several DRA claims share (`allowMultipleAllocations`): the share of its
+  time and the GPU memory its claim consumed (see allocation.consumed_part), counted as a
+  share; a part of which nothing is known stays a whole GPU, as a replica does.
+
+A GPU resource a DRA driver serves (an extended-resource claim) is counted once, as the claim's
+devices: it is no device-plugin request (see index.pods).
 
 The devices the kubelet lists for a device-plugin request are the devices its count stands
 for: they are not added to it, but they tell which of them are MIG slices (a device plugin
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuusage.api.models import MAX_ALLOCATIONS, PodAllocation
+from gpuusage.api.models import MAX_ALLOCATIONS, MAX_MIB, MAX_SHARE, PodAllocation
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.allocation import Allocation
 from gpuusage_operator.judge.requests import share_of
@@ -30,7 +36,9 @@ from gpuusage_operator.judge.requests import share_of
 
 def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | None:
     """What the pod was handed; None when nothing (in numbers)."""
-    claimed = [d for d in allocation.devices if d.from_claim]
+    # A part of a device several claims share is counted as its part where one is known.
+    parts = [d for d in allocation.devices if d.partial and (d.share or d.memory_mib)]
+    claimed = [d for d in allocation.devices if d.from_claim and d not in parts]
     listed = [d for d in allocation.devices if not d.from_claim]
     # The kubelet's devices show MIG slices a device plugin hands out as nvidia.com/gpu (its
     # "single" MIG strategy); without them the resource names say which are slices.
@@ -40,8 +48,10 @@ def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | 
     gpus = max(0, requested) + sum(not d.is_mig for d in claimed)
     mig = plugin_mig + sum(d.is_mig for d in claimed)
     share = share_of(pod.fraction)
-    gpu_share = round((share.gpu or 0.0) + sum(d.share or 0.0 for d in replicas), 4) or None
-    if not (gpus or mig or gpu_share or share.memory_mib):
+    shares = [*replicas, *parts]
+    gpu_share = round((share.gpu or 0.0) + sum(d.share or 0.0 for d in shares), 4) or None
+    memory = (share.memory_mib or 0) + sum(d.memory_mib or 0 for d in parts)
+    if not (gpus or mig or gpu_share or memory):
         return None
     return PodAllocation(
         namespace=pod.namespace,
@@ -49,8 +59,8 @@ def pod_allocation(pod: PodSnapshot, allocation: Allocation) -> PodAllocation | 
         uid=pod.uid,
         gpus=gpus,
         mig_devices=mig,
-        gpu_share=gpu_share,
-        gpu_memory_share_mib=share.memory_mib,
+        gpu_share=min(gpu_share, MAX_SHARE) if gpu_share else None,
+        gpu_memory_share_mib=min(memory, MAX_MIB) or None,
     )
 
 

@@ -22,6 +22,7 @@ from gpuusage.api.models import (
     MAX_DETAIL,
     MAX_DEVICES,
     MAX_IDLE_PODS,
+    MAX_MIB,
     MAX_PIDS_LISTED,
     MAX_POD_DEVICES,
     MAX_UNATTRIBUTED,
@@ -92,6 +93,7 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                     computing=computing(r.process for r in entries),
                     compute_share=compute_share(r.process for r in entries),
                     handed_share=handed_share(allocation.devices, uuid, use.pod.fraction),
+                    handed_memory_mib=handed_memory(allocation.devices, uuid),
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
@@ -106,15 +108,22 @@ def compute_share(processes: Iterable[Process]) -> float | None:
 
 
 def handed_share(devices: Iterable[AllocatedDevice], uuid: str, fraction: str) -> float | None:
-    """The share of this device's time the pod was handed: a DRA claim's that shares it (see
-    allocation.claim_share) or the device plugin's time-slicing replicas it was given (see
-    allocation.replica_share), else a fractional scheduler's gpu-fraction (up to 1; more is
-    GPUs, not a share of one)."""
+    """The share of this device's time the pod was handed: a DRA claim's part of a shared
+    device or that shares it (see allocation.handed_part) or the device plugin's time-slicing
+    replicas it was given (see allocation.replica_share), else a fractional scheduler's
+    gpu-fraction (up to 1; more is GPUs, not a share of one)."""
     claimed = [d.share for d in devices if d.uuid == uuid and d.share is not None]
     if claimed:
         return min(sum(claimed), 1.0)
     gpu = share_of(fraction).gpu
     return gpu if gpu is not None and gpu <= 1 else None
+
+
+def handed_memory(devices: Iterable[AllocatedDevice], uuid: str) -> int | None:
+    """The GPU memory of this device the pod was handed where its claims parted it out (see
+    allocation.consumed_part); None where none did."""
+    parted = [d.memory_mib for d in devices if d.uuid == uuid and d.memory_mib is not None]
+    return min(sum(parted), MAX_MIB) if parted else None
 
 
 def list_allocated(usages: list[PodUsage], judged: Mapping[str, Judgement]) -> list[PodUsage]:

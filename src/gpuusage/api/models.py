@@ -513,11 +513,20 @@ class PodUsage(ApiModel):
     """The pod's share of this device's time over the agent's --share-window: the sum of its
     processes' computeShare here; absent when none of them has one (see Process)."""
     handed_share: Share | None = None
-    """The share of this device's time the pod was handed, beside computeShare: a DRA claim's
-    that shares it among the pods it is reserved for (NVIDIA's GpuConfig sharing: MPS's
-    default active thread percentage, else an equal part each, for MPS and time-slicing), or a
-    fractional scheduler's gpu-fraction (KAI, Run:ai). Absent where it was handed none (a
-    whole GPU, no allocation). Time-slicing promises no fairness: using more is no misuse."""
+    """The share of this device's time the pod was handed, beside computeShare: the part of a
+    device several claims share that its DRA claim consumed (a `shares` or `cores` capacity
+    over the device's: NVIDIA's consumable shares, HAMi's cores), a DRA claim's that shares it
+    among the running pods naming it (NVIDIA's GpuConfig sharing: MPS's default active thread
+    percentage, else an equal part each, for MPS and time-slicing), one of the device plugin's
+    time-slicing replicas, or a fractional scheduler's gpu-fraction (KAI, Run:ai). Absent
+    where it was handed none (a whole GPU, no allocation). Time-slicing promises no fairness:
+    using more is no misuse."""
+    handed_memory_mib: MiB | None = Field(default=None, alias="handedMemoryMiB")
+    """The GPU memory of this device the pod was handed, beside usedMemoryMiB: the memory
+    capacity its DRA claim consumed of a device several claims share (NVIDIA's consumable
+    shares in memory mode, HAMi's memory), an equal part for each running pod naming the claim.
+    Absent where the device's memory is not parted out (a whole GPU, a claim that consumed
+    none)."""
 
 
 class DeviceUsage(ApiModel):
@@ -580,15 +589,19 @@ class PodAllocation(ApiModel):
     uid: Annotated[str, Field(pattern=POD_UID_PATTERN)]
     gpus: RequestedGpus = 0
     """Whole GPUs: device-plugin GPU resources other than MIG (nvidia.com/gpu and any
-    --gpu-resources), and the whole GPUs its DRA claims got."""
+    --gpu-resources), and the whole GPUs its DRA claims got (its extended-resource claim's
+    too: a GPU resource a DRA driver serves is counted once, as the claim's devices)."""
     mig_devices: RequestedGpus = Field(default=0, alias="migDevices")
     """MIG slices: nvidia.com/mig-* resources, and the MIG devices its claims got."""
     gpu_share: Annotated[float, Field(gt=0, le=MAX_SHARE)] | None = None
-    """A fractional scheduler's share of one GPU (its gpu-fraction annotation)."""
+    """Shares of GPUs, added up: a fractional scheduler's (its gpu-fraction annotation), the
+    device plugin's time-slicing replicas whose count is known, and the part of devices several
+    DRA claims share that its claims consumed (handedShare)."""
     gpu_memory_share_mib: Annotated[int, Field(gt=0, le=MAX_MIB)] | None = Field(
         default=None, alias="gpuMemoryShareMiB"
     )
-    """A fractional scheduler's share in GPU memory (its gpu-memory annotation), in MiB."""
+    """GPU memory handed as a share, in MiB: a fractional scheduler's (its gpu-memory
+    annotation) and what its DRA claims consumed of shared devices (handedMemoryMiB)."""
 
 
 class UnattributedProcess(ApiModel):
