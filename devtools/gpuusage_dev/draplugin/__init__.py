@@ -384,7 +384,26 @@ class DraPlugin:
     CDI specs go: the node's container runtime must read CDI specs from there. `registrar_dir`:
     the kubelet's plugin registration folder (`<root-dir>/plugins_registry` of the kubelet).
     `plugin_data_dir`: dra.sock and prepared.json (default PLUGINS_DIR/gpu.nvidia.com).
-    `shared` and `partitionable`: GPU UUIDs published so (see driver_config)."""
+    `shared` and `partitionable`: GPU UUIDs published so (see driver_config).
+
+    On the local node (what the node needs of it):
+    - start it once the kubelet is up and its Node exists (the slices are owned by the Node),
+      with `kubeconfig` the kubelet's own (`system:node:NAME`, which the Node authorizer and
+      NodeRestriction allow this), `registrar_dir` the kubelet's `<root-dir>/plugins_registry`
+      and `plugin_data_dir` a folder of the node's (dra.sock must stay under 108 characters);
+      `wait_registered` then says when the kubelet took it. A kubelet that starts deletes every
+      DRA slice of its node; the driver's slice controller puts them back, and the kubelet
+      registers the driver again by itself (`registrations` counts how often it did).
+    - the container runtime reads CDI specs from `cdi_dir`: containerd 1.7 with
+      `enable_cdi = true` and `cdi_spec_dirs = [cdi_dir]` under
+      `[plugins."io.containerd.grpc.v1.cri"]`; containerd 2 has CDI on and takes
+      `cdi_spec_dirs` under `[plugins."io.containerd.cri.v1.runtime"]`. Containerd 1.6 has no
+      CDI: its containers would start without the devices' environment, silently.
+    - the kubelet needs no flag for DRA (GA, on in 1.37).
+    - `device_classes()` on the cluster. For a pod asking `nvidia.com/gpu` to be given a GPU
+      through DRA, the node must not also advertise `nvidia.com/gpu` from the device plugin:
+      the scheduler prefers a node's allocatable extended resource to the DeviceClass.
+    """
 
     def __init__(
         self,
@@ -489,10 +508,16 @@ class DraPlugin:
         firsts = {line.split(" ", 1)[0] for line in self.status_lines()}
         return all(word in firsts for word in words)
 
-    def wait_registered(self, timeout: float = 60.0) -> bool:
-        """Whether the kubelet accepted its registration (NotifyRegistrationStatus) since it
-        started, waiting up to `timeout`."""
-        return bool(poll_until(lambda: self._said("registered"), timeout, 0.1))
+    def registrations(self) -> int:
+        """How often the kubelet accepted its registration (NotifyRegistrationStatus) since it
+        started: once per kubelet start."""
+        return sum(1 for line in self.status_lines() if line == "registered")
+
+    def wait_registered(self, timeout: float = 60.0, after: int = 0) -> bool:
+        """Whether the kubelet accepted its registration more than `after` times since it
+        started, waiting up to `timeout` (`after=registrations()` before a kubelet restart
+        waits for the registration after it)."""
+        return bool(poll_until(lambda: self.registrations() > after, timeout, 0.1))
 
     def prepared(self) -> dict[str, Any]:
         """prepared.json: claim UID → namespace, name and the devices prepared for it."""
