@@ -502,7 +502,7 @@ class Kubelet:
             if any(folder.is_dir() for folder in self.cdi.dirs):
                 self._specs = self.cdi.devices()
             else:
-                folders = ", ".join(str(d) for d in self.cdi.dirs)
+                folders = ", ".join(str(d) for d in self.cdi.dirs) or "none given"
                 why = (
                     f"no CDI spec folder ({folders}) is mounted: the DRA devices' UUIDs are "
                     "not known from the node"
