@@ -167,7 +167,9 @@ class SpecDirs:
     def _read(self, path: Path) -> Mapping[str, Edits]:
         try:
             st = path.stat()
-        except OSError as exc:  # removed since it was listed (a claim unprepared)
+        except FileNotFoundError:  # removed since it was listed (a claim unprepared)
+            return {}
+        except OSError as exc:
             self._say(path, exc.strerror or str(exc))
             return {}
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -184,8 +186,9 @@ class SpecDirs:
                 raise ValueError(f"larger than {MAX_SPEC_BYTES} bytes")
             self.parses += 1
             devices = parse_spec(data.decode("utf-8"), path.suffix == ".json")
-        except OSError as exc:
+        except OSError as exc:  # read again next time: it may pass (a file being replaced)
             self._say(path, exc.strerror or str(exc))
+            return {}
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             self._say(path, str(exc))
         else:

@@ -1,4 +1,4 @@
-"""What the kubelet's device manager gave each pod, as the agent publishes it.
+"""What the kubelet gave each pod (its device manager, DRA drivers), as the agent publishes it.
 
 `allocations` (pure) turns the kubelet's answer into the report's `kubelet` section; `Kubelet`
 asks the socket, and turns every way the question can fail into an `Unavailable` section with
