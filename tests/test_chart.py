@@ -424,6 +424,39 @@ def test_the_pod_resources_socket_of_a_kubelet_with_another_root_dir(helm: Helm)
         assert mount["mountPath"] == "/var/lib/kubelet/pod-resources"
 
 
+def test_the_cdi_spec_folders_are_mounted_where_the_agent_reads_them(helm: Helm) -> None:
+    """The default folders are mounted read-only at their own paths (the agent's default, no
+    flag); other folders are mounted and named to the agent; none: neither."""
+
+    def agent(*sets: str) -> tuple[list[Any], list[Any], list[str]]:
+        pod = _one(_render(helm, *sets), "DaemonSet", "gpuusage-agent")["spec"]["template"]
+        spec = pod["spec"]
+        mounts = [
+            (m["mountPath"], m["readOnly"])
+            for m in spec["containers"][0]["volumeMounts"]
+            if m["name"].startswith("cdi-specs-")
+        ]
+        volumes = [v["hostPath"] for v in spec["volumes"] if v["name"].startswith("cdi-specs-")]
+        flags = [a for a in spec["containers"][0]["args"] if a.startswith("--cdi-spec-dirs")]
+        return mounts, volumes, flags
+
+    assert agent() == (
+        [("/etc/cdi", True), ("/var/run/cdi", True)],
+        [
+            {"path": "/etc/cdi", "type": "DirectoryOrCreate"},
+            {"path": "/var/run/cdi", "type": "DirectoryOrCreate"},
+        ],
+        [],
+    )
+    assert agent("agent.podResources.cdiSpecDirs={/run/cdi}") == (
+        [("/run/cdi", True)],
+        [{"path": "/run/cdi", "type": "DirectoryOrCreate"}],
+        ["--cdi-spec-dirs=/run/cdi"],
+    )
+    assert agent("agent.podResources.cdiSpecDirs=null") == ([], [], ["--cdi-spec-dirs="])
+    assert agent("agent.podResources.enabled=false") == ([], [], [])
+
+
 def test_host_network_and_extra_volumes_reach_the_pods(helm: Helm) -> None:
     """Where pods on GPU nodes cannot reach the apiserver's Service, both run on the node's
     network; the agent takes more volumes and mounts (a CA bundle, a GPU scenario)."""

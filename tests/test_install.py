@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
+from gpuusage.settings import comma_list
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.proctree import pod_cgroup, write_process
 from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace
@@ -441,8 +442,15 @@ def test_every_install_gives_the_agent_the_kubelets_socket_read_only(
     assert container["readOnlyRootFilesystem"] is True
     default = AgentSettings(node_name="n").pod_resources_socket
     assert default.parent == Path(mount["mountPath"])
+    cdi = [m for m in spec["containers"][0]["volumeMounts"] if m["name"].startswith("cdi-specs")]
+    folders = comma_list(AgentSettings(node_name="n").cdi_spec_dirs)
+    assert [(m["mountPath"], m["readOnly"]) for m in cdi] == [(f, True) for f in folders]
+    assert [v["hostPath"] for v in spec["volumes"] if v["name"].startswith("cdi-specs")] == [
+        {"path": f, "type": "DirectoryOrCreate"} for f in folders
+    ]
     base = _agent_pod_spec(kubectl, "manifests/base")
     assert all(v["name"] != "pod-resources" for v in base["volumes"])
+    assert all(not v["name"].startswith("cdi-specs") for v in base["volumes"])
     assert base["securityContext"]["runAsUser"] == 65532
 
 

@@ -19,9 +19,11 @@ from h2.errors import ErrorCodes
 from h2.events import RequestReceived
 
 from gpuusage.api.models import (
+    MAX_KUBELET_CLAIM_DEVICES,
     MAX_KUBELET_DEVICES,
     MAX_KUBELET_PODS,
     MAX_KUBELET_REPLICAS,
+    MAX_POD_CLAIM_DEVICES,
     MAX_POD_REPLICATED,
     DeviceReplicas,
     Gpu,
@@ -31,21 +33,30 @@ from gpuusage.api.models import (
 from gpuusage_dev.fakekubelet import FakeKubelet
 from gpuusage_dev.proctree import write_process
 from gpuusage_nodeagent.main import run_agent
-from gpuusage_nodeagent.podresources.client import CallError
+from gpuusage_nodeagent.podresources.cdi import SpecDirs
+from gpuusage_nodeagent.podresources.client import CallError, unary
 from gpuusage_nodeagent.podresources.kubelet import (
+    GET,
     Kubelet,
     allocations,
     device_aliases,
+    get_nothing,
+    get_verdict,
     list_allocatable,
     list_pods,
+    own_cdi_devices,
     replicated,
 )
 from gpuusage_nodeagent.podresources.wire import (
+    ClaimResource,
     ContainerDevices,
     ContainerResources,
+    DynamicResource,
     PodResources,
     WireError,
     allocatable_response,
+    get_request,
+    get_response,
     list_response,
 )
 from gpuusage_nodeagent.settings import AgentSettings
@@ -76,8 +87,10 @@ def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
 
 
 def test_list_decodes_every_pod_container_and_device(kubelet: FakeKubelet) -> None:
-    """Fields the agent does not read (CPU IDs, memory, topology, DRA resources) are skipped."""
+    """Fields the agent does not read (CPU IDs and memory, the pod's own too, topology) are
+    skipped; the DRA devices are read."""
     busy = pod("train", ("nvidia.com/gpu", [GPU0, GPU1]), ("example.com/nic", ["eth1"]))
+    busy.update(cpu_ids=[4, 5], memory=[{"memory_type": "memory", "size": 1 << 30}])
     busy["containers"][0].update(
         cpu_ids=[2, 3],
         memory=[{"memory_type": "memory", "size": 1 << 40, "topology": {"nodes": [{"ID": 1}]}}],
@@ -97,7 +110,15 @@ def test_list_decodes_every_pod_container_and_device(kubelet: FakeKubelet) -> No
             "train",
             "ml",
             (
-                ContainerResources("c0", (ContainerDevices("nvidia.com/gpu", (GPU0, GPU1)),)),
+                ContainerResources(
+                    "c0",
+                    (ContainerDevices("nvidia.com/gpu", (GPU0, GPU1)),),
+                    (
+                        DynamicResource(
+                            "c", "ml", (ClaimResource("gpu.nvidia.com", "", "gpu-0", (), None),)
+                        ),
+                    ),
+                ),
                 ContainerResources("c1", (ContainerDevices("example.com/nic", ("eth1",)),)),
             ),
         ),
@@ -542,3 +563,389 @@ def test_other_plugins_device_ids_are_mapped_to_uuids_or_counted() -> None:
     assert (entry.devices, entry.other_devices) == (sorted([GPU0, mig.uuid]), 1)
     (plain,) = allocations([given]).pods
     assert (plain.devices, plain.other_devices) == ([], 4), "without aliases: counted only"
+
+
+# -- DRA: the devices the kubelet lists per container, with UUIDs from the node's CDI specs -----
+
+CLAIM_UID = "6f1c7a52-3b8e-4c1d-9f2a-0d6e5b4a3c21"
+NVIDIA_DRIVER = "gpu.nvidia.com"
+
+
+def claim(
+    name: str, driver: str, *devices: tuple[str, list[str]], pool: str = "node-a"
+) -> dict[str, Any]:
+    """A container's claim as the kubelet lists it: each device with its CDI devices."""
+    return {
+        "claim_name": name,
+        "claim_namespace": "ml",
+        "claim_resources": [
+            {
+                "driver_name": driver,
+                "pool_name": pool,
+                "device_name": device,
+                "cdi_devices": [{"name": n} for n in cdi],
+            }
+            for device, cdi in devices
+        ],
+    }
+
+
+def dra_pod(name: str, *claims: dict[str, Any], namespace: str = "ml") -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "containers": [{"name": "main", "dynamic_resources": list(claims)}],
+    }
+
+
+def nvidia_cdi(device: str) -> str:
+    """The CDI device NVIDIA's DRA driver names for one device of the claim."""
+    return f"k8s.gpu.nvidia.com/claim={CLAIM_UID}-{device}"
+
+
+def write_nvidia_claim_spec(folder: Path, minors: dict[str, int]) -> None:
+    """The claim's CDI spec as NVIDIA's DRA driver writes it in /var/run/cdi: one device per
+    GPU, named by its device node, and NVIDIA_VISIBLE_DEVICES=void spec-wide."""
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [
+            {
+                "name": f"{CLAIM_UID}-{device}",
+                "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]},
+            }
+            for device, minor in minors.items()
+        ],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [{"path": "/dev/nvidiactl"}],
+        },
+    }
+    (folder / f"k8s.gpu.nvidia.com-claim_{CLAIM_UID}.yaml").write_text(json.dumps(body))
+
+
+NODE_GPUS = [
+    Gpu(index=0, uuid=GPU0, minor_number=0, mig_enabled=False),
+    Gpu(index=1, uuid=GPU1, minor_number=1, mig_enabled=False),
+]
+
+# ListPodResourcesResponse as kubelet 1.37's generated code encodes it (taken from the fake
+# kubelet, which is that code): pod p in ns, container c, claim gpu with device gpu-0 of driver
+# gpu.nvidia.com in pool n1, CDI device k8s.gpu.nvidia.com/claim=u-gpu-0, share ID s1.
+KUBELET_BYTES = bytes.fromhex(
+    "0a5c0a017012026e731a530a01632a4e12036770751a026e7322430a220a206b38732e6770752e6e7669"
+    "6469612e636f6d2f636c61696d3d752d6770752d30120e6770752e6e76696469612e636f6d1a026e31"
+    "22056770752d302a027331"
+)
+KUBELET_POD = PodResources(
+    "p",
+    "ns",
+    (
+        ContainerResources(
+            "c",
+            (),
+            (
+                DynamicResource(
+                    "gpu",
+                    "ns",
+                    (
+                        ClaimResource(
+                            "gpu.nvidia.com",
+                            "n1",
+                            "gpu-0",
+                            ("k8s.gpu.nvidia.com/claim=u-gpu-0",),
+                            "s1",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    ),
+)
+
+
+def test_dra_devices_decode_from_the_kubelets_own_bytes() -> None:
+    """Field numbers as api.proto of k8s.io/kubelet v0.37.2 has them: dynamic_resources 5,
+    claim_name 2, claim_namespace 3, claim_resources 4, cdi_devices 1, driver 2, pool 3,
+    device 4, share_id 5; a GetPodResourcesResponse holds the pod at field 1 as well."""
+    assert list_response(KUBELET_BYTES) == [KUBELET_POD]
+    assert get_response(KUBELET_BYTES) == KUBELET_POD
+    assert get_response(b"") is None
+    assert get_request("p", "ns") == bytes.fromhex("0a017012026e73")
+    assert get_request("", "") == b""  # proto3 sends no default values
+
+
+def test_the_fake_kubelet_encodes_as_the_kubelet_and_serves_get(kubelet: FakeKubelet) -> None:
+    """The same bytes from the kubelet's generated code; Get answers a pod by name, and for a
+    pod it does not have the kubelet's plain error (code Unknown)."""
+    body = dra_pod(
+        "p",
+        claim("gpu", "gpu.nvidia.com", ("gpu-0", ["k8s.gpu.nvidia.com/claim=u-gpu-0"]), pool="n1"),
+        namespace="ns",
+    )
+    body["containers"][0]["name"] = "c"
+    body["containers"][0]["dynamic_resources"][0]["claim_namespace"] = "ns"
+    body["containers"][0]["dynamic_resources"][0]["claim_resources"][0]["share_id"] = "s1"
+    kubelet.pods(body)
+    assert list_pods(kubelet.socket, 5) == KUBELET_BYTES
+    assert get_response(unary(kubelet.socket, GET, get_request("p", "ns"), 5)) == KUBELET_POD
+    with pytest.raises(CallError, match=r"^Unknown: pod  in namespace  not found$"):
+        get_nothing(kubelet.socket, 5)
+
+
+def test_own_cdi_devices_undo_the_kubelets_running_list() -> None:
+    """Kubelets 1.35-1.37 give a driver's second device of a claim the first one's CDI
+    devices too; a device whose list repeats the one before names nothing of its own; other
+    drivers' lists and lists that do not begin with the one before are taken whole."""
+    a, b, c, n = "v.com/k=a", "v.com/k=b", "v.com/k=c", "nic.com/k=n"
+    resources = [
+        ClaimResource("gpu.nvidia.com", "p", "gpu-0", (a,)),
+        ClaimResource("gpu.nvidia.com", "p", "gpu-1", (a, b)),
+        ClaimResource("gpu.nvidia.com", "p", "gpu-2", (a, b)),  # prepared with no CDI device
+        ClaimResource("gpu.nvidia.com", "p", "gpu-3", (a, b, c)),
+        ClaimResource("nic.example.com", "p", "nic-0", (n,)),
+        ClaimResource("nic.example.com", "p", "nic-1", (c,)),
+    ]
+    assert own_cdi_devices(resources) == [(a,), (b,), (), (c,), (n,), (c,)]
+
+
+def test_the_reader_publishes_dra_devices_with_uuids_from_the_cdi_specs(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """A pod given two GPUs by NVIDIA's DRA driver (listed as kubelet 1.37 lists them: the
+    second device with the first one's CDI device too) and nothing by a device plugin is
+    listed, each device with its GPU's UUID; a NIC of another driver is listed too (the
+    operator picks its GPU drivers), without a UUID; no Get is needed."""
+    run = tmp_path / "run-cdi"
+    write_nvidia_claim_spec(run, {"gpu-0": 0, "gpu-1": 1})
+    kubelet.pods(
+        dra_pod(
+            "train",
+            claim(
+                "train-gpus",
+                NVIDIA_DRIVER,
+                ("gpu-0", [nvidia_cdi("gpu-0")]),
+                ("gpu-1", [nvidia_cdi("gpu-0"), nvidia_cdi("gpu-1")]),
+            ),
+        ),
+        pod("plugin", ("nvidia.com/gpu", [GPU1])),
+        dra_pod("net", claim("net", "nic.example.com", ("nic-0", ["nic.example.com/port=p0"]))),
+        pod("web"),
+    )
+    gets: list[int] = []
+
+    def counted(path: Path, timeout: float) -> bytes:
+        gets.append(1)
+        return get_nothing(path, timeout)
+
+    reader = Kubelet(kubelet.socket, 2.0, cdi=SpecDirs([tmp_path / "etc-cdi", run]), getter=counted)
+    read = reader.read(gpus=NODE_GPUS)
+    assert read is not None
+    assert read.dra_message is None
+    assert {
+        p.name: [(d.claim, d.driver, d.pool, d.device, d.uuid) for d in p.claim_devices]
+        for p in read.pods
+    } == {
+        "net": [("net", "nic.example.com", "node-a", "nic-0", None)],
+        "plugin": [],
+        "train": [
+            ("train-gpus", NVIDIA_DRIVER, "node-a", "gpu-0", GPU0),
+            ("train-gpus", NVIDIA_DRIVER, "node-a", "gpu-1", GPU1),
+        ],
+    }
+    assert [p.devices for p in read.pods if p.name == "plugin"] == [[GPU1]]
+    assert gets == []
+    # the same answer on a node whose GPUs are not read yet: no UUID, never a guess
+    unread = Kubelet(kubelet.socket, 2.0, cdi=SpecDirs([run])).read()
+    assert unread is not None
+    assert [d.uuid for p in unread.pods for d in p.claim_devices] == [None, None, None]
+
+
+def test_without_the_cdi_folders_the_dra_devices_are_listed_and_why_they_have_no_uuid_said(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    kubelet.pods(dra_pod("train", claim("g", NVIDIA_DRIVER, ("gpu-0", [nvidia_cdi("gpu-0")]))))
+    read = Kubelet(kubelet.socket, 2.0, cdi=SpecDirs([tmp_path / "absent"])).read(gpus=NODE_GPUS)
+    assert read is not None
+    assert [(d.device, d.uuid) for p in read.pods for d in p.claim_devices] == [("gpu-0", None)]
+    assert "no CDI spec folder" in (read.dra_message or "")
+
+
+PLUGIN_PODS = (
+    pod("train", ("nvidia.com/gpu", [GPU0])),
+    dra_pod("dra-only", claim("g", NVIDIA_DRIVER, ("gpu-1", [nvidia_cdi("gpu-1")]))),
+)
+
+
+@pytest.mark.parametrize(
+    ("version", "said"),
+    [
+        ("1.37", None),
+        ("1.35-gates-off", "KubeletPodResourcesGet gate"),
+        ("1.26", "no PodResources Get (before Kubernetes 1.27)"),
+    ],
+)
+def test_a_kubelet_that_lists_no_dra_devices_answers_as_before_and_says_what_it_lacks(
+    kubelet: FakeKubelet, tmp_path: Path, version: str, said: str | None
+) -> None:
+    """Against a kubelet that lists no DRA devices (an older one, or one with the gates off)
+    the device-plugin pods are published as before, and `draMessage` says why the DRA devices
+    are unknown; kubelet 1.37 with no DRA pod says nothing."""
+    pods = PLUGIN_PODS if version != "1.37" else PLUGIN_PODS[:1]
+    kubelet.pods(*pods, kubelet=version)
+    read = Kubelet(kubelet.socket, 2.0, cdi=SpecDirs([tmp_path])).read(gpus=NODE_GPUS)
+    assert read is not None
+    assert read.state == "Read"
+    assert [(p.name, p.devices, p.claim_devices) for p in read.pods] == [("train", [GPU0], [])]
+    if said is None:
+        assert read.dra_message is None
+    else:
+        assert said in (read.dra_message or "")
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (CallError("Unavailable: restarting"), "Get: Unavailable: restarting: whether the kubelet"),
+        (CallError("Unknown: pod  in namespace  not found"), None),
+        (CallError("NotFound: no such pod"), None),
+        (ConnectionResetError(104, "Connection reset by peer"), "Get: Connection reset by peer"),
+        (None, None),  # Get answered (a kubelet that found a pod with no name)
+    ],
+)
+def test_get_verdict(failure: Exception | None, said: str | None) -> None:
+    def ask() -> bytes:
+        if failure is not None:
+            raise failure
+        return b""
+
+    verdict = get_verdict(ask)
+    assert verdict == said if said is None else (verdict or "").startswith(said)
+
+
+def test_dra_bounds_count_what_they_leave_out() -> None:
+    """A pod with more DRA devices than a pod may list has them counted, never listed in
+    part; past the node's bound later pods are listed with theirs counted; a device whose
+    names the API does not admit is counted."""
+    many = tuple((f"gpu-{i}", [f"k.com/c=d{i}"]) for i in range(MAX_POD_CLAIM_DEVICES + 1))
+    wide = PodResources(
+        "wide",
+        "ml",
+        (
+            ContainerResources(
+                "c",
+                (),
+                (
+                    DynamicResource(
+                        "g",
+                        "ml",
+                        tuple(ClaimResource(NVIDIA_DRIVER, "n", d, tuple(c)) for d, c in many),
+                    ),
+                ),
+            ),
+        ),
+    )
+    bad = PodResources(
+        "bad",
+        "ml",
+        (
+            ContainerResources(
+                "c",
+                (),
+                (DynamicResource("g", "ml", (ClaimResource(NVIDIA_DRIVER, "n", "Not_A_Label"),)),),
+            ),
+        ),
+    )
+    per_pod = MAX_POD_CLAIM_DEVICES
+    fill = [
+        PodResources(
+            f"p{i:02d}",
+            "ml",
+            (
+                ContainerResources(
+                    "c",
+                    (),
+                    (
+                        DynamicResource(
+                            "g",
+                            "ml",
+                            tuple(
+                                ClaimResource(NVIDIA_DRIVER, "n", f"gpu-{k}")
+                                for k in range(per_pod)
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+        )
+        for i in range(MAX_KUBELET_CLAIM_DEVICES // per_pod + 1)
+    ]
+    found = allocations([wide, bad, *fill])
+    by_name = {p.name: (len(p.claim_devices), p.omitted_claim_devices) for p in found.pods}
+    assert by_name["wide"] == (0, MAX_POD_CLAIM_DEVICES + 1)
+    assert by_name["bad"] == (0, 1)
+    assert [by_name[p.name] for p in fill] == [(per_pod, 0)] * (len(fill) - 1) + [(0, per_pod)]
+    assert sum(len(p.claim_devices) for p in found.pods) <= MAX_KUBELET_CLAIM_DEVICES
+
+
+def test_the_agent_publishes_the_dra_devices_with_their_uuids(
+    kubelet: FakeKubelet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The whole agent: the fake GPU source's GPUs (with minor numbers), the fake kubelet's DRA
+    pod, the CDI spec in a folder given by --cdi-spec-dirs; the report is valid and says which
+    GPU each DRA device is."""
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "index": 0,
+                        "uuid": GPU0,
+                        "minorNumber": 0,
+                        "memoryTotalMiB": 81920,
+                        "processes": [],
+                    },
+                    {
+                        "index": 1,
+                        "uuid": GPU1,
+                        "minorNumber": 1,
+                        "memoryTotalMiB": 81920,
+                        "processes": [],
+                    },
+                ]
+            }
+        )
+    )
+    write_process(tmp_path / "proc", 1, "0::/init.scope", comm="init")
+    write_nvidia_claim_spec(tmp_path / "run-cdi", {"gpu-1": 1})
+    kubelet.pods(
+        dra_pod("train", claim("train-gpu", NVIDIA_DRIVER, ("gpu-1", [nvidia_cdi("gpu-1")])))
+    )
+    settings = AgentSettings(
+        node_name="n1",
+        once=True,
+        output="json",
+        gpu_source=f"fake:{scenario}",
+        proc_root=tmp_path / "proc",
+        pod_resources_socket=kubelet.socket,
+        cdi_spec_dirs=f"{tmp_path / 'etc-cdi'},{tmp_path / 'run-cdi'}",
+        metrics_port=0,
+    )
+    assert run_agent(settings) == 0
+    published = json.loads(capsys.readouterr().out)
+    (train,) = published["spec"]["kubelet"]["pods"]
+    assert (train["namespace"], train["name"], train["devices"]) == ("ml", "train", [])
+    assert train["claimDevices"] == [
+        {
+            "claim": "train-gpu",
+            "driver": NVIDIA_DRIVER,
+            "pool": "node-a",
+            "device": "gpu-1",
+            "uuid": GPU1,
+        }
+    ]
+    report = GpuNodeUsage.model_validate(published)
+    assert report.spec.kubelet is not None
+    assert report.spec.kubelet.dra_message is None

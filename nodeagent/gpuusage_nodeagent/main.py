@@ -38,7 +38,8 @@ from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.identity import raise_fd_limit
 from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.metrics import AgentMetrics
-from gpuusage_nodeagent.podresources.kubelet import Kubelet, device_aliases
+from gpuusage_nodeagent.podresources.cdi import SpecDirs
+from gpuusage_nodeagent.podresources.kubelet import Kubelet
 from gpuusage_nodeagent.publisher import WRITE_BACKOFF, Publisher
 from gpuusage_nodeagent.report import AttributedReading, reading_pids
 from gpuusage_nodeagent.resolver import Resolver
@@ -117,7 +118,7 @@ class NodeReader:
         allocated = None
         if self.kubelet is not None:
             pods = {r.attribution.pod_uid for r in found.values() if r.attribution.pod_uid}
-            allocated = self.kubelet.read(pods, device_aliases(reading.gpus))
+            allocated = self.kubelet.read(pods, reading.gpus)
         return AttributedReading(self.node_name, now, reading, found, allocated, idle, shares)
 
 
@@ -224,6 +225,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         settings.pod_resources_timeout,
         comma_list(settings.gpu_resources),
         refresh=settings.pod_resources_refresh,
+        cdi=SpecDirs([Path(d) for d in comma_list(settings.cdi_spec_dirs)]),
     )
     reader = NodeReader(
         settings.node_name,

@@ -83,6 +83,10 @@ class AgentSettings(CommandSettings):
     pod_resources_refresh: float = Field(default=60.0, gt=0)
     """Seconds after which the kubelet is asked again although no new pod uses a GPU (a new
     pod is asked about in the cycle it appears)."""
+    cdi_spec_dirs: str = "/etc/cdi,/var/run/cdi"
+    """The host's CDI spec folders, comma-separated, in rising priority (the CDI library's
+    defaults): the CDI devices DRA drivers prepared are looked up there for their GPU's UUID
+    (mount them read-only); folders that are not there hold no specs."""
     gpu_resources: str = ""
     """Extra extended-resource names whose kubelet device IDs are GPUs, comma-separated (give
     the operator the same list)."""

@@ -1,8 +1,11 @@
 """A kubelet PodResources server for tests and the demo: the kubelet's own generated code and
 gRPC server, built from Go modules (main.go beside this file) and cached like the control plane.
 
-`FakeKubelet` runs it on a unix socket; what `List` and `GetAllocatableResources` answer is the
-JSON last given to `answer` (the protobuf field names), re-read on every call.
+`FakeKubelet` runs it on a unix socket; what `List`, `Get` and `GetAllocatableResources` answer
+is the JSON last given to `answer` (the protobuf field names), re-read on every call. It answers
+as kubelet 1.37 does (the devices DRA drivers prepared listed per container, `Get` served), or
+as an older kubelet (`kubelet="1.35-gates-off"`: the DRA listing and `Get` turned off;
+`kubelet="1.26"`: neither exists).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from gpuusage_dev.localcluster.binaries import (
 )
 
 SOURCE = Path(__file__).with_name("main.go")
-KUBELET_MODULE = "k8s.io/kubelet v0.34.4"  # the PodResources API of kubelet 1.34
-GRPC_MODULE = "google.golang.org/grpc v1.72.1"  # the gRPC server kubelet 1.34 is built with
+KUBELET_MODULE = "k8s.io/kubelet v0.37.2"  # the PodResources API of kubelet 1.37
+GRPC_MODULE = "google.golang.org/grpc v1.82.1"  # the gRPC server kubelet 1.37 is built with
 
 
 def ensure_fake_kubelet(progress: Progress = stderr_progress) -> Path:
@@ -46,6 +49,9 @@ class FakeKubelet:
         self.answers = socket.with_name(socket.name + ".json")
         self.binary = binary or ensure_fake_kubelet()
         self.calls = 0
+        """List calls answered."""
+        self.gets = 0
+        """Get calls answered."""
         self._process: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
         self._answered = threading.Condition()
@@ -56,11 +62,19 @@ class FakeKubelet:
         staged.write_text(json.dumps(body))
         staged.replace(self.answers)
 
-    def pods(self, *pods: dict[str, Any], advertised: dict[str, list[str]] | None = None) -> None:
-        """List answers `pods`; GetAllocatableResources, the `advertised` device IDs by
-        resource name (none by default)."""
+    def pods(
+        self,
+        *pods: dict[str, Any],
+        advertised: dict[str, list[str]] | None = None,
+        kubelet: str = "1.37",
+    ) -> None:
+        """List answers `pods` (and Get each of them); GetAllocatableResources, the
+        `advertised` device IDs by resource name (none by default); `kubelet`, whose
+        behaviour it shows (see main.go)."""
         devices = [{"resource_name": r, "device_ids": ids} for r, ids in (advertised or {}).items()]
-        self.answer({"pod_resources": list(pods), "allocatable": {"devices": devices}})
+        self.answer(
+            {"pod_resources": list(pods), "allocatable": {"devices": devices}, "kubelet": kubelet}
+        )
 
     def start(self) -> FakeKubelet:
         if not self.answers.exists():
@@ -86,6 +100,10 @@ class FakeKubelet:
             elif line.startswith("list "):
                 with self._answered:
                     self.calls = int(line.split()[1])
+                    self._answered.notify_all()
+            elif line.startswith("get "):
+                with self._answered:
+                    self.gets = int(line.split()[1])
                     self._answered.notify_all()
 
     def wait_calls(self, count: int, timeout: float = 10.0) -> None:

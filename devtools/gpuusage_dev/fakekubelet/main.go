@@ -1,17 +1,29 @@
 // fake-kubelet serves the kubelet's PodResources v1 API on a unix socket, with the kubelet's own
 // generated code (k8s.io/kubelet) and gRPC server (google.golang.org/grpc), so the agent's client
-// is tested against the real protocol. What List and GetAllocatableResources answer is read from
-// a JSON file on every call (the protobuf field names, as encoding/json reads the generated
+// is tested against the real protocol. What List, Get and GetAllocatableResources answer is read
+// from a JSON file on every call (the protobuf field names, as encoding/json reads the generated
 // structs), so a test changes the answer by rewriting the file:
 //
 //	{"pod_resources": [{"name": "p", "namespace": "ns", "containers": [
-//	    {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-..."]}]}]}],
+//	    {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-..."]}],
+//	     "dynamic_resources": [{"claim_name": "gpu", "claim_namespace": "ns", "claim_resources": [
+//	         {"driver_name": "gpu.nvidia.com", "pool_name": "node-a", "device_name": "gpu-0",
+//	          "cdi_devices": [{"name": "k8s.gpu.nvidia.com/claim=<uid>-gpu-0"}]}]}]}]}],
 //	 "error": {"code": 14, "message": "..."},   // List answers with this gRPC status instead
 //	 "delay_ms": 0,                              // wait this long before answering List
 //	 "allocatable": {"devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-...::0"]}]},
-//	 "allocatable_error": {"code": 12, "message": "..."}}  // GetAllocatableResources's status
+//	 "allocatable_error": {"code": 12, "message": "..."},  // GetAllocatableResources's status
+//	 "get_error": {"code": 14, "message": "..."},          // Get's status
+//	 "kubelet": "1.37"}
 //
-// Each call is counted on stdout ("list N"), after "ready" once the socket listens.
+// "kubelet" picks whose behaviour it shows: "1.37" (the default) answers as kubelet 1.37 does
+// (dynamic resources listed, Get served, a pod Get cannot find an error of code Unknown);
+// "1.35-gates-off" as kubelet 1.34 or 1.35 with the KubeletPodResourcesDynamicResources and
+// KubeletPodResourcesGet gates off (no dynamic resources; Get answers "PodResources API Get
+// method disabled", code Unknown); "1.26" as a kubelet before either existed (no dynamic
+// resources; Get Unimplemented, as the generated server answers a method it lacks).
+//
+// Each call is counted on stdout ("list N", "get N"), after "ready" once the socket listens.
 package main
 
 import (
@@ -38,17 +50,26 @@ type grpcError struct {
 }
 
 type answer struct {
-	podresourcesv1.ListPodResourcesResponse
+	PodResources     []*podresourcesv1.PodResources               `json:"pod_resources,omitempty"`
 	Error            *grpcError                                   `json:"error,omitempty"`
 	DelayMs          int                                          `json:"delay_ms,omitempty"`
 	Allocatable      *podresourcesv1.AllocatableResourcesResponse `json:"allocatable,omitempty"`
 	AllocatableError *grpcError                                   `json:"allocatable_error,omitempty"`
+	GetError         *grpcError                                   `json:"get_error,omitempty"`
+	Kubelet          string                                       `json:"kubelet,omitempty"`
 }
+
+const (
+	kubelet137       = "1.37"
+	kubeletGatesOff  = "1.35-gates-off"
+	kubeletBeforeDRA = "1.26"
+)
 
 type server struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	answers string
-	calls   atomic.Int64
+	lists   atomic.Int64
+	gets    atomic.Int64
 }
 
 func (s *server) read() (*answer, error) {
@@ -60,11 +81,25 @@ func (s *server) read() (*answer, error) {
 	if err := json.Unmarshal(data, &a); err != nil {
 		return nil, status.Errorf(codes.Internal, "fake kubelet: %s: %v", s.answers, err)
 	}
+	switch a.Kubelet {
+	case "":
+		a.Kubelet = kubelet137
+	case kubelet137, kubeletGatesOff, kubeletBeforeDRA:
+	default:
+		return nil, status.Errorf(codes.Internal, "fake kubelet: unknown kubelet %q", a.Kubelet)
+	}
+	if a.Kubelet != kubelet137 { // a kubelet that does not list what DRA drivers prepared
+		for _, pod := range a.PodResources {
+			for _, container := range pod.Containers {
+				container.DynamicResources = nil
+			}
+		}
+	}
 	return &a, nil
 }
 
 func (s *server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
-	n := s.calls.Add(1)
+	n := s.lists.Add(1)
 	defer fmt.Printf("list %d\n", n)
 	a, err := s.read()
 	if err != nil {
@@ -80,7 +115,33 @@ func (s *server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesReq
 	if a.Error != nil {
 		return nil, status.Error(codes.Code(a.Error.Code), a.Error.Message)
 	}
-	return &a.ListPodResourcesResponse, nil
+	return &podresourcesv1.ListPodResourcesResponse{PodResources: a.PodResources}, nil
+}
+
+// Get answers as the kubelet's v1PodResourcesServer.Get does: the pod by namespace and name, or
+// a plain error (which gRPC sends as code Unknown) when it has no such pod.
+func (s *server) Get(ctx context.Context, req *podresourcesv1.GetPodResourcesRequest) (*podresourcesv1.GetPodResourcesResponse, error) {
+	n := s.gets.Add(1)
+	defer fmt.Printf("get %d\n", n)
+	a, err := s.read()
+	if err != nil {
+		return nil, err
+	}
+	switch a.Kubelet {
+	case kubeletBeforeDRA:
+		return s.UnimplementedPodResourcesListerServer.Get(ctx, req)
+	case kubeletGatesOff:
+		return nil, fmt.Errorf("PodResources API Get method disabled")
+	}
+	if a.GetError != nil {
+		return nil, status.Error(codes.Code(a.GetError.Code), a.GetError.Message)
+	}
+	for _, pod := range a.PodResources {
+		if pod.Name == req.PodName && pod.Namespace == req.PodNamespace {
+			return &podresourcesv1.GetPodResourcesResponse{PodResources: pod}, nil
+		}
+	}
+	return nil, fmt.Errorf("pod %s in namespace %s not found", req.PodName, req.PodNamespace)
 }
 
 func (s *server) GetAllocatableResources(context.Context, *podresourcesv1.AllocatableResourcesRequest) (*podresourcesv1.AllocatableResourcesResponse, error) {
@@ -99,7 +160,7 @@ func (s *server) GetAllocatableResources(context.Context, *podresourcesv1.Alloca
 
 func main() {
 	socket := flag.String("socket", "", "unix socket to serve on")
-	answers := flag.String("answers", "", "JSON file read on every List call")
+	answers := flag.String("answers", "", "JSON file read on every call")
 	flag.Parse()
 	if *socket == "" || *answers == "" {
 		fmt.Fprintln(os.Stderr, "usage: fake-kubelet --socket PATH --answers FILE")

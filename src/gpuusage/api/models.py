@@ -345,9 +345,10 @@ class KubeletClaimDevice(ApiModel):
     pool: DraPoolName
     device: DraDeviceName
     uuid: DeviceId | None = None
-    """The GPU or MIG UUID, where the CDI devices the driver prepared for it say which device
-    of this node it is; None: not known from the node (the operator then maps the device
-    through its ResourceSlice, where it may read them)."""
+    """The GPU or MIG UUID, where the CDI devices the driver prepared for it name exactly one
+    device of this node (by NVIDIA_VISIBLE_DEVICES or a /dev/nvidia<minor> node); None: not
+    known from the node (the operator then maps the device through its ResourceSlice, where it
+    may read them)."""
 
 
 class KubeletPod(ApiModel):
@@ -389,9 +390,11 @@ class KubeletAllocations(ApiModel):
     pods: Annotated[list[KubeletPod], Field(max_length=MAX_KUBELET_PODS)] = Field(
         default_factory=list
     )
-    """Pods given GPUs by a device plugin, by namespace and name."""
+    """Pods given GPUs by a device plugin or devices by a DRA driver (of any driver: which are
+    GPUs the operator's --dra-drivers says), by namespace and name."""
     omitted_pods: Annotated[int, Field(ge=0, le=MAX_COUNTED)] | None = None
-    """Pods with GPUs not listed (over the bound); their devices are not known one by one."""
+    """Pods with GPUs or DRA devices not listed (over the bound); their devices are not known
+    one by one."""
     replicated: Annotated[list[DeviceReplicas], Field(max_length=MAX_KUBELET_REPLICAS)] = Field(
         default_factory=list
     )
@@ -401,8 +404,9 @@ class KubeletAllocations(ApiModel):
     """Why the replicas the devices are advertised as could not be read: pods given a replica
     then have no handed share."""
     dra_message: Message | None = None
-    """What of the kubelet's view of DRA could not be read (a kubelet that lists no DRA
-    devices, or lacks the `Get` call): pods' claims are then known from the API alone."""
+    """What of the kubelet's view of DRA could not be read: a kubelet that lacks the `Get` call
+    or has it turned off (and so, most likely, the DRA devices in List), or CDI spec folders
+    not mounted (the devices' UUIDs unknown). Pods' claims are then known from the API alone."""
 
     @model_validator(mode="after")
     def _devices_bounded(self) -> KubeletAllocations:
