@@ -133,8 +133,9 @@ another in one worker; every other test runs where a worker is free."""
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that starts the control plane is a cluster test, one that runs helm a slow one,
     whether or not it says so; one of COMPAT_MODULES a compat test. For parallel runs
-    (`--dist loadgroup`): the node's tests share one group; a test using a module's fixture runs in its module's group, so that the fixture
-    (an installed product, a built wheel) is made once, not once per worker."""
+    (`--dist loadgroup`): the node's tests share one group; a test using a module's fixture
+    runs in its module's group, so that the fixture (an installed product, a built wheel) is
+    made once, not once per worker."""
     for item in items:
         if item.path.name in COMPAT_MODULES:
             item.add_marker(pytest.mark.compat)
