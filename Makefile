@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-binaries test test-gpu check lint binaries crd monitoring chart plugin lock clean
+.PHONY: demo demo-binaries test test-oldest test-compat test-gpu check lint binaries crd monitoring chart plugin lock clean
 
 $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -37,6 +37,17 @@ demo: demo-binaries
 TEST_WORKERS ?= 4
 test: binaries
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
+## CI's second run: the tests of install, allocation and DRA (the `compat` marker, no real
+## node) against the oldest supported Kubernetes release, built once like the default.
+test-oldest: binaries
+	$(PY) -m gpuusage_dev.compat --oldest --no-node --workers $(TEST_WORKERS)
+
+## The compatibility run: the tests of install, allocation, DRA and the real node on every
+## supported Kubernetes release, one after another; it prints the table docs/development.md
+## records.
+test-compat: binaries
+	$(PY) -m gpuusage_dev.compat --workers $(TEST_WORKERS)
 
 ## The inner loop: lint and the pure unit tests (no control plane, node, helm or command
 ## runs; well under a minute). `make test` is the whole suite, and what CI runs.
