@@ -110,6 +110,7 @@ COMPAT_MODULES = frozenset(
         "test_api_on_cluster.py",
         "test_allocation_on_cluster.py",
         "test_dra_versions_on_cluster.py",
+        "test_dra_forms_on_cluster.py",
         "test_agent_on_cluster.py",
         "test_operator_on_cluster.py",
         "test_real_drivers_on_cluster.py",

@@ -23,6 +23,7 @@ from gpuusage.api.models import (
     MAX_DEVICES,
     MAX_GPUS,
     MAX_IDLE_PODS,
+    MAX_KUBELET_CLAIM_DEVICES,
     MAX_KUBELET_DEVICES,
     MAX_KUBELET_PODS,
     MAX_KUBELET_REPLICAS,
@@ -30,6 +31,7 @@ from gpuusage.api.models import (
     MAX_MIG_DEVICES,
     MAX_PID,
     MAX_PIDS_LISTED,
+    MAX_POD_CLAIM_DEVICES,
     MAX_POD_DEVICES,
     MAX_POD_REPLICATED,
     MAX_PROCESSES,
@@ -48,6 +50,7 @@ from gpuusage.api.models import (
     GpuNodeUsageStatus,
     IdlePod,
     KubeletAllocations,
+    KubeletClaimDevice,
     KubeletPod,
     Memory,
     MigDevice,
@@ -437,9 +440,23 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 ]
                 if k < MAX_KUBELET_REPLICAS // MAX_POD_REPLICATED
                 else [],
+                claim_devices=[
+                    KubeletClaimDevice(
+                        claim=long_name,
+                        driver=("d" * 63),
+                        pool=long_name,
+                        device="v" * 59 + f"{d:04d}",
+                        uuid=long_device,
+                    )
+                    for d in range(MAX_POD_CLAIM_DEVICES)
+                ]
+                if k < MAX_KUBELET_CLAIM_DEVICES // MAX_POD_CLAIM_DEVICES
+                else [],
+                omitted_claim_devices=MAX_COUNTED,
             )
             for k in range(MAX_KUBELET_PODS)
         ],
+        dra_message=safe * 1024,
         omitted_pods=MAX_COUNTED,
         replicated=[
             DeviceReplicas(device=long_device[:-3] + f"{d:03d}", replicas=MAX_COUNTED)
@@ -532,6 +549,10 @@ def _worst_case(name: str) -> GpuNodeUsage:
                 allocated_devices_omitted=MAX_DEVICES,
                 unallocated=True,
                 held_idle_since=now,
+                computing=True,
+                compute_share=0.123456789012345,
+                handed_share=0.123456789012345,
+                handed_memory_mib=MAX_MIB,
             )
             for i in range(MAX_POD_DEVICES)
         ],
@@ -574,11 +595,12 @@ def _worst_case(name: str) -> GpuNodeUsage:
 
 
 def test_the_largest_object_the_schema_admits_is_stored(custom: client.CustomObjectsApi) -> None:
-    """Every bound at once, spec and status: etcd takes it (it refuses requests over 1.5 MiB),
-    so no report the agent and the operator may write can freeze a node."""
+    """Every bound at once, spec and status, as the agent and the operator write them (merge
+    patches: `to_patch`): etcd takes it (it refuses requests over 1.5 MiB), so no report they
+    may write can freeze a node."""
     name = ".".join(["w" * 63] * 4)[:253]
     worst = _worst_case(name)
-    body = worst.to_api()
+    body = worst.to_patch()
     status = body.pop("status")
     _create(custom, body)
     try:

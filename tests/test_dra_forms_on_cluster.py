@@ -20,12 +20,20 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpuusage_dev.localcluster import versions
 from tests.conftest import WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid, mig_uuid
 from tests.simworld import SimWorld
 from tests.worldview import condition, pod, report
 
-pytestmark = pytest.mark.cluster
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(
+        versions.minor(versions.choose()) < 36,
+        reason="Kubernetes 1.35 serves none of these forms by default (DRAExtendedResource, "
+        "DRAConsumableCapacity and DRAPartitionableDevices are alpha there, off)",
+    ),
+]
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 DRIVER = "gpu.nvidia.com"

@@ -19,9 +19,11 @@ from gpuusage_dev.localcluster.cluster import (
     LocalCluster,
     ProcessRecord,
     deprecated_apis,
+    deprecated_in_audit,
     is_running,
 )
-from tests.conftest import CHILD_ENV
+from gpuusage_dev.localcluster.node import node_cluster
+from tests.conftest import CHILD_ENV, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -221,3 +223,37 @@ def test_a_deprecated_request_shows_in_the_gauge_the_suite_checks(tmp_path: Path
         kubectl = [str(local.binaries.kubectl), f"--kubeconfig={local.kubeconfig}"]
         subprocess.run([*kubectl, "get", "endpoints", "-A"], check=True, capture_output=True)
         assert local.requested_deprecated_apis() == ["v1 endpoints (removed in a later release)"]
+
+
+def test_a_node_clusters_audit_names_who_asked_for_a_deprecated_api(tmp_path: Path) -> None:
+    """On a control plane a node joins, the controllers' own requests for v1 Endpoints fill
+    the gauge: the audit log names the requests of everyone else, and by whom."""
+    with node_cluster(tmp_path, tie_to_parent=True) as local:
+        kubectl = [str(local.binaries.kubectl), f"--kubeconfig={local.kubeconfig}"]
+        subprocess.run([*kubectl, "get", "namespaces"], check=True, capture_output=True)
+        assert local.deprecated_requests_audited() == []
+        subprocess.run([*kubectl, "get", "endpoints", "-A"], check=True, capture_output=True)
+        found = wait_for(local.deprecated_requests_audited, what="the request in the audit log")
+        assert found == ["gpuusage-admin: list v1 endpoints"]
+
+
+def test_the_audit_log_is_read_as_the_apiserver_writes_it() -> None:
+    deprecated = {
+        "kind": "Event",
+        "verb": "watch",
+        "user": {"username": "system:serviceaccount:gpuusage-system:gpuusage-operator"},
+        "objectRef": {
+            "resource": "resourceclaims",
+            "apiGroup": "resource.k8s.io",
+            "apiVersion": "v1beta1",
+        },
+        "annotations": {"k8s.io/deprecated": "true", "k8s.io/removed-release": "1.38"},
+    }
+    current = {**deprecated, "annotations": {}}
+    log = "\n".join(
+        [json.dumps(deprecated), "not json", json.dumps(current), json.dumps(deprecated)]
+    )
+    assert deprecated_in_audit(log) == [
+        "system:serviceaccount:gpuusage-system:gpuusage-operator: watch "
+        "resource.k8s.io/v1beta1 resourceclaims"
+    ]

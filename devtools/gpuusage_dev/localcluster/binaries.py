@@ -29,7 +29,7 @@ from gpuusage.errors import GpuusageError
 from gpuusage_dev.localcluster import versions
 
 ETCD_VERSION = "v3.6.5"
-MIN_GO = (1, 24)
+MIN_GO = (1, 26)  # Kubernetes 1.37 requires it (its go.mod says go 1.26.0)
 
 Progress = Callable[[str], None]
 

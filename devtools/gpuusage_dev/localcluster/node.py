@@ -38,6 +38,7 @@ from gpuusage_dev.localcluster.binaries import (
 from gpuusage_dev.localcluster.cluster import (
     LocalCluster,
     ProcessRecord,
+    audit_args,
     is_running,
     kill,
     record_of,
@@ -711,11 +712,16 @@ def node_cluster(
     kubernetes_version: str | None = None,
 ) -> LocalCluster:
     """A local control plane a node can join as a real one does: the Node authorizer and
-    NodeRestriction on (kept across restarts), and any more apiserver flags."""
+    NodeRestriction on (kept across restarts), an audit log of every request but those of
+    Kubernetes' own components (cluster.audit_args), and any more apiserver flags."""
     return LocalCluster(
         directory,
         authorization_modes=("Node", "RBAC"),
-        apiserver_args=["--enable-admission-plugins=NodeRestriction", *apiserver_args],
+        apiserver_args=[
+            "--enable-admission-plugins=NodeRestriction",
+            *audit_args(directory),
+            *apiserver_args,
+        ],
         tie_to_parent=tie_to_parent,
         kubernetes_version=kubernetes_version,
     )

@@ -51,7 +51,7 @@ MAX_MIG_DEVICES = 8  # NVIDIA GPUs offer at most 7 MIG devices
 MAX_PROCESSES = 512  # per device, and on the whole node
 MAX_DEVICES = MAX_GPUS * (1 + MAX_MIG_DEVICES)
 MAX_POD_DEVICES = MAX_PROCESSES  # each (pod, device) entry stands for at least one process
-MAX_UNATTRIBUTED = 128
+MAX_UNATTRIBUTED = 64  # processes of no pod listed (the rest counted)
 MAX_IDLE_PODS = 64
 MAX_ALLOCATIONS = 64  # pods handed GPUs on one node, listed for showback (the rest counted)
 MAX_SHARE = 64.0  # a scheduler's share of GPUs, at most (fractions of one GPU, usually)
@@ -61,7 +61,7 @@ MAX_MIG_UUID = 64  # MIG-GPU-<uuid>/<gi>/<ci> is at most 56 characters
 MAX_DEVICE_ID = MAX_MIG_UUID  # no GPU, MIG device, stand-in or <parent>/<profile> is longer
 MAX_KUBELET_PODS = 64  # pods listed with the kubelet's devices (the rest counted as omitted)
 MAX_KUBELET_DEVICES = 256  # devices listed for those pods, in all
-MAX_KUBELET_CLAIM_DEVICES = 64  # DRA devices listed for those pods, in all
+MAX_KUBELET_CLAIM_DEVICES = 32  # DRA devices listed for those pods, in all
 MAX_POD_CLAIM_DEVICES = 16  # DRA devices listed for one pod
 MAX_ALLOCATED_LISTED = 256  # allocated devices listed in status.pods, in all
 MAX_COUNTED = 1_000_000  # counts of things not listed are shown up to this
@@ -331,7 +331,7 @@ class DeviceReplicas(ApiModel):
 
 DraDriverName = Annotated[str, Field(max_length=63, pattern=DNS_SUBDOMAIN_PATTERN)]
 DraPoolName = Annotated[str, Field(max_length=253, pattern=r"^[a-z0-9]([-a-z0-9./]*[a-z0-9])?$")]
-DraDeviceName = Annotated[str, Field(max_length=128, pattern=DNS_LABEL_PATTERN)]
+DraDeviceName = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
 
 
 class KubeletClaimDevice(ApiModel):
