@@ -85,9 +85,11 @@ HOST_PATHS = (
     Path("/var/lib/cni"),
     Path("/var/run/netns"),
     CDI_DIR,
+    Path("/etc/cdi"),
 )
-"""Folders outside the node's own that the kubelet, CNI and containerd make: removed on stop
-unless they were there before."""
+"""Folders outside the node's own that the kubelet, CNI, containerd and the DRA driver make (and
+the kubelet for the agent's CDI hostPath volumes, which it creates where missing): removed on
+stop unless they were there before."""
 CNI_CACHE = Path("/var/lib/cni/results")  # libcni's cache, fixed in containerd 1.6
 
 
@@ -351,8 +353,12 @@ class Node:
                 "--use-service-account-credentials=true",
                 # No node IPAM (the CNI's host-local IPAM hands out addresses). The cloud
                 # providers' loops, which 1.35 and 1.36 list and skip, are gone from 1.37,
-                # which refuses to hear of them.
-                "--controllers=*,-nodeipam",
+                # which refuses to hear of them. No Endpoints controller: its writes of the
+                # deprecated core/v1 Endpoints (for every Service with pods, the product's
+                # metrics Services too) would count in apiserver_requested_deprecated_apis,
+                # where the tests look for the product's and their own; nothing here reads
+                # Endpoints (no kube-proxy), and EndpointSlices are still written.
+                "--controllers=*,-nodeipam,-endpoints-controller",
                 # NotReady 30 s after the kubelet's last Lease renewal (50 s by default)
                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE}s",
             ],
