@@ -27,6 +27,7 @@ import pytest
 
 from gpuusage.kube.rest import RestClient
 from gpuusage_dev.draplugin import DRIVER, cdi_spec_path, dynamic_mig_uuid
+from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.containerd import CDI_DIR
 from gpuusage_dev.localcluster.node import DRA_SOCKETS, HOST_PATHS, write_scenario
 from gpuusage_dev.localcluster.workloads import pod_spec, sleeper
@@ -58,6 +59,9 @@ SCENARIO: dict[str, Any] = {
         {"index": 3, "uuid": PARTED, "name": A100, "memoryTotalMiB": 81920},
     ]
 }
+DRA_NODE_MINOR = 37
+"""The driver's helper is of Kubernetes 1.37 (draplugin), and the kubelet and scheduler's DRA
+defaults this proves on are 1.37's: a compat run on an older release skips, saying so."""
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/" + NS + "/resourceclaims"
 
 
@@ -106,6 +110,9 @@ class DraWorld:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraWorld]:
+    release = versions.choose()
+    if versions.minor(release) < DRA_NODE_MINOR:
+        pytest.skip(f"the node's DRA driver is made for Kubernetes 1.37; this run is {release}")
     directory = tmp_path_factory.mktemp("dra-node")
     for installed in installed_world(
         directory,
