@@ -117,6 +117,7 @@ COMPAT_MODULES = frozenset(
         "test_server_version.py",
         "test_local_node.py",
         "test_node_e2e.py",
+        "test_dra_on_node.py",
     }
 )
 """The tests of install, allocation, DRA and the real node: `make test-compat` runs them (the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Generator
+from collections.abc import Collection, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,14 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.localcluster.node import Node, cannot_run_node, running_node, write_scenario
+from gpuusage_dev.localcluster.node import (
+    DEFAULT_SCENARIO,
+    GpuAllocation,
+    Node,
+    cannot_run_node,
+    running_node,
+    write_scenario,
+)
 from gpuusage_dev.localcluster.nodeinstall import overlay
 from tests.conftest import wait_for
 
@@ -47,16 +54,30 @@ def installed_world(
     base: str = "manifests",
     agent_args: tuple[str, ...] = ("--interval", "1"),
     operator_args: tuple[str, ...] = (),
+    gpus: dict[str, Any] = DEFAULT_SCENARIO,
+    gpu_allocation: GpuAllocation = "device-plugin",
+    shared: Collection[str] = (),
+    partitionable: Collection[str] = (),
 ) -> Generator[NodeWorld, None, None]:
     """The real node with the product installed by `kubectl apply -k` of `base` through the
-    local node's overlay: the world the tests share (skipped where no node can run)."""
+    local node's overlay: the world the tests share (skipped where no node can run). `gpus`:
+    the node's GPU scenario; `gpu_allocation`, `shared`, `partitionable`: who hands them out
+    and how (localcluster.node.Node)."""
     why = cannot_run_node(product=True)
     if why is not None:
         pytest.skip(f"this machine cannot run a node: {why}")
     scenario = directory / "scenario"
     scenario.mkdir()
-    write_scenario(scenario, {})
-    with running_node(directory, NAME, product=True) as (cluster, node):
+    write_scenario(scenario, {}, gpus)
+    with running_node(
+        directory,
+        NAME,
+        product=True,
+        scenario=gpus,
+        gpu_allocation=gpu_allocation,
+        shared=shared,
+        partitionable=partitionable,
+    ) as (cluster, node):
         folder = overlay(
             directory / "install",
             apiserver_port=int(cluster.server.rsplit(":", 1)[1]),

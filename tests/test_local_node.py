@@ -300,6 +300,18 @@ def test_a_folder_too_deep_for_the_nodes_sockets_is_refused_with_the_reason() ->
     assert "pick a shorter --dir" in why
 
 
+def test_a_dra_node_counts_the_drivers_sockets_too() -> None:
+    """With DRA the deepest socket is the driver's registration in the kubelet's root dir: a
+    folder that fits a device-plugin node is refused for a DRA node, naming that socket."""
+    fits = Path("/tmp") / ("d" * 50)  # the registration socket: 104 characters
+    assert sockets_too_long(fits, dra=True) is None
+    deep = Path("/tmp") / ("d" * 51)
+    assert sockets_too_long(deep) is None
+    why = sockets_too_long(deep, dra=True)
+    assert why is not None
+    assert f"{deep}/kubelet/plugins_registry/gpu.nvidia.com-reg.sock is 105 characters" in why
+
+
 def test_containerd_refuses_a_folder_too_deep_for_its_sockets() -> None:
     """containerd alone (the image tests run it without a node) is refused before it starts,
     not after its 30 s timeout with the reason in its log."""

@@ -28,8 +28,12 @@ class LocalClusterSettings(CommandSettings):
     NodeRestriction) and a device plugin advertising the GPUs of --gpus. Needs root and the
     distribution's containerd, runc, containernetworking-plugins and busybox-static."""
     gpus: Path | None = None
-    """The node's GPU scenario (the fake source's format) for its device plugin; default: four
-    whole GPUs."""
+    """The node's GPU scenario (the fake source's format) for its device plugin or DRA driver;
+    default: four whole GPUs."""
+    gpu_allocation: Literal["device-plugin", "dra"] = "device-plugin"
+    """Who hands out the node's GPUs: our device plugin (`nvidia.com/gpu`), or our DRA driver
+    (`gpu.nvidia.com`, with NVIDIA's DeviceClasses; a pod asking `nvidia.com/gpu` gets a GPU
+    through a claim the scheduler makes for it), in which case no device plugin runs."""
     kubernetes_version: str | None = None
     """The Kubernetes release to run (a supported minor such as 1.36 names its release);
     default: the newest supported (gpuusage_dev.localcluster.versions)."""
@@ -126,9 +130,11 @@ def _up_with_node(settings: LocalClusterSettings, name: str) -> LocalCluster:
         scenario=scenario,
         product=True,
         kubernetes_version=cluster.kubernetes_version,
+        gpu_allocation=settings.gpu_allocation,
     )
     try:
         node.start(settings.timeout)
+        node.install_device_classes(cluster.binaries.kubectl, cluster.kubeconfig)
         node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig, settings.timeout)
     except BaseException:
         node.stop()

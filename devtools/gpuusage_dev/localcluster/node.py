@@ -1,6 +1,7 @@
 """One real node for the local control plane: kube-scheduler, kube-controller-manager, a
-containerd of our own, a CNI bridge, a kubelet registered as `system:node:NAME` and our device
-plugin, all rooted in one folder and stopped without leaving anything behind.
+containerd of our own, a CNI bridge, a kubelet registered as `system:node:NAME` and the GPUs
+served by our device plugin or, with `gpu_allocation="dra"`, by our DRA driver (draplugin), all
+rooted in one folder and stopped without leaving anything behind.
 
 What the machine needs and what it touches (docs/local-cluster.md, "A real node"): root;
 Debian's containerd, runc and CNI plugins; the kubelet's fixed device-plugin folder
@@ -18,7 +19,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -26,8 +27,11 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from gpuusage.kube.errors import ApiError
+from gpuusage.kube.rest import RestClient
 from gpuusage.retry import poll_until
 from gpuusage_dev.deviceplugin import DevicePlugin, scenario_resources
+from gpuusage_dev.draplugin import DRIVER, DraPlugin, cdi_spec_path, device_classes, driver_config
 from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.binaries import (
     NodeBinaries,
@@ -86,9 +90,11 @@ HOST_PATHS = (
     Path("/var/lib/cni"),
     Path("/var/run/netns"),
     CDI_DIR,
+    Path("/etc/cdi"),
 )
-"""Folders outside the node's own that the kubelet, CNI and containerd make: removed on stop
-unless they were there before."""
+"""Folders outside the node's own that the kubelet, CNI, containerd and the DRA driver make (and
+the kubelet for the agent's CDI hostPath volumes, which it creates where missing): removed on
+stop unless they were there before."""
 CNI_CACHE = Path("/var/lib/cni/results")  # libcni's cache, fixed in containerd 1.6
 
 
@@ -179,6 +185,11 @@ def kubelet_config(directory: Path, port: int) -> dict[str, Any]:
     }
 
 
+GpuAllocation = Literal["device-plugin", "dra"]
+"""Who hands out the node's GPUs: our device plugin (`nvidia.com/gpu`, MIG devices as
+`nvidia.com/mig-<profile>`), or our DRA driver (`gpu.nvidia.com` ResourceSlices, NVIDIA's
+DeviceClasses, `nvidia.com/gpu` served from the DeviceClass that names it: KEP-5004)."""
+
 NodeComponent = Literal["kubelet", "containerd", "device-plugin"]
 """The node's parts that fail on their own on a real node (upgrades, crashes, redeploys)."""
 NODE_COMPONENTS: tuple[NodeComponent, ...] = get_args(NodeComponent)
@@ -202,12 +213,18 @@ class Node:
         product: bool = False,
         time_slicing: dict[str, int] | None = None,
         kubernetes_version: str | None = None,
+        gpu_allocation: GpuAllocation = "device-plugin",
+        shared: Collection[str] = (),
+        partitionable: Collection[str] = (),
     ) -> None:
         """`name`, `server`, `pki` and `scenario` are needed to start it; stopping needs only
         its folder. `product`: also build the product's images (productimages) and import them
         under the names the manifests use. `time_slicing`: GPUs (UUID → N) the device plugin
         advertises as N time-slicing replicas (see deviceplugin). `kubernetes_version`: the
-        kubelet's release, the control plane's (versions.choose)."""
+        kubelet's release, the control plane's (versions.choose). `gpu_allocation`: who hands
+        out the GPUs (GpuAllocation); with "dra", `shared` and `partitionable` name GPUs (by
+        UUID) the DRA driver publishes as shared by consumable memory or as partitionable into
+        MIG devices (draplugin)."""
         self.directory = directory.resolve()
         self.kubernetes_version = versions.choose(kubernetes_version)
         self.name = name
@@ -215,10 +232,16 @@ class Node:
         self.pki = pki or self.directory / "pki"
         self.scenario = scenario if scenario is not None else DEFAULT_SCENARIO
         self.time_slicing = dict(time_slicing or {})
+        self.gpu_allocation: GpuAllocation = gpu_allocation
+        self.shared = sorted(shared)
+        self.partitionable = sorted(partitionable)
+        if gpu_allocation == "dra" and self.time_slicing:
+            raise ValueError("time-slicing replicas are the device plugin's: not with DRA")
         self._binaries = binaries
         self.product = product
         self.containerd = Containerd(self.directory / "containerd")
         self.plugin: DevicePlugin | None = None
+        self.dra: DraPlugin | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
@@ -258,6 +281,9 @@ class Node:
             product=saved["product"],
             time_slicing=saved.get("time_slicing"),
             kubernetes_version=saved.get("kubernetes_version"),
+            gpu_allocation=saved.get("gpu_allocation", "device-plugin"),
+            shared=saved.get("shared", ()),
+            partitionable=saved.get("partitionable", ()),
         )
 
     def _save_settings(self) -> None:
@@ -269,6 +295,9 @@ class Node:
             "product": self.product,
             "time_slicing": self.time_slicing,
             "kubernetes_version": self.kubernetes_version,
+            "gpu_allocation": self.gpu_allocation,
+            "shared": self.shared,
+            "partitionable": self.partitionable,
         }
         self.settings_path.write_text(json.dumps(settings))
 
@@ -293,7 +322,11 @@ class Node:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
-        why = node_prerequisites() or another_kubelet() or sockets_too_long(self.directory)
+        why = (
+            node_prerequisites()
+            or another_kubelet()
+            or sockets_too_long(self.directory, dra=self.gpu_allocation == "dra")
+        )
         if why is not None:
             raise NodeUnavailable(why)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -352,8 +385,12 @@ class Node:
                 "--use-service-account-credentials=true",
                 # No node IPAM (the CNI's host-local IPAM hands out addresses). The cloud
                 # providers' loops, which 1.35 and 1.36 list and skip, are gone from 1.37,
-                # which refuses to hear of them.
-                "--controllers=*,-nodeipam",
+                # which refuses to hear of them. No Endpoints controller: its writes of the
+                # deprecated core/v1 Endpoints (for every Service with pods, the product's
+                # metrics Services too) would count in apiserver_requested_deprecated_apis,
+                # where the tests look for the product's and their own; nothing here reads
+                # Endpoints (no kube-proxy), and EndpointSlices are still written.
+                "--controllers=*,-nodeipam,-endpoints-controller",
                 # NotReady 30 s after the kubelet's last Lease renewal (50 s by default)
                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE}s",
             ],
@@ -364,12 +401,90 @@ class Node:
         self._spawn_kubelet()
         self._wait_for_kubelet(timeout)
         self._start_device_plugin(timeout)
+        self._start_dra_plugin(timeout)
 
     def _start_device_plugin(self, timeout: float) -> None:
+        """Not with DRA: the driver publishes every GPU and MIG device of the scenario, so the
+        plugin would hand out the same devices a second time, and the scheduler would give a
+        pod asking `nvidia.com/gpu` the plugin's rather than the DeviceClass's."""
         resources = scenario_resources(self.scenario, self.time_slicing)
-        if resources:
+        if resources and self.gpu_allocation == "device-plugin":
             self.plugin = DevicePlugin(resources, self.directory / "device-plugin")
             self.plugin.start(timeout, on_start=lambda pid: self._remember("device-plugin", pid))
+
+    @property
+    def dra_folder(self) -> Path:
+        """The DRA driver's files: its configuration, logs, dra.sock and prepared.json."""
+        return self.directory / "dra-plugin"
+
+    def dra_config(self) -> dict[str, Any]:
+        """What the DRA driver publishes for this node (draplugin.driver_config)."""
+        return driver_config(
+            self.scenario, self.name, shared=self.shared, partitionable=self.partitionable
+        )
+
+    def _start_dra_plugin(self, timeout: float) -> None:
+        """With DRA: the driver, once the kubelet has made its Node (the slices are owned by
+        it), publishing with the node's own identity and registering in the kubelet's
+        `<root-dir>/plugins_registry`; its CDI specs go where containerd reads them."""
+        if self.gpu_allocation != "dra":
+            return
+        self._wait_for_node_object(timeout)
+        self.dra = self._dra_plugin()
+        self.dra.start(timeout, on_start=lambda pid: self._remember("dra-plugin", pid))
+        self._wait_dra_registered(0, timeout)
+
+    def _dra_plugin(self) -> DraPlugin:
+        """The driver this node runs (or ran: its status lines are read from its folder)."""
+        if self.dra is not None:
+            return self.dra
+        return DraPlugin(
+            self.scenario,
+            self.name,
+            self.directory / "kubelet.kubeconfig",
+            self.dra_folder,
+            cdi_dir=CDI_DIR,
+            registrar_dir=self.directory / "kubelet" / "plugins_registry",
+            plugin_data_dir=self.dra_folder / "plugin",
+            shared=self.shared,
+            partitionable=self.partitionable,
+        )
+
+    def _wait_dra_registered(self, before: int, timeout: float) -> None:
+        """Until the kubelet registered the driver more than `before` times."""
+        if not self._dra_plugin().wait_registered(timeout, after=before):
+            raise NodeUnavailable(
+                f"the kubelet did not register the DRA driver within {timeout:.0f} s "
+                f"(see {self.directory / 'kubelet.log'})"
+            )
+
+    def _wait_for_node_object(self, timeout: float) -> None:
+        """Until the kubelet has registered its Node, read with the node's own identity."""
+        rest, _ = RestClient.from_kubeconfig(self.directory / "kubelet.kubeconfig")
+
+        def registered() -> bool:
+            try:
+                rest.get(f"/api/v1/nodes/{self.name}")
+            except ApiError:
+                return False
+            return True
+
+        with rest:
+            if not poll_until(registered, timeout, 0.2):
+                raise NodeUnavailable(f"the kubelet did not register node {self.name}")
+
+    def install_device_classes(self, kubectl: Path, kubeconfig_path: Path) -> None:
+        """With DRA: NVIDIA's DeviceClasses (`gpu.nvidia.com`, serving `nvidia.com/gpu`, and
+        `mig.nvidia.com`), which a cluster admin installs with the driver; nothing otherwise."""
+        if self.gpu_allocation != "dra":
+            return
+        listed = {"apiVersion": "v1", "kind": "List", "items": device_classes()}
+        subprocess.run(
+            [str(kubectl), "--kubeconfig", str(kubeconfig_path), "apply", "-f", "-"],
+            input=json.dumps(listed).encode(),
+            capture_output=True,
+            check=True,
+        )
 
     def _spawn_kubelet(self) -> None:
         config = self.directory / "kubelet-config.yaml"
@@ -406,10 +521,16 @@ class Node:
 
     def start_kubelet(self, timeout: float = 120.0) -> None:
         """Start the kubelet again with the same configuration and folders; it finds its pods
-        in containerd, and our device plugin registers again once its socket is back."""
+        in containerd, and our device plugin registers again once its socket is back. The DRA
+        driver runs on: the new kubelet deletes the node's slices and registers the driver
+        again, and the driver publishes them again (wait_ready waits for those)."""
+        dra = self.gpu_allocation == "dra"
+        before = self._dra_plugin().registrations() if dra else 0
         (DEVICE_PLUGINS / "kubelet.sock").unlink(missing_ok=True)  # the stopped one's
         self._spawn_kubelet()
         self._wait_for_kubelet(timeout)
+        if dra:
+            self._wait_dra_registered(before, timeout)
 
     def crash(self, component: NodeComponent, timeout: float = 15.0) -> None:
         """Kill one part with SIGKILL, as a crash or the OOM killer does: nothing of it is
@@ -420,6 +541,8 @@ class Node:
                 kill(record, self._children.pop(component, None))
         if component == "device-plugin":
             self.plugin = None
+            if self.gpu_allocation == "dra":
+                raise NodeUnavailable("this node runs no device plugin: DRA serves its GPUs")
         if not poll_until(lambda: not self._running(component), timeout, 0.05):
             raise NodeUnavailable(f"the node's {component} did not die within {timeout:.0f} s")
 
@@ -483,6 +606,9 @@ class Node:
         another process) and remove what it left outside its folder."""
         if self.plugin is not None:
             self.plugin.stop()
+        if self.dra is not None:
+            self.dra.stop()
+            self.dra = None
         for record in reversed(self._records()):
             if record.name == "containerd":
                 self._stop_pods()  # its shims, before it goes
@@ -495,6 +621,7 @@ class Node:
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
         for plugin_socket in DEVICE_PLUGINS.glob("*"):
             plugin_socket.unlink(missing_ok=True)  # the kubelet's and our plugin's sockets
+        self._remove_cdi_specs()
         self._remove_host_paths()
         self._restore_sysctls()
 
@@ -519,6 +646,16 @@ class Node:
                     os.kill(int(entry.name), signal.SIGKILL)
 
     # -- what the node makes outside its folder ----------------------------------------------
+    def _remove_cdi_specs(self) -> None:
+        """The CDI specs of the claims the DRA driver still had prepared (the kubelet does not
+        unprepare the claims of pods running when the node stops); another driver's are left."""
+        try:
+            prepared = json.loads((self.dra_folder / "plugin" / "prepared.json").read_text())
+        except (OSError, ValueError):
+            return
+        for uid in prepared:
+            cdi_spec_path(CDI_DIR, uid).unlink(missing_ok=True)
+
     def _save_host_paths(self) -> None:
         saved = self.directory / "host-paths.json"
         if not saved.exists():  # an earlier start's record is the machine's own state
@@ -562,35 +699,42 @@ class Node:
                 Path(f"/proc/sys/{key}").write_text(value)
 
     def wait_ready(self, kubectl: Path, kubeconfig_path: Path, timeout: float = 120.0) -> None:
-        """Until the node is Ready and its allocatable shows every device the plugin lists."""
+        """Until the node is Ready and its allocatable shows every device the plugin lists or,
+        with DRA, the apiserver lists every slice of the driver's pool (a starting kubelet
+        deletes its node's slices, which the driver then publishes again)."""
+        dra = self.gpu_allocation == "dra"
         wanted = {
             name: len(ids)
             for name, ids in scenario_resources(self.scenario, self.time_slicing).items()
+            if not dra
         }
+        slices = len(self.dra_config()["slices"]) if dra else 0
 
-        def ready() -> bool:
+        def read(*args: str) -> dict[str, Any] | None:
             out = subprocess.run(
-                [
-                    str(kubectl),
-                    "--kubeconfig",
-                    str(kubeconfig_path),
-                    "get",
-                    "node",
-                    self.name,
-                    "-o",
-                    "json",
-                ],
+                [str(kubectl), "--kubeconfig", str(kubeconfig_path), *args, "-o", "json"],
                 capture_output=True,
                 text=True,
                 check=False,
             )
-            if out.returncode != 0:
+            return dict(json.loads(out.stdout)) if out.returncode == 0 else None
+
+        def published() -> bool:
+            selector = f"spec.nodeName={self.name},spec.driver={DRIVER}"
+            found = read("get", "resourceslices", "--field-selector", selector)
+            return found is not None and len(found.get("items") or []) == slices
+
+        def ready() -> bool:
+            node = read("get", "node", self.name)
+            if node is None:
                 return False
-            status = json.loads(out.stdout).get("status", {})
+            status = node.get("status", {})
             conditions = status.get("conditions") or []
             allocatable = status.get("allocatable") or {}
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) and all(
-                allocatable.get(name) == str(count) for name, count in wanted.items()
+            return (
+                any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                and all(allocatable.get(name) == str(count) for name, count in wanted.items())
+                and (not dra or published())
             )
 
         if not poll_until(ready, timeout, 0.5):
@@ -603,12 +747,15 @@ class Node:
 LONGEST_SOCKETS = ("kubelet/pod-resources/kubelet.sock", f"containerd/{TTRPC_SOCKET}")
 """The node's deepest sockets below its folder (the kubelet's PodResources, containerd's
 ttrpc endpoint)."""
+DRA_SOCKETS = (f"kubelet/plugins_registry/{DRIVER}-reg.sock", "dra-plugin/plugin/dra.sock")
+"""The DRA driver's sockets below the node's folder (its registration, its gRPC service)."""
 
 
-def sockets_too_long(directory: Path) -> str | None:
+def sockets_too_long(directory: Path, *, dra: bool = False) -> str | None:
     """Why the node cannot live in `directory` because its sockets' paths would be too long,
     or None."""
-    for socket_path in (directory / s for s in LONGEST_SOCKETS):
+    deepest = (*LONGEST_SOCKETS, *DRA_SOCKETS) if dra else LONGEST_SOCKETS
+    for socket_path in (directory / s for s in deepest):
         if (why := socket_too_long(socket_path)) is not None:
             return (
                 f"the node's folder {directory} is too deep for its unix sockets ({why}): "
@@ -674,10 +821,17 @@ def write_scenario(
     processes: dict[str, list[dict[str, Any]]],
     scenario: dict[str, Any] = DEFAULT_SCENARIO,
 ) -> None:
-    """`folder`/gpus.yaml, which the agent's fake GPU source reads: the scenario's GPUs with
-    these processes (device UUID → pid, MiB, engines), written whole and atomically (the agent
-    reads it while it changes)."""
-    gpus = [{**g, "processes": processes.get(g["uuid"], [])} for g in scenario["gpus"]]
+    """`folder`/gpus.yaml, which the agent's fake GPU source reads: the scenario's GPUs and MIG
+    devices with these processes (device UUID → pid, MiB, engines), written whole and
+    atomically (the agent reads it while it changes)."""
+
+    def with_processes(device: dict[str, Any]) -> dict[str, Any]:
+        found = {**device, "processes": processes.get(device["uuid"], [])}
+        if device.get("migDevices") is not None:
+            found["migDevices"] = [with_processes(m) for m in device["migDevices"]]
+        return found
+
+    gpus = [with_processes(g) for g in scenario["gpus"]]
     staged = folder / "gpus.new"
     staged.write_text(yaml.safe_dump({"gpus": gpus}))
     staged.replace(folder / "gpus.yaml")
@@ -746,9 +900,14 @@ def running_node(
     scenario: dict[str, Any] | None = None,
     apiserver_args: Sequence[str] = (),
     time_slicing: dict[str, int] | None = None,
+    gpu_allocation: GpuAllocation = "device-plugin",
+    shared: Collection[str] = (),
+    partitionable: Collection[str] = (),
 ) -> Iterator[tuple[LocalCluster, Node]]:
     """A control plane and its node NAME, Ready with its devices, for the length of the block;
-    one at a time on a machine (a lock: the kubelet's registration socket is fixed)."""
+    one at a time on a machine (a lock: the kubelet's registration socket is fixed). With
+    `gpu_allocation="dra"` the DRA driver serves the GPUs and NVIDIA's DeviceClasses are
+    installed (Node)."""
     with file_lock(cache_root() / "locks" / "node.lock"):
         cluster = node_cluster(directory, tie_to_parent=True, apiserver_args=apiserver_args)
         cluster.up()
@@ -761,9 +920,13 @@ def running_node(
             product=product,
             time_slicing=time_slicing,
             kubernetes_version=cluster.kubernetes_version,
+            gpu_allocation=gpu_allocation,
+            shared=shared,
+            partitionable=partitionable,
         )
         try:
             node.start()
+            node.install_device_classes(cluster.binaries.kubectl, cluster.kubeconfig)
             node.wait_ready(cluster.binaries.kubectl, cluster.kubeconfig)
             yield cluster, node
         finally:
