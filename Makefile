@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-binaries test test-gpu check lint binaries crd monitoring chart plugin lock clean
+.PHONY: demo demo-binaries test test-gpu check lint binaries crd monitoring chart plugin lock release clean
 
-$(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
+# __init__.py holds the version, which the installed package's metadata repeats.
+$(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt src/gpuusage/__init__.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -78,6 +79,14 @@ plugin: $(VENV)/.installed
 # Each image's dependency lock (pinned, with wheel hashes) from its requirements files.
 lock: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.lock
+
+## A release (docs/development.md, "How a release is cut"): `make release VERSION=X.Y.Z
+## [REGISTRY=host[:port]/path]`. First it refuses a VERSION other than gpuusage.__version__
+## (naming both), a place that names another version, or a CHANGELOG without the release's
+## dated section, before anything is built.
+release: $(VENV)/.installed
+	$(PY) -m gpuusage_dev.version --release "$(VERSION)"
+	@echo "make release: building and publishing dist/, the images and the chart is not in this tree yet" >&2; exit 1
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
