@@ -49,10 +49,13 @@ check: $(VENV)/.installed lint
 test-gpu: $(VENV)/.installed
 	$(PY) -m pytest -m gpu tests/gpu -p no:cacheprovider
 
+# The last step checks the hosted workflows with actionlint, built from its Go module on first
+# use (seconds; cached with the other tools).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src operator nodeagent commands devtools tests benchmarks
 	$(VENV)/bin/ruff format --check src operator nodeagent commands devtools tests benchmarks
 	$(VENV)/bin/mypy
+	$(PY) -m gpuusage_dev.workflows
 
 crd: $(VENV)/.installed
 	$(VENV)/bin/gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml
