@@ -16,8 +16,9 @@ $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.t
 	@touch $@
 
 # The control-plane binaries, the node's (kubelet, scheduler, controller manager) and the tools
-# the tests run (kube-state-metrics, promtool, helm), built from Go modules once and cached
-# outside the repository; and the distribution's packages a real local node runs on.
+# the tests and lint run (kube-state-metrics, promtool, helm, krew, actionlint), built from Go
+# modules once and cached outside the repository; and the distribution's packages a real local
+# node runs on.
 binaries: $(VENV)/.installed
 	@bash devtools/install-node-packages.sh
 	$(VENV)/bin/gpuusage local-cluster build --tools --node
