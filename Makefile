@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-binaries test test-oldest test-compat test-gpu check lint binaries crd monitoring chart plugin lock clean
+.PHONY: demo demo-binaries test test-oldest test-compat test-gpu check lint binaries crd monitoring chart plugin lock release clean
 
-$(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt
+# __init__.py holds the version, which the installed package's metadata repeats.
+$(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt src/gpuusage/__init__.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuusage needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -15,8 +16,9 @@ $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.t
 	@touch $@
 
 # The control-plane binaries, the node's (kubelet, scheduler, controller manager) and the tools
-# the tests run (kube-state-metrics, promtool, helm), built from Go modules once and cached
-# outside the repository; and the distribution's packages a real local node runs on.
+# the tests and lint run (kube-state-metrics, promtool, helm, krew, actionlint), built from Go
+# modules once and cached outside the repository; and the distribution's packages a real local
+# node runs on.
 binaries: $(VENV)/.installed
 	@bash devtools/install-node-packages.sh
 	$(VENV)/bin/gpuusage local-cluster build --tools --node
@@ -59,10 +61,13 @@ check: $(VENV)/.installed lint
 test-gpu: $(VENV)/.installed
 	$(PY) -m pytest -m gpu tests/gpu -p no:cacheprovider
 
+# The last step checks the hosted workflows with actionlint, built from its Go module on first
+# use (seconds; cached with the other tools).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src operator nodeagent commands devtools tests benchmarks
 	$(VENV)/bin/ruff format --check src operator nodeagent commands devtools tests benchmarks
 	$(VENV)/bin/mypy
+	$(PY) -m gpuusage_dev.workflows
 
 crd: $(VENV)/.installed
 	$(VENV)/bin/gpuusage crd --output crds/gpuusage.io_gpunodeusages.yaml
@@ -89,6 +94,14 @@ plugin: $(VENV)/.installed
 # Each image's dependency lock (pinned, with wheel hashes) from its requirements files.
 lock: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.lock
+
+## A release (docs/development.md, "How a release is cut"): `make release VERSION=X.Y.Z
+## [REGISTRY=host[:port]/path]`. First it refuses a VERSION other than gpuusage.__version__
+## (naming both), a place that names another version, or a CHANGELOG without the release's
+## dated section, before anything is built.
+release: $(VENV)/.installed
+	$(PY) -m gpuusage_dev.version --release "$(VERSION)"
+	@echo "make release: building and publishing dist/, the images and the chart is not in this tree yet" >&2; exit 1
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -92,11 +92,19 @@ def test_the_charts_copies_are_those_of_their_sources() -> None:
 
 
 def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
-    for source, _ in chart.copies(REPO):
+    versioned = (Path("src/gpuusage/__init__.py"), chart.CHART_YAML)
+    for source in (*(source for source, _ in chart.copies(REPO)), *versioned):
         (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / source).write_bytes((REPO / source).read_bytes())
     assert len(chart.stale(tmp_path)) == len(chart.copies(REPO)), "every copy missing"
     chart.sync(tmp_path)
+    assert chart.stale(tmp_path) == []
+    init = tmp_path / versioned[0]
+    init.write_text(init.read_text().replace("__version__ = ", '__version__ = "2.0.1"  # ', 1))
+    assert chart.stale(tmp_path) == [chart.CHART_YAML]
+    assert chart.sync(tmp_path) == [chart.CHART_YAML]
+    written = yaml.safe_load((tmp_path / chart.CHART_YAML).read_text())
+    assert (written["version"], written["appVersion"]) == ("2.0.1", "2.0.1")
     assert chart.stale(tmp_path) == []
     rules = tmp_path / "manifests" / "monitoring" / "gpuusage.rules.yaml"
     rules.write_text(rules.read_text() + "# changed\n")

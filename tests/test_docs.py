@@ -150,7 +150,8 @@ def missing_documents(path: Path, known: set[str]) -> list[str]:
 
 def test_no_file_names_a_document_the_repository_lacks() -> None:
     sources = _sources()
-    known = {p.name for p in sources if p.suffix == ".md"}
+    # the changelog is not read for names (it records what was true then), but it is there
+    known = {p.name for p in sources if p.suffix == ".md"} | {"CHANGELOG.md"}
     named = {str(p.relative_to(ROOT)): missing_documents(p, known) for p in sources}
     assert {k: v for k, v in named.items() if v and k != "tests/test_docs.py"} == {}
 

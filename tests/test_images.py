@@ -159,6 +159,8 @@ def test_the_recipe_is_read_from_the_dockerfile(dockerfile: str) -> None:
     assert recipe.entrypoint == ("python", "-m", "gpuusage")
     assert recipe.cmd == ({"nodeagent": "agent"}.get(part, part),)
     assert "PYTHONPATH=/app" in recipe.env
+    assert recipe.labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert recipe.args["REVISION"] == "unknown"
 
 
 @pytest.mark.slow

@@ -1,13 +1,15 @@
 """The product's images without Docker, from the same recipe as their Dockerfiles.
 
 A Dockerfile here says what an image holds: the requirements files its dependencies come from,
-the folders it copies, its environment, user, entrypoint and command (`recipe_of` reads those
-lines, so the two cannot drift). The base is the Debian release `python:3.11-slim` is built on,
-bookworm, whose own python3 is the same minor version (3.11), made with mmdebstrap from the
-distribution's packages. Three layers: that base, the dependencies (installed with pip for
-Python 3.11 into /usr/local/lib/python3.11/dist-packages, which Debian's python3 reads), and
-the copied sources. Each is cached under the project's cache folder by the hash of what makes
-it, so an image is rebuilt when its inputs change and only the layers that changed are.
+the folders it copies, its environment, user, entrypoint and command, and its OCI labels
+(`recipe_of` reads those lines, so the two cannot drift; the labels' VERSION and REVISION are
+gpuusage.__version__ and the git commit, as a release build passes them). The base is the Debian
+release `python:3.11-slim` is built on, bookworm, whose own python3 is the same minor version
+(3.11), made with mmdebstrap from the distribution's packages. Three layers: that base, the
+dependencies (installed with pip for Python 3.11 into /usr/local/lib/python3.11/dist-packages,
+which Debian's python3 reads), and the copied sources. Each is cached under the project's cache
+folder by the hash of what makes it, so an image is rebuilt when its inputs change and only the
+layers that changed are.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from gpuusage.errors import GpuusageError
 from gpuusage_dev.localcluster.binaries import Progress, cache_root, file_lock, stderr_progress
 from gpuusage_dev.localcluster.images import Image, layer_from_directory, oci_archive
+from gpuusage_dev.version import dockerfile_args, dockerfile_labels, version_of
 
 DEBIAN_RELEASE = "bookworm"  # python:3.11-slim's; its python3 is 3.11
 BASE_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
@@ -49,6 +52,9 @@ class Recipe:
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    """LABEL keys and values as written: `${NAME}` names a build argument."""
+    args: dict[str, str] = field(default_factory=dict)
+    """Each build argument's default (`ARG NAME=default`)."""
 
 
 def recipe_of(dockerfile: str) -> Recipe:
@@ -79,7 +85,49 @@ def recipe_of(dockerfile: str) -> Recipe:
             cmd = tuple(json.loads(line.split(" ", 1)[1]))
     if not requirements or not copies or not entrypoint:
         raise ImageBuildError("the Dockerfile has no requirements, COPY or ENTRYPOINT lines")
-    return Recipe(tuple(requirements), tuple(copies), tuple(env), user, entrypoint, cmd)
+    labels, args = dockerfile_labels(dockerfile), dockerfile_args(dockerfile)
+    return Recipe(
+        tuple(requirements), tuple(copies), tuple(env), user, entrypoint, cmd, labels, args
+    )
+
+
+def expand(labels: dict[str, str], args: dict[str, str]) -> dict[str, str]:
+    """The labels with each `${NAME}` replaced by its build argument, as `docker build` does."""
+    return {
+        key: re.sub(r"\$\{(\w+)\}", lambda found: args.get(found[1], ""), value)
+        for key, value in labels.items()
+    }
+
+
+def git_revision(repo: Path) -> str:
+    """The commit checked out at `repo`, or "unknown" outside git (a source archive). The
+    repository is trusted explicitly, so a build as root in a checkout another user owns (CI
+    under sudo) still finds it."""
+    try:
+        found = subprocess.run(
+            [
+                *("git", "-c", f"safe.directory={repo.resolve()}", "-C", str(repo)),
+                *("rev-parse", "--verify", "--quiet", "HEAD"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    revision = found.stdout.strip()
+    if found.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", revision):
+        return "unknown"
+    return revision
+
+
+def image_labels(repo: Path, recipe: Recipe) -> dict[str, str]:
+    """The image's OCI labels as a release build sets them: VERSION from gpuusage.__version__
+    (of the checkout at `repo`), REVISION its git commit. Nothing from the clock, so the same
+    commit gives the same bytes."""
+    args = {**recipe.args, "VERSION": version_of(repo), "REVISION": git_revision(repo)}
+    return expand(recipe.labels, args)
 
 
 def _hash(*parts: bytes) -> str:
@@ -196,7 +244,9 @@ def product_image(
     recipe = recipe_of(text.decode())
     sources = b"".join(_tree_bytes(repo / s) for s, _ in recipe.copies)
     requirements = b"".join((repo / r).read_bytes() for r in recipe.requirements)
-    key = _hash(text, sources, requirements, name.encode(), DEBIAN_RELEASE.encode())
+    labels = image_labels(repo, recipe)
+    stamp = json.dumps(labels, sort_keys=True).encode()
+    key = _hash(text, sources, requirements, name.encode(), DEBIAN_RELEASE.encode(), stamp)
     cached = cache_root() / "images" / f"{name.replace('/', '_').replace(':', '_')}-{key}.tar"
     if cached.exists():
         return cached.read_bytes()
@@ -208,6 +258,7 @@ def product_image(
         cmd=recipe.cmd,
         env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *recipe.env),
         user=recipe.user,
+        labels=labels,
     )
     archive = oci_archive(image, layers)
     cached.parent.mkdir(parents=True, exist_ok=True)

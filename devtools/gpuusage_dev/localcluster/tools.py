@@ -1,11 +1,11 @@
-"""kube-state-metrics, promtool and helm at pinned versions, built from Go modules like the
-apiserver.
+"""kube-state-metrics, promtool, helm, krew and actionlint at pinned versions, built from Go
+modules like the apiserver.
 
 The monitoring configuration and the Helm chart ship as data (a CustomResourceStateMetrics
 config, alert rules, templates); the only proof that they work is running the real programs on
 them. Each is built once into the same cache as the control plane, keyed by version, under the
 same lock. A prebuilt binary can be named instead with $GPUUSAGE_KUBE_STATE_METRICS,
-$GPUUSAGE_PROMTOOL or $GPUUSAGE_HELM.
+$GPUUSAGE_PROMTOOL, $GPUUSAGE_HELM, $GPUUSAGE_KREW or $GPUUSAGE_ACTIONLINT.
 """
 
 from __future__ import annotations
@@ -99,7 +99,18 @@ KREW = Tool(
     version_variable="sigs.k8s.io/krew/internal/version.gitTag",
 )
 """kubectl's plugin manager, to install the gpuusage plugin from its manifest as users do."""
-TOOLS = (KUBE_STATE_METRICS, PROMTOOL, HELM, KREW)
+ACTIONLINT = Tool(
+    name="actionlint",
+    module="github.com/rhysd/actionlint",
+    version="v1.7.12",
+    package="github.com/rhysd/actionlint/cmd/actionlint",
+    shown_version="v1.7.12",
+    env="GPUUSAGE_ACTIONLINT",
+    version_variable="github.com/rhysd/actionlint.version",
+)
+"""The hosted workflows' checker (.github/workflows): their syntax, expressions, permissions
+and the actions they call, which nothing else reads before GitHub runs them."""
+TOOLS = (KUBE_STATE_METRICS, PROMTOOL, HELM, KREW, ACTIONLINT)
 CONTAINERD = Tool(
     name="containerd",
     module="github.com/containerd/containerd",
@@ -238,12 +249,12 @@ def monitoring_crds(progress: Progress = stderr_progress) -> list[Path]:
     return crds(PROMETHEUS_OPERATOR_CRDS, progress)
 
 
-FIRST_BUILD_MINUTES = {"control plane": 6.0, "node": 3.5, "tools": 8.0}
+FIRST_BUILD_MINUTES = {"control plane": 6.0, "node": 3.5, "tools": 8.5}
 """What a first build takes on 2 cores with empty Go caches, measured: kube-apiserver and
 kubectl 325 s with their modules' download, etcd 30 s, the node's three programs 90 s more
 (sharing the apiserver's packages) and containerd about 2 minutes; the monitoring and
-packaging tools about 8 minutes more (a
-whole first `make test` build took 18.5 minutes against `make demo`'s 10)."""
+packaging tools about 8 minutes more, actionlint 45 s of it (a whole first `make test` build
+took 18.5 minutes against `make demo`'s 10)."""
 
 
 def first_build_plan(
@@ -262,7 +273,7 @@ def first_build_plan(
     ):
         parts.append(("node", "kubelet, kube-scheduler, kube-controller-manager, containerd"))
     if tools and _tools_missing(root):
-        parts.append(("tools", "kube-state-metrics, promtool, helm"))
+        parts.append(("tools", "kube-state-metrics, promtool, helm, krew, actionlint"))
     if not parts:
         return None
     minutes = sum(FIRST_BUILD_MINUTES[kind] for kind, _ in parts)
