@@ -26,7 +26,7 @@ from gpuusage_dev.draplugin import (
 )
 from gpuusage_dev.draplugin.kubeletcalls import Claim
 from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO
-from gpuusage_nodeagent.podresources.wire import fields
+from gpuusage_nodeagent.podresources.wire import fields, message_field
 
 A100_80 = "NVIDIA A100-SXM4-80GB"
 A100_40 = "NVIDIA A100-SXM4-40GB"
@@ -295,7 +295,7 @@ def test_status_lines_count_from_the_last_start(tmp_path: Path) -> None:
 
 
 def _encoded(number: int, payload: bytes) -> bytes:
-    return kubeletcalls._field(number, payload)
+    return message_field(number, payload)
 
 
 def test_prepare_encodes_claims_and_decodes_devices_as_the_kubelets_api_has_them(

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuusage_nodeagent.podresources.client import unary
-from gpuusage_nodeagent.podresources.wire import LENGTH, VARINT, fields
+from gpuusage_nodeagent.podresources.wire import (
+    VARINT,
+    encoded_varint,
+    fields,
+    key,
+    message_field,
+    string_field,
+)
 
 DRA = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
 REGISTRATION = "/pluginregistration.Registration"
@@ -62,26 +69,12 @@ class PrepareResult:
     error: str
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | LENGTH) + _varint(len(payload)) + payload
-
-
-def _text(number: int, value: str) -> bytes:
-    return _field(number, value.encode()) if value else b""
-
-
 def _claims(claims: Iterable[Claim]) -> bytes:
     return b"".join(
-        _field(1, _text(1, c.namespace) + _text(2, c.uid) + _text(3, c.name)) for c in claims
+        message_field(
+            1, string_field(1, c.namespace) + string_field(2, c.uid) + string_field(3, c.name)
+        )
+        for c in claims
     )
 
 
@@ -161,5 +154,10 @@ def plugin_info(socket: Path, timeout: float = 10.0) -> PluginInfo:
 def notify_registered(socket: Path, error: str = "", timeout: float = 10.0) -> None:
     """NotifyRegistrationStatus as the kubelet sends it once it took the plugin (or, with
     `error`, refused it: the plugin then answers with an error, raised as CallError)."""
-    registered = _varint(1 << 3 | VARINT) + _varint(0 if error else 1)
-    unary(socket, f"{REGISTRATION}/NotifyRegistrationStatus", registered + _text(2, error), timeout)
+    registered = key(1, VARINT) + encoded_varint(0 if error else 1)
+    unary(
+        socket,
+        f"{REGISTRATION}/NotifyRegistrationStatus",
+        registered + string_field(2, error),
+        timeout,
+    )

@@ -224,11 +224,12 @@ def get_response(data: bytes) -> PodResources | None:
     return found
 
 
-def _key(number: int, kind: int) -> bytes:
-    return _encoded_varint(number << 3 | kind)
+def key(number: int, kind: int) -> bytes:
+    """A field's tag: its number and wire type."""
+    return encoded_varint(number << 3 | kind)
 
 
-def _encoded_varint(value: int) -> bytes:
+def encoded_varint(value: int) -> bytes:
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
@@ -237,17 +238,22 @@ def _encoded_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _string_field(number: int, text: str) -> bytes:
+def message_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field holding `payload` (an encoded message, or bytes)."""
+    return key(number, LENGTH) + encoded_varint(len(payload)) + payload
+
+
+def string_field(number: int, text: str) -> bytes:
     """A proto3 string field; the empty string is the default, which proto3 does not send."""
     if not text:
         return b""
     raw = text.encode("utf-8")
-    return _key(number, LENGTH) + _encoded_varint(len(raw)) + raw
+    return message_field(number, raw)
 
 
 def get_request(name: str, namespace: str) -> bytes:
     """A GetPodResourcesRequest for the pod `namespace`/`name`."""
-    return _string_field(1, name) + _string_field(2, namespace)
+    return string_field(1, name) + string_field(2, namespace)
 
 
 def allocatable_response(data: bytes) -> list[ContainerDevices]:
