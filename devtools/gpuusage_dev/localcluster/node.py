@@ -742,6 +742,18 @@ class Node:
                 f"node {self.name} not Ready with its devices within {timeout:.0f} s "
                 f"(logs in {self.directory})"
             )
+        self._check_alive()
+
+    def _check_alive(self) -> None:
+        """A part this process started that has exited (the controller manager refusing a
+        flag, say) fails the start here, with its log, rather than a test's wait much later."""
+        for name, process in self._children.items():
+            if process.poll() is not None:
+                log = self.directory / f"{name}.log"
+                tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+                raise NodeUnavailable(
+                    f"{name} of node {self.name} exited with code {process.returncode}:\n{tail}"
+                )
 
 
 LONGEST_SOCKETS = ("kubelet/pod-resources/kubelet.sock", f"containerd/{TTRPC_SOCKET}")
