@@ -74,7 +74,12 @@ def test_ci_runs_exactly_the_ci_script_on_every_push_and_pull_request() -> None:
     assert words == ["sudo", "-E", "env", "PATH=$PATH", "bash", ".ci/run"]
     ci_script = (REPO / ".ci/run").read_text().splitlines()
     assert "set -euo pipefail" in ci_script
-    assert [line for line in ci_script if line.startswith("make")] == ["make lint", "make test"]
+    # the README's test command, nothing weaker, and the oldest supported Kubernetes after it
+    assert [line for line in ci_script if line.startswith("make")] == [
+        "make lint",
+        "make test",
+        "make test-oldest",
+    ]
 
 
 def test_ci_sets_up_the_go_and_python_the_project_needs() -> None:
