@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.kube.config import api_client
+from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
 from gpuusage_operator.index.pods import snapshot_of
@@ -84,6 +85,11 @@ def test_claims_are_read_through_the_beta_version_served(beta: tuple[str, LocalC
         watch.stop()
 
 
+@pytest.mark.skipif(
+    versions.minor(versions.choose()) < 36,
+    reason="Kubernetes 1.35 does not serve shared devices or counters by default "
+    "(DRAConsumableCapacity and DRAPartitionableDevices are alpha there, off)",
+)
 def test_shared_devices_and_counters_are_read_through_the_beta_version_served(
     beta: tuple[str, LocalCluster],
 ) -> None:
