@@ -59,9 +59,10 @@ SCENARIO: dict[str, Any] = {
         {"index": 3, "uuid": PARTED, "name": A100, "memoryTotalMiB": 81920},
     ]
 }
-DRA_NODE_MINOR = 37
-"""The driver's helper is of Kubernetes 1.37 (draplugin), and the kubelet and scheduler's DRA
-defaults this proves on are 1.37's: a compat run on an older release skips, saying so."""
+DRA_NODE_MINOR = 36
+"""The first release whose DRA serves what this proves by default (extended resources,
+consumable capacity, partitionable devices: beta and on from 1.36); the driver's helper is of
+1.37 and serves 1.36's kubelet alike. A compat run on an older release skips, saying so."""
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/" + NS + "/resourceclaims"
 
 
@@ -112,7 +113,9 @@ class DraWorld:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraWorld]:
     release = versions.choose()
     if versions.minor(release) < DRA_NODE_MINOR:
-        pytest.skip(f"the node's DRA driver is made for Kubernetes 1.37; this run is {release}")
+        pytest.skip(
+            f"Kubernetes {release} serves none of these DRA forms by default (1.36 is the first)"
+        )
     directory = tmp_path_factory.mktemp("dra-node")
     for installed in installed_world(
         directory,

@@ -82,11 +82,15 @@ def run(version: str, *, node: bool, workers: int, scratch: Path) -> Outcome:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--oldest", action="store_true", help="only the oldest release")
+    parser.add_argument("--release", help="only this supported release (e.g. 1.36)")
     parser.add_argument("--no-node", action="store_true", help="without the real node's tests")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--scratch", type=Path, default=Path("build"))
     args = parser.parse_args(argv)
-    chosen = [versions.OLDEST] if args.oldest else list(versions.SUPPORTED)
+    if args.release:
+        chosen = [versions.choose(args.release)]
+    else:
+        chosen = [versions.OLDEST] if args.oldest else list(versions.SUPPORTED)
     args.scratch.mkdir(parents=True, exist_ok=True)
     outcomes = [
         run(v, node=not args.no_node, workers=args.workers, scratch=args.scratch) for v in chosen
