@@ -308,6 +308,8 @@ def test_a_spec_layout_resolves_to_one_uuid_or_none(
         b"kind: example.com/gpu\ndevices: [{name: a}, {name: a}]\n",
         b"kind: example.com/gpu\ndevices: [7]\n",
         b"kind: example.com/gpu\ndevices: [{name: a}]\n\xff\xfe",  # not UTF-8
+        b"kind: example.com/gpu\ndevices: [{name: a, containerEdits: {env: 5}}]\n",
+        b"kind: example.com/gpu\ncontainerEdits: {deviceNodes: true}\ndevices: [{name: a}]\n",
     ],
 )
 def test_a_broken_spec_leaves_its_devices_unknown_and_the_others_known(
@@ -381,3 +383,12 @@ def test_parse_keeps_only_what_tells_the_gpu() -> None:
     text = json.dumps(nvidia_claim(("gpu-0", nodes("/dev/nvidia0", "/dev/dri/card1"))))
     found = parse_spec(text, json_format=True)
     assert found == {claim_name("gpu-0"): Edits(visible=("void",), nodes=("/dev/nvidia0",))}
+
+
+def test_a_device_node_number_too_long_to_be_a_minor_names_no_gpu(tmp_path: Path) -> None:
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    node = {"path": "/dev/nvidia" + "9" * 5000}
+    body = spec("example.com/gpu", {"a": {"deviceNodes": [node]}})
+    (folder / "huge.json").write_text(json.dumps(body))
+    assert resolve(["example.com/gpu=a"], SpecDirs([folder]).devices(), NODE) is None

@@ -69,6 +69,11 @@ UID = "11111111-2222-4333-8444-555555555555"
         ("lots", None),
         (True, None),
         (None, None),
+        # beyond any device, beyond a float: not read, never an error that stops the watch
+        ("1e400", None),
+        ("9" * 400 + "E", None),
+        ("1" + "0" * 5000, None),
+        (float("inf"), None),
     ],
 )
 def test_quantities_read_as_numbers(text: object, value: float | None) -> None:
@@ -610,6 +615,7 @@ def test_two_pods_sharing_a_gpu_by_capacity_are_each_handed_their_part() -> None
     ("sharing", "users", "handed"),
     [
         (None, 1, (0.5, 40960)),
+        (None, 2, (0.25, 20480)),  # no config: its part and its memory split alike
         ({"strategy": "TimeSlicing"}, 2, (0.25, 20480)),  # its part, split among its pods
         ({"strategy": "TimeSlicing"}, 1, (0.5, 40960)),
         # MPS's thread percentage is of the whole device

@@ -50,7 +50,7 @@ MAX_SPEC_FILES = 4096
 """Spec files read per folder; a node holds one per prepared claim and a few static ones."""
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 NO_GPU = frozenset({"void", "none", ""})
-_NODE = re.compile(r"^/dev/nvidia([0-9]+)$")
+_NODE = re.compile(r"^/dev/nvidia([0-9]{1,9})$")
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)=([A-Za-z0-9_.:-]+)$")
 
 try:  # the C loader where PyYAML has it: a claim's spec lists many driver files
@@ -81,14 +81,17 @@ def _values(edits: Any) -> tuple[list[str], list[str]]:
     """NVIDIA_VISIBLE_DEVICES values and /dev/nvidia<minor> paths of one containerEdits."""
     if not isinstance(edits, dict):
         return [], []
+    env, device_nodes = edits.get("env") or [], edits.get("deviceNodes") or []
+    if not isinstance(env, list) or not isinstance(device_nodes, list):
+        raise ValueError("containerEdits' env or deviceNodes is not a list")
     visible = [
         e.split("=", 1)[1]
-        for e in edits.get("env") or []
+        for e in env
         if isinstance(e, str) and e.split("=", 1)[0] == VISIBLE and "=" in e
     ]
     nodes = [
         n["path"]
-        for n in edits.get("deviceNodes") or []
+        for n in device_nodes
         if isinstance(n, dict) and isinstance(n.get("path"), str) and _NODE.match(n["path"])
     ]
     return visible, nodes
@@ -147,7 +150,8 @@ class SpecDirs:
             merged.update(mine)
         for gone in set(self._parsed) - seen:
             del self._parsed[gone]
-            self._said.pop(gone, None)
+        for gone in {p for p in self._said if p not in seen and p not in self.dirs}:
+            del self._said[gone]  # a file that could not be read and is gone: not kept
         return merged
 
     def _files(self, folder: Path) -> list[Path]:
@@ -189,7 +193,7 @@ class SpecDirs:
         except OSError as exc:  # read again next time: it may pass (a file being replaced)
             self._say(path, exc.strerror or str(exc))
             return {}
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        except (ValueError, TypeError, RecursionError) as exc:  # UnicodeDecodeError: ValueError
             self._say(path, str(exc))
         else:
             self._said.pop(path, None)

@@ -25,6 +25,7 @@ whole bodies.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,20 +84,27 @@ _SUFFIX = {
 _QUANTITY = re.compile(r"^([+-]?[0-9]*\.?[0-9]+)(" + "|".join(_SUFFIX) + r"|[eE][+-]?[0-9]+)?$")
 
 
+MAX_QUANTITY = 64
+"""The longest quantity read: far past any device's, short of what a float cannot hold."""
+
+
 def quantity(value: object) -> float | None:
     """A Kubernetes quantity ("80Gi", "100", "500m", "1e3") as a number; None where it is
     none (the apiserver writes them canonical, so anything else is not read)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        return float(value) if math.isfinite(value) else None
     found = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
-    if found is None:
+    if found is None or len(found.group(0)) > MAX_QUANTITY:
         return None
     number, suffix = float(found.group(1)), found.group(2)
-    if not suffix:
-        return number
-    if suffix[0] in "eE" and len(suffix) > 1:
-        return number * 10.0 ** int(suffix[1:])
-    return number * _SUFFIX[suffix]
+    try:
+        if suffix and suffix[0] in "eE" and len(suffix) > 1:
+            number *= 10.0 ** int(suffix[1:])
+        elif suffix:
+            number *= _SUFFIX[suffix]
+    except OverflowError:  # beyond any float: no device has it
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _amounts(values: Mapping[str, Any], driver: str, nested: bool) -> Amounts:

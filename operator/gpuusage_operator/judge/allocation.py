@@ -70,9 +70,10 @@ class AllocatedDevice:
     parent_uuid: str | None = None
     profile: str | None = None
     share: float | None = None
-    """The share of its time the pod was handed where the claim shares it (see
-    claim_share) or it is one of the device plugin's time-slicing replicas (see
-    replica_share); None: the device is the pod's own, or nothing says."""
+    """The share of its time the pod was handed: the part its claim consumed of a shared
+    device or the claim's split among its pods (see handed_part), or its share as one of the
+    device plugin's time-slicing replicas (see replica_share); None: the device is the pod's
+    own, or nothing says."""
     replicas: int = 0
     """How many of the device plugin's time-slicing replicas of it the pod holds, where the
     replicas the device is advertised as are known (its share then says of how many)."""
@@ -256,11 +257,13 @@ def _from_node(
 
 def handed_part(part: float | None, claim: ClaimSnapshot, users: int) -> float | None:
     """A pod's share of a device's time: the part its claim consumed of a shared device, split
-    among the pods sharing the claim (MPS's thread percentage, of the whole device, where set);
-    None where neither says."""
+    among the running pods naming the claim (equally, as its memory is, unless the claim's
+    config says how: MPS's thread percentage, of the whole device); None where nothing says."""
     split = claim_share(claim, users)
-    if part is None or split is None:
-        return part if split is None else split
+    if part is None:
+        return split
+    if split is None:
+        return part / users if users > 1 else part
     return split if claim.thread_percent is not None else part * split
 
 

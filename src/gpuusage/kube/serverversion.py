@@ -4,9 +4,9 @@ The floor is the oldest minor that the project's compatibility run passes (`make
 docs/development.md): gpuusage's judgements of allocation lean on what the apiserver, the
 scheduler and the kubelet of each minor serve (DRA's `v1`, the PodResources API's DRA devices,
 the pod's extended-resource claim), and on a minor that run does not cover nothing proves
-them. The chart's `kubeVersion` and docs/install.md name the same floor (tests/test_docs.py).
-An operator who accepts that can run on an older cluster all the same, with
-`--allow-old-kubernetes`.
+them. The chart's `kubeVersion` and docs/install.md name the same floor
+(tests/test_supported_versions.py). An operator who accepts that can run on an older cluster
+all the same, with `--allow-old-kubernetes`.
 """
 
 from __future__ import annotations
