@@ -32,6 +32,7 @@ from gpuusage_dev.localcluster.binaries import (
     ensure_go_program,
     stderr_progress,
 )
+from gpuusage_dev.localcluster.cluster import stop_child
 
 SOURCE = Path(__file__).with_name("main.go")
 KUBELET_REGISTRATION = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
@@ -144,10 +145,4 @@ class DevicePlugin:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        stop_child(process)

@@ -63,6 +63,7 @@ from gpuusage_dev.localcluster.binaries import (
     ensure_go_program,
     stderr_progress,
 )
+from gpuusage_dev.localcluster.cluster import stop_child
 
 SOURCE = Path(__file__).with_name("main.go")
 DRIVER = "gpu.nvidia.com"
@@ -548,10 +549,4 @@ class DraPlugin:
         stay, as a driver's do when it goes: the kubelet removes them once the registration is
         gone a while, and the Node's deletion does through their owner reference."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        stop_child(process)

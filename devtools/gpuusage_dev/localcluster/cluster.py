@@ -163,6 +163,18 @@ def terminate(
         child.wait(timeout=10)
 
 
+def stop_child(process: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
+    """End a child this process started: SIGTERM, then SIGKILL after `timeout` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)
+
+
 def _stray_processes(directory: Path) -> list[ProcessRecord]:
     """etcd/kube-apiserver processes whose arguments point into directory."""
     needle = str(directory)

@@ -21,7 +21,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from gpuusage.errors import GpuusageError
 from gpuusage.retry import poll_until
+from gpuusage_dev.localcluster.cluster import stop_child
 
 NEEDED = ("runc",)
 CDI_DIR = Path("/var/run/cdi")
@@ -239,13 +239,7 @@ class Containerd:
     def stop(self, timeout: float = 15.0) -> None:
         """Stop containerd and leave no mount of its behind under the folder."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout)
+        stop_child(process, timeout)
         unmount_below(self.directory)
 
 
