@@ -26,7 +26,8 @@ class LocalClusterSettings(CommandSettings):
     """Also run one real node of this name: kube-scheduler, kube-controller-manager,
     containerd, runc, a CNI bridge, a kubelet confined as system:node:NAME (Node authorizer,
     NodeRestriction) and a device plugin advertising the GPUs of --gpus. Needs root and the
-    distribution's containerd, runc, containernetworking-plugins and busybox-static."""
+    distribution's runc, containernetworking-plugins and busybox-static (containerd is built
+    from Go modules)."""
     gpus: Path | None = None
     """The node's GPU scenario (the fake source's format) for its device plugin or DRA driver;
     default: four whole GPUs."""

@@ -4,9 +4,10 @@ served by our device plugin or, with `gpu_allocation="dra"`, by our DRA driver (
 rooted in one folder and stopped without leaving anything behind.
 
 What the machine needs and what it touches (docs/local-cluster.md, "A real node"): root;
-Debian's containerd, runc and CNI plugins; the kubelet's fixed device-plugin folder
-(/var/lib/kubelet/device-plugins, so one node per machine); `kubepods` cgroups; three sysctls
-the kubelet sets (restored on stop); a bridge and network namespaces (removed on stop).
+Debian's runc and CNI plugins (containerd 1.7 built from Go modules); the kubelet's fixed
+device-plugin folder (/var/lib/kubelet/device-plugins, so one node per machine); `kubepods`
+cgroups; three sysctls the kubelet sets (restored on stop); a bridge and network namespaces
+(removed on stop).
 """
 
 from __future__ import annotations
