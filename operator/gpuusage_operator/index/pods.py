@@ -21,6 +21,7 @@ from gpuusage_operator.judge.requests import (
     DEFAULT_RULES,
     AllocationRules,
     PodClaims,
+    claim_names,
     fraction_of,
     gpu_requests,
     gpu_resources,
@@ -122,7 +123,7 @@ class PodSnapshot:
     @property
     def claim_names(self) -> tuple[str, ...]:
         """Every claim it names, its extended-resource claim included."""
-        return (*self.claims, self.extended_claim) if self.extended_claim else self.claims
+        return claim_names(self.claims, self.extended_claim)
 
     def container_name(self, container_id: str) -> str | None:
         return next((name for cid, name in self.containers if cid == container_id), None)

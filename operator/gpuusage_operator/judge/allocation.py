@@ -353,8 +353,7 @@ def allocation_of(
         words.append(f"a share ({pod.fraction})")
     if pod.pending_claims:
         unknown.append(f"{pod.pending_claims} claim(s) not generated yet")
-    names = (*pod.claims, pod.extended_claim) if pod.extended_claim else pod.claims
-    for name in dict.fromkeys(names):
+    for name in dict.fromkeys(pod.claim_names):
         found = claim_devices(pod, name, dra, rules, kubelet)
         devices.extend(found.devices)
         unknown.extend(found.unknown)

@@ -151,3 +151,13 @@ class PodClaims:
     index.dra.extended_claim); empty: none."""
     extended_requests: tuple[str, ...] = ()
     """That claim's requests standing for GPU resources: their devices are its GPUs."""
+
+    @property
+    def claim_names(self) -> tuple[str, ...]:
+        return claim_names(self.claims, self.extended_claim)
+
+
+def claim_names(claims: tuple[str, ...], extended_claim: str) -> tuple[str, ...]:
+    """Every claim a pod names: those of its spec and status, and its extended-resource
+    claim."""
+    return (*claims, extended_claim) if extended_claim else claims
