@@ -23,6 +23,7 @@ from gpuusage_dev.localcluster.images import (
     pause_image,
 )
 from gpuusage_dev.localcluster.productimages import (
+    ImageBuildError,
     product_image,
     product_images,
     prune,
@@ -161,6 +162,18 @@ def test_the_recipe_is_read_from_the_dockerfile(dockerfile: str) -> None:
     assert "PYTHONPATH=/app" in recipe.env
     assert recipe.labels["org.opencontainers.image.version"] == "${VERSION}"
     assert recipe.args["REVISION"] == "unknown"
+    assert recipe.bytecode == "checked-hash"
+
+
+def test_a_timestamped_compile_is_refused() -> None:
+    """Timestamped bytecode would make each build's bytes differ."""
+    text = (REPO / "nodeagent/Dockerfile").read_text()
+    lines = [
+        "RUN python -m compileall -q /app" if line.startswith("RUN python -m compileall") else line
+        for line in text.splitlines()
+    ]
+    with pytest.raises(ImageBuildError, match="checked-hash"):
+        recipe_of("\n".join(lines))
 
 
 @pytest.mark.slow
@@ -181,12 +194,20 @@ def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None
         "agent-probe",
         "python",
         "-c",
-        "import os, gpuusage_nodeagent, json; print(json.dumps([os.getuid(), "
-        "gpuusage_nodeagent.__name__, open('/licenses/LICENSE').read()]))",
+        "import os, sys, json, gpuusage_nodeagent.main; print(json.dumps([os.getuid(), "
+        "gpuusage_nodeagent.__name__, open('/licenses/LICENSE').read(), sorted("
+        "m.__name__ for m in list(sys.modules.values()) if getattr(m, '__cached__', None) "
+        "and not os.path.exists(m.__cached__))]))",
         check=False,
     )
     assert ran.returncode == 0, ran.stderr.decode()[-800:]
-    assert json.loads(ran.stdout) == [65532, "gpuusage_nodeagent", (REPO / "LICENSE").read_text()]
+    # Every module the agent imports was compiled at build: none compiles at each start.
+    assert json.loads(ran.stdout) == [
+        65532,
+        "gpuusage_nodeagent",
+        (REPO / "LICENSE").read_text(),
+        [],
+    ]
     report = containerd.ctr(
         "run",
         "--rm",

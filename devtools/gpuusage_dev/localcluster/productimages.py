@@ -7,9 +7,10 @@ gpuusage.__version__ and the git commit, as a release build passes them). The ba
 release `python:3.11-slim` is built on, bookworm, whose own python3 is the same minor version
 (3.11), made with mmdebstrap from the distribution's packages. Three layers: that base, the
 dependencies (installed with pip for Python 3.11 into /usr/local/lib/python3.11/dist-packages,
-which Debian's python3 reads), and the copied sources. Each is cached under the project's cache
-folder by the hash of what makes it, so an image is rebuilt when its inputs change and only the
-layers that changed are.
+which Debian's python3 reads), and the copied sources; the last two with their bytecode,
+compiled as the Dockerfile's `RUN python -m compileall` line says (hash-based, so reproducible).
+Each is cached under the project's cache folder by the hash of what makes it, so an image is
+rebuilt when its inputs change and only the layers that changed are.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class Recipe:
     """LABEL keys and values as written: `${NAME}` names a build argument."""
     args: dict[str, str] = field(default_factory=dict)
     """Each build argument's default (`ARG NAME=default`)."""
+    bytecode: str = ""
+    """The invalidation mode the Dockerfile's `RUN python -m compileall` compiles with (its
+    dependencies and sources); "" where it compiles nothing."""
 
 
 def recipe_of(dockerfile: str) -> Recipe:
@@ -65,9 +69,18 @@ def recipe_of(dockerfile: str) -> Recipe:
     user = ""
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    bytecode = ""
     for raw in dockerfile.splitlines():
         line = raw.strip()
-        if line.startswith("COPY --from="):
+        if line.startswith("RUN python -m compileall "):
+            mode = re.search(r"--invalidation-mode (checked-hash|unchecked-hash)", line)
+            if mode is None:
+                raise ImageBuildError(
+                    "the Dockerfile's compileall needs --invalidation-mode checked-hash (or "
+                    "unchecked-hash): timestamped bytecode differs from build to build"
+                )
+            bytecode = mode[1]
+        elif line.startswith("COPY --from="):
             continue
         if line.startswith("COPY "):
             source, dest = line.split()[1:3]
@@ -87,7 +100,15 @@ def recipe_of(dockerfile: str) -> Recipe:
         raise ImageBuildError("the Dockerfile has no requirements, COPY or ENTRYPOINT lines")
     labels, args = dockerfile_labels(dockerfile), dockerfile_args(dockerfile)
     return Recipe(
-        tuple(requirements), tuple(copies), tuple(env), user, entrypoint, cmd, labels, args
+        tuple(requirements),
+        tuple(copies),
+        tuple(env),
+        user,
+        entrypoint,
+        cmd,
+        labels,
+        args,
+        bytecode,
     )
 
 
@@ -190,10 +211,44 @@ def base_layer(progress: Progress = stderr_progress) -> bytes:
     return layer
 
 
+IMAGE_PYTHON = (3, 11)
+"""Debian bookworm's python3, the images' interpreter: their bytecode is this version's."""
+
+
+def _image_python() -> str:
+    """An interpreter here of the images' Python version, to compile their bytecode."""
+    if sys.version_info[:2] == IMAGE_PYTHON:
+        return sys.executable
+    found = shutil.which("python{}.{}".format(*IMAGE_PYTHON))
+    if found is None:
+        raise ImageBuildError(
+            "the images run Python {}.{}; compiling their bytecode needs it here "
+            "(python{}.{} on PATH)".format(*IMAGE_PYTHON, *IMAGE_PYTHON)
+        )
+    return found
+
+
+def compile_bytecode(root: Path, image_path: str, mode: str) -> None:
+    """Compile every module below `root`, which the image holds at `image_path`, as the
+    Dockerfile's `RUN python -m compileall` does: its invalidation `mode` hash-based, so the
+    bytes depend on the sources only."""
+    run = subprocess.run(
+        [
+            *(_image_python(), "-m", "compileall", "-q", "-j", "0"),
+            *("--invalidation-mode", mode, "-s", str(root), "-p", image_path, str(root)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if run.returncode != 0:
+        raise ImageBuildError(f"compileall failed below {image_path}:\n{run.stdout[-2000:]}")
+
+
 def dependencies_layer(repo: Path, recipe: Recipe) -> bytes:
     """The recipe's requirements, installed by pip for Python 3.11 into Debian's local site."""
     texts = [(repo / r).read_bytes() for r in recipe.requirements]
-    cached = cache_root() / "images" / f"deps-{_hash(*texts)}.tar"
+    cached = cache_root() / "images" / f"deps-{_hash(*texts, recipe.bytecode.encode())}.tar"
     if cached.exists():
         return cached.read_bytes()
     with tempfile.TemporaryDirectory(prefix="gpuusage-deps-") as work:
@@ -214,6 +269,8 @@ def dependencies_layer(repo: Path, recipe: Recipe) -> bytes:
         if run.returncode != 0:
             raise ImageBuildError(f"pip could not install {recipe.requirements}:\n{run.stderr}")
         shutil.rmtree(target / "bin", ignore_errors=True)
+        if recipe.bytecode:
+            compile_bytecode(target, f"/{SITE}", recipe.bytecode)
         layer = layer_from_directory(target, SITE)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_bytes(layer)
@@ -232,6 +289,8 @@ def sources_layer(repo: Path, recipe: Recipe) -> bytes:
             shutil.copytree(
                 repo / source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
             )
+        if recipe.bytecode:
+            compile_bytecode(root, "/", recipe.bytecode)
         return layer_from_directory(root)
 
 
