@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo demo-binaries test test-oldest test-compat test-gpu check lint binaries crd monitoring chart plugin lock release clean
+.PHONY: demo demo-binaries test test-oldest test-compat test-release test-gpu check lint binaries crd monitoring chart plugin lock images release clean
 
 # __init__.py holds the version, which the installed package's metadata repeats.
 $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.txt operator/requirements.txt src/gpuusage/__init__.py
@@ -50,6 +50,11 @@ test-oldest: binaries
 ## records.
 test-compat: binaries
 	$(PY) -m gpuusage_dev.compat --workers $(TEST_WORKERS)
+
+## The release's proof at full length: the images built for every release platform (CI builds
+## this machine's own), checked, run, and built again to the same digests.
+test-release: binaries
+	GPUUSAGE_RELEASE_PLATFORMS=all $(PY) -m pytest tests/test_release_images.py -p no:cacheprovider
 
 ## The inner loop: lint and the pure unit tests (no control plane, node, helm or command
 ## runs; well under a minute). `make test` is the whole suite, and what CI runs.
@@ -101,7 +106,16 @@ lock: $(VENV)/.installed
 ## dated section, before anything is built.
 release: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.version --release "$(VERSION)"
-	@echo "make release: building and publishing dist/, the images and the chart is not in this tree yet" >&2; exit 1
+	$(PY) -m gpuusage_dev.release.images --out dist/images --command "make release VERSION=$(VERSION)"
+	@echo "make release: signing and publishing the images and the chart is not in this tree yet" >&2; exit 1
+
+## The release's images in dist/images: each product image for linux/amd64 and linux/arm64 as
+## one OCI index (an OCI layout archive), its digests in digests.json; every compiled file is
+## checked to be for its platform's CPU, and `python -m gpuusage --version` is run in each
+## platform's root (arm64 under qemu; root only). The arm64 Debian base takes about 8 minutes
+## under qemu the first time (docs/development.md, "The images").
+images: $(VENV)/.installed
+	$(PY) -m gpuusage_dev.release.images --out dist/images
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -18,10 +18,14 @@ from gpuusage_dev.deviceplugin import scenario_resources
 from gpuusage_dev.localcluster.containerd import Containerd, mounts_below, node_prerequisites
 from gpuusage_dev.localcluster.images import (
     OCI_LAYER,
+    Platform,
     busybox_image,
+    image_manifest,
+    index_archive,
     oci_archive,
     pause_image,
 )
+from gpuusage_dev.localcluster.platforms import HOST
 from gpuusage_dev.localcluster.productimages import (
     ImageBuildError,
     product_image,
@@ -174,6 +178,25 @@ def test_a_timestamped_compile_is_refused() -> None:
     ]
     with pytest.raises(ImageBuildError, match="checked-hash"):
         recipe_of("\n".join(lines))
+
+
+@pytest.mark.slow
+@pytest.mark.node
+def test_real_containerd_runs_its_own_platform_from_an_index(containerd: Containerd) -> None:
+    """An index of two platforms, as a release publishes: containerd takes it under its name
+    and runs the manifest of this machine's CPU, not the other one's."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox not found (apt-get install busybox-static)")
+    payload = Path(busybox).read_bytes()
+    image = busybox_image(payload, "gpuusage.local/multi:1")
+    other = Platform("arm64" if HOST.architecture == "amd64" else "amd64")
+    mine = image_manifest(image, None, HOST)
+    theirs = image_manifest(busybox_image(b"not for this CPU", image.name), None, other)
+    containerd.import_image(index_archive(image.name, [theirs, mine]))
+    assert "gpuusage.local/multi:1" in containerd.images()
+    ran = containerd.ctr("run", "--rm", image.name, "multi-probe", "/bin/sh", "-c", "echo ok")
+    assert ran.stdout.decode().split() == ["ok"]
 
 
 @pytest.mark.slow

@@ -23,7 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PARTS = ("nodeagent", "operator")
 PYTHON = "3.11"
-PLATFORMS = ("manylinux2014_x86_64", "manylinux2014_aarch64")
+WHEEL_PLATFORMS = {"amd64": "manylinux2014_x86_64", "arm64": "manylinux2014_aarch64"}
+"""The images' CPUs (as OCI names them) → the wheel platform locked and installed for each."""
+PLATFORMS = tuple(WHEEL_PLATFORMS.values())
 
 
 class LockError(Exception):

@@ -25,6 +25,7 @@ from typing import Any
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 EPOCH = 0  # every file's mtime: the same inputs give the same image
 
 
@@ -85,14 +86,14 @@ def layer_tar(files: Mapping[str, File]) -> bytes:
     return buffer.getvalue()
 
 
-def layer_from_directory(root: Path, under: str = "") -> bytes:
+def layer_from_directory(root: Path, under: str = "", mtime: int = EPOCH) -> bytes:
     """A layer of everything below `root` (placed below `under` in the image), owned by root,
-    with fixed times: the same tree gives the same bytes."""
+    every time `mtime`: the same tree gives the same bytes."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
 
         def normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:
-            info.mtime, info.uid, info.gid, info.uname, info.gname = EPOCH, 0, 0, "root", "root"
+            info.mtime, info.uid, info.gid, info.uname, info.gname = mtime, 0, 0, "root", "root"
             return info
 
         for parent in Path(under).parents if under else ():
@@ -112,14 +113,62 @@ def _directory(name: str) -> tarfile.TarInfo:
     return info
 
 
-def oci_archive(image: Image, layers: Sequence[bytes] | None = None) -> bytes:
-    """The image as an OCI image layout in a tar, as `ctr images import` takes it: one layer of
-    its files, or the given `layers` (tars, lowest first)."""
+@dataclass(frozen=True)
+class Platform:
+    """An image's OS and CPU as OCI names them (Go's GOARCH: amd64, arm64)."""
+
+    architecture: str = "amd64"
+    os: str = "linux"
+
+    def __str__(self) -> str:
+        return f"{self.os}/{self.architecture}"
+
+    @classmethod
+    def parse(cls, text: str) -> Platform:
+        """`linux/arm64` → Platform("arm64")."""
+        os_name, _, architecture = text.partition("/")
+        if not os_name or not architecture:
+            raise ValueError(f"a platform is OS/ARCHITECTURE, e.g. linux/arm64, not {text!r}")
+        return cls(architecture, os_name)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One platform's image: its manifest and the blobs it names (layers, config)."""
+
+    platform: Platform
+    manifest: bytes
+    blobs: tuple[bytes, ...]
+
+    @property
+    def descriptor(self) -> dict[str, Any]:
+        return {
+            "mediaType": OCI_MANIFEST,
+            "digest": _digest(self.manifest),
+            "size": len(self.manifest),
+            "platform": {"architecture": self.platform.architecture, "os": self.platform.os},
+        }
+
+
+def image_manifest(
+    image: Image,
+    layers: Sequence[bytes] | None = None,
+    platform: Platform = Platform(),
+    created: str | None = None,
+) -> Manifest:
+    """The image for one platform: one layer of its files, or the given `layers` (tars, lowest
+    first); `created` (RFC 3339) its creation time where one is wanted, else none: the same
+    inputs give the same digests."""
     stack = list(layers) if layers is not None else [layer_tar(image.files)]
+    history: dict[str, str] = {"created_by": "gpuusage_dev.localcluster.images"}
+    config_fields: dict[str, Any] = {}
+    if created is not None:
+        config_fields["created"] = history["created"] = created
     config = json.dumps(
         {
-            "architecture": "amd64",
-            "os": "linux",
+            **config_fields,
+            "architecture": platform.architecture,
+            "os": platform.os,
             "config": {
                 "Entrypoint": list(image.entrypoint) or None,
                 "Cmd": list(image.cmd) or None,
@@ -128,7 +177,7 @@ def oci_archive(image: Image, layers: Sequence[bytes] | None = None) -> bytes:
                 "Labels": dict(image.labels),
             },
             "rootfs": {"type": "layers", "diff_ids": [_digest(layer) for layer in stack]},
-            "history": [{"created_by": "gpuusage_dev.localcluster.images"}],
+            "history": [history],
         },
         sort_keys=True,
     ).encode()
@@ -144,31 +193,66 @@ def oci_archive(image: Image, layers: Sequence[bytes] | None = None) -> bytes:
         },
         sort_keys=True,
     ).encode()
-    index = json.dumps(
-        {
-            "schemaVersion": 2,
-            "manifests": [
-                {
-                    "mediaType": OCI_MANIFEST,
-                    "digest": _digest(manifest),
-                    "size": len(manifest),
-                    "annotations": {
-                        "io.containerd.image.name": image.name,
-                        "org.opencontainers.image.ref.name": image.name,
-                    },
-                }
-            ],
-        },
-        sort_keys=True,
-    ).encode()
+    return Manifest(platform, manifest, (*stack, config))
+
+
+def _names(name: str) -> dict[str, str]:
+    """The annotations that name an image in a layout: containerd's and OCI's."""
+    return {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name}
+
+
+def oci_archive(
+    image: Image, layers: Sequence[bytes] | None = None, platform: Platform = Platform()
+) -> bytes:
+    """The image as an OCI image layout in a tar, as `ctr images import` takes it: one layer of
+    its files, or the given `layers` (tars, lowest first)."""
+    return single_archive(image.name, image_manifest(image, layers, platform))
+
+
+def single_archive(name: str, built: Manifest) -> bytes:
+    """One platform's image in a layout whose index.json names its manifest `name`."""
+    entry = {**built.descriptor, "annotations": _names(name)}
+    del entry["platform"]  # one platform: its config names it
+    return _layout(entry, [*built.blobs, built.manifest])
+
+
+def index_archive(
+    name: str, manifests: Sequence[Manifest], annotations: Mapping[str, str] | None = None
+) -> bytes:
+    """One image for several platforms: an OCI image index naming each platform's manifest,
+    in a layout whose index.json names the index `name`. `annotations`: the index's own."""
+    index: dict[str, Any] = {
+        "schemaVersion": 2,
+        "mediaType": OCI_INDEX,
+        "manifests": [m.descriptor for m in manifests],
+    }
+    if annotations:
+        index["annotations"] = dict(annotations)
+    blob = json.dumps(index, sort_keys=True).encode()
+    entry = {
+        "mediaType": OCI_INDEX,
+        "digest": _digest(blob),
+        "size": len(blob),
+        "annotations": _names(name),
+    }
+    return _layout(entry, [b for m in manifests for b in (*m.blobs, m.manifest)] + [blob])
+
+
+def _layout(entry: dict[str, Any], blobs: Sequence[bytes]) -> bytes:
+    """An OCI image layout in a tar: index.json with the one `entry`, and each blob once."""
+    index = json.dumps({"schemaVersion": 2, "manifests": [entry]}, sort_keys=True).encode()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         _add(archive, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
         _add(archive, "index.json", index)
         _add(archive, "blobs/", type=tarfile.DIRTYPE, mode=0o755)
         _add(archive, "blobs/sha256/", type=tarfile.DIRTYPE, mode=0o755)
-        for blob in (*stack, config, manifest):
-            _add(archive, f"blobs/sha256/{_digest(blob).removeprefix('sha256:')}", blob)
+        written: set[str] = set()
+        for blob in blobs:
+            digest = _digest(blob).removeprefix("sha256:")
+            if digest not in written:
+                written.add(digest)
+                _add(archive, f"blobs/sha256/{digest}", blob)
     return buffer.getvalue()
 
 

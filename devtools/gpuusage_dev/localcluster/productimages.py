@@ -23,16 +23,30 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuusage.errors import GpuusageError
 from gpuusage_dev.localcluster.binaries import Progress, cache_root, file_lock, stderr_progress
-from gpuusage_dev.localcluster.images import Image, layer_from_directory, oci_archive
+from gpuusage_dev.localcluster.images import (
+    Image,
+    Manifest,
+    Platform,
+    image_manifest,
+    index_archive,
+    layer_from_directory,
+    single_archive,
+)
+from gpuusage_dev.localcluster.platforms import HOST, RELEASE_PLATFORMS, cannot_emulate
+from gpuusage_dev.lock import WHEEL_PLATFORMS
 from gpuusage_dev.version import dockerfile_args, dockerfile_labels, version_of
 
 DEBIAN_RELEASE = "bookworm"  # python:3.11-slim's; its python3 is 3.11
 BASE_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
 EXCLUDED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
+KEPT = ("/usr/share/doc/*/copyright",)
+"""Kept of what EXCLUDED drops: each Debian package's copyright file, its license, which the
+SBOM reads and which shipping the package's binaries requires."""
 SITE = "usr/local/lib/python3.11/dist-packages"
 
 
@@ -167,28 +181,41 @@ def _tree_bytes(root: Path) -> bytes:
     return found
 
 
-def base_layer(progress: Progress = stderr_progress) -> bytes:
-    """The Debian base as a layer, made once with mmdebstrap (as root, from Debian's packages)."""
-    key = _hash(DEBIAN_RELEASE.encode(), " ".join(BASE_PACKAGES).encode(), str(EXCLUDED).encode())
-    cached = cache_root() / "images" / f"base-{DEBIAN_RELEASE}-{key}.tar"
+def base_layer(platform: Platform = HOST, progress: Progress = stderr_progress) -> bytes:
+    """The Debian base for `platform` as a layer, made once with mmdebstrap (as root, from
+    Debian's packages; another CPU's packages run their scripts under qemu)."""
+    arch = platform.architecture
+    key = _hash(
+        DEBIAN_RELEASE.encode(),
+        arch.encode(),
+        " ".join(BASE_PACKAGES).encode(),
+        str(EXCLUDED).encode(),
+        str(KEPT).encode(),
+    )
+    cached = cache_root() / "images" / f"base-{DEBIAN_RELEASE}-{arch}-{key}.tar"
     if cached.exists():
         return cached.read_bytes()
     if shutil.which("mmdebstrap") is None:
         raise ImageBuildError("mmdebstrap not found: apt-get install mmdebstrap")
+    why = cannot_emulate(platform)
+    if why is not None:
+        raise ImageBuildError(why)
     with file_lock(cache_root() / "locks" / "images.lock"):
         if cached.exists():
             return cached.read_bytes()
         progress(
-            f"gpuusage: making a Debian {DEBIAN_RELEASE} base with mmdebstrap "
-            "(once; about a minute) ..."
+            f"gpuusage: making a Debian {DEBIAN_RELEASE} {arch} base with mmdebstrap (once; "
+            f"{'about a minute' if platform == HOST else 'about 8 minutes under qemu'}) ..."
         )
         with tempfile.TemporaryDirectory(prefix="gpuusage-base-") as work:
             rootfs = Path(work) / "rootfs"
             options = [f"--dpkgopt=path-exclude={p}" for p in EXCLUDED]
+            options += [f"--dpkgopt=path-include={p}" for p in KEPT]
             run = subprocess.run(
                 [
                     "mmdebstrap",
                     "--variant=minbase",
+                    f"--architectures={arch}",
                     f"--include={','.join(BASE_PACKAGES)}",
                     "--mode=root",
                     *options,
@@ -245,10 +272,15 @@ def compile_bytecode(root: Path, image_path: str, mode: str) -> None:
         raise ImageBuildError(f"compileall failed below {image_path}:\n{run.stdout[-2000:]}")
 
 
-def dependencies_layer(repo: Path, recipe: Recipe) -> bytes:
-    """The recipe's requirements, installed by pip for Python 3.11 into Debian's local site."""
+def dependencies_layer(repo: Path, recipe: Recipe, platform: Platform = HOST) -> bytes:
+    """The recipe's requirements, installed by pip for Python 3.11 on `platform` (its wheels,
+    as the lock names them) into Debian's local site."""
+    wheels = WHEEL_PLATFORMS.get(platform.architecture)
+    if wheels is None:
+        raise ImageBuildError(f"no wheels are locked for {platform}: {sorted(WHEEL_PLATFORMS)}")
     texts = [(repo / r).read_bytes() for r in recipe.requirements]
-    cached = cache_root() / "images" / f"deps-{_hash(*texts, recipe.bytecode.encode())}.tar"
+    key = _hash(*texts, recipe.bytecode.encode(), wheels.encode())
+    cached = cache_root() / "images" / f"deps-{platform.architecture}-{key}.tar"
     if cached.exists():
         return cached.read_bytes()
     with tempfile.TemporaryDirectory(prefix="gpuusage-deps-") as work:
@@ -260,6 +292,7 @@ def dependencies_layer(repo: Path, recipe: Recipe) -> bytes:
             [
                 *(sys.executable, "-m", "pip", "install", "-q", "--no-compile"),
                 *("--target", str(target), "--python-version", "3.11", "--only-binary=:all:"),
+                *("--platform", wheels),
                 *args,
             ],
             capture_output=True,
@@ -277,7 +310,8 @@ def dependencies_layer(repo: Path, recipe: Recipe) -> bytes:
     return layer
 
 
-def sources_layer(repo: Path, recipe: Recipe) -> bytes:
+def sources_layer(repo: Path, recipe: Recipe, mtime: int = 0) -> bytes:
+    """The recipe's copied sources, each file's time `mtime` (the commit's)."""
     with tempfile.TemporaryDirectory(prefix="gpuusage-app-") as work:
         root = Path(work)
         for source, dest in recipe.copies:
@@ -291,25 +325,45 @@ def sources_layer(repo: Path, recipe: Recipe) -> bytes:
             )
         if recipe.bytecode:
             compile_bytecode(root, "/", recipe.bytecode)
-        return layer_from_directory(root)
+        return layer_from_directory(root, mtime=mtime)
 
 
-def product_image(
-    repo: Path, dockerfile: str, name: str, progress: Progress = stderr_progress
-) -> bytes:
-    """The OCI archive of the image `dockerfile` (a repository path) describes, named `name`;
-    cached by everything that makes it."""
-    text = (repo / dockerfile).read_bytes()
-    recipe = recipe_of(text.decode())
-    sources = b"".join(_tree_bytes(repo / s) for s, _ in recipe.copies)
-    requirements = b"".join((repo / r).read_bytes() for r in recipe.requirements)
-    labels = image_labels(repo, recipe)
-    stamp = json.dumps(labels, sort_keys=True).encode()
-    key = _hash(text, sources, requirements, name.encode(), DEBIAN_RELEASE.encode(), stamp)
-    cached = cache_root() / "images" / f"{name.replace('/', '_').replace(':', '_')}-{key}.tar"
-    if cached.exists():
-        return cached.read_bytes()
-    layers = [base_layer(progress), dependencies_layer(repo, recipe), sources_layer(repo, recipe)]
+def commit_time(repo: Path) -> int:
+    """The checked-out commit's time (seconds since 1970), the one clock an image takes: its
+    `created` and its sources' file times; 0 outside git."""
+    try:
+        found = subprocess.run(
+            [
+                *("git", "-c", f"safe.directory={repo.resolve()}", "-C", str(repo)),
+                *("log", "-1", "--format=%ct", "HEAD"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    text = found.stdout.strip()
+    return int(text) if found.returncode == 0 and text.isdigit() else 0
+
+
+def rfc3339(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def platform_manifest(
+    repo: Path, dockerfile: str, name: str, platform: Platform, progress: Progress
+) -> Manifest:
+    """The image `dockerfile` (a repository path) describes, for one platform: the Debian base,
+    the locked dependencies, the sources, timed by the commit."""
+    recipe = recipe_of((repo / dockerfile).read_text())
+    when = commit_time(repo)
+    layers = [
+        base_layer(platform, progress),
+        dependencies_layer(repo, recipe, platform),
+        sources_layer(repo, recipe, when),
+    ]
     image = Image(
         name,
         {},
@@ -317,9 +371,58 @@ def product_image(
         cmd=recipe.cmd,
         env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *recipe.env),
         user=recipe.user,
-        labels=labels,
+        labels=image_labels(repo, recipe),
     )
-    archive = oci_archive(image, layers)
+    return image_manifest(image, layers, platform, rfc3339(when))
+
+
+def _cached_build(
+    repo: Path, dockerfile: str, name: str, platforms: tuple[Platform, ...], index: bool
+) -> Path:
+    """Where the build of these inputs is cached: keyed by everything that makes it; a
+    release's indexes apart from the node's one-platform images, each kept KEEP_BUILDS deep."""
+    text = (repo / dockerfile).read_bytes()
+    recipe = recipe_of(text.decode())
+    sources = b"".join(_tree_bytes(repo / s) for s, _ in recipe.copies)
+    requirements = b"".join((repo / r).read_bytes() for r in recipe.requirements)
+    stamp = json.dumps(
+        [image_labels(repo, recipe), commit_time(repo), [str(p) for p in platforms]]
+    ).encode()
+    key = _hash(text, sources, requirements, name.encode(), DEBIAN_RELEASE.encode(), stamp)
+    kind = "_index" if index else ""
+    return cache_root() / "images" / f"{name.replace('/', '_').replace(':', '_')}{kind}-{key}.tar"
+
+
+def product_image(
+    repo: Path, dockerfile: str, name: str, progress: Progress = stderr_progress
+) -> bytes:
+    """The OCI archive of the image `dockerfile` (a repository path) describes, named `name`,
+    for this machine's CPU: the same manifest a release's index names for it. Cached by
+    everything that makes it."""
+    cached = _cached_build(repo, dockerfile, name, (HOST,), index=False)
+    if cached.exists():
+        return cached.read_bytes()
+    built = platform_manifest(repo, dockerfile, name, HOST, progress)
+    return _keep(cached, single_archive(name, built), name, progress)
+
+
+def release_image(
+    repo: Path,
+    dockerfile: str,
+    name: str,
+    platforms: tuple[Platform, ...] = RELEASE_PLATFORMS,
+    progress: Progress = stderr_progress,
+) -> bytes:
+    """The OCI archive of the image for every platform of a release: one image index naming
+    each platform's manifest."""
+    cached = _cached_build(repo, dockerfile, name, platforms, index=True)
+    if cached.exists():
+        return cached.read_bytes()
+    built = [platform_manifest(repo, dockerfile, name, p, progress) for p in platforms]
+    return _keep(cached, index_archive(name, built), name, progress)
+
+
+def _keep(cached: Path, archive: bytes, name: str, progress: Progress) -> bytes:
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_bytes(archive)
     progress(f"gpuusage: built image {name} ({len(archive) // 2**20} MiB)")

@@ -5,7 +5,9 @@ The monitoring configuration and the Helm chart ship as data (a CustomResourceSt
 config, alert rules, templates); the only proof that they work is running the real programs on
 them. Each is built once into the same cache as the control plane, keyed by version, under the
 same lock. A prebuilt binary can be named instead with $GPUUSAGE_KUBE_STATE_METRICS,
-$GPUUSAGE_PROMTOOL, $GPUUSAGE_HELM, $GPUUSAGE_KREW or $GPUUSAGE_ACTIONLINT.
+$GPUUSAGE_PROMTOOL, $GPUUSAGE_HELM, $GPUUSAGE_KREW or $GPUUSAGE_ACTIONLINT. The release's
+tools (crane, the Distribution registry, cosign, syft; $GPUUSAGE_CRANE, $GPUUSAGE_REGISTRY,
+$GPUUSAGE_COSIGN, $GPUUSAGE_SYFT) are built the same way when the release first needs them.
 """
 
 from __future__ import annotations
@@ -111,6 +113,49 @@ ACTIONLINT = Tool(
 """The hosted workflows' checker (.github/workflows): their syntax, expressions, permissions
 and the actions they call, which nothing else reads before GitHub runs them."""
 TOOLS = (KUBE_STATE_METRICS, PROMTOOL, HELM, KREW, ACTIONLINT)
+CRANE = Tool(
+    name="crane",
+    module="github.com/google/go-containerregistry",
+    version="v0.22.1",
+    package="github.com/google/go-containerregistry/cmd/crane",
+    shown_version="v0.22.1",
+    env="GPUUSAGE_CRANE",
+    version_variable="github.com/google/go-containerregistry/cmd/crane/cmd.Version",
+)
+"""Pushes the release's image indexes (OCI layouts) to a registry and reads them back."""
+REGISTRY = Tool(
+    name="registry",
+    module="github.com/distribution/distribution/v3",
+    version="v3.1.2",
+    package="github.com/distribution/distribution/v3/cmd/registry",
+    shown_version="v3.1.2",
+    env="GPUUSAGE_REGISTRY",
+    version_variable="github.com/distribution/distribution/v3/version.version",
+)
+"""The CNCF Distribution registry, on loopback: where the release is proven end to end."""
+COSIGN = Tool(
+    name="cosign",
+    module="github.com/sigstore/cosign/v3",
+    version="v3.1.3",
+    package="github.com/sigstore/cosign/v3/cmd/cosign",
+    shown_version="v3.1.3",
+    env="GPUUSAGE_COSIGN",
+    version_variable="sigs.k8s.io/release-utils/version.gitVersion",
+)
+"""Signs the images and the chart, attaches the SBOM and provenance as signed attestations,
+and verifies them as users do."""
+SYFT = Tool(
+    name="syft",
+    module="github.com/anchore/syft",
+    version="v1.57.1",
+    package="github.com/anchore/syft/cmd/syft",
+    shown_version="1.57.1",
+    env="GPUUSAGE_SYFT",
+    version_variable="main.version",
+)
+"""Lists what each image holds (its Debian packages and Python distributions) as an SBOM."""
+RELEASE_TOOLS = (CRANE, REGISTRY, COSIGN, SYFT)
+"""Built on first use by the release and its proof only: no other test needs them."""
 CONTAINERD = Tool(
     name="containerd",
     module="github.com/containerd/containerd",

@@ -1,0 +1,157 @@
+"""The release's images: each product image for every release platform as one OCI image
+index, checked for what it is, written as an OCI layout archive with its digests.
+
+    python -m gpuusage_dev.release.images --out dist/images        # make images
+
+Per image, `<out>/<image>.oci.tar` (an OCI image layout: the index, each platform's manifest,
+config and layers), `<out>/<image>.provenance.json` (how it was made: an in-toto SLSA v1
+statement, gpuusage_dev.release.provenance) and its entry in `<out>/digests.json`: the index's
+digest and each platform's. Every platform's ELF files must be for its CPU; where this machine
+can run a platform (natively, or under qemu through binfmt_misc) and runs as root, the image's
+own `python -m gpuusage --version` must print the release's version. The
+same commit gives the same digests: nothing here reads a clock (the images' times are the
+commit's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuusage.errors import GpuusageError
+from gpuusage_dev.localcluster.binaries import Progress, stderr_progress
+from gpuusage_dev.localcluster.images import Platform
+from gpuusage_dev.localcluster.platforms import RELEASE_PLATFORMS, cannot_emulate
+from gpuusage_dev.localcluster.productimages import (
+    REPO,
+    ImageBuildError,
+    product_images,
+    release_image,
+)
+from gpuusage_dev.release.imagecheck import (
+    can_run_images,
+    layout_blobs,
+    platform_layers,
+    run_version,
+    wrong_cpu,
+)
+from gpuusage_dev.release.provenance import statement
+from gpuusage_dev.version import version_of
+
+
+@dataclass(frozen=True)
+class Built:
+    """One release image written out."""
+
+    name: str
+    archive: Path
+    digest: str
+    """The index's digest: what a release pins."""
+    platforms: dict[str, str]
+    """Platform (linux/arm64) → its manifest's digest."""
+    ran: dict[str, str]
+    """Platform → what its `python -m gpuusage --version` printed, where it could run."""
+
+
+def check(archive: bytes, version: str, platforms: tuple[Platform, ...]) -> dict[str, str]:
+    """Every platform present, its compiled files for its CPU, and its version where it can
+    run here: platform → what it printed. Raises ImageBuildError naming what is wrong."""
+    layers = platform_layers(archive)
+    missing = [str(p) for p in platforms if p not in layers]
+    if missing:
+        raise ImageBuildError(f"the index lacks {', '.join(missing)}")
+    ran: dict[str, str] = {}
+    for platform, stack in layers.items():
+        wrong = wrong_cpu(stack, platform)
+        if wrong:
+            raise ImageBuildError(f"{platform}: not for its CPU: {'; '.join(wrong[:10])}")
+        if can_run_images() is None and cannot_emulate(platform) is None:
+            printed = run_version(stack, platform)
+            if printed != f"gpuusage {version}":
+                raise ImageBuildError(f"{platform}: --version printed {printed!r}")
+            ran[str(platform)] = printed
+    return ran
+
+
+def build(
+    out: Path,
+    repo: Path = REPO,
+    platforms: tuple[Platform, ...] = RELEASE_PLATFORMS,
+    progress: Progress = stderr_progress,
+    command: str = "make images",
+) -> list[Built]:
+    """Build, check and write every product image for `platforms`, with its provenance
+    (`command`: what was run to build it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    version = version_of(repo)
+    built: list[Built] = []
+    for name, dockerfile in sorted(product_images(repo).items()):
+        archive = release_image(repo, dockerfile, name, platforms, progress)
+        ran = check(archive, version, platforms)
+        entry, blobs = layout_blobs(archive)
+        index = json.loads(blobs[entry["digest"]])
+        short = name.rsplit("/", 1)[-1].split(":", 1)[0]
+        path = out / f"{short}.oci.tar"
+        path.write_bytes(archive)
+        made = statement(
+            repo,
+            dockerfile,
+            name.rsplit(":", 1)[0],
+            entry["digest"],
+            platforms=platforms,
+            command=command,
+        )
+        (out / f"{short}.provenance.json").write_text(json.dumps(made, indent=2) + "\n")
+        built.append(
+            Built(
+                name,
+                path,
+                entry["digest"],
+                {
+                    f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+                    for m in index["manifests"]
+                },
+                ran,
+            )
+        )
+    (out / "digests.json").write_text(
+        json.dumps(
+            {b.name: {"index": b.digest, "platforms": b.platforms} for b in built},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
+    return built
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("dist/images"))
+    parser.add_argument("--command", default="make images", help="what was run, for the provenance")
+    parser.add_argument(
+        "--platform",
+        action="append",
+        type=Platform.parse,
+        help="a platform to build (linux/amd64, linux/arm64); repeat it; default: both",
+    )
+    args = parser.parse_args(argv)
+    platforms = tuple(args.platform or RELEASE_PLATFORMS)
+    try:
+        built = build(args.out, platforms=platforms, command=args.command)
+    except GpuusageError as error:
+        print(f"images: {error}", file=sys.stderr)
+        return 1
+    for one in built:
+        print(f"{one.name}@{one.digest}  {one.archive}")
+        for platform, digest in one.platforms.items():
+            said = one.ran.get(platform, "not run here (no emulation, or not root)")
+            print(f"  {platform}  {digest}  {said}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
