@@ -4,6 +4,7 @@ and the same digests from the same commit (gpuusage_dev.release.images)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from gpuusage_dev.release.imagecheck import (
 )
 from gpuusage_dev.release.images import build
 from gpuusage_dev.release.provenance import statement
+from gpuusage_dev.release.sbom import installed, purl_version, sbom_problems
 
 REPO = Path(__file__).resolve().parents[1]
 AMD64, ARM64 = Platform("amd64"), Platform("arm64")
@@ -106,8 +108,12 @@ def test_a_file_of_another_cpu_is_named() -> None:
 
 def test_an_index_names_each_platform_and_keeps_each_ones_layers() -> None:
     image = Image("x/y:1", {}, cmd=("/bin/sh",), labels={"a": "b"})
-    amd = image_manifest(image, _layers({INTERPRETER: elf(0x3E)}), AMD64, "2026-11-28T00:00:00Z")
-    arm = image_manifest(image, _layers({INTERPRETER: elf(0xB7)}), ARM64, "2026-11-28T00:00:00Z")
+    when = "2026-11-28T00:00:00Z"
+    amd = image_manifest(image, _layers({INTERPRETER: elf(0x3E)}), AMD64, when, compress=True)
+    arm = image_manifest(image, _layers({INTERPRETER: elf(0xB7)}), ARM64, when, compress=True)
+    layer = json.loads(arm.manifest)["layers"][0]
+    assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip"
+    assert gzip.decompress(arm.blobs[0]) == _layers({INTERPRETER: elf(0xB7)})[0]
     archive = index_archive("x/y:1", [amd, arm])
     assert archive == index_archive("x/y:1", [amd, arm]), "the same inputs, the same bytes"
     entry, blobs = layout_blobs(archive)
@@ -211,6 +217,11 @@ def test_the_release_images_are_for_their_cpus_run_and_reproduce(
             ).read_text()
         )
         assert made["subject"][0]["digest"]["sha256"] == one.digest.removeprefix("sha256:")
+        for platform in platforms:  # made by syft, held to the image's dpkg and dist-info
+            document = json.loads(one.sboms[str(platform)].read_text())
+            assert document["spdxVersion"] == "SPDX-2.3"
+            names = {p["name"] for p in document["packages"]}
+            assert {"python3.11", "libc6", "pydantic"} <= names, platform
     # Again, from a cache holding only the Debian bases: the dependencies and the sources are
     # installed, compiled and packed anew.
     cache = tmp_path / "cache"
@@ -220,3 +231,75 @@ def test_the_release_images_are_for_their_cpus_run_and_reproduce(
     monkeypatch.setenv("GPUUSAGE_CACHE_DIR", str(cache))
     build(tmp_path / "second", platforms=platforms)
     assert _index_digests(tmp_path / "second") == _index_digests(tmp_path / "first")
+
+
+STATUS = """Package: libc6
+Status: install ok installed
+Architecture: arm64
+Version: 2.36-9+deb12u13
+
+Package: zlib1g
+Status: install ok installed
+Version: 1:1.2.13.dfsg-1
+
+Package: gone
+Status: deinstall ok config-files
+Version: 1.0
+"""
+METADATA = "Metadata-Version: 2.1\nName: PyYAML\nVersion: 6.0.4\n\nA long description: Name: x\n"
+
+
+def _sbom_package(name: str, version: str, purl: str, license_id: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "versionInfo": version,
+        "licenseDeclared": license_id,
+        "licenseConcluded": "NOASSERTION",
+        "externalRefs": [{"referenceType": "purl", "referenceLocator": purl}],
+    }
+
+
+def test_the_sbom_is_held_to_what_the_image_holds() -> None:
+    site = "usr/local/lib/python3.11/dist-packages"
+    layers = _layers(
+        {
+            "var/lib/dpkg/status": STATUS.encode(),
+            f"{site}/PyYAML-6.0.4.dist-info/METADATA": METADATA.encode(),
+        }
+    )
+    held = installed(layers)
+    assert held.debian == {"libc6": "2.36-9+deb12u13", "zlib1g": "1:1.2.13.dfsg-1"}
+    assert held.python == {"pyyaml": "6.0.4"}
+    document = {
+        "packages": [
+            _sbom_package(
+                "libc6",
+                "2.36-9+deb12u13",
+                "pkg:deb/debian/libc6@2.36-9%2Bdeb12u13?arch=arm64",
+                "LicenseRef-x",
+            ),
+            _sbom_package(
+                "zlib1g",
+                "1:1.2.13.dfsg-1",
+                "pkg:deb/debian/zlib1g@1.2.13.dfsg-1?arch=arm64&epoch=1",
+                "Zlib",
+            ),
+            _sbom_package("pyyaml", "6.0.4", "pkg:pypi/pyyaml@6.0.4", "MIT"),
+        ],
+        "hasExtractedLicensingInfos": [
+            {"licenseId": "LicenseRef-x", "extractedText": "NOASSERTION"}
+        ],
+    }
+    assert sbom_problems(document, held) == ([], ["deb libc6"])
+    packages = document["packages"]
+    assert isinstance(packages, list)
+    wrong = {
+        **document,
+        "packages": [packages[0], _sbom_package("pyyaml", "6.0.3", "pkg:pypi/pyyaml@6.0.3", "MIT")],
+    }
+    assert sbom_problems(wrong, held)[0] == [
+        "deb zlib1g 1:1.2.13.dfsg-1: not in the SBOM",
+        "pypi pyyaml: 6.0.3 in the SBOM, 6.0.4 installed",
+        "pypi pyyaml: purl pkg:pypi/pyyaml@6.0.3 names another version",
+    ]
+    assert purl_version("pkg:deb/debian/zlib1g@1%3A1.2.13?arch=amd64") == "1:1.2.13"

@@ -13,6 +13,7 @@ with fixed timestamps, so the same inputs give the same bytes (and the same imag
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -25,6 +26,7 @@ from typing import Any
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 EPOCH = 0  # every file's mtime: the same inputs give the same image
 
@@ -155,11 +157,17 @@ def image_manifest(
     layers: Sequence[bytes] | None = None,
     platform: Platform = Platform(),
     created: str | None = None,
+    compress: bool = False,
 ) -> Manifest:
     """The image for one platform: one layer of its files, or the given `layers` (tars, lowest
     first); `created` (RFC 3339) its creation time where one is wanted, else none: the same
-    inputs give the same digests."""
+    inputs give the same digests. `compress`: the layers gzipped, as a registry serves images
+    to many nodes (no name, no time in the gzip header: the same bytes each time)."""
     stack = list(layers) if layers is not None else [layer_tar(image.files)]
+    blobs = (
+        [gzip.compress(layer, compresslevel=6, mtime=0) for layer in stack] if compress else stack
+    )
+    media_type = OCI_LAYER_GZIP if compress else OCI_LAYER
     history: dict[str, str] = {"created_by": "gpuusage_dev.localcluster.images"}
     config_fields: dict[str, Any] = {}
     if created is not None:
@@ -187,13 +195,13 @@ def image_manifest(
             "mediaType": OCI_MANIFEST,
             "config": {"mediaType": OCI_CONFIG, "digest": _digest(config), "size": len(config)},
             "layers": [
-                {"mediaType": OCI_LAYER, "digest": _digest(layer), "size": len(layer)}
-                for layer in stack
+                {"mediaType": media_type, "digest": _digest(blob), "size": len(blob)}
+                for blob in blobs
             ],
         },
         sort_keys=True,
     ).encode()
-    return Manifest(platform, manifest, (*stack, config))
+    return Manifest(platform, manifest, (*blobs, config))
 
 
 def _names(name: str) -> dict[str, str]:

@@ -134,27 +134,27 @@ def expand(labels: dict[str, str], args: dict[str, str]) -> dict[str, str]:
     }
 
 
-def git_revision(repo: Path) -> str:
-    """The commit checked out at `repo`, or "unknown" outside git (a source archive). The
+def _git(repo: Path, *args: str) -> str | None:
+    """What git prints for `args` in the checkout at `repo`, or None outside git. The
     repository is trusted explicitly, so a build as root in a checkout another user owns (CI
-    under sudo) still finds it."""
+    under sudo) still reads it."""
     try:
         found = subprocess.run(
-            [
-                *("git", "-c", f"safe.directory={repo.resolve()}", "-C", str(repo)),
-                *("rev-parse", "--verify", "--quiet", "HEAD"),
-            ],
+            ["git", "-c", f"safe.directory={repo.resolve()}", "-C", str(repo), *args],
             capture_output=True,
             text=True,
             check=False,
             timeout=60,
         )
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    revision = found.stdout.strip()
-    if found.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", revision):
-        return "unknown"
-    return revision
+        return None
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def git_revision(repo: Path) -> str:
+    """The commit checked out at `repo`, or "unknown" outside git (a source archive)."""
+    revision = _git(repo, "rev-parse", "--verify", "--quiet", "HEAD") or ""
+    return revision if re.fullmatch(r"[0-9a-f]{40,64}", revision) else "unknown"
 
 
 def image_labels(repo: Path, recipe: Recipe) -> dict[str, str]:
@@ -331,21 +331,8 @@ def sources_layer(repo: Path, recipe: Recipe, mtime: int = 0) -> bytes:
 def commit_time(repo: Path) -> int:
     """The checked-out commit's time (seconds since 1970), the one clock an image takes: its
     `created` and its sources' file times; 0 outside git."""
-    try:
-        found = subprocess.run(
-            [
-                *("git", "-c", f"safe.directory={repo.resolve()}", "-C", str(repo)),
-                *("log", "-1", "--format=%ct", "HEAD"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    text = found.stdout.strip()
-    return int(text) if found.returncode == 0 and text.isdigit() else 0
+    text = _git(repo, "log", "-1", "--format=%ct", "HEAD") or ""
+    return int(text) if text.isdigit() else 0
 
 
 def rfc3339(seconds: int) -> str:
@@ -373,7 +360,7 @@ def platform_manifest(
         user=recipe.user,
         labels=image_labels(repo, recipe),
     )
-    return image_manifest(image, layers, platform, rfc3339(when))
+    return image_manifest(image, layers, platform, rfc3339(when), compress=True)
 
 
 def _cached_build(
@@ -386,7 +373,7 @@ def _cached_build(
     sources = b"".join(_tree_bytes(repo / s) for s, _ in recipe.copies)
     requirements = b"".join((repo / r).read_bytes() for r in recipe.requirements)
     stamp = json.dumps(
-        [image_labels(repo, recipe), commit_time(repo), [str(p) for p in platforms]]
+        [image_labels(repo, recipe), commit_time(repo), [str(p) for p in platforms], "gzip"]
     ).encode()
     key = _hash(text, sources, requirements, name.encode(), DEBIAN_RELEASE.encode(), stamp)
     kind = "_index" if index else ""

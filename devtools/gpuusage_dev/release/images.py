@@ -5,12 +5,13 @@ index, checked for what it is, written as an OCI layout archive with its digests
 
 Per image, `<out>/<image>.oci.tar` (an OCI image layout: the index, each platform's manifest,
 config and layers), `<out>/<image>.provenance.json` (how it was made: an in-toto SLSA v1
-statement, gpuusage_dev.release.provenance) and its entry in `<out>/digests.json`: the index's
-digest and each platform's. Every platform's ELF files must be for its CPU; where this machine
-can run a platform (natively, or under qemu through binfmt_misc) and runs as root, the image's
-own `python -m gpuusage --version` must print the release's version. The
-same commit gives the same digests: nothing here reads a clock (the images' times are the
-commit's).
+statement, gpuusage_dev.release.provenance), `<out>/<image>.<os>-<arch>.spdx.json` (what each
+platform's image holds, made by syft and checked against the image, gpuusage_dev.release.sbom)
+and its entry in `<out>/digests.json`: the index's digest and each platform's. Every
+platform's ELF files must be for its CPU; where this machine can run a platform (natively, or
+under qemu through binfmt_misc) and runs as root, the image's own `python -m gpuusage
+--version` must print the release's version. The same commit gives the same digests: nothing
+here reads a clock (the images' times are the commit's).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpuusage_dev.localcluster.productimages import (
     product_images,
     release_image,
 )
+from gpuusage_dev.localcluster.tools import SYFT, ensure_tool
 from gpuusage_dev.release.imagecheck import (
     can_run_images,
     layout_blobs,
@@ -39,6 +41,7 @@ from gpuusage_dev.release.imagecheck import (
     wrong_cpu,
 )
 from gpuusage_dev.release.provenance import statement
+from gpuusage_dev.release.sbom import sbom_for
 from gpuusage_dev.version import version_of
 
 
@@ -54,6 +57,12 @@ class Built:
     """Platform (linux/arm64) → its manifest's digest."""
     ran: dict[str, str]
     """Platform → what its `python -m gpuusage --version` printed, where it could run."""
+    provenance: Path
+    """Its in-toto SLSA provenance statement."""
+    sboms: dict[str, Path]
+    """Platform → its SBOM (SPDX JSON), checked against the image's package databases."""
+    unlicensed: list[str]
+    """The packages whose license the SBOM cannot name (gpuusage_dev.release.sbom)."""
 
 
 def check(archive: bytes, version: str, platforms: tuple[Platform, ...]) -> dict[str, str]:
@@ -87,6 +96,7 @@ def build(
     (`command`: what was run to build it)."""
     out.mkdir(parents=True, exist_ok=True)
     version = version_of(repo)
+    syft = ensure_tool(SYFT, progress)
     built: list[Built] = []
     for name, dockerfile in sorted(product_images(repo).items()):
         archive = release_image(repo, dockerfile, name, platforms, progress)
@@ -104,7 +114,15 @@ def build(
             platforms=platforms,
             command=command,
         )
-        (out / f"{short}.provenance.json").write_text(json.dumps(made, indent=2) + "\n")
+        provenance = out / f"{short}.provenance.json"
+        provenance.write_text(json.dumps(made, indent=2) + "\n")
+        sboms: dict[str, Path] = {}
+        unlicensed: set[str] = set()
+        for platform in platforms:
+            document, unnamed = sbom_for(syft, path, platform)
+            sboms[str(platform)] = out / f"{short}.{platform.os}-{platform.architecture}.spdx.json"
+            sboms[str(platform)].write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+            unlicensed.update(unnamed)
         built.append(
             Built(
                 name,
@@ -115,6 +133,9 @@ def build(
                     for m in index["manifests"]
                 },
                 ran,
+                provenance,
+                sboms,
+                sorted(unlicensed),
             )
         )
     (out / "digests.json").write_text(
@@ -149,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{one.name}@{one.digest}  {one.archive}")
         for platform, digest in one.platforms.items():
             said = one.ran.get(platform, "not run here (no emulation, or not root)")
-            print(f"  {platform}  {digest}  {said}")
+            print(f"  {platform}  {digest}  {said}  SBOM {one.sboms[platform]}")
+        if one.unlicensed:
+            print(
+                f"  {len(one.unlicensed)} packages state no license a machine reads "
+                "(their copyright files are in the image): " + ", ".join(one.unlicensed)
+            )
     return 0
 
 
