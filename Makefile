@@ -103,14 +103,14 @@ lock: $(VENV)/.installed
 ## A release (docs/development.md, "How a release is cut"): `make release VERSION=X.Y.Z
 ## [REGISTRY=host[:port]/path]`. First it refuses a VERSION other than gpuusage.__version__
 ## (naming both), a place that names another version, or a CHANGELOG without the release's
-## dated section, before anything is built. Then the images (as `make images`) and, with
-## REGISTRY, pushed, signed with cosign ($COSIGN_KEY, else a key pair made into dist/) and
-## their SBOMs and provenance attested.
+## dated section, before anything is built. Then the images (as `make images`), the Krew
+## archives and SHA256SUMS into dist/ and, with REGISTRY, the images pushed, signed with cosign
+## ($COSIGN_KEY, else a key pair made into dist/) and their SBOMs and provenance attested.
 release: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.version --release "$(VERSION)"
 	$(PY) -m gpuusage_dev.release --out dist --command "make release VERSION=$(VERSION)" \
 	  $(if $(REGISTRY),--registry "$(REGISTRY)")
-	@echo "make release: the chart from OCI and the Krew archives are not in this tree yet" >&2; exit 1
+	@echo "make release: the chart as an OCI artifact is not in this tree yet" >&2; exit 1
 
 ## The release's images in dist/images: each product image for linux/amd64 and linux/arm64 as
 ## one OCI index (an OCI layout archive), its digests in digests.json; every compiled file is

@@ -9,11 +9,14 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpuusage import __version__
+from gpuusage_dev import krewplugin
+from gpuusage_dev.localcluster import productimages
 from gpuusage_dev.localcluster.binaries import cache_root
 from gpuusage_dev.localcluster.images import (
     OCI_INDEX,
@@ -32,17 +35,20 @@ from gpuusage_dev.localcluster.platforms import (
     host_platform,
 )
 from gpuusage_dev.localcluster.productimages import (
+    ImageBuildError,
     git_revision,
     product_image,
     product_images,
 )
+from gpuusage_dev.release import images as release_images
+from gpuusage_dev.release.assets import AssetError, plugin_assets
 from gpuusage_dev.release.imagecheck import (
     INTERPRETER,
     layout_blobs,
     platform_layers,
     wrong_cpu,
 )
-from gpuusage_dev.release.images import build
+from gpuusage_dev.release.images import build, check
 from gpuusage_dev.release.provenance import statement
 from gpuusage_dev.release.sbom import installed, purl_version, sbom_problems
 
@@ -303,3 +309,69 @@ def test_the_sbom_is_held_to_what_the_image_holds() -> None:
         "pypi pyyaml: purl pkg:pypi/pyyaml@6.0.3 names another version",
     ]
     assert purl_version("pkg:deb/debian/zlib1g@1%3A1.2.13?arch=amd64") == "1:1.2.13"
+
+
+def test_the_release_assets_are_summed_and_held_to_the_krew_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SHA256SUMS as coreutils checks it; a Krew manifest naming other archives stops it."""
+
+    def fake_build(out: Path, repo: Path) -> dict[krewplugin.Platform, str]:
+        digests = {}
+        for platform in krewplugin.PLATFORMS:
+            data = f"archive for {platform.os}/{platform.arch}".encode()
+            (out / platform.archive).write_bytes(data)
+            digests[platform] = hashlib.sha256(data).hexdigest()
+        return digests
+
+    monkeypatch.setattr(krewplugin, "build", fake_build)
+    repo, out = tmp_path / "repo", tmp_path / "dist"
+    out.mkdir()
+    (repo / krewplugin.MANIFEST).parent.mkdir(parents=True)
+    (repo / krewplugin.MANIFEST).write_text("an older manifest\n")
+    with pytest.raises(AssetError, match="make plugin"):
+        plugin_assets(out, repo)
+    (repo / krewplugin.MANIFEST).write_text(krewplugin.manifest(fake_build(out, repo)))
+    written = plugin_assets(out, repo)
+    assert [p.name for p in written][-1] == "SHA256SUMS"
+    assert len(written) == len(krewplugin.PLATFORMS) + 1
+    checked = subprocess.run(
+        ["sha256sum", "--check", "--strict", "SHA256SUMS"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (out / krewplugin.PLATFORMS[0].archive).write_bytes(b"changed")
+    assert (
+        subprocess.run(
+            ["sha256sum", "--check", "SHA256SUMS"], cwd=out, capture_output=True, check=False
+        ).returncode
+        != 0
+    )
+
+
+def test_a_release_image_lacking_a_platform_or_a_run_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    image = Image("x/y:1", {})
+    amd = image_manifest(image, _layers({INTERPRETER: elf(0x3E)}), AMD64)
+    archive = index_archive("x/y:1", [amd])
+    with pytest.raises(ImageBuildError, match="lacks linux/arm64"):
+        check(archive, "0.1.0", (AMD64, ARM64))
+    monkeypatch.setattr(release_images, "cannot_emulate", lambda _: "no qemu here")
+    assert check(archive, "0.1.0", (AMD64,)) == {}, "make images: not run, and it says so"
+    with pytest.raises(ImageBuildError, match="runs each image's --version: no qemu here"):
+        check(archive, "0.1.0", (AMD64,), must_run=True)
+
+
+def test_an_image_is_rebuilt_when_its_base_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cached image is keyed by its base's and its dependencies' makings too."""
+    name, dockerfile = next(iter(product_images(REPO).items()))
+    before = productimages._cached_build(REPO, dockerfile, name, (AMD64,), index=True)
+    monkeypatch.setattr(productimages, "BASE_PACKAGES", (*productimages.BASE_PACKAGES, "curl"))
+    assert productimages._cached_build(REPO, dockerfile, name, (AMD64,), index=True) != before
+    monkeypatch.undo()
+    monkeypatch.setattr(productimages, "WHEEL_PLATFORMS", {"amd64": "manylinux_2_28_x86_64"})
+    assert productimages._cached_build(REPO, dockerfile, name, (AMD64,), index=True) != before

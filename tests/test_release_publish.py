@@ -5,6 +5,7 @@ fails the pull (gpuusage_dev.release.publish)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -23,7 +24,7 @@ from gpuusage_dev.localcluster.platforms import HOST
 from gpuusage_dev.localcluster.tools import COSIGN, CRANE, ensure_tool
 from gpuusage_dev.release.imagecheck import layout_blobs
 from gpuusage_dev.release.images import Built, build
-from gpuusage_dev.release.publish import PublishError, publish, signer, verify
+from gpuusage_dev.release.publish import PublishError, publish, push, signer, verify
 from gpuusage_dev.release.registry import LocalRegistry, running_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
@@ -64,6 +65,8 @@ def test_each_image_is_pushed_signed_and_attested(
         verify(cosign, dist / "cosign.pub", reference, "slsaprovenance1")
         platform = f"{registry.host}/gpuusage/{short}@{one.platforms[str(HOST)]}"
         verify(cosign, dist / "cosign.pub", platform, "spdxjson")
+    again, made = signer(cosign, dist, {})
+    assert (again.key, made) == (dist / "cosign.key", False), "dist's key is kept, never replaced"
     stranger, _ = signer(cosign, dist / "stranger", {})  # another key: not the release's
     with pytest.raises(PublishError):
         verify(cosign, stranger.public, published[built[0].name])
@@ -86,6 +89,7 @@ def test_an_image_changed_after_signing_fails_verification(
         archive.addfile(info, io.BytesIO(b"evil"))
     layer.write_bytes(buffer.getvalue())
     platform = f"{registry.host}/gpuusage/{short}@{one.platforms[str(HOST)]}"
+    verify(cosign, dist / "cosign.pub", platform)  # signed with the index (--recursive)
     tampered = f"{registry.host}/gpuusage/{short}:tampered"
     subprocess.run(
         [str(crane), "append", "-b", platform, "-f", str(layer), "-t", tampered],
@@ -150,3 +154,16 @@ def test_containerd_pulls_by_digest_and_a_tampered_layer_fails_the_pull(
 def containerd_manifest(one: Built, platform: str) -> bytes:
     _, blobs = layout_blobs(one.archive.read_bytes())
     return blobs[one.platforms[platform]]
+
+
+def test_a_version_tag_is_never_moved(released: Released) -> None:
+    """Pushing another build under a version already published is refused, naming both."""
+    registry, built, _, _ = released
+    agent = next(b for b in built if "agent" in b.name)
+    operator = next(b for b in built if "operator" in b.name)
+    impostor = dataclasses.replace(operator, name=agent.name)
+    with pytest.raises(PublishError, match="never moves a version's tag"):
+        push(ensure_tool(CRANE), impostor, f"{registry.host}/gpuusage", __version__)
+    assert push(ensure_tool(CRANE), agent, f"{registry.host}/gpuusage", __version__).endswith(
+        agent.digest
+    ), "the same build again is no move"

@@ -29,6 +29,9 @@ OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 EPOCH = 0  # every file's mtime: the same inputs give the same image
+GZIP_LEVEL = 6
+"""Compressed layers' zlib level: the bytes depend on it and on zlib's version (the provenance
+names both)."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,9 @@ def image_manifest(
     to many nodes (no name, no time in the gzip header: the same bytes each time)."""
     stack = list(layers) if layers is not None else [layer_tar(image.files)]
     blobs = (
-        [gzip.compress(layer, compresslevel=6, mtime=0) for layer in stack] if compress else stack
+        [gzip.compress(layer, compresslevel=GZIP_LEVEL, mtime=0) for layer in stack]
+        if compress
+        else stack
     )
     media_type = OCI_LAYER_GZIP if compress else OCI_LAYER
     history: dict[str, str] = {"created_by": "gpuusage_dev.localcluster.images"}

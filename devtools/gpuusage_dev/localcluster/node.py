@@ -60,6 +60,7 @@ from gpuusage_dev.localcluster.containerd import (
 )
 from gpuusage_dev.localcluster.images import busybox_image, oci_archive, pause_image
 from gpuusage_dev.localcluster.pki import client_certificate
+from gpuusage_dev.localcluster.platforms import HOST
 from gpuusage_dev.localcluster.productimages import REPO, product_image, product_images
 
 DEFAULT_SCENARIO: dict[str, Any] = {
@@ -342,7 +343,7 @@ class Node:
         self.containerd.start()
         self._remember("containerd", self.containerd.pid)
         for image in (pause_image(payload), busybox_image(payload)):
-            self.containerd.import_image(oci_archive(image))
+            self.containerd.import_image(oci_archive(image, platform=HOST))
         if self.product:
             for name, dockerfile in product_images().items():
                 self.containerd.import_image(product_image(REPO, dockerfile, name))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -134,7 +135,7 @@ def expand(labels: dict[str, str], args: dict[str, str]) -> dict[str, str]:
     }
 
 
-def _git(repo: Path, *args: str) -> str | None:
+def git_output(repo: Path, *args: str) -> str | None:
     """What git prints for `args` in the checkout at `repo`, or None outside git. The
     repository is trusted explicitly, so a build as root in a checkout another user owns (CI
     under sudo) still reads it."""
@@ -153,7 +154,7 @@ def _git(repo: Path, *args: str) -> str | None:
 
 def git_revision(repo: Path) -> str:
     """The commit checked out at `repo`, or "unknown" outside git (a source archive)."""
-    revision = _git(repo, "rev-parse", "--verify", "--quiet", "HEAD") or ""
+    revision = git_output(repo, "rev-parse", "--verify", "--quiet", "HEAD") or ""
     return revision if re.fullmatch(r"[0-9a-f]{40,64}", revision) else "unknown"
 
 
@@ -181,18 +182,33 @@ def _tree_bytes(root: Path) -> bytes:
     return found
 
 
+BASE_EPOCH = 1686355200
+"""The base's one clock (2023-06-10, Debian 12's release), as SOURCE_DATE_EPOCH for
+mmdebstrap and the packages' scripts (the dates in /etc/shadow, for one): fixed, so the base does
+not change with the day it is made, nor with the commit."""
+HOST_FILES = ("etc/hostname", "etc/resolv.conf")
+"""What mmdebstrap copies from the machine that builds the base: removed, so no image carries
+the builder's name or its DNS."""
+
+
+def base_key(platform: Platform) -> str:
+    """Everything that makes the base for `platform`."""
+    return _hash(
+        DEBIAN_RELEASE.encode(),
+        platform.architecture.encode(),
+        " ".join(BASE_PACKAGES).encode(),
+        str(EXCLUDED).encode(),
+        str(KEPT).encode(),
+        str(BASE_EPOCH).encode(),
+        str(HOST_FILES).encode(),
+    )
+
+
 def base_layer(platform: Platform = HOST, progress: Progress = stderr_progress) -> bytes:
     """The Debian base for `platform` as a layer, made once with mmdebstrap (as root, from
     Debian's packages; another CPU's packages run their scripts under qemu)."""
     arch = platform.architecture
-    key = _hash(
-        DEBIAN_RELEASE.encode(),
-        arch.encode(),
-        " ".join(BASE_PACKAGES).encode(),
-        str(EXCLUDED).encode(),
-        str(KEPT).encode(),
-    )
-    cached = cache_root() / "images" / f"base-{DEBIAN_RELEASE}-{arch}-{key}.tar"
+    cached = cache_root() / "images" / f"base-{DEBIAN_RELEASE}-{arch}-{base_key(platform)}.tar"
     if cached.exists():
         return cached.read_bytes()
     if shutil.which("mmdebstrap") is None:
@@ -225,11 +241,14 @@ def base_layer(platform: Platform = HOST, progress: Progress = stderr_progress) 
                 capture_output=True,
                 text=True,
                 check=False,
+                env={**os.environ, "SOURCE_DATE_EPOCH": str(BASE_EPOCH)},
             )
             if run.returncode != 0:
                 raise ImageBuildError(f"mmdebstrap failed:\n{run.stderr[-2000:]}")
             for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
                 shutil.rmtree(rootfs / leftover, ignore_errors=True)
+            for copied in HOST_FILES:
+                (rootfs / copied).unlink(missing_ok=True)
             layer = layer_from_directory(rootfs)
         cached.parent.mkdir(parents=True, exist_ok=True)
         staged = cached.with_suffix(".new")
@@ -240,6 +259,7 @@ def base_layer(platform: Platform = HOST, progress: Progress = stderr_progress) 
 
 IMAGE_PYTHON = (3, 11)
 """Debian bookworm's python3, the images' interpreter: their bytecode is this version's."""
+IMAGE_PYTHON_TEXT = "{}.{}".format(*IMAGE_PYTHON)
 
 
 def _image_python() -> str:
@@ -272,15 +292,24 @@ def compile_bytecode(root: Path, image_path: str, mode: str) -> None:
         raise ImageBuildError(f"compileall failed below {image_path}:\n{run.stdout[-2000:]}")
 
 
+def dependencies_key(repo: Path, recipe: Recipe, platform: Platform) -> str:
+    """Everything that makes the dependencies' layer for `platform`."""
+    texts = [(repo / r).read_bytes() for r in recipe.requirements]
+    wheels = WHEEL_PLATFORMS.get(platform.architecture, "")
+    return _hash(*texts, recipe.bytecode.encode(), wheels.encode(), IMAGE_PYTHON_TEXT.encode())
+
+
 def dependencies_layer(repo: Path, recipe: Recipe, platform: Platform = HOST) -> bytes:
     """The recipe's requirements, installed by pip for Python 3.11 on `platform` (its wheels,
     as the lock names them) into Debian's local site."""
     wheels = WHEEL_PLATFORMS.get(platform.architecture)
     if wheels is None:
         raise ImageBuildError(f"no wheels are locked for {platform}: {sorted(WHEEL_PLATFORMS)}")
-    texts = [(repo / r).read_bytes() for r in recipe.requirements]
-    key = _hash(*texts, recipe.bytecode.encode(), wheels.encode())
-    cached = cache_root() / "images" / f"deps-{platform.architecture}-{key}.tar"
+    cached = (
+        cache_root()
+        / "images"
+        / f"deps-{platform.architecture}-{dependencies_key(repo, recipe, platform)}.tar"
+    )
     if cached.exists():
         return cached.read_bytes()
     with tempfile.TemporaryDirectory(prefix="gpuusage-deps-") as work:
@@ -291,7 +320,8 @@ def dependencies_layer(repo: Path, recipe: Recipe, platform: Platform = HOST) ->
         run = subprocess.run(
             [
                 *(sys.executable, "-m", "pip", "install", "-q", "--no-compile"),
-                *("--target", str(target), "--python-version", "3.11", "--only-binary=:all:"),
+                *("--target", str(target), "--python-version", IMAGE_PYTHON_TEXT),
+                "--only-binary=:all:",
                 *("--platform", wheels),
                 *args,
             ],
@@ -331,7 +361,7 @@ def sources_layer(repo: Path, recipe: Recipe, mtime: int = 0) -> bytes:
 def commit_time(repo: Path) -> int:
     """The checked-out commit's time (seconds since 1970), the one clock an image takes: its
     `created` and its sources' file times; 0 outside git."""
-    text = _git(repo, "log", "-1", "--format=%ct", "HEAD") or ""
+    text = git_output(repo, "log", "-1", "--format=%ct", "HEAD") or ""
     return int(text) if text.isdigit() else 0
 
 
@@ -372,8 +402,9 @@ def _cached_build(
     recipe = recipe_of(text.decode())
     sources = b"".join(_tree_bytes(repo / s) for s, _ in recipe.copies)
     requirements = b"".join((repo / r).read_bytes() for r in recipe.requirements)
+    layers = [(base_key(p), dependencies_key(repo, recipe, p)) for p in platforms]
     stamp = json.dumps(
-        [image_labels(repo, recipe), commit_time(repo), [str(p) for p in platforms], "gzip"]
+        [image_labels(repo, recipe), commit_time(repo), [str(p) for p in platforms], layers, "gzip"]
     ).encode()
     key = _hash(text, sources, requirements, name.encode(), DEBIAN_RELEASE.encode(), stamp)
     kind = "_index" if index else ""

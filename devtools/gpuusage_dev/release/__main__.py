@@ -1,5 +1,6 @@
-"""`make release`: the images built and checked into dist/images, then, with --registry,
-pushed, signed and attested there (docs/development.md, "How a release is cut")."""
+"""`make release`: the images built and checked into dist/images, the kubectl plugin's Krew
+archives and SHA256SUMS into dist/, then, with --registry, the images pushed, signed and
+attested there (docs/development.md, "How a release is cut")."""
 
 from __future__ import annotations
 
@@ -9,11 +10,23 @@ import sys
 from pathlib import Path
 
 from gpuusage.errors import GpuusageError
-from gpuusage_dev.localcluster.productimages import REPO
+from gpuusage_dev.localcluster.productimages import REPO, git_output, git_revision
 from gpuusage_dev.localcluster.tools import COSIGN, CRANE, ensure_tool
+from gpuusage_dev.release.assets import plugin_assets
 from gpuusage_dev.release.images import build
 from gpuusage_dev.release.publish import publish
 from gpuusage_dev.version import version_of
+
+
+def unreleasable(repo: Path) -> str | None:
+    """Why the checkout cannot be released: the images, their labels and provenance name
+    its commit, so it must be one (git), with nothing changed beside it."""
+    if git_revision(repo) == "unknown":
+        return "a release is built from a git commit: this checkout has none"
+    changed = git_output(repo, "status", "--porcelain") or ""
+    if changed.strip():
+        return f"commit or stash what changed first; the release names the commit:\n{changed}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,9 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command", default="make release", help="for the provenance")
     args = parser.parse_args(argv)
     try:
-        built = build(args.out / "images", command=args.command)
+        why = unreleasable(REPO)
+        if why is not None:
+            raise GpuusageError(why)
+        built = build(args.out / "images", command=args.command, must_run=True)
         for one in built:
             print(f"built {one.name}@{one.digest}")
+        for asset in plugin_assets(args.out, REPO):
+            print(f"built {asset}")
         if args.registry:
             tools = {"crane": ensure_tool(CRANE), "cosign": ensure_tool(COSIGN)}
             version = version_of(REPO)

@@ -44,17 +44,22 @@ def layout_blobs(archive: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
 def platform_layers(archive: bytes) -> dict[Platform, list[bytes]]:
     """Each platform's layers (lowest first) in an image archive: an index's every platform,
     or a single manifest's own (its config names its platform)."""
+    return {p: layers for p, (layers, _) in platform_images(archive).items()}
+
+
+def platform_images(archive: bytes) -> dict[Platform, tuple[list[bytes], dict[str, Any]]]:
+    """Each platform's layers and its image config (how it runs: Env, Entrypoint)."""
     entry, blobs = layout_blobs(archive)
     if entry.get("mediaType") == OCI_INDEX:
         manifests = [d["digest"] for d in json.loads(blobs[entry["digest"]])["manifests"]]
     else:
         manifests = [entry["digest"]]
-    found: dict[Platform, list[bytes]] = {}
+    found: dict[Platform, tuple[list[bytes], dict[str, Any]]] = {}
     for digest in manifests:
         manifest = json.loads(blobs[digest])
         config = json.loads(blobs[manifest["config"]["digest"]])
         platform = Platform(config["architecture"], config["os"])
-        found[platform] = [blobs[layer["digest"]] for layer in manifest["layers"]]
+        found[platform] = ([blobs[layer["digest"]] for layer in manifest["layers"]], config)
     return found
 
 
@@ -86,9 +91,9 @@ def wrong_cpu(layers: list[bytes], platform: Platform) -> list[str]:
     return wrong
 
 
-def run_version(layers: list[bytes], platform: Platform) -> str:
+def run_version(layers: list[bytes], platform: Platform, env: list[str]) -> str:
     """What `python -m gpuusage --version` prints in the image's own root (its layers unpacked,
-    then chroot; another CPU under qemu). Root only."""
+    then chroot, with the image's own environment `env`; another CPU under qemu). Root only."""
     why = cannot_emulate(platform)
     if why is not None:
         raise ImageBuildError(why)
@@ -97,15 +102,18 @@ def run_version(layers: list[bytes], platform: Platform) -> str:
         root = Path(work)
         for layer in layers:
             with tarfile.open(fileobj=io.BytesIO(layer)) as files:
-                files.extractall(root, filter="fully_trusted")  # our own build, just made
-        ran = subprocess.run(
-            [chroot, str(root), "/usr/bin/python3", "-m", "gpuusage", "--version"],
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "/app", "PYTHONDONTWRITEBYTECODE": "1"},
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=300,
-        )
+                files.extractall(root, filter="tar")  # nothing written outside the root
+        try:
+            ran = subprocess.run(
+                [chroot, str(root), "/usr/bin/python3", "-m", "gpuusage", "--version"],
+                env=dict(entry.split("=", 1) for entry in env if "=" in entry),
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise ImageBuildError(f"--version on {platform} took over 300 s") from error
     if ran.returncode != 0:
         raise ImageBuildError(f"python -m gpuusage --version failed on {platform}: {ran.stderr}")
     return ran.stdout.strip()

@@ -10,8 +10,8 @@ platform's image holds, made by syft and checked against the image, gpuusage_dev
 and its entry in `<out>/digests.json`: the index's digest and each platform's. Every
 platform's ELF files must be for its CPU; where this machine can run a platform (natively, or
 under qemu through binfmt_misc) and runs as root, the image's own `python -m gpuusage
---version` must print the release's version. The same commit gives the same digests: nothing
-here reads a clock (the images' times are the commit's).
+--version` must print the release's version. The same commit gives the same digests: no
+image reads a clock (their times are the commit's); the SBOMs carry syft's own time.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from gpuusage_dev.localcluster.tools import SYFT, ensure_tool
 from gpuusage_dev.release.imagecheck import (
     can_run_images,
     layout_blobs,
-    platform_layers,
+    platform_images,
     run_version,
     wrong_cpu,
 )
@@ -65,20 +65,31 @@ class Built:
     """The packages whose license the SBOM cannot name (gpuusage_dev.release.sbom)."""
 
 
-def check(archive: bytes, version: str, platforms: tuple[Platform, ...]) -> dict[str, str]:
+def short_name(image: str) -> str:
+    """ghcr.io/gpuusage/gpuusage-agent:0.1.0 → gpuusage-agent: the file and repository name."""
+    return image.rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def check(
+    archive: bytes, version: str, platforms: tuple[Platform, ...], must_run: bool = False
+) -> dict[str, str]:
     """Every platform present, its compiled files for its CPU, and its version where it can
-    run here: platform → what it printed. Raises ImageBuildError naming what is wrong."""
-    layers = platform_layers(archive)
-    missing = [str(p) for p in platforms if p not in layers]
+    run here (`must_run`: on every platform, as a release demands): platform → what it
+    printed. Raises ImageBuildError naming what is wrong."""
+    images = platform_images(archive)
+    missing = [str(p) for p in platforms if p not in images]
     if missing:
         raise ImageBuildError(f"the index lacks {', '.join(missing)}")
     ran: dict[str, str] = {}
-    for platform, stack in layers.items():
+    for platform, (stack, config) in images.items():
         wrong = wrong_cpu(stack, platform)
         if wrong:
             raise ImageBuildError(f"{platform}: not for its CPU: {'; '.join(wrong[:10])}")
-        if can_run_images() is None and cannot_emulate(platform) is None:
-            printed = run_version(stack, platform)
+        why = can_run_images() or cannot_emulate(platform)
+        if why is not None and must_run:
+            raise ImageBuildError(f"{platform}: a release runs each image's --version: {why}")
+        if why is None:
+            printed = run_version(stack, platform, config["config"].get("Env") or [])
             if printed != f"gpuusage {version}":
                 raise ImageBuildError(f"{platform}: --version printed {printed!r}")
             ran[str(platform)] = printed
@@ -87,23 +98,25 @@ def check(archive: bytes, version: str, platforms: tuple[Platform, ...]) -> dict
 
 def build(
     out: Path,
+    *,
     repo: Path = REPO,
     platforms: tuple[Platform, ...] = RELEASE_PLATFORMS,
     progress: Progress = stderr_progress,
     command: str = "make images",
+    must_run: bool = False,
 ) -> list[Built]:
     """Build, check and write every product image for `platforms`, with its provenance
-    (`command`: what was run to build it)."""
+    (`command`: what was run to build it; `must_run`: see check)."""
     out.mkdir(parents=True, exist_ok=True)
     version = version_of(repo)
     syft = ensure_tool(SYFT, progress)
     built: list[Built] = []
     for name, dockerfile in sorted(product_images(repo).items()):
         archive = release_image(repo, dockerfile, name, platforms, progress)
-        ran = check(archive, version, platforms)
+        ran = check(archive, version, platforms, must_run)
         entry, blobs = layout_blobs(archive)
         index = json.loads(blobs[entry["digest"]])
-        short = name.rsplit("/", 1)[-1].split(":", 1)[0]
+        short = short_name(name)
         path = out / f"{short}.oci.tar"
         path.write_bytes(archive)
         made = statement(

@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuusage_dev.localcluster.images import Platform
+from gpuusage_dev.localcluster.images import GZIP_LEVEL, Platform
 from gpuusage_dev.localcluster.productimages import (
     BASE_PACKAGES,
     DEBIAN_RELEASE,
@@ -29,6 +30,8 @@ from gpuusage_dev.version import source_url, version_of
 
 STATEMENT = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
+COMPRESSION = f"gzip level {GZIP_LEVEL}, zlib {zlib.ZLIB_RUNTIME_VERSION}"
+"""What the layers' bytes depend on besides their content (images.GZIP_LEVEL)."""
 BUILD_TYPE_PATH = "docs/development.md#the-images"
 """What the build type's URI names: the page that says how the images are built."""
 
@@ -87,6 +90,7 @@ def statement(
                     "debianRelease": DEBIAN_RELEASE,
                     "basePackages": list(BASE_PACKAGES),
                     "bytecode": recipe.bytecode,
+                    "layerCompression": COMPRESSION,
                 },
                 "resolvedDependencies": [
                     {"uri": f"git+{source}", "digest": {"gitCommit": revision}},

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuusage.errors import GpuusageError
-from gpuusage_dev.release.images import Built
+from gpuusage_dev.release.images import Built, short_name
 
 
 class PublishError(GpuusageError):
@@ -40,14 +40,17 @@ class Signer:
 
 
 def _run(program: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
-    ran = subprocess.run(
-        [str(program), *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
+    try:
+        ran = subprocess.run(
+            [str(program), *args],
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise PublishError(f"{program.name} {' '.join(args[:2])} took over 600 s") from error
     if ran.returncode != 0:
         said = "\n".join(line for line in ran.stderr.splitlines() if "WARNING" not in line)
         raise PublishError(f"{program.name} {' '.join(args[:2])} failed:\n{said[-2000:]}")
@@ -55,8 +58,9 @@ def _run(program: Path, *args: str, env: Mapping[str, str] | None = None) -> str
 
 
 def signer(cosign: Path, dist: Path, env: Mapping[str, str]) -> tuple[Signer, bool]:
-    """The key pair to sign with: $COSIGN_KEY, else one generated into `dist` (True: made
-    now, and the caller says so)."""
+    """The key pair to sign with: $COSIGN_KEY, else `dist`'s own (kept: a key users may
+    already trust is never replaced), else one generated into `dist` (True: made now, and the
+    caller says so)."""
     dist.mkdir(parents=True, exist_ok=True)
     config = dist / "signing-config.json"
     _run(cosign, "signing-config", "create", "--out", str(config))
@@ -71,8 +75,8 @@ def signer(cosign: Path, dist: Path, env: Mapping[str, str]) -> tuple[Signer, bo
             _run(cosign, "public-key", "--key", str(key), env={"COSIGN_PASSWORD": password})
         )
         return Signer(key, public, password, config), False
-    for name in ("cosign.key", "cosign.pub"):
-        (dist / name).unlink(missing_ok=True)
+    if (dist / "cosign.key").is_file() and (dist / "cosign.pub").is_file():
+        return Signer(dist / "cosign.key", dist / "cosign.pub", password, config), False
     _run(
         cosign,
         "generate-key-pair",
@@ -86,8 +90,17 @@ def signer(cosign: Path, dist: Path, env: Mapping[str, str]) -> tuple[Signer, bo
 def push(crane: Path, one: Built, registry: str, version: str) -> str:
     """Push the image's index as `registry/<image>:<version>`: the reference by digest, once
     the registry answers with the digest it was built with."""
-    short = one.name.rsplit("/", 1)[-1].split(":", 1)[0]
+    short = short_name(one.name)
     tagged = f"{registry}/{short}:{version}"
+    try:
+        there = _run(crane, "digest", tagged).strip()
+    except PublishError:
+        there = ""  # not pushed yet
+    if there and there != one.digest:
+        raise PublishError(
+            f"{tagged} is already {there}; a release never moves a version's tag (this build "
+            f"is {one.digest})"
+        )
     with tempfile.TemporaryDirectory(prefix="gpuusage-layout-") as work:
         with tarfile.open(one.archive) as layout:
             layout.extractall(work, filter="data")
@@ -99,10 +112,12 @@ def push(crane: Path, one: Built, registry: str, version: str) -> str:
 
 
 def sign(cosign: Path, key: Signer, reference: str) -> None:
+    """Sign the index and, recursively, each platform's manifest: one deployed by its own
+    digest is signed too."""
     _run(
         cosign,
-        *("sign", "--yes", "--key", str(key.key), "--signing-config", str(key.config)),
-        reference,
+        *("sign", "--yes", "--recursive", "--key", str(key.key)),
+        *("--signing-config", str(key.config), reference),
         env={"COSIGN_PASSWORD": key.password},
     )
 

@@ -89,22 +89,31 @@ def make_sbom(syft: Path, archive: Path, platform: Platform) -> dict[str, Any]:
     """syft's SPDX JSON of the image archive's `platform`."""
     with tempfile.TemporaryDirectory(prefix="gpuusage-sbom-") as work:
         out = Path(work) / "sbom.spdx.json"
-        ran = subprocess.run(
-            [
-                str(syft),
-                *("scan", f"oci-archive:{archive}", "--platform", str(platform)),
-                *("--output", f"spdx-json={out}", "--quiet"),
-            ],
-            env={"SYFT_CHECK_FOR_APP_UPDATE": "false", "PATH": "/usr/bin:/bin", "HOME": work},
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=600,
-        )
+        try:
+            ran = _syft(syft, archive, platform, out, work)
+        except subprocess.TimeoutExpired as error:
+            raise ImageBuildError(f"syft took over 600 s on {archive}") from error
         if ran.returncode != 0 or not out.is_file():
             raise ImageBuildError(f"syft failed on {archive} ({platform}):\n{ran.stderr[-2000:]}")
         document: dict[str, Any] = json.loads(out.read_text())
     return document
+
+
+def _syft(
+    syft: Path, archive: Path, platform: Platform, out: Path, home: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(syft),
+            *("scan", f"oci-archive:{archive}", "--platform", str(platform)),
+            *("--output", f"spdx-json={out}", "--quiet"),
+        ],
+        env={"SYFT_CHECK_FOR_APP_UPDATE": "false", "PATH": "/usr/bin:/bin", "HOME": home},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
 
 
 def _listed(document: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
