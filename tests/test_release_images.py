@@ -375,3 +375,20 @@ def test_an_image_is_rebuilt_when_its_base_changes(monkeypatch: pytest.MonkeyPat
     monkeypatch.undo()
     monkeypatch.setattr(productimages, "WHEEL_PLATFORMS", {"amd64": "manylinux_2_28_x86_64"})
     assert productimages._cached_build(REPO, dockerfile, name, (AMD64,), index=True) != before
+
+
+def test_the_dependencies_carry_no_trace_of_the_checkout_that_built_them(tmp_path: Path) -> None:
+    """pip's console scripts name its own interpreter (this checkout's virtualenv) on their
+    first line, and RECORD hashes them: both go, or two checkouts build different layers."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "idna").write_text("#!/work/a/.venv/bin/python\n")
+    info = tmp_path / "idna-3.20.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text(
+        "../../bin/idna,sha256=abc,166\nidna/__init__.py,sha256=def,849\nidna-3.20.dist-info/RECORD,,\n"
+    )
+    productimages.drop_scripts(tmp_path)
+    assert not (tmp_path / "bin").exists()
+    assert (info / "RECORD").read_text() == (
+        "idna/__init__.py,sha256=def,849\nidna-3.20.dist-info/RECORD,,\n"
+    )

@@ -292,11 +292,35 @@ def compile_bytecode(root: Path, image_path: str, mode: str) -> None:
         raise ImageBuildError(f"compileall failed below {image_path}:\n{run.stdout[-2000:]}")
 
 
+DEPENDENCIES_MAKING = "pip --target --no-compile, scripts dropped (drop_scripts), compileall"
+"""How the dependencies' layer is made, in its cache key: changed with the making, so no layer
+made the old way is taken for one made the new way."""
+
+
+def drop_scripts(target: Path) -> None:
+    """Remove the console scripts pip made in `target`/bin, and their lines in each
+    distribution's RECORD: their first line names the interpreter pip ran under (this
+    checkout's virtualenv), so they would make the layer differ from one checkout to the
+    next; the images run `python -m gpuusage` and need none."""
+    shutil.rmtree(target / "bin", ignore_errors=True)
+    for record in target.glob("*.dist-info/RECORD"):
+        lines = record.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if not line.startswith("../../bin/")]
+        if kept != lines:
+            record.write_text("".join(kept))
+
+
 def dependencies_key(repo: Path, recipe: Recipe, platform: Platform) -> str:
     """Everything that makes the dependencies' layer for `platform`."""
     texts = [(repo / r).read_bytes() for r in recipe.requirements]
     wheels = WHEEL_PLATFORMS.get(platform.architecture, "")
-    return _hash(*texts, recipe.bytecode.encode(), wheels.encode(), IMAGE_PYTHON_TEXT.encode())
+    return _hash(
+        *texts,
+        recipe.bytecode.encode(),
+        wheels.encode(),
+        IMAGE_PYTHON_TEXT.encode(),
+        DEPENDENCIES_MAKING.encode(),
+    )
 
 
 def dependencies_layer(repo: Path, recipe: Recipe, platform: Platform = HOST) -> bytes:
@@ -331,7 +355,7 @@ def dependencies_layer(repo: Path, recipe: Recipe, platform: Platform = HOST) ->
         )
         if run.returncode != 0:
             raise ImageBuildError(f"pip could not install {recipe.requirements}:\n{run.stderr}")
-        shutil.rmtree(target / "bin", ignore_errors=True)
+        drop_scripts(target)
         if recipe.bytecode:
             compile_bytecode(target, f"/{SITE}", recipe.bytecode)
         layer = layer_from_directory(target, SITE)
