@@ -26,6 +26,7 @@ from gpuusage.kube.config import api_client
 from gpuusage.kube.crds import install_crds
 from gpuusage.retry import poll_until
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
+from gpuusage_dev.localcluster.containerd import Containerd, mounts_below, node_prerequisites
 from gpuusage_dev.proctree import pod_cgroup, write_process
 from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace
 from gpuusage_nodeagent.main import run_agent
@@ -422,3 +423,19 @@ def make_world(
     finally:
         for part in running:
             part.halt()
+
+
+@pytest.fixture
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    """A containerd of our own, started in a short folder (its sockets live there; a test's
+    own tmp_path can be too deep), stopped with nothing of it left mounted."""
+    why = node_prerequisites()
+    if why is not None:
+        pytest.skip(why)
+    runtime = Containerd(tmp_path_factory.mktemp("ctr") / "containerd")
+    runtime.start()
+    try:
+        yield runtime
+    finally:
+        runtime.stop()
+        assert mounts_below(runtime.directory) == [], "nothing left mounted"

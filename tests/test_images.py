@@ -9,13 +9,12 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuusage_dev.deviceplugin import scenario_resources
-from gpuusage_dev.localcluster.containerd import Containerd, mounts_below, node_prerequisites
+from gpuusage_dev.localcluster.containerd import Containerd
 from gpuusage_dev.localcluster.images import (
     OCI_LAYER,
     Platform,
@@ -87,21 +86,6 @@ def test_the_same_inputs_give_the_same_image_and_the_pause_image_sleeps() -> Non
     config = json.loads(_blob(archive, manifest["config"]["digest"]))
     assert config["config"]["Entrypoint"] == ["/bin/sleep", "infinity"]
     assert described["annotations"]["org.opencontainers.image.ref.name"] == "gpuusage.local/pause:1"
-
-
-@pytest.fixture
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    why = node_prerequisites()
-    if why is not None:
-        pytest.skip(why)
-    # A short folder: containerd's sockets live in it (a test's own tmp_path can be too deep).
-    runtime = Containerd(tmp_path_factory.mktemp("ctr") / "containerd")
-    runtime.start()
-    try:
-        yield runtime
-    finally:
-        runtime.stop()
-        assert mounts_below(runtime.directory) == [], "nothing left mounted"
 
 
 @pytest.mark.slow

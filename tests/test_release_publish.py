@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuusage import __version__
-from gpuusage_dev.localcluster.containerd import Containerd, mounts_below, node_prerequisites
+from gpuusage_dev.localcluster.containerd import Containerd
 from gpuusage_dev.localcluster.platforms import HOST
 from gpuusage_dev.localcluster.tools import COSIGN, CRANE, ensure_tool
 from gpuusage_dev.release.imagecheck import layout_blobs
@@ -99,20 +99,6 @@ def test_an_image_changed_after_signing_fails_verification(
     with pytest.raises(PublishError, match=r"no signatures found|no matching signatures"):
         verify(cosign, dist / "cosign.pub", tampered)
     verify(cosign, dist / "cosign.pub", published[one.name])
-
-
-@pytest.fixture
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    why = node_prerequisites()
-    if why is not None:
-        pytest.skip(why)
-    runtime = Containerd(tmp_path_factory.mktemp("ctr") / "containerd")
-    runtime.start()
-    try:
-        yield runtime
-    finally:
-        runtime.stop()
-        assert mounts_below(runtime.directory) == [], "nothing left mounted"
 
 
 def test_containerd_pulls_by_digest_and_a_tampered_layer_fails_the_pull(
