@@ -265,6 +265,17 @@ OPENREPORTS_CRDS = CrdSource(
 """openreports.io Report and ClusterReport, where the operator publishes its findings."""
 
 
+KYVERNO_CRDS = CrdSource(
+    name="kyverno",
+    module="github.com/kyverno/kyverno",
+    version="v1.19.1",
+    folder="config/crds/policies.kyverno.io",
+    files=("policies.kyverno.io_imagevalidatingpolicies.yaml",),
+)
+"""Kyverno's ImageValidatingPolicy (its ClusterPolicy's verifyImages is deprecated): the schema
+docs/install.md's image-verification policy must meet."""
+
+
 def crds(source: CrdSource, progress: Progress = stderr_progress) -> list[Path]:
     """The CRDs of `source`, read from its Go module once and then cached.
 
