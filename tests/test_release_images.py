@@ -45,7 +45,7 @@ from gpuusage_dev.release.assets import AssetError, plugin_assets
 from gpuusage_dev.release.imagecheck import (
     INTERPRETER,
     layout_blobs,
-    platform_layers,
+    platform_images,
     wrong_cpu,
 )
 from gpuusage_dev.release.images import build, check
@@ -130,7 +130,7 @@ def test_an_index_names_each_platform_and_keeps_each_ones_layers() -> None:
         {"architecture": "amd64", "os": "linux"},
         {"architecture": "arm64", "os": "linux"},
     ]
-    layers = platform_layers(archive)
+    layers = {p: stack for p, (stack, _) in platform_images(archive).items()}
     assert {p: wrong_cpu(stack, p) for p, stack in layers.items()} == {AMD64: [], ARM64: []}
     config = json.loads(blobs[json.loads(arm.manifest)["config"]["digest"]])
     assert (config["architecture"], config["created"]) == ("arm64", "2026-11-28T00:00:00Z")
@@ -359,11 +359,13 @@ def test_a_release_image_lacking_a_platform_or_a_run_is_refused(
     amd = image_manifest(image, _layers({INTERPRETER: elf(0x3E)}), AMD64)
     archive = index_archive("x/y:1", [amd])
     with pytest.raises(ImageBuildError, match="lacks linux/arm64"):
-        check(archive, "0.1.0", (AMD64, ARM64))
+        check(platform_images(archive), "0.1.0", (AMD64, ARM64))
     monkeypatch.setattr(release_images, "cannot_emulate", lambda _: "no qemu here")
-    assert check(archive, "0.1.0", (AMD64,)) == {}, "make images: not run, and it says so"
+    assert check(platform_images(archive), "0.1.0", (AMD64,)) == {}, (
+        "make images: not run, and it says so"
+    )
     with pytest.raises(ImageBuildError, match="runs each image's --version: no qemu here"):
-        check(archive, "0.1.0", (AMD64,), must_run=True)
+        check(platform_images(archive), "0.1.0", (AMD64,), must_run=True)
 
 
 def test_an_image_is_rebuilt_when_its_base_changes(monkeypatch: pytest.MonkeyPatch) -> None:

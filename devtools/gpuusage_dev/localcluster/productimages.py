@@ -39,7 +39,7 @@ from gpuusage_dev.localcluster.images import (
     single_archive,
 )
 from gpuusage_dev.localcluster.platforms import HOST, RELEASE_PLATFORMS, cannot_emulate
-from gpuusage_dev.lock import WHEEL_PLATFORMS
+from gpuusage_dev.lock import PYTHON, WHEEL_PLATFORMS
 from gpuusage_dev.version import dockerfile_args, dockerfile_labels, version_of
 
 DEBIAN_RELEASE = "bookworm"  # python:3.11-slim's; its python3 is 3.11
@@ -257,20 +257,20 @@ def base_layer(platform: Platform = HOST, progress: Progress = stderr_progress) 
     return layer
 
 
-IMAGE_PYTHON = (3, 11)
-"""Debian bookworm's python3, the images' interpreter: their bytecode is this version's."""
-IMAGE_PYTHON_TEXT = "{}.{}".format(*IMAGE_PYTHON)
+IMAGE_PYTHON = tuple(int(part) for part in PYTHON.split("."))
+"""Debian bookworm's python3, the images' interpreter, whose wheels the lock pins
+(lock.PYTHON): their bytecode is this version's."""
 
 
 def _image_python() -> str:
     """An interpreter here of the images' Python version, to compile their bytecode."""
     if sys.version_info[:2] == IMAGE_PYTHON:
         return sys.executable
-    found = shutil.which("python{}.{}".format(*IMAGE_PYTHON))
+    found = shutil.which(f"python{PYTHON}")
     if found is None:
         raise ImageBuildError(
-            "the images run Python {}.{}; compiling their bytecode needs it here "
-            "(python{}.{} on PATH)".format(*IMAGE_PYTHON, *IMAGE_PYTHON)
+            f"the images run Python {PYTHON}; compiling their bytecode needs it here "
+            f"(python{PYTHON} on PATH)"
         )
     return found
 
@@ -318,7 +318,7 @@ def dependencies_key(repo: Path, recipe: Recipe, platform: Platform) -> str:
         *texts,
         recipe.bytecode.encode(),
         wheels.encode(),
-        IMAGE_PYTHON_TEXT.encode(),
+        PYTHON.encode(),
         DEPENDENCIES_MAKING.encode(),
     )
 
@@ -344,7 +344,7 @@ def dependencies_layer(repo: Path, recipe: Recipe, platform: Platform = HOST) ->
         run = subprocess.run(
             [
                 *(sys.executable, "-m", "pip", "install", "-q", "--no-compile"),
-                *("--target", str(target), "--python-version", IMAGE_PYTHON_TEXT),
+                *("--target", str(target), "--python-version", PYTHON),
                 "--only-binary=:all:",
                 *("--platform", wheels),
                 *args,

@@ -41,20 +41,19 @@ def layout_blobs(archive: bytes) -> tuple[dict[str, Any], dict[str, bytes]]:
     return entry, blobs
 
 
-def platform_layers(archive: bytes) -> dict[Platform, list[bytes]]:
-    """Each platform's layers (lowest first) in an image archive: an index's every platform,
-    or a single manifest's own (its config names its platform)."""
-    return {p: layers for p, (layers, _) in platform_images(archive).items()}
+PlatformImages = dict[Platform, tuple[list[bytes], dict[str, Any]]]
+"""Each platform's layers (lowest first) and its image config (how it runs: Env, Entrypoint)."""
 
 
-def platform_images(archive: bytes) -> dict[Platform, tuple[list[bytes], dict[str, Any]]]:
-    """Each platform's layers and its image config (how it runs: Env, Entrypoint)."""
+def platform_images(archive: bytes) -> PlatformImages:
+    """Each platform's layers and config in an image archive: an index's every platform, or a
+    single manifest's own (its config names its platform)."""
     entry, blobs = layout_blobs(archive)
     if entry.get("mediaType") == OCI_INDEX:
         manifests = [d["digest"] for d in json.loads(blobs[entry["digest"]])["manifests"]]
     else:
         manifests = [entry["digest"]]
-    found: dict[Platform, tuple[list[bytes], dict[str, Any]]] = {}
+    found: PlatformImages = {}
     for digest in manifests:
         manifest = json.loads(blobs[digest])
         config = json.loads(blobs[manifest["config"]["digest"]])

@@ -34,6 +34,7 @@ from gpuusage_dev.localcluster.productimages import (
 )
 from gpuusage_dev.localcluster.tools import SYFT, ensure_tool
 from gpuusage_dev.release.imagecheck import (
+    PlatformImages,
     can_run_images,
     layout_blobs,
     platform_images,
@@ -71,12 +72,12 @@ def short_name(image: str) -> str:
 
 
 def check(
-    archive: bytes, version: str, platforms: tuple[Platform, ...], must_run: bool = False
+    images: PlatformImages, version: str, platforms: tuple[Platform, ...], must_run: bool = False
 ) -> dict[str, str]:
-    """Every platform present, its compiled files for its CPU, and its version where it can
-    run here (`must_run`: on every platform, as a release demands): platform → what it
-    printed. Raises ImageBuildError naming what is wrong."""
-    images = platform_images(archive)
+    """Every platform present in the archive's `images` (imagecheck.platform_images), its
+    compiled files for its CPU, and its version where it can run here (`must_run`: on every
+    platform, as a release demands): platform → what it printed. Raises ImageBuildError naming
+    what is wrong."""
     missing = [str(p) for p in platforms if p not in images]
     if missing:
         raise ImageBuildError(f"the index lacks {', '.join(missing)}")
@@ -113,7 +114,8 @@ def build(
     built: list[Built] = []
     for name, dockerfile in sorted(product_images(repo).items()):
         archive = release_image(repo, dockerfile, name, platforms, progress)
-        ran = check(archive, version, platforms, must_run)
+        images = platform_images(archive)
+        ran = check(images, version, platforms, must_run)
         entry, blobs = layout_blobs(archive)
         index = json.loads(blobs[entry["digest"]])
         short = short_name(name)
@@ -132,7 +134,7 @@ def build(
         sboms: dict[str, Path] = {}
         unlicensed: set[str] = set()
         for platform in platforms:
-            document, unnamed = sbom_for(syft, path, platform)
+            document, unnamed = sbom_for(syft, path, platform, images[platform][0])
             sboms[str(platform)] = out / f"{short}.{platform.os}-{platform.architecture}.spdx.json"
             sboms[str(platform)].write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
             unlicensed.update(unnamed)
@@ -142,7 +144,7 @@ def build(
                 path,
                 entry["digest"],
                 {
-                    f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+                    str(Platform(m["platform"]["architecture"], m["platform"]["os"])): m["digest"]
                     for m in index["manifests"]
                 },
                 ran,

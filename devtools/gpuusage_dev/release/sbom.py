@@ -22,7 +22,6 @@ from urllib.parse import unquote
 
 from gpuusage_dev.localcluster.images import Platform
 from gpuusage_dev.localcluster.productimages import ImageBuildError
-from gpuusage_dev.release.imagecheck import platform_layers
 
 DPKG_STATUS = "var/lib/dpkg/status"
 DIST_INFO = re.compile(r"(^|/)(?:site|dist)-packages/[^/]+\.dist-info/METADATA$")
@@ -180,10 +179,12 @@ def _license(document: dict[str, Any], package: dict[str, Any]) -> str | None:
     return None
 
 
-def sbom_for(syft: Path, archive: Path, platform: Platform) -> tuple[dict[str, Any], list[str]]:
-    """The SBOM of the archive's `platform`, checked against the image; and the packages
-    whose license it cannot name. Raises ImageBuildError where it misses what is there."""
-    layers = platform_layers(archive.read_bytes())[platform]
+def sbom_for(
+    syft: Path, archive: Path, platform: Platform, layers: list[bytes]
+) -> tuple[dict[str, Any], list[str]]:
+    """The SBOM of the archive's `platform`, checked against that image's `layers`; and the
+    packages whose license it cannot name. Raises ImageBuildError where it misses what is
+    there."""
     document = make_sbom(syft, archive, platform)
     problems, unlicensed = sbom_problems(document, installed(layers))
     if problems:
