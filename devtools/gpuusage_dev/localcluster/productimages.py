@@ -185,7 +185,9 @@ def _tree_bytes(root: Path) -> bytes:
 BASE_EPOCH = 1686355200
 """The base's one clock (2023-06-10, Debian 12's release), as SOURCE_DATE_EPOCH for
 mmdebstrap and the packages' scripts (the dates in /etc/shadow, for one): fixed, so the base does
-not change with the day it is made, nor with the commit."""
+not change with the day it is made, nor with the commit. With it, Debian's py3compile writes
+hash-based bytecode: timestamped bytecode would be stale once the layer gives every file one
+time, and each start would compile the standard library again."""
 HOST_FILES = ("etc/hostname", "etc/resolv.conf")
 """What mmdebstrap copies from the machine that builds the base: removed, so no image carries
 the builder's name or its DNS."""
