@@ -10,6 +10,7 @@ agent's and the operator's own tokens are checked in test_install.py, for both i
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def _set(sets: tuple[str, ...]) -> list[str]:
 def _render(
     helm: Helm, *sets: str, namespace: str = NS, chart: Path = CHART
 ) -> dict[Key, dict[str, Any]]:
-    args = ("-n", namespace, "--include-crds", *_set(sets))
+    args = ("-n", namespace, *_set(sets))
     return _objects(helm.run("template", "gpuusage", str(chart), *args).stdout)
 
 
@@ -89,6 +90,14 @@ def test_the_charts_copies_are_those_of_their_sources() -> None:
         "gpuusage.io_gpunodeusages.yaml",
         "gpuusage.io_gpuusagepolicies.yaml",
     }
+    assert not (REPO / chart.CHART / "crds").exists(), "Helm never upgrades a chart's crds/"
+
+
+def test_the_crds_can_be_left_to_the_user_or_deleted_on_uninstall(helm: Helm) -> None:
+    """crds.enabled=false: someone else (GitOps) serves them; crds.keep=false: no keep policy."""
+    crds = ("CustomResourceDefinition", "", names.CRD_NAME)
+    assert crds not in _render(helm, "crds.enabled=false")
+    assert "annotations" not in _render(helm, "crds.keep=false")[crds]["metadata"]
 
 
 def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
@@ -132,7 +141,7 @@ def test_helm_lint_finds_nothing_to_say(helm: Helm, sets: tuple[str, ...]) -> No
 
 
 def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None:
-    """What a chart repository would serve: `helm package` keeps crds/ and files/ (nothing the
+    """What a chart repository would serve: `helm package` keeps files/ (nothing the
     templates read is left out by .helmignore)."""
     out = helm.run("package", str(CHART), "-d", str(tmp_path)).stdout
     (archive,) = tmp_path.glob("gpuusage-*.tgz")
@@ -175,6 +184,9 @@ def test_the_chart_renders_what_kustomize_builds(
     rendered = _render(helm, *sets, "namespace.create=true", namespace=namespace)
     assert sorted(rendered) == sorted(built)
     for key, obj in built.items():
+        if key[0] == "CustomResourceDefinition":  # kept by `helm uninstall`, with the reports
+            kept = rendered[key]["metadata"].pop("annotations")
+            assert kept == {"helm.sh/resource-policy": "keep"}, key
         assert rendered[key] == obj, f"{key} differs"
     plain = _render(helm, *sets, namespace=namespace)
     assert {k for k in built if k not in plain} == {k for k in built if k[0] == "Namespace"}
@@ -358,7 +370,7 @@ def _get(kubectl: Kubectl, *what: str) -> dict[str, Any] | None:
 @pytest.mark.cluster
 @pytest.mark.usefixtures("monitoring_kinds")
 def test_install_upgrade_and_uninstall_on_the_control_plane(
-    cluster_helm: Helm, kubectl: Kubectl, release: tuple[str, str]
+    cluster_helm: Helm, kubectl: Kubectl, release: tuple[str, str], tmp_path: Path
 ) -> None:
     name, namespace = release
     ns = ("-n", namespace)
@@ -372,8 +384,8 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
     assert len(rendered) == 36  # the monitoring overlay's 37 but the Namespace
     for kind, obj_ns, obj_name in rendered:
-        if kind in ("CustomResourceDefinition", "Namespace"):
-            continue  # crds/ only when missing (the session installed them); no Namespace
+        if kind == "Namespace":
+            continue  # made by --create-namespace, not the release
         where = ("-n", obj_ns) if obj_ns else ()
         found = _get(kubectl, kind, obj_name, *where)
         assert found is not None, (kind, obj_name)
@@ -384,21 +396,35 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
         ("gpuusage-operator", namespace)
     ]
 
-    # Upgrade with changed values: the objects follow, what is switched off goes.
+    # Upgrade to a chart whose CRD has a new field, with changed values: the CRD and the
+    # objects follow, what is switched off goes.
+    newer = tmp_path / "gpuusage"
+    shutil.copytree(CHART, newer)
+    crd_file = newer / "files" / "crds" / "gpuusage.io_gpunodeusages.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["spec"]["properties"]["upgradeProbe"] = {"type": "string"}
+    crd_file.write_text(yaml.safe_dump(crd))
+    # --force-conflicts: the session made the CRDs with another client, which still co-owns
+    # the fields the install applied unchanged (docs/install.md, moving to Helm).
     cluster_helm.run(
-        "upgrade", name, str(CHART), *ns, "--reuse-values",
+        "upgrade", name, str(newer), *ns, "--reuse-values", "--force-conflicts",
         "--set", "operator.idleAfter=600", "--set", "monitoring.dashboards.enabled=false",
     )  # fmt: skip
     status = _status(cluster_helm, name, namespace)
     assert (status["version"], status["info"]["status"]) == (2, "deployed")
+    served = _get(kubectl, "crd", names.CRD_NAME)
+    assert served is not None
+    properties = served["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    assert "upgradeProbe" in properties["spec"]["properties"], "helm upgrade upgrades the CRDs"
     deployment = _get(kubectl, "deployment", "gpuusage-operator", *ns)
     assert deployment is not None
     assert "--idle-after=600" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert _get(kubectl, "configmap", "gpuusage-dashboards", *ns) is None
     assert _get(kubectl, "configmap", "gpuusage-state-metrics-config", *ns) is not None
 
-    # A report exists; uninstalling removes the release's objects, never the CRDs (Helm's
-    # convention for crds/), so the reports stay.
+    # A report exists; uninstalling removes the release's objects, never the CRDs (their
+    # resource policy is "keep"), so the reports stay.
     node = f"helm-{uuid.uuid4().hex[:5]}"
     report = empty_report(node)
     kubectl.run("create", "-f", "-", stdin=json.dumps(report))

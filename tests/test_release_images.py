@@ -41,7 +41,7 @@ from gpuusage_dev.localcluster.productimages import (
     product_images,
 )
 from gpuusage_dev.release import images as release_images
-from gpuusage_dev.release.assets import AssetError, plugin_assets
+from gpuusage_dev.release.assets import KREW_MANIFEST, AssetError, plugin_assets, write_sums
 from gpuusage_dev.release.imagecheck import (
     INTERPRETER,
     layout_blobs,
@@ -333,8 +333,14 @@ def test_the_release_assets_are_summed_and_held_to_the_krew_manifest(
         plugin_assets(out, repo)
     (repo / krewplugin.MANIFEST).write_text(krewplugin.manifest(fake_build(out, repo)))
     written = plugin_assets(out, repo)
-    assert [p.name for p in written][-1] == "SHA256SUMS"
+    assert [p.name for p in written][-1] == KREW_MANIFEST
     assert len(written) == len(krewplugin.PLATFORMS) + 1
+    assert (out / KREW_MANIFEST).read_text() == (repo / krewplugin.MANIFEST).read_text()
+    chart_archive = out / "gpuusage-1.2.3.tgz"
+    chart_archive.write_bytes(b"a chart")
+    assert write_sums(out, [*written, chart_archive]) == out / "SHA256SUMS"
+    named = [line.split()[1] for line in (out / "SHA256SUMS").read_text().splitlines()]
+    assert named == sorted(p.name for p in [*written, chart_archive])
     checked = subprocess.run(
         ["sha256sum", "--check", "--strict", "SHA256SUMS"],
         cwd=out,

@@ -1,9 +1,10 @@
 """The Helm chart's copies of files kept once elsewhere in the repository.
 
 Helm reads nothing outside a chart's folder, so charts/gpuusage holds copies of the CRDs (in
-its crds/, which Helm installs before anything else and never upgrades or deletes), of the
-monitoring data its templates embed (the kube-state-metrics config, the rules file, the
-dashboards), and of the LICENSE, which a packaged chart carries. Its Chart.yaml's `version`
+files/crds/: its templates/crds.yaml renders them, so that `helm upgrade` upgrades them; Helm
+never upgrades what a chart keeps in crds/), of the monitoring data its templates embed (the
+kube-state-metrics config, the rules file, the dashboards), and of the LICENSE, which a
+packaged chart carries. Its Chart.yaml's `version`
 and `appVersion` are gpuusage.__version__ (the chart is released with the images, under the
 same version). `make chart` (also run by `make crd` and `make monitoring`) writes them; a test
 fails when a copy differs from its source.
@@ -27,7 +28,7 @@ MONITORING = Path("manifests/monitoring")
 def copies(root: Path) -> list[tuple[Path, Path]]:
     """(source, copy in the chart) for every file the chart repeats, relative to root."""
     pairs = [
-        (path, CHART / "crds" / path.name)
+        (path, CHART / "files" / "crds" / path.name)
         for path in sorted((root / "crds").glob("*.yaml"))
         if path.name != "kustomization.yaml"
     ]
@@ -64,7 +65,7 @@ def stale(root: Path) -> list[Path]:
     if versioned(chart_yaml, version_of(root)) != chart_yaml:
         out.append(CHART_YAML)
     kept = {copy for _, copy in wanted}
-    for folder in (CHART / "crds", CHART / "files" / "dashboards"):
+    for folder in (CHART / "files" / "crds", CHART / "files" / "dashboards"):
         held = (p.relative_to(root) for p in (root / folder).glob("*"))
         out += sorted(p for p in held if p not in kept)
     return out

@@ -1,17 +1,21 @@
-"""The files a GitHub release carries beside the images: the kubectl plugin's Krew archives
-(one per platform, gpuusage_dev.krewplugin) and SHA256SUMS over them. The archives are built
-byte for byte the same from the same sources, so the release refuses to go on where the Krew
+"""The files a GitHub release carries beside what the registry holds: the kubectl plugin's Krew
+archives (one per platform, gpuusage_dev.krewplugin) and its Krew manifest, the packaged chart,
+each image's SBOMs and provenance, and SHA256SUMS over all of them. The archives are built byte
+for byte the same from the same sources, so the release refuses to go on where the Krew
 manifest in the tree (plugins/krew/gpuusage.yaml, what `kubectl krew install` reads) names
 other archives than this build makes: `make plugin` and commit it first."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from gpuusage.errors import GpuusageError
 from gpuusage_dev import krewplugin
 
 SUMS = "SHA256SUMS"
+KREW_MANIFEST = "gpuusage.krew.yaml"
+"""The Krew manifest's name in the release (`kubectl krew install --manifest=...`)."""
 
 
 class AssetError(GpuusageError):
@@ -24,8 +28,8 @@ def sums(digests: dict[str, str]) -> str:
 
 
 def plugin_assets(out: Path, repo: Path) -> list[Path]:
-    """The Krew archives and SHA256SUMS, written into `out`; refused where the manifest in
-    the tree names other archives."""
+    """The Krew archives and the Krew manifest, written into `out`; refused where the
+    manifest in the tree names other archives."""
     digests = krewplugin.build(out, repo)
     wanted = krewplugin.manifest(digests)
     if (repo / krewplugin.MANIFEST).read_text() != wanted:
@@ -33,6 +37,14 @@ def plugin_assets(out: Path, repo: Path) -> list[Path]:
             f"{krewplugin.MANIFEST} names other archives than this build makes: run "
             "`make plugin` and commit it before the release"
         )
-    named = {platform.archive: digest for platform, digest in digests.items()}
+    (out / KREW_MANIFEST).write_text(wanted)
+    return [*sorted(out / platform.archive for platform in digests), out / KREW_MANIFEST]
+
+
+def write_sums(out: Path, files: list[Path]) -> Path:
+    """SHA256SUMS in `out` over `files` (each in `out` or below it, named from there)."""
+    named = {
+        str(path.relative_to(out)): hashlib.sha256(path.read_bytes()).hexdigest() for path in files
+    }
     (out / SUMS).write_text(sums(named))
-    return [*(out / name for name in sorted(named)), out / SUMS]
+    return out / SUMS

@@ -51,8 +51,8 @@ _KEEP = {
 
 INSTALL_LABELS = {"app.kubernetes.io/part-of": "gpuusage"}
 """On every object an install creates (kustomize adds it to the rest, the Helm chart writes it):
-the CRDs carry it themselves, so that the chart's crds/, which Helm installs untouched, and the
-kustomize install give the same objects."""
+the CRDs carry it themselves, so that the chart, which renders its copies of crds/ as they are
+(adding only Helm's keep policy), and the kustomize install give the same objects."""
 
 
 def _resolve(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
