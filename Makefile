@@ -52,9 +52,12 @@ test-compat: binaries
 	$(PY) -m gpuusage_dev.compat --workers $(TEST_WORKERS)
 
 ## The release's proof at full length: the images built for every release platform (CI builds
-## this machine's own), checked, run, and built again to the same digests.
+## this machine's own), checked, run, and built again to the same digests; then the whole
+## release published to a loopback registry, and its parent commit's install upgraded to it
+## on the real node from there (tests/test_release_e2e.py).
 test-release: binaries
-	GPUUSAGE_RELEASE_PLATFORMS=all $(PY) -m pytest tests/test_release_images.py -p no:cacheprovider
+	GPUUSAGE_RELEASE_PLATFORMS=all $(PY) -m pytest tests/test_release_images.py \
+	  tests/test_release_e2e.py -p no:cacheprovider
 
 ## The inner loop: lint and the pure unit tests (no control plane, node, helm or command
 ## runs; well under a minute). `make test` is the whole suite, and what CI runs.
@@ -101,16 +104,17 @@ lock: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.lock
 
 ## A release (docs/development.md, "How a release is cut"): `make release VERSION=X.Y.Z
-## [REGISTRY=host[:port]/path]`. First it refuses a VERSION other than gpuusage.__version__
-## (naming both), a place that names another version, or a CHANGELOG without the release's
-## dated section, before anything is built. Then the images (as `make images`), the Krew
-## archives and SHA256SUMS into dist/ and, with REGISTRY, the images pushed, signed with cosign
-## ($COSIGN_KEY, else a key pair made into dist/) and their SBOMs and provenance attested.
+## [REGISTRY=host[:port]/path] [KEYLESS=1]`. First it refuses a VERSION other than
+## gpuusage.__version__ (naming both), a place that names another version, or a CHANGELOG
+## without the release's dated section, before anything is built. Then the images (as `make
+## images`), the chart with them pinned by digest, the Krew archives and manifest, and
+## SHA256SUMS into dist/ and, with REGISTRY, the images and the chart pushed, signed with cosign
+## ($COSIGN_KEY, else a key pair made into dist/; KEYLESS=1: the hosted workflow's identity),
+## the SBOMs and provenance attested, and every signature verified.
 release: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.version --release "$(VERSION)"
 	$(PY) -m gpuusage_dev.release --out dist --command "make release VERSION=$(VERSION)" \
-	  $(if $(REGISTRY),--registry "$(REGISTRY)")
-	@echo "make release: the chart as an OCI artifact is not in this tree yet" >&2; exit 1
+	  $(if $(REGISTRY),--registry "$(REGISTRY)") $(if $(KEYLESS),--keyless)
 
 ## The release's images in dist/images: each product image for linux/amd64 and linux/arm64 as
 ## one OCI index (an OCI layout archive), its digests in digests.json; every compiled file is

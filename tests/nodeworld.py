@@ -25,7 +25,7 @@ from gpuusage_dev.localcluster.node import (
     running_node,
     write_scenario,
 )
-from gpuusage_dev.localcluster.nodeinstall import overlay
+from gpuusage_dev.localcluster.nodeinstall import SCENARIO_MOUNT, overlay
 from tests.conftest import wait_for
 
 NAME = "gpu-node-a"
@@ -96,6 +96,30 @@ def installed_world(
         # The product's and the tests' requests (the gauge would count the controllers' too)
         deprecated = cluster.deprecated_requests_audited()
         assert not deprecated, f"deprecated APIs requested: {'; '.join(deprecated)}"
+
+
+def chart_values(cluster: LocalCluster, node: Node, scenario: Path) -> dict[str, Any]:
+    """The chart's values that do on the local node what its kustomize overlay does
+    (localcluster.nodeinstall): the agent reads the scenario's GPUs, both components reach the
+    apiserver on loopback, the PodResources socket is the node's own."""
+    api_env = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": cluster.server.rsplit(":", 1)[1]},
+    ]
+    return {
+        "agent": {
+            "hostNetwork": True,
+            "interval": 1,
+            "extraArgs": [f"--gpu-source=fake:{SCENARIO_MOUNT}/gpus.yaml"],
+            "extraEnv": api_env,
+            "extraVolumes": [{"name": "scenario", "hostPath": {"path": str(scenario)}}],
+            "extraVolumeMounts": [
+                {"name": "scenario", "mountPath": SCENARIO_MOUNT, "readOnly": True}
+            ],
+            "podResources": {"hostPath": str(node.directory / "kubelet" / "pod-resources")},
+        },
+        "operator": {"hostNetwork": True, "replicas": 1, "extraEnv": api_env},
+    }
 
 
 def write_node_scenario(world: NodeWorld, processes: dict[str, list[dict[str, int]]]) -> None:

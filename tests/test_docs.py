@@ -224,6 +224,12 @@ def _check(command: str) -> str | None:
         return _check_paths(words, ("-k", "-f"))
     if words[:1] == ["helm"] and len(words) > 3 and words[1] in ("install", "upgrade"):
         chart = words[3]
+        if chart.startswith("oci://"):  # as a release publishes it (DESIGN), at a version
+            published = re.fullmatch(r"oci://[^/\s]+(/\S+)?/charts/gpuusage(@sha256:\S+)?", chart)
+            if published is None:
+                return f"a release's chart is oci://REGISTRY/charts/gpuusage, not {chart}"
+            pinned = published.group(2) or "--version" in words
+            return None if pinned else f"{chart} without a --version or digest"
         return None if (ROOT / chart).exists() else f"no chart at {chart}"
     if words[:1] == ["docker"]:
         return _check_paths(words, ("-f",))
@@ -264,6 +270,9 @@ def test_the_command_check_can_fail() -> None:
     assert _check("gpuusage no-such-command") is not None
     assert _check("kubectl apply -k manifests/overlays/no-such") is not None
     assert _check("helm install gpuusage charts/none -n x") is not None
+    assert _check("helm install gpuusage oci://ghcr.io/gpuusage/charts/gpuusage -n x") is not None
+    assert _check("helm install g oci://ghcr.io/gpuusage/gpuusage --version 1.0.0") is not None
+    assert _check("helm install g oci://ghcr.io/gpuusage/charts/gpuusage --version 1.0.0") is None
     assert _check(".venv/bin/python benchmarks/agent_cycle.py --no-such-flag 1") is not None
     assert _check("python -m gpuusage_dev.no_such_module") is not None
     assert _check("gpuusage top --by namespace --window 24h --prometheus http://p:9090") is None

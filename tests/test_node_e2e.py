@@ -24,7 +24,6 @@ from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.node import (
     DEFAULT_SCENARIO,
 )
-from gpuusage_dev.localcluster.nodeinstall import SCENARIO_MOUNT
 from gpuusage_dev.localcluster.workloads import gpu_job, sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.identity import raised_soft_limit
@@ -35,6 +34,7 @@ from tests.examples import empty_report
 from tests.nodeworld import (
     NAME,
     NodeWorld,
+    chart_values,
     component,
     event_reasons,
     gpu_condition,
@@ -548,24 +548,7 @@ def test_the_chart_installs_on_the_node_as_the_manifests_did(
         return "gpuusage-system" not in {n.metadata.name for n in listed}
 
     wait_for(namespace_gone, timeout=120, what="the namespace gone")
-    api_env = [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": cluster.server.rsplit(":", 1)[1]},
-    ]
-    values = {
-        "agent": {
-            "hostNetwork": True,
-            "interval": 1,
-            "extraArgs": [f"--gpu-source=fake:{SCENARIO_MOUNT}/gpus.yaml"],
-            "extraEnv": api_env,
-            "extraVolumes": [{"name": "scenario", "hostPath": {"path": str(world.scenario)}}],
-            "extraVolumeMounts": [
-                {"name": "scenario", "mountPath": SCENARIO_MOUNT, "readOnly": True}
-            ],
-            "podResources": {"hostPath": str(world.node.directory / "kubelet" / "pod-resources")},
-        },
-        "operator": {"hostNetwork": True, "replicas": 1, "extraEnv": api_env},
-    }
+    values = chart_values(cluster, world.node, world.scenario)
     file = tmp_path / "values.yaml"
     file.write_text(yaml.safe_dump(values))
     helm = Helm(helm_binary, tmp_path / "helm", cluster.kubeconfig)

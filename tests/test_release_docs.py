@@ -59,10 +59,25 @@ def test_the_install_docs_kyverno_policy_is_one_kyverno_takes(
     spec = yaml.safe_load(policy)["spec"]
     assert "verifyImageSignatures" in spec["validations"][0]["expression"], "it verifies images"
     kubectl.run("create", "--dry-run=server", "--validate=strict", "-f", "-", stdin=policy)
+    identity = spec["attestors"][0]["cosign"]["keyless"]["identities"][0]
+    workflow = "https://github.com/gpuusage/gpuusage/.github/workflows/release.yml@refs/tags/"
+    assert re.fullmatch(identity["subjectRegExp"], workflow + "v0.1.0")
+    assert not re.fullmatch(
+        identity["subjectRegExp"], workflow.replace("gpuusage/gpuusage", "x/y") + "v0.1.0"
+    )
+    # The variant the text gives for a key pair's signatures.
+    keyed = yaml.safe_load(policy)
+    keyed["spec"]["attestors"][0]["cosign"] = {
+        "key": {"data": "-----BEGIN PUBLIC KEY-----\n-----END PUBLIC KEY-----"},
+        "ctlog": {"insecureIgnoreTlog": True, "insecureIgnoreSCT": True},
+    }
+    kubectl.run(
+        "create", "--dry-run=server", "--validate=strict", "-f", "-", stdin=yaml.safe_dump(keyed)
+    )
     # The same check refuses a field Kyverno does not have: it can fail.
-    wrong = policy.replace("insecureIgnoreTlog: true", "insecureIgnoreTlogs: true")
+    wrong = policy.replace("subjectRegExp:", "subjectRegexp:")
     said = kubectl.run(
         "create", "--dry-run=server", "--validate=strict", "-f", "-", stdin=wrong, check=False
     )
     assert "unknown field" in said, said
-    assert "insecureIgnoreTlogs" in said, said
+    assert "subjectRegexp" in said, said

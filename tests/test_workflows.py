@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +108,10 @@ def test_a_tag_runs_make_release_and_publishes_dist() -> None:
     assert data["permissions"] == {"contents": "read"}
     scripts = "\n".join(step["run"] for step in _steps(data) if "run" in step)
     assert re.search(
-        r'make release VERSION="\$\{TAG#v\}" REGISTRY="ghcr\.io/\$\{OWNER,,\}"', scripts
+        r'make release VERSION="\$\{TAG#v\}" REGISTRY="ghcr\.io/\$\{OWNER,,\}" KEYLESS=1', scripts
     )
     assert 'gh release create "$TAG" --verify-tag' in scripts
+    assert "gpuusage-*.tgz gpuusage.krew.yaml" in scripts
     assert "kubectl-gpuusage-*.tar.gz SHA256SUMS" in scripts
     assert "sha256sum --check --strict SHA256SUMS" in scripts
     envs = [step.get("env", {}) for step in _steps(data)]
@@ -128,3 +130,24 @@ def test_only_the_setup_actions_pinned_by_commit(workflow: Path) -> None:
     for step in _steps(_load(workflow)):
         if step.get("uses", "").startswith("actions/checkout@"):
             assert step["with"]["persist-credentials"] is False
+
+
+def test_make_release_passes_the_registry_and_keyless_signing_on() -> None:
+    """What the release workflow sets reaches the release's command line (make -n: printed,
+    not run)."""
+
+    def planned(*variables: str) -> str:
+        return subprocess.run(
+            ["make", "-n", "release", "VERSION=0.1.0", *variables],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    keyless = planned("REGISTRY=ghcr.io/team", "KEYLESS=1")
+    assert '--registry "ghcr.io/team" --keyless' in keyless
+    plain = planned()
+    assert "gpuusage_dev.release --out dist" in plain
+    assert "--registry" not in plain
+    assert "--keyless" not in plain
