@@ -292,11 +292,23 @@ def test_interruptions_list_again_and_the_backoff_starts_over_after_each_list() 
 def test_stop_ends_the_watch_it_is_blocked_in(api: client.ApiClient) -> None:
     """An open watch used to keep the thread (and the apiserver's shutdown) waiting for up to
     300 s after stop()."""
-    watch = PodWatch(client.CoreV1Api(api))
+    core = client.CoreV1Api(api)
+    opened = threading.Event()
+
+    class Opening:
+        """The pod API, saying when a watch's response is in hand (the watch is open)."""
+
+        def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
+            response = core.list_pod_for_all_namespaces(**kwargs)
+            if kwargs.get("watch"):
+                opened.set()
+            return response
+
+    watch = PodWatch(Opening())
     thread = threading.Thread(target=watch.run, daemon=True)
     thread.start()
     assert watch.synced.wait(30)
-    assert watch.watching.wait(10)
+    assert opened.wait(10)
     watch.stop()
     thread.join(timeout=5)
     assert not thread.is_alive()

@@ -9,7 +9,9 @@
   cache (see controller.workers). No diff-base annotation and no finalizer on the objects
   the agent owns.
 * The pod index keeps a few fields per pod (see index.pods), never whole bodies. Reports are
-  reconciled only once every informer holds its complete first listing.
+  reconciled only once the reports', pods', claims' and Leases' informers hold their complete
+  first listings; the policies' informer gates the policy steps alone (a policy step on a
+  partial view of the policies neither acts nor cancels: policies.run).
 * Every write path first asks the ActiveGate (see ha), and every write request asks it again
   just before it is sent (ha.fence); the housekeeping pass (see
   housekeeping) probes the API, finds marks of nodes without a report and publishes the

@@ -34,9 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuusage_nodeagent.driverfacts import CONTEXT_MIB, SAMPLE_RING, SAMPLES_PER_SECOND
-
-Sample = tuple[int, int, int, int, int, int]
-"""(pid, timestamp in µs, SM %, memory %, encoder %, decoder %), as NVML's sample struct."""
+from gpuusage_nodeagent.gpusource.sampling import Sample
 
 MPS_SERVER = "nvidia-cuda-mps-server"
 

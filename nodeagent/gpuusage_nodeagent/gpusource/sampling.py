@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpuusage_nodeagent.gpusource.drivermodel import Sample
+Sample = tuple[int, int, int, int, int, int]
+"""(pid, timestamp in µs, SM %, memory %, encoder %, decoder %), as NVML's sample struct."""
 
 
 def any_engine(sm: int, mem: int, enc: int, dec: int) -> bool:

@@ -104,8 +104,6 @@ class Informer(Generic[S]):
         self._wait = wait or self.stopped.wait
         self.relists = 0
         self._stream: Any = None  # the watch response being read, for stop()
-        self.watching = threading.Event()
-        """Set while a watch stream is open (after each list, until it ends)."""
 
     def __len__(self) -> int:
         return len(self.state)
@@ -172,7 +170,6 @@ class Informer(Generic[S]):
     def _watch(self, version: str) -> str:
         response = self._watch_from(version, self.idle_timeout)
         self._stream = response
-        self.watching.set()
         if self.stopped.is_set():  # stop() came between the check and the request
             raw.shutdown(response)
         with closing(raw.json_lines(response)) as events:  # closed now, however it is left
@@ -187,7 +184,6 @@ class Informer(Generic[S]):
                         self.state.apply(str(kind), obj)
                 if self.stopped.is_set():
                     break
-        self.watching.clear()
         return version
 
 

@@ -6,8 +6,10 @@ every waiting worker re-scans on every change. At thousands of pods that startup
 of CPU before the first report was handled (benchmarks/README.md). This watch is linear: one
 paginated list, then one watch stream, each pod reduced to a PodSnapshot at once.
 
-Readers get consistent snapshots without locks: every change replaces the small per-key
-mapping instead of mutating it, and a relist swaps the whole state in one assignment.
+Readers take no lock: a lookup reads the live maps, in which each change puts a pod's new
+record (immutable) before it removes the old one, so a reader sees a pod's old record or its
+new one, never neither; a relist swaps the whole state in one assignment. A lookup is no
+snapshot: two reads of one lookup may see different moments.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ step the covering policy wants (see policies.rule), writes the pod's announcemen
 and an Event, and hands the decision to the ledger (see policies.ledger), which the reconcile
 flushes into the policy's status once it has visited its pods; an enforced action is counted
 there before it is taken. A step that writes the pod first takes its write from the
-cluster-wide budget of pod writes (see debounce): over it, the step waits for a later
+cluster-wide budget of pod writes (see writers.budget): over it, the step waits for a later
 reconcile, with no Event and nothing decided. This version carries out DryRun and Notify; an
 enforced ScaleToZero, Suspend, DeletePod or Evict is carried out by an Actor (see
 policies.act), which the operator has only with --policy-actions and the install's

@@ -634,9 +634,9 @@ class Totals(ApiModel):
     unrequested_pods: Annotated[int, Field(ge=0)] = 0
     """Pods using a GPU without having requested one."""
     unallocated_pods: Annotated[int, Field(ge=0)] = 0
+    """Pods using a device outside their allocation."""
     held_idle_pods: Annotated[int, Field(ge=0)] = 0
     """Pods holding GPU memory whose processes have computed nothing for --idle-after."""
-    """Pods using a device outside their allocation."""
     idle_pods: Annotated[int, Field(ge=0)] = 0
     """Running pods that requested GPUs and used none for the operator's --idle-after."""
     blind_devices: Annotated[int, Field(ge=0, le=MAX_DEVICES)] = 0
