@@ -114,7 +114,7 @@ lock: $(VENV)/.installed
 release: $(VENV)/.installed
 	$(PY) -m gpuusage_dev.version --release "$(VERSION)"
 	$(PY) -m gpuusage_dev.release --out dist --command "make release VERSION=$(VERSION)" \
-	  $(if $(REGISTRY),--registry "$(REGISTRY)") $(if $(KEYLESS),--keyless)
+	  $(if $(REGISTRY),--registry "$(REGISTRY)") $(if $(filter 1 true yes,$(KEYLESS)),--keyless)
 
 ## The release's images in dist/images: each product image for linux/amd64 and linux/arm64 as
 ## one OCI index (an OCI layout archive), its digests in digests.json; every compiled file is

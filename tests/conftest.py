@@ -27,6 +27,8 @@ from gpuusage.kube.crds import install_crds
 from gpuusage.retry import poll_until
 from gpuusage_dev.localcluster.cluster import LocalCluster, free_port
 from gpuusage_dev.localcluster.containerd import Containerd, mounts_below, node_prerequisites
+from gpuusage_dev.localcluster.images import Platform
+from gpuusage_dev.localcluster.platforms import HOST, RELEASE_PLATFORMS
 from gpuusage_dev.proctree import pod_cgroup, write_process
 from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace
 from gpuusage_nodeagent.main import run_agent
@@ -184,6 +186,14 @@ def _parallel_group(item: pytest.Item) -> str | None:
     if any(d.scope == "module" for chain in defs for d in chain):
         return item.nodeid.split("::", 1)[0]
     return None
+
+
+def release_test_platforms() -> tuple[Platform, ...]:
+    """The platforms the release tests build: this machine's own (CI's short form), or, with
+    GPUUSAGE_RELEASE_PLATFORMS=all, every release platform, the others under qemu (`make
+    test-release`)."""
+    every = os.environ.get("GPUUSAGE_RELEASE_PLATFORMS") == "all"
+    return RELEASE_PLATFORMS if every else (HOST,)
 
 
 @pytest.fixture(scope="session")

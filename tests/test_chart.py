@@ -98,6 +98,10 @@ def test_the_crds_can_be_left_to_the_user_or_deleted_on_uninstall(helm: Helm) ->
     crds = ("CustomResourceDefinition", "", names.CRD_NAME)
     assert crds not in _render(helm, "crds.enabled=false")
     assert "annotations" not in _render(helm, "crds.keep=false")[crds]["metadata"]
+    # Values without crds at all (a release from before it, reused by --reuse-values) keep the
+    # defaults' meaning.
+    kept = _render(helm, "crds=null")[crds]["metadata"]["annotations"]
+    assert kept == {"helm.sh/resource-policy": "keep"}
 
 
 def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
@@ -408,7 +412,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     # --force-conflicts: the session made the CRDs with another client, which still co-owns
     # the fields the install applied unchanged (docs/install.md, moving to Helm).
     cluster_helm.run(
-        "upgrade", name, str(newer), *ns, "--reuse-values", "--force-conflicts",
+        "upgrade", name, str(newer), *ns, "--reset-then-reuse-values", "--force-conflicts",
         "--set", "operator.idleAfter=600", "--set", "monitoring.dashboards.enabled=false",
     )  # fmt: skip
     status = _status(cluster_helm, name, namespace)
@@ -442,6 +446,8 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
         assert _get(kubectl, names.PLURAL, node) is not None
     finally:
         kubectl.run("delete", names.PLURAL, node, "--ignore-not-found")
+        # The session's CRD as it was: no test field, no owner that is gone.
+        kubectl.run("replace", "-f", str(REPO / "crds" / "gpuusage.io_gpunodeusages.yaml"))
 
 
 def test_the_pod_resources_socket_of_a_kubelet_with_another_root_dir(helm: Helm) -> None:

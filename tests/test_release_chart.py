@@ -50,9 +50,11 @@ def test_pinning_changes_those_values_and_no_other_line() -> None:
     text = (REPO / CHART / "values.yaml").read_text()
     pinned = chart.pinned_values(text, chart.pins(BUILT, "127.0.0.1:5000/gpuusage"))
     before, after = yaml.safe_load(text), yaml.safe_load(pinned)
+    assert after["image"]["registry"] == "127.0.0.1:5000", "one registry, so one mirror --set"
+    after["image"]["registry"] = before["image"]["registry"]
     for component, digest in (("agent", AGENT), ("operator", OPERATOR)):
         assert after[component]["image"] == {
-            "registry": "127.0.0.1:5000",
+            "registry": "",
             "repository": f"gpuusage/gpuusage-{component}",
             "tag": "",
             "digest": digest,
@@ -60,15 +62,20 @@ def test_pinning_changes_those_values_and_no_other_line() -> None:
         after[component]["image"] = before[component]["image"]
     assert after == before
     changed = [b for a, b in zip(text.splitlines(), pinned.splitlines(), strict=True) if a != b]
-    assert len(changed) == 6
+    assert len(changed) == 5
     assert all(line.endswith("# pinned by make release") for line in changed)
     assert chart.pinned_values(text, chart.pins(BUILT, "")).count("pinned by") == 2
+    ipv6 = yaml.safe_load(chart.pinned_values(text, chart.pins(BUILT, "[::1]:5000/g")))
+    assert ipv6["image"]["registry"] == "[::1]:5000"
 
 
 def test_a_values_file_without_the_image_keys_is_refused() -> None:
     moved = "agent:\n  images:\n    digest: ''\noperator:\n  image:\n    digest: ''\n"
     with pytest.raises(chart.ChartError, match=r"no agent\.image\.digest"):
         chart.pinned_values(moved, chart.pins(BUILT, ""))
+    own = "image:\n  registry: r\nagent:\n  image:\n    registry: elsewhere\n    digest: ''\n"
+    with pytest.raises(chart.ChartError, match="would win over the pin"):
+        chart.pinned_values(own, {"agent": chart.Pin("r", "", AGENT)})
 
 
 def test_only_a_registry_on_this_machine_is_spoken_to_over_http() -> None:
@@ -76,6 +83,8 @@ def test_only_a_registry_on_this_machine_is_spoken_to_over_http() -> None:
     assert chart.loopback("localhost:5000")
     assert not chart.loopback("ghcr.io/gpuusage")
     assert not chart.loopback("127.example.com/x")  # a name, not an address on loopback
+    assert chart.loopback("[::1]:5000/g")
+    assert chart.loopback("[::1]")
 
 
 @pytest.mark.slow

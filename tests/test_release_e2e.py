@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, watch
 
 from gpuusage import __version__
 from gpuusage.api import names
@@ -32,7 +32,7 @@ from gpuusage_dev.localcluster.node import (
     running_node,
     write_scenario,
 )
-from gpuusage_dev.localcluster.platforms import HOST, RELEASE_PLATFORMS
+from gpuusage_dev.localcluster.platforms import HOST
 from gpuusage_dev.localcluster.productimages import REPO, git_output
 from gpuusage_dev.localcluster.tools import CRANE, HELM, ensure_tool
 from gpuusage_dev.localcluster.workloads import sleeper_deployment
@@ -43,7 +43,7 @@ from gpuusage_dev.release.registry import LocalRegistry, running_registry
 from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
-from tests.conftest import Helm, wait_for
+from tests.conftest import Helm, release_test_platforms, wait_for
 from tests.nodeworld import (
     NAME,
     NodeWorld,
@@ -58,8 +58,6 @@ from tests.nodeworld import (
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
 NS = "gpuusage-system"
-PLATFORMS = RELEASE_PLATFORMS if os.environ.get("GPUUSAGE_RELEASE_PLATFORMS") == "all" else (HOST,)
-"""The short form builds for this machine's platform only; `make test-release` for all."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +75,12 @@ class Upgrade:
 
 
 def _parent(work: Path) -> Path:
-    """The release's parent commit, cloned (its chart and its images' sources)."""
-    parent = git_output(REPO, "rev-parse", "--verify", "--quiet", "HEAD~1")
-    assert parent, "the checkout has no parent commit (a shallow clone: fetch-depth 2 or more)"
+    """The commit the release upgrades from, cloned (its chart and its images' sources): the
+    release's parent, or $GPUUSAGE_UPGRADE_FROM (a commit from before a change of the install,
+    such as e5ce198, whose chart still kept the CRDs in crds/)."""
+    wanted = os.environ.get("GPUUSAGE_UPGRADE_FROM", "HEAD~1")
+    parent = git_output(REPO, "rev-parse", "--verify", "--quiet", f"{wanted}^{{commit}}")
+    assert parent, f"no commit {wanted} in the checkout (a shallow clone: fetch-depth 2 or more)"
     folder = work / "parent"
     subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(folder)], check=True)
     subprocess.run(["git", "-C", str(folder), "checkout", "-q", "--detach", parent], check=True)
@@ -95,7 +96,9 @@ def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upgrade]:
     parent = _parent(work)
     with running_registry(work / "registry") as registry:
         where = f"{registry.host}/gpuusage"
-        made = release(REPO, work / "dist", where, platforms=PLATFORMS, command="pytest")
+        made = release(
+            REPO, work / "dist", where, platforms=release_test_platforms(), command="pytest"
+        )
         old = build(work / "parent-dist", repo=parent, platforms=(HOST,), command="pytest")
         parent_images = {
             short_name(one.name).removeprefix("gpuusage-"): push(
@@ -147,6 +150,42 @@ def _marks(world: NodeWorld, namespace: str, pod: str) -> tuple[str | None, str 
     condition = gpu_condition(world, namespace, pod)
     annotation = (found.metadata.annotations or {}).get(names.ANNOTATION_GPUS)
     return annotation, (condition or {}).get("reason")
+
+
+def _watch_marks(
+    world: NodeWorld,
+    expected: dict[tuple[str, str], tuple[str | None, str | None]],
+    lost: list[tuple[str, tuple[str | None, str | None]]],
+    memories: set[str],
+    done: threading.Event,
+) -> None:
+    """Until `done`: every version of the `expected` pods the apiserver sends, its marks
+    compared with what they must stay (into `lost` where not); the memory annotations seen."""
+    selector = "app in (train,sneaky)"
+    listed = world.core.list_pod_for_all_namespaces(label_selector=selector)
+    version = listed.metadata.resource_version
+    stream = watch.Watch()  # type: ignore[no-untyped-call]
+    while not done.is_set():
+        for event in stream.stream(  # type: ignore[no-untyped-call]
+            world.core.list_pod_for_all_namespaces,
+            label_selector=selector,
+            resource_version=version,
+            timeout_seconds=2,
+        ):
+            pod = event["object"]
+            version = pod.metadata.resource_version
+            annotations = pod.metadata.annotations or {}
+            reasons = [
+                c.reason
+                for c in (pod.status.conditions or [])
+                if c.type == names.POD_CONDITION_GPU_IN_USE
+            ]
+            seen = (annotations.get(names.ANNOTATION_GPUS), reasons[0] if reasons else None)
+            if seen != expected.get((pod.metadata.namespace, pod.metadata.name), seen):
+                lost.append((pod.metadata.name, seen))
+            memories.add(str(annotations.get(names.ANNOTATION_GPU_MEMORY_MIB)))
+            if done.is_set():
+                break
 
 
 def _account(world: NodeWorld, namespace: str) -> None:
@@ -219,18 +258,14 @@ def test_the_release_upgrades_its_parent_and_keeps_every_mark(upgrade: Upgrade) 
     wait_for_event(world, "ml", train.metadata.name, "GPUUseStarted")
     wait_for_event(world, "lab", sneaky.metadata.name, "UsingUnrequestedGPU")
 
-    # helm upgrade to the release's chart from the registry, while a thread watches the marks.
+    # helm upgrade to the release's chart from the registry, while a pod watch checks the
+    # marks on every change of the two pods.
     lost: list[tuple[str, tuple[str | None, str | None]]] = []
+    memories: set[str] = set()
     done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.2):
-            for (namespace, pod), marks in expected.items():
-                seen = _marks(world, namespace, pod)
-                if seen != marks:
-                    lost.append((pod, seen))
-
-    watcher = threading.Thread(target=watch, daemon=True)
+    watcher = threading.Thread(
+        target=_watch_marks, args=(world, expected, lost, memories, done), daemon=True
+    )
     watcher.start()
     try:
         released_values = _values(up, up.parent / "values.release.yaml")
@@ -261,6 +296,7 @@ def test_the_release_upgrades_its_parent_and_keeps_every_mark(upgrade: Upgrade) 
         done.set()
         watcher.join()
     assert lost == [], "a pod's mark went missing or changed during the upgrade"
+    assert "2048" in memories, "the watch heard the pods change"
 
     # Pulled by digest from the registry by the node's containerd: nothing was imported.
     held = world.node.containerd.ctr("images", "list", "-q").stdout.decode().split()

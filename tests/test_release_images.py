@@ -51,6 +51,7 @@ from gpuusage_dev.release.imagecheck import (
 from gpuusage_dev.release.images import build, check
 from gpuusage_dev.release.provenance import statement
 from gpuusage_dev.release.sbom import installed, purl_version, sbom_problems
+from tests.conftest import release_test_platforms
 
 REPO = Path(__file__).resolve().parents[1]
 AMD64, ARM64 = Platform("amd64"), Platform("arm64")
@@ -180,15 +181,6 @@ def test_the_provenance_names_the_commit_the_command_and_the_locked_inputs() -> 
         statement(REPO, "nodeagent/Dockerfile", "x", "sha256:12", platforms=(), command="c")
 
 
-RELEASE_PLATFORMS_ENV = "GPUUSAGE_RELEASE_PLATFORMS"
-"""Which platforms the build test makes: unset, this machine's own (CI's short form); `all`,
-every release platform, the others under qemu (`make test-release`)."""
-
-
-def _wanted() -> tuple[Platform, ...]:
-    return RELEASE_PLATFORMS if os.environ.get(RELEASE_PLATFORMS_ENV) == "all" else (HOST,)
-
-
 def _index_digests(out: Path) -> dict[str, object]:
     return dict(json.loads((out / "digests.json").read_text()))
 
@@ -204,7 +196,7 @@ def test_the_release_images_are_for_their_cpus_run_and_reproduce(
     build with nothing cached but the Debian bases gives the same digests."""
     if shutil.which("mmdebstrap") is None or os.geteuid() != 0:
         pytest.skip("the images' Debian base needs mmdebstrap, as root")
-    platforms = _wanted()
+    platforms = release_test_platforms()
     for platform in platforms:
         why = cannot_emulate(platform)
         if why is not None:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gpuusage import __version__
+from gpuusage_dev.localcluster.cluster import free_port
 from gpuusage_dev.localcluster.containerd import Containerd
 from gpuusage_dev.localcluster.platforms import HOST
 from gpuusage_dev.localcluster.productimages import REPO
@@ -31,6 +32,7 @@ from gpuusage_dev.release.images import Built, build
 from gpuusage_dev.release.publish import (
     PublishError,
     Signer,
+    held,
     publish,
     push,
     push_chart,
@@ -124,7 +126,7 @@ def test_the_chart_is_pushed_signed_and_pulled_with_its_images_pinned(
     for one in released.built:
         short = one.name.rsplit("/", 1)[-1].split(":", 1)[0]
         image = values[short.removeprefix("gpuusage-")]["image"]
-        pulled_from = f"{image['registry']}/{image['repository']}@{image['digest']}"
+        pulled_from = f"{values['image']['registry']}/{image['repository']}@{image['digest']}"
         assert pulled_from == published[one.name]
 
 
@@ -211,7 +213,11 @@ def test_a_version_tag_is_never_moved(released: Released) -> None:
     assert push(ensure_tool(CRANE), agent, f"{registry.host}/gpuusage", __version__).endswith(
         agent.digest
     ), "the same build again is no move"
-    tools = {"crane": ensure_tool(CRANE), "helm": ensure_tool(HELM)}
+    crane = ensure_tool(CRANE)
+    assert held(crane, "digest", f"{registry.host}/gpuusage/nothing:1.0.0") is None
+    with pytest.raises(PublishError):  # a registry that does not answer is no "not there"
+        held(crane, "digest", f"127.0.0.1:{free_port()}/gpuusage/gpuusage-agent:1.0.0")
+    tools = {"crane": crane, "helm": ensure_tool(HELM)}
     where = f"{registry.host}/gpuusage"
     assert push_chart(tools, released.packaged, where, __version__) == released.published["chart"]
     other = released.dist / "other" / released.packaged.name

@@ -147,6 +147,7 @@ def test_make_release_passes_the_registry_and_keyless_signing_on() -> None:
 
     keyless = planned("REGISTRY=ghcr.io/team", "KEYLESS=1")
     assert '--registry "ghcr.io/team" --keyless' in keyless
+    assert "--keyless" not in planned("KEYLESS=0")
     plain = planned()
     assert "gpuusage_dev.release --out dist" in plain
     assert "--registry" not in plain

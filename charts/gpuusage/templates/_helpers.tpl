@@ -67,3 +67,11 @@ app.kubernetes.io/name: {{ .name }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/* "true" or "false": crds.<key>, or "true" where the values have no crds (those of a
+     release from before it existed, reused by `helm upgrade --reuse-values`).
+     Called with (dict "key" "enabled" "root" $). */}}
+{{- define "gpuusage.crds" -}}
+{{- $crds := .root.Values.crds | default dict -}}
+{{- if hasKey $crds .key }}{{ get $crds .key }}{{ else }}true{{ end -}}
+{{- end }}

@@ -1,6 +1,7 @@
 """The files a GitHub release carries beside what the registry holds: the kubectl plugin's Krew
 archives (one per platform, gpuusage_dev.krewplugin) and its Krew manifest, the packaged chart,
-each image's SBOMs and provenance, and SHA256SUMS over all of them. The archives are built byte
+and SHA256SUMS over them (the images' SBOMs and provenance are in the registry, as signed
+attestations). The archives are built byte
 for byte the same from the same sources, so the release refuses to go on where the Krew
 manifest in the tree (plugins/krew/gpuusage.yaml, what `kubectl krew install` reads) names
 other archives than this build makes: `make plugin` and commit it first."""

@@ -10,6 +10,7 @@ mode into the archive, so the copy it packages has the commit's time and fixed m
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -60,9 +61,16 @@ def pins(built: list[Built], registry: str) -> dict[str, Pin]:
 
 
 def pinned_values(text: str, wanted: Mapping[str, Pin]) -> str:
-    """values.yaml with each component's `image.registry`, `.repository` and `.digest` set,
-    every other line (its comments too, which `helm show values` prints) as written. Raises
-    where the chart no longer has those keys in that shape."""
+    """values.yaml with the top-level `image.registry` and each component's
+    `image.repository` and `.digest` set, every other line (its comments too, which `helm show
+    values` prints) as written. The registry is the one all components share, so that a
+    mirror is one `--set image.registry=...` away. Raises where the chart no longer has those
+    keys in that shape, or a component names a registry of its own (it would win over the
+    pin)."""
+    registries = {pin.registry for pin in wanted.values()}
+    if len(registries) > 1:
+        raise ChartError(f"one release, one registry: not {sorted(registries)}")
+    registry = next(iter(registries), "")
     lines = text.splitlines(keepends=True)
     top = ""
     in_image = False
@@ -70,23 +78,33 @@ def pinned_values(text: str, wanted: Mapping[str, Pin]) -> str:
         if re.match(r"^\S", line):
             top, in_image = line.split(":", 1)[0], False
             continue
+        if top == "image" and registry and re.match(r"^  registry:", line):
+            lines[number] = f"  registry: {json.dumps(registry)}  # pinned by make release\n"
+            continue
         if re.match(r"^  image:\s*$", line):
             in_image = True
             continue
         if re.match(r"^  \S", line):
             in_image = False
-        field = re.match(r"^    (registry|repository|digest):", line)
+        field = re.match(r"^    (repository|digest):", line)
         if in_image and field and top in wanted:
             value = getattr(wanted[top], field.group(1))
             if value:
-                lines[number] = f"    {field.group(1)}: {value}  # pinned by make release\n"
+                lines[number] = (
+                    f"    {field.group(1)}: {json.dumps(value)}  # pinned by make release\n"
+                )
     pinned = "".join(lines)
     parsed = yaml.safe_load(pinned)
+    if registry and (parsed.get("image") or {}).get("registry") != registry:
+        raise ChartError("values.yaml has no image.registry to pin")
     for component, pin in wanted.items():
-        image = parsed.get(component, {}).get("image", {})
-        for key, value in vars(pin).items():
+        image = (parsed.get(component) or {}).get("image") or {}
+        for key in ("repository", "digest"):
+            value = getattr(pin, key)
             if value and image.get(key) != value:
                 raise ChartError(f"values.yaml has no {component}.image.{key} to pin")
+        if image.get("registry"):
+            raise ChartError(f"values.yaml's {component}.image.registry would win over the pin")
     return pinned
 
 
@@ -109,7 +127,9 @@ def package(repo: Path, out: Path, helm: Path, wanted: Mapping[str, Pin]) -> Pat
 
 def loopback(registry: str) -> bool:
     """Whether `registry` (host[:port][/path]) is on this machine, spoken to over plain HTTP."""
-    host = registry.split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    address = registry.split("/", 1)[0]
+    bracketed = address.startswith("[")  # [v6 address]:port
+    host = address[1:].split("]", 1)[0] if bracketed else address.rsplit(":", 1)[0]
     if host == "localhost":
         return True
     try:

@@ -134,15 +134,28 @@ def keyless_signer(env: Mapping[str, str]) -> Signer:
     return Signer(None, None, identity=f"{server}/{workflow}", issuer=GITHUB_ISSUER)
 
 
+ABSENT = ("MANIFEST_UNKNOWN", "NAME_UNKNOWN", "404 Not Found")
+"""How a registry says it has no such tag or repository (the OCI distribution spec's codes)."""
+
+
+def held(crane: Path, what: str, tagged: str) -> str | None:
+    """What `crane <what> <tagged>` prints, or None where the registry has no such tag yet.
+    Any other failure (no credentials, a registry down) stops the release: taken for "not
+    there", it would let a push move a version's tag."""
+    try:
+        return _run(crane, what, tagged)
+    except PublishError as error:
+        if any(code in str(error) for code in ABSENT):
+            return None
+        raise
+
+
 def push(crane: Path, one: Built, registry: str, version: str) -> str:
     """Push the image's index as `registry/<image>:<version>`: the reference by digest, once
     the registry answers with the digest it was built with."""
     short = short_name(one.name)
     tagged = f"{registry}/{short}:{version}"
-    try:
-        there = _run(crane, "digest", tagged).strip()
-    except PublishError:
-        there = ""  # not pushed yet
+    there = (held(crane, "digest", tagged) or "").strip()
     if there and there != one.digest:
         raise PublishError(
             f"{tagged} is already {there}; a release never moves a version's tag (this build "
@@ -189,16 +202,14 @@ def push_chart(tools: Mapping[str, Path], archive: Path, registry: str, version:
     digest. A version already there is left as it is where it holds these very bytes (a
     release run again), and refused where it holds another chart."""
     tagged = f"{registry}/charts/gpuusage:{version}"
-    try:
-        there = json.loads(_run(tools["crane"], "manifest", tagged))
-    except PublishError:
-        there = None  # not pushed yet
+    manifest = held(tools["crane"], "manifest", tagged)
+    there = json.loads(manifest) if manifest is not None else None
     if there is not None:
-        held = [layer["digest"] for layer in there["layers"] if layer["mediaType"] == CHART_LAYER]
+        layers = [layer["digest"] for layer in there["layers"] if layer["mediaType"] == CHART_LAYER]
         ours = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()
-        if held != [ours]:
+        if layers != [ours]:
             raise PublishError(
-                f"{tagged} already holds another chart ({held}); a release never moves a "
+                f"{tagged} already holds another chart ({layers}); a release never moves a "
                 f"version's tag (this build's chart is {ours})"
             )
         digest = _run(tools["crane"], "digest", tagged).strip()
