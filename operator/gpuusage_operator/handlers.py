@@ -1,13 +1,13 @@
 """The kopf wiring: the informers, the workers and the housekeeping pass, run in kopf's runtime.
 
-* kopf stays the operator's runtime: startup and cleanup, login, the liveness endpoint. It runs
-  without peering on every replica; which one acts is decided by the operator's Lease (see
-  ha.leader), and every replica's informers keep their caches warm. The reports, pods,
-  Leases, claims and policies are watched by our own informers (see informers: why not
-  kopf's watch), which only queue names (see workqueue): one worker per report at a time,
-  deadlines, retries with a backoff; the worker reads the report from the report watch's
-  cache (see controller.workers). No diff-base annotation and no finalizer on the objects
-  the agent owns.
+* kopf is the operator's runtime: its event loop, startup and cleanup, login, the liveness
+  endpoint; it watches nothing (kopfsetup). It runs without peering on every replica; which
+  one acts is decided by the operator's Lease (see ha.leader), and every replica's informers
+  keep their caches warm. The reports, pods, Leases, claims and policies are watched by our
+  own informers (see informers: why not kopf's watch), which only queue names (see
+  workqueue): one worker per report at a time, deadlines, retries with a backoff; the worker
+  reads the report from the report watch's cache (see controller.workers). No diff-base
+  annotation and no finalizer on the objects the agent owns.
 * The pod index keeps a few fields per pod (see index.pods), never whole bodies. Reports are
   reconciled only once the reports', pods', claims' and Leases' informers hold their complete
   first listings; the policies' informer gates the policy steps alone (a policy step on a
@@ -40,7 +40,6 @@ from gpuusage_operator.ha.fence import fence_writes
 from gpuusage_operator.ha.leader import ActiveGate, LeaseElector
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.dra import DraWatch
-from gpuusage_operator.informers.informer import WATCH_IDLE
 from gpuusage_operator.informers.leases import LeaseWatch
 from gpuusage_operator.informers.pods import PodWatch
 from gpuusage_operator.informers.policies import PolicyWatch
@@ -68,7 +67,7 @@ def build_registry(
     leases: LeaseWatch,
     clock: Clock = utc_now,
     policies: PolicyWatch | None = None,
-    timeouts: tuple[float, float] = (REQUEST_TIMEOUT, WATCH_IDLE),
+    api_timeout: float = REQUEST_TIMEOUT,
     report_interval: float = DEFAULT_INTERVAL,
     openreports: OpenReportsWriter | None = None,
 ) -> kopf.OperatorRegistry:
@@ -119,7 +118,7 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings, *timeouts)
+        configure_kopf(settings, api_timeout)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

@@ -16,28 +16,24 @@ def retry_forever() -> Backoff:
 
 
 def configure_kopf(
-    settings: kopf.OperatorSettings,
-    request_timeout: float = REQUEST_TIMEOUT,
-    watch_idle: float = 70.0,
+    settings: kopf.OperatorSettings, request_timeout: float = REQUEST_TIMEOUT
 ) -> None:
-    """kopf's settings for this operator (the startup handler applies them). kopf runs
-    without peering on every replica (the Lease decides who acts: ha.leader) and has no
-    resource handler: the operator's informers watch what it reads (see informers), so no
-    diff base nor progress is ever stored on an object."""
+    """kopf's settings for this operator (the startup handler applies them).
+
+    kopf is the operator's runtime and nothing more: its event loop, the startup and cleanup
+    handlers, the login, the liveness endpoint. It watches nothing. No resource handler is
+    registered (the operator's informers watch what it reads, see informers), so its
+    observation of the cluster's CRDs, which serves handlers only, is off: kopf reads the API's
+    discovery once at start. It runs without peering on every replica (the Lease decides who
+    acts: ha.leader), and posts no Events of its own."""
+    settings.scanning.disabled = True
     settings.posting.enabled = False
-    settings.watching.server_timeout = 300
-    # Client-side bounds on every request and watch of kopf's own, as ours have
-    # (kube.config): a half-open connection fails instead of freezing a watch. A watch that
-    # hears nothing, not even a bookmark, for the inactivity timeout is started again.
+    # Client-side bounds on kopf's requests, as on ours (kube.config).
     settings.networking.connect_timeout = CONNECT_TIMEOUT
     settings.networking.request_timeout = request_timeout
-    settings.watching.connect_timeout = CONNECT_TIMEOUT
-    settings.watching.client_timeout = 300 + request_timeout
-    settings.watching.inactivity_timeout = watch_idle
-    # kopf gives up a request after its backoffs (54 s in all) and then stops what made it for
-    # good: several apiserver restarts in a row left an operator whose reports kopf watched
-    # deaf until it was restarted (benchmarks/README.md, fault soak). Retry for as long as it
-    # takes.
+    # kopf gives up a request after its backoffs (54 s in all) and then stops: an operator
+    # starting while the apiserver restarts would fail its discovery and exit. Retry for as
+    # long as it takes (the informers do too).
     settings.networking.error_backoffs = retry_forever()
 
 

@@ -201,7 +201,7 @@ class Operator:
                 leases=self.leases,
                 clock=self.clock,
                 policies=self.policies,
-                timeouts=(settings.api_timeout, settings.watch_idle_timeout),
+                api_timeout=settings.api_timeout,
                 openreports=self.openreports,
             )
             kopf.run(
