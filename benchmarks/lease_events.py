@@ -30,15 +30,15 @@ from kubernetes import client
 
 from gpuusage.api.times import format_micro_time
 from gpuusage_operator.controller.debounce import Debounce
-from gpuusage_operator.controller.reasons import RENEWED, Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
-from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.reportbook import ReportBook
+from gpuusage_operator.controller.triggers import RENEWED, Triggers
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.leader import ActiveGate
-from gpuusage_operator.informers.leases import LeaseWatch
+from gpuusage_operator.informers.leasewatch import LeaseWatch
 from gpuusage_operator.writers.budget import WriteBudget
-from gpuusage_operator.writers.pods import pod_writer
+from gpuusage_operator.writers.podmarker import pod_writer
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 

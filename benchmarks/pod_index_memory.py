@@ -4,8 +4,8 @@ The operator watches every pod in the cluster; most are not GPU pods, and what i
 must stay small. This creates realistic pods on the local control plane (three containers with
 resources, env and probes; a status as the kubelet writes it, with container IDs, images,
 conditions and IPs; labels, an owner and the managed fields of two writers), then lists them
-into the operator's own pod index (informers.pods.PodWatch, the code the operator runs) in a fresh
-process, and reads that process's resident memory before and after, with the index kept.
+into the operator's own pod index (informers.podwatch.PodWatch, the code the operator runs)
+in a fresh process, and reads that process's resident memory before and after, with the index kept.
 
 Printed, at each size: the resident memory the index added (from an empty cluster's list, so
 the per-pod figure includes whatever the listing left behind), per pod; and between the two
@@ -38,7 +38,7 @@ from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import ensure_namespace
-from gpuusage_operator.informers.pods import PodWatch
+from gpuusage_operator.informers.podwatch import PodWatch
 
 NAMESPACES = 20
 NODES = 200

@@ -20,17 +20,17 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.api.models import Source
-from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
-from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.reportbook import ReportBook
+from gpuusage_operator.controller.triggers import Triggers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_of
-from gpuusage_operator.informers.policies import PolicyState
+from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.judge.freshness import Renewal
 from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.writers.budget import WriteBudget
-from gpuusage_operator.writers.pods import pod_writer
+from gpuusage_operator.writers.podmarker import pod_writer
 from tests.fakenvml import gpu_uuid
 
 # -- the operator's reconciler, alone ------------------------------------------------------

@@ -13,7 +13,7 @@ from gpuusage_dev.localcluster import versions
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_allocated_claim, create_gpu_slice, ensure_namespace
 from gpuusage_operator.index.pods import snapshot_of
-from gpuusage_operator.informers.dra import DraWatch, resource_apis
+from gpuusage_operator.informers.drawatch import DraWatch, resource_apis
 from gpuusage_operator.judge.allocation import allocation_of
 from gpuusage_operator.judge.requests import DEFAULT_RULES, PodClaims
 from tests.conftest import wait_for

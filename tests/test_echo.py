@@ -14,7 +14,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuusage_operator.controller.reasons import RENEWED, STALENESS, Gone
+from gpuusage_operator.controller.triggers import RENEWED, STALENESS, Gone
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.freshness import DEFAULT_STALE_AFTER, Renewal
 from gpuusage_operator.writers.budget import WriteBudget

@@ -24,7 +24,7 @@ from gpuusage_nodeagent.main import NodeReader, run_cycles
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_operator.informers.leases import LeaseState, Seen
+from gpuusage_operator.informers.leasewatch import LeaseState, Seen
 from tests.builders import FAKE_SOURCE
 
 T0 = datetime(2026, 11, 24, 9, 0, tzinfo=UTC)
@@ -241,7 +241,7 @@ def test_renewals_the_operator_could_not_watch_for_are_not_counted_against_the_n
     """While the Lease watch is interrupted, and from its next list until a renewal is seen,
     the agent is given from that list on: the operator's own blind spell (an apiserver
     restart) never makes a live node stale. Such a floor is no witnessed renewal."""
-    from gpuusage_operator.informers.leases import LeaseWatch  # noqa: PLC0415
+    from gpuusage_operator.informers.leasewatch import LeaseWatch  # noqa: PLC0415
 
     now = [T0]
     watch = LeaseWatch(None, "system", clock=lambda: now[0])
@@ -276,7 +276,7 @@ def test_a_lease_gone_while_the_watch_was_interrupted_is_news_after_the_next_lis
     """A list again that no longer finds a Lease forgets what was seen of it and makes its
     node's report due (its freshness is judged by the report alone again); Leases still there
     are no news."""
-    from gpuusage_operator.informers.leases import LeaseWatch  # noqa: PLC0415
+    from gpuusage_operator.informers.leasewatch import LeaseWatch  # noqa: PLC0415
 
     class Pages:
         def __init__(self, *lists: list[dict[str, Any]]) -> None:

@@ -364,7 +364,7 @@ def test_kept_results_are_ours_as_we_write_them() -> None:
 
 
 def test_only_reports_judged_since_this_replica_turned_active_are_published() -> None:
-    from gpuusage_operator.controller.reports import ReportBook, ReportMemory  # noqa: PLC0415
+    from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory  # noqa: PLC0415
     from gpuusage_operator.index.pods import PodLookup  # noqa: PLC0415
     from gpuusage_operator.openreports.gather import gather  # noqa: PLC0415
 

@@ -18,7 +18,7 @@ from gpuusage_operator.controller.reconcile import Counts
 from gpuusage_operator.index.pods import snapshot_of
 from gpuusage_operator.judge.podstate import Verdict, mark_of
 from gpuusage_operator.writers.budget import WriteBudget
-from gpuusage_operator.writers.pods import PodMarker
+from gpuusage_operator.writers.podmarker import PodMarker
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 ANNOUNCED: dict[str, str | None] = {names.ANNOTATION_POLICY_ACTION: '{"policy":"p"}'}

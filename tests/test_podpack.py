@@ -10,7 +10,7 @@ from gpuusage.api import names
 from gpuusage.api.models import Process
 from gpuusage_operator.index.podpack import PlainPods, pack, packable, uid_key, uid_of, unpack
 from gpuusage_operator.index.pods import PodSnapshot, snapshot_of
-from gpuusage_operator.informers.pods import IndexState
+from gpuusage_operator.informers.podwatch import IndexState
 from gpuusage_operator.judge.resolution import resolve_process
 
 UID = "0b6c3a52-9d0e-4b8e-8f1a-2c3d4e5f6a7b"

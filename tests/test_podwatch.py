@@ -12,7 +12,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage_operator.index.pods import snapshot_of
-from gpuusage_operator.informers.pods import IndexState, PodWatch
+from gpuusage_operator.informers.podwatch import IndexState, PodWatch
 
 CID_A, CID_B = "a" * 64, "b" * 64
 UID_1, UID_2 = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
-from gpuusage_operator.informers.policies import PolicyState
+from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.policies.ledger import PolicyLedger, Slot
 from gpuusage_operator.writers.budget import WriteBudget
 from tests.builders import policy_watch

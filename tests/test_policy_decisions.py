@@ -11,7 +11,7 @@ from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.models import Process
 from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
 from gpuusage_operator.index.pods import PodSnapshot
-from gpuusage_operator.informers.policies import NamespaceState, PolicyState
+from gpuusage_operator.informers.policywatch import NamespaceState, PolicyState
 from gpuusage_operator.judge.allocation import Allocation, Judgement
 from gpuusage_operator.judge.findings import Observation, finding_of, observe
 from gpuusage_operator.judge.idle import Idle

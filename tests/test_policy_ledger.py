@@ -25,7 +25,7 @@ from gpuusage.api.policy import MAX_DECISIONS, Decision, Target
 from gpuusage_operator.controller import housekeeping as housekeeping_module
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.policies import PolicyState
+from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.ledger import GONE_RETRY, STATUS_RETRY, PolicyLedger, Slot
 from gpuusage_operator.policies.noderule import NodeMarks

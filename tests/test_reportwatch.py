@@ -1,4 +1,4 @@
-"""The report cache (informers.reports) and the worker that reads from it: every change queues
+"""The report cache (informers.reportwatch) and the worker that reads from it: every change queues
 the report's name, never its body; a worker reconciles the report as the cache holds it when
 it takes the name, and a report the cache lacks is gone."""
 
@@ -13,12 +13,12 @@ from typing import Any, cast
 import pytest
 
 from gpuusage_operator.controller.debounce import Debounce
-from gpuusage_operator.controller.reasons import EVENT, Triggers
-from gpuusage_operator.controller.reports import ReportBook, ReportMemory
+from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory
+from gpuusage_operator.controller.triggers import EVENT, Triggers
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.informers.informer import WatchExpired
-from gpuusage_operator.informers.reports import ReportStore, ReportWatch
+from gpuusage_operator.informers.reportwatch import ReportStore, ReportWatch
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 

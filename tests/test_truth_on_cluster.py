@@ -26,7 +26,7 @@ from gpuusage_dev.proctree import pod_cgroup, write_process
 from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace
 from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
-from gpuusage_operator.informers.pods import PodWatch
+from gpuusage_operator.informers.podwatch import PodWatch
 from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
 from tests.builders import reconciler_on

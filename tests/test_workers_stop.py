@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpuusage_operator.controller.reasons import EVENT
+from gpuusage_operator.controller.triggers import EVENT
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 

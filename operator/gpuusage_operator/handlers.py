@@ -32,18 +32,18 @@ from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage_operator.controller.debounce import DEFAULT_INTERVAL, Debounce
 from gpuusage_operator.controller.housekeeping import housekeeping
-from gpuusage_operator.controller.reasons import EVENT
 from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.triggers import EVENT
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.ha.election import Election
 from gpuusage_operator.ha.fence import fence_writes
 from gpuusage_operator.ha.leader import ActiveGate, LeaseElector
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.dra import DraWatch
-from gpuusage_operator.informers.leases import LeaseWatch
-from gpuusage_operator.informers.pods import PodWatch
-from gpuusage_operator.informers.policies import PolicyWatch
-from gpuusage_operator.informers.reports import ReportWatch
+from gpuusage_operator.informers.drawatch import DraWatch
+from gpuusage_operator.informers.leasewatch import LeaseWatch
+from gpuusage_operator.informers.podwatch import PodWatch
+from gpuusage_operator.informers.policywatch import PolicyWatch
+from gpuusage_operator.informers.reportwatch import ReportWatch
 from gpuusage_operator.kopfsetup import configure_kopf, connection_info
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.openreports.gather import gather

@@ -16,9 +16,9 @@ from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage.kube.core import CoreApi
 from gpuusage.kube.serverversion import check_server
-from gpuusage_operator.controller.reasons import Triggers
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
-from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.reportbook import ReportBook
+from gpuusage_operator.controller.triggers import Triggers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.election import Election
 from gpuusage_operator.ha.leader import (
@@ -30,11 +30,11 @@ from gpuusage_operator.ha.leader import (
 )
 from gpuusage_operator.handlers import build_registry
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.dra import DraWatch, resource_apis
-from gpuusage_operator.informers.leases import LeaseWatch
-from gpuusage_operator.informers.pods import PodWatch
-from gpuusage_operator.informers.policies import PolicyWatch
-from gpuusage_operator.informers.reports import ReportWatch
+from gpuusage_operator.informers.drawatch import DraWatch, resource_apis
+from gpuusage_operator.informers.leasewatch import LeaseWatch
+from gpuusage_operator.informers.podwatch import PodWatch
+from gpuusage_operator.informers.policywatch import PolicyWatch
+from gpuusage_operator.informers.reportwatch import ReportWatch
 from gpuusage_operator.metrics import OperatorMetrics
 from gpuusage_operator.openreports.writer import OpenReportsWriter
 from gpuusage_operator.policies.act import Actor
@@ -43,7 +43,7 @@ from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.settings import OperatorSettings
 from gpuusage_operator.writers.budget import WriteBudget
-from gpuusage_operator.writers.pods import pod_writer
+from gpuusage_operator.writers.podmarker import pod_writer
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube.errors import translate
-from gpuusage_operator.controller.reasons import DUE
 from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.triggers import DUE
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.informers.apihealth import ApiHealth
-from gpuusage_operator.informers.pods import PodWatch
+from gpuusage_operator.informers.podwatch import PodWatch
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 5.0

@@ -2,7 +2,7 @@
 
 It holds each node's signs of life as this replica saw them: its report's changes (a
 Sighting, see judge.freshness) and its agent's Lease renewals (read from the Lease watch, see
-informers.leases), the verdict in force (stale or fresh, as the last reconcile judged it: what
+informers.leasewatch), the verdict in force (stale or fresh, as the last reconcile judged it: what
 its status says), and so when a fresh node turns stale. The watches tell it (`renewed`); a
 reconcile asks it once for the report's freshness (`judge`), which records the verdict under
 the same lock as it reads the renewal: a renewal told after that finds the verdict it can
@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from gpuusage.api.models import GpuNodeUsageStatus
-from gpuusage_operator.controller.reasons import RENEWED, STALENESS
+from gpuusage_operator.controller.triggers import RENEWED, STALENESS
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.judge.freshness import (
     MAX_CLOCK_SKEW,

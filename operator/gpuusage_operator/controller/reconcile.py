@@ -1,10 +1,10 @@
 """Apply what the pure core wants: GpuNodeUsage status, pod annotations, pod condition, Events.
 
 One idempotent reconcile per report, run on one of the workers' threads (controller.workers;
-the `kubernetes` client is synchronous): judge_report judges the report, writers.pods writes
-the pods, writers.status the status; this room keeps the order of the writes, what each
-reconcile leaves in the report's memory (see reports) and when the report is next due, and
-judges whether what a report was queued for asks for a reconcile at all (see reasons). Writes
+the `kubernetes` client is synchronous): judge_report judges the report, writers.podmarker writes
+the pods, writers.statuswriter the status; this room keeps the order of the writes, what each
+reconcile leaves in the report's memory (see reportbook) and when the report is next due, and
+judges whether what a report was queued for asks for a reconcile at all (see triggers). Writes
 happen only
 where the desired state differs from what is known: the pod index (our annotations and
 condition are part of each entry) or, after our own writes, a last-applied cache that covers
@@ -30,13 +30,13 @@ from pydantic import ValidationError
 
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage_operator.controller.liveness import Liveness
-from gpuusage_operator.controller.reasons import (
+from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory
+from gpuusage_operator.controller.triggers import (
     DEADLINE,
     FRESHNESS,
     Edited,
     Gone,
 )
-from gpuusage_operator.controller.reports import ReportBook, ReportMemory
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.dra import NO_DRA, DraLookup
 from gpuusage_operator.index.pods import PodLookup
@@ -52,8 +52,8 @@ from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.judge.restarts import RESTART_GRACE
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
-from gpuusage_operator.writers.pods import PodMarker
-from gpuusage_operator.writers.status import echo_version, write_status
+from gpuusage_operator.writers.podmarker import PodMarker
+from gpuusage_operator.writers.statuswriter import echo_version, write_status
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Counts:
     writes_deferred: int = 0
     """Pods whose writes waited for a later reconcile: the cluster-wide budget was spent."""
     echoes_skipped: int = 0
-    """Report events left out: they only echoed our own status write (see reasons)."""
+    """Report events left out: they only echoed our own status write (see triggers)."""
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
     """Pod write failures by kind (NotFound is no failure: the pod went away meanwhile)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -121,7 +121,7 @@ class Reconciler:
 
     api: client.ApiClient
     marker: PodMarker
-    """Writes the pods and their Events (see writers.pods)."""
+    """Writes the pods and their Events (see writers.podmarker)."""
     counts: Counts
     """The tallies the marker and its Event recorder keep too."""
     queue: WorkQueue
@@ -129,7 +129,7 @@ class Reconciler:
     workers take them one report at a time, so two reconciles of one report never run at once
     (both would decide from the same pod state and both write: two start Events)."""
     book: ReportBook = field(default_factory=ReportBook)
-    """What this replica remembers of each report (see reports)."""
+    """What this replica remembers of each report (see reportbook)."""
     stale_after: timedelta | None = None
     """--stale-after; None: each node by its agent's Lease's duration, else three minutes
     (see freshness.threshold)."""
@@ -146,8 +146,8 @@ class Reconciler:
     nodes: NodeRunner | None = None
     """Carries out the policies' node rules about each reconciled node (None: none)."""
     renewals: Callable[[str], Renewal | None] = field(default=lambda node: None)
-    """A node agent's Lease as the operator saw it renewed (see informers.leases); by default none
-    is known, and freshness comes from the reports alone."""
+    """A node agent's Lease as the operator saw it renewed (see informers.leasewatch); by
+    default none is known, and freshness comes from the reports alone."""
     reports_api: Any = None
     """Where report statuses are written (a kubernetes CustomObjectsApi); by default one on
     `api`. Tests pass a stand-in that answers as the apiserver does."""
@@ -262,7 +262,7 @@ class Reconciler:
         return stale
 
     def needs_reconcile(self, name: str, reasons: frozenset[Hashable], now: datetime) -> bool:
-        """Whether what the report was queued for matters to it (see reasons): any reason but
+        """Whether what the report was queued for matters to it (see triggers): any reason but
         these does; a freshness reason only when the report's freshness by `now` differs from
         the verdict in force (see liveness), a pod's edited marks unless they echo our own
         write, a deleted pod only when the status lists it."""

@@ -5,7 +5,7 @@ deadline, a pod event, a Lease renewal, a retry. The worker first drops what the
 of deleted pods, then asks the reconciler whether any reason matters to the report (a renewal
 of a fresh report, pod edits that echo our own writes, the deletion of a pod the status does
 not list cost no reconcile). It reconciles the report as the report watch's cache holds it now
-(the lister, see informers.reports): its latest version, whatever the name was queued for; a
+(the lister, see informers.reportwatch): its latest version, whatever the name was queued for; a
 report the cache does not hold is gone, and its pods lose their marks at once. A reconcile
 that fails is queued again after a backoff (1 s doubling to 60 s) until it succeeds; one that
 succeeds starts its backoff over. Nothing is written unless this replica is the active one.
@@ -22,11 +22,11 @@ from typing import Any
 from gpuusage.api.times import Clock
 from gpuusage.kube.errors import NotLeading
 from gpuusage_operator.controller.debounce import Debounce
-from gpuusage_operator.controller.reasons import EVENT, STALENESS, gone_pods
 from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.triggers import EVENT, STALENESS, gone_pods
 from gpuusage_operator.ha.leader import ActiveGate
-from gpuusage_operator.informers.dra import DraWatch
-from gpuusage_operator.informers.pods import PodWatch
+from gpuusage_operator.informers.drawatch import DraWatch
+from gpuusage_operator.informers.podwatch import PodWatch
 from gpuusage_operator.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)

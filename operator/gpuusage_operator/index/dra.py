@@ -19,8 +19,8 @@ devices are read.
 Who uses a claim is told by the pods that name it, never by its `status.reservedFor`, which may
 name a whole PodGroup (KEP-5729) rather than pods.
 
-The states below are what the informers keep (see informers.dra): a few fields per object, never
-whole bodies.
+The states below are what the informers keep (see informers.drawatch): a few fields per
+object, never whole bodies.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """List then watch one kind of object into an in-memory state, as client-go's informers do.
 
-Semantics (the pod index's, see informers.pods, and the DRA indexes', see informers.dra):
+Semantics (the pod index's, see informers.podwatch, and the DRA indexes', see informers.drawatch):
 
 * `synced` is set once a full list is in; readers wait for it, so nothing is ever resolved
   against a half-built or outdated state.

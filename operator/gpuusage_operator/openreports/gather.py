@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuusage.api.policy import NodeRule
-from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.reportbook import ReportBook
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.openreports.results import NodeFacts, namespace_results, node_results
 

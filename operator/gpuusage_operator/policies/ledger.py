@@ -34,7 +34,7 @@ from gpuusage.api import names
 from gpuusage.api.policy import MAX_DECISIONS, Decision, GpuUsagePolicySpec
 from gpuusage.api.times import format_time, parse_time
 from gpuusage.kube.errors import Conflict, Forbidden, Invalid, NotFound, translate
-from gpuusage_operator.informers.policies import PolicyWatch
+from gpuusage_operator.informers.policywatch import PolicyWatch
 from gpuusage_operator.policies.limit import next_allowed, recent
 
 log = logging.getLogger(__name__)

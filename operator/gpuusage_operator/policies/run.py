@@ -33,7 +33,7 @@ from gpuusage.api.policy import Decision, Target
 from gpuusage.api.reasons import PolicyOutcome, policy_event_reason
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import PodSnapshot
-from gpuusage_operator.informers.policies import PolicyWatch
+from gpuusage_operator.informers.policywatch import PolicyWatch
 from gpuusage_operator.judge.findings import Observation
 from gpuusage_operator.policies.act import Actor, Result
 from gpuusage_operator.policies.ledger import PolicyLedger

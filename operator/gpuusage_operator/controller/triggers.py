@@ -7,7 +7,7 @@ reasons always ask for a reconcile; the others only when what they point at matt
 report, which the reconciler judges when a worker takes them (Reconciler.needs_reconcile):
 
 * EVENT: the report was added, changed or deleted (the worker reads it from the report
-  watch's cache, see informers.reports);
+  watch's cache, see informers.reportwatch);
 * DUE: a pod started or stopped holding GPUs on the node, a Lease appeared or went, a
   policy changed, a pod's writes waited for the budget or failed;
 * DEADLINE: one of the report's judgements comes due (idle time, marks settling, a notice);
@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuusage_operator.controller.reports import ReportBook
+from gpuusage_operator.controller.reportbook import ReportBook
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.pods import PodSnapshot
 
