@@ -25,7 +25,7 @@ from gpuusage_operator.controller.reportbook import ReportBook
 from gpuusage_operator.controller.triggers import Triggers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.keptpods import KeptPods
-from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_of
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_keys, snapshot_of
 from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.judge.freshness import Renewal
 from gpuusage_operator.policies.run import PolicyRunner
@@ -319,3 +319,9 @@ def one_process_scenario(path: Path, used: int) -> None:
             }
         )
     )
+
+
+def index_keys(body: dict[str, Any]) -> tuple[str, ...]:
+    """The keys the pod index finds this pod under besides its UID."""
+    ref = snapshot_of(body)
+    return () if ref is None else snapshot_keys(ref)

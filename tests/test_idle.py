@@ -11,13 +11,14 @@ import pytest
 from gpuusage.api.models import DeviceError, GpuNodeUsageSpec, Source
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.dra import NO_DRA
-from gpuusage_operator.index.pods import REQUESTING_KEY, PodSnapshot, index_keys, snapshot_of
+from gpuusage_operator.index.pods import REQUESTING_KEY, PodSnapshot, snapshot_of
 from gpuusage_operator.judge.allocation import AllocatedDevice, Allocation, allocation_of
 from gpuusage_operator.judge.certainty import blind_spots
 from gpuusage_operator.judge.idle import idle_pods, idle_since, next_idle_deadline
 from gpuusage_operator.judge.podstate import desired_condition
 from gpuusage_operator.judge.requests import DEFAULT_RULES
 from gpuusage_operator.writers.marks import condition_patch
+from tests.builders import index_keys
 from tests.examples import example_spec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)

@@ -10,7 +10,7 @@ import pytest
 
 from gpuusage.api import names
 from gpuusage.api.models import Process
-from gpuusage_operator.index.pods import index_keys, snapshot_of
+from gpuusage_operator.index.pods import snapshot_of
 from gpuusage_operator.judge.allocation import judgements
 from gpuusage_operator.judge.freshness import Sighting, freshness
 from gpuusage_operator.judge.podstate import desired_annotations, desired_condition, usage_json
@@ -18,7 +18,7 @@ from gpuusage_operator.judge.requests import gpu_requests
 from gpuusage_operator.judge.resolution import pod_uses, resolve_all, resolve_process
 from gpuusage_operator.judge.status import compute_share, desired_status
 from gpuusage_operator.writers.marks import annotation_patch, condition_patch, event_for
-from tests.builders import api_pod, pod_lookup
+from tests.builders import api_pod, index_keys, pod_lookup
 from tests.examples import (
     CTR_INFER,
     CTR_NOTEBOOK,

@@ -232,12 +232,6 @@ def _restarts(policy: str, exit_code: object) -> bool:
     return policy == "Always" or (policy == "OnFailure" and exit_code != 0)
 
 
-def index_keys(body: Mapping[str, Any], rules: AllocationRules = DEFAULT_RULES) -> tuple[str, ...]:
-    """The keys a pod kept whole is found under besides its UID (see snapshot_keys)."""
-    ref = snapshot_of(body, rules)
-    return () if ref is None else snapshot_keys(ref)
-
-
 def snapshot_keys(ref: PodSnapshot) -> tuple[str, ...]:
     """The keys a pod kept whole is found under besides its UID: each of its container IDs,
     its node's key of pods with our marks (for clean-up) and of running pods that may hold

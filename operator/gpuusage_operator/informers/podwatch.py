@@ -179,7 +179,6 @@ class PodWatch(Informer[IndexState]):
             on_listed=replaced,
             idle_timeout=idle_timeout,
         )
-        self.refreshes = 0
 
     def lookup(self) -> PodLookup:
         return self.state.lookup()
@@ -199,4 +198,3 @@ class PodWatch(Informer[IndexState]):
             self.state.remove(stale_uid)
             for found in page.get("items") or []:
                 self.state.apply("ADDED", found)
-        self.refreshes += 1
