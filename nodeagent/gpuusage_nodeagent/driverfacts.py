@@ -34,7 +34,7 @@ SAMPLE_READ_EVERY = 10.0
 """Seconds between two reads of the sampler at most, whatever the agent's --interval: 50
 samples at the measured rate, 57 at the fastest seen, inside the ring of 72. At the default
 --interval (10 s) the cycles' own reads are enough; a longer interval adds reads between
-cycles (each costs what a cycle's does: 3.7 ms at 64 processes)."""
+cycles (each costs what a cycle's sampler read does)."""
 
 RING_LASTS = 12.0
 """Seconds after which samples may have left the ring (72 samples at 6 a second, above the

@@ -14,7 +14,7 @@ rests on:
 * `add_after` holds a name until its deadline (the earliest deadline given wins), in one
   entry per name: a deadline replaced by an earlier one is dropped, not kept until its own
   time (with `--stale-after 3600` each report's reconcile left such an entry behind for an
-  hour: 3 kB a report at 2,000 reports; benchmarks/README.md);
+  hour; benchmarks/README.md);
 * `add_rate_limited` holds it for a backoff that doubles with each failure in a row (1 s to
   60 s by default), `forget` starts the backoff over.
 

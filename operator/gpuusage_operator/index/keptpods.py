@@ -1,13 +1,13 @@
 """The pods kept whole (those that may hold GPUs or carry our marks), each packed into one bytes
 object, with the keys lookups find them under.
 
-At 5,000 GPU nodes with a pod each, these pods were the largest part of the operator's memory:
-each a PodSnapshot object with its tuples and strings, filed under four keys that each held a
-mapping of its own (about 5 kB a pod; benchmarks/README.md, "Operator: memory at 5,000
-reports"). Here a pod is its snapshot's fields as one `marshal` record (its UID is the
-record's key, as index.podpack keys it), and each key (index.pods.snapshot_keys) holds a
-tuple of the UID keys under it. A lookup unpacks the pods it returns (a few microseconds
-each); packing is exact, so the snapshot read back equals the one put.
+At thousands of GPU nodes with a pod each, these pods were the largest part of the operator's
+memory: each a PodSnapshot object with its tuples and strings, filed under four keys that each
+held a mapping of its own (benchmarks/README.md, "Operator: memory at 5,000 reports"). Here a
+pod is its snapshot's fields as one `marshal` record (its UID is the record's key, as
+index.podpack keys it), and each key (index.pods.snapshot_keys) holds a tuple of the UID keys
+under it. A lookup unpacks the pods it returns; packing is exact, so the snapshot read back
+equals the one put.
 
 Written by the pod watch's thread only, read by any: every write replaces a dict entry whole
 (single dict operations, atomic in CPython), and a pod changed is put before what it no

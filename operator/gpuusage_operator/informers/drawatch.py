@@ -41,8 +41,8 @@ class ResourceApi:
     """The two lists (and watches) of resource.k8s.io the informers make, at one version,
     sent through the client's object API (`/apis/<group>/<version>/<plural>`, the same
     requests): the generated ResourceV1Api classes of the `kubernetes` package, one per version,
-    cost the operator 11 MiB of resident memory on import (benchmarks/README.md, "Operator:
-    memory at 5,000 reports")."""
+    cost much resident memory on import (benchmarks/README.md, "Operator: memory at 5,000
+    reports")."""
 
     def __init__(self, custom: Any, version: str) -> None:
         self._custom = custom  # kubernetes.client.CustomObjectsApi

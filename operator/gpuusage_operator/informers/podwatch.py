@@ -2,8 +2,8 @@
 
 Why not a kopf index: kopf 1.45 holds every resource handler until every object of every
 indexed resource has been indexed, and it does so with one toggle per object in a set that
-every waiting worker re-scans on every change. At thousands of pods that startup took minutes
-of CPU before the first report was handled (benchmarks/README.md). This watch is linear: one
+every waiting worker re-scans on every change, so its startup grew with the square of the
+pods before the first report was handled (benchmarks/README.md). This watch is linear: one
 paginated list, then one watch stream, each pod reduced to a PodSnapshot at once.
 
 Readers take no lock: a lookup reads the live maps, in which each change puts a pod's new

@@ -2,11 +2,10 @@
 the cache a worker reads a report from when it takes the report's name (a lister, as
 client-go's), never a body handed along with an event nor a GET.
 
-Why not kopf's watch: kopf queued every report's parsed body for its handler at start, all
-5,000 of them at once at 5,000 nodes, and the allocator kept that peak (benchmarks/README.md,
-"Operator: where its memory goes"). Here each report is kept as its compact JSON text,
-compressed (about a kB), and parsed only when a worker reconciles it: the parsed form lives
-for one reconcile.
+Why not kopf's watch: kopf queued every report's parsed body for its handler at start, all of
+them at once, and the allocator kept that peak (benchmarks/README.md, "Operator: where its
+memory goes"). Here each report is kept as its compact JSON text, compressed, and parsed only
+when a worker reconciles it: the parsed form lives for one reconcile.
 
 What the watch hears becomes names in the work queue, as client-go's event handlers do:
 a report added, changed or deleted is queued (unless the change is the echo of our own status
@@ -33,7 +32,7 @@ metadata."""
 
 def _compact(report: Mapping[str, Any]) -> bytes:
     """The report as kept: compact JSON, compressed (a report's status and spec repeat their
-    keys: about half the size or less, for about 10 µs to read back)."""
+    keys, so it shrinks much, and reads back fast)."""
     meta = {k: v for k, v in (report.get("metadata") or {}).items() if k not in _UNKEPT}
     text = json.dumps({**report, "metadata": meta}, separators=(",", ":"))
     return zlib.compress(text.encode(), 1)

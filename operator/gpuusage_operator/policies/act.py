@@ -21,7 +21,7 @@ workload recreated under the same name is never acted upon. The rights come only
 install's policy-actions part; without them the apiserver answers 403 and the outcome says so.
 The requests go through the client's object API (`/apis/<group>/<version>/...`) and
 kube.core.CoreApi, not the generated AppsV1Api, BatchV1Api and CoreV1Api: importing those
-holds 43 MiB (see kube.core).
+holds much memory (see kube.core).
 """
 
 from __future__ import annotations

@@ -53,8 +53,9 @@ class Applied:
     """resourceVersions of the pod from just before our writes up to the last of them."""
 
     def packed(self) -> bytes:
-        """As the marker keeps it: one bytes object (a few hundred bytes, where the dicts and
-        set took 1.6 kB a pod at 5,000 pods; benchmarks/README.md), read back exactly."""
+        """As the marker keeps it: one bytes object (far smaller than the dicts and set it
+        holds: benchmarks/README.md, "Operator: memory at 5,000 reports"), read back
+        exactly."""
         return marshal.dumps((self.annotations, self.condition, self.versions))
 
     @classmethod

@@ -1,9 +1,9 @@
 """The core/v1 requests the operator sends, without the `kubernetes` package's `CoreV1Api`.
 
 The client (37.x) builds a validator for each of `CoreV1Api`'s hundreds of methods and imports
-the 250 models they name when the class is first imported: 22 MiB of the operator's resident
-memory, for the eleven requests below (benchmarks/README.md, "Operator: memory at 5,000
-reports"). `CoreApi` sends those requests as `CoreV1Api` does, through the same `ApiClient`
+the 250 models they name when the class is first imported: a large part of the operator's
+resident memory, for the eleven requests below (benchmarks/README.md, "Operator: memory at
+5,000 reports"). `CoreApi` sends those requests as `CoreV1Api` does, through the same `ApiClient`
 (its configuration, credentials, connection pool and fence), with the same method names and
 the keyword arguments the operator passes; the answer is the raw response, as
 `_preload_content=False` gives it (see raw), read by the caller or dropped. A status outside
