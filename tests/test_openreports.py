@@ -370,7 +370,7 @@ def test_only_reports_judged_since_this_replica_turned_active_are_published() ->
 
     book = ReportBook()
     for node in ("gpu-a", "gpu-gone"):
-        book.put(node, ReportMemory(stale=True, judged=True))
+        book.put(node, ReportMemory(stale=True, judged_whole=True))
     found = gather(PodLookup(), book, {"gpu-a", "gpu-b"})
     assert [r["resources"][0]["name"] for r in found.nodes] == ["gpu-a"]  # gpu-gone: deleted
     assert found.keep == {"gpu-b"}  # shown, not judged yet: what is published of it stays

@@ -46,7 +46,7 @@ from gpuusage_operator.judge.freshness import (
 )
 from gpuusage_operator.judge.idle import DEFAULT_IDLE_AFTER
 from gpuusage_operator.judge.podstate import Verdict
-from gpuusage_operator.judge.report import Judging, judge_report
+from gpuusage_operator.judge.report import JudgeSettings, judge_report
 from gpuusage_operator.judge.requests import DEFAULT_RULES, AllocationRules
 from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.judge.restarts import RESTART_GRACE
@@ -163,7 +163,7 @@ class Reconciler:
         self._custom = self.reports_api or client.CustomObjectsApi(self.api)
         self.liveness = Liveness(self.queue, stale_after=self.stale_after, renewals=self.renewals)
         """When each node goes stale (see liveness): the one owner of its signs of life."""
-        self._judging = Judging(
+        self._judge_settings = JudgeSettings(
             self.rules,
             self.driver_namespaces,
             self.idle_after,
@@ -199,7 +199,7 @@ class Reconciler:
             lookup=lookup,
             dra=dra,
             now=now,
-            judging=self._judging,
+            settings=self._judge_settings,
             absent=self._absent,
             seen_on=self._seen_on,
         )
@@ -251,7 +251,7 @@ class Reconciler:
                 echo=echo,
                 listing=decision.listing,
                 unattributed=unattributed,
-                judged=True,
+                judged_whole=True,
                 orphaned=status.orphaned,
                 blind=tuple((d.uuid, d.blind) for d in status.devices if d.blind),
             ),

@@ -32,7 +32,7 @@ class ReportMemory:
     """The UIDs of the pods its status lists."""
     unattributed: TallyCounter[str] = field(default_factory=TallyCounter)
     """Its processes that belong to no pod, by reason (for the metrics)."""
-    judged: bool = False
+    judged_whole: bool = False
     """A reconcile judged it whole: what follows is its status's word (for the OpenReports)."""
     orphaned: OrphanedMemory | None = None
     """GPU memory no live pod holds, as its status says."""
@@ -84,13 +84,13 @@ class ReportBook:
         is taken for the echo of our own write (every report is judged again, not skipped)."""
         with self._lock:
             self._reports = {
-                name: replace(memory, judged=False, echo=None)
+                name: replace(memory, judged_whole=False, echo=None)
                 for name, memory in self._reports.items()
             }
 
-    def judged(self) -> dict[str, ReportMemory]:
+    def judged_whole(self) -> dict[str, ReportMemory]:
         """The reports a reconcile has judged whole, by name."""
-        return {name: m for name, m in list(self._reports.items()) if m.judged}
+        return {name: m for name, m in list(self._reports.items()) if m.judged_whole}
 
     def lists(self, name: str, uid: str) -> bool:
         """Whether the report's status lists this pod."""

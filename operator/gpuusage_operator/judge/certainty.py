@@ -179,14 +179,14 @@ the pod's use Unknown (see why_unknown) and withholds idle judgement. The operat
 it judged itself (see last_seen)."""
 
 
-def last_seen(pod: PodSnapshot, judged: Mapping[str, tuple[str, ...]]) -> list[str] | None:
+def last_seen(pod: PodSnapshot, seen_on: Mapping[str, tuple[str, ...]]) -> list[str] | None:
     """Where the pod was last seen using GPUs: where this replica last judged it in use (an
     empty entry: its use ended, seen nowhere); for a pod it has not judged (after a restart or
     a failover), the pod's annotation, but only while our condition says it is or may be in use
     (a condition tenants cannot write: pods/status). An annotation planted on a pod never seen
     in use, or over what we judged, naming a device the node does not report, would otherwise
     make its use Unknown for good and keep it from ever being judged idle."""
-    devices = judged.get(pod.uid)
+    devices = seen_on.get(pod.uid)
     if devices is not None:
         return list(devices) or None
     return last_devices(pod) if in_use(pod) else None

@@ -243,7 +243,7 @@ def verdicts(
     *,
     stale: bool,
     blind: BlindSpots,
-    judged: Mapping[str, Judgement] | None = None,
+    pod_judgements: Mapping[str, Judgement] | None = None,
     restarts: tuple[datetime, timedelta] | None = None,
     last: LastDevices | None = None,
     absent: Mapping[str, datetime] | None = None,
@@ -258,9 +258,9 @@ def verdicts(
     (see restarts.settle_until), from when `absent` says an earlier report first showed none
     of its processes (by UID; from now where it says nothing). Each verdict carries its marks
     (see mark_of), for a pod on `node` (by default the pod's own node)."""
-    judged = judged or {}
+    pod_judgements = pod_judgements or {}
     found = [
-        Verdict(use.pod, "Unknown" if stale else "InUse", use, judgement=judged.get(uid))
+        Verdict(use.pod, "Unknown" if stale else "InUse", use, judgement=pod_judgements.get(uid))
         for uid, use in uses.items()
     ]
     idle = list(idle)

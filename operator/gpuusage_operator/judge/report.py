@@ -37,7 +37,7 @@ from gpuusage_operator.judge.status import desired_status
 
 
 @dataclass(frozen=True)
-class Judging:
+class JudgeSettings:
     """What judging a report takes besides the report and the pods: the operator's settings."""
 
     rules: AllocationRules
@@ -53,7 +53,8 @@ class ReportJudgement:
     resolutions: list[Resolution]
     uses: dict[str, PodUse]
     """The pods it shows using GPUs, by UID."""
-    judged: dict[str, Judgement]
+    pod_judgements: dict[str, Judgement]
+    """How each pod in use stands against what it was handed, by UID."""
     idle: list[Idle]
     blind: BlindSpots
     status: GpuNodeUsageStatus
@@ -76,7 +77,7 @@ def judge_report(
     lookup: PodLookup,
     dra: DraLookup,
     now: datetime,
-    judging: Judging,
+    settings: JudgeSettings,
     absent: Mapping[str, datetime] | None = None,
     seen_on: Mapping[str, tuple[str, ...]] | None = None,
 ) -> ReportJudgement:
@@ -89,16 +90,17 @@ def judge_report(
     def last(pod: PodSnapshot) -> list[str] | None:
         return last_seen(pod, judged_before)
 
-    rules = judging.rules
+    rules = settings.rules
     dra = replace(dra, users=lookup.claim_users)  # who share a claim: the pods that name it
-    resolutions = list(resolve_all(spec, lookup, judging.driver_namespaces))
+    resolutions = list(resolve_all(spec, lookup, settings.driver_namespaces))
     uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
-    judged = judgements(uses, spec, dra, rules)
+    pod_judgements = judgements(uses, spec, dra, rules)
     blind = blind_spots(spec, resolutions)
     kubelet = KubeletView.of(spec)
     candidates = lookup.requesting_on_node(spec.node_name)
 
-    handed = {uid: j.allocation for uid, j in judged.items()}  # the same rule, judged already
+    # the same rule, judged already
+    handed = {uid: j.allocation for uid, j in pod_judgements.items()}
 
     def allocated(pod: PodSnapshot) -> Allocation:
         """What the pod was handed, worked out once per report (idle, held idle and showback
@@ -116,21 +118,21 @@ def judge_report(
     wake: list[datetime] = []
     if not fresh.stale:
         judgeable = [p for p in candidates if p.uid not in uses and seen_whole(p)]
-        idle = idle_pods(judgeable, uses, now, judging.idle_after, allocated)
+        idle = idle_pods(judgeable, uses, now, settings.idle_after, allocated)
         whole = [u for u in uses.values() if seen_whole(u.pod, u.devices)]
         in_use = frozenset(uses)
         wake += [
             d
             for d in (
-                next_idle_deadline(judgeable, in_use, now, judging.idle_after),
-                next_held_deadline(whole, fresh.sighting.seen_at, now, judging.idle_after),
+                next_idle_deadline(judgeable, in_use, now, settings.idle_after),
+                next_held_deadline(whole, fresh.sighting.seen_at, now, settings.idle_after),
             )
             if d is not None
         ]
-        held = held_idle(whole, fresh.sighting.seen_at, now, judging.idle_after)
-        judged = {
+        held = held_idle(whole, fresh.sighting.seen_at, now, settings.idle_after)
+        pod_judgements = {
             uid: replace(j, held_idle_since=held[uid]) if uid in held else j
-            for uid, j in judged.items()
+            for uid, j in pod_judgements.items()
         }
     allocations = pod_allocations(candidates, allocated)
     status = desired_status(
@@ -142,7 +144,7 @@ def judge_report(
         previous=previous,
         idle=[i.entry() for i in idle],
         allocations=allocations,
-        judged=judged,
+        pod_judgements=pod_judgements,
         blind=blind,
     )
     found = verdicts(
@@ -151,8 +153,8 @@ def judge_report(
         idle,
         stale=status.stale,
         blind=blind,
-        judged=judged,
-        restarts=(now, judging.restart_grace),
+        pod_judgements=pod_judgements,
+        restarts=(now, settings.restart_grace),
         last=last,
         absent=absent,
         node=spec.node_name,
@@ -163,4 +165,6 @@ def judge_report(
         | frozenset(i.pod.uid for i in idle)
         | frozenset(a.uid for a in allocations[0])
     )
-    return ReportJudgement(resolutions, uses, judged, idle, blind, status, found, wake, listing)
+    return ReportJudgement(
+        resolutions, uses, pod_judgements, idle, blind, status, found, wake, listing
+    )

@@ -53,12 +53,12 @@ from gpuusage_operator.judge.resolution import PodUse, Resolution, pod_uses
 from gpuusage_operator.judge.transitions import transition_time
 
 
-def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[PodUsage]:
+def pod_usages(uses: Iterable[PodUse], pod_judgements: Mapping[str, Judgement]) -> list[PodUsage]:
     """One entry per (pod, device), containers per entry, with the pod's allocation beside
     each; sorted for stable output, allocated devices listed within the status's budget."""
     usages = []
     for use in uses:
-        judgement = judged[use.pod.uid]
+        judgement = pod_judgements[use.pod.uid]
         allocation = judgement.allocation
         on_device: dict[str, list[Resolution]] = defaultdict(list)
         for r in use.resolutions:
@@ -97,7 +97,7 @@ def pod_usages(uses: Iterable[PodUse], judged: Mapping[str, Judgement]) -> list[
                 )
             )
     usages.sort(key=lambda u: (u.namespace, u.name, u.uid, u.device_uuid))
-    return list_allocated(usages, judged)
+    return list_allocated(usages, pod_judgements)
 
 
 def compute_share(processes: Iterable[Process]) -> float | None:
@@ -126,14 +126,16 @@ def handed_memory(devices: Iterable[AllocatedDevice], uuid: str) -> int | None:
     return min(sum(parted), MAX_MIB) if parted else None
 
 
-def list_allocated(usages: list[PodUsage], judged: Mapping[str, Judgement]) -> list[PodUsage]:
+def list_allocated(
+    usages: list[PodUsage], pod_judgements: Mapping[str, Judgement]
+) -> list[PodUsage]:
     """Each entry's allocated devices, in entry order until MAX_ALLOCATED_LISTED are listed
     (at most MAX_ALLOCATED per entry); the rest counted per entry as omitted, so a node of many
     pods with many devices each never grows the status past its bound."""
     budget = MAX_ALLOCATED_LISTED
     listed = []
     for usage in usages:
-        shown = [d.shown for d in judged[usage.uid].allocation.devices]
+        shown = [d.shown for d in pod_judgements[usage.uid].allocation.devices]
         keep = shown[: min(MAX_ALLOCATED, budget)]
         budget -= len(keep)
         omitted = len(shown) - len(keep)
@@ -257,14 +259,15 @@ def desired_status(
     fresh: Freshness,
     previous: GpuNodeUsageStatus | None = None,
     idle: Sequence[IdlePod] = (),
-    judged: Mapping[str, Judgement] | None = None,
+    pod_judgements: Mapping[str, Judgement] | None = None,
     allocations: tuple[Sequence[PodAllocation], int | None] = ((), None),
     blind: BlindSpots | None = None,
 ) -> GpuNodeUsageStatus:
     """The status for this report; `fresh` says how fresh it is (see freshness), `idle`
-    are the pods the caller judged idle (see idle), `judged` each using pod's allocation
-    judgement (see allocation; by default one that knows no claims), `allocations` what each
-    pod on the node was handed and how many were left out (see showback)."""
+    are the pods the caller judged idle (see idle), `pod_judgements` each using pod's
+    allocation judgement (see allocation; by default one that knows no claims),
+    `allocations` what each pod on the node was handed and how many were left out (see
+    showback)."""
     old_conditions = previous.conditions if previous else []
     stale = stale_condition(
         fresh,
@@ -285,7 +288,8 @@ def desired_status(
         }
     )
     uses = pod_uses(spec.node_name, spec.observed_at, resolutions)
-    usages = pod_usages(uses.values(), judgements(uses, spec) if judged is None else judged)
+    judged = judgements(uses, spec) if pod_judgements is None else pod_judgements
+    usages = pod_usages(uses.values(), judged)
     outside = unattributed(resolutions)
     devices = device_usages(
         spec, resolutions, blind_spots(spec, resolutions) if blind is None else blind

@@ -39,7 +39,7 @@ def gather(
         for pod in lookup.on_node_with_our_marks(node)
     ]
     shown = set(shown)
-    judged = {name: memory for name, memory in book.judged().items() if name in shown}
+    judged = {name: memory for name, memory in book.judged_whole().items() if name in shown}
     nodes = [
         result
         for name, memory in sorted(judged.items())
