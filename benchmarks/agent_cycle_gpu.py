@@ -8,10 +8,9 @@ the host's /proc, the report's fingerprint and the write rule) and one round of 
 ctypes into arrays allocated beforehand, so that nothing of the agent's is in the floor. The
 order within a pair alternates, so that drift falls on both sides alike.
 
-Three sides take turns: the agent's cycle as it runs (the resolver on pidfds), the same cycle
-with the resolver on a stat per pid (as before pidfds, and as where pidfd_open is refused), and
-the bare calls. After the pairs, `--breakdown` cycles more, with every NVML call the cycle
-makes timed and the cycle's stages timed apart, to show where the agent's own share goes.
+Two sides take turns: the agent's cycle as it runs and the bare calls. After the pairs,
+`--breakdown` cycles more, with every NVML call the cycle makes timed and the cycle's stages
+timed apart, to show where the agent's own share goes.
 
     python benchmarks/agent_cycle_gpu.py [--tenants 64] [--busy 0.5] [--pairs 40] [--every 1]
 
@@ -38,9 +37,7 @@ sys.path.insert(0, str(REPO))  # the tests package (the tenants)
 
 from gpuusage_nodeagent import main as agent_main  # noqa: E402
 from gpuusage_nodeagent.change import decide  # noqa: E402
-from gpuusage_nodeagent.identity import StatIdentities  # noqa: E402
 from gpuusage_nodeagent.main import NodeReader, settle_memory  # noqa: E402
-from gpuusage_nodeagent.resolver import Resolver  # noqa: E402
 from gpuusage_nodeagent.settings import AgentSettings  # noqa: E402
 from tests.gpu.machine import Tenants, agent, no_gpu_reason  # noqa: E402
 
@@ -89,13 +86,6 @@ DEFAULTS = AgentSettings.model_fields
 REFRESH = timedelta(seconds=DEFAULTS["report_refresh"].default)
 THRESHOLD_MIB = DEFAULTS["memory_threshold_mib"].default
 """The write rule as the default install runs it."""
-
-
-def stat_agent() -> NodeReader:
-    """The agent's reader with its resolver on a stat per pid instead of pidfds."""
-    reader = agent()
-    reader.resolver = Resolver(PROC, identities=StatIdentities(PROC))
-    return reader
 
 
 class CallTimer:
@@ -240,10 +230,9 @@ def main() -> None:
         tenants.start_many(args.tenants, mib=64, busy=args.busy)
         pynvml.nvmlInit()
         floor = Floor(pynvml.nvmlDeviceGetHandleByIndex(0))
-        reader, on_stat = agent(), stat_agent()
+        reader = agent()
         calls: list[tuple[str, Callable[[], None]]] = [
             ("cycle", agent_cycle(reader)),
-            ("cycle_stat", agent_cycle(on_stat)),
             ("floor", floor),
         ]
         sides: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in calls}
@@ -267,21 +256,17 @@ def main() -> None:
             "pairs": args.pairs,
             "every_s": args.every,
             "python": sys.version.split()[0],
-            "identities": type(reader.resolver.identities).__name__,
         }
         for unit, index in (("wall_ms", 0), ("cpu_ms", 1)):
             floors = [took[index] for took in sides["floor"]]
             result[unit] = {"unavoidable": summary(floors)}
-            for side in ("cycle", "cycle_stat"):
-                cycles = [took[index] for took in sides[side]]
-                ratios = [c / f for c, f in zip(cycles, floors, strict=True) if f > 0]
-                result[unit][side] = summary(cycles)
-                result[unit][f"{side}_ratio_of_means"] = round(
-                    statistics.mean(cycles) / statistics.mean(floors), 3
-                )
-                result[unit][f"{side}_ratio_p50_of_pairs"] = round(
-                    sorted(ratios)[len(ratios) // 2], 3
-                )
+            cycles = [took[index] for took in sides["cycle"]]
+            ratios = [c / f for c, f in zip(cycles, floors, strict=True) if f > 0]
+            result[unit]["cycle"] = summary(cycles)
+            result[unit]["cycle_ratio_of_means"] = round(
+                statistics.mean(cycles) / statistics.mean(floors), 3
+            )
+            result[unit]["cycle_ratio_p50_of_pairs"] = round(sorted(ratios)[len(ratios) // 2], 3)
         if args.breakdown:
             result["breakdown"] = breakdown(reader, floor.handle, args.breakdown, args.every)
     finally:

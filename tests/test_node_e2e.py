@@ -26,7 +26,6 @@ from gpuusage_dev.localcluster.node import (
 )
 from gpuusage_dev.localcluster.workloads import gpu_job, sleeper_deployment
 from gpuusage_dev.simulation import ensure_namespace
-from gpuusage_nodeagent.identity import raised_soft_limit
 from gpuusage_nodeagent.podresources.kubelet import list_pods
 from gpuusage_nodeagent.podresources.wire import list_response
 from tests.conftest import CHART, Helm, token_config, wait_for
@@ -46,7 +45,6 @@ from tests.nodeworld import (
     wait_for_event,
     write_node_scenario,
 )
-from tests.pidfds import pidfds
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
@@ -100,12 +98,6 @@ def test_a_deployment_pod_is_marked_with_its_real_process_and_then_caught_outsid
         if p["pid"] == pid
     ]
     assert (process["containerID"], process["podUID"]) == (cid, pod.metadata.uid)
-    _, agent = component(world, "agent")
-    assert pid in pidfds(agent).values(), "the agent tells the process apart by a pidfd"
-    soft, hard = _fd_limits(agent)
-    assert raised_soft_limit(soft, hard) is None, f"its soft fd limit ({soft}) raised"
-    started, _ = _fd_limits(pid)  # as the runtime starts containers (see localcluster)
-    assert started < soft, "the agent raised the soft limit it was started with"
 
     other = next(g for g in GPUS if g != device)
     write_node_scenario(world, {other: [{"pid": pid, "usedMemoryMiB": 4096}]})
@@ -452,15 +444,6 @@ def test_the_node_drained_and_cordoned(installed: NodeWorld) -> None:
     assert gpu_condition(world, "drained", new.metadata.name) is None
     annotations = world.core.read_namespaced_pod(new.metadata.name, "drained").metadata
     assert names.ANNOTATION_GPUS not in (annotations.annotations or {})
-
-
-def _fd_limits(pid: int) -> tuple[int, int]:
-    """The process's (soft, hard) limits on open files, as the kernel holds them."""
-    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
-        if line.startswith("Max open files"):
-            soft, hard = line.split()[3:5]
-            return int(soft), int(hard)
-    raise AssertionError(f"no fd limit in /proc/{pid}/limits")
 
 
 def _proc_status(pid: int) -> dict[str, str]:

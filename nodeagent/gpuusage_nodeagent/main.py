@@ -35,7 +35,6 @@ from gpuusage_nodeagent.gpusource.base import GpuSource, Reading
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
-from gpuusage_nodeagent.identity import raise_fd_limit
 from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.podresources.cdi import SpecDirs
@@ -215,7 +214,6 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
     setup = gather(settings.proc_root)
     if (note := pid_namespace_note(setup)) is not None:
         log.warning("%s", note)
-    raise_fd_limit()
     roots = own_kubelet_roots(settings.proc_root)
     if roots:
         log.info("kubelet cgroup root, from the agent's own cgroup: %s", roots)
@@ -247,7 +245,6 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
         return _loop(settings, reader, stop)
     finally:
         source.close()
-        resolver.close()
 
 
 def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) -> int:

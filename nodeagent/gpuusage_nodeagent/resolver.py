@@ -35,7 +35,7 @@ from gpuusage_nodeagent.cgroup import (
     UnparseableCgroup,
     parse_cgroup_file,
 )
-from gpuusage_nodeagent.identity import Identities, Identity, identities_for
+from gpuusage_nodeagent.identity import Identity, StatIdentities
 
 MAX_NAME = 64
 DEFAULT_GRACE = 120.0
@@ -96,13 +96,13 @@ class Resolver:
 
     Reading a start time costs an open and a read per process per cycle, the largest part of a
     cycle at hundreds of GPU processes. An identity of the process, read for all listed pids
-    at once (see identity: a pidfd polled, or a stat of its stat file), tells whether it is
+    at once (see identity: a stat of its stat file), tells whether it is
     still the process the start time was read from; anything else falls back to reading the
     start time.
 
     `clock` (monotonic seconds) times how long a process's files have been unreadable.
     `roots`: the kubelet's cgroup root per hierarchy (cgroup.kubelet_roots), where known.
-    `identities`: by default pidfds where the proc root is the agent's own, stat elsewhere.
+    `identities`: where the identities are read (by default, the proc root's).
     """
 
     def __init__(
@@ -113,10 +113,10 @@ class Resolver:
         clock: Callable[[], float] = time.monotonic,
         roots: Roots | None = None,
         boot_clock: Callable[[], float | None] | None = None,
-        identities: Identities | None = None,
+        identities: StatIdentities | None = None,
     ) -> None:
         self.proc_root = proc_root
-        self.identities = identities if identities is not None else identities_for(proc_root)
+        self.identities = identities if identities is not None else StatIdentities(proc_root)
         self.roots = roots or {}
         self._boot_clock = boot_clock or (lambda: procfs.uptime(proc_root))
         """Seconds since boot (the proc root's uptime); None: not known, no reuse judged."""
@@ -240,7 +240,6 @@ class Resolver:
             # The same processes as last cycle, each answered as then: nothing to forget.
             self._seen, self._listed = set(), set()
             return
-        self.identities.forget_except(self._listed)
         self._listed_before, self._settled = self._listed, True
         self._cache = {k: v for k, v in self._cache.items() if k in self._seen}
         self._identity = {pid: v for pid, v in self._identity.items() if v[0] in self._seen}
@@ -252,10 +251,6 @@ class Resolver:
         self._steady = {pid: v for pid, v in self._steady.items() if pid in self._listed}
         self._seen = set()
         self._listed = set()
-
-    def close(self) -> None:
-        """Release what the identities hold (pidfds)."""
-        self.identities.close()
 
     def __len__(self) -> int:
         return len(self._cache)
