@@ -4,7 +4,7 @@ The fakes return pynvml's real ctypes structures (c_nvmlMemory_t, c_nvmlProcessI
 and raise pynvml's real error classes (NVMLError(NVML_ERROR_GPU_IS_LOST) is an
 NVMLError_GpuIsLost). The process lists go one level deeper: the C symbols behind
 `_nvmlGetFunctionPointer` are emulated (fill the caller's array, or say how large it must be),
-so pynvml's own public wrappers, which the agent calls, marshal exactly as over a driver. With
+so pynvml's own wrappers and the agent's direct calls marshal exactly as over a driver. With
 `v3_missing=True` the _v3 symbols are absent, as on drivers older than R510; with
 `detail_missing=True` the versioned nvmlDeviceGetRunningProcessDetailList is (drivers before
 R550); `v3_grown=True` is the 535.43-535.86 driver whose _v3 symbol writes the grown 32-byte

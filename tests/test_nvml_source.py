@@ -304,9 +304,7 @@ def test_a_list_no_call_reads_true_makes_the_device_unreadable_not_empty(
 def test_bindings_without_the_versioned_call_use_the_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """nvidia-ml-py before 12.550 has no nvmlDeviceGetRunningProcessDetailList (nor its
-    struct): the _v3 call is used."""
-    monkeypatch.delattr(pynvml, "nvmlDeviceGetRunningProcessDetailList")
+    """nvidia-ml-py before 12.550 has no c_nvmlProcessDetail_v1_t: the _v3 call is used."""
     monkeypatch.delattr(pynvml, "c_nvmlProcessDetail_v1_t")
     machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=9)])])
     source = _source(machine, monkeypatch)
@@ -515,28 +513,3 @@ def test_errors_of_the_sampler_reads_between_readings_are_counted(
     monkeypatch.setattr(machine, "_c_utilization", real)
     assert source.read().errors == Counter({"Unknown": 1})
     assert not source.read().errors
-
-
-def test_a_list_that_grew_between_the_size_and_the_fill_is_read_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """pynvml's wrappers ask the size, then fill an array of it: a process started between the
-    two makes the driver answer InsufficientSize. The call is made again, not taken for a
-    device that cannot be read, and the list's call stays the one in use."""
-    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0), processes=[FakeProcess(pid=9)])])
-    source = _source(machine, monkeypatch)
-    real = pynvml.nvmlDeviceGetRunningProcessDetailList
-    grown: list[int] = []
-
-    def growing(*args: Any) -> Any:
-        if not grown:
-            grown.append(1)
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        return real(*args)
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetRunningProcessDetailList", growing)
-    reading = source.read()
-    assert reading.gpus[0].error is None
-    assert [p.pid for p in reading.processes_of(reading.gpus[0])] == [9]
-    assert grown == [1]
-    assert source._list_call.get("compute", 0) == 0, "the versioned call stays in use"

@@ -6,8 +6,8 @@ were read from (see resolver). The identity is the (inode, mtime) of `<proc-root
 procfs makes a new inode for a new process under a reused pid, so a reuse shows as another
 identity. One stat per listed pid per cycle, under any proc root: the agent's own `/proc`
 (hostPID) or the host's mounted without it. A pidfd held per pid once stood beside it as a
-cheaper way; the agent's cycle stays within its target without it (benchmarks/README.md,
-"Agent: the public driver API and one way to tell a reused pid").
+cheaper way; the agent's cycle stays well within its target without it (benchmarks/README.md,
+"Agent: one way to tell a reused pid").
 """
 
 from __future__ import annotations

@@ -15,9 +15,7 @@ Policies, each from an observed failure mode:
   bindings' layout, the list holds pids of 0 or 0xFFFFFFFF and loses its end. So a list with an
   impossible pid is never used: the next call of the order is tried (and kept once it reads
   true), and when none reads true the device is reported as one whose processes cannot be
-  read (`InvalidProcessList`), never as a device without processes. Every call is pynvml's
-  public one: a private call may change with any nvidia-ml-py release. Its array calls ask the
-  size, then fill an array of it; an array that grew between the two is asked again.
+  read (`InvalidProcessList`), never as a device without processes.
 * Memory is read before and after the process lists and the lower figure is reported, so a
   process starting or ending between the reads does not look like memory no listed process
   explains (see visibility). `reservedMiB` comes from the versioned memory call (R510+).
@@ -41,9 +39,12 @@ Policies, each from an observed failure mode:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib
 import logging
 import re
+import struct
 from collections import Counter
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
@@ -109,12 +110,6 @@ _MIG_UUID = re.compile(MIG_UUID_PATTERN)
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE_ulonglong: memory unknown
 
 
-def _bytes(used: int | None) -> int:
-    """A process's used memory as NVML gives it, None (pynvml's "not available") as the raw
-    NOT_AVAILABLE value the rest of the reading takes."""
-    return NOT_AVAILABLE if used is None else int(used)
-
-
 def _used_mib(used_bytes: int) -> int | None:
     """A process's memory from NVML's figure (None where NVML says it is not available)."""
     return None if used_bytes == NOT_AVAILABLE else _mib(used_bytes)
@@ -126,14 +121,25 @@ Merged = dict[int, tuple[tuple[ProcessType, ...], int | None]]
 """pid → (the lists it is in, its memory in MiB or None)."""
 
 
+@functools.cache
+def _unpacker(entry: Any, fields: tuple[str, ...]) -> struct.Struct:
+    """Unpacks `fields` (32- or 64-bit unsigned) of one ctypes struct, located by the struct's
+    own offsets, skipping the rest: one layout for every NVML array the agent reads."""
+    layout, position = "=", 0
+    for name in fields:
+        offset, size = getattr(entry, name).offset, getattr(entry, name).size
+        layout += f"{offset - position}x" + {4: "I", 8: "Q"}[size]
+        position = offset + size
+    return struct.Struct(layout + f"{ctypes.sizeof(entry) - position}x")
+
+
+PROCESS_FIELDS = ("pid", "usedGpuMemory")
 PROCESS_KINDS: dict[str, tuple[str, str]] = {
     # kind: (the unversioned calls' base name, the name of NVML's process mode constant)
     "compute": ("nvmlDeviceGetComputeRunningProcesses", "NVML_PROCESS_MODE_COMPUTE"),
     "graphics": ("nvmlDeviceGetGraphicsRunningProcesses", "NVML_PROCESS_MODE_GRAPHICS"),
     "mps": ("nvmlDeviceGetMPSComputeRunningProcesses", "NVML_PROCESS_MODE_MPS"),
 }
-SIZE_TRIES = 3
-"""Tries of an array call whose array grew between pynvml's size call and its fill call."""
 LIST_CALLS = ("detail", "v3", "v2")
 """The ways to read a process list, in the order tried (see the module docstring)."""
 
@@ -166,6 +172,9 @@ def plausible(rows: list[tuple[int, int]]) -> bool:
     """Whether every (pid, ...) row of a list has a possible pid: its lowest and highest pids
     are checked, not every one (a cycle reads hundreds)."""
     return not rows or (not impossible(min(rows)[0]) and not impossible(max(rows)[0]))
+
+
+SAMPLE_FIELDS = ("pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil")
 
 
 def memory_of(total: int, free: int, reserved: int | None) -> Memory:
@@ -222,6 +231,7 @@ class NvmlSource:
         # Process names by pid: asked of NVML once per process, kept while the pid stays listed.
         self._names: dict[int, str | None] = {}
         self._names_seen: dict[int, str | None] = {}
+        self._buffers: dict[str, Any] = {}  # reused ctypes arrays, by C symbol
         # Facts that cannot change while NVML stays initialised, read once (each read goes
         # through pynvml's wrappers): the versions, and each GPU's name and PCI bus ID by UUID.
         # Kept only when read completely, so a transient failure is retried next cycle.
@@ -574,38 +584,66 @@ class NvmlSource:
         raise GarbledProcessList(garbled)
 
     def _list_by(self, call: str, kind: str, handle: Any) -> list[tuple[int, int]]:
-        """One process list through pynvml's public call for `call` (see LIST_CALLS), as
-        (pid, used bytes or NOT_AVAILABLE)."""
-        nvml = self._module()
-        base, mode_name = PROCESS_KINDS[kind]
+        base, mode = PROCESS_KINDS[kind]
         if call == "detail":
-            read = getattr(nvml, "nvmlDeviceGetRunningProcessDetailList", None)
-            version = getattr(nvml, "nvmlProcessDetailList_v1", None)
-            if read is None or version is None or not hasattr(nvml, mode_name):
-                raise _Unsupported("the bindings predate nvmlDeviceGetRunningProcessDetailList")
-            try:
-                listed = self._sized(read, handle, version, getattr(nvml, mode_name))
-            except TypeError as exc:
-                # pynvml's wrapper sets None into the ctypes struct for a memory figure NVML
-                # does not have, which ctypes refuses: the _v3 and _v2 wrappers do not
-                raise _Unsupported("the bindings' detail list fails on unknown memory") from exc
-        else:
-            read = getattr(nvml, f"{base}_{call}", None)
-            if read is None:
-                raise _Unsupported(f"the bindings have no {base}_{call}")
-            listed = self._sized(read, handle)
-        return [(int(p.pid), _bytes(p.usedGpuMemory)) for p in listed]
+            return self._detail_processes(handle, mode)
+        return self._raw_processes(f"{base}_{call}", handle)
 
-    def _sized(self, call: Callable[..., Any], *args: Any) -> Any:
-        """A pynvml array call, made again where the array grew between the wrapper's two
-        calls (one asks the size, one fills): a process started, a sample came."""
+    def _detail_processes(self, handle: Any, mode_name: str) -> list[tuple[int, int]]:
+        """nvmlDeviceGetRunningProcessDetailList: the versioned call. Its list struct carries
+        the version, the mode and the caller's array (see _into_array) with its length."""
         nvml = self._module()
-        for _ in range(SIZE_TRIES - 1):
-            try:
-                return call(*args)
-            except nvml.NVMLError_InsufficientSize:
-                continue
-        return call(*args)
+        entry = getattr(nvml, "c_nvmlProcessDetail_v1_t", None)
+        version = getattr(nvml, "nvmlProcessDetailList_v1", None)
+        if entry is None or version is None or not hasattr(nvml, mode_name):
+            raise _Unsupported("the bindings predate nvmlDeviceGetRunningProcessDetailList")
+
+        def call(fn: Any, array: Any, count: Any) -> int:
+            listing = nvml.c_nvmlProcessDetailList_v1_t()
+            listing.version = version
+            listing.mode = getattr(nvml, mode_name)
+            listing.numProcArrayEntries = count.value
+            listing.procArray = ctypes.cast(array, ctypes.POINTER(entry))
+            ret = int(fn(handle, ctypes.byref(listing)))
+            count.value = listing.numProcArrayEntries  # what it filled, or how many there are
+            return ret
+
+        data = self._into_array("nvmlDeviceGetRunningProcessDetailList", entry, call)
+        return list(_unpacker(entry, PROCESS_FIELDS).iter_unpack(data))
+
+    def _into_array(self, symbol: str, entry: Any, call: Callable[[Any, Any, Any], int]) -> bytes:
+        """Call an NVML C function that fills an array of `entry` structs; the filled bytes.
+
+        pynvml's wrappers turn every entry into a structure whose every field read runs
+        Python code; at 8 GPUs x 64 processes that was the largest single cost of a cycle.
+        The array is kept per function and grows when NVML says it is too small.
+        call(fn, array, count) performs the call with the function's other arguments.
+        """
+        nvml = self._module()
+        fn = nvml._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound when absent
+        buffer = self._buffers.get(symbol)
+        if buffer is None:
+            buffer = self._buffers[symbol] = (entry * 64)()
+        count = ctypes.c_uint(len(buffer))
+        ret = call(fn, buffer, count)
+        while ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            buffer = self._buffers[symbol] = (entry * (count.value * 2 + 16))()
+            count = ctypes.c_uint(len(buffer))
+            ret = call(fn, buffer, count)
+        nvml._nvmlCheckReturn(ret)
+        return ctypes.string_at(buffer, count.value * ctypes.sizeof(entry))
+
+    def _raw_processes(self, symbol: str, handle: Any) -> list[tuple[int, int]]:
+        """(pid, used bytes or NOT_AVAILABLE) of one process list."""
+        nvml = self._module()
+        v2 = symbol.endswith("_v2")
+        # Bindings before 12.550 name no v3 struct: the driver's v3 has the v2 layout.
+        v3 = getattr(nvml, "c_nvmlProcessInfo_v3_t", nvml.c_nvmlProcessInfo_v2_t)
+        entry = nvml.c_nvmlProcessInfo_v2_t if v2 else v3
+        data = self._into_array(
+            symbol, entry, lambda fn, array, count: fn(handle, ctypes.byref(count), array)
+        )
+        return list(_unpacker(entry, PROCESS_FIELDS).iter_unpack(data))
 
     @staticmethod
     def _merged(listed: list[tuple[ProcessType, list[tuple[int, int]]]]) -> Merged:
@@ -662,8 +700,14 @@ class NvmlSource:
 
     def _raw_samples(self, handle: Any, since: int) -> list[tuple[int, int, int, int, int, int]]:
         """(pid, timestamp, SM %, memory %, encoder %, decoder %) samples newer than `since`."""
-        samples = self._sized(self._module().nvmlDeviceGetProcessUtilization, handle, since)
-        return [(s.pid, s.timeStamp, s.smUtil, s.memUtil, s.encUtil, s.decUtil) for s in samples]
+        entry = self._module().c_nvmlProcessUtilizationSample_t
+        stamp = ctypes.c_ulonglong(since)
+        data = self._into_array(
+            "nvmlDeviceGetProcessUtilization",
+            entry,
+            lambda fn, array, count: fn(handle, array, ctypes.byref(count), stamp),
+        )
+        return list(_unpacker(entry, SAMPLE_FIELDS).iter_unpack(data))
 
     def _sample(self, handle: Any, uuid: str) -> bool:
         """One read of a device's sampler into its cursor; False where it could not be read."""
