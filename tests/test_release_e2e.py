@@ -3,7 +3,8 @@ real registry (the CNCF Distribution registry on loopback), and on the real node
 containerd, runc) the release's parent commit is installed from its chart, then upgraded with
 `helm upgrade` to the release's chart from `oci://` — whose images the node's containerd pulls
 by digest from that registry, nothing imported. The upgrade serves the release's CRDs, loses no
-mark on a pod and announces no finding twice; the findings keep coming.
+mark on a pod and announces no finding twice; the findings keep coming. Then, uninstalled, the
+release is installed afresh with `helm install` from oci://, and flags a pod.
 
 The short form (CI, `make test`) builds for this machine's platform; `make test-release` builds
 every release platform. Skipped, with the reason, where the machine cannot run a node."""
@@ -319,3 +320,33 @@ def test_the_release_upgrades_its_parent_and_keeps_every_mark(upgrade: Upgrade) 
             have = _properties(version["schema"]["openAPIV3Schema"])
             assert _properties(wanted["schema"]["openAPIV3Schema"]) <= have, path.name
         assert served["metadata"]["annotations"]["meta.helm.sh/release-name"] == "gpuusage"
+
+
+def test_a_fresh_install_from_the_registry_flags_a_pod(upgrade: Upgrade) -> None:
+    """`helm install` of the release's chart from oci://, where no release is (the one before
+    uninstalled: the CRDs and the reports stay): its components run the pinned images from the
+    registry, and a pod using a GPU it did not ask for is flagged, with its Event."""
+    up, world = upgrade, upgrade.world
+    up.helm.run("uninstall", "gpuusage", "-n", NS, "--wait", "--timeout", "180s", check=False)
+    wait_for(lambda: not _running_images(world), timeout=120, what="the components gone")
+    values = _values(up, up.parent / "values.fresh.yaml")
+    up.helm.run(
+        "install", "gpuusage", f"oci://{up.registry.host}/gpuusage/charts/gpuusage",
+        "--version", __version__, "--plain-http", "-n", NS, "-f", str(values),
+        "--wait", "--timeout", "240s",
+    )  # fmt: skip
+    published = {
+        short_name(one.name).removeprefix("gpuusage-"): up.made.published[one.name]
+        for one in up.made.built
+    }
+    wait_for(lambda: _running_images(world) == published, timeout=120, what="the release")
+    apps = client.AppsV1Api(world.api)
+    _account(world, "lab")
+    deployment: Any = sleeper_deployment("stray", "lab", 0)
+    apps.create_namespaced_deployment("lab", deployment)
+    stray = wait_for(lambda: running_pod(world, "lab", "stray"), timeout=90, what="stray")
+    cid = stray.status.container_statuses[0].container_id.split("://")[1]
+    gpu = DEFAULT_SCENARIO["gpus"][0]["uuid"]
+    write_scenario(world.scenario, {gpu: [{"pid": host_pid(world, cid), "usedMemoryMiB": 512}]})
+    _wait_marked(world, "lab", stray.metadata.name, (gpu, "UsingUnrequestedGPU"))
+    wait_for_event(world, "lab", stray.metadata.name, "UsingUnrequestedGPU")
