@@ -325,3 +325,9 @@ def index_keys(body: dict[str, Any]) -> tuple[str, ...]:
     """The keys the pod index finds this pod under besides its UID."""
     ref = snapshot_of(body)
     return () if ref is None else snapshot_keys(ref)
+
+
+def deadline_entries(queue: WorkQueue) -> int:
+    """The deadline entries a work queue holds (about one per name with a deadline): what
+    its memory grows with."""
+    return len(queue._waiting)

@@ -121,10 +121,6 @@ class WorkQueue:
         with self._cond:
             self._failures.pop(name, None)
 
-    def failures(self, name: str) -> int:
-        with self._cond:
-            return self._failures.get(name, 0)
-
     def get(self, timeout: float | None = None) -> tuple[str, frozenset[Hashable]] | None:
         """The next name to work on, with the reasons it was added for; the caller must call
         `done` with it. None once shut down, or when `timeout` passed with nothing ready."""
@@ -163,17 +159,6 @@ class WorkQueue:
             if name in self._again:
                 self._again.discard(name)
                 self._add(name, None)
-
-    def held(self) -> int:
-        """Deadline entries the queue holds (about one per name with a deadline)."""
-        with self._cond:
-            return len(self._waiting)
-
-    def waiting(self, name: str) -> float | None:
-        """Seconds until the name's deadline, if it has one."""
-        with self._cond:
-            when = self._earliest.get(name)
-            return None if when is None else max(0.0, when - self._monotonic())
 
     def shut_down(self) -> None:
         """Workers' `get` returns None from now on; nothing more is queued."""
