@@ -28,6 +28,7 @@ from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_keys, snapshot_of
 from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.judge.freshness import Renewal
+from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.podmarker import pod_writer
@@ -43,9 +44,11 @@ def reconciler_on(
     write_budget: WriteBudget | None = None,
     refresh: Callable[[str, str, str], None] = lambda namespace, name, uid: None,
     renewals: Callable[[str], Renewal | None] = lambda node: None,
+    nodes: NodeRunner | None = None,
 ) -> Reconciler:
-    """A Reconciler with no policies, its writers on `api` (a kubernetes ApiClient), its report
-    statuses written through `reports_api` where given, the Leases' renewals from `renewals`."""
+    """A Reconciler with no pod policies, its writers on `api` (a kubernetes ApiClient), its
+    report statuses written through `reports_api` where given, the Leases' renewals from
+    `renewals`, the node rules carried out by `nodes`."""
     queue, counts, book = WorkQueue(), Counts(), ReportBook()
     marker = pod_writer(
         api,
@@ -55,7 +58,9 @@ def reconciler_on(
         due=Triggers(queue, book).due,
         refresh=refresh,
     )
-    return Reconciler(api, marker, counts, queue, book, reports_api=reports_api, renewals=renewals)
+    return Reconciler(
+        api, marker, counts, queue, book, reports_api=reports_api, renewals=renewals, nodes=nodes
+    )
 
 
 # -- pods as the API serves them ------------------------------------------------------------
@@ -331,3 +336,13 @@ def deadline_entries(queue: WorkQueue) -> int:
     """The deadline entries a work queue holds (about one per name with a deadline): what
     its memory grows with."""
     return len(queue._waiting)
+
+
+class Clock:
+    """A clock a test moves by hand (`now`)."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now

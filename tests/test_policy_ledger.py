@@ -31,6 +31,7 @@ from gpuusage_operator.policies.ledger import GONE_RETRY, STATUS_RETRY, PolicyLe
 from gpuusage_operator.policies.noderule import NodeMarks
 from gpuusage_operator.policies.noderun import NodeRunner
 from tests.builders import (
+    Clock,
     PolicyStatusApi,
     ReportStatusApi,
     enforced_policy,
@@ -43,18 +44,10 @@ START = datetime(2026, 11, 27, 12, 0, 30, 123456, tzinfo=UTC)
 WHOLE = START.replace(microsecond=0)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 def ledger(
     api: PolicyStatusApi, limit: int = 10, cluster: int = 30
 ) -> tuple[PolicyLedger, PolicyState, Clock]:
-    clock = Clock()
+    clock = Clock(START)
     runner, state = policy_runner(api, clock, limit=limit, cluster=cluster)
     return runner.ledger, state, clock
 
@@ -469,7 +462,7 @@ class Marker:
 
 
 def tainting(api: PolicyStatusApi, outcome: str) -> tuple[NodeRunner, Marker, Clock]:
-    clock = Clock()
+    clock = Clock(START)
     runner, state = policy_runner(api, clock, limit=1)
     rule = {"finding": "OrphanedGPUMemory", "after": "0s", "action": "Taint", "mode": "Enforce"}
     policy = enforced_policy(limit=1)
@@ -510,7 +503,7 @@ def test_a_reconcile_flushes_its_decisions_and_a_new_leader_reads_back() -> None
     reads each status back before writing it."""
     reconciler = reconciler_on(client.ApiClient(), reports_api=ReportStatusApi())
     api = PolicyStatusApi()
-    runner, _ = policy_runner(api, Clock())
+    runner, _ = policy_runner(api, Clock(START))
     reconciler.policies = runner
     report = {
         "metadata": {"name": "gpu-node-a", "resourceVersion": "7", "generation": 1},
@@ -536,7 +529,7 @@ def test_the_housekeeping_pass_writes_what_waits_though_no_reconcile_comes(
     on-cluster test."""
     reconciler = reconciler_on(client.ApiClient())
     api = PolicyStatusApi()
-    clock = Clock()
+    clock = Clock(START)
     runner, _ = policy_runner(api, clock)
     reconciler.policies = runner
     decide(runner.ledger, "a")

@@ -311,10 +311,12 @@ class Reconciler:
         """This replica stood by and now acts: another may have judged and written
         meanwhile, so nothing it judged or wrote before is taken as the latest (the reports'
         freshness, where their pods were seen and since when they were absent, what it wrote,
-        its echoes)."""
+        its echoes, the Nodes' marks it read and the node decisions it recorded)."""
         self.marker.forget_written()
         if self.policies is not None:
             self.policies.ledger.forget()
+        if self.nodes is not None:
+            self.nodes.new_term()
         self.book.unjudge()
         self.liveness.reset()
         self._seen_on.clear()

@@ -161,6 +161,13 @@ class NodeRunner:
         text = f"{head}: {note}"
         self.record(node, PodEvent(reason, text, kind), text, now)
 
+    def new_term(self) -> None:
+        """This replica leads again: another leader may have changed any node's marks and
+        recorded its own decisions meanwhile, so nothing read or said before is trusted."""
+        with self._lock:
+            self._known.clear()
+            self._said.clear()
+
     def forget(self, node: str, now: datetime) -> None:
         """The node's report is gone (the agent uninstalled, the node deleted): nothing is
         known of its memory any more, so marks of ours on it are taken off."""
