@@ -108,7 +108,8 @@ class OperatorSettings(CommandSettings):
     """Reconciles run at once (each mostly waits for the apiserver)."""
     gpu_resources: str = ""
     """Extra extended-resource names that count as GPU requests besides nvidia.com/gpu and
-    nvidia.com/mig-*, comma-separated (e.g. a vendor's variant, HAMi's resource name)."""
+    nvidia.com/mig-*, comma-separated (e.g. a vendor's variant, Volcano's
+    volcano.sh/vgpu-number)."""
     fraction_annotations: str = "gpu-fraction,gpu-memory"
     """Pod annotations by which a fractional scheduler (KAI, Run:ai) gives a GPU share,
     comma-separated: a pod carrying one has a GPU allocation."""

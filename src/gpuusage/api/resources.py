@@ -19,7 +19,8 @@ REPLICA_SEPARATOR = "::"
 
 def is_gpu_resource(name: str, extra: Iterable[str] = ()) -> bool:
     """`nvidia.com/gpu`, `nvidia.com/mig-<profile>`, their `.shared` replicas (NVIDIA's plugin
-    with `renameByDefault`), or a configured extra name (HAMi's, a vendor's variant)."""
+    with `renameByDefault`), or a configured extra name (Volcano's vGPU count, a vendor's
+    variant)."""
     return (
         name in (GPU_RESOURCE, SHARED_GPU_RESOURCE)
         or name.startswith(MIG_RESOURCE_PREFIX)
