@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from kubernetes import client
@@ -346,3 +346,24 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
+
+
+def tainting_runner(
+    api: PolicyStatusApi, clock: Callable[[], datetime], limit: int = 10
+) -> PolicyRunner:
+    """The policy runner of one enforced policy ("idle", its status in `api`) whose node rule
+    taints a node with orphaned memory at once."""
+    runner, state = policy_runner(api, clock, limit=limit)
+    rule = {"finding": "OrphanedGPUMemory", "after": "0s", "action": "Taint", "mode": "Enforce"}
+    policy = enforced_policy(limit=limit)
+    state.apply(
+        "MODIFIED",
+        {
+            **policy,
+            "metadata": {"name": "idle", "generation": 2},
+            "spec": {**policy["spec"], "nodeRules": [rule]},
+        },
+    )
+    found = state.policies["idle"]
+    cast(Any, runner.watch).node_rule = lambda: (found, found.spec.node_rules[0])
+    return runner

@@ -8,7 +8,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -20,9 +19,8 @@ from gpuusage_operator.policies.noderun import NodeRunner
 from tests.builders import (
     Clock,
     PolicyStatusApi,
-    enforced_policy,
-    policy_runner,
     reconciler_on,
+    tainting_runner,
 )
 
 pytestmark = pytest.mark.cluster
@@ -39,19 +37,7 @@ def node(api: client.ApiClient) -> Iterator[str]:
 
 def test_a_replica_leading_again_reads_a_nodes_marks_anew(api: client.ApiClient, node: str) -> None:
     clock = Clock(datetime(2026, 11, 28, 12, tzinfo=UTC))
-    runner, state = policy_runner(PolicyStatusApi(), clock)
-    rule = {"finding": "OrphanedGPUMemory", "after": "0s", "action": "Taint", "mode": "Enforce"}
-    policy = enforced_policy()
-    state.apply(
-        "MODIFIED",
-        {
-            **policy,
-            "metadata": {"name": "idle", "generation": 2},
-            "spec": {**policy["spec"], "nodeRules": [rule]},
-        },
-    )
-    found = state.policies["idle"]
-    cast(Any, runner.watch).node_rule = lambda: (found, found.spec.node_rules[0])
+    runner = tainting_runner(PolicyStatusApi(), clock)
     nodes = NodeRunner(runner, record=lambda *a: None, marker=NodeMarker(api))
     reconciler = reconciler_on(api, nodes=nodes)
     orphaned = OrphanedMemory(memoryMiB=4096, processes=1, since=clock.now - timedelta(hours=1))

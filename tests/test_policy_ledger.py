@@ -37,6 +37,7 @@ from tests.builders import (
     enforced_policy,
     policy_runner,
     reconciler_on,
+    tainting_runner,
 )
 from tests.examples import example_spec
 
@@ -463,19 +464,7 @@ class Marker:
 
 def tainting(api: PolicyStatusApi, outcome: str) -> tuple[NodeRunner, Marker, Clock]:
     clock = Clock(START)
-    runner, state = policy_runner(api, clock, limit=1)
-    rule = {"finding": "OrphanedGPUMemory", "after": "0s", "action": "Taint", "mode": "Enforce"}
-    policy = enforced_policy(limit=1)
-    state.apply(
-        "MODIFIED",
-        {
-            **policy,
-            "metadata": {"name": "idle", "generation": 2},
-            "spec": {**policy["spec"], "nodeRules": [rule]},
-        },
-    )
-    found = state.policies["idle"]
-    cast(Any, runner.watch).node_rule = lambda: (found, found.spec.node_rules[0])
+    runner = tainting_runner(api, clock, limit=1)
     marker = Marker(outcome)
     return NodeRunner(runner, record=lambda *a: None, marker=cast(Any, marker)), marker, clock
 
