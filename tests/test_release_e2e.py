@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from gpuusage_dev.localcluster.platforms import HOST
 from gpuusage_dev.localcluster.productimages import REPO, git_output
 from gpuusage_dev.localcluster.tools import CRANE, HELM, ensure_tool
 from gpuusage_dev.localcluster.workloads import sleeper_deployment
+from gpuusage_dev.release import chart
 from gpuusage_dev.release.images import build, short_name
 from gpuusage_dev.release.make import Release, release
 from gpuusage_dev.release.publish import push
@@ -70,6 +71,8 @@ class Upgrade:
     parent: Path
     """A clone of the repository at the release's parent commit."""
     parent_images: dict[str, str]
+    released_images: dict[str, str]
+    """Component (agent, operator) → the release's image by digest in the registry."""
     """Component (agent, operator) → the parent's image by digest in the registry."""
     world: NodeWorld
     helm: Helm
@@ -94,19 +97,15 @@ def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upgrade]:
     if why is not None:
         pytest.skip(f"this machine cannot run a node: {why}")
     work = tmp_path_factory.mktemp("release-e2e")
-    parent = _parent(work)
+    parent_clone = _parent(work)
     with running_registry(work / "registry") as registry:
         where = f"{registry.host}/gpuusage"
         made = release(
             REPO, work / "dist", where, platforms=release_test_platforms(), command="pytest"
         )
-        old = build(work / "parent-dist", repo=parent, platforms=(HOST,), command="pytest")
-        parent_images = {
-            short_name(one.name).removeprefix("gpuusage-"): push(
-                ensure_tool(CRANE), one, f"{registry.host}/parent", __version__
-            )
-            for one in old
-        }
+        old = build(work / "parent-dist", repo=parent_clone, platforms=(HOST,), command="pytest")
+        crane = ensure_tool(CRANE)
+        parent = {one.name: push(crane, one, f"{registry.host}/parent", __version__) for one in old}
         scenario = work / "scenario"
         scenario.mkdir()
         write_scenario(scenario, {}, DEFAULT_SCENARIO)
@@ -114,7 +113,20 @@ def upgrade(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upgrade]:
             api, _ = api_client(cluster.kubeconfig)
             world = NodeWorld(scenario, cluster, node, api, client.CoreV1Api(api), work)
             helm = Helm(ensure_tool(HELM), work / "helm", cluster.kubeconfig)
-            yield Upgrade(registry, made, parent, parent_images, world, helm)
+            yield Upgrade(
+                registry, made, parent_clone, by_component(parent),
+                by_component(made.published), world, helm,
+            )  # fmt: skip
+
+
+def by_component(references: Mapping[str, str]) -> dict[str, str]:
+    """Image name (and "chart") → reference, as the chart's component (agent, operator) →
+    its image's reference."""
+    return {
+        chart.COMPONENTS[short_name(name)]: reference
+        for name, reference in references.items()
+        if name != "chart"
+    }
 
 
 def _values(up: Upgrade, path: Path, images: dict[str, str] | None = None) -> Path:
@@ -140,7 +152,7 @@ def _running_images(world: NodeWorld) -> dict[str, str]:
     for pod in pods:
         if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
             continue
-        component = pod.metadata.labels["app.kubernetes.io/name"].removeprefix("gpuusage-")
+        component = chart.COMPONENTS[pod.metadata.labels["app.kubernetes.io/name"]]
         out.setdefault(component, set()).add(pod.spec.containers[0].image)
     return {c: next(iter(images)) for c, images in out.items() if len(images) == 1}
 
@@ -279,10 +291,7 @@ def test_the_release_upgrades_its_parent_and_keeps_every_mark(upgrade: Upgrade) 
             "--wait", "--timeout", "240s", *adopt,
         )  # fmt: skip
         assert "has been upgraded" in out.stdout + out.stderr
-        published = {
-            short_name(one.name).removeprefix("gpuusage-"): up.made.published[one.name]
-            for one in up.made.built
-        }
+        published = up.released_images
         wait_for(lambda: _running_images(world) == published, timeout=120, what="the release")
         # The release's operator acts: a change in use reaches the pod's annotation.
         scenario(2048)
@@ -335,10 +344,7 @@ def test_a_fresh_install_from_the_registry_flags_a_pod(upgrade: Upgrade) -> None
         "--version", __version__, "--plain-http", "-n", NS, "-f", str(values),
         "--wait", "--timeout", "240s",
     )  # fmt: skip
-    published = {
-        short_name(one.name).removeprefix("gpuusage-"): up.made.published[one.name]
-        for one in up.made.built
-    }
+    published = up.released_images
     wait_for(lambda: _running_images(world) == published, timeout=120, what="the release")
     apps = client.AppsV1Api(world.api)
     _account(world, "lab")

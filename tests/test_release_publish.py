@@ -28,7 +28,7 @@ from gpuusage_dev.localcluster.productimages import REPO
 from gpuusage_dev.localcluster.tools import COSIGN, CRANE, HELM, ensure_tool
 from gpuusage_dev.release import chart
 from gpuusage_dev.release.imagecheck import layout_blobs
-from gpuusage_dev.release.images import Built, build
+from gpuusage_dev.release.images import Built, build, short_name
 from gpuusage_dev.release.publish import (
     PublishError,
     Signer,
@@ -86,7 +86,7 @@ def test_each_image_is_pushed_signed_and_attested(
     assert sorted(published) == sorted([*(b.name for b in built), "chart"])
     for one in built:
         reference = published[one.name]
-        short = one.name.rsplit("/", 1)[-1].split(":", 1)[0]
+        short = short_name(one.name)
         assert reference == f"{registry.host}/gpuusage/{short}@{one.digest}"
         said = verify(cosign, key, reference)
         claims = json.loads(said.strip().splitlines()[-1])
@@ -124,8 +124,8 @@ def test_the_chart_is_pushed_signed_and_pulled_with_its_images_pinned(
     assert archive.read_bytes() == released.packaged.read_bytes()
     values = yaml.safe_load(helm.run("show", "values", str(archive)).stdout)
     for one in released.built:
-        short = one.name.rsplit("/", 1)[-1].split(":", 1)[0]
-        image = values[short.removeprefix("gpuusage-")]["image"]
+        short = short_name(one.name)
+        image = values[chart.COMPONENTS[short]]["image"]
         pulled_from = f"{values['image']['registry']}/{image['repository']}@{image['digest']}"
         assert pulled_from == published[one.name]
 
@@ -140,7 +140,7 @@ def test_an_image_changed_after_signing_fails_verification(
     )  # fmt: skip
     crane, cosign = ensure_tool(CRANE), ensure_tool(COSIGN)
     one = built[0]
-    short = one.name.rsplit("/", 1)[-1].split(":", 1)[0]
+    short = short_name(one.name)
     layer = dist / "evil.tar"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
