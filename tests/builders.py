@@ -26,7 +26,7 @@ from gpuusage_operator.controller.triggers import Triggers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_keys, snapshot_of
-from gpuusage_operator.informers.policywatch import PolicyState
+from gpuusage_operator.informers.policywatch import PolicyState, PolicyWatch
 from gpuusage_operator.judge.freshness import Renewal
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
@@ -215,15 +215,16 @@ class ReportStatusApi:
 class PolicyStatusApi:
     """GpuUsagePolicies' status subresource in dicts, by policy, as the apiserver serves it:
     merge patches (refused with 409 when they name a resourceVersion that is not the latest),
-    reads, each answering the object with its resourceVersion; with the faults of a real one:
-    a write refused, a write that lands but whose answer is lost, a read refused, and writes
-    held at `gate` until it is set (so that workers overlap). For tests of the policies'
-    bookkeeping under faults; what the apiserver keeps is proven on it."""
+    each answering the object with its resourceVersion; with the faults of a real one: a write
+    refused, a write that lands but whose answer is lost, and writes held at `gate` until it is
+    set (so that workers overlap). No watch: a test hands the policy's events to its state
+    (`served`). For tests of the policies' bookkeeping under faults; what the apiserver keeps
+    is proven on it."""
 
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.statuses: dict[str, dict[str, Any]] = {}
         self.versions: dict[str, int] = {}
-        self.refuse_writes = self.lose_answers = self.refuse_reads = False
+        self.refuse_writes = self.lose_answers = False
         self.writes = self.held = self.attempts = 0
         self.gate = gate
         self._lock = threading.Lock()
@@ -238,6 +239,14 @@ class PolicyStatusApi:
         with self._lock:
             self.statuses[name] = apply_merge_patch(self.statuses.get(name, {}), status)
             self.versions[name] = self.versions.get(name, 1) + 1
+
+    def served(self, policy: dict[str, Any]) -> dict[str, Any]:
+        """The policy (as enforced_policy builds it) as the apiserver serves it now, its status
+        and resourceVersion this fake's: what its watch event carries."""
+        with self._lock:
+            answer = self._answer(policy["metadata"]["name"])
+        meta = {**policy["metadata"], **answer["metadata"]}
+        return {**policy, "metadata": meta, "status": answer["status"]}
 
     def _answer(self, name: str) -> dict[str, Any]:
         version = str(self.versions.get(name, 1))
@@ -265,12 +274,6 @@ class PolicyStatusApi:
             raise TimeoutError("the answer was lost")
         return answer
 
-    def get_cluster_custom_object_status(self, *args: Any) -> Any:
-        if self.refuse_reads:
-            raise ConnectionError("refused")
-        with self._lock:
-            return self._answer(args[-1])
-
 
 def enforced_policy(name: str = "idle", limit: int = 10) -> dict[str, Any]:
     """A GpuUsagePolicy as listed: delete pods holding GPUs idle, at most `limit` an hour."""
@@ -283,11 +286,25 @@ def enforced_policy(name: str = "idle", limit: int = 10) -> dict[str, Any]:
     }
 
 
-def policy_watch(state: PolicyState) -> Any:
-    """A PolicyWatch, listed, over these policies (a test sets `node_rule` where it needs)."""
-    return SimpleNamespace(
-        synced=True, policies=SimpleNamespace(state=state), policy=state.policies.get
-    )
+def policy_watch(state: PolicyState) -> PolicyWatch:
+    """A PolicyWatch, listed, over these policies (a test hands their events to `state`, and
+    sets `node_rule` where it needs); it watches nothing."""
+    watch = PolicyWatch(custom=None, core=None)
+    watch.policies.state = state
+    for listed in (watch.policies.synced, watch.namespaces.synced, watch.decided):
+        listed.set()
+    watch.available.set()
+    return watch
+
+
+def listed_again(watch: PolicyWatch, *policies: dict[str, Any]) -> None:
+    """The policies' watch broke and listed them again, finding these: the informer's own
+    list, whose state replaces the one it had."""
+    page = {"metadata": {"resourceVersion": "1"}, "items": list(policies)}
+    answer = SimpleNamespace(data=json.dumps(page).encode(), release_conn=lambda: None)
+    watch.policies._list_page = lambda limit, token: answer
+    watch.policies.synced.clear()
+    watch.policies.list_all()
 
 
 def policy_runner(
@@ -296,7 +313,7 @@ def policy_runner(
     """The pods' policy runner over one enforced policy whose status lives in `api`, with the
     state of its watch (to tell it of the policy's changes)."""
     state = PolicyState()
-    state.apply("ADDED", {**enforced_policy(limit=limit), "status": {"observedGeneration": 1}})
+    state.apply("ADDED", api.served(enforced_policy(limit=limit)))
     runner = PolicyRunner(
         watch=policy_watch(state),
         custom=api,
@@ -356,14 +373,9 @@ def tainting_runner(
     runner, state = policy_runner(api, clock, limit=limit)
     rule = {"finding": "OrphanedGPUMemory", "after": "0s", "action": "Taint", "mode": "Enforce"}
     policy = enforced_policy(limit=limit)
-    state.apply(
-        "MODIFIED",
-        {
-            **policy,
-            "metadata": {"name": "idle", "generation": 2},
-            "spec": {**policy["spec"], "nodeRules": [rule]},
-        },
-    )
+    policy["metadata"]["generation"] = 2
+    policy["spec"]["nodeRules"] = [rule]
+    state.apply("MODIFIED", api.served(policy))
     found = state.policies["idle"]
     cast(Any, runner.watch).node_rule = lambda: (found, found.spec.node_rules[0])
     return runner

@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuusage.api import names
 from gpuusage.api.times import format_time
 from gpuusage_operator.informers.policywatch import PolicyState
-from gpuusage_operator.policies.ledger import PolicyLedger, Slot
+from gpuusage_operator.policies.ledger import STATUS_RETRY, PolicyLedger, Slot
 from gpuusage_operator.writers.budget import WriteBudget
 from tests.builders import policy_watch
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
@@ -435,9 +435,10 @@ def test_the_ledger_counts_on_the_status_the_apiserver_has(
     api: client.ApiClient, policy: PolicyMaker
 ) -> None:
     """The policies' ledger on the real status subresource: an action's count written before
-    it is taken; a merge patch naming an older resourceVersion refused (409), so a count built
-    on a status another leader changed meanwhile never writes over it: read back, it counts on
-    top of it, up to the policy's limit."""
+    it is taken, its answer what the ledger builds on next; a merge patch naming an older
+    resourceVersion refused (409), so a count built on a status another leader changed
+    meanwhile never writes over it, and no action is taken on it: once the watch brings the
+    change, it counts on top of it, up to the policy's limit."""
     custom = client.CustomObjectsApi(api)
     name = f"ledger-{uuid.uuid4().hex[:6]}"
     created = policy(
@@ -480,7 +481,13 @@ def test_the_ledger_counts_on_the_status_the_apiserver_has(
         )
     assert refused.value.status == 409
 
-    # the ledger's write names the version it read before: refused, read back, decided again
+    # the ledger's write names the version its watch holds: refused, nothing taken
+    assert book.reserve(name) == Slot(retry=now.replace(microsecond=0) + STATUS_RETRY)
+    assert _status(api, name)["actedAt"] == [other, format_time(now)]
+    brought: Any = custom.get_cluster_custom_object(
+        names.GROUP, names.VERSION, names.POLICY_PLURAL, name
+    )
+    state.apply("MODIFIED", brought)  # what the watch brings
     assert book.reserve(name) == Slot(at=now.replace(microsecond=0))
     assert _status(api, name)["actedAt"] == [other, format_time(now), format_time(now)]
     assert book.reserve(name).limited

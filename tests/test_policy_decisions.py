@@ -347,13 +347,33 @@ def test_rate_limits_count_a_sliding_hour_per_policy_and_across_the_cluster() ->
     assert next_allowed("a", {"a": [ahead]}, per_policy=1, cluster=10, now=now) == ahead + WINDOW
 
 
-def test_a_policys_status_is_read_back_without_judging_pods_again() -> None:
+def test_a_policys_status_is_kept_from_its_watch_without_judging_pods_again() -> None:
+    """What the ledger builds on (see policies.ledger) comes with each event; a field the
+    status holds wrong reads as none."""
     calls: list[str] = []
     policies = PolicyState(lambda: calls.append("policy"))
     rules = {"rules": [{"finding": "HoldingIdleGPU", "action": "Notify"}]}
-    policies.apply("ADDED", {**_object("p"), "spec": rules})
+    policies.apply("ADDED", {**_object("p", resourceVersion="7"), "spec": rules})
     assert policies.policies["p"].observed is None
-    written = {"observedGeneration": 1, "actedAt": ["2026-01-01T10:00:00Z"]}
-    policies.apply("MODIFIED", {**_object("p"), "spec": rules, "status": written})
+    assert policies.policies["p"].version == "7"
+    done = {"target": {"kind": "Pod", "name": "a"}, "outcome": "Done", "done": True}
+    written = {
+        "observedGeneration": 1,
+        "actionsTaken": 4,
+        "decisions": [done, "garbled"],
+        "actedAt": ["2026-01-01T10:00:00Z", "soon"],
+    }
+    policies.apply(
+        "MODIFIED", {**_object("p", resourceVersion="8"), "spec": rules, "status": written}
+    )
     assert calls == ["policy"]
-    assert policies.policies["p"].observed == 1
+    kept = policies.policies["p"]
+    assert (kept.observed, kept.version, kept.actions_taken) == (1, "8", 4)
+    assert kept.decisions == (done,)
+    assert kept.acted_at == (datetime(2026, 1, 1, 10, tzinfo=UTC),)
+    garbled = {"actionsTaken": "4", "decisions": {}, "actedAt": "2026-01-01T10:00:00Z"}
+    policies.apply(
+        "MODIFIED", {**_object("p", resourceVersion="9"), "spec": rules, "status": garbled}
+    )
+    kept = policies.policies["p"]
+    assert (kept.actions_taken, kept.decisions, kept.acted_at) == (0, (), ())

@@ -2,8 +2,9 @@
 wrong, and its rate limits count each enforced action once, before it is taken.
 
 The status lives in a dict here (builders.PolicyStatusApi: its faults and its resourceVersion
-are the point); that the apiserver refuses a status write naming an older resourceVersion is
-proven in test_policies_on_cluster, and the whole on it in test_policies_on_cluster and
+are the point), and the watch's events are handed to its state by each test (`echo`); that the
+apiserver refuses a status write naming an older resourceVersion is proven in
+test_policies_on_cluster, and the whole on it in test_policies_on_cluster and
 test_operator_ha."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.builders import (
     PolicyStatusApi,
     ReportStatusApi,
     enforced_policy,
+    listed_again,
     policy_runner,
     reconciler_on,
     tainting_runner,
@@ -93,6 +95,11 @@ def listed(api: PolicyStatusApi) -> list[tuple[str, str]]:
     return [(d["target"]["name"], d["outcome"]) for d in api.status.get("decisions", [])]
 
 
+def echo(api: PolicyStatusApi, state: PolicyState) -> None:
+    """The policy's watch brings its status as the apiserver has it now."""
+    state.apply("MODIFIED", api.served(enforced_policy()))
+
+
 # -- decisions --------------------------------------------------------------------------------
 
 
@@ -116,7 +123,7 @@ def test_decisions_whose_status_write_failed_are_written_by_a_later_flush() -> N
 
 def test_a_write_that_landed_though_its_answer_was_lost_is_not_counted_twice() -> None:
     api = PolicyStatusApi()
-    book, _, clock = ledger(api)
+    book, state, clock = ledger(api)
     decide(book, "first")
     book.flush()
     decide(book, "a")
@@ -125,72 +132,30 @@ def test_a_write_that_landed_though_its_answer_was_lost_is_not_counted_twice() -
     assert book.waiting()
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
     api.lose_answers = False
+    assert not flushed_when_due(book, clock), "not built on the version before it (409)"
+    echo(api, state)
     assert flushed_when_due(book, clock)
     assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("first", "Done")], 2)
     assert api.writes == 3, "written again, the same"
 
 
-def test_a_status_that_cannot_be_read_is_not_overwritten_with_less() -> None:
+def test_a_write_built_on_a_status_changed_meanwhile_waits_for_the_watch_to_bring_it() -> None:
+    # another leader wrote while this one, without knowing, still takes itself for the leader
     api = PolicyStatusApi()
-    earlier = {"target": {"kind": "Pod", "name": "old"}, "outcome": "Done", "done": True}
-    api.write_elsewhere({"actionsTaken": 3, "decisions": [earlier]})
-    book, _, clock = ledger(api)
-    api.refuse_reads = True
-    decide(book, "a")
-    book.flush()
-    assert book.waiting()
-    assert api.attempts == 0, "not written without what it holds"
-    api.refuse_reads = False
-    assert flushed_when_due(book, clock)
-    assert (listed(api), api.status["actionsTaken"]) == ([("a", "Done"), ("old", "Done")], 4)
-
-
-def written_a_then_another_leader_x() -> tuple[PolicyLedger, PolicyStatusApi]:
-    """The ledger wrote decision a; then another leader recorded x (its action: 2 taken)."""
-    api = PolicyStatusApi()
-    book, _, _ = ledger(api)
+    book, state, clock = ledger(api)
     decide(book, "a")
     book.flush()
     other = {"target": {"kind": "Pod", "name": "x"}, "outcome": "Done", "done": True}
     api.write_elsewhere({"actionsTaken": 2, "decisions": [other, *api.status["decisions"]]})
-    return book, api
-
-
-def test_a_write_built_on_a_status_changed_meanwhile_is_read_back_and_made_again() -> None:
-    # another leader wrote while this one, without knowing, still takes itself for the leader
-    book, api = written_a_then_another_leader_x()
     decide(book, "b")
     book.flush()
-    assert not book.waiting(), "refused (409), read back, written"
+    assert book.waiting(), "refused (409): the decision waits"
+    assert (listed(api), api.status["actionsTaken"]) == ([("x", "Done"), ("a", "Done")], 2)
+    echo(api, state)
+    assert flushed_when_due(book, clock)
     assert listed(api) == [("b", "Done"), ("x", "Done"), ("a", "Done")]
     assert api.status["actionsTaken"] == 3
     assert (api.attempts, api.writes) == (3, 2)
-
-
-def test_a_replica_that_leads_again_reads_back_what_another_wrote_meanwhile() -> None:
-    book, api = written_a_then_another_leader_x()
-    book.forget()  # turned active again
-    decide(book, "b")
-    book.flush()
-    assert listed(api) == [("b", "Done"), ("x", "Done"), ("a", "Done")]
-    assert api.status["actionsTaken"] == 3
-    assert (api.attempts, api.writes) == (2, 2), "read back first: nothing refused"
-
-
-def test_a_read_from_before_a_handover_is_not_kept_after_it() -> None:
-    api = PolicyStatusApi()
-    book, _, _ = ledger(api)
-    real_get = api.get_cluster_custom_object_status
-
-    def handover_meanwhile(*args: Any) -> Any:
-        answer = real_get(*args)
-        book.forget()  # between the answer and its keeping
-        return answer
-
-    api.get_cluster_custom_object_status = handover_meanwhile  # type: ignore[method-assign]
-    assert book.acted(START) is None, "not used"
-    api.get_cluster_custom_object_status = real_get  # type: ignore[method-assign]
-    assert book.acted(START) == {"idle": []}
 
 
 def test_a_status_refused_for_good_keeps_nothing_back() -> None:
@@ -207,17 +172,6 @@ def test_a_status_refused_for_good_keeps_nothing_back() -> None:
     clock.now += STATUS_RETRY
     book.flush()
     assert listed(api) == [("b", "Done")]
-
-
-def test_a_status_that_cannot_be_read_for_good_keeps_nothing_back() -> None:
-    api = PolicyStatusApi()
-    book, _, _ = ledger(api)
-    gone = ApiException(status=404, reason="Not Found")
-    api.get_cluster_custom_object_status = lambda *a: (_ for _ in ()).throw(gone)  # type: ignore[method-assign]
-    decide(book, "a")
-    book.flush()
-    assert not book.waiting()
-    assert api.attempts == 0
 
 
 def test_while_they_wait_every_done_decision_is_kept_and_the_newest_others() -> None:
@@ -266,31 +220,41 @@ def test_flushes_at_once_list_and_count_every_decision() -> None:
     assert not book.waiting()
     assert listed(api) == [("second", "Done"), ("first", "Done")]
     assert api.status["actionsTaken"] == 2
+    assert api.attempts == api.writes == 2, "each built on the answer of the one before it"
 
 
-def test_a_status_whose_mode_alone_was_not_written_is_written_again() -> None:
+def test_an_edited_policy_shows_its_new_mode_once_though_no_decision_waits() -> None:
     api = PolicyStatusApi()
     book, state, clock = ledger(api)
-    state.apply("MODIFIED", edited_to_dry_run())
+    decide(book, "a")
+    book.flush()
+    api.write_elsewhere({})  # the spec's edit: a new resourceVersion
+    state.apply("MODIFIED", api.served(edited_to_dry_run()))
     api.refuse_writes = True
     book.flush()
     assert book.waiting(), "the edited policy's mode and rules wait"
     api.refuse_writes = False
     assert flushed_when_due(book, clock)
     assert (api.status["mode"], api.status["observedGeneration"]) == ("DryRun", 2)
-
-
-def test_an_edited_policy_shows_its_new_mode_though_its_version_changed() -> None:
-    api = PolicyStatusApi()
-    book, state, _ = ledger(api)
-    decide(book, "a")
-    book.flush()
-    api.write_elsewhere({})  # the spec's edit: a new resourceVersion
-    state.apply("MODIFIED", {**edited_to_dry_run(), "status": api.status})
-    book.flush()
-    assert not book.waiting()
-    assert (api.status["mode"], api.status["observedGeneration"]) == ("DryRun", 2)
     assert listed(api) == [("a", "Done")]
+    attempts = api.attempts
+    book.flush()
+    assert api.attempts == attempts, "shown: the write's answer is what its watch holds"
+
+
+def test_a_writes_answer_is_shown_only_over_the_version_it_was_built_on() -> None:
+    """Where the watch's state shows another version, it brought this write or a later one
+    already: the answer would take it back."""
+    state = PolicyState()
+    policy = enforced_policy()
+    state.apply("ADDED", {**policy, "metadata": {**policy["metadata"], "resourceVersion": "10"}})
+    answer = {"metadata": {"resourceVersion": "9"}, "status": {"actionsTaken": 1}}
+    state.wrote("idle", "8", answer)
+    assert (state.policies["idle"].version, state.policies["idle"].actions_taken) == ("10", 0)
+    state.wrote("idle", "10", answer)
+    assert (state.policies["idle"].version, state.policies["idle"].actions_taken) == ("9", 1)
+    state.wrote("gone", "10", answer)
+    assert state.ids() == {"idle"}
 
 
 # -- rate limits ------------------------------------------------------------------------------
@@ -300,7 +264,7 @@ def test_an_action_is_counted_once_after_its_status_comes_back() -> None:
     api = PolicyStatusApi()
     book, state, clock = ledger(api, limit=2)
     assert book.reserve("idle") == Slot(at=WHOLE)
-    state.apply("MODIFIED", {**enforced_policy(limit=2), "status": api.status})  # the echo
+    echo(api, state)
     clock.now = START + timedelta(minutes=1)
     assert book.acted(clock.now) == {"idle": [WHOLE]}
     assert book.reserve("idle") == Slot(at=WHOLE + timedelta(minutes=1)), "the second of two"
@@ -330,28 +294,38 @@ def test_an_action_whose_count_cannot_be_written_is_not_taken() -> None:
     assert book.reserve("idle") == Slot(at=WHOLE)
 
 
-def test_counts_that_cannot_be_read_take_no_action_and_write_no_count() -> None:
+def test_no_action_is_taken_on_counts_while_the_policies_are_listed_again() -> None:
+    """Nothing is decided on a state that a list under way replaces; nor on a count written
+    as one began: the list may have been served before the count landed, and its state would
+    not show it. Counted all the same: fewer actions, never more."""
     api = PolicyStatusApi()
-    api.write_elsewhere({"actedAt": ["2026-11-27T12:00:00Z"]})
-    book, _, clock = ledger(api, limit=2)
-    api.refuse_reads = True
+    book, _, clock = ledger(api, limit=5)
+    real_patch = api.patch_cluster_custom_object_status
+
+    def broke_meanwhile(*args: Any) -> Any:
+        book.watch.policies.synced.clear()  # its watch broke: listing again
+        return real_patch(*args)
+
+    api.patch_cluster_custom_object_status = broke_meanwhile  # type: ignore[method-assign]
     assert book.reserve("idle") == Slot(retry=WHOLE + STATUS_RETRY)
-    assert book.acted(clock.now) is None
-    assert api.status == {"actedAt": ["2026-11-27T12:00:00Z"]}
-    api.refuse_reads = False
+    assert api.status["actedAt"] == ["2026-11-27T12:00:30Z"]
+    api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
+    assert book.reserve("idle") == Slot(retry=WHOLE + STATUS_RETRY)
+    assert (book.acted(clock.now), api.attempts) == (None, 1), "not even tried"
+    listed_again(book.watch, api.served(enforced_policy(limit=5)))
     assert book.reserve("idle") == Slot(at=WHOLE)
-    assert api.status["actedAt"] == ["2026-11-27T12:00:00Z", "2026-11-27T12:00:30Z"]
+    assert len(api.status["actedAt"]) == 2
 
 
-def test_an_action_not_taken_gives_its_slot_back_and_the_next_status_drops_it() -> None:
+def test_an_action_not_taken_gives_its_slot_back() -> None:
     api = PolicyStatusApi()
     book, _, clock = ledger(api, limit=1)
     slot = book.reserve("idle")
     assert slot.at is not None
     book.release("idle", slot.at)  # refused by a PodDisruptionBudget, say
+    assert api.status["actedAt"] == []
     decide(book, "a", "Refused")
     book.flush()
-    assert api.status["actedAt"] == []
     clock.now += timedelta(minutes=1)
     assert book.reserve("idle").at is not None
 
@@ -365,59 +339,36 @@ def test_an_action_whose_policy_went_meanwhile_is_not_counted() -> None:
 
 
 def test_a_count_built_on_a_status_another_leader_changed_is_decided_again() -> None:
-    """The replica lost the lead and won it back within one reservation: the write it had
-    built on what it knew before names an older version, is refused, and the count read back
-    includes the other leader's action, which takes the last slot."""
+    """Another leader counted an action that this replica's watch has not brought yet: the
+    count built without it names an older version, is refused and not taken; decided again on
+    what the watch brings, the other's action takes the last slot."""
     api = PolicyStatusApi()
-    book, _, clock = ledger(api, limit=2)
+    book, state, clock = ledger(api, limit=2)
     assert book.reserve("idle").at is not None
     clock.now += timedelta(minutes=1)
-    real_patch = api.patch_cluster_custom_object_status
-
-    def handover_meanwhile(*args: Any) -> Any:
-        api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
-        api.write_elsewhere({"actedAt": [*api.status["actedAt"], "2026-11-27T12:01:00Z"]})
-        book.forget()  # the write fence found this replica leading again
-        return real_patch(*args)
-
-    api.patch_cluster_custom_object_status = handover_meanwhile  # type: ignore[method-assign]
-    assert book.reserve("idle").limited, "the other leader's action counts"
+    api.write_elsewhere({"actedAt": [*api.status["actedAt"], "2026-11-27T12:01:00Z"]})
+    assert book.reserve("idle") == Slot(retry=WHOLE + timedelta(minutes=1) + STATUS_RETRY)
     assert api.status["actedAt"] == ["2026-11-27T12:00:30Z", "2026-11-27T12:01:00Z"]
+    echo(api, state)
+    assert book.reserve("idle").limited, "the other leader's action counts"
 
 
-def test_a_handover_noticed_while_counting_takes_no_action_on_counts_of_before() -> None:
-    """The other policies' counts (the cluster-wide limit) were read in the term before: the
-    count written stays (fewer actions, never more), the action waits and is decided again on
-    counts read afresh."""
+@pytest.mark.parametrize("seen", ["watched", "listed"])
+def test_the_cluster_wide_limit_counts_every_policy_and_one_gone_while_its_times_last(
+    seen: str,
+) -> None:
     api = PolicyStatusApi()
     book, state, clock = ledger(api, limit=5, cluster=2)
-    state.apply("ADDED", enforced_policy("other", limit=5))
-    assert book.reserve("idle").at is not None
-    real_patch = api.patch_cluster_custom_object_status
-
-    def handover_meanwhile(*args: Any) -> Any:
-        api.patch_cluster_custom_object_status = real_patch  # type: ignore[method-assign]
-        api.write_elsewhere({"actedAt": ["2026-11-27T12:00:10Z"]}, name="other")
-        book.forget()
-        return real_patch(*args)
-
-    api.patch_cluster_custom_object_status = handover_meanwhile  # type: ignore[method-assign]
-    clock.now += timedelta(seconds=1)
-    assert book.reserve("idle") == Slot(retry=WHOLE + timedelta(seconds=1) + STATUS_RETRY)
-    assert len(api.status["actedAt"]) == 2, "counted all the same"
-    assert book.reserve("idle").limited, "three of two, on counts read afresh"
-
-
-def test_the_cluster_wide_limit_counts_every_policy_and_one_gone_while_its_times_last() -> None:
-    api = PolicyStatusApi()
-    book, state, clock = ledger(api, limit=5, cluster=2)
-    state.apply("ADDED", enforced_policy("other", limit=5))
+    state.apply("ADDED", api.served(enforced_policy("other", limit=5)))
     assert book.reserve("other").at is not None
     assert book.reserve("idle").at is not None
     clock.now += timedelta(seconds=1)
     assert book.reserve("idle").limited, "two of two, across the policies"
     api.statuses.pop("other")  # the policy deleted: its status with it
-    state.apply("DELETED", enforced_policy("other"))
+    if seen == "watched":
+        state.apply("DELETED", enforced_policy("other"))
+    else:  # while no watch was open: the list finds it gone
+        listed_again(book.watch, api.served(enforced_policy(limit=5)))
     assert book.reserve("idle").limited, "its action of this hour still counts"
     clock.now += timedelta(hours=1)
     assert book.reserve("idle").at is not None
@@ -487,12 +438,12 @@ def test_a_taint_is_counted_before_it_is_set_and_given_back_when_not_set() -> No
 # -- in the reconcile ---------------------------------------------------------------------------
 
 
-def test_a_reconcile_flushes_its_decisions_and_a_new_leader_reads_back() -> None:
+def test_a_reconcile_flushes_its_decisions_and_a_new_leader_builds_on_its_watch() -> None:
     """The report's reconcile flushes the policies' decisions; a replica that turns active
-    reads each status back before writing it."""
+    builds on what its watch brought of another leader's writes."""
     reconciler = reconciler_on(client.ApiClient(), reports_api=ReportStatusApi())
     api = PolicyStatusApi()
-    runner, _ = policy_runner(api, Clock(START))
+    runner, state = policy_runner(api, Clock(START))
     reconciler.policies = runner
     report = {
         "metadata": {"name": "gpu-node-a", "resourceVersion": "7", "generation": 1},
@@ -502,11 +453,12 @@ def test_a_reconcile_flushes_its_decisions_and_a_new_leader_reads_back() -> None
     reconciler.reconcile(report, PodLookup(), START)
     assert listed(api) == [("a", "Done")]
     api.write_elsewhere({"actionsTaken": 5})  # the other leader's, while this one stood by
+    echo(api, state)
     reconciler.turned_active()
     decide(runner.ledger, "b")
     reconciler.reconcile(report, PodLookup(), START)
     assert (listed(api), api.status["actionsTaken"]) == ([("b", "Done"), ("a", "Done")], 6)
-    assert api.attempts == api.writes == 2, "read back: no write refused"
+    assert api.attempts == api.writes == 2, "no write refused"
 
 
 def test_the_housekeeping_pass_writes_what_waits_though_no_reconcile_comes(

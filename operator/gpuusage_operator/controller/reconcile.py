@@ -313,8 +313,6 @@ class Reconciler:
         freshness, where their pods were seen and since when they were absent, what it wrote,
         its echoes, the Nodes' marks it read and the node decisions it recorded)."""
         self.marker.forget_written()
-        if self.policies is not None:
-            self.policies.ledger.forget()
         if self.nodes is not None:
             self.nodes.new_term()
         self.book.unjudge()

@@ -78,7 +78,8 @@ class Subject(Protocol):
 class PolicyRunner:
     watch: PolicyWatch
     custom: Any
-    """A CustomObjectsApi: the ledger reads and writes the policies' status through it."""
+    """A CustomObjectsApi: the ledger writes the policies' status through it (and reads it
+    from the watch only)."""
     annotate: Callable[[PodSnapshot, dict[str, str | None]], bool]
     """Patch the pod's annotations (with its UID as precondition); whether it landed."""
     record: Callable[[PodSnapshot, PodEvent, str, datetime], None]
