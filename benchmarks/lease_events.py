@@ -31,11 +31,12 @@ from kubernetes import client
 from gpuusage.api.times import format_micro_time
 from gpuusage_operator.controller.debounce import Debounce
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
-from gpuusage_operator.controller.reportbook import ReportBook
+from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import RENEWED, Triggers
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.leader import ActiveGate
+from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.informers.leasewatch import LeaseWatch
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.podmarker import pod_writer
@@ -143,7 +144,9 @@ class PacedLeases(Leases):
         return super().list_namespaced_lease(namespace, **kwargs)
 
 
-def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> ReportWorkers:
+def queued_workers(
+    nodes: list[str], triggers: Triggers, watch: LeaseWatch, terms: Terms[Term]
+) -> ReportWorkers:
     """A production worker over a reconciler that has seen every node's report fresh just now
     (renewals change nothing)."""
     api = client.ApiClient()
@@ -155,11 +158,11 @@ def queued_workers(nodes: list[str], triggers: Triggers, watch: LeaseWatch) -> R
         write_budget=WriteBudget(),
         due=triggers.due,
         refresh=lambda namespace, name, uid: None,
+        memory=lambda: terms.current.marks,
+        events=lambda: terms.current.events,
     )
     now = datetime.now(UTC)
-    reconciler = Reconciler(
-        api, marker, counts, triggers.queue, triggers.book, renewals=watch.renewal
-    )
+    reconciler = Reconciler(api, marker, counts, triggers.queue, terms, renewals=watch.renewal)
     for node in nodes:
         reconciler.liveness.judge(node, 1, now, None, now)
     return ReportWorkers(
@@ -183,8 +186,8 @@ queued for a worker, the design Liveness.renewed avoids."""
 
 def measure(data: bytes, nodes: list[str], rate: float, way: str) -> dict[str, Any]:
     news: list[set[str]] = []
-    queue, book = WorkQueue(), ReportBook()
-    triggers = Triggers(queue, book)
+    queue, terms = WorkQueue(), new_terms()
+    triggers = Triggers(queue, lambda: terms.current.book)
     built: list[ReportWorkers] = []
     renewed: Callable[[str], None] = {
         "watch_alone": lambda node: None,
@@ -194,7 +197,7 @@ def measure(data: bytes, nodes: list[str], rate: float, way: str) -> dict[str, A
     watch = LeaseWatch(
         PacedLeases(data, rate), "gpuusage-system", on_news=news.append, on_renewed=renewed
     )
-    workers = queued_workers(nodes, triggers, watch)
+    workers = queued_workers(nodes, triggers, watch, terms)
     built.append(workers)
     workers.start()
     watch.available.set()  # as start() leaves it once the probe answered

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import yaml
 from kubernetes import client
@@ -21,9 +21,10 @@ from kubernetes.client.exceptions import ApiException
 from gpuusage.api import names
 from gpuusage.api.models import Source
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
-from gpuusage_operator.controller.reportbook import ReportBook
+from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import Triggers
 from gpuusage_operator.controller.workqueue import WorkQueue
+from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_keys, snapshot_of
 from gpuusage_operator.informers.policywatch import PolicyState, PolicyWatch
@@ -33,6 +34,14 @@ from gpuusage_operator.policies.run import PolicyRunner
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.podmarker import pod_writer
 from tests.fakenvml import gpu_uuid
+
+Kept = TypeVar("Kept")
+
+
+def fixed(value: Kept) -> Callable[[], Kept]:
+    """An accessor that always gives `value`: a part's memory where no terms are wired."""
+    return lambda: value
+
 
 # -- the operator's reconciler, alone ------------------------------------------------------
 
@@ -45,22 +54,33 @@ def reconciler_on(
     refresh: Callable[[str, str, str], None] = lambda namespace, name, uid: None,
     renewals: Callable[[str], Renewal | None] = lambda node: None,
     nodes: NodeRunner | None = None,
+    terms: Terms[Term] | None = None,
 ) -> Reconciler:
     """A Reconciler with no pod policies, its writers on `api` (a kubernetes ApiClient), its
     report statuses written through `reports_api` where given, the Leases' renewals from
-    `renewals`, the node rules carried out by `nodes`."""
-    queue, counts, book = WorkQueue(), Counts(), ReportBook()
+    `renewals`, the node rules carried out by `nodes`, its memories `terms`' (as main wires
+    them: `nodes` is handed its part by the caller)."""
+    queue, counts, held = WorkQueue(), Counts(), terms or new_terms()
     marker = pod_writer(
         api,
         counts,
         instance="test",
         write_budget=write_budget or WriteBudget(),
-        due=Triggers(queue, book).due,
+        due=Triggers(queue, lambda: held.current.book).due,
         refresh=refresh,
+        memory=lambda: held.current.marks,
+        events=lambda: held.current.events,
     )
     return Reconciler(
-        api, marker, counts, queue, book, reports_api=reports_api, renewals=renewals, nodes=nodes
+        api, marker, counts, queue, held, reports_api=reports_api, renewals=renewals, nodes=nodes
     )
+
+
+def remembered_pods(reconciler: Reconciler) -> set[str]:
+    """The pods (by UID) of which the reconciler keeps something in this term: what it wrote
+    on them, since when their processes were absent, where it saw them."""
+    term = reconciler.terms.current
+    return set(term.marks.applied) | set(term.marks.written) | set(term.absent) | set(term.seen_on)
 
 
 # -- pods as the API serves them ------------------------------------------------------------

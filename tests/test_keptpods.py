@@ -1,11 +1,11 @@
-"""The pods kept whole, packed: exact round trips, and the keys they are found under as they
-change, move and go."""
+"""The pods kept whole: kept as put, and the keys they are found under as they change, move and
+go."""
 
 from __future__ import annotations
 
 from gpuusage.api import names
-from gpuusage_operator.index.keptpods import KeptPods, pack_whole, unpack_whole
-from gpuusage_operator.index.podpack import PlainPods, uid_key
+from gpuusage_operator.index.keptpods import KeptPods
+from gpuusage_operator.index.podpack import PlainPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot
 
 UID_A = "0b6c3a52-9d0e-4b8e-8f1a-2c3d4e5f6a7b"
@@ -46,19 +46,17 @@ def gpu_pod(uid: str = UID_A, node: str | None = "n1", **changes: object) -> Pod
     return PodSnapshot(**fields)  # type: ignore[arg-type]
 
 
-def test_a_record_unpacks_to_an_equal_snapshot() -> None:
+def test_a_pod_is_kept_as_put_and_replaced_whole() -> None:
+    kept = KeptPods()
     for ref in (
         gpu_pod(),
         gpu_pod(node=None, resource_version=None, started_at=None, condition=()),
-        gpu_pod(uid="static-pod-uid-not-a-uuid", containers=()),
         gpu_pod(name="ünïcode-名前", fraction="gpu-fraction=0.5", running=False),
     ):
-        record = pack_whole(ref)
-        back = unpack_whole(uid_key(ref.uid), record)
-        assert back == ref
-        assert isinstance(back.running, bool)
-        assert isinstance(back.containers, tuple)
-        assert len(record) < len(repr(ref)), "the record is smaller than the snapshot's text"
+        kept.put(ref)
+        assert kept.get(UID_A) is ref
+        assert kept.under("cid:" + "a" * 64) == [ref]
+    assert len(kept) == 1
 
 
 def test_a_pod_is_found_under_its_keys_until_it_changes_or_goes() -> None:

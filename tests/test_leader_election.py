@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import threading
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -17,6 +18,7 @@ from gpuusage.settings import SettingsError, add_arguments, resolve
 from gpuusage_operator.ha.election import Election, LeaseRecord, Timing, TimingError
 from gpuusage_operator.ha.fence import fence_writes
 from gpuusage_operator.ha.leader import ActiveGate, LeaseElector, lease_namespace
+from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.settings import OperatorSettings
 
 TIMING = Timing(lease_duration=15, renew_deadline=10, retry_period=2)
@@ -215,7 +217,7 @@ def test_a_paused_leader_wakes_up_not_leading_and_stops_before_a_standby_may_sta
 def test_a_leader_cut_off_past_its_deadline_takes_its_own_lease_back_in_a_new_term() -> None:
     """The apiserver was away: the leader stopped at its deadline. Nobody took over (the
     standby could not write either), so it takes the Lease back, as a new term: what it
-    remembered is forgotten (turned_active) before it acts again."""
+    remembered is forgotten (a new term, ha.terms) before it acts again."""
     clock, store = Clock(), Store()
     leader = Election("a", TIMING, clock)
     attempt(leader, store, clock)
@@ -309,44 +311,45 @@ def test_never_two_leaders_whatever_pauses_the_replicas(seed: int) -> None:
         assert clock.now - frozen <= TIMING.lease_duration + TIMING.retry_period + step
 
 
-def test_the_gate_runs_on_active_once_per_term_before_it_says_yes() -> None:
+def test_a_new_terms_memories_replace_the_old_before_the_replica_is_said_to_lead() -> None:
+    """Renewals keep the term's memories; a term begun after the renew deadline passed gets
+    new ones, in place before anyone is told this replica leads."""
     clock, store = Clock(), Store()
-    election = Election("a", TIMING, clock)
-    order: list[str] = []
-    gate = ActiveGate(election, on_active=lambda: order.append("on_active"))
+    terms = Terms(dict[str, str])
+    seen: list[tuple[bool, int]] = []
 
-    def ask() -> bool:
-        answer = gate.active_now()
-        order.append(f"said {answer}")
-        return answer
+    def begin() -> None:
+        seen.append((election.leading(), id(terms.current)))
+        terms.begin()
 
-    assert not ask()
+    election = Election("a", TIMING, clock, begin=begin)
+    gate = ActiveGate(election)
+    first = terms.current
+    assert not gate.active_now()
     attempt(election, store, clock)
-    assert ask()
-    assert ask()
+    assert gate.active_now()
+    term = terms.current
+    assert term is not first
+    assert seen == [(False, id(first))], "replaced before it led"
+    term["remembered"] = "in the first term"
+    clock.now += 2
+    attempt(election, store, clock)  # a renewal: the same term
+    assert terms.current is term
+    assert election.term == 1
     clock.now += 10  # the renew deadline passed: no yes is remembered past it
-    assert not ask()
+    assert not gate.active_now()
     attempt(election, store, clock)
-    assert ask()
-    assert order == [
-        "said False",
-        "on_active",
-        "said True",
-        "said True",
-        "said False",
-        "on_active",
-        "said True",
-    ]
-    assert gate.terms == 2
+    assert gate.active_now()
+    assert terms.current == {}, "nothing of the first term is kept"
+    assert election.term == 2
+    assert seen[1] == (False, id(term))
     assert gate.last
 
 
-def test_standalone_is_always_active_and_never_turns_active() -> None:
-    called: list[bool] = []
-    gate = ActiveGate(None, on_active=lambda: called.append(True))
+def test_standalone_is_always_active() -> None:
+    gate = ActiveGate(None)
     assert gate.active_now()
     assert gate.last
-    assert called == []
 
 
 class FakeLock:
@@ -389,6 +392,25 @@ def test_the_elector_renews_survives_failures_and_releases_when_stopped() -> Non
     assert store.record is not None
     assert store.record.holder == ""
     assert not elector.election.leading()
+
+
+def test_the_elector_tells_of_a_term_begun_in_its_thread_once_the_replica_leads() -> None:
+    clock, store = Clock(), Store()
+    elector = LeaseElector(
+        FakeLock(store), Election("a", TIMING, clock), clock=clock.wall, steady=clock
+    )
+    told = threading.Event()
+    leading: list[bool] = []
+
+    def on_term() -> None:
+        leading.append(elector.election.leading())
+        told.set()
+
+    elector.start(on_term=on_term)
+    assert told.wait(10), "a term began: told"
+    elector.stop()
+    assert leading == [True]
+    assert elector.election.term == 1
 
 
 def test_a_standby_elector_releases_nothing() -> None:

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
+from tests.builders import remembered_pods
 from tests.conftest import WorldFactory, wait_for
 from tests.worldview import (
     condition,
@@ -72,10 +73,10 @@ def test_what_the_operator_remembers_of_a_pod_goes_with_it(make_world: WorldFact
     uid, other = world.uids["notebook"], world.uids["train"]
     # Remembered once the writes have answered (the condition can be read on the pod a moment
     # before the marker notes what it wrote).
-    wait_for(lambda: {uid, other} <= reconciler.remembered_pods(), what="both pods marked")
+    wait_for(lambda: {uid, other} <= remembered_pods(reconciler), what="both pods marked")
     world.core.delete_namespaced_pod("notebook", world.ns, grace_period_seconds=0)
-    wait_for(lambda: uid not in reconciler.remembered_pods(), timeout=15, what="forgotten")
-    assert other in reconciler.remembered_pods(), "the other pod is still marked"
+    wait_for(lambda: uid not in remembered_pods(reconciler), timeout=15, what="forgotten")
+    assert other in remembered_pods(reconciler), "the other pod is still marked"
 
 
 class _Intruder:

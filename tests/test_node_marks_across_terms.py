@@ -1,25 +1,28 @@
 """A replica that leads again does not trust what it read of a Node before: on the real
-apiserver, with the real Node writer, another leader takes this replica's marks off a Node
-while it stands by; leading again, it reads the Node anew and marks it again, where it would
-otherwise have trusted its old view for minutes."""
+apiserver, with the real Lease election and Node writer, another leader takes this replica's
+marks off a Node while it stands by; leading again (a new term, its memories new), it reads
+the Node anew and marks it again, where it would otherwise have trusted its old view for
+minutes."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from kubernetes import client
 
 from gpuusage.api.models import OrphanedMemory
+from gpuusage_operator.controller.term import new_terms
+from gpuusage_operator.ha.election import Election, Timing
+from gpuusage_operator.ha.leader import LeaseElector, LeaseLock, steady
 from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderule import NodeMarks
 from gpuusage_operator.policies.noderun import NodeRunner
 from tests.builders import (
     Clock,
     PolicyStatusApi,
-    reconciler_on,
     tainting_runner,
 )
 
@@ -36,20 +39,39 @@ def node(api: client.ApiClient) -> Iterator[str]:
 
 
 def test_a_replica_leading_again_reads_a_nodes_marks_anew(api: client.ApiClient, node: str) -> None:
-    clock = Clock(datetime(2026, 11, 28, 12, tzinfo=UTC))
-    runner = tainting_runner(PolicyStatusApi(), clock)
-    nodes = NodeRunner(runner, record=lambda *a: None, marker=NodeMarker(api))
-    reconciler = reconciler_on(api, nodes=nodes)
-    orphaned = OrphanedMemory(memoryMiB=4096, processes=1, since=clock.now - timedelta(hours=1))
-    other = NodeMarker(api)  # another replica's writer: the same API, another memory
+    # (microseconds: the client's Lease model writes a time of none in a form the apiserver
+    # refuses, which the operator's own clock all but never gives)
+    clock = Clock(datetime(2026, 11, 28, 12, 0, 0, 250000, tzinfo=UTC))
+    terms = new_terms()
+    nodes = NodeRunner(
+        tainting_runner(PolicyStatusApi(), clock),
+        record=lambda *a: None,
+        marker=NodeMarker(api),
+        memory=lambda: terms.current.nodes,
+    )
+    lease = f"terms-{uuid.uuid4().hex[:6]}"
 
+    def elector(identity: str, begin: Callable[[], None] = lambda: None) -> LeaseElector:
+        election = Election(identity, Timing(), steady, begin=begin)
+        return LeaseElector(LeaseLock(api, "default", lease), election, clock=lambda: clock.now)
+
+    me, other = elector("me", terms.begin), elector("other")
+    orphaned = OrphanedMemory(memoryMiB=4096, processes=1, since=clock.now - timedelta(hours=1))
+    theirs = NodeMarker(api)  # the other replica's writer: the same API, another memory
+
+    assert me.try_once()
     nodes.visit(node, orphaned, certain=True, now=clock.now)
-    assert other.read(node) == NodeMarks(condition=True, tainted=True)
-    # This replica stands by; the leader, which saw the memory freed, takes the marks off.
+    assert theirs.read(node) == NodeMarks(condition=True, tainted=True)
+    me.stop()  # this replica hands the Lease over and stands by
+    assert other.try_once()
+    assert other.election.leading()
+    # The leader, which saw the memory freed, takes the marks off.
     clock.now += timedelta(seconds=30)
-    assert other.write(node, NodeMarks(), "freed", clock.now).outcome == "Done"
+    assert theirs.write(node, NodeMarks(), "freed", clock.now).outcome == "Done"
+    other.stop()
     # The memory is held again, and this replica leads again.
-    reconciler.turned_active()
+    assert me.try_once()
+    assert me.election.term == 2
     clock.now += timedelta(seconds=30)
     nodes.visit(node, orphaned, certain=True, now=clock.now)
-    assert other.read(node) == NodeMarks(condition=True, tainted=True), "marked again at once"
+    assert theirs.read(node) == NodeMarks(condition=True, tainted=True), "marked again at once"

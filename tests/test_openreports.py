@@ -321,11 +321,13 @@ def test_the_writer_says_each_failure_once_and_lists_again_when_told(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from gpuusage_operator.controller.reconcile import Counts  # noqa: PLC0415
-    from gpuusage_operator.openreports.writer import OpenReportsWriter  # noqa: PLC0415
+    from gpuusage_operator.ha.terms import Terms  # noqa: PLC0415
+    from gpuusage_operator.openreports.writer import Listing, OpenReportsWriter  # noqa: PLC0415
 
     api = _Reports()
     counts = Counts()
-    writer = OpenReportsWriter(api, counts)
+    terms = Terms(Listing)
+    writer = OpenReportsWriter(api, counts, memory=lambda: terms.current)
     findings = namespace_results([_pod("True", "UsingUnrequestedGPU")])
     caplog.set_level(logging.INFO, logger="gpuusage_operator.openreports.writer")
 
@@ -350,7 +352,7 @@ def test_the_writer_says_each_failure_once_and_lists_again_when_told(
     lists = api.lists
     writer.publish(findings, [], now=NOW + timedelta(minutes=1))
     assert (api.lists, counts.openreport_writes) == (lists, 1)  # known: nothing to write
-    writer.forget()  # another replica was active meanwhile
+    terms.begin()  # a new term: another replica was active meanwhile
     writer.publish(findings, [], now=NOW + timedelta(minutes=1))
     assert (api.lists, counts.openreport_writes) == (lists + 2, 1)  # both kinds listed
 
@@ -363,18 +365,20 @@ def test_kept_results_are_ours_as_we_write_them() -> None:
     assert kept_results(content, {"gpu-a"}) == stale
 
 
-def test_only_reports_judged_since_this_replica_turned_active_are_published() -> None:
-    from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory  # noqa: PLC0415
+def test_only_reports_judged_in_this_term_are_published() -> None:
+    from gpuusage_operator.controller.reportbook import ReportMemory  # noqa: PLC0415
+    from gpuusage_operator.controller.term import new_terms  # noqa: PLC0415
     from gpuusage_operator.index.pods import PodLookup  # noqa: PLC0415
     from gpuusage_operator.openreports.gather import gather  # noqa: PLC0415
 
-    book = ReportBook()
+    terms = new_terms()
+    book = terms.current.book
     for node in ("gpu-a", "gpu-gone"):
         book.put(node, ReportMemory(stale=True, judged_whole=True))
     found = gather(PodLookup(), book, {"gpu-a", "gpu-b"})
     assert [r["resources"][0]["name"] for r in found.nodes] == ["gpu-a"]  # gpu-gone: deleted
     assert found.keep == {"gpu-b"}  # shown, not judged yet: what is published of it stays
-    book.unjudge()  # turned active after standing by: what it judged may be out of date
-    again = gather(PodLookup(), book, {"gpu-a", "gpu-b"})
+    terms.begin()  # a new term after standing by: what it judged may be out of date
+    again = gather(PodLookup(), terms.current.book, {"gpu-a", "gpu-b"})
     assert again.nodes == []
     assert again.keep == frozenset({"gpu-a", "gpu-b"})

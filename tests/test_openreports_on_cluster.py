@@ -28,8 +28,9 @@ from gpuusage_operator.controller.reconcile import Counts
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.main import Operator
 from gpuusage_operator.openreports.results import MAX_RESULTS, namespace_results
-from gpuusage_operator.openreports.writer import OpenReportsWriter
+from gpuusage_operator.openreports.writer import Listing, OpenReportsWriter
 from gpuusage_operator.settings import OperatorSettings
+from tests.builders import fixed
 from tests.conftest import Kubectl, WorldFactory, token_kubeconfig, wait_for
 from tests.worldview import create_policy, in_namespace
 
@@ -293,7 +294,7 @@ def test_the_writer_keeps_its_bound_repairs_hand_edits_and_leaves_others_reports
     }
     custom.create_namespaced_custom_object(*GROUP, namespace, names.OPENREPORTS_REPORTS, foreign)
     counts = Counts()
-    writer = OpenReportsWriter(client.CustomObjectsApi(api), counts, relist=0)
+    writer = OpenReportsWriter(client.CustomObjectsApi(api), counts, fixed(Listing()), relist=0)
     now = datetime.now(UTC)
     findings = namespace_results(_pods(namespace, MAX_RESULTS + 25))
 
@@ -352,7 +353,9 @@ def test_where_the_api_is_not_served_nothing_is_written_and_that_is_said_once(
     namespace = f"or-{uuid.uuid4().hex[:6]}"
     ensure_namespace(client.CoreV1Api(api), namespace)
     counts = Counts()
-    writer = OpenReportsWriter(client.CustomObjectsApi(api), counts, unserved_retry=0)
+    writer = OpenReportsWriter(
+        client.CustomObjectsApi(api), counts, fixed(Listing()), unserved_retry=0
+    )
     findings = namespace_results(_pods(namespace, 2))
     caplog.set_level(logging.INFO, logger="gpuusage_operator.openreports.writer")
     try:

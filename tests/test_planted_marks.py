@@ -20,7 +20,8 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api import names
-from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.reconcile import Reconciler, remember
+from gpuusage_operator.controller.term import new_terms
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.certainty import last_seen
@@ -118,29 +119,27 @@ def test_where_a_pod_was_last_seen_is_what_the_operator_judged_else_a_vouched_an
     assert last_seen(planted, {"uid-1": ()}) is None, "its use ended: seen nowhere"
 
 
-def test_the_reconciler_keeps_what_the_judge_saw_and_forgets_it_on_turning_active() -> None:
-    """In use: the devices; ended or idle: nowhere; Unknown or settling: as it was. A replica
-    that turns active forgets it all (another may have judged meanwhile)."""
-    reconciler = Reconciler(
-        cast(Any, None),
-        cast(Any, SimpleNamespace(forget_written=lambda: None)),
-        cast(Any, None),
-        WorkQueue(),
-    )
+def test_the_reconciler_keeps_what_the_judge_saw_for_its_term_only() -> None:
+    """In use: the devices; ended or idle: nowhere; Unknown or settling: as it was. A new term
+    starts with none of it (another replica may have judged meanwhile)."""
+    terms = new_terms()
+    reconciler = Reconciler(cast(Any, None), cast(Any, None), cast(Any, None), WorkQueue(), terms)
+    term = terms.current
     pod = _pod(PLANTED, "True")
     use = cast(Any, SimpleNamespace(devices=["GPU-real"]))
-    reconciler._remember(Verdict(pod, "InUse", use))
-    assert reconciler._seen_on == {"uid-1": ("GPU-real",)}
-    reconciler._remember(Verdict(pod, "Unknown"))
-    reconciler._remember(Verdict(pod, "Stopped", settles_until=NOW, absent_since=NOW))
-    assert reconciler._seen_on == {"uid-1": ("GPU-real",)}
-    assert reconciler._absent == {"uid-1": NOW}
-    reconciler._remember(Verdict(pod, "Stopped"))
-    assert (reconciler._seen_on, reconciler._absent) == ({"uid-1": ()}, {})
-    reconciler._remember(Verdict(pod, "Stopped", settles_until=NOW, absent_since=NOW))
+    remember(term, Verdict(pod, "InUse", use))
+    assert term.seen_on == {"uid-1": ("GPU-real",)}
+    remember(term, Verdict(pod, "Unknown"))
+    remember(term, Verdict(pod, "Stopped", settles_until=NOW, absent_since=NOW))
+    assert term.seen_on == {"uid-1": ("GPU-real",)}
+    assert term.absent == {"uid-1": NOW}
+    remember(term, Verdict(pod, "Stopped"))
+    assert (term.seen_on, term.absent) == ({"uid-1": ()}, {})
+    remember(term, Verdict(pod, "Stopped", settles_until=NOW, absent_since=NOW))
     reconciler.liveness.judge("n1", 1, NOW, None, NOW)
-    reconciler.turned_active()
-    assert (reconciler._seen_on, reconciler._absent) == ({}, {})
+    assert reconciler.liveness.deadline("n1", NOW) is not None
+    terms.begin()
+    assert (terms.current.seen_on, terms.current.absent) == ({}, {})
     assert reconciler.liveness.deadline("n1", NOW) is None, "seen afresh, as at start"
 
 

@@ -18,7 +18,8 @@ from gpuusage_operator.controller.reconcile import Counts
 from gpuusage_operator.index.pods import snapshot_of
 from gpuusage_operator.judge.podstate import Verdict, mark_of
 from gpuusage_operator.writers.budget import WriteBudget
-from gpuusage_operator.writers.podmarker import PodMarker
+from gpuusage_operator.writers.podmarker import MarkMemory, PodMarker
+from tests.builders import fixed
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 ANNOUNCED: dict[str, str | None] = {names.ANNOTATION_POLICY_ACTION: '{"policy":"p"}'}
@@ -74,7 +75,11 @@ def judged_as(verdict: Verdict) -> Verdict:
 def test_a_verdict_without_marks_is_refused() -> None:
     pods = _Pods()
     marker = PodMarker(
-        core=pods, counts=Counts(), events=cast(Any, None), write_budget=WriteBudget()
+        core=pods,
+        memory=fixed(MarkMemory()),
+        counts=Counts(),
+        events=cast(Any, None),
+        write_budget=WriteBudget(),
     )
     before = snapshot_of(pods.pod)
     assert before is not None
@@ -86,7 +91,13 @@ def _marked() -> tuple[PodMarker, _Pods]:
     """A pod this replica has marked (its condition written: Unknown, the report stale)."""
     pods = _Pods()
     events: Any = _Events()
-    marker = PodMarker(core=pods, counts=Counts(), events=events, write_budget=WriteBudget())
+    marker = PodMarker(
+        core=pods,
+        memory=fixed(MarkMemory()),
+        counts=Counts(),
+        events=events,
+        write_budget=WriteBudget(),
+    )
     before = snapshot_of(pods.pod)
     assert before is not None
     assert marker.mark(judged_as(Verdict(before, "Unknown")), "n1", NOW) is not None
@@ -120,6 +131,7 @@ def test_an_announcement_takes_its_write_from_the_budget() -> None:
     events: Any = _Events()
     marker = PodMarker(
         core=pods,
+        memory=fixed(MarkMemory()),
         counts=Counts(),
         events=events,
         write_budget=WriteBudget(0.001, 2),
@@ -152,7 +164,13 @@ def test_a_finding_seen_again_after_a_spell_of_unknown_is_not_flagged_again() ->
 
     pods, events = _Pods(), _Recorded()
     recorder: Any = events
-    marker = PodMarker(core=pods, counts=Counts(), events=recorder, write_budget=WriteBudget())
+    marker = PodMarker(
+        core=pods,
+        memory=fixed(MarkMemory()),
+        counts=Counts(),
+        events=recorder,
+        write_budget=WriteBudget(),
+    )
 
     def judged(finding: Any) -> None:
         pod = snapshot_of(pods.pod)

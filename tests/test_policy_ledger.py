@@ -30,12 +30,13 @@ from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.ledger import GONE_RETRY, STATUS_RETRY, PolicyLedger, Slot
 from gpuusage_operator.policies.noderule import NodeMarks
-from gpuusage_operator.policies.noderun import NodeRunner
+from gpuusage_operator.policies.noderun import NodeMemory, NodeRunner
 from tests.builders import (
     Clock,
     PolicyStatusApi,
     ReportStatusApi,
     enforced_policy,
+    fixed,
     listed_again,
     policy_runner,
     reconciler_on,
@@ -417,7 +418,11 @@ def tainting(api: PolicyStatusApi, outcome: str) -> tuple[NodeRunner, Marker, Cl
     clock = Clock(START)
     runner = tainting_runner(api, clock, limit=1)
     marker = Marker(outcome)
-    return NodeRunner(runner, record=lambda *a: None, marker=cast(Any, marker)), marker, clock
+    return (
+        NodeRunner(runner, lambda *a: None, fixed(NodeMemory()), marker=cast(Any, marker)),
+        marker,
+        clock,
+    )
 
 
 def test_a_taint_is_counted_before_it_is_set_and_given_back_when_not_set() -> None:
@@ -439,8 +444,8 @@ def test_a_taint_is_counted_before_it_is_set_and_given_back_when_not_set() -> No
 
 
 def test_a_reconcile_flushes_its_decisions_and_a_new_leader_builds_on_its_watch() -> None:
-    """The report's reconcile flushes the policies' decisions; a replica that turns active
-    builds on what its watch brought of another leader's writes."""
+    """The report's reconcile flushes the policies' decisions; a replica in a new term builds
+    on what its watch brought of another leader's writes."""
     reconciler = reconciler_on(client.ApiClient(), reports_api=ReportStatusApi())
     api = PolicyStatusApi()
     runner, state = policy_runner(api, Clock(START))
@@ -454,7 +459,7 @@ def test_a_reconcile_flushes_its_decisions_and_a_new_leader_builds_on_its_watch(
     assert listed(api) == [("a", "Done")]
     api.write_elsewhere({"actionsTaken": 5})  # the other leader's, while this one stood by
     echo(api, state)
-    reconciler.turned_active()
+    reconciler.terms.begin()
     decide(runner.ledger, "b")
     reconciler.reconcile(report, PodLookup(), START)
     assert (listed(api), api.status["actionsTaken"]) == ([("b", "Done"), ("a", "Done")], 6)

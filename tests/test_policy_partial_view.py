@@ -8,8 +8,9 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from gpuusage_operator.index.pods import PodSnapshot
-from gpuusage_operator.policies.noderun import NodeRunner
+from gpuusage_operator.policies.noderun import NodeMemory, NodeRunner
 from gpuusage_operator.policies.run import PARTIAL_RETRY, PolicyRunner
+from tests.builders import fixed
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 
@@ -37,6 +38,6 @@ def test_a_pod_met_while_the_policies_are_listed_is_looked_at_again_shortly() ->
 
 def test_a_node_met_while_the_policies_are_listed_is_looked_at_again_shortly() -> None:
     policies, written = runner(synced=False)
-    nodes = NodeRunner(policies, record=lambda *a: written.append(a))
+    nodes = NodeRunner(policies, lambda *a: written.append(a), fixed(NodeMemory()))
     assert nodes.visit("n1", None, certain=True, now=NOW) == NOW + PARTIAL_RETRY
     assert written == []

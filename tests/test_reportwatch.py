@@ -14,11 +14,13 @@ import pytest
 
 from gpuusage_operator.controller.debounce import Debounce
 from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory
+from gpuusage_operator.controller.term import new_terms
 from gpuusage_operator.controller.triggers import EVENT, Triggers
 from gpuusage_operator.controller.workers import ReportWorkers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.informers.informer import WatchExpired
 from gpuusage_operator.informers.reportwatch import ReportStore, ReportWatch
+from tests.builders import fixed
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 
@@ -87,7 +89,7 @@ def test_each_change_queues_the_name_and_a_list_again_queues_what_differs() -> N
     changed or went meanwhile, and no other."""
     queue, book = WorkQueue(), ReportBook()
     echoes: list[int] = []
-    triggers = Triggers(queue, book, echoed=lambda: echoes.append(1))
+    triggers = Triggers(queue, fixed(book), echoed=lambda: echoes.append(1))
     book.put("n2", ReportMemory(echo="12"))
     custom = FakeCustom(
         pages=[
@@ -140,10 +142,14 @@ class Reconciler:
 
     def __init__(self) -> None:
         self.queue = WorkQueue()
-        self.book = ReportBook()
+        self.terms = new_terms()
         self.counted: list[str] = []
         self.counts = SimpleNamespace(add=self.counted.append)
         self.calls: list[tuple[str, Any]] = []
+
+    @property
+    def book(self) -> ReportBook:
+        return self.terms.current.book
 
     def forget_pods(self, uids: set[str]) -> None:
         pass
@@ -192,7 +198,7 @@ def test_an_echo_queued_before_its_reconcile_recorded_it_costs_no_reconcile() ->
     reconciler = Reconciler()
     book = reconciler.book
     reconciler_any = cast(Any, reconciler)
-    triggers = Triggers(reconciler.queue, book)
+    triggers = Triggers(reconciler.queue, lambda: reconciler.book)
     triggers.report_changed("n1", echo)  # before the reconcile recorded its write
     assert drain(reconciler.queue) == [("n1", {EVENT})]
     book.put("n1", ReportMemory(echo="12"))  # the reconcile's last step
@@ -211,7 +217,7 @@ def test_an_echo_queued_before_its_reconcile_recorded_it_costs_no_reconcile() ->
     )
     assert not workers.work("n1", frozenset({EVENT}))
     assert (reconciler.calls, reconciler.counted) == ([], ["echoes_skipped"])
-    book.unjudge()  # turned active again: another replica may have judged and written since
+    reconciler.terms.begin()  # a new term: another replica may have judged and written since
     assert workers.work("n1", frozenset({EVENT})), "no longer taken for our echo"
     assert reconciler.calls == [("reconcile", "12")]
     reconciler.calls.clear()

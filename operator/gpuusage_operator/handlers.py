@@ -74,18 +74,17 @@ def build_registry(
     """A registry with all handlers, bound to one reconciler (no module-level state)."""
     registry = kopf.OperatorRegistry()
 
-    def turned_active() -> None:
-        """Another replica may have written meanwhile: what this one wrote is not the latest,
-        and every report is to be judged again (a standby's workers drop what they take)."""
-        reconciler.turned_active()
-        if openreports is not None:
-            openreports.forget()
+    def began() -> None:
+        """A new term (its memories are new, see ha.terms): another replica may have written
+        meanwhile, so every report is judged again (a standby's workers drop what they take),
+        and every node whose pods carry our marks: its report may have gone meanwhile (the
+        worker finds it absent and clears them, as the housekeeping pass would later)."""
         metrics.leadership_acquired.inc()
-        for name in reports.names() | reconciler.book.names():  # those deleted meanwhile too
+        for name in reports.names() | pods.lookup().nodes_with_our_marks():
             reconciler.queue.add(name, EVENT)
 
     election: Election | None = elector.election if elector is not None else None
-    gate = ActiveGate(election, turned_active)
+    gate = ActiveGate(election)
     fence_writes(reconciler.api, gate.active_now)
 
     def ready() -> bool:
@@ -147,7 +146,7 @@ def build_registry(
             memo["policies"].start()
         workers.start()
         if elector is not None:
-            elector.start(on_change=gate.active_now)  # the gate notices a term at once
+            elector.start(on_change=gate.active_now, on_term=began)
         memo["housekeeping"] = asyncio.create_task(
             housekeeping(
                 reconciler,

@@ -18,6 +18,7 @@ from gpuusage.kube.core import CoreApi
 from gpuusage.kube.serverversion import check_server
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reportbook import ReportBook
+from gpuusage_operator.controller.term import new_terms
 from gpuusage_operator.controller.triggers import Triggers
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.election import Election
@@ -75,8 +76,12 @@ class Operator:
         # Built in order, each part complete: the queue and what is remembered of the reports
         # first, then the watches (they only queue names), the writers, the policy runners and
         # the reconciler that uses them all.
-        queue, book, counts = WorkQueue(), ReportBook(), Counts()
+        queue, terms, counts = WorkQueue(), new_terms(), Counts()
         idle = settings.watch_idle_timeout
+
+        def book() -> ReportBook:
+            return terms.current.book
+
         triggers = Triggers(queue, book, echoed=lambda: counts.add("echoes_skipped"))
         self.reports = ReportWatch(
             client.CustomObjectsApi(self._watch_api),
@@ -109,7 +114,7 @@ class Operator:
             client.CustomObjectsApi(self._watch_api),
             CoreApi(self._watch_api),
             health=self.health,
-            on_change=lambda: triggers.due(book.names()),
+            on_change=lambda: triggers.due(book().names()),
             idle_timeout=idle,
         )
         marker = pod_writer(
@@ -119,6 +124,8 @@ class Operator:
             write_budget=WriteBudget(settings.pod_writes_per_second, settings.pod_write_burst),
             due=triggers.due,
             refresh=self.pods.refresh,
+            memory=lambda: terms.current.marks,
+            events=lambda: terms.current.events,
         )
         runner = PolicyRunner(
             self.policies,
@@ -136,7 +143,7 @@ class Operator:
             marker,
             counts,
             queue,
-            book,
+            terms,
             rules=rules,
             driver_namespaces=settings.driver_namespace_set(),
             stale_after=(timedelta(seconds=settings.stale_after) if settings.stale_after else None),
@@ -146,12 +153,15 @@ class Operator:
             nodes=NodeRunner(
                 runner,
                 marker.record_node_event,
+                lambda: terms.current.nodes,
                 marker=NodeMarker(self.api) if settings.policy_actions else None,
             ),
             renewals=self.leases.renewal,
         )
         self.openreports = (
-            OpenReportsWriter(client.CustomObjectsApi(self.api), counts)
+            OpenReportsWriter(
+                client.CustomObjectsApi(self.api), counts, lambda: terms.current.openreports
+            )
             if settings.openreports
             else None
         )
@@ -169,7 +179,7 @@ class Operator:
                     lease_namespace(settings.leader_elect_resource_namespace),
                     settings.leader_elect_resource_name,
                 ),
-                Election(self.identity, settings.leader_timing(), steady),
+                Election(self.identity, settings.leader_timing(), steady, begin=terms.begin),
                 clock=clock,
             )
         )

@@ -45,14 +45,17 @@ class Liveness:
         queue: WorkQueue,
         *,
         stale_after: timedelta | None = None,
+        sightings: Callable[[], dict[str, Sighting]],
         renewals: Renewals = lambda node: None,
     ) -> None:
         self._queue = queue
         self.stale_after = stale_after
         """--stale-after; None: each node by its agent's Lease's duration (see threshold)."""
         self._renewals = renewals
-        self._seen: dict[str, Sighting] = {}
-        """Report name → its sighting; `stale` is the verdict in force."""
+        self._sightings = sightings
+        """Report name → its sighting; `stale` is the verdict in force. The term's
+        (controller.term): a new term sees each report afresh, as at start, from what its
+        status says (see freshness.sight)."""
         self._lock = threading.Lock()
 
     def renewed(self, node: str) -> None:
@@ -61,7 +64,7 @@ class Liveness:
         agent renews every 10 s: queueing the others would wake a worker for nothing at every
         renewal of every node (benchmarks/lease_events.py)."""
         with self._lock:
-            seen = self._seen.get(node)
+            seen = self._sightings().get(node)
             if seen is not None and seen.stale:
                 self._queue.add(node, RENEWED)
 
@@ -78,15 +81,16 @@ class Liveness:
         with self._lock:
             renewal = self._renewals(name)
             limit = threshold(self.stale_after, renewal)
+            sightings = self._sightings()
             seen = sight(
-                self._seen.get(name), generation, observed_at, status, now, stale_after=limit
+                sightings.get(name), generation, observed_at, status, now, stale_after=limit
             )
             fresh = freshness(seen, renewal, self.stale_after, now)
-            self._seen[name] = replace(seen, stale=fresh.stale)
+            sightings[name] = replace(seen, stale=fresh.stale)
             return fresh
 
     def _now(self, name: str, now: datetime) -> tuple[Sighting, Freshness] | None:
-        seen = self._seen.get(name)
+        seen = self._sightings().get(name)
         if seen is None:
             return None
         return seen, freshness(seen, self._renewals(name), self.stale_after, now)
@@ -115,22 +119,15 @@ class Liveness:
             delay = (turns - now).total_seconds() + STALE_MARGIN
             self._queue.add_after(name, delay, STALENESS)
 
-    def reset(self) -> None:
-        """Forget every sighting and verdict: another replica may have judged the reports
-        since (this one stood by), so each is seen afresh, as at start, from what its status
-        says (see freshness.sight)."""
-        with self._lock:
-            self._seen.clear()
-
     def forget(self, name: str) -> None:
         """The report is gone."""
         with self._lock:
-            self._seen.pop(name, None)
+            self._sightings().pop(name, None)
 
     def clock_skews(self) -> dict[str, float]:
         """Reports whose agent's clock is off by more than MAX_CLOCK_SKEW: seconds, by name."""
         with self._lock:
-            skews = {name: seen.skew for name, seen in self._seen.items()}
+            skews = {name: seen.skew for name, seen in self._sightings().items()}
         return {
             name: skew.total_seconds()
             for name, skew in skews.items()

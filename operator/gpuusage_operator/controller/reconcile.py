@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage_operator.controller.liveness import Liveness
 from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory
+from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import (
     DEADLINE,
     FRESHNESS,
@@ -38,6 +39,7 @@ from gpuusage_operator.controller.triggers import (
     Gone,
 )
 from gpuusage_operator.controller.workqueue import WorkQueue
+from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.index.dra import NO_DRA, DraLookup
 from gpuusage_operator.index.pods import PodLookup
 from gpuusage_operator.judge.findings import observe
@@ -128,8 +130,10 @@ class Reconciler:
     """Every reason to reconcile a report, by its name (see workqueue, reasons): the operator's
     workers take them one report at a time, so two reconciles of one report never run at once
     (both would decide from the same pod state and both write: two start Events)."""
-    book: ReportBook = field(default_factory=ReportBook)
-    """What this replica remembers of each report (see reportbook)."""
+    terms: Terms[Term] = field(default_factory=new_terms)
+    """What this replica remembers for its leadership term (see controller.term): the marker,
+    the Event recorder and the node runner are handed their parts of it where they are built
+    (main.Operator)."""
     stale_after: timedelta | None = None
     """--stale-after; None: each node by its agent's Lease's duration, else three minutes
     (see freshness.threshold)."""
@@ -151,17 +155,15 @@ class Reconciler:
     reports_api: Any = None
     """Where report statuses are written (a kubernetes CustomObjectsApi); by default one on
     `api`. Tests pass a stand-in that answers as the apiserver does."""
-    _absent: dict[str, datetime] = field(default_factory=dict)
-    """Pod UID → when a report first showed none of the processes of a pod marked in use,
-    while its marks settle (the judge decides, see podstate.verdicts; this keeps it for the
-    next report)."""
-    _seen_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Pod UID → the devices this replica last judged it using (empty: its use ended; see
-    certainty.last_seen), kept for the next report."""
 
     def __post_init__(self) -> None:
         self._custom = self.reports_api or client.CustomObjectsApi(self.api)
-        self.liveness = Liveness(self.queue, stale_after=self.stale_after, renewals=self.renewals)
+        self.liveness = Liveness(
+            self.queue,
+            stale_after=self.stale_after,
+            renewals=self.renewals,
+            sightings=lambda: self.terms.current.sightings,
+        )
         """When each node goes stale (see liveness): the one owner of its signs of life."""
         self._judge_settings = JudgeSettings(
             self.rules,
@@ -169,6 +171,11 @@ class Reconciler:
             self.idle_after,
             self.restart_grace,
         )
+
+    @property
+    def book(self) -> ReportBook:
+        """What this replica remembers of each report in this term (see reportbook)."""
+        return self.terms.current.book
 
     # -- reports ---------------------------------------------------------------------------
     def reconcile(
@@ -190,6 +197,7 @@ class Reconciler:
             log.error("GpuNodeUsage %s cannot be read: %s", name, exc)
             return False
         generation = body["metadata"].get("generation")
+        term = self.terms.current  # (what a term that begins meanwhile no longer needs)
         fresh = self.liveness.judge(name, generation, spec.observed_at, previous, now)
         decision = judge_report(
             spec,
@@ -200,8 +208,8 @@ class Reconciler:
             dra=dra,
             now=now,
             settings=self._judge_settings,
-            absent=self._absent,
-            seen_on=self._seen_on,
+            absent=term.absent,
+            seen_on=term.seen_on,
         )
         unattributed: TallyCounter[str] = TallyCounter(
             r.reason for r in decision.resolutions if r.reason
@@ -211,7 +219,7 @@ class Reconciler:
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
         for verdict in decision.verdicts:
-            self._remember(verdict)
+            remember(term, verdict)
             if verdict.settles_until is not None:
                 continue  # as it is until then (decision.wake has the time)
             shown = self.marker.mark(verdict, spec.node_name, now)
@@ -244,7 +252,7 @@ class Reconciler:
         echo = None  # a failed pod write is retried on the echo instead
         if written is not None and self.counts.pod_writes_missed == missed:
             echo = written
-        self.book.put(  # once, whole: other threads read it
+        term.book.put(  # once, whole: other threads read it
             name,
             ReportMemory(
                 stale=stale,
@@ -280,45 +288,14 @@ class Reconciler:
                 return True
         return False
 
-    def _remember(self, verdict: Verdict) -> None:
-        """What the judge said of a pod that the next report's judging reads (see
-        judge_report): since when its processes are absent, where it was last seen in use."""
-        uid = verdict.pod.uid
-        if verdict.absent_since is None:
-            self._absent.pop(uid, None)
-        else:
-            self._absent[uid] = verdict.absent_since
-        if verdict.settles_until is not None or verdict.state == "Unknown":
-            return  # nothing known anew of where it is
-        devices = verdict.use.devices if verdict.state == "InUse" and verdict.use else ()
-        self._seen_on[uid] = tuple(devices)
-
     def forget_pods(self, uids: set[str]) -> None:
         """These pods were deleted: nothing of them is kept (the worker of their node's report
         calls it, so no reconcile of that report runs meanwhile)."""
+        term = self.terms.current
         for uid in uids:
-            self._absent.pop(uid, None)
-            self._seen_on.pop(uid, None)
+            term.absent.pop(uid, None)
+            term.seen_on.pop(uid, None)
             self.marker.forget(uid)
-
-    def remembered_pods(self) -> set[str]:
-        """The pods (by UID) of which the operator keeps something: what it wrote on them,
-        since when their processes were absent, where it saw them. Bounded by the pods that
-        exist."""
-        return self.marker.remembered() | set(self._absent) | set(self._seen_on)
-
-    def turned_active(self) -> None:
-        """This replica stood by and now acts: another may have judged and written
-        meanwhile, so nothing it judged or wrote before is taken as the latest (the reports'
-        freshness, where their pods were seen and since when they were absent, what it wrote,
-        its echoes, the Nodes' marks it read and the node decisions it recorded)."""
-        self.marker.forget_written()
-        if self.nodes is not None:
-            self.nodes.new_term()
-        self.book.unjudge()
-        self.liveness.reset()
-        self._seen_on.clear()
-        self._absent.clear()
 
     def forget_node(self, node: str, lookup: PodLookup, now: datetime) -> None:
         """The node's report was deleted: nothing is known about its GPUs any more, so its
@@ -329,3 +306,17 @@ class Reconciler:
             self.marker.clear(ref)
         if self.nodes is not None:
             self.nodes.forget(node, now)
+
+
+def remember(term: Term, verdict: Verdict) -> None:
+    """What the judge said of a pod that the next report's judging reads (see judge_report):
+    since when its processes are absent, where it was last seen in use."""
+    uid = verdict.pod.uid
+    if verdict.absent_since is None:
+        term.absent.pop(uid, None)
+    else:
+        term.absent[uid] = verdict.absent_since
+    if verdict.settles_until is not None or verdict.state == "Unknown":
+        return  # nothing known anew of where it is
+    devices = verdict.use.devices if verdict.state == "InUse" and verdict.use else ()
+    term.seen_on[uid] = tuple(devices)

@@ -1,10 +1,11 @@
 """What this replica remembers of each report between its reconciles, in one record per report.
 
 The reconcile of a report creates its record and replaces it whole, once, at its end; only the
-report's deletion drops it (Reconciler.forget_node). Its signs of life are not here: they are
-the Liveness's (see liveness). Other threads (the metrics, the policy
-watch, the workers judging a reason) read records without a lock: a record is never changed in
-place, and readers copy the table before walking it.
+report's deletion drops it (Reconciler.forget_node). The book is the term's (controller.term):
+in a new term no report is taken for judged, nor an event for the echo of its write. Its signs
+of life are not here: they are the Liveness's (see liveness). Other threads (the metrics, the
+policy watch, the workers judging a reason) read records without a lock: a record is never
+changed in place, and readers copy the table before walking it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import Counter as TallyCounter
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuusage.api.models import OrphanedMemory
@@ -46,8 +47,7 @@ class ReportBook:
     def __init__(self) -> None:
         self._reports: dict[str, ReportMemory] = {}
         self._lock = threading.Lock()
-        """Held by every writer (a reconcile's put must not be lost to an unjudge that read
-        the table before it); readers read without it."""
+        """Held by every writer; readers read without it."""
 
     def get(self, name: str) -> ReportMemory | None:
         return self._reports.get(name)
@@ -77,16 +77,6 @@ class ReportBook:
         version = meta.get("resourceVersion")
         memory = self._reports.get(meta["name"])
         return version is not None and memory is not None and memory.echo == version
-
-    def unjudge(self) -> None:
-        """What was judged may be out of date (another replica may have judged and written
-        since): no record counts as judged until a reconcile judges it again, and no version
-        is taken for the echo of our own write (every report is judged again, not skipped)."""
-        with self._lock:
-            self._reports = {
-                name: replace(memory, judged_whole=False, echo=None)
-                for name, memory in self._reports.items()
-            }
 
     def judged_whole(self) -> dict[str, ReportMemory]:
         """The reports a reconcile has judged whole, by name."""

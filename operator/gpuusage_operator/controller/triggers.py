@@ -59,9 +59,9 @@ class Triggers:
     """How the watches and writers queue reports: only names and reasons, nothing else."""
 
     queue: WorkQueue
-    book: ReportBook
-    """What is remembered of the reports: read only, to leave out the echoes of our own
-    status writes."""
+    book: Callable[[], ReportBook]
+    """What is remembered of the reports in this term: read only, to leave out the echoes of
+    our own status writes."""
     echoed: Callable[[], None] = field(default=lambda: None)
     """Counts a report event left out as our own write's echo (for the metrics)."""
 
@@ -71,7 +71,7 @@ class Triggers:
         write: reconciling it would find nothing to do at the price of a full reconcile. An
         echo that comes before that reconcile has recorded its write is queued, and the worker
         tells it apart when it takes the name (see workers)."""
-        if report is not None and self.book.is_echo(report):
+        if report is not None and self.book().is_echo(report):
             self.echoed()
             return
         self.queue.add(name, EVENT)

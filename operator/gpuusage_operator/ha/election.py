@@ -104,8 +104,16 @@ class Election:
     the version read, and reports the outcome with `won`; the gate asks `leading`.
     """
 
-    def __init__(self, identity: str, timing: Timing, steady: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        identity: str,
+        timing: Timing,
+        steady: Callable[[], float],
+        begin: Callable[[], None] = lambda: None,
+    ) -> None:
         self.identity, self.timing, self._steady = identity, timing, steady
+        self._begin = begin
+        """Replaces the replica's memories for a new term (ha.terms.Terms.begin)."""
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
         self._renewed_at: float | None = None
@@ -158,11 +166,14 @@ class Election:
 
     def won(self, sent_at: float, written: LeaseRecord) -> bool:
         """A write sent at steady time `sent_at` was accepted and stored as `written`; whether
-        this starts a new term (this replica was not leading when it sent it)."""
+        this starts a new term (this replica was not leading when it sent it). A new term's
+        memories replace the old ones before the replica leads: whoever sees it lead sees
+        them, never what it remembered from before another replica's term."""
         new_term = not (
             self._renewed_at is not None and sent_at - self._renewed_at < self.timing.renew_deadline
         )
-        if new_term:  # before it leads: a reader that sees it lead sees the new term too
+        if new_term:
+            self._begin()
             self.term += 1
         self._renewed_at = sent_at
         self._observed, self._observed_at = written, self._steady()

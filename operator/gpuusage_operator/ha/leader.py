@@ -5,8 +5,9 @@ which one acts is the operator's Lease (`names.LEADER_LEASE` in the operator's n
 held as client-go's leader election holds it. A `LeaseElector` thread reads and writes it
 every retry period; the `ActiveGate` answers from the election alone, with no "yes" kept
 beyond what the renew deadline allows, so a replica that was paused, cut off or refused
-stops acting within it, before another may take over. A replica that starts leading first
-runs `on_active` (what it remembers may be out of date; the reports it knows are queued).
+stops acting within it, before another may take over. A replica that starts a term forgets
+what it remembered of the last (the election replaces its memories: ha.terms), and the elector
+then tells `on_term` (the reports are queued to be judged again).
 """
 
 from __future__ import annotations
@@ -147,14 +148,20 @@ class LeaseElector:
         self.lock, self.election = lock, election
         self._clock, self._steady = clock, steady
         self._on_change: Callable[[], object] = lambda: None
+        self._on_term: Callable[[], object] = lambda: None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
 
-    def start(self, on_change: Callable[[], object] = lambda: None) -> None:
+    def start(
+        self,
+        on_change: Callable[[], object] = lambda: None,
+        on_term: Callable[[], object] = lambda: None,
+    ) -> None:
         """Start trying in a thread of its own; `on_change` is called after every try (in that
-        thread), so that the gate sees a term begin or end without waiting to be asked."""
-        self._on_change = on_change
+        thread), so that the gate sees a term begin or end without waiting to be asked, and
+        `on_term` after a try that began a term."""
+        self._on_change, self._on_term = on_change, on_term
         log.info(
             "electing a leader through %s as %s (lease %g s, renew deadline %g s, retry %g s)",
             self.lock,
@@ -197,6 +204,10 @@ class LeaseElector:
         self._succeeded()
         if self.election.won(sent, written):
             log.info("took %s (transitions %d)", self.lock, written.transitions)
+            try:
+                self._on_term()
+            except Exception:  # the election must go on
+                log.exception("new term not handled")
         return True
 
     def _succeeded(self) -> None:
@@ -227,16 +238,8 @@ class LeaseElector:
 class ActiveGate:
     """Whether this replica may write now: the election's answer, or always in standalone."""
 
-    def __init__(
-        self,
-        election: Election | None,
-        on_active: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, election: Election | None) -> None:
         self._election = election
-        self._on_active = on_active
-        """Run once at the start of every term, before any caller is told yes: another replica
-        may have written meanwhile."""
-        self._term = 0
         self._lock = threading.Lock()
         self._last: bool | None = None
 
@@ -246,28 +249,13 @@ class ActiveGate:
 
     def active_now(self) -> bool:
         """Whether this replica may write now."""
-        election = self._election
-        if election is None:
-            answer = True
-        else:
-            answer = election.leading()
-            if answer and election.term != self._term:
-                with self._lock:
-                    if election.term != self._term:
-                        self._on_active()
-                        self._term = election.term
-                answer = election.leading()
+        answer = self._election is None or self._election.leading()
         if answer != self._last:
             with self._lock:  # said once, whichever thread asks first
                 if answer != self._last:
                     log.info("this replica is %s", "active" if answer else "on standby")
                     self._last = answer
         return answer
-
-    @property
-    def terms(self) -> int:
-        """How many times this replica started leading (1 standalone): the metric's count."""
-        return self._term if self._election is not None else 1
 
     @property
     def last(self) -> bool:

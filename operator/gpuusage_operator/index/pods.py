@@ -2,7 +2,7 @@
 
 The index keeps an entry for every pod in the cluster, so the entry is deliberately small (no
 specs, no full statuses). A pod that may hold GPUs or carries our marks is kept whole: its
-PodSnapshot, packed, under its UID, and found too under each container ID it has had reported
+PodSnapshot, under its UID, and found too under each container ID it has had reported
 in its status (init, regular and ephemeral containers, the runtime scheme `containerd://`
 stripped, as the agent reports bare IDs) and its node's keys (see index.keptpods). Every other
 pod, most of a cluster's, is kept packed under its UID alone (see index.podpack: under 0.5 KiB
@@ -38,7 +38,7 @@ CLAIM_KEY = "claim:"
 """Running pods by each claim they name (`<namespace>/<claim>`): who share what it got."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodSnapshot:
     """A pod as the operator needs it: who it is and which container IDs are its own."""
 

@@ -89,6 +89,16 @@ def _stored(body: Mapping[str, Any]) -> Stored:
     return Stored(str(meta.get("resourceVersion", "")), {k: body.get(k) for k in CONTENT})
 
 
+@dataclass(slots=True)
+class Listing:
+    """Our reports as the apiserver last returned them, for one term (controller.term):
+    another replica may have written them since this one last led."""
+
+    stored: dict[str, Stored] | None = None
+    """Namespace (CLUSTER: the ClusterReport) → our report there; None: to be listed."""
+    listed_at: float = 0.0
+
+
 class OpenReportsWriter:
     """Keeps one Report per namespace with findings and one ClusterReport as `publish` asks."""
 
@@ -96,6 +106,7 @@ class OpenReportsWriter:
         self,
         custom: Any,
         counts: ReportCounts,
+        memory: Callable[[], Listing],
         *,
         monotonic: Callable[[], float] = time.monotonic,
         relist: float = RELIST,
@@ -106,9 +117,8 @@ class OpenReportsWriter:
         self._monotonic = monotonic
         self._relist = relist
         self._unserved_retry = unserved_retry
-        self._known: dict[str, Stored] | None = None
-        """Namespace (CLUSTER: the ClusterReport) → our report there; None: to be listed."""
-        self._listed_at = 0.0
+        self._memory = memory
+        """Our reports as last listed or written, the term's (controller.term)."""
         self._unserved: str | None = None
         """Why the API cannot be used, as last said; None: it can."""
         self._asked_at = 0.0
@@ -117,11 +127,6 @@ class OpenReportsWriter:
         self._said: dict[str, str] = {}
         """Report key → the write error last logged for it (each is said once, until a write
         there lands)."""
-
-    def forget(self) -> None:
-        """What is stored may have changed without this replica (another one was active):
-        the next pass lists the reports again."""
-        self._known = None
 
     @property
     def unserved(self) -> str | None:
@@ -140,7 +145,8 @@ class OpenReportsWriter:
         namespace left out has none) and the nodes' results; the nodes in `keep` are not
         judged yet (after a start or a handover), so what the ClusterReport says of them
         stays."""
-        known = self._listing()
+        memory = self._memory()
+        known = self._listing(memory)
         if known is None:
             return
         self.passes += 1
@@ -153,22 +159,22 @@ class OpenReportsWriter:
             stored = known.get(key)
             if not results:
                 if stored is not None:
-                    self._delete(key, stored)
+                    self._delete(memory, key, stored)
                 continue
             previous = (stored.content.get("results") or []) if stored is not None else []
             content = report_content(stamped(results, previous, now))
             if stored is not None and stored.content == content:
                 continue
-            self._write(key, stored, content)
+            self._write(memory, key, stored, content)
 
     # -- the apiserver ---------------------------------------------------------------------
-    def _listing(self) -> dict[str, Stored] | None:
+    def _listing(self, memory: Listing) -> dict[str, Stored] | None:
         """Our reports, listed when due; None while the API cannot be used."""
         at = self._monotonic()
         if self._unserved is not None and at - self._asked_at < self._unserved_retry:
             return None
-        if self._known is not None and at - self._listed_at < self._relist:
-            return self._known
+        if memory.stored is not None and at - memory.listed_at < self._relist:
+            return memory.stored
         self._asked_at = at
         try:
             found = {
@@ -180,7 +186,7 @@ class OpenReportsWriter:
                 if item["metadata"].get("name") == names.OPENREPORT_CLUSTER_NAME:
                     found[CLUSTER] = _stored(item)
         except ApiError as error:
-            self._known = None
+            memory.stored = None
             if isinstance(error, NotFound | Forbidden):
                 self._say_unserved(error)
             elif self._said.get(LISTING) != str(error):
@@ -191,7 +197,7 @@ class OpenReportsWriter:
         if self._unserved is not None:
             log.info("OpenReports: %s/%s is served: findings are published", *API)
             self._unserved = None
-        self._known, self._listed_at = found, at
+        memory.stored, memory.listed_at = found, at
         return found
 
     def _say_unserved(self, error: ApiError) -> None:
@@ -231,7 +237,9 @@ class OpenReportsWriter:
             if token is None:
                 return items
 
-    def _write(self, key: str, stored: Stored | None, content: dict[str, Any]) -> None:
+    def _write(
+        self, memory: Listing, key: str, stored: Stored | None, content: dict[str, Any]
+    ) -> None:
         at = target(key)
         body: dict[str, Any] = {
             "apiVersion": "/".join(API),
@@ -256,12 +264,12 @@ class OpenReportsWriter:
                 body["metadata"]["resourceVersion"] = taken  # ours, its label taken off
                 answer = self._call("replace", key, body)
         except ApiError as error:
-            self._failed(key, error)
+            self._failed(memory, key, error)
             return
         self._counts.add("openreport_writes")
         self._said.pop(key, None)
-        if self._known is not None:
-            self._known[key] = _stored(raw.written_object(answer) or body)
+        if memory.stored is not None:
+            memory.stored[key] = _stored(raw.written_object(answer) or body)
 
     def _unlabelled(self, key: str) -> str | None:
         """The resourceVersion of the report under our name that our label-selected list did
@@ -281,28 +289,28 @@ class OpenReportsWriter:
             return None
         return str(meta.get("resourceVersion", "")) or None
 
-    def _delete(self, key: str, stored: Stored) -> None:
+    def _delete(self, memory: Listing, key: str, stored: Stored) -> None:
         options = {"preconditions": {"resourceVersion": stored.version}}
         try:
             self._call("delete", key, options)
         except NotFound:
             pass  # gone already (its namespace deleted, a person)
         except ApiError as error:
-            self._failed(key, error)
+            self._failed(memory, key, error)
             return
         else:
             self._counts.add("openreport_writes")
         self._said.pop(key, None)
-        if self._known is not None:
-            self._known.pop(key, None)
+        if memory.stored is not None:
+            memory.stored.pop(key, None)
 
-    def _failed(self, key: str, error: ApiError) -> None:
+    def _failed(self, memory: Listing, key: str, error: ApiError) -> None:
         """A write that did not land: listed again before the next try where what is stored
         is not what was known (changed, deleted or created meanwhile); each kind of failure is
         said once per report."""
         self._counts.add("openreport_errors")
         if isinstance(error, Conflict | NotFound):
-            self._known = None
+            memory.stored = None
         said = f"{type(error).__name__}: {error.reason}"
         if self._said.get(key) == said:
             return

@@ -50,17 +50,27 @@ class Stretch:
     since: datetime | None
 
 
+@dataclass(slots=True)
+class NodeMemory:
+    """What the node runner read and said, for one term (controller.term): another leader may
+    have changed any node's marks and recorded its own decisions since this one last led."""
+
+    known: dict[str, tuple[NodeMarks, datetime]] = field(default_factory=dict)
+    """Node → the marks read from it or written on it, and when."""
+    said: dict[str, tuple[str, datetime | None]] = field(default_factory=dict)
+    """Node → the last outcome recorded, with the stretch of orphaned memory it was for."""
+
+
 @dataclass
 class NodeRunner:
     runner: PolicyRunner
     """The pods' runner: its policies, rate limits and decisions are shared."""
     record: Callable[[str, PodEvent, str, datetime], None]
     """Record an Event on the Node."""
+    memory: Callable[[], NodeMemory]
+    """What it read and said, the term's (controller.term)."""
     marker: NodeMarker | None = None
     """Reads and writes the Node's marks (None: no rights on Nodes)."""
-    _known: dict[str, tuple[NodeMarks, datetime]] = field(default_factory=dict)
-    _said: dict[str, tuple[str, datetime | None]] = field(default_factory=dict)
-    """The last outcome recorded per node, with the stretch of orphaned memory it was for."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def visit(
@@ -123,14 +133,14 @@ class NodeRunner:
             self._once(node, result.outcome, result.detail, now, about)
             return None
         with self._lock:
-            self._known[node] = (wanted, now)
+            self.memory().known[node] = (wanted, now)
         outcome: PolicyOutcome = "Done" if step.kind == "Mark" else "Cleared"
         self._once(node, outcome, _message(orphaned, wanted), now, about)
         return later
 
     def _marks(self, node: str, now: datetime) -> NodeMarks | Result:
         with self._lock:
-            known = self._known.get(node)
+            known = self.memory().known.get(node)
         if known is not None and now - known[1] < REREAD:
             return known[0]
         if self.marker is None:
@@ -138,7 +148,7 @@ class NodeRunner:
         found = self.marker.read(node)
         if isinstance(found, NodeMarks):
             with self._lock:
-                self._known[node] = (found, now)
+                self.memory().known[node] = (found, now)
         return found
 
     def _once(
@@ -147,9 +157,10 @@ class NodeRunner:
         """Record the decision and its Event, unless this stretch already has it."""
         policy = about.policy
         with self._lock:
-            if self._said.get(node) == (outcome, about.since):
+            said = self.memory().said
+            if said.get(node) == (outcome, about.since):
                 return
-            self._said[node] = (outcome, about.since)
+            said[node] = (outcome, about.since)
         if policy:
             target = Target(kind="Node", name=node)
             self.runner.record_decision(policy, target, about.subject, outcome, now)
@@ -161,19 +172,13 @@ class NodeRunner:
         text = f"{head}: {note}"
         self.record(node, PodEvent(reason, text, kind), text, now)
 
-    def new_term(self) -> None:
-        """This replica leads again: another leader may have changed any node's marks and
-        recorded its own decisions meanwhile, so nothing read or said before is trusted."""
-        with self._lock:
-            self._known.clear()
-            self._said.clear()
-
     def forget(self, node: str, now: datetime) -> None:
         """The node's report is gone (the agent uninstalled, the node deleted): nothing is
         known of its memory any more, so marks of ours on it are taken off."""
         with self._lock:
-            known = self._known.pop(node, None)
-            self._said.pop(node, None)
+            memory = self.memory()
+            known = memory.known.pop(node, None)
+            memory.said.pop(node, None)
         if self.marker is not None and known is not None and known[0] != NodeMarks():
             self.marker.write(node, NodeMarks(), _message(None, NodeMarks()), now)
 

@@ -47,7 +47,9 @@ class EventRecorder:
     counts: EventCounts
     instance: str
     component: str
-    book: EventBook = field(default_factory=EventBook)
+    book: Callable[[], EventBook]
+    """The series and rates so far, the term's (controller.term): another replica may have
+    written Events since this one last led."""
     budget: WriteBudget = field(default_factory=lambda: WriteBudget(EVENT_RATE, EVENT_BURST))
     """Event writes across all objects (a second limit, beside each object's in the book)."""
     monotonic: Callable[[], float] = time.monotonic
@@ -69,7 +71,7 @@ class EventRecorder:
         subject = f"{regarding.kind}/{namespace}/{name}/{regarding.uid or ''}"
         key = (subject, what.reason, what.type, note)
         with self._lock:
-            write = self.book.write_for(key, now)
+            write = self.book().write_for(key, now)
             if write.kind != "drop" and not self.budget.take(self.monotonic()):
                 write = Write("drop")
         if write.kind == "drop":
@@ -81,7 +83,7 @@ class EventRecorder:
                 return
             created = self._create_event(namespace, regarding, what, note, now)
             with self._lock:
-                self.book.written(key, created, now)
+                self.book().written(key, created, now)
             self.counts.add("events")
         except Exception as exc:  # an Event is best effort
             log.warning("%s not recorded: %s", where, exc)

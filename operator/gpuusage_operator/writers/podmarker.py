@@ -11,7 +11,6 @@ is compared with what it should carry.
 from __future__ import annotations
 
 import logging
-import marshal
 import time
 from collections import Counter as TallyCounter
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
 from gpuusage_operator.judge.podstate import Verdict
 from gpuusage_operator.writers.budget import WriteBudget
+from gpuusage_operator.writers.eventbook import EventBook
 from gpuusage_operator.writers.events import COMPONENT, EventCounts, EventRecorder
 from gpuusage_operator.writers.marks import PodEvent, plan_pod, shows
 
@@ -45,23 +45,33 @@ class MarkCounts(EventCounts, Protocol):
         """A pod write failed with this kind of error (safe from any thread)."""
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Applied:
     annotations: dict[str, str]
     condition: dict[str, str] | None
     versions: frozenset[str | None] = frozenset()
     """resourceVersions of the pod from just before our writes up to the last of them."""
 
-    def packed(self) -> bytes:
-        """As the marker keeps it: one bytes object (far smaller than the dicts and set it
-        holds: benchmarks/README.md, "Operator: memory at 5,000 reports"), read back
-        exactly."""
-        return marshal.dumps((self.annotations, self.condition, self.versions))
 
-    @classmethod
-    def unpacked(cls, record: bytes) -> Applied:
-        annotations, condition, versions = marshal.loads(record)
-        return cls(annotations, condition, versions)
+@dataclass(slots=True)
+class MarkMemory:
+    """What the marker remembers of the pods it wrote on, for one term (controller.term):
+    another replica may have written on them since this one last led."""
+
+    applied: dict[str, Applied] = field(default_factory=dict)
+    """Pod UID → what it showed after our last writes, and their versions."""
+    resumed: dict[str, str] = field(default_factory=dict)
+    """Pod UID → the reason its condition had (True or False) before this replica turned it
+    Unknown: the pod known again as it was is no event (a finding gets no second Warning)."""
+    written: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
+    `applied`, kept when someone else edits the pod: an Unknown pod keeps the last known use
+    as the operator wrote it, not what someone wrote over it since (see plan_pod)."""
+
+    def forget(self, uid: str) -> None:
+        self.applied.pop(uid, None)
+        self.written.pop(uid, None)
+        self.resumed.pop(uid, None)
 
 
 @dataclass
@@ -72,6 +82,8 @@ class PodMarker:
     """A CoreV1Api."""
     counts: MarkCounts
     events: EventRecorder
+    memory: Callable[[], MarkMemory]
+    """What it remembers, the term's (controller.term)."""
     write_budget: WriteBudget = field(default_factory=WriteBudget)
     """Pod writes across all reports: over it, a pod's writes wait for the next reconcile of
     its report, which `due` makes due."""
@@ -80,39 +92,15 @@ class PodMarker:
     refresh: Callable[[str, str, str], None] = lambda namespace, name, stale_uid: None
     """Reads one pod into the index again: called when a write was refused because the pod
     of that name is now another one."""
-    _applied: dict[str, bytes] = field(default_factory=dict)
-    """Pod UID → what it showed after our last writes and their versions (Applied, packed)."""
-    _resumed: dict[str, str] = field(default_factory=dict)
-    """Pod UID → the reason its condition had (True or False) before this replica turned it
-    Unknown: the pod known again as it was is no event (a finding gets no second Warning)."""
-    _written: dict[str, bytes] = field(default_factory=dict)
-    """Pod UID → our annotations as this replica last wrote them (empty: removed; packed as
-    `_applied`). Unlike
-    `_applied`, kept when someone else edits the pod: an Unknown pod keeps the last known use
-    as the operator wrote it, not what someone wrote over it since (see plan_pod)."""
-
-    def remembered(self) -> set[str]:
-        """The pods (by UID) it remembers writing on."""
-        return set(self._applied) | set(self._written)
 
     def wrote(self, uid: str, version: str | None) -> bool:
         """Whether this version of the pod is (the echo of) one of our writes."""
-        applied = self._applied_to(uid)
+        applied = self.memory().applied.get(uid)
         return applied is not None and version in applied.versions
-
-    def _applied_to(self, uid: str) -> Applied | None:
-        record = self._applied.get(uid)
-        return None if record is None else Applied.unpacked(record)
-
-    def _written_on(self, uid: str) -> dict[str, str] | None:
-        record = self._written.get(uid)
-        return None if record is None else dict(marshal.loads(record))
 
     def forget(self, uid: str) -> None:
         """The pod is gone: nothing of it is kept."""
-        self._applied.pop(uid, None)
-        self._written.pop(uid, None)
-        self._resumed.pop(uid, None)
+        self.memory().forget(uid)
 
     def _remember_spell(
         self, uid: str, before: dict[str, str] | None, after: dict[str, Any]
@@ -120,22 +108,18 @@ class PodMarker:
         """A condition written: turned Unknown from a known state, the reason it had is kept
         for when the pod is known again; known again (True or False), the spell is over."""
         status = after.get("status")
+        resumed = self.memory().resumed
         if status != "Unknown":
-            self._resumed.pop(uid, None)
+            resumed.pop(uid, None)
         elif before is not None and before.get("status") in ("True", "False"):
-            self._resumed[uid] = before.get("reason", "")
-
-    def forget_written(self) -> None:
-        """Another replica may have written since (this one was on standby): what this one
-        wrote is no longer known to be the latest."""
-        self._written.clear()
-        self._resumed.clear()
+            resumed[uid] = before.get("reason", "")
 
     def mark(self, verdict: Verdict, node: str, now: datetime) -> dict[str, Any] | None:
         """Apply plan_pod's writes to one pod, then record what the pod now shows; the
         condition it shows (None when the writes failed or the pod is gone)."""
         ref = verdict.pod
-        applied = self._applied_to(ref.uid)
+        memory = self.memory()
+        applied = memory.applied.get(ref.uid)
         # Our condition gone from the pod (removed by hand) is put back as it was, with its
         # transition time and no Event: nothing happened to the pod's GPU use.
         remembered = applied.condition if applied is not None and not ref.condition else None
@@ -149,8 +133,8 @@ class PodMarker:
             applied.condition,
             now,
             remembered=remembered,
-            known=self._written_on(ref.uid),
-            resumed=self._resumed.get(ref.uid),
+            known=memory.written.get(ref.uid),
+            resumed=memory.resumed.get(ref.uid),
         )
         versions = {ref.resource_version}
         writes = (plan.annotation_patch is not None) + (plan.condition_patch is not None)
@@ -181,7 +165,7 @@ class PodMarker:
             # The pod of this name is not the one decided for (deleted and recreated under
             # the same name while the index lagged): nothing was written to it. Read it again
             # and leave it to the next report, instead of retrying what was meant for another.
-            self._applied.pop(ref.uid, None)
+            memory.applied.pop(ref.uid, None)
             self.counts.add("uid_refusals")
             log.info(
                 "pod %s/%s is no longer %s; reading it again", ref.namespace, ref.name, ref.uid
@@ -197,7 +181,7 @@ class PodMarker:
             self.due({node})
             return None
         if plan.annotation_patch is not None:
-            self._written[ref.uid] = marshal.dumps(dict(plan.annotations))
+            memory.written[ref.uid] = dict(plan.annotations)
         if plan.condition_patch is not None:
             self._remember_spell(ref.uid, applied.condition, plan.condition)
         if plan.annotation_patch is None and plan.condition_patch is None:
@@ -209,8 +193,9 @@ class PodMarker:
             # for our echo, and the next pass compares what the pod then carries.
             versions = set()
             self.due({node})
-        applied = Applied(dict(plan.annotations), dict(plan.condition), frozenset(versions))
-        self._applied[ref.uid] = applied.packed()
+        memory.applied[ref.uid] = Applied(
+            dict(plan.annotations), dict(plan.condition), frozenset(versions)
+        )
         return plan.condition
 
     def admit(self, node: str | None, writes: int = 1) -> bool:
@@ -241,7 +226,8 @@ class PodMarker:
             self.counts.failed(type(exc).__name__)
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
             return False
-        applied = self._applied_to(ref.uid)
+        memory = self.memory()
+        applied = memory.applied.get(ref.uid)
         version = _version(answer)
         if applied is None or version is None or ref.resource_version not in applied.versions:
             return True  # what the pod shows is the index's to tell
@@ -251,10 +237,9 @@ class PodMarker:
         if all(carried.get(k) == v for k, v in wanted.items()) and all(
             shown.get(k) == v for k, v in (applied.condition or {}).items()
         ):
-            applied = replace(applied, versions=applied.versions | {version})
-            self._applied[ref.uid] = applied.packed()
+            memory.applied[ref.uid] = replace(applied, versions=applied.versions | {version})
         else:  # edited by someone else meanwhile: the next pass compares what it carries
-            self._applied.pop(ref.uid, None)
+            memory.applied.pop(ref.uid, None)
         return True
 
     def clear(self, ref: PodSnapshot) -> None:
@@ -336,11 +321,14 @@ def pod_writer(
     write_budget: WriteBudget,
     due: Callable[[set[str]], None],
     refresh: Callable[[str, str, str], None],
+    memory: Callable[[], MarkMemory],
+    events: Callable[[], EventBook],
 ) -> PodMarker:
     """The pod writer on one API client, with its Event recorder: `instance` names this
-    replica in its Events, `due` queues reports, `refresh` reads a pod into the index again."""
-    events = EventRecorder(client.EventsV1Api(api), counts, instance, COMPONENT)
-    return PodMarker(CoreApi(api), counts, events, write_budget, due=due, refresh=refresh)
+    replica in its Events, `due` queues reports, `refresh` reads a pod into the index again;
+    `memory` and `events` give the term's memories of the pods and the Events."""
+    recorder = EventRecorder(client.EventsV1Api(api), counts, instance, COMPONENT, events)
+    return PodMarker(CoreApi(api), counts, recorder, memory, write_budget, due=due, refresh=refresh)
 
 
 def _version(pod: dict[str, Any]) -> str | None:
