@@ -5,6 +5,7 @@ helpers."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import uuid
@@ -20,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
 from gpuusage.api.models import Source
+from gpuusage.settings import add_arguments, resolve
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import Triggers
@@ -27,10 +29,12 @@ from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_keys, snapshot_of
+from gpuusage_operator.informers.namespacewatch import namespace_informer
 from gpuusage_operator.informers.policywatch import PolicyState, PolicyWatch
 from gpuusage_operator.judge.freshness import Renewal
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
+from gpuusage_operator.settings import OperatorSettings
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.podmarker import pod_writer
 from tests.fakenvml import gpu_uuid
@@ -309,7 +313,7 @@ def enforced_policy(name: str = "idle", limit: int = 10) -> dict[str, Any]:
 def policy_watch(state: PolicyState) -> PolicyWatch:
     """A PolicyWatch, listed, over these policies (a test hands their events to `state`, and
     sets `node_rule` where it needs); it watches nothing."""
-    watch = PolicyWatch(custom=None, core=None)
+    watch = PolicyWatch(custom=None, namespaces=namespace_informer(None))
     watch.policies.state = state
     for listed in (watch.policies.synced, watch.namespaces.synced, watch.decided):
         listed.set()
@@ -399,3 +403,10 @@ def tainting_runner(
     found = state.policies["idle"]
     cast(Any, runner.watch).node_rule = lambda: (found, found.spec.node_rules[0])
     return runner
+
+
+def resolved_operator(*flags: str) -> OperatorSettings:
+    """The operator's settings from these flags alone (no environment)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, OperatorSettings)
+    return resolve(OperatorSettings, parser.parse_args(list(flags)), environ={})

@@ -168,6 +168,7 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         ("manifests/overlays/monitoring", ("monitoring.enabled=true",), NS),
         ("manifests/overlays/runtime-class", ("agent.runtimeClassName=nvidia",), NS),
         ("manifests/overlays/policy-actions", ("operator.policyActions=true",), NS),
+        ("manifests/overlays/observe", ("operator.podMarks=false",), NS),
     ],
     ids=[
         "default",
@@ -177,6 +178,7 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         "monitoring",
         "runtime-class",
         "policy-actions",
+        "observe",
     ],
 )
 def test_the_chart_renders_what_kustomize_builds(
@@ -517,3 +519,15 @@ def test_host_network_and_extra_volumes_reach_the_pods(helm: Helm) -> None:
     assert {"name": "ca", "mountPath": "/etc/ca"} in agent["containers"][0]["volumeMounts"]
     plain = _one(_render(helm), "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
     assert "hostNetwork" not in plain
+
+
+def test_observe_first_and_the_namespace_selector_reach_the_operator(helm: Helm) -> None:
+    args = _container(
+        _render(helm, "operator.podMarks=false", r"operator.namespaceSelector=team in (a\,b)"),
+        "Deployment",
+        "gpuusage-operator",
+    )["args"]
+    assert "--no-pod-marks" in args
+    assert "--namespace-selector=team in (a,b)" in args
+    default = _container(_render(helm), "Deployment", "gpuusage-operator")["args"]
+    assert not [a for a in default if "pod-marks" in a or "namespace-selector" in a]

@@ -4,7 +4,6 @@ the apiserver does."""
 
 from __future__ import annotations
 
-import argparse
 import random
 import threading
 from dataclasses import replace
@@ -14,12 +13,12 @@ from typing import Any, cast
 import pytest
 
 from gpuusage.kube.errors import Conflict, NotLeading
-from gpuusage.settings import SettingsError, add_arguments, resolve
+from gpuusage.settings import SettingsError
 from gpuusage_operator.ha.election import Election, LeaseRecord, Timing, TimingError
 from gpuusage_operator.ha.fence import fence_writes
 from gpuusage_operator.ha.leader import ActiveGate, LeaseElector, lease_namespace
 from gpuusage_operator.ha.terms import Terms
-from gpuusage_operator.settings import OperatorSettings
+from tests.builders import resolved_operator
 
 TIMING = Timing(lease_duration=15, renew_deadline=10, retry_period=2)
 WALL = datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
@@ -55,13 +54,6 @@ class Store:
         self.version += 1
         self.record = replace(record, version=str(self.version))
         return self.record
-
-
-def resolved_operator(*flags: str) -> OperatorSettings:
-    """The operator's settings from these flags alone (no environment)."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, OperatorSettings)
-    return resolve(OperatorSettings, parser.parse_args(list(flags)), environ={})
 
 
 def attempt(election: Election, store: Store, clock: Clock) -> bool:

@@ -379,3 +379,24 @@ def test_where_the_api_is_not_served_nothing_is_written_and_that_is_said_once(
         assert any("is served" in r.getMessage() for r in caplog.records[1:])
     finally:
         _remove(kubectl)
+
+
+def test_with_pod_marks_off_the_reports_carry_the_findings_no_pod_shows(
+    openreports: None, make_world: WorldFactory, api: client.ApiClient
+) -> None:
+    """Observe first: the notebook uses a GPU it did not request; nothing is written on it,
+    and its namespace's Report says so all the same, as with marks."""
+    world = make_world({"train": 1, "notebook": 0}, operator_extras={"pod_marks": False})
+    world.write(notebook=True)
+
+    def results() -> list[dict[str, Any]]:
+        return [] if _absent(api, world.ns) else _about(_report(api, world.ns), "notebook")
+
+    [result] = wait_for(results, what="the finding in the namespace's Report")
+    assert (result["rule"], result["result"]) == ("UsingUnrequestedGPU", "fail")
+    assert result["resources"][0]["uid"] == world.uids["notebook"]
+    assert result["properties"]["node"] == world.node
+    for name in ("notebook", "train"):  # (an earlier test's pods on the node lose theirs)
+        found: Any = world.core.read_namespaced_pod(name, world.ns)
+        assert not [k for k in found.metadata.annotations or {} if k.startswith("gpuusage.io/")]
+        assert not [c for c in found.status.conditions or [] if c.type.startswith("gpuusage.io/")]

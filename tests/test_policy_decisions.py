@@ -10,8 +10,10 @@ import pytest
 from gpuusage.api.announcement import Announcement, decode, encode
 from gpuusage.api.models import Process
 from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, PodRule
+from gpuusage.api.selectors import selects
 from gpuusage_operator.index.pods import PodSnapshot
-from gpuusage_operator.informers.policywatch import NamespaceState, PolicyState
+from gpuusage_operator.informers.namespacewatch import NamespaceState
+from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.judge.allocation import Allocation, Judgement
 from gpuusage_operator.judge.findings import Observation, finding_of, observe
 from gpuusage_operator.judge.idle import Idle
@@ -19,7 +21,7 @@ from gpuusage_operator.judge.podstate import Verdict, desired_condition
 from gpuusage_operator.judge.resolution import PodUse, Resolution
 from gpuusage_operator.policies.limit import WINDOW, next_allowed, recent
 from gpuusage_operator.policies.rule import Step, next_step
-from gpuusage_operator.policies.select import covers, exempt, opt_out_hint, opted_out, selects
+from gpuusage_operator.policies.select import covers, exempt, opt_out_hint, opted_out
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 NOTICE = timedelta(minutes=5)

@@ -40,7 +40,9 @@ from gpuusage_operator.ha.fence import fence_writes
 from gpuusage_operator.ha.leader import ActiveGate, LeaseElector
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.drawatch import DraWatch
+from gpuusage_operator.informers.informer import Informer
 from gpuusage_operator.informers.leasewatch import LeaseWatch
+from gpuusage_operator.informers.namespacewatch import NamespaceState
 from gpuusage_operator.informers.podwatch import PodWatch
 from gpuusage_operator.informers.policywatch import PolicyWatch
 from gpuusage_operator.informers.reportwatch import ReportWatch
@@ -67,6 +69,7 @@ def build_registry(
     leases: LeaseWatch,
     clock: Clock = utc_now,
     policies: PolicyWatch | None = None,
+    namespaces: Informer[NamespaceState] | None = None,
     api_timeout: float = REQUEST_TIMEOUT,
     report_interval: float = DEFAULT_INTERVAL,
     openreports: OpenReportsWriter | None = None,
@@ -139,6 +142,11 @@ def build_registry(
         memo["dra"].start()
         memo["leases"] = threading.Thread(target=leases.start, name="lease-start", daemon=True)
         memo["leases"].start()
+        if namespaces is not None:
+            memo["namespaces"] = threading.Thread(
+                target=namespaces.run, name="namespace-watch", daemon=True
+            )
+            memo["namespaces"].start()
         if policies is not None:
             memo["policies"] = threading.Thread(
                 target=policies.start, name="policy-start", daemon=True
@@ -168,6 +176,8 @@ def build_registry(
         leases.stop()
         if policies is not None:
             policies.stop()
+        if namespaces is not None:
+            namespaces.stop()
         task = kwargs["memo"].get("housekeeping")
         if task is not None:
             task.cancel()

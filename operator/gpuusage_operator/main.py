@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ from gpuusage_operator.handlers import build_registry
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.drawatch import DraWatch, resource_apis
 from gpuusage_operator.informers.leasewatch import LeaseWatch
+from gpuusage_operator.informers.namespacewatch import namespace_informer
 from gpuusage_operator.informers.podwatch import PodWatch
 from gpuusage_operator.informers.policywatch import PolicyWatch
 from gpuusage_operator.informers.reportwatch import ReportWatch
@@ -110,9 +112,15 @@ class Operator:
             on_renewed=lambda node: self.reconciler.liveness.renewed(node),  # noqa: PLW0108
             idle_timeout=idle,
         )
+        self.namespaces = namespace_informer(
+            CoreApi(self._watch_api),
+            health=self.health,
+            on_change=lambda: triggers.due(book().names()),
+            idle_timeout=idle,
+        )
         self.policies = PolicyWatch(
             client.CustomObjectsApi(self._watch_api),
-            CoreApi(self._watch_api),
+            self.namespaces,
             health=self.health,
             on_change=lambda: triggers.due(book().names()),
             idle_timeout=idle,
@@ -150,6 +158,7 @@ class Operator:
             idle_after=timedelta(seconds=settings.idle_after) if settings.idle_after else None,
             restart_grace=timedelta(seconds=settings.restart_grace),
             policies=runner,
+            scope=settings.scope(self._namespace_labels),
             nodes=NodeRunner(
                 runner,
                 marker.record_node_event,
@@ -185,6 +194,10 @@ class Operator:
         )
         self.metrics = OperatorMetrics(self.reconciler, lambda: len(self.pods), self.health)
 
+    def _namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        facts = self.namespaces.state.namespaces.get(namespace)
+        return None if facts is None else facts.labels
+
     def run(
         self, stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None
     ) -> int:
@@ -211,6 +224,7 @@ class Operator:
                 leases=self.leases,
                 clock=self.clock,
                 policies=self.policies,
+                namespaces=self.namespaces,
                 api_timeout=settings.api_timeout,
                 openreports=self.openreports,
             )
@@ -235,6 +249,7 @@ class Operator:
             self.dra.stop()
             self.leases.stop()
             self.policies.stop()
+            self.namespaces.stop()
             self._watch_api.close()  # type: ignore[no-untyped-call]
             self._election_api.close()  # type: ignore[no-untyped-call]
             self.api.close()  # type: ignore[no-untyped-call]

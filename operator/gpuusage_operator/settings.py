@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -9,8 +10,10 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from gpuusage.api import names
 from gpuusage.api.policy import MAX_ACTIONS_PER_HOUR
+from gpuusage.api.selectors import parse_selector
 from gpuusage.kube.config import REQUEST_TIMEOUT
 from gpuusage.settings import CommandSettings, comma_list, flag_name
+from gpuusage_operator.controller.scope import Scope
 from gpuusage_operator.ha.election import LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD, Timing
 from gpuusage_operator.informers.informer import WATCH_IDLE
 from gpuusage_operator.judge.requests import AllocationRules
@@ -50,6 +53,16 @@ class OperatorSettings(CommandSettings):
     resync: float = Field(default=10.0, gt=0)
     """Seconds between housekeeping passes: an API probe, marks of nodes without a report, and
     the OpenReports brought in line with the findings."""
+    pod_marks: bool = True
+    """Write gpuusage's marks on pods: the gpuusage.io/ annotations, the GPUInUse condition,
+    the Events about pods, the policies' announcements and actions on pods. Off (observe
+    first): nothing is written on any pod, the reports' status, the OpenReports and the
+    metrics carry everything, and marks an earlier start wrote are taken off where the
+    install may still write pods."""
+    namespace_selector: str = ""
+    """A label selector on namespaces (kubectl's -l form: team=research,env in (prod,dev)):
+    pod marks, pod Events and policies only in namespaces whose labels match; the reports still
+    count every pod and mark those outside (outOfScope). Empty: every namespace."""
     openreports: bool = True
     """Publish the findings as OpenReports (openreports.io/v1alpha1): a Report per namespace
     for its pods, the ClusterReport gpuusage-nodes for the nodes, where Policy Reporter reads
@@ -145,6 +158,17 @@ class OperatorSettings(CommandSettings):
                     "that the leader renews before its deadline passes"
                 )
         return value
+
+    @field_validator("namespace_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        parse_selector(value)  # a SelectorError (a ValueError) says what is wrong, and where
+        return value
+
+    def scope(self, labels: Callable[[str], Mapping[str, str] | None]) -> Scope:
+        """Where the operator writes on pods, reading the namespaces' labels from `labels`."""
+        selector = parse_selector(self.namespace_selector) if self.namespace_selector else None
+        return Scope(self.pod_marks, selector, self.namespace_selector, labels)
 
     def deprecated_flags(self) -> list[str]:
         """What to say about each deprecated flag that was given: they are accepted, so an

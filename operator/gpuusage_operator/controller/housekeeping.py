@@ -21,6 +21,7 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.kube.errors import translate
 from gpuusage_operator.controller.reconcile import Reconciler
+from gpuusage_operator.controller.scope import outside_with_marks
 from gpuusage_operator.controller.triggers import DUE
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.informers.apihealth import ApiHealth
@@ -46,6 +47,7 @@ async def housekeeping(
     (None: they are not published)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
+    removed, refused_in = 0, None
 
     def probe() -> bool:
         """A read that needs etcd (a consistent list), so that its outage is noticed too."""
@@ -65,8 +67,29 @@ async def housekeeping(
             continue
         if not ready() or not await gate.active():
             continue
-        for node in pods.lookup().nodes_with_our_marks() - known():
+        lookup = pods.lookup()
+        for node in lookup.nodes_with_our_marks() - known():
             reconciler.queue.add(node, DUE)
+        if reconciler.counts.marks_removed != removed:
+            removed = reconciler.counts.marks_removed
+            left = outside_with_marks(lookup, reconciler.scope)
+            log.info(
+                "took gpuusage's marks off %d pods outside its scope (%s) so far; %d still carry "
+                "them",
+                removed,
+                reconciler.scope,
+                left,
+            )
+        if reconciler.marker.refused and refused_in is not reconciler.terms.current:
+            refused_in = reconciler.terms.current  # said once a term
+            log.warning(
+                "%d pods outside gpuusage's scope (%s) carry its marks from an earlier start, "
+                "which this install may not take off (no right to patch pods): grant it once "
+                "(the chart's operator.unmarkPods=true) or remove them by hand; see "
+                'docs/install.md, "Observe first"',
+                outside_with_marks(lookup, reconciler.scope),
+                reconciler.scope,
+            )
         if publish is not None:
             try:
                 await loop.run_in_executor(None, publish)

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage_operator.controller.liveness import Liveness
 from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory
+from gpuusage_operator.controller.scope import Scope, mark_outside
 from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import (
     DEADLINE,
@@ -41,7 +42,7 @@ from gpuusage_operator.controller.triggers import (
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.index.dra import NO_DRA, DraLookup
-from gpuusage_operator.index.pods import PodLookup
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
 from gpuusage_operator.judge.findings import observe
 from gpuusage_operator.judge.freshness import (
     Renewal,
@@ -54,6 +55,7 @@ from gpuusage_operator.judge.resolution import DEFAULT_DRIVER_NAMESPACES
 from gpuusage_operator.judge.restarts import RESTART_GRACE
 from gpuusage_operator.policies.noderun import NodeRunner
 from gpuusage_operator.policies.run import PolicyRunner
+from gpuusage_operator.writers.marks import would_carry
 from gpuusage_operator.writers.podmarker import PodMarker
 from gpuusage_operator.writers.statuswriter import echo_version, write_status
 
@@ -83,6 +85,8 @@ class Counts:
     """Pod writes the apiserver refused because the pod of that name had another UID."""
     writes_deferred: int = 0
     """Pods whose writes waited for a later reconcile: the cluster-wide budget was spent."""
+    marks_removed: int = 0
+    """Pods whose gpuusage marks were taken off: outside the operator's scope (see scope)."""
     echoes_skipped: int = 0
     """Report events left out: they only echoed our own status write (see triggers)."""
     api_errors: TallyCounter[str] = field(default_factory=TallyCounter)
@@ -149,6 +153,8 @@ class Reconciler:
     """Carries out the GpuUsagePolicies about the pods each reconcile judges (None: none)."""
     nodes: NodeRunner | None = None
     """Carries out the policies' node rules about each reconciled node (None: none)."""
+    scope: Scope = field(default_factory=Scope)
+    """Where the operator writes on pods (see scope): by default, on every pod."""
     renewals: Callable[[str], Renewal | None] = field(default=lambda node: None)
     """A node agent's Lease as the operator saw it renewed (see informers.leasewatch); by
     default none is known, and freshness comes from the reports alone."""
@@ -214,12 +220,23 @@ class Reconciler:
         unattributed: TallyCounter[str] = TallyCounter(
             r.reason for r in decision.resolutions if r.reason
         )
-        status, stale = decision.status, decision.status.stale
+        status, stale = mark_outside(decision.status, self.scope), decision.status.stale
         wake = list(decision.wake)
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
+        last = term.book.get(name)
+        before = {p.uid: p for p in last.unmarked} if last is not None else {}
+        unmarked: list[PodSnapshot] = []
         for verdict in decision.verdicts:
             remember(term, verdict)
+            writes = self.scope.writes(verdict.pod.namespace)
+            if writes is None:
+                continue  # its namespace not listed yet: left as it is, on no guess
+            if not writes:
+                self._unmark(verdict.pod)
+                carried = would_carry(verdict, before.get(verdict.pod.uid), now)
+                unmarked.extend([carried] if carried is not None else [])
+                continue
             if verdict.settles_until is not None:
                 continue  # as it is until then (decision.wake has the time)
             shown = self.marker.mark(verdict, spec.node_name, now)
@@ -261,6 +278,7 @@ class Reconciler:
                 unattributed=unattributed,
                 judged_whole=True,
                 orphaned=status.orphaned,
+                unmarked=tuple(unmarked),
                 blind=tuple((d.uuid, d.blind) for d in status.devices if d.blind),
             ),
         )
@@ -287,6 +305,13 @@ class Reconciler:
             else:
                 return True
         return False
+
+    def _unmark(self, ref: PodSnapshot) -> None:
+        """A pod outside the scope carries no marks of ours: those an earlier start wrote come
+        off, once (unless this install may not write pods: then they stay, said by the
+        housekeeping pass)."""
+        if ref.marked and self.marker.clear(ref):
+            self.counts.add("marks_removed")
 
     def forget_pods(self, uids: set[str]) -> None:
         """These pods were deleted: nothing of them is kept (the worker of their node's report

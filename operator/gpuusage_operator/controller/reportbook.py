@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuusage.api.models import OrphanedMemory
+from gpuusage_operator.index.pods import PodSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,9 @@ class ReportMemory:
     """GPU memory no live pod holds, as its status says."""
     blind: tuple[tuple[str, str], ...] = ()
     """(device UUID, reason) of each device its status says it cannot show whole."""
+    unmarked: tuple[PodSnapshot, ...] = ()
+    """Its pods outside the operator's scope (see scope), each with the marks it would carry:
+    their findings, for the OpenReports, where no pod shows them."""
 
 
 class ReportBook:

@@ -1,4 +1,5 @@
-"""The GpuUsagePolicies and the namespaces' labels, kept by informers (never a read per pod).
+"""The GpuUsagePolicies, kept by an informer, with the namespaces' (informers.namespacewatch):
+which policy acts on which pod, never a read per pod.
 
 Each policy is kept with what of its status the ledger builds its writes on (see
 policies.ledger), so that no status is read apart from the watch: the version, the decisions
@@ -32,8 +33,9 @@ from gpuusage_operator.informers.informer import (
     OptionalWatch,
     watch_kwargs,
 )
+from gpuusage_operator.informers.namespacewatch import NamespaceState
 from gpuusage_operator.policies.limit import recent
-from gpuusage_operator.policies.select import covers, exempt
+from gpuusage_operator.policies.select import covers
 
 log = logging.getLogger(__name__)
 
@@ -153,47 +155,13 @@ class PolicyState:
         return len(self.policies)
 
 
-@dataclass(frozen=True)
-class NamespaceFacts:
-    labels: Mapping[str, str]
-    exempt: bool
-
-
-class NamespaceState:
-    """Each namespace's labels and opt-out; `on_change` hears when those of a namespace that
-    was already known change (which policy covers its pods may have changed)."""
-
-    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
-        self.namespaces: dict[str, NamespaceFacts] = {}
-        self._on_change = on_change
-
-    def apply(self, event_type: str, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        if event_type == "DELETED":
-            self.namespaces.pop(name, None)
-            return
-        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        facts = NamespaceFacts(labels, exempt(meta.get("annotations")))
-        known = self.namespaces.get(name)
-        self.namespaces[name] = facts
-        if known is not None and known != facts:
-            self._on_change()
-
-    def ids(self) -> set[str]:
-        return set(self.namespaces)
-
-    def __len__(self) -> int:
-        return len(self.namespaces)
-
-
 class PolicyWatch(OptionalWatch):
     """Watches the policies and the namespaces; `covering` says which policy acts on a pod."""
 
     def __init__(
         self,
         custom: Any,
-        core: Any,
+        namespaces: Informer[NamespaceState],
         *,
         health: ApiHealth | None = None,
         on_change: Callable[[], None] = lambda: None,
@@ -213,21 +181,20 @@ class PolicyWatch(OptionalWatch):
             on_listed=self._listed,
             idle_timeout=idle_timeout,
         )
-        self.namespaces: Informer[NamespaceState] = Informer(
-            "namespace",
-            lambda limit, token: core.list_namespace(
-                limit=limit, _continue=token, _preload_content=False
-            ),
-            lambda version, idle: core.list_namespace(**watch_kwargs(version, idle)),
-            lambda: NamespaceState(on_change),
-            health=health,
-            idle_timeout=idle_timeout,
-        )
+        self.namespaces = namespaces
+        """The namespaces' labels and opt-out (informers.namespacewatch: watched whether or not
+        policies are served, started and stopped by its owner)."""
         super().__init__(
-            [self.policies, self.namespaces],
+            [self.policies],
             lambda: custom.list_cluster_custom_object(*group, limit=1, _preload_content=False),
             "GpuUsagePolicies cannot be read (%s): no policy acts",
         )
+
+    @property
+    def synced(self) -> bool:
+        """The policies (where served) and the namespaces are listed: a policy never acts on a
+        partial view."""
+        return super().synced and self.namespaces.synced.is_set()
 
     def covering(self, namespace: str, pod_labels: Mapping[str, str]) -> tuple[Policy | None, bool]:
         """The policy that acts on a pod (the first by name among those whose selectors pick

@@ -1,5 +1,6 @@
 """What the OpenReports should say now, gathered from what the operator holds: the pods' marks
-in the pod index, the reports' judgements in the report book, the node rule of the policies.
+in the pod index (and, for pods it writes nothing on, the marks they would carry, in the report
+book), the reports' judgements in the report book, the node rule of the policies.
 Reads memory only; the writer does the I/O."""
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ def gather(
     shown: Collection[str],
     node_rule: tuple[str, NodeRule] | None = None,
 ) -> Findings:
-    """The findings of every pod carrying our marks and of every judged report; `shown`: the
-    names of the reports the watch has shown (a report is named after its node)."""
-    pods = [
-        pod
-        for node in sorted(lookup.nodes_with_our_marks())
-        for pod in lookup.on_node_with_our_marks(node)
-    ]
+    """The findings of every pod carrying our marks, of every pod outside the operator's scope
+    with the marks it would carry, and of every judged report; `shown`: the names of the
+    reports the watch has shown (a report is named after its node)."""
     shown = set(shown)
     judged = {name: memory for name, memory in book.judged_whole().items() if name in shown}
+    pods = {
+        pod.uid: pod
+        for node in sorted(lookup.nodes_with_our_marks())
+        for pod in lookup.on_node_with_our_marks(node)
+    }
+    for _, memory in sorted(judged.items()):  # over marks it may not take off: those are old
+        pods.update((pod.uid, pod) for pod in memory.unmarked)
     nodes = [
         result
         for name, memory in sorted(judged.items())
@@ -47,4 +51,4 @@ def gather(
             NodeFacts(name, memory.stale, memory.orphaned, memory.blind), node_rule
         )
     ]
-    return Findings(namespace_results(pods), nodes, frozenset(shown - set(judged)))
+    return Findings(namespace_results(pods.values()), nodes, frozenset(shown - set(judged)))

@@ -1,10 +1,10 @@
-"""Which policy covers which pod: label selectors as Kubernetes reads them, and the opt-out. Pure.
+"""Which policy covers which pod: its selectors (read as gpuusage.api.selectors reads them), and
+the opt-out. Pure.
 
 A selector that is absent selects everything; so does an empty one (`{}`), as with a
-NetworkPolicy's podSelector. Requirements are ANDed: `In` and `NotIn` compare the label's value
-(NotIn also matches a pod without the label), `Exists` and `DoesNotExist` its presence. A namespace
-carrying `gpuusage.io/exempt: "true"` is covered by no policy; a pod carrying it by none that
-allows pods to opt out (`podOptOut: Allowed`, the default).
+NetworkPolicy's podSelector. A namespace carrying `gpuusage.io/exempt: "true"` is covered by no
+policy; a pod carrying it by none that allows pods to opt out (`podOptOut: Allowed`, the
+default).
 """
 
 from __future__ import annotations
@@ -12,26 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuusage.api import names
-from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector, SelectorRequirement
-
-
-def requirement_holds(requirement: SelectorRequirement, labels: Mapping[str, str]) -> bool:
-    present = requirement.key in labels
-    if requirement.operator == "Exists":
-        return present
-    if requirement.operator == "DoesNotExist":
-        return not present
-    inside = present and labels[requirement.key] in requirement.values
-    return inside if requirement.operator == "In" else not inside
-
-
-def selects(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
-    """Whether the selector picks an object with these labels (absent: everything)."""
-    if selector is None:
-        return True
-    if any(labels.get(k) != v for k, v in selector.match_labels.items()):
-        return False
-    return all(requirement_holds(r, labels) for r in selector.match_expressions)
+from gpuusage.api.policy import GpuUsagePolicySpec
+from gpuusage.api.selectors import selects
 
 
 def exempt(annotations: Mapping[str, str] | None) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -19,13 +19,14 @@ from gpuusage.api import names
 from gpuusage.api.reasons import EventReason, PodFinding
 from gpuusage.api.summary import share_moved
 from gpuusage.api.times import format_time
+from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.findings import (
     REASON_HELD_IDLE,
     REASON_IDLE,
     REASON_UNALLOCATED,
     REASON_UNREQUESTED,
 )
-from gpuusage_operator.judge.podstate import WantedMarks
+from gpuusage_operator.judge.podstate import Verdict, WantedMarks
 from gpuusage_operator.judge.transitions import transition_time
 
 OUR_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)
@@ -225,3 +226,19 @@ def shows(
     if annotation_patch(annotations, plan.annotations or None) is not None:
         return False
     return condition is not None and all(condition.get(k) == v for k, v in plan.condition.items())
+
+
+def would_carry(verdict: Verdict, before: PodSnapshot | None, now: datetime) -> PodSnapshot | None:
+    """The pod as it would be with the marks its verdict wants, for a pod the operator writes
+    nothing on (outside its scope): `before`, what it would have carried after the last
+    reconcile, keeps a condition's transition time. None while its marks settle and nothing
+    was known before (the verdict wants none yet)."""
+    if verdict.settles_until is not None or verdict.marks is None:
+        return before
+    shown = before if before is not None else replace(verdict.pod, annotations=(), condition=())
+    plan = plan_pod(verdict.marks, shown.our_annotations, shown.our_condition, now)
+    return replace(
+        verdict.pod,
+        annotations=tuple(sorted(plan.annotations.items())),
+        condition=tuple(sorted(plan.condition.items())),
+    )

@@ -23,7 +23,7 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.kube import raw
 from gpuusage.kube.core import CoreApi
-from gpuusage.kube.errors import Invalid, NotFound, NotLeading, is_other_object, retried
+from gpuusage.kube.errors import Forbidden, Invalid, NotFound, NotLeading, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
 from gpuusage_operator.judge.podstate import Verdict
@@ -67,6 +67,10 @@ class MarkMemory:
     """Pod UID → our annotations as this replica last wrote them (empty: removed). Unlike
     `applied`, kept when someone else edits the pod: an Unknown pod keeps the last known use
     as the operator wrote it, not what someone wrote over it since (see plan_pod)."""
+
+    refused: bool = False
+    """A write of ours was refused for want of the right to write pods (an install with pod
+    marks off): marks are not tried again this term."""
 
     def forget(self, uid: str) -> None:
         self.applied.pop(uid, None)
@@ -242,14 +246,17 @@ class PodMarker:
             memory.applied.pop(ref.uid, None)
         return True
 
-    def clear(self, ref: PodSnapshot) -> None:
+    def clear(self, ref: PodSnapshot) -> bool:
         """Remove what the operator wrote on a pod, a policy's announcement too (no Event:
-        nothing was observed)."""
+        nothing was observed); whether it came off. Where this install may not write pods
+        (403), nothing more is tried for the rest of the term: `refused` says so."""
         shown = ref.our_annotations
         patch = {k: None for k in names.OPERATOR_ANNOTATIONS if k in shown} or None
         writes = (patch is not None) + (ref.our_condition is not None)
+        if self.memory().refused:
+            return False
         if writes and not self.admit(ref.node, writes):
-            return  # over the budget: cleared when its node is looked at again
+            return False  # over the budget: cleared when its node is looked at again
         try:
             if patch is not None:
                 self.write(ref, {"metadata": {"annotations": patch}}, False)
@@ -258,10 +265,24 @@ class PodMarker:
                 self.write(ref, {"status": {"conditions": [gone]}}, True)
         except (NotFound, Invalid):
             pass  # deleted, or replaced by another pod of that name: nothing of ours on it
+        except Forbidden as exc:
+            self.memory().refused = True
+            log.warning(
+                "pod %s/%s: this install may not write pods: %s", ref.namespace, ref.name, exc
+            )
+            return False
         except Exception as exc:  # one pod must not stop the others
             self.counts.failed(type(exc).__name__)
             log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+            return False
         self.forget(ref.uid)
+        return True
+
+    @property
+    def refused(self) -> bool:
+        """Whether a removal of marks was refused for want of the right to write pods, in this
+        term."""
+        return self.memory().refused
 
     def write(self, ref: PodSnapshot, body: dict[str, Any], status: bool) -> dict[str, Any]:
         """Patch the pod (or its status); the pod as the write left it (empty where the

@@ -504,6 +504,9 @@ class PodUsage(ApiModel):
     """Allocated devices not listed here: the status lists at most 256 in all."""
     unallocated: bool = False
     """True when the pod has a device-level allocation and this device is outside it."""
+    out_of_scope: bool = False
+    """True when the pod's namespace is outside the operator's --namespace-selector: counted
+    here, but the operator writes nothing on the pod (no marks, no Events, no policy)."""
     held_idle_since: datetime | None = None
     """Set when every process of the pod, on every device, has computed nothing for the
     operator's --idle-after while holding memory: since when, by the operator's clock."""
