@@ -137,10 +137,11 @@ def operator_token(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path)
         core.delete_namespace(name)
 
 
-def _allowed(api: client.ApiClient, verb: str, group: str, resource: str) -> bool:
-    asked: Any = {
-        "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}
-    }
+def _allowed(
+    api: client.ApiClient, verb: str, group: str, resource: str, name: str = ""
+) -> bool:
+    attributes = {"verb": verb, "group": group, "resource": resource, "name": name}
+    asked: Any = {"spec": {"resourceAttributes": attributes}}
     review: Any = client.AuthorizationV1Api(api).create_self_subject_access_review(asked)
     return bool(review.status.allowed)
 
@@ -164,11 +165,17 @@ def test_findings_come_and_go_as_reports_at_no_cost_while_steady(
         assert ready.wait(60), "the operator did not start under its token"
         operator_api, _ = api_client(operator_token)
         with operator_api:
+            group = names.OPENREPORTS_GROUP
             for plural in PLURALS:
-                for verb in ("list", "create", "update", "delete"):
-                    assert _allowed(operator_api, verb, names.OPENREPORTS_GROUP, plural)
+                for verb in ("list", "create"):
+                    assert _allowed(operator_api, verb, group, plural)
+                for verb in ("update", "delete"):  # its own reports only
+                    for ours in (names.OPENREPORT_NAME, names.OPENREPORT_CLUSTER_NAME):
+                        assert _allowed(operator_api, verb, group, plural, ours)
+                    assert not _allowed(operator_api, verb, group, plural, "kyverno-pods")
+                    assert not _allowed(operator_api, verb, group, plural)
                 for verb in ("patch", "deletecollection", "watch"):
-                    assert not _allowed(operator_api, verb, names.OPENREPORTS_GROUP, plural)
+                    assert not _allowed(operator_api, verb, group, plural)
             assert not _allowed(operator_api, "create", "wgpolicyk8s.io", "policyreports")
 
         report = wait_for(lambda: _report(api, world.ns), what="the namespace's Report")
