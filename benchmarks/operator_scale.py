@@ -5,12 +5,12 @@ Measures, with the operator running as its own process (`gpuusage operator --sta
 1. initial convergence: every pod annotated after the operator starts on 500 reports;
 2. heartbeats: every report rewritten with only `observedAt` changed, then pod writes counted
    by the apiserver itself (`apiserver_request_total`, PATCH on pods and pods/status): target 0;
-3. latency and throughput: reports changed at a fixed rate (a process's memory grows by 64 MiB,
-   the agent's threshold, so the pod's `gpu-memory-mib` annotation must change); the time from
+3. latency and throughput: reports changed at a fixed rate (a process's memory grows by a GiB,
+   a step the pod's `gpu-memory-mib` annotation shows at once); the time from
    the spec PATCH returning to the annotation appearing on a pod watch, p50 and p99 (target
    p99 ≤ 2 s), at each rate in --rates (target: ≥ 50 updates/s sustained);
 4. the operator's resident memory (VmRSS and its peak VmHWM; target ≤ 250 MB);
-5. with --burst N: N reports changed at once (one pod's process on each grows by 64 MiB, as
+5. with --burst N: N reports changed at once (one pod's process on each grows by a GiB, as
    when a gang-scheduled job's processes allocate together), sent by 16 writers as fast as the
    apiserver takes them: the time until every one of those pods shows it, the operator's
    memory before and after, and whether anything was lost (every pod's annotation and every
@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,10 @@ from gpuusage_dev.simulation import create_running_pod, ensure_namespace  # noqa
 from tests.fakenvml import gpu_uuid  # noqa: E402
 
 NAMESPACES = 10
-STEP_MIB = 64
+STEP_MIB = 1024
+"""A process's growth: a quarter of its 4 GiB, a step the pod's annotation shows (the
+operator holds back smaller moves, and moves within ten minutes of the detail shown:
+writers.marks.held_detail; the reports are first written as observed eleven minutes ago)."""
 
 
 class World:
@@ -102,7 +105,7 @@ class World:
         ]
         spec = {
             "nodeName": node,
-            "observedAt": _now(),
+            "observedAt": _now(ago=timedelta(minutes=11)),
             "gpus": gpus,
             "source": {"kind": "fake", "available": True},
         }
@@ -122,7 +125,7 @@ class World:
         )
 
     def grow(self, node: str, slot: int) -> tuple[str, int]:
-        """One process grows by the agent's threshold; returns (pod, its new annotation value)."""
+        """One process grows by STEP_MIB; returns (pod, its new annotation value)."""
         process = self.specs[node]["gpus"][slot % 8]["processes"][slot // 8]
         process["usedMemoryMiB"] += STEP_MIB
         gpu = self.specs[node]["gpus"][slot % 8]
@@ -132,8 +135,8 @@ class World:
         return key, process["usedMemoryMiB"]
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+def _now(ago: timedelta = timedelta()) -> str:
+    return (datetime.now(UTC) - ago).isoformat().replace("+00:00", "Z")
 
 
 class PodWatch(threading.Thread):

@@ -137,9 +137,7 @@ def operator_token(cluster: LocalCluster, api: client.ApiClient, tmp_path: Path)
         core.delete_namespace(name)
 
 
-def _allowed(
-    api: client.ApiClient, verb: str, group: str, resource: str, name: str = ""
-) -> bool:
+def _allowed(api: client.ApiClient, verb: str, group: str, resource: str, name: str = "") -> bool:
     attributes = {"verb": verb, "group": group, "resource": resource, "name": name}
     asked: Any = {"spec": {"resourceAttributes": attributes}}
     review: Any = client.AuthorizationV1Api(api).create_self_subject_access_review(asked)

@@ -17,7 +17,13 @@ from gpuusage_operator.judge.podstate import desired_annotations, desired_condit
 from gpuusage_operator.judge.requests import gpu_requests
 from gpuusage_operator.judge.resolution import pod_uses, resolve_all, resolve_process
 from gpuusage_operator.judge.status import compute_share, desired_status
-from gpuusage_operator.writers.marks import annotation_patch, condition_patch, event_for
+from gpuusage_operator.writers.marks import (
+    DETAIL_EVERY,
+    annotation_patch,
+    condition_patch,
+    event_for,
+    held_detail,
+)
 from tests.builders import api_pod, index_keys, pod_lookup
 from tests.examples import (
     CTR_INFER,
@@ -237,7 +243,7 @@ def test_patches_are_empty_when_nothing_changes() -> None:
     wanted = desired_annotations(use)
     assert annotation_patch(wanted, wanted) is None
     later = type(use)(use.pod, use.node, use.observed_at + timedelta(minutes=1), use.resolutions)
-    assert annotation_patch(wanted, desired_annotations(later)) is None, "a heartbeat alone"
+    assert shown_patch(wanted, desired_annotations(later)) is None, "a heartbeat alone"
     assert annotation_patch({}, wanted) == wanted
     cleared = annotation_patch({**wanted, "other.io/keep": "x"}, None)
     assert cleared == dict.fromkeys(wanted), "use ended: our annotations removed, others kept"
@@ -273,12 +279,63 @@ def test_the_usage_annotation_follows_a_share_only_when_it_moves_a_tenth() -> No
     measured = annotated(0.42)
     device = json.loads(measured[names.ANNOTATION_USAGE])["containers"][0]["devices"][0]
     assert device["share"] == 0.42
-    assert annotation_patch(measured, annotated(0.49)) is None
-    assert annotation_patch(measured, annotated(0.52)) is not None
-    assert annotation_patch(measured, annotated(None)) is not None
-    assert annotation_patch(desired_annotations(use), measured) is not None
-    assert annotation_patch(annotated(0.2), annotated(0.3)) is not None, "a tenth, exactly"
-    assert annotation_patch(annotated(0.6), annotated(0.7)) is not None, "a tenth, exactly"
+    assert shown_patch(measured, annotated(0.49)) is None
+    assert shown_patch(measured, annotated(0.52)) is not None
+    assert shown_patch(measured, annotated(None)) is not None
+    assert shown_patch(desired_annotations(use), measured) is not None
+    assert shown_patch(annotated(0.2), annotated(0.3)) is not None, "a tenth, exactly"
+    assert shown_patch(annotated(0.6), annotated(0.7)) is not None, "a tenth, exactly"
+
+
+def shown_patch(
+    current: dict[str, str], desired: dict[str, str], now: datetime | None = None
+) -> dict[str, str | None] | None:
+    """The annotations' patch once the detail rule has held back what it holds back (by
+    default DETAIL_EVERY after the detail shown was observed: nothing is held for time)."""
+    observed = datetime.fromisoformat(json.loads(current[names.ANNOTATION_USAGE])["observedAt"])
+    held, _ = held_detail(current, desired, now or observed + DETAIL_EVERY)
+    return annotation_patch(current, held)
+
+
+def test_the_detail_moves_on_the_pod_in_steps_at_most_once_every_ten_minutes() -> None:
+    """The devices and the containers on them are written at once; the memory only when it
+    moved by a tenth of what is shown (and 256 MiB), and then DETAIL_EVERY after the detail
+    shown was observed: a growing allocator costs a write per ten minutes at most, a steady
+    server none."""
+    use = _uses()[POD_TRAIN]  # 30,720 MiB, observed at 12:00:00
+    shown = desired_annotations(use)
+    since = use.observed_at
+
+    def at(minutes: float, mib: int) -> tuple[dict[str, str] | None, datetime | None]:
+        moved = type(use)(
+            use.pod,
+            use.node,
+            since + timedelta(minutes=minutes),
+            _with_processes(use, used_memory_mib=mib).resolutions,
+        )
+        return held_detail(shown, desired_annotations(moved), since + timedelta(minutes=minutes))
+
+    kept, due = at(1, 30720 + 2048)
+    assert (kept, due) == (shown, None), "less than a tenth: no move"
+    kept, due = at(1, 40000)
+    assert kept == shown, "moved, within ten minutes of the last: held"
+    assert due == since + DETAIL_EVERY
+    written, due = at(10, 40000)
+    assert written is not None
+    assert written[names.ANNOTATION_GPU_MEMORY_MIB] == "40000"
+    assert due is None
+    assert at(10, 30720 + 255)[0] == shown, "small pods: 256 MiB at least"
+    edited = {**shown, names.ANNOTATION_GPU_MEMORY_MIB: "1"}  # by hand: put right at once
+    assert held_detail(edited, shown, since + timedelta(minutes=1)) == (shown, None)
+    assert annotation_patch(edited, shown) == {names.ANNOTATION_GPU_MEMORY_MIB: "30720"}
+    other = {**shown, names.ANNOTATION_GPUS: "GPU-other"}
+    assert held_detail(shown, other, since) == (other, None), "devices: at once"
+    ahead = held_detail(shown, desired_annotations(use), since - timedelta(hours=1))
+    assert ahead[0] == shown, "nothing moved"
+    grown = desired_annotations(_with_processes(use, used_memory_mib=60000))
+    assert held_detail(shown, grown, since - timedelta(hours=1)) == (grown, None), (
+        "a time shown ahead of the operator's clock holds nothing back"
+    )
 
 
 @pytest.mark.parametrize(

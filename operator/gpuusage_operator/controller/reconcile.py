@@ -239,8 +239,10 @@ class Reconciler:
                 continue
             if verdict.settles_until is not None:
                 continue  # as it is until then (decision.wake has the time)
-            shown = self.marker.mark(verdict, spec.node_name, now)
-            if self.policies is not None and shown is not None:  # acted on once stated
+            marked = self.marker.mark(verdict, spec.node_name, now)
+            if marked is not None and marked.due is not None:
+                wake.append(marked.due)  # its detail, held back until then
+            if self.policies is not None and marked is not None:  # acted on once stated
                 seen = observe(verdict.state, verdict.judgement, verdict.idle)
                 due = self.policies.visit(verdict.pod, seen, now)
                 if due is not None:

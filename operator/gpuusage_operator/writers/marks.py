@@ -3,8 +3,9 @@
 
 The judge decides what each pod should carry; this diffs that against the pod and says what to
 write. Patches are None when nothing would change: an unchanged report costs no pod write and
-no Event. Every heartbeat's new observation time and a share moving by a few points leave the
-usage annotation as it is (see _same_use).
+no Event. A pod's detail (its memory, pids and shares, and when they were observed) is shown
+only when it moved by a step a person cares about, at most once every DETAIL_EVERY (see
+held_detail): the devices, the finding and the condition at once.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.reasons import EventReason, PodFinding
 from gpuusage.api.summary import share_moved
-from gpuusage.api.times import format_time
+from gpuusage.api.times import format_time, parse_time
 from gpuusage_operator.index.pods import PodSnapshot
 from gpuusage_operator.judge.findings import (
     REASON_HELD_IDLE,
@@ -45,44 +46,106 @@ def _warned(reason: str | None) -> PodFinding | None:
 
 
 SHARE_MOVED = 0.1
-"""A container's share of a device moving by less than this leaves its annotation as it is."""
+"""A container's share of a device moving by less than this is no move of its detail."""
+MEMORY_STEP = 0.10
+"""The pod's memory moving by less than this part of what its annotation shows (and less than
+MEMORY_STEP_MIB) is no move of its detail: a caching allocator's growth and an inference
+server's breathing are not news to a person reading the pod (the status has every MiB)."""
+MEMORY_STEP_MIB = 256
+DETAIL_EVERY = timedelta(minutes=10)
+"""The least time between two writes of a pod's detail alone (its memory, pids, shares): a move
+within it waits, and is shown then, as it is by then."""
 
 
-def _shares(doc: dict[str, Any]) -> list[float | None]:
-    """The document's shares, one per device slot in order, taken out of it."""
-    found: list[float | None] = []
-    for container in doc.get("containers") or []:
-        for device in container.get("devices") or []:
-            found.append(device.pop("share", None) if isinstance(device, dict) else None)
-    return found
-
-
-def _same_use(current: str | None, wanted: str | None) -> bool:
-    """Usage documents that differ only in observedAt, and in shares by less than a tenth,
-    describe the same use.
-
-    Every agent heartbeat carries a new observation time; rewriting every GPU pod for it would
-    turn each heartbeat into a pod write. The annotation therefore keeps the time at which the
-    use was first observed in its current form. A share the agent republished for a move of a
-    few points, or one carried along by another change on the node, must not rewrite the pod
-    either: its annotation follows only moves of SHARE_MOVED.
-    """
-    if current is None or wanted is None:
-        return current == wanted
+def _usage(annotations: Mapping[str, str]) -> dict[str, Any] | None:
     try:
-        old, new = json.loads(current), json.loads(wanted)
+        doc = json.loads(annotations.get(names.ANNOTATION_USAGE, ""))
     except ValueError:
-        return False
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return False
-    old.pop("observedAt", None)
-    new.pop("observedAt", None)
-    old_shares, new_shares = _shares(old), _shares(new)
-    if old != new or len(old_shares) != len(new_shares):
-        return False
-    return not any(
-        share_moved(a, b, SHARE_MOVED) for a, b in zip(old_shares, new_shares, strict=True)
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _layout(doc: Mapping[str, Any]) -> list[Any]:
+    """Which containers use which devices: what a person reads in the detail, beside numbers."""
+    return [
+        (c.get("name"), [d.get("uuid") for d in c.get("devices") or [] if isinstance(d, dict)])
+        for c in doc.get("containers") or []
+        if isinstance(c, dict)
+    ] + [doc.get("truncated", False)]
+
+
+def _shares(doc: Mapping[str, Any]) -> list[float | None]:
+    return [
+        d.get("share")
+        for c in doc.get("containers") or []
+        if isinstance(c, dict)
+        for d in c.get("devices") or []
+        if isinstance(d, dict)
+    ]
+
+
+def _as_written(current: Mapping[str, str], doc: Mapping[str, Any]) -> bool:
+    """Whether the memory annotation is the usage detail's sum, as the operator writes them
+    (a hand edit of one is put right at once, not held back as detail)."""
+    if doc.get("truncated"):
+        return True  # (containers left out: the sum cannot be checked)
+    total = sum(
+        d.get("mib", 0)
+        for c in doc.get("containers") or []
+        if isinstance(c, dict)
+        for d in c.get("devices") or []
+        if isinstance(d, dict)
     )
+    return current.get(names.ANNOTATION_GPU_MEMORY_MIB) == str(total)
+
+
+def _memory_moved(current: Mapping[str, str], desired: Mapping[str, str]) -> bool:
+    try:
+        old = int(current[names.ANNOTATION_GPU_MEMORY_MIB])
+        new = int(desired[names.ANNOTATION_GPU_MEMORY_MIB])
+    except (KeyError, ValueError):
+        return True
+    return abs(new - old) >= max(MEMORY_STEP_MIB, MEMORY_STEP * old)
+
+
+def held_detail(
+    current: Mapping[str, str], desired: Mapping[str, str] | None, now: datetime
+) -> tuple[dict[str, str] | None, datetime | None]:
+    """The annotations to show: `desired`, or with its detail (memory, pids, shares, the time
+    it was observed) as `current` shows it where the use is the same otherwise (same devices,
+    same containers on them); and when detail held back is to be shown.
+
+    The devices, the finding and the condition are written at once; the detail only when it
+    moved by a step a person cares about (MEMORY_STEP, SHARE_MOVED) and DETAIL_EVERY after the
+    detail shown was observed, so that a steady pod, whose memory and shares always move a
+    little, costs no write (every heartbeat of its node carries a new observation time), and a
+    growing one at most one per DETAIL_EVERY. The time is the one the annotation shows (the
+    agent's); one in the future (a clock ahead) holds nothing back."""
+    if not desired or not current:
+        return (dict(desired) if desired is not None else None), None
+    old, new = _usage(current), _usage(desired)
+    if (
+        old is None
+        or new is None
+        or current.get(names.ANNOTATION_GPUS) != desired.get(names.ANNOTATION_GPUS)
+        or _layout(old) != _layout(new)
+        or not _as_written(current, old)
+    ):
+        return dict(desired), None
+    kept = {**desired}
+    for key in (names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE):
+        if key in current:
+            kept[key] = current[key]
+    shares = zip(_shares(old), _shares(new), strict=True)
+    moved = _memory_moved(current, desired) or any(
+        share_moved(a, b, SHARE_MOVED) for a, b in shares
+    )
+    if not moved:
+        return kept, None
+    since = parse_time(old.get("observedAt"))
+    if since is not None and since <= now < since + DETAIL_EVERY:
+        return kept, since + DETAIL_EVERY
+    return dict(desired), None
 
 
 def annotation_patch(
@@ -95,10 +158,7 @@ def annotation_patch(
     patch: dict[str, str | None] = {}
     for key in OUR_ANNOTATIONS:
         want = None if desired is None else desired.get(key)
-        have = current.get(key)
-        if key == names.ANNOTATION_USAGE and _same_use(have, want):
-            continue
-        if have != want:
+        if current.get(key) != want:
             patch[key] = want
     return patch or None
 
@@ -173,6 +233,9 @@ class PodPlan:
     event: PodEvent | None
     """Recorded once the condition patch landed."""
     event_note: str = ""
+    due: datetime | None = None
+    """When detail held back (see held_detail) is to be shown: the pod's report is judged
+    again then."""
 
 
 def plan_pod(
@@ -194,10 +257,12 @@ def plan_pod(
     wrote on the pod, where it remembers them: an Unknown pod keeps those, not what someone may
     have written over them since. `resumed`: the reason the pod showed before its condition
     turned Unknown, where the operator remembers it (see event_for)."""
+    due = None
     if marks.annotations is None:  # last known use kept
         wanted = dict(shown_annotations if known is None else known)
     else:
-        wanted = dict(marks.annotations)
+        held, due = held_detail(shown_annotations, marks.annotations, now)
+        wanted = held or {}
     condition = marks.condition
     patch = annotation_patch(shown_annotations, wanted or None)
     since = marks.since or now
@@ -215,6 +280,7 @@ def plan_pod(
         condition_patch=cpatch,
         event=event,
         event_note="" if event is None else f"{event.note}: {condition['message']}",
+        due=due,
     )
 
 

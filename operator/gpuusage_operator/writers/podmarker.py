@@ -78,6 +78,16 @@ class MarkMemory:
         self.resumed.pop(uid, None)
 
 
+@dataclass(frozen=True, slots=True)
+class Marked:
+    """What a pod shows once marked."""
+
+    condition: dict[str, Any]
+    """Its GPUInUse condition."""
+    due: datetime | None = None
+    """When detail held back (see marks.held_detail) is to be shown."""
+
+
 @dataclass
 class PodMarker:
     """Sends plan_pod's writes; remembers, per pod UID, what it wrote."""
@@ -118,9 +128,10 @@ class PodMarker:
         elif before is not None and before.get("status") in ("True", "False"):
             resumed[uid] = before.get("reason", "")
 
-    def mark(self, verdict: Verdict, node: str, now: datetime) -> dict[str, Any] | None:
+    def mark(self, verdict: Verdict, node: str, now: datetime) -> Marked | None:
         """Apply plan_pod's writes to one pod, then record what the pod now shows; the
-        condition it shows (None when the writes failed or the pod is gone)."""
+        condition it shows and when detail held back is due (None when the writes failed or
+        the pod is gone)."""
         ref = verdict.pod
         memory = self.memory()
         applied = memory.applied.get(ref.uid)
@@ -189,7 +200,7 @@ class PodMarker:
         if plan.condition_patch is not None:
             self._remember_spell(ref.uid, applied.condition, plan.condition)
         if plan.annotation_patch is None and plan.condition_patch is None:
-            return plan.condition  # nothing written: what the index shows stays the truth
+            return Marked(plan.condition, plan.due)  # nothing written: the index stays the truth
         annotated, condition = pod_marks(answer)
         if answer and not shows(dict(annotated), dict(condition) if condition else None, plan):
             # Someone else edited the pod's marks while we wrote (between our two writes,
@@ -200,7 +211,7 @@ class PodMarker:
         memory.applied[ref.uid] = Applied(
             dict(plan.annotations), dict(plan.condition), frozenset(versions)
         )
-        return plan.condition
+        return Marked(plan.condition, plan.due)
 
     def admit(self, node: str | None, writes: int = 1) -> bool:
         """Whether the cluster-wide budget allows these pod writes now (they are taken from
