@@ -327,8 +327,11 @@ class NamespaceRow:
     """The fractions of a GPU those shares add up to, where their annotations say it."""
     idle_pods: int = 0
     """Pods leaving requested GPUs idle, or holding memory without computing."""
+    unrequested_pods: int = 0
+    """Pods using a GPU although they were handed none of any kind (UsingUnrequestedGPU)."""
     unallocated_pods: int = 0
-    """Pods using a GPU they were not handed at all, or outside what they were handed."""
+    """Pods that were handed GPUs and use a device outside them (UsingUnallocatedGPU), as the
+    reports' totals.unallocatedPods count them; pods handed none are unrequested_pods."""
     stale: bool = False
     """Some of these numbers come from a node whose report is stale."""
 
@@ -384,7 +387,8 @@ def namespace_rows(
             ns.allocated_gpus += allocated_count(r)
             ns.shares += "Fractional" in r.allocated_by
         ns.idle_pods += bool(r.idle_since or r.held_idle_since)
-        ns.unallocated_pods += r.unrequested or r.unallocated
+        ns.unrequested_pods += r.unrequested
+        ns.unallocated_pods += r.unallocated
         ns.stale = ns.stale or r.stale
     for entries in handed.values():
         for a in entries:
@@ -417,7 +421,7 @@ def render_namespace_table(
     """kubectl-style columns, one line a namespace; `extra`: more columns (their header, and
     each namespace's cells), such as the bill over a window."""
     header = ["NAMESPACE", "PODS", "GPUS", "COMPUTING", "COMPUTE", "ALLOCATED", "MEMORY", "IDLE"]
-    header += ["UNALLOCATED"]
+    header += ["UNREQUESTED", "UNALLOCATED"]
     more_header, more = extra or ([], {})
     lines = [header + more_header]
     blank = ["-"] * len(more_header)
@@ -433,6 +437,7 @@ def render_namespace_table(
                 namespace_allocation_text(r),
                 memory,
                 str(r.idle_pods),
+                str(r.unrequested_pods),
                 str(r.unallocated_pods),
                 *more.get(r.namespace, blank),
             ]
