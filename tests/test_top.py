@@ -135,6 +135,7 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
             8192,
             requested_gpus=1,
             allocated_by=["DevicePlugin"],
+            held_idle=True,
             held_idle_since=STATUS_TIME,
         ),
         PodRow(
