@@ -299,6 +299,26 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
     assert without_ksm == set(), "kube-state-metrics and its ServiceMonitor left out"
 
 
+def test_the_viewer_role_reads_the_reports_and_is_aggregated_nowhere(helm: Helm) -> None:
+    """gpuusage-viewer is rendered by default (as manifests/base has it), reads every report,
+    carries no aggregation label (the reports list every tenant's processes: `view`, `edit`
+    and `admin` must not gain it), grants no write; viewerRole.enabled=false leaves it out,
+    and values from before the value existed keep it."""
+    role = _one(_render(helm), "ClusterRole", "gpuusage-viewer")
+    labels = role["metadata"]["labels"]
+    assert not [k for k in labels if k.startswith("rbac.authorization.k8s.io/aggregate-to")]
+    assert "aggregationRule" not in role
+    assert {
+        "apiGroups": ["gpuusage.io"],
+        "resources": ["gpunodeusages"],
+        "verbs": ["get", "list", "watch"],
+    } in role["rules"]
+    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
+    assert verbs <= {"get", "list", "watch"}
+    assert not [k for k in _render(helm, "viewerRole.enabled=false") if k[2] == "gpuusage-viewer"]
+    assert _one(_render(helm, "viewerRole=null"), "ClusterRole", "gpuusage-viewer") == role
+
+
 def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> None:
     """`helm upgrade --reuse-values` of a release that set operator.peeringLifetime: the value
     is accepted and passed on, and the operator says it is ignored and what replaces it; values
@@ -326,6 +346,7 @@ def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> 
         ({"namespace": {"name": "Bad_NS"}}, "at '/namespace/name'"),
         ({"image": {"pullPolicy": "always"}}, "at '/image/pullPolicy'"),
         ({"monitoring": {"enabled": "yes"}}, "at '/monitoring/enabled'"),
+        ({"viewerRole": {"enable": False}}, "additional properties 'enable'"),
     ],
 )
 def test_a_wrong_value_is_refused_with_a_message_naming_it(
@@ -388,7 +409,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
     )  # fmt: skip
     assert _status(cluster_helm, name, namespace)["info"]["status"] == "deployed"
     rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
-    assert len(rendered) == 36  # the monitoring overlay's 37 but the Namespace
+    assert len(rendered) == 37  # the monitoring overlay's 38 but the Namespace
     for kind, obj_ns, obj_name in rendered:
         if kind == "Namespace":
             continue  # made by --create-namespace, not the release

@@ -10,6 +10,8 @@ RBAC and of the admission policy is checked by trying to break it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuusage.api import names
 from gpuusage.kube.config import api_client
 from gpuusage.settings import comma_list
+from gpuusage_commands.reads import VIEWER_ROLE
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.proctree import pod_cgroup, write_process
 from gpuusage_dev.simulation import Background, create_running_pod, ensure_namespace
@@ -32,7 +35,7 @@ from gpuusage_nodeagent.main import run_agent
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.main import run_operator
 from gpuusage_operator.settings import OperatorSettings
-from tests.conftest import Helm, Kubectl, token_kubeconfig, wait_for
+from tests.conftest import CHILD_ENV, Helm, Kubectl, token_kubeconfig, wait_for
 from tests.examples import empty_report
 from tests.fakenvml import gpu_uuid
 from tests.worldview import renewed_at
@@ -591,3 +594,64 @@ def _refused(call: Callable[[], Any]) -> bool:
     except ApiException as exc:
         return exc.status == 403 and "the gpuusage operator may" in str(exc.body)
     return False
+
+
+def test_a_person_bound_to_the_viewer_role_sees_every_report_and_writes_nothing(
+    world: InstallWorld,
+) -> None:
+    """The ClusterRole gpuusage-viewer as each install serves it: aggregated to no other role
+    (the reports list every tenant's processes); a person bound to it runs `gpuusage top -A`
+    (with the pods' pending actions) and `ps -A`, and may write nothing and read no Secret."""
+    rbac = client.RbacAuthorizationV1Api(world.admin)
+    role: Any = rbac.read_cluster_role(VIEWER_ROLE)
+    assert not [k for k in role.metadata.labels or {} if "aggregate-to" in k]
+    assert role.aggregation_rule is None
+    sa = f"viewer-{uuid.uuid4().hex[:5]}"
+    world.core.create_namespaced_service_account(
+        world.ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=sa))
+    )
+    binding = client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name=sa),
+        role_ref=client.V1RoleRef(
+            api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=VIEWER_ROLE
+        ),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name=sa, namespace=world.ns)],
+    )
+    rbac.create_cluster_role_binding(binding)
+    custom = client.CustomObjectsApi(world.admin)
+    group = (names.GROUP, names.VERSION, names.PLURAL)
+
+    def resolved() -> bool:
+        body: Any = custom.get_cluster_custom_object(*group, world.a)
+        pods = (body.get("status") or {}).get("pods") or []
+        return any(p["namespace"] == world.ns and p["name"] == "train" for p in pods)
+
+    try:
+        wait_for(resolved, what="the operator's status names the pod")
+        kubeconfig = token_kubeconfig(
+            world.cluster, world.core, world.ns, sa, None, path=world.tmp / f"{sa}.kubeconfig"
+        )
+
+        def gpuusage(*args: str) -> subprocess.CompletedProcess[str]:
+            command = [sys.executable, "-m", "gpuusage.cli", *args, f"--kubeconfig={kubeconfig}"]
+            return subprocess.run(
+                command, capture_output=True, text=True, check=False, env=CHILD_ENV
+            )
+
+        top = gpuusage("top", "-A")
+        assert (top.returncode, top.stderr) == (0, ""), top.stderr
+        rows = [line.split()[:3] for line in top.stdout.splitlines()]
+        assert [world.ns, "train", world.a] in rows
+        ps = gpuusage("ps", "-A")
+        assert ps.returncode == 0, ps.stderr
+        assert any(" 4242 " in line and " train " in line for line in ps.stdout.splitlines())
+        assert gpuusage("ps", "-n", world.ns).returncode == 0
+        viewer, _ = api_client(kubeconfig)
+        with viewer:
+            patch = {"metadata": {"labels": {"example.com/x": "1"}}}
+            _denied(lambda: client.CustomObjectsApi(viewer).patch_cluster_custom_object(
+                *group, world.a, patch
+            ))  # fmt: skip
+            _denied(lambda: client.CoreV1Api(viewer).list_namespaced_secret(world.ns))
+    finally:
+        rbac.delete_cluster_role_binding(sa)

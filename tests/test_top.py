@@ -135,6 +135,7 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
             8192,
             requested_gpus=1,
             allocated_by=["DevicePlugin"],
+            held_idle=True,
             held_idle_since=STATUS_TIME,
         ),
         PodRow(
@@ -152,13 +153,10 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
     summed = {r.namespace: r for r in namespace_rows([*rows, *extra])}
     a, b, v = summed[NS_A], summed[NS_B], summed["vision"]
     assert (a.pods, a.devices, a.memory_mib, a.allocated_gpus, a.stale) == (2, 3, 86016, 3, True)
-    assert (b.pods, b.devices, b.allocated_gpus, b.idle_pods, b.unallocated_pods) == (
-        1,
-        1,
-        4,
-        1,
-        1,
-    ), "the idle pod holds its 4 GPUs; embed uses one it was never handed"
+    assert (b.pods, b.devices, b.allocated_gpus, b.idle_pods) == (1, 1, 4, 1), (
+        "the idle pod holds its 4 GPUs"
+    )
+    assert (b.unrequested_pods, b.unallocated_pods) == (1, 0), "embed was handed no GPU at all"
     assert (v.pods, v.devices, v.allocated_gpus, v.shares, v.idle_pods) == (4, 2, 4, 1, 1), (
         "a device two pods share counts once; claims count their devices, a share is a share"
     )
@@ -173,13 +171,34 @@ def test_namespaces_sum_their_pods_use_against_what_they_were_handed() -> None:
         "ALLOCATED",
         "MEMORY",
         "IDLE",
+        "UNREQUESTED",
         "UNALLOCATED",
     ]
     assert a.computing == 1, "the trainer computes on one of its two GPUs"
-    assert table[1].split() == [NS_A, "2", "3", "1", "-", "3", "84Gi", "(stale)", "0", "0"]
+    assert table[1].split() == [NS_A, "2", "3", "1", "-", "3", "84Gi", "(stale)", "0", "0", "0"]
     assert table[2].split() == [
-        *["vision", "4", "2", "0", "-", "4", "+", "1", "share", "9.8Gi", "1", "1"]
+        *["vision", "4", "2", "0", "-", "4", "+", "1", "share", "9.8Gi", "1", "0", "1"]
     ]
+
+
+def test_unallocated_counts_only_pods_using_a_device_outside_what_they_were_handed() -> None:
+    """UNALLOCATED is the reports' totals.unallocatedPods summed (UsingUnallocatedGPU): a pod
+    that requested no GPU and uses one is UNREQUESTED (UsingUnrequestedGPU), not both."""
+    report = status_report(
+        "n-misuse",
+        {
+            "GPU-m1": [status_pod("lab", "notebook", 1024, [7], requested=0)],
+            "GPU-m2": [
+                {**status_pod("lab", "stray", 2048, [8], requested=1), "unallocated": True},
+                status_pod("lab", "trainer", 4096, [9], requested=1),
+            ],
+        },
+    )
+    (lab,) = namespace_rows(pod_rows([report])[0])
+    assert (lab.pods, lab.unrequested_pods, lab.unallocated_pods) == (3, 1, 1)
+    table = render_namespace_table([lab]).splitlines()
+    counts = dict(zip(table[0].split(), table[1].split(), strict=True))
+    assert (counts["UNREQUESTED"], counts["UNALLOCATED"]) == ("1", "1")
 
 
 def test_shares_of_gpu_time_add_up_per_pod_and_namespace() -> None:

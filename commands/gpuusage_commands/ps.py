@@ -1,7 +1,9 @@
 """`gpuusage ps` (and `kubectl gpuusage ps`): one LIST of GpuNodeUsage objects, then every GPU
 process of the chosen nodes, as `nvidia-smi` lists them on one machine.
 
-The rows are built, chosen and rendered by the pure `pstable`."""
+The rows are built, chosen and rendered by the pure `pstable`. A user the apiserver refuses
+the reports sees one namespace's processes from its pods' own marks instead (the pure
+`podmarks`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,14 @@ from pydantic import Field
 from gpuusage.errors import GpuusageError
 from gpuusage.kube.config import api_client
 from gpuusage.settings import CommandSettings
+from gpuusage_commands.podmarks import (
+    PS_LACKS,
+    marks_note,
+    order_marked,
+    process_rows,
+    render_marked,
+    render_marked_json,
+)
 from gpuusage_commands.pstable import (
     PsSortKey,
     order_processes,
@@ -21,7 +31,8 @@ from gpuusage_commands.pstable import (
     render_processes,
     render_processes_json,
 )
-from gpuusage_commands.top import context_namespace, list_reports
+from gpuusage_commands.reads import ReportsRefused, list_namespace_pods, list_reports, refused
+from gpuusage_commands.top import context_namespace
 from gpuusage_commands.toptable import select
 
 
@@ -79,7 +90,19 @@ def run_ps(settings: PsSettings) -> int:
     namespace = scope(settings)
     api, _source = api_client(settings.kubeconfig, context=settings.context)
     with api:
-        items = list_reports(api)
+        try:
+            items = list_reports(api)
+        except ReportsRefused:
+            if namespace is None:
+                needs = (
+                    "-A needs"
+                    if settings.all_namespaces
+                    else "every process of a node (--node without -n) needs"
+                )
+                raise refused(
+                    needs, "use -n NAMESPACE to see a namespace's processes from its pods' marks"
+                ) from None
+            return _show_marks(settings, api, namespace)
         if settings.namespace:
             _check_namespace(api, settings.namespace)
     if settings.node and not any(
@@ -102,4 +125,24 @@ def run_ps(settings: PsSettings) -> int:
         print(f"No GPU processes{where}{on}.", file=sys.stderr)
         return 0
     print(render_processes(chosen, namespaces=namespace is None, wide=settings.output == "wide"))
+    return 0
+
+
+def _show_marks(settings: PsSettings, api: Any, namespace: str) -> int:
+    """One namespace's GPU processes from its pods' own marks, for a user who may not list the
+    reports (see podmarks): a line a container and device, with the pids it runs there."""
+    rows, warnings = process_rows(list_namespace_pods(api, namespace))
+    chosen = order_marked(select(rows, namespace, settings.node), settings.sort)
+    said = marks_note(namespace, PS_LACKS)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if settings.output == "json":
+        print(render_marked_json(chosen, said))
+        return 0
+    print(f"note: {said}", file=sys.stderr)
+    if not chosen:
+        on = f" on node {settings.node}" if settings.node else ""
+        print(f"No GPU processes in namespace {namespace}{on}.", file=sys.stderr)
+        return 0
+    print(render_marked(chosen))
     return 0

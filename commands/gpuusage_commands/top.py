@@ -1,6 +1,7 @@
 """`gpuusage top` (and `kubectl gpuusage top`): one LIST of GpuNodeUsage objects, then print.
 
-The rows are built, chosen and rendered by the pure `toptable`."""
+The rows are built, chosen and rendered by the pure `toptable`. A user the apiserver refuses
+the reports sees one namespace from its pods' own marks instead (the pure `podmarks`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import Field
 
-from gpuusage.api import names
 from gpuusage.api.times import format_time
 from gpuusage.errors import GpuusageError
 from gpuusage.kube import raw
@@ -31,7 +31,9 @@ from gpuusage_commands.bill import (
     statement,
     window_minutes,
 )
+from gpuusage_commands.podmarks import TOP_LACKS, marks_note, top_rows
 from gpuusage_commands.prometheus import base_url, instant_query
+from gpuusage_commands.reads import ReportsRefused, list_namespace_pods, list_reports, refused
 from gpuusage_commands.toptable import (
     NamespaceRow,
     SortKey,
@@ -154,28 +156,11 @@ def run_top(settings: TopSettings) -> int:
         return _show(settings, api)
 
 
-def list_reports(api: Any) -> list[dict[str, Any]]:
-    """Every GpuNodeUsage object, in one LIST; a cluster without the API, or one that refuses,
-    is an error that says so."""
-    from kubernetes import client  # noqa: PLC0415
-    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-
-    try:
-        listed = client.CustomObjectsApi(api).list_cluster_custom_object(
-            names.GROUP, names.VERSION, names.PLURAL
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            raise GpuusageError(
-                "no GpuNodeUsage API on this cluster: is gpuusage installed? "
-                "(kubectl apply -k manifests/)"
-            ) from exc
-        raise GpuusageError(f"cannot list {names.PLURAL}: {exc.status} {exc.reason}") from exc
-    return cast(list[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
-
-
 def _show(settings: TopSettings, api: Any) -> int:
-    items = list_reports(api)
+    try:
+        items = list_reports(api)
+    except ReportsRefused:
+        return _show_marks(settings, api)
     statuses, warnings = read_statuses(items)
     rows = rows_of(statuses)
     for warning in warnings:
@@ -218,6 +203,31 @@ def _show(settings: TopSettings, api: Any) -> int:
         )
         return 0
     print(render_table(chosen, everywhere))
+    return 0
+
+
+def _show_marks(settings: TopSettings, api: Any) -> int:
+    """One namespace's pods from their own marks, for a user who may not list the reports (see
+    podmarks); what needs the reports is refused, naming the right it needs."""
+    if settings.by == "namespace":
+        raise refused("--by namespace sums", "leave out --by namespace to see one namespace's pods")
+    if settings.all_namespaces:
+        raise refused("-A needs", "use -n NAMESPACE to see a namespace's pods from their own marks")
+    namespace = settings.namespace or context_namespace(settings.kubeconfig, settings.context)
+    rows, warnings = top_rows(list_namespace_pods(api, namespace))
+    chosen = order(select(rows, namespace, settings.node), settings.sort)
+    said = marks_note(namespace, TOP_LACKS)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if settings.output == "json":
+        print(render_json(chosen, said))
+        return 0
+    print(f"note: {said}", file=sys.stderr)
+    if not chosen:
+        on = f" on node {settings.node}" if settings.node else ""
+        print(f"No pods use GPUs in namespace {namespace}{on}.", file=sys.stderr)
+        return 0
+    print(render_table(chosen, all_namespaces=False))
     return 0
 
 

@@ -48,8 +48,10 @@ class PodRow:
     """The fraction of one GPU a fractional scheduler gave it, where its annotation says."""
     idle_since: str | None = None
     """Set for a pod that requested GPUs and has used none since then (status.idlePods)."""
+    held_idle: bool = False
+    """Its processes hold memory and have computed nothing for the operator's --idle-after."""
     held_idle_since: str | None = None
-    """Set for a pod whose processes hold memory and have computed nothing since then."""
+    """Since when they have, where known (the reports say it; a pod's marks do not)."""
     computing: list[str] = field(default_factory=list)
     """Devices on which it computes (status.pods[].computing: an engine used within the
     agent's --idle-window; devices that do not tell are not listed)."""
@@ -118,6 +120,7 @@ def rows_of(statuses: Iterable[NodeStatus]) -> list[PodRow]:
                 row.compute_share = (row.compute_share or 0.0) + pod.compute_share
             _hand(row, handed.get(pod.uid))
             if pod.held_idle_since is not None:
+                row.held_idle = True
                 row.held_idle_since = format_time(pod.held_idle_since)
             row.stale = status.stale
         for idle in status.idle_pods:
@@ -273,8 +276,9 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
     lines = [header]
     for r in rows:
         memory = format_mib(r.memory_mib) + (" (stale)" if r.stale else "")
-        if r.held_idle_since:
-            memory += f" (held idle since {r.held_idle_since})"
+        if r.held_idle:
+            since = f" since {r.held_idle_since}" if r.held_idle_since else ""
+            memory += f" (held idle{since})"
         cells = [r.namespace] if all_namespaces else []
         requested = allocation_text(r)
         if r.idle_since:
@@ -294,9 +298,12 @@ def render_table(rows: list[PodRow], all_namespaces: bool) -> str:
     return columns(lines)
 
 
-def render_json(rows: list[PodRow]) -> str:
+def render_json(rows: list[PodRow], marks_note: str | None = None) -> str:
+    """The rows as JSON; read from the pods' marks (not the reports), it says so and what the
+    view lacks (see podmarks)."""
     items = [{**asdict(r), "gpus": len(r.devices)} for r in rows]
-    return json.dumps({"items": items}, indent=2)
+    seen = {"view": "pod-marks", "note": marks_note} if marks_note is not None else {}
+    return json.dumps({"items": items, **seen}, indent=2)
 
 
 @dataclass
@@ -327,8 +334,11 @@ class NamespaceRow:
     """The fractions of a GPU those shares add up to, where their annotations say it."""
     idle_pods: int = 0
     """Pods leaving requested GPUs idle, or holding memory without computing."""
+    unrequested_pods: int = 0
+    """Pods using a GPU although they were handed none of any kind (UsingUnrequestedGPU)."""
     unallocated_pods: int = 0
-    """Pods using a GPU they were not handed at all, or outside what they were handed."""
+    """Pods that were handed GPUs and use a device outside them (UsingUnallocatedGPU), as the
+    reports' totals.unallocatedPods count them; pods handed none are unrequested_pods."""
     stale: bool = False
     """Some of these numbers come from a node whose report is stale."""
 
@@ -383,8 +393,9 @@ def namespace_rows(
         if r.node not in handed:
             ns.allocated_gpus += allocated_count(r)
             ns.shares += "Fractional" in r.allocated_by
-        ns.idle_pods += bool(r.idle_since or r.held_idle_since)
-        ns.unallocated_pods += r.unrequested or r.unallocated
+        ns.idle_pods += bool(r.idle_since or r.held_idle)
+        ns.unrequested_pods += r.unrequested
+        ns.unallocated_pods += r.unallocated
         ns.stale = ns.stale or r.stale
     for entries in handed.values():
         for a in entries:
@@ -417,7 +428,7 @@ def render_namespace_table(
     """kubectl-style columns, one line a namespace; `extra`: more columns (their header, and
     each namespace's cells), such as the bill over a window."""
     header = ["NAMESPACE", "PODS", "GPUS", "COMPUTING", "COMPUTE", "ALLOCATED", "MEMORY", "IDLE"]
-    header += ["UNALLOCATED"]
+    header += ["UNREQUESTED", "UNALLOCATED"]
     more_header, more = extra or ([], {})
     lines = [header + more_header]
     blank = ["-"] * len(more_header)
@@ -433,6 +444,7 @@ def render_namespace_table(
                 namespace_allocation_text(r),
                 memory,
                 str(r.idle_pods),
+                str(r.unrequested_pods),
                 str(r.unallocated_pods),
                 *more.get(r.namespace, blank),
             ]

@@ -3,7 +3,9 @@
 Each command names its settings model and its entry function by import path, inside the part
 that owns it (the agent, the operator, the people's commands, the development tools). Parts are
 imported on use, so `gpuusage --help` stays fast, and an image that carries one part runs its
-command while the others say plainly that they are not installed there.
+command while the others say plainly that they are not installed there. The developers'
+commands (`demo`, `local-cluster`) work as the others but are listed apart in `gpuusage --help`,
+under a heading saying whom they are for, so that a user's list holds only what a user runs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import argparse
 import importlib
 import logging
 import os
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +38,9 @@ class Command:
     """`module:Class` of its settings model."""
     run: str
     """`module:function` taking the settings and returning the exit code."""
+    developing: bool = False
+    """For people who work on gpuusage, not for those who run or use it: `gpuusage --help`
+    lists it apart, under DEVELOPING."""
 
 
 DEV = "gpuusage_dev.commands"
@@ -74,24 +81,28 @@ COMMANDS = (
         "run the whole product on a local control plane, no GPU or cluster needed",
         f"{DEV}:DemoSettings",
         f"{DEV}:run_demo",
+        developing=True,
     ),
     Command(
         ("local-cluster", "up"),
         "start and wait until ready",
         f"{DEV}:LocalClusterSettings",
         f"{DEV}:run_up",
+        developing=True,
     ),
     Command(
         ("local-cluster", "down"),
         "stop everything",
         f"{DEV}:LocalClusterSettings",
         f"{DEV}:run_down",
+        developing=True,
     ),
     Command(
         ("local-cluster", "restart"),
         "stop and start again on the same ports, certificates and data",
         f"{DEV}:RestartSettings",
         f"{DEV}:run_restart",
+        developing=True,
     ),
     Command(
         ("local-cluster", "build"),
@@ -100,9 +111,11 @@ COMMANDS = (
         "kube-controller-manager); print their paths",
         f"{DEV}:BuildSettings",
         f"{DEV}:run_build",
+        developing=True,
     ),
 )
 GROUPS = {"local-cluster": "start or stop a local etcd + kube-apiserver on loopback"}
+DEVELOPING = "for developing gpuusage (not needed to run or use it)"
 
 
 def _load(target: str) -> Any:
@@ -141,13 +154,51 @@ def _missing(command: Command) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _add(
+    parent: argparse._SubParsersAction[argparse.ArgumentParser],
+    word: str,
+    text: str,
+    common: argparse.ArgumentParser,
+    *,
+    apart: bool,
+) -> argparse.ArgumentParser:
+    """A subcommand, listed with its help in its parent's listing, or not at all there: one
+    listed apart (a developers' command at the top, see _developers). Not help=SUPPRESS, which
+    Python 3.11's argparse prints as such."""
+    if apart:
+        return parent.add_parser(word, parents=[common])
+    return parent.add_parser(word, help=text, parents=[common])
+
+
+def _developers(width: int) -> str:
+    """The developers' commands, under their own heading below the users', laid out as argparse
+    lays out the users'."""
+    lines = [f"{DEVELOPING}:"]
+    for word in dict.fromkeys(c.words[0] for c in COMMANDS if c.developing):
+        text = GROUPS.get(word) or next(c.help for c in COMMANDS if c.words == (word,))
+        lines.append(
+            textwrap.fill(
+                text,
+                width,
+                initial_indent=f"    {word:<{HELP_COLUMN - 5}} ",
+                subsequent_indent=" " * HELP_COLUMN,
+            )
+        )
+    return "\n".join(lines)
+
+
+HELP_COLUMN = 24
+"""Where argparse starts a command's help in the listing (its max_help_position)."""
+
+
 def _register(
     parent: argparse._SubParsersAction[argparse.ArgumentParser],
     command: Command,
     common: argparse.ArgumentParser,
 ) -> None:
     """One subcommand whose flags come from its settings model, or a stub naming what is absent."""
-    sub = parent.add_parser(command.words[-1], help=command.help, parents=[common])
+    apart = command.developing and len(command.words) == 1
+    sub = _add(parent, command.words[-1], command.help, common, apart=apart)
     try:
         model: type[CommandSettings] = _load(command.settings)
     except ModuleNotFoundError as exc:
@@ -166,9 +217,12 @@ def _register(
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
+    width = shutil.get_terminal_size().columns - 2  # as argparse's own formatter
     parser = argparse.ArgumentParser(
         prog="gpuusage",
         description="Which pod uses which GPU, and how much memory.",
+        epilog=_developers(width),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
     )
     parser.add_argument("--version", action="version", version=f"gpuusage {__version__}")
@@ -179,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         if len(command.words) == 2:
             group = command.words[0]
             if group not in groups:
-                holder = top.add_parser(group, help=GROUPS[group], parents=[common])
+                holder = _add(top, group, GROUPS[group], common, apart=command.developing)
                 groups[group] = holder.add_subparsers(
                     dest="action", required=True, metavar="ACTION"
                 )
