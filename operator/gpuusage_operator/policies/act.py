@@ -13,6 +13,9 @@ and changes what a person would change, through the API a person would use.
   its JobSet, and a Job that Kueue manages (its queue-name label) through its Workload
   (`spec.active: false`, Kueue's own way to stop a workload): either controller would undo a
   suspension of the Job itself.
+* DeletePod: a pod no controller owns (a controller would only make another one).
+* Evict: the Eviction API, so that PodDisruptionBudgets hold: a refusal (429) is no failure to
+  force through, it is tried again later.
 
 Before it scales or suspends a workload it asks policies.neighbours whether a GitOps tool or
 an autoscaler would undo that (the Deployment, StatefulSet or ReplicaSet, the Job or JobSet
@@ -20,9 +23,6 @@ as read then, and the HorizontalPodAutoscalers of its namespace); where one woul
 done and the outcome ManagedElsewhere says why. Where the operator may not read what it must
 check, nothing is done either (NotPermitted). A Kueue Workload is Kueue's own and a Notebook's
 stop annotation one that no GitOps tool owns: neither is checked.
-* DeletePod: a pod no controller owns (a controller would only make another one).
-* Evict: the Eviction API, so that PodDisruptionBudgets hold: a refusal (429) is no failure to
-  force through, it is tried again later.
 
 Every write carries the object's UID as a precondition where the API takes one, so a pod or
 workload recreated under the same name is never acted upon. The rights come only with the
