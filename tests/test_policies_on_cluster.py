@@ -1,7 +1,8 @@
 """Policies on the real control plane: announced first (the pod's annotation and a Warning
 Event with the deadline), a dry run recorded once and nothing done, a Notify carried out, an
 exempt pod left alone, an announcement cancelled when its finding clears, the decisions in
-the policy's status, and the ledger's counts on the status subresource."""
+the policy's status, the ledger's counts on the status subresource, and a ScaleToZero that
+a GitOps tool or an autoscaler would undo left undone."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.builders import policy_watch
 from tests.conftest import GPU0, GPU1, Kubectl, WorldFactory, wait_for
 from tests.fakenvml import gpu_uuid
 from tests.simworld import SimWorld
+from tests.workloads import KEDA_OWNED, autoscaler, deployment_of, replicas, scaled_object_ref
 from tests.worldview import (
     condition,
     create_policy,
@@ -298,6 +300,83 @@ def test_enforced_actions_stop_at_the_policys_rate_limit(
     acted = datetime.fromisoformat(status["actedAt"][0].replace("Z", "+00:00"))
     due = datetime.fromisoformat(announced["due"].replace("Z", "+00:00"))
     assert due - acted == timedelta(hours=1)
+
+
+def test_an_enforced_scale_to_zero_leaves_what_a_neighbour_would_undo_and_says_why(
+    make_world: WorldFactory, api: client.ApiClient, policy: PolicyMaker
+) -> None:
+    """Four idle pods, each of its own Deployment, under an enforced ScaleToZero: the ones
+    Argo CD tracks, Flux applies or KEDA's autoscaler scales keep their replica, decided
+    ManagedElsewhere in the policy's status with a Warning Event naming who would undo it; the
+    one nobody else keeps is scaled to zero, as ever."""
+    pods = ("argo", "flux", "keda", "plain")
+    world = make_world(
+        dict.fromkeys(pods, 1),
+        idle_after=1.5,
+        agent_extras={"idle_window": 0.5},
+        operator_extras={"policy_notice": 1.0, "policy_actions": True},
+    )
+    world.scenario(
+        [
+            {
+                "index": i,
+                "uuid": gpu_uuid(i),
+                "memoryTotalMiB": 81920,
+                "processes": [{"pid": world.pids[name], "usedMemoryMiB": 8192, "smUtil": 0}],
+            }
+            for i, name in enumerate(pods)
+        ]
+    )
+    tracking = {"argocd.argoproj.io/tracking-id": f"shop:apps/Deployment:{world.ns}/argo"}
+    flux = {
+        "kustomize.toolkit.fluxcd.io/name": "apps",
+        "kustomize.toolkit.fluxcd.io/namespace": "flux-system",
+    }
+    deployment_of(api, world.ns, "argo", "argo", annotations=tracking)
+    deployment_of(api, world.ns, "flux", "flux", labels=flux)
+    deployment_of(api, world.ns, "keda", "keda")
+    autoscaler(
+        api, world.ns, "keda-hpa-keda", "keda", labels=KEDA_OWNED, owner=scaled_object_ref("keda")
+    )
+    deployment_of(api, world.ns, "plain", "plain")
+    name = f"reclaim-{world.ns}"
+    rule = {"finding": "HoldingIdleGPU", "after": "1s", "action": "ScaleToZero"}
+    policy(
+        name, {"namespaceSelector": in_namespace(world.ns), "rules": [{**rule, "mode": "Enforce"}]}
+    )
+
+    def decided() -> dict[str, str]:
+        listed = _status(api, name).get("decisions") or []
+        return {d["target"]["name"]: d["outcome"] for d in listed if d["outcome"] != "Pending"}
+
+    elsewhere = "ManagedElsewhere"
+    wait_for(
+        lambda: (
+            decided() == {"argo": elsewhere, "flux": elsewhere, "keda": elsewhere, "plain": "Done"}
+        ),
+        timeout=120,
+        what="each pod's decision",
+    )
+    for kept in ("argo", "flux", "keda"):
+        assert replicas(api, world.ns, "Deployment", kept) == 1, kept
+    assert replicas(api, world.ns, "Deployment", "plain") == 0
+    assert _status(api, name)["actionsTaken"] == 1
+    said = {
+        "argo": "Argo CD tracks it (annotation argocd.argoproj.io/tracking-id)",
+        "flux": "Flux's Kustomization flux-system/apps applies it",
+        "keda": "KEDA's ScaledObject keda scales it (HorizontalPodAutoscaler keda-hpa-keda)",
+    }
+    for kept, who in said.items():
+
+        def told(pod_name: str = kept) -> list[str]:
+            return _notes(world, pod_name, "GPUPolicyManagedElsewhere")
+
+        (note,) = wait_for(told, what="the Event")
+        where = f"Deployment {world.ns}/{kept}"
+        assert f"would scale its workload to zero, but {where} is managed elsewhere: {who}" in note
+        assert note.endswith("; nothing done"), note
+    (acted,) = _notes(world, "plain", "GPUPolicyActed")
+    assert acted.endswith(f"scaled Deployment {world.ns}/plain to zero"), acted
 
 
 def _node_marks(api: client.ApiClient, node: str) -> tuple[str | None, list[str]]:

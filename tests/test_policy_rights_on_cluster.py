@@ -1,7 +1,9 @@
 """The policy-actions part on the real apiserver, under a token of the operator's
 ServiceAccount: its rights do what each action needs, and its admission policies let the
 operator make exactly those changes (a Node's OrphanedGPUMemory marks, a Job's, a JobSet's
-suspension, a Notebook's stop annotation, a Kueue Workload's deactivation) and no other."""
+suspension, a Notebook's stop annotation, a Kueue Workload's deactivation) and no other. A
+workload a GitOps tool or an autoscaler would put back is left alone, and an install without
+the rights to tell acts on none."""
 
 from __future__ import annotations
 
@@ -22,10 +24,18 @@ from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_running_pod, ensure_namespace
-from gpuusage_operator.policies.act import NOTEBOOK_STOPPED, Actor
+from gpuusage_operator.policies.act import NOTEBOOK_STOPPED, Actor, Result
 from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderule import NodeMarks
 from tests.conftest import Kubectl, token_kubeconfig, wait_for
+from tests.workloads import (
+    KEDA_OWNED,
+    autoscaler,
+    deployment_of,
+    replica_set_of,
+    replicas,
+    scaled_object_ref,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -376,3 +386,202 @@ def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_control
             theirs.patch_namespaced_custom_object(group, version, ns, plural, name, patch)
         assert caught.value.status == 403, plural
         assert "the gpuusage operator may" in str(caught.value.body), plural
+
+
+def _managed(ns: str, workload: str, who: str) -> str:
+    """The detail of a ManagedElsewhere outcome about `workload` ("Kind name")."""
+    kind, name = workload.split(" ")
+    return f"{kind} {ns}/{name} is managed elsewhere: {who}"
+
+
+ARGO_ID = "argocd.argoproj.io/tracking-id"
+FLUX_APPLIED = {
+    "kustomize.toolkit.fluxcd.io/name": "apps",
+    "kustomize.toolkit.fluxcd.io/namespace": "flux-system",
+}
+
+
+def test_what_a_neighbour_would_undo_is_left_alone_and_the_rest_is_acted_upon(
+    api: client.ApiClient, operator_api: client.ApiClient, kubectl: Kubectl
+) -> None:
+    """Under the operator's token. Deployments that Argo CD tracks (its annotation; its label),
+    that Flux applies or that KEDA's autoscaler scales, and a ReplicaSet an Argo Rollout
+    controls keep their replica: ManagedElsewhere, saying who would undo it. One Helm
+    installed (its instance label names its release), one whose plain autoscaler stops at zero
+    and one nobody else keeps are scaled to zero. A Job Flux applies and a JobSet Argo CD
+    tracks are not suspended; a plain Job is."""
+    core = client.CoreV1Api(api)
+    ns = f"nb-{uuid.uuid4().hex[:6]}"
+    ensure_namespace(core, ns)
+    deployments: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+        "argo-annotated": ({}, {ARGO_ID: f"shop:apps/Deployment:{ns}/argo-annotated"}),
+        "argo-labelled": ({"app.kubernetes.io/instance": "shop"}, {}),
+        "flux": (FLUX_APPLIED, {}),
+        "keda": ({}, {}),
+        "helm": ({"app.kubernetes.io/instance": "serve"}, {"meta.helm.sh/release-name": "serve"}),
+        "paused": ({}, {}),
+        "plain": ({}, {}),
+    }
+    uids: dict[str, str] = {}
+    for name, (labels, notes) in deployments.items():
+        uids[name], _ = create_running_pod(core, ns, f"{name}-0", "gpu-elsewhere", "main", gpus=1)
+        deployment_of(api, ns, f"{name}-0", name, labels=labels, annotations=notes)
+    autoscaler(api, ns, "keda-hpa-keda", "keda", labels=KEDA_OWNED, owner=scaled_object_ref("keda"))
+    autoscaler(api, ns, "paused", "paused")
+    uids["canary"], _ = create_running_pod(core, ns, "canary-0", "gpu-elsewhere", "main", gpus=1)
+    rollout = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Rollout",
+        "metadata": {"name": "canary", "uid": str(uuid.uuid4())},
+    }
+    replica_set_of(api, ns, "canary-0", "canary-6c9f", owner=rollout)
+
+    actor = Actor(operator_api)
+    acted = {name: actor.act(ns, f"{name}-0", uid, "ScaleToZero") for name, uid in uids.items()}
+    undo = "and would undo it"
+    assert {name: (r.outcome, r.detail) for name, r in acted.items()} == {
+        "argo-annotated": (
+            "ManagedElsewhere",
+            _managed(
+                ns, "Deployment argo-annotated", f"Argo CD tracks it (annotation {ARGO_ID}) {undo}"
+            ),
+        ),
+        "argo-labelled": (
+            "ManagedElsewhere",
+            _managed(
+                ns,
+                "Deployment argo-labelled",
+                f"Argo CD tracks it (label app.kubernetes.io/instance=shop) {undo}",
+            ),
+        ),
+        "flux": (
+            "ManagedElsewhere",
+            _managed(
+                ns, "Deployment flux", f"Flux's Kustomization flux-system/apps applies it {undo}"
+            ),
+        ),
+        "keda": (
+            "ManagedElsewhere",
+            _managed(
+                ns,
+                "Deployment keda",
+                "KEDA's ScaledObject keda scales it (HorizontalPodAutoscaler keda-hpa-keda) and "
+                "would scale it up again",
+            ),
+        ),
+        "canary": (
+            "ManagedElsewhere",
+            f"Rollout {ns}/canary controls ReplicaSet canary-6c9f and would scale it back",
+        ),
+        "helm": ("Done", f"scaled Deployment {ns}/helm to zero"),
+        "paused": (
+            "Done",
+            f"scaled Deployment {ns}/paused to zero (HorizontalPodAutoscaler paused stops "
+            "scaling it at zero)",
+        ),
+        "plain": ("Done", f"scaled Deployment {ns}/plain to zero"),
+    }
+    for name in deployments:
+        left = 0 if acted[name].outcome == "Done" else 1
+        assert replicas(api, ns, "Deployment", name) == left, name
+    assert replicas(api, ns, "ReplicaSet", "canary-6c9f") == 1
+
+    # Suspend: the Job and the JobSet a GitOps tool keeps are left running.
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(_crd(*OTHERS["jobset"])))
+    kubectl.run("wait", "--for=condition=Established", "crd/jobsets.jobset.x-k8s.io")
+    custom = client.CustomObjectsApi(api)
+    group, kind, plural, version = OTHERS["jobset"]
+    jobset_body = {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": {"name": "sweep", "annotations": {ARGO_ID: f"hp:{group}/JobSet:{ns}/sweep"}},
+        "spec": {"replicatedJobs": [{"name": "w", "replicas": 1}]},
+    }
+    jobset: Any = custom.create_namespaced_custom_object(group, version, ns, plural, jobset_body)
+    batch: Any = client.BatchV1Api(api)
+
+    def job(name: str, labels: dict[str, str], owners: list[dict[str, Any]]) -> str:
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+            "spec": {
+                "managedBy": "example.com/elsewhere",  # the Job controller leaves it alone
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "registry.example/app:1"}],
+                    }
+                },
+            },
+        }
+        made = _made(batch.create_namespaced_job(ns, body, _preload_content=False))
+        return _owned(core, ns, f"{name}-abc", made, "Job")
+
+    fluxed = job("fluxed", FLUX_APPLIED, [])
+    swept = job("sweep-w-0", {}, [_controller(dict(jobset))])
+    alone = job("alone", {}, [])
+    fluxed_result = actor.act(ns, "fluxed-abc", fluxed, "Suspend")
+    assert (fluxed_result.outcome, fluxed_result.detail) == (
+        "ManagedElsewhere",
+        _managed(ns, "Job fluxed", f"Flux's Kustomization flux-system/apps applies it {undo}"),
+    )
+    swept_result = actor.act(ns, "sweep-w-0-abc", swept, "Suspend")
+    assert (swept_result.outcome, swept_result.detail) == (
+        "ManagedElsewhere",
+        _managed(ns, "JobSet sweep", f"Argo CD tracks it (annotation {ARGO_ID}) {undo}"),
+    )
+    assert actor.act(ns, "alone-abc", alone, "Suspend").outcome == "Done"
+    assert not _job_suspended(api, ns, "fluxed")
+    found: Any = custom.get_namespaced_custom_object(group, version, ns, plural, "sweep")
+    assert "suspend" not in found["spec"]
+    assert _job_suspended(api, ns, "alone")
+
+
+def test_an_install_that_may_not_list_autoscalers_scales_nothing(
+    cluster: LocalCluster, api: client.ApiClient, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """The policy-actions part as it was before the autoscaler check (its ClusterRole without
+    the list of horizontalpodautoscalers): the operator cannot tell whether an autoscaler would
+    scale a Deployment up again, so it scales nothing and says why (NotPermitted)."""
+    core = client.CoreV1Api(api)
+    older = f"older-{uuid.uuid4().hex[:6]}"
+    ensure_namespace(core, older)
+    core.create_namespaced_service_account(
+        older, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=OPERATOR_SA))
+    )
+    role = next(d for d in yaml.safe_load_all(PARTS[0].read_text()) if d["kind"] == "ClusterRole")
+    role["metadata"]["name"] = older
+    role["rules"] = [r for r in role["rules"] if r["apiGroups"] != ["autoscaling"]]
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": older},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": older},
+        "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": older}],
+    }
+    manifest = yaml.safe_dump_all([role, binding])
+    kubectl.run("apply", "-f", "-", stdin=manifest)
+    config = token_kubeconfig(cluster, core, older, OPERATOR_SA, None, path=tmp_path / "older")
+    operator, _ = api_client(config)
+    try:
+        uid, _ = create_running_pod(core, older, "web-0", "gpu-elsewhere", "main", gpus=1)
+        deployment_of(api, older, "web-0", "web")
+        actor = Actor(operator)
+
+        def decided() -> Result | None:
+            """What the actor makes of the pod, once the binding is in force (before, it may
+            not even read the pod)."""
+            found = actor.act(older, "web-0", uid, "ScaleToZero")
+            return None if found.detail.startswith("the operator may not ScaleToZero") else found
+
+        result = wait_for(decided, what="the older rights in force")
+        assert (result.outcome, result.detail) == (
+            "NotPermitted",
+            f"the operator may not list HorizontalPodAutoscalers in {older}, so it cannot tell "
+            f"whether one would scale Deployment {older}/web up again",
+        )
+        assert replicas(api, older, "Deployment", "web") == 1
+    finally:
+        operator.close()  # type: ignore[no-untyped-call]
+        kubectl.run("delete", "-f", "-", stdin=manifest)

@@ -6,7 +6,8 @@ and changes what a person would change, through the API a person would use.
   pod and the GPU is free, and scaling back up is the owner's choice. A Kubeflow Notebook's
   StatefulSet would be scaled up again by the notebook controller: the Notebook is stopped
   instead, with the annotation its controller reads (kubeflow-resource-stopped, as its culler
-  does).
+  does). A ReplicaSet or StatefulSet that another controller owns (an Argo Rollout, say) is
+  left alone: its controller would scale it back.
 * Suspend: the pod's controlling batch Job, `spec.suspend: true` (its controller deletes the
   Job's running pods; resuming is the owner's choice). A Job of a JobSet is suspended through
   its JobSet, and a Job that Kueue manages (its queue-name label) through its Workload
@@ -15,6 +16,13 @@ and changes what a person would change, through the API a person would use.
 * DeletePod: a pod no controller owns (a controller would only make another one).
 * Evict: the Eviction API, so that PodDisruptionBudgets hold: a refusal (429) is no failure to
   force through, it is tried again later.
+
+Before it scales or suspends a workload it asks policies.neighbours whether a GitOps tool or
+an autoscaler would undo that (the Deployment, StatefulSet or ReplicaSet, the Job or JobSet
+as read then, and the HorizontalPodAutoscalers of its namespace); where one would, nothing is
+done and the outcome ManagedElsewhere says why. Where the operator may not read what it must
+check, nothing is done either (NotPermitted). A Kueue Workload is Kueue's own and a Notebook's
+stop annotation one that no GitOps tool owns: neither is checked.
 
 Every write carries the object's UID as a precondition where the API takes one, so a pod or
 workload recreated under the same name is never acted upon. The rights come only with the
@@ -38,8 +46,11 @@ from gpuusage.api.times import format_time, utc_now
 from gpuusage.kube import raw
 from gpuusage.kube.core import CoreApi
 from gpuusage.kube.errors import Conflict, Forbidden, NotFound, is_other_object, translate
+from gpuusage_operator.policies.neighbours import autoscaling, gitops
 
-Outcome = Literal["Done", "Refused", "RateLimited", "NotPermitted", "NotApplicable", "Gone"]
+Outcome = Literal[
+    "Done", "Refused", "RateLimited", "NotPermitted", "NotApplicable", "ManagedElsewhere", "Gone"
+]
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ NOTEBOOK_STOPPED = "kubeflow-resource-stopped"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
 KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta1", "workloads")
+AUTOSCALERS = ("autoscaling", "v2", "horizontalpodautoscalers")
 
 
 @dataclass(frozen=True)
@@ -127,30 +139,58 @@ class Actor:
 
     def _scale_to_zero(self, namespace: str, meta: Mapping[str, Any]) -> Result:
         owner = controller_of(meta)
+        found: Mapping[str, Any] | None = None  # the workload's metadata, once read
         if owner is not None and owner.kind in ("ReplicaSet", "StatefulSet"):
-            above = controller_of(
-                _read(
-                    self._custom.get_namespaced_custom_object(
-                        "apps",
-                        "v1",
-                        namespace,
-                        SCALABLE[owner.kind],
-                        owner.name,
-                        _preload_content=False,
-                    )
-                )
-            )
-            if above is not None and above.kind == "Deployment":
-                owner = above
+            found = self._read_owner(namespace, owner)
+            above = controller_of(found)
+            if above is not None and (above.kind, above.group) == ("Deployment", "apps"):
+                owner, found = above, None
             elif above is not None and (above.kind, above.group) == ("Notebook", "kubeflow.org"):
                 return self._stop_notebook(namespace, above)
+            elif above is not None:
+                return Result(
+                    "ManagedElsewhere",
+                    f"{above.kind} {namespace}/{above.name} controls {owner.kind} {owner.name} "
+                    "and would scale it back",
+                )
         if owner is None or owner.kind not in SCALABLE:
             return Result("NotApplicable", "no Deployment, StatefulSet or ReplicaSet owns the pod")
+        where = f"{owner.kind} {namespace}/{owner.name}"
+        found = found if found is not None else self._read_owner(namespace, owner)
+        if found.get("uid") != owner.uid:
+            return Result("Gone", f"{where} is another one now")
+        if managed := gitops(found):
+            return Result("ManagedElsewhere", f"{where} is managed elsewhere: {managed}")
+        try:
+            listed: Any = self._custom.list_namespaced_custom_object(
+                *AUTOSCALERS[:2], namespace, AUTOSCALERS[2]
+            )
+        except Exception as exc:
+            if not isinstance(translate(exc), Forbidden):
+                raise
+            return Result(
+                "NotPermitted",
+                f"the operator may not list HorizontalPodAutoscalers in {namespace}, so it "
+                f"cannot tell whether one would scale {where} up again",
+            )
+        scaling = autoscaling(listed.get("items") or [], owner.kind, owner.name)
+        if scaling.undone_by:
+            return Result("ManagedElsewhere", f"{where} is managed elsewhere: {scaling.undone_by}")
         body = {"spec": {"replicas": 0}}
         self._custom.patch_namespaced_custom_object_scale(
             "apps", "v1", namespace, SCALABLE[owner.kind], owner.name, body
         )
-        return Result("Done", f"scaled {owner.kind} {namespace}/{owner.name} to zero")
+        paused = ", ".join(scaling.paused)
+        after = f" (HorizontalPodAutoscaler {paused} stops scaling it at zero)" if paused else ""
+        return Result("Done", f"scaled {where} to zero{after}")
+
+    def _read_owner(self, namespace: str, owner: Owner) -> dict[str, Any]:
+        """The metadata of the pod's Deployment, StatefulSet or ReplicaSet."""
+        return _read(
+            self._custom.get_namespaced_custom_object(
+                "apps", "v1", namespace, SCALABLE[owner.kind], owner.name, _preload_content=False
+            )
+        )
 
     def _stop_notebook(self, namespace: str, notebook: Owner) -> Result:
         stamp = format_time(self._clock())
@@ -171,6 +211,19 @@ class Actor:
         )
         above = controller_of(job)
         if above is not None and (above.kind, above.group) == ("JobSet", "jobset.x-k8s.io"):
+            jobset = _read(
+                self._custom.get_namespaced_custom_object(
+                    above.group,
+                    above.version,
+                    namespace,
+                    "jobsets",
+                    above.name,
+                    _preload_content=False,
+                )
+            )
+            if managed := gitops(jobset):
+                where = f"JobSet {namespace}/{above.name}"
+                return Result("ManagedElsewhere", f"{where} is managed elsewhere: {managed}")
             body = {"metadata": {"uid": above.uid}, "spec": {"suspend": True}}
             self._custom.patch_namespaced_custom_object(
                 above.group, above.version, namespace, "jobsets", above.name, body
@@ -178,6 +231,9 @@ class Actor:
             return Result("Done", f"suspended JobSet {namespace}/{above.name}")
         if (job.get("labels") or {}).get(KUEUE_QUEUE):
             return self._deactivate_workload(namespace, owner)
+        if managed := gitops(job):
+            where = f"Job {namespace}/{owner.name}"
+            return Result("ManagedElsewhere", f"{where} is managed elsewhere: {managed}")
         self._custom.patch_namespaced_custom_object(
             "batch",
             "v1",

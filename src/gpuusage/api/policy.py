@@ -191,7 +191,8 @@ class Decision(ApiModel):
     """True once an enforced action was carried out."""
     outcome: Annotated[str, Field(pattern=r"^[A-Za-z]*$", max_length=64)] = ""
     """Why it stands as it does, as a reason word: Pending, Done, DryRun, Cancelled,
-    Refused (a PodDisruptionBudget), RateLimited, NotPermitted, NotApplicable."""
+    Refused (a PodDisruptionBudget), RateLimited, NotPermitted, NotApplicable,
+    ManagedElsewhere (a GitOps tool or an autoscaler would undo the action)."""
 
 
 class GpuUsagePolicyStatus(ApiModel):

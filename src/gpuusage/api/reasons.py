@@ -59,6 +59,7 @@ PolicyOutcome = Literal[
     "RateLimited",
     "NotPermitted",
     "NotApplicable",
+    "ManagedElsewhere",
     "Cancelled",
     "Cleared",
 ]
@@ -73,6 +74,7 @@ PolicyEventReason = Literal[
     "GPUPolicyRateLimited",
     "GPUPolicyNotPermitted",
     "GPUPolicyNotApplicable",
+    "GPUPolicyManagedElsewhere",
     "GPUPolicyCancelled",
     "GPUPolicyCleared",
 ]
@@ -89,6 +91,7 @@ _POLICY_EVENT: Final[dict[str, PolicyEventReason]] = {
     "RateLimited": "GPUPolicyRateLimited",
     "NotPermitted": "GPUPolicyNotPermitted",
     "NotApplicable": "GPUPolicyNotApplicable",
+    "ManagedElsewhere": "GPUPolicyManagedElsewhere",
     "Cancelled": "GPUPolicyCancelled",
     "Cleared": "GPUPolicyCleared",
 }
