@@ -437,7 +437,10 @@ def real_kubelet_hour(api: client.ApiClient, etcd: int, minutes: float) -> dict[
     return result
 
 
-QUIET = ("--feature-gates=APIServerIdentity=false", "--endpoint-reconciler-type=none")
+QUIET = (
+    "--feature-gates=APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false",
+    "--endpoint-reconciler-type=none",
+)
 """The apiserver's own background writes switched off (its identity Lease and the `kubernetes`
 Endpoints, each every 10 s), so that only the measured writers count: over a simulated hour
 they hardly show, over the real kubelet's real minutes they would double its figures."""

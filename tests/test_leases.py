@@ -19,7 +19,7 @@ from gpuusage.kube.errors import Invalid, NotFound, TransientApiError
 from gpuusage.retry import Backoff
 from gpuusage_nodeagent.change import Decision
 from gpuusage_nodeagent.gpusource.base import Reading
-from gpuusage_nodeagent.lease import LeaseRenewer
+from gpuusage_nodeagent.lease import LEASE_DURATION, LeaseRenewer
 from gpuusage_nodeagent.main import NodeReader, run_cycles
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.resolver import Resolver
@@ -69,12 +69,12 @@ def _renewer(api: LeaseApi, metrics: AgentMetrics | None = None) -> LeaseRenewer
         "n1",
         metrics=metrics or AgentMetrics(),
         backoff=NO_WAIT,
-        duration=timedelta(seconds=40),
+        duration=LEASE_DURATION,
         holder="gpuusage-agent/pod-1",
     )
 
 
-def test_created_owned_by_the_node_then_renewed_every_quarter_of_its_duration() -> None:
+def test_created_owned_by_the_node_then_renewed_every_third_of_its_duration() -> None:
     api = LeaseApi()
     metrics = AgentMetrics()
     renewer = _renewer(api, metrics)
@@ -86,13 +86,13 @@ def test_created_owned_by_the_node_then_renewed_every_quarter_of_its_duration() 
     ]
     assert created["spec"] == {
         "holderIdentity": "gpuusage-agent/pod-1",
-        "leaseDurationSeconds": 40,
+        "leaseDurationSeconds": 60,
         "renewTime": "2026-11-24T09:00:00.000000Z",
         "acquireTime": "2026-11-24T09:00:00.000000Z",
     }
     api.calls.clear()
-    assert not renewer.renew_if_due(T0 + timedelta(seconds=5)), "not due yet"
-    assert renewer.renew_if_due(T0 + timedelta(seconds=9.5)), "a tenth early is due"
+    assert not renewer.renew_if_due(T0 + timedelta(seconds=17)), "not due yet"
+    assert renewer.renew_if_due(T0 + timedelta(seconds=19)), "a tenth early is due"
     ((verb, path, body),) = api.calls
     assert (verb, path) == (
         "patch",
@@ -101,8 +101,8 @@ def test_created_owned_by_the_node_then_renewed_every_quarter_of_its_duration() 
     assert body == {
         "spec": {
             "holderIdentity": "gpuusage-agent/pod-1",
-            "leaseDurationSeconds": 40,
-            "renewTime": format_micro_time(T0 + timedelta(seconds=9.5)),
+            "leaseDurationSeconds": 60,
+            "renewTime": format_micro_time(T0 + timedelta(seconds=19)),
         }
     }
     writes = metrics.registry.get_sample_value("gpuusage_agent_api_writes_total", {"verb": "lease"})

@@ -1,5 +1,6 @@
-"""The agent's heartbeat: a `coordination.k8s.io/v1` Lease named after its node, renewed as the
-kubelet renews its node Lease (40 s duration, renewed every 10 s).
+"""The agent's heartbeat: a `coordination.k8s.io/v1` Lease named after its node (60 s duration,
+renewed every 20 s: half as often as the kubelet renews its node Lease, so that the agents add
+half, not as much again, to the control plane's heartbeat writes).
 
 Liveness costs the control plane a small merge patch of `spec.renewTime` instead of a rewrite of
 the whole report, so the report itself is written only when it changed or after a long refresh
@@ -29,7 +30,7 @@ from gpuusage_nodeagent.owner import NodeOwner
 
 log = logging.getLogger(__name__)
 
-LEASE_DURATION = timedelta(seconds=40)
+LEASE_DURATION = timedelta(seconds=60)
 
 
 def holder_identity() -> str:
@@ -38,8 +39,10 @@ def holder_identity() -> str:
 
 
 def renew_every(duration: timedelta) -> timedelta:
-    """As the kubelet: a quarter of the duration, so three renewals may fail before it ends."""
-    return duration / 4
+    """A third of the duration: two renewals may fail before it ends (the kubelet renews every
+    quarter, three; a renewal here waits for a cycle that read the node, at most --interval
+    late, which the duration's last third covers)."""
+    return duration / 3
 
 
 class LeaseRenewer:

@@ -29,8 +29,10 @@ class AgentSettings(CommandSettings):
     """Namespace of the agent's Lease, named after its node (in a DaemonSet: POD_NAMESPACE
     from the downward API). Empty: no Lease; the report is then rewritten every --heartbeat,
     which is how the operator knows the agent is alive."""
-    lease_duration: float = Field(default=40.0, ge=10, le=3600)
-    """Seconds the Lease stays valid; renewed every quarter of it (as the kubelet's)."""
+    lease_duration: float = Field(default=60.0, ge=10, le=3600)
+    """Seconds the Lease stays valid; renewed every third of it. The default renews every 20 s:
+    half the kubelets' node Lease writes (every 10 s), and a node whose agent stopped goes
+    stale within 60 s of its last renewal."""
     report_refresh: float = Field(default=300.0, gt=0)
     """With a Lease, once the report's status says the operator judges the node by it: seconds
     after which an unchanged report is written anyway (as the kubelet writes its Node status
