@@ -20,7 +20,7 @@ import yaml
 from gpuusage.api.models import Source
 from gpuusage.api.summary import share_moved
 from gpuusage_nodeagent.activity import ActivityTracker
-from gpuusage_nodeagent.change import meaningful_change
+from gpuusage_nodeagent.change import meaningful_change, share_noise, shares_moved
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.gpusource.drivermodel import Sampler, Work
 from gpuusage_nodeagent.gpusource.fake import FakeSource, ScenarioError
@@ -449,10 +449,10 @@ def test_a_read_later_than_the_ring_lasts_does_not_count() -> None:
     assert tracker.devices() == {GPU}
 
 
-def test_a_steady_shared_gpu_republishes_at_most_a_few_times_a_minute(tmp_path: Path) -> None:
+def test_a_steady_shared_gpu_republishes_no_share(tmp_path: Path) -> None:
     """Three tenants at steady duties for 20 minutes: after the shares appear, the write rule
-    finds a share moved past its threshold at most a few times a minute (bar 16's steady node
-    writes only its Lease between refreshes)."""
+    finds no share moved past its noise (a steady node writes only its Lease between
+    refreshes; the fixed threshold alone found several moves a minute here)."""
     run = _run(tmp_path, {10: 1.0, 11: 0.5, 12: 0.2})
     run.advance(200)
     assert run.last is not None
@@ -464,7 +464,7 @@ def test_a_steady_shared_gpu_republishes_at_most_a_few_times_a_minute(tmp_path: 
         if meaningful_change(published, fingerprint, 64, 0.05):
             changes += 1
             published = fingerprint
-    assert changes <= 5, f"{changes} writes in 1,000 s of a steady GPU"
+    assert changes == 0, f"{changes} writes in 1,000 s of a steady GPU"
 
 
 @pytest.mark.parametrize(("window", "ok"), [(0, True), (10, True), (300, True), (5, False)])
@@ -560,3 +560,20 @@ def test_a_short_read_without_an_entry_counts_no_idle_instant() -> None:
     told = [share.value for share in shares.values() if share is not None]
     assert len(told) == 2
     assert sum(told) == pytest.approx(1.0, abs=0.01), "no instant went idle"
+
+
+def test_a_share_is_news_when_it_moves_past_its_own_noise() -> None:
+    """The noise of two estimates' difference, from the instants each rests on, sets how far a
+    share must move to be republished; never less than the threshold; one that came or went
+    always is; one whose precision is unknown (no instants) moves by the threshold alone."""
+    few, many = 44, 450  # a 30 s and a 300 s window's instants on the driver model
+    assert shares_moved(((0.5, few),), ((0.3, few),)) is False, "within a 30 s window's noise"
+    assert shares_moved(((0.5, few),), ((0.1, few),)) is True
+    assert shares_moved(((0.5, many),), ((0.3, many),)) is True, "a 300 s window tells it"
+    assert shares_moved(((0.5, many),), ((0.46, many),)) is False
+    assert share_noise((0.5, many), (0.5, many)) < share_noise((0.5, few), (0.5, few))
+    assert shares_moved(((0.5, 0),), ((0.44, 0),)) is True, "no precision known: the threshold"
+    assert shares_moved(((0.5, 10**9),), ((0.47, 10**9),)) is False, "never under the threshold"
+    assert shares_moved(((0.5, few),), (None,)) is True
+    assert shares_moved((None,), ((0.5, few),)) is True
+    assert shares_moved(((0.5, few),), ((0.5, few), None)) is True, "a process more"

@@ -23,7 +23,7 @@ from gpuusage.api.models import (
     safe_text,
 )
 from gpuusage_nodeagent.activity import Key
-from gpuusage_nodeagent.change import Exact, Fingerprint, fingerprint
+from gpuusage_nodeagent.change import Exact, Fingerprint, Shared, fingerprint
 from gpuusage_nodeagent.gpusource.base import RawProcess, Reading
 from gpuusage_nodeagent.resolver import MAX_NAME, Resolved
 from gpuusage_nodeagent.share import Share
@@ -209,9 +209,9 @@ class AttributedReading:
         )
         return Fingerprint((*found.exact, self.kubelet), found.memories, found.shares)
 
-    def _share(self, device: Gpu | MigDevice, p: RawProcess) -> float | None:
+    def _share(self, device: Gpu | MigDevice, p: RawProcess) -> Shared | None:
         share = self.shares.get((device.uuid or "", p.pid))
-        return None if share is None else shown_share(share.value)
+        return None if share is None else (shown_share(share.value), share.samples)
 
     def _key(self, device: Gpu | MigDevice, p: RawProcess) -> Exact:
         name, container_id, pod_uid, error = attribution(p, self.found.get(p.pid))

@@ -76,7 +76,8 @@ class AgentSettings(CommandSettings):
     costs less and measures less precisely (docs/real-driver.md has both)."""
     share_threshold: float = Field(default=DEFAULT_SHARE_THRESHOLD, gt=0, le=1)
     """A process's share moving by less than this (0.05: 5 points of its device's time) since
-    it was last published causes no write."""
+    it was last published causes no write, nor one within the estimates' own noise, which the
+    share window and the sampler instants set (see change.share_noise)."""
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     """The kubelet's PodResources socket, read each cycle for the device IDs each pod was given
     (mount its folder read-only); when its folder is not there, allocations stay counts."""
