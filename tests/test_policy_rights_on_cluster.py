@@ -7,7 +7,6 @@ the rights to tell acts on none."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -20,7 +19,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api import names
-from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_running_pod, ensure_namespace
@@ -31,7 +29,9 @@ from tests.conftest import Kubectl, token_kubeconfig, wait_for
 from tests.workloads import (
     KEDA_OWNED,
     autoscaler,
+    controller_ref,
     deployment_of,
+    made,
     replica_set_of,
     replicas,
     scaled_object_ref,
@@ -232,19 +232,6 @@ OTHERS = {
 }
 
 
-def _controller(owner: dict[str, Any]) -> dict[str, Any]:
-    """An owner reference naming `owner` (as created) as the controller."""
-    meta = owner["metadata"]
-    ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"]}
-    return {**ref, "uid": meta["uid"], "controller": True}
-
-
-def _made(response: Any) -> dict[str, Any]:
-    """An object as the apiserver answered it, as JSON."""
-    found: dict[str, Any] = json.loads(raw.body(response))
-    return found
-
-
 def _job_suspended(api: client.ApiClient, ns: str, name: str) -> bool:
     found: Any = client.BatchV1Api(api).read_namespaced_job(name, ns)
     return bool(found.spec.suspend)
@@ -291,7 +278,7 @@ def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_control
 
     template = {"spec": {"containers": [{"name": "main", "image": "jupyter"}]}}
     notebook = create("notebook", "lab", {"template": template})
-    owner = _controller(notebook)
+    owner = controller_ref(notebook)
     labels = {"statefulset": "lab"}
     statefulset: Any = {
         "apiVersion": "apps/v1",
@@ -306,7 +293,7 @@ def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_control
         },
     }
     apps: Any = client.AppsV1Api(api)
-    sts = _made(apps.create_namespaced_stateful_set(ns, statefulset, _preload_content=False))
+    sts = made(apps.create_namespaced_stateful_set(ns, statefulset, _preload_content=False))
     lab_uid = _owned(core, ns, "lab-0", sts, "StatefulSet")
 
     def job(name: str, owners: list[dict[str, Any]], job_labels: dict[str, str]) -> dict[str, Any]:
@@ -322,10 +309,10 @@ def test_notebooks_jobsets_and_kueue_workloads_are_stopped_the_way_their_control
             },
         }
         batch: Any = client.BatchV1Api(api)
-        return _made(batch.create_namespaced_job(ns, body, _preload_content=False))
+        return made(batch.create_namespaced_job(ns, body, _preload_content=False))
 
     jobset = create("jobset", "train", {"replicatedJobs": [{"name": "w", "replicas": 1}]})
-    js_owner = _controller(jobset)
+    js_owner = controller_ref(jobset)
     worker = job("train-w-0", [js_owner], {})
     worker_uid = _owned(core, ns, "train-w-0-abc", worker, "Job")
     queued = job("queued", [], {"kueue.x-k8s.io/queue-name": "gpus"})
@@ -515,11 +502,11 @@ def test_what_a_neighbour_would_undo_is_left_alone_and_the_rest_is_acted_upon(
                 },
             },
         }
-        made = _made(batch.create_namespaced_job(ns, body, _preload_content=False))
-        return _owned(core, ns, f"{name}-abc", made, "Job")
+        job_made = made(batch.create_namespaced_job(ns, body, _preload_content=False))
+        return _owned(core, ns, f"{name}-abc", job_made, "Job")
 
     fluxed = job("fluxed", FLUX_APPLIED, [])
-    swept = job("sweep-w-0", {}, [_controller(dict(jobset))])
+    swept = job("sweep-w-0", {}, [controller_ref(dict(jobset))])
     alone = job("alone", {}, [])
     fluxed_result = actor.act(ns, "fluxed-abc", fluxed, "Suspend")
     assert (fluxed_result.outcome, fluxed_result.detail) == (

@@ -22,7 +22,8 @@ def controller_ref(owner: dict[str, Any]) -> dict[str, Any]:
     return {**ref, "uid": meta["uid"], "controller": True}
 
 
-def _made(response: Any) -> dict[str, Any]:
+def made(response: Any) -> dict[str, Any]:
+    """An object as the apiserver answered it, as JSON."""
     found: dict[str, Any] = json.loads(raw.body(response))
     return found
 
@@ -57,10 +58,10 @@ def _apps_object(
         },
     }
     plural = {"Deployment": "deployments", "ReplicaSet": "replicasets"}[kind]
-    made = client.CustomObjectsApi(api).create_namespaced_custom_object(
+    response = client.CustomObjectsApi(api).create_namespaced_custom_object(
         "apps", "v1", ns, plural, body, _preload_content=False
     )
-    return _made(made)
+    return made(response)
 
 
 def deployment_of(

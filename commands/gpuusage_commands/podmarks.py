@@ -11,7 +11,8 @@ out, and `marks_note` says what that is.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -254,3 +255,27 @@ def render_marked_json(rows: list[MarkedProcesses], said: str) -> str:
     return json.dumps(
         {"items": [asdict(r) for r in rows], "view": "pod-marks", "note": said}, indent=2
     )
+
+
+def show_marked(
+    output: str,
+    said: str,
+    warnings: list[str],
+    *,
+    as_json: Callable[[], str],
+    table: Callable[[], str] | None,
+    empty: str,
+) -> int:
+    """Print a view from the pods' marks as `top` and `ps` do: the warnings, then the JSON, or
+    the note and the table (`table` None: nothing to show, `empty` says so)."""
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if output == "json":
+        print(as_json())
+        return 0
+    print(f"note: {said}", file=sys.stderr)
+    if table is None:
+        print(empty, file=sys.stderr)
+        return 0
+    print(table())
+    return 0

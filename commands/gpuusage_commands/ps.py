@@ -23,6 +23,7 @@ from gpuusage_commands.podmarks import (
     process_rows,
     render_marked,
     render_marked_json,
+    show_marked,
 )
 from gpuusage_commands.pstable import (
     PsSortKey,
@@ -134,15 +135,12 @@ def _show_marks(settings: PsSettings, api: Any, namespace: str) -> int:
     rows, warnings = process_rows(list_namespace_pods(api, namespace))
     chosen = order_marked(select(rows, namespace, settings.node), settings.sort)
     said = marks_note(namespace, PS_LACKS)
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    if settings.output == "json":
-        print(render_marked_json(chosen, said))
-        return 0
-    print(f"note: {said}", file=sys.stderr)
-    if not chosen:
-        on = f" on node {settings.node}" if settings.node else ""
-        print(f"No GPU processes in namespace {namespace}{on}.", file=sys.stderr)
-        return 0
-    print(render_marked(chosen))
-    return 0
+    on = f" on node {settings.node}" if settings.node else ""
+    return show_marked(
+        settings.output,
+        said,
+        warnings,
+        as_json=lambda: render_marked_json(chosen, said),
+        table=(lambda: render_marked(chosen)) if chosen else None,
+        empty=f"No GPU processes in namespace {namespace}{on}.",
+    )

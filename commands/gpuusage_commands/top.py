@@ -31,7 +31,7 @@ from gpuusage_commands.bill import (
     statement,
     window_minutes,
 )
-from gpuusage_commands.podmarks import TOP_LACKS, marks_note, top_rows
+from gpuusage_commands.podmarks import TOP_LACKS, marks_note, show_marked, top_rows
 from gpuusage_commands.prometheus import base_url, instant_query
 from gpuusage_commands.reads import ReportsRefused, list_namespace_pods, list_reports, refused
 from gpuusage_commands.toptable import (
@@ -217,18 +217,15 @@ def _show_marks(settings: TopSettings, api: Any) -> int:
     rows, warnings = top_rows(list_namespace_pods(api, namespace))
     chosen = order(select(rows, namespace, settings.node), settings.sort)
     said = marks_note(namespace, TOP_LACKS)
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    if settings.output == "json":
-        print(render_json(chosen, said))
-        return 0
-    print(f"note: {said}", file=sys.stderr)
-    if not chosen:
-        on = f" on node {settings.node}" if settings.node else ""
-        print(f"No pods use GPUs in namespace {namespace}{on}.", file=sys.stderr)
-        return 0
-    print(render_table(chosen, all_namespaces=False))
-    return 0
+    on = f" on node {settings.node}" if settings.node else ""
+    return show_marked(
+        settings.output,
+        said,
+        warnings,
+        as_json=lambda: render_json(chosen, said),
+        table=(lambda: render_table(chosen, all_namespaces=False)) if chosen else None,
+        empty=f"No pods use GPUs in namespace {namespace}{on}.",
+    )
 
 
 def _show_bill(settings: TopSettings, summed: list[NamespaceRow], window: str, url: str) -> int:
