@@ -40,6 +40,7 @@ CLUSTER_SCOPED = {
     "ValidatingAdmissionPolicyBinding",
     "FlowSchema",
     "PriorityLevelConfiguration",
+    "SecurityContextConstraints",
 }
 
 Key = tuple[str, str, str]
@@ -135,8 +136,18 @@ def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ("monitoring.enabled=true",), ("agent.procAccess=hostProc",)],
-    ids=["defaults", "monitoring", "host-proc"],
+    [
+        (),
+        ("monitoring.enabled=true",),
+        ("agent.procAccess=hostProc",),
+        ("openshift.enabled=true", "monitoring.enabled=true"),
+        (
+            "criticalPodsQuota.enabled=true",
+            "agent.hostDriver.enabled=true",
+            "agent.migMonitor=true",
+        ),
+    ],
+    ids=["defaults", "monitoring", "host-proc", "openshift", "gke-mig"],
 )
 def test_helm_lint_finds_nothing_to_say(helm: Helm, sets: tuple[str, ...]) -> None:
     out = helm.run("lint", "--strict", str(CHART), *_set(sets)).stdout
@@ -168,6 +179,21 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         ("manifests/overlays/monitoring", ("monitoring.enabled=true",), NS),
         ("manifests/overlays/runtime-class", ("agent.runtimeClassName=nvidia",), NS),
         ("manifests/overlays/policy-actions", ("operator.policyActions=true",), NS),
+        (
+            "manifests/overlays/extra-node-labels",
+            (
+                "agent.extraNodeSelectorTerms[0].matchExpressions[0].key=example.com/gpu",
+                "agent.extraNodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            ),
+            NS,
+        ),
+        ("manifests/overlays/openshift", ("openshift.enabled=true",), NS),
+        (
+            "manifests/overlays/gke",
+            ("criticalPodsQuota.enabled=true", "agent.hostDriver.enabled=true"),
+            NS,
+        ),
+        ("manifests/overlays/mig-monitor", ("agent.migMonitor=true",), NS),
     ],
     ids=[
         "default",
@@ -177,6 +203,10 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         "monitoring",
         "runtime-class",
         "policy-actions",
+        "extra-node-labels",
+        "openshift",
+        "gke",
+        "mig-monitor",
     ],
 )
 def test_the_chart_renders_what_kustomize_builds(
@@ -258,7 +288,11 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
     assert {"name": "GPUUSAGE_LOG_LEVEL", "value": "debug"} in agent["env"]
     assert agent["resources"]["limits"]["memory"] == "256Mi"
     pod = _one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpu": "yes"}
+    assert pod["nodeSelector"] == {"gpu": "yes"}, "ANDed with the GPU node terms"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in [
+        e for term in terms["nodeSelectorTerms"] for e in term["matchExpressions"]
+    ]
     assert "tolerations" not in pod
     assert pod["priorityClassName"] == "gpu-critical"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
@@ -324,6 +358,16 @@ def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> 
         ({"namespace": {"name": "Bad_NS"}}, "at '/namespace/name'"),
         ({"image": {"pullPolicy": "always"}}, "at '/image/pullPolicy'"),
         ({"monitoring": {"enabled": "yes"}}, "at '/monitoring/enabled'"),
+        (
+            {"agent": {"extraNodeSelectorTerms": [{"matchExpression": []}]}},
+            "additional properties 'matchExpression'",
+        ),
+        (
+            {"agent": {"extraNodeSelectorTerms": [{"matchExpressions": [{"key": "gpu"}]}]}},
+            "missing property 'operator'",
+        ),
+        ({"agent": {"hostDriver": {"path": "home/nvidia"}}}, "at '/agent/hostDriver/path'"),
+        ({"criticalPodsQuota": {"pods": 0}}, "at '/criticalPodsQuota/pods'"),
     ],
 )
 def test_a_wrong_value_is_refused_with_a_message_naming_it(

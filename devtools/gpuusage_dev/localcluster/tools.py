@@ -276,6 +276,17 @@ KYVERNO_CRDS = CrdSource(
 docs/install.md's image-verification policy must meet."""
 
 
+OPENSHIFT_SCC_CRDS = CrdSource(
+    name="openshift-scc",
+    module="github.com/openshift/api",
+    version="v0.0.0-20260817165856-9fda5179a7f7",
+    folder="security/v1/zz_generated.crd-manifests",
+    files=("0000_03_config-operator_01_securitycontextconstraints.crd.yaml",),
+)
+"""OpenShift's SecurityContextConstraints (security.openshift.io/v1, as its release-4.22 branch
+ships it): the schema the chart's SCC for the agent must meet, on a plain apiserver."""
+
+
 def crds(source: CrdSource, progress: Progress = stderr_progress) -> list[Path]:
     """The CRDs of `source`, read from its Go module once and then cached.
 
