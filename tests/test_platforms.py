@@ -20,8 +20,11 @@ judge it without the platform itself.
 
 from __future__ import annotations
 
+import _json as json_module
 import json
+import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,10 +41,9 @@ from gpuusage_dev.localcluster.tools import OPENSHIFT_SCC_CRDS, crds
 from gpuusage_dev.scccheck import Admission, admit, ensure_scc_check
 from gpuusage_dev.simulation import ensure_namespace
 from tests.conftest import Helm, Kubectl, wait_for
-from tests.test_chart import Key, _one, _render
+from tests.rendering import NS, Key, one, render
 
 REPO = Path(__file__).resolve().parents[1]
-NS = "gpuusage-system"
 RESTRICTED_V2 = REPO / "tests" / "data" / "openshift-restricted-v2.yaml"
 
 LABELLED = {
@@ -80,7 +82,7 @@ def kustomize() -> Kubectl:
 
 
 def _pod_template(objects: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    template: dict[str, Any] = _one(objects, kind, name)["spec"]["template"]
+    template: dict[str, Any] = one(objects, kind, name)["spec"]["template"]
     return template
 
 
@@ -101,7 +103,7 @@ def test_extra_terms_are_ored_and_other_affinity_is_kept(helm: Helm) -> None:
     """Added terms join the GPU terms; nodeSelector and the rest of agent.affinity stay beside
     them; no terms at all leave the agent unconstrained but for nodeSelector."""
     preferred = "agent.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
-    objects = _render(
+    objects = render(
         helm,
         *EXTRA_TERM,
         f"{preferred}[0].weight=10",
@@ -116,10 +118,17 @@ def test_extra_terms_are_ored_and_other_affinity_is_kept(helm: Helm) -> None:
     assert node_affinity["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 10
     assert "nodeSelector" not in pod
 
-    bare = _render(helm, "agent.gpuNodeSelectorTerms=null", "agent.nodeSelector.gpu=yes")
+    bare = render(helm, "agent.gpuNodeSelectorTerms=null", "agent.nodeSelector.gpu=yes")
     pod = _pod_template(bare, "DaemonSet", "gpuusage-agent")["spec"]
     assert "affinity" not in pod
     assert pod["nodeSelector"] == {"gpu": "yes"}
+    # Values written when GFD's label was the default selector removed it with a null.
+    old = render(
+        helm, r"agent.nodeSelector.nvidia\.com/gpu\.present=null", "agent.nodeSelector.gpu=yes"
+    )
+    assert _pod_template(old, "DaemonSet", "gpuusage-agent")["spec"]["nodeSelector"] == {
+        "gpu": "yes"
+    }
 
 
 def test_a_required_node_affinity_of_ones_own_is_refused_with_the_values_to_use(
@@ -141,7 +150,7 @@ def test_the_gke_managed_driver_variant_loads_nvml_from_the_nodes_driver(helm: H
     """The node's driver folder read-only at /usr/local/nvidia, libnvidia-ml.so.1 found through
     LD_LIBRARY_PATH, the container privileged (no NVIDIA runtime hands it the device nodes),
     and the quota for system-node-critical; another folder where the driver is elsewhere."""
-    objects = _render(
+    objects = render(
         helm,
         "agent.hostDriver.enabled=true",
         "agent.hostDriver.path=/opt/nvidia",
@@ -160,14 +169,14 @@ def test_the_gke_managed_driver_variant_loads_nvml_from_the_nodes_driver(helm: H
         "hostPath": {"path": "/opt/nvidia", "type": "Directory"},
     } in spec["volumes"]
     assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
-    quota = _one(objects, "ResourceQuota", "gpuusage-critical-pods")["spec"]
+    quota = one(objects, "ResourceQuota", "gpuusage-critical-pods")["spec"]
     assert quota["scopeSelector"]["matchExpressions"] == [
         {"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}
     ]
-    both = _render(
+    both = render(
         helm, "criticalPodsQuota.enabled=true", "operator.priorityClassName=system-cluster-critical"
     )
-    expressions = _one(both, "ResourceQuota", "gpuusage-critical-pods")["spec"]["scopeSelector"]
+    expressions = one(both, "ResourceQuota", "gpuusage-critical-pods")["spec"]["scopeSelector"]
     assert expressions["matchExpressions"][0]["values"] == [
         "system-node-critical",
         "system-cluster-critical",
@@ -181,20 +190,50 @@ def test_the_gke_managed_driver_variant_loads_nvml_from_the_nodes_driver(helm: H
     assert "no priority class for the quota to admit" in refused.stderr
 
 
+LOADED = """
+import pathlib, pynvml
+try:
+    pynvml.nvmlInit()
+    said = "initialised"
+except pynvml.NVMLError as exc:
+    said = type(exc).__name__
+maps = pathlib.Path("/proc/self/maps").read_text()
+print(said, [line.split()[-1] for line in maps.splitlines() if "libnvidia-ml" in line][:1])
+"""
+
+
+def test_nvml_is_read_from_the_folder_the_host_driver_variant_puts_on_ld_library_path(
+    tmp_path: Path,
+) -> None:
+    """pynvml opens libnvidia-ml.so.1 by name, so the dynamic loader looks in LD_LIBRARY_PATH
+    before the system's folders: the library the variant mounts at /usr/local/nvidia/lib64 is
+    the one loaded. Here a stand-in of that name without NVML's functions (a Python extension
+    module) is found there and loaded, whatever the machine has installed."""
+    lib64 = tmp_path / "nvidia" / "lib64"
+    lib64.mkdir(parents=True)
+    stand_in = lib64 / "libnvidia-ml.so.1"
+    stand_in.write_bytes(Path(json_module.__file__ or "").read_bytes())
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib64)}
+    out = subprocess.run(
+        [sys.executable, "-c", LOADED], env=env, capture_output=True, text=True, check=True
+    ).stdout.split(maxsplit=1)
+    assert out == ["NVMLError_FunctionNotFound", f"['{stand_in}']\n"], out
+
+
 def test_the_mig_monitor_variant_asks_the_runtime_for_the_capability_it_requires(
     helm: Helm,
 ) -> None:
     """NVIDIA_MIG_MONITOR_DEVICES=all, and CAP_SYS_ADMIN in the container's set, without which
     the NVIDIA runtime's hook refuses to start the container ("cannot set MIG_MONITOR_DEVICES
     in non privileged container"); nothing of it by default."""
-    agent = _pod_template(_render(helm, "agent.migMonitor=true"), "DaemonSet", "gpuusage-agent")
+    agent = _pod_template(render(helm, "agent.migMonitor=true"), "DaemonSet", "gpuusage-agent")
     container = agent["spec"]["containers"][0]
     assert {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"} in container["env"]
     assert container["securityContext"]["capabilities"] == {
         "drop": ["ALL"],
         "add": ["SYS_ADMIN"],
     }
-    plain = _pod_template(_render(helm), "DaemonSet", "gpuusage-agent")["spec"]["containers"][0]
+    plain = _pod_template(render(helm), "DaemonSet", "gpuusage-agent")["spec"]["containers"][0]
     assert not [e for e in plain["env"] if e["name"] == "NVIDIA_MIG_MONITOR_DEVICES"]
     assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
@@ -231,8 +270,8 @@ def _admitted(admission: Admission) -> dict[str, Any]:
 def test_openshift_admits_the_agent_under_its_scc_with_selinux_type_spc_t(
     helm: Helm, scc_check: Path, sets: tuple[str, ...], uid: int
 ) -> None:
-    objects = _render(helm, "openshift.enabled=true", *sets)
-    scc = _one(objects, "SecurityContextConstraints", "gpuusage-agent")
+    objects = render(helm, "openshift.enabled=true", *sets)
+    scc = one(objects, "SecurityContextConstraints", "gpuusage-agent")
     template = _pod_template(objects, "DaemonSet", "gpuusage-agent")
     assert (
         template["metadata"]["annotations"]["openshift.io/required-scc"] == scc["metadata"]["name"]
@@ -247,18 +286,18 @@ def test_openshift_admits_the_agent_under_its_scc_with_selinux_type_spc_t(
 def test_openshift_refuses_what_the_agents_scc_does_not_grant(helm: Helm, scc_check: Path) -> None:
     """The SCC grants the agent's own pod and no more: the default SCC refuses the MIG monitor
     variant's CAP_SYS_ADMIN and a privileged container; restricted-v2 refuses the agent."""
-    scc = _one(
-        _render(helm, "openshift.enabled=true"), "SecurityContextConstraints", "gpuusage-agent"
+    scc = one(
+        render(helm, "openshift.enabled=true"), "SecurityContextConstraints", "gpuusage-agent"
     )
-    mig = _pod_template(_render(helm, "agent.migMonitor=true"), "DaemonSet", "gpuusage-agent")
+    mig = _pod_template(render(helm, "agent.migMonitor=true"), "DaemonSet", "gpuusage-agent")
     refused = admit(scc_check, scc, _as_pod(mig))
     assert any("SYS_ADMIN" in e for e in refused.errors), refused.errors
     gke = _pod_template(
-        _render(helm, "agent.hostDriver.enabled=true"), "DaemonSet", "gpuusage-agent"
+        render(helm, "agent.hostDriver.enabled=true"), "DaemonSet", "gpuusage-agent"
     )
     refused = admit(scc_check, scc, _as_pod(gke))
     assert any("privileged" in e.lower() for e in refused.errors), refused.errors
-    agent = _pod_template(_render(helm, "openshift.enabled=true"), "DaemonSet", "gpuusage-agent")
+    agent = _pod_template(render(helm, "openshift.enabled=true"), "DaemonSet", "gpuusage-agent")
     refused = admit(scc_check, _restricted_v2(), _as_pod(agent))
     assert any("hostPID" in e for e in refused.errors), refused.errors
 
@@ -271,12 +310,12 @@ def test_openshift_admits_the_operator_and_state_metrics_under_restricted_v2(
     default install's fixed 65532 (and kube-state-metrics' 65534) it refuses."""
     sets = ("monitoring.enabled=true",)
     for name in ("gpuusage-operator", "gpuusage-state-metrics"):
-        template = _pod_template(_render(helm, "openshift.enabled=true", *sets), "Deployment", name)
+        template = _pod_template(render(helm, "openshift.enabled=true", *sets), "Deployment", name)
         assert template["metadata"]["annotations"]["openshift.io/required-scc"] == "restricted-v2"
         pod = _admitted(admit(scc_check, _restricted_v2(), _as_pod(template)))
         uids = {c["securityContext"]["runAsUser"] for c in pod["spec"]["containers"]}
         assert uids == {1000680000}, name
-        fixed = _pod_template(_render(helm, *sets), "Deployment", name)
+        fixed = _pod_template(render(helm, *sets), "Deployment", name)
         refused = admit(scc_check, _restricted_v2(), _as_pod(fixed))
         assert any("must be in the ranges" in e for e in refused.errors), refused.errors
 
@@ -332,8 +371,8 @@ def test_the_sccs_meet_openshifts_schema_and_a_wrong_field_is_refused(
     """The chart's SCC in each variant, and the record of restricted-v2 the tests judge the
     operator by, against the served schema; a misspelt field shows the check can fail."""
     for sets in ((), ("agent.migMonitor=true", "agent.hostNetwork=true")):
-        scc = _one(
-            _render(helm, "openshift.enabled=true", *sets),
+        scc = one(
+            render(helm, "openshift.enabled=true", *sets),
             "SecurityContextConstraints",
             "gpuusage-agent",
         )
@@ -467,12 +506,12 @@ def test_the_daemonset_controller_runs_an_agent_on_each_labelled_node_and_no_oth
             # a new node, which no daemon pod tolerates, off.
             core.patch_node(f"{name}-{suffix}", {"spec": {"taints": None}})
         ensure_namespace(core, NS)
-    objects = _render(helm, "criticalPodsQuota.enabled=true", *EXTRA_TERM)
+    objects = render(helm, "criticalPodsQuota.enabled=true", *EXTRA_TERM)
     _apply(
         kubectl,
-        _one(objects, "ServiceAccount", "gpuusage-agent"),
-        _one(objects, "ResourceQuota", "gpuusage-critical-pods"),
-        _one(objects, "DaemonSet", "gpuusage-agent"),
+        one(objects, "ServiceAccount", "gpuusage-agent"),
+        one(objects, "ResourceQuota", "gpuusage-critical-pods"),
+        one(objects, "DaemonSet", "gpuusage-agent"),
     )
     expected = {f"{n}-{suffix}" for n in (*LABELLED, "own-label")}
 
@@ -503,13 +542,13 @@ def test_gke_refuses_the_agents_priority_class_without_the_quota_and_admits_it_w
     api, _ = api_client(gke_like.kubeconfig)
     with api:
         ensure_namespace(client.CoreV1Api(api), namespace)
-    objects = _render(helm, "criticalPodsQuota.enabled=true", namespace=namespace)
-    _apply(kubectl, _one(objects, "ServiceAccount", "gpuusage-agent"))
+    objects = render(helm, "criticalPodsQuota.enabled=true", namespace=namespace)
+    _apply(kubectl, one(objects, "ServiceAccount", "gpuusage-agent"))
     pod = json.dumps(_as_pod(_pod_template(objects, "DaemonSet", "gpuusage-agent"), namespace))
     refused = kubectl.run("create", "-f", "-", stdin=pod, check=False)
     assert "insufficient quota to match these scopes" in refused, refused
     assert "system-node-critical" in refused
-    _apply(kubectl, _one(objects, "ResourceQuota", "gpuusage-critical-pods"))
+    _apply(kubectl, one(objects, "ResourceQuota", "gpuusage-critical-pods"))
     kubectl.run("create", "-f", "-", stdin=pod)
     created = _get(kubectl, "pod", "probe", "-n", namespace)["spec"]
     assert (created["priorityClassName"], created["priority"]) == (
