@@ -14,8 +14,9 @@ judge it without the platform itself.
   applied with strict field validation; OpenShift's own SCC matching (tools scc-check) admits
   the agent's pod under its SCC and the operator's and kube-state-metrics' under restricted-v2,
   and refuses what each must not admit.
-- MIG: the monitor variant asks the NVIDIA runtime for the MIG monitor capability, with the
-  CAP_SYS_ADMIN the runtime requires for it.
+- MIG: the NVIDIA runtime's own hook grants the monitor variant the MIG monitor capability,
+  and refuses the variable in a container without the CAP_SYS_ADMIN the variant adds.
+- NVML from a host driver's folder: pynvml loads the library LD_LIBRARY_PATH names.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ from kubernetes import client
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.binaries import ensure_node_binaries
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from gpuusage_dev.localcluster.tools import OPENSHIFT_SCC_CRDS, crds
+from gpuusage_dev.localcluster.tools import (
+    NVIDIA_RUNTIME_HOOK,
+    OPENSHIFT_SCC_CRDS,
+    crds,
+    ensure_tool,
+)
 from gpuusage_dev.scccheck import Admission, admit, ensure_scc_check
 from gpuusage_dev.simulation import ensure_namespace
 from tests.conftest import Helm, Kubectl, wait_for
@@ -236,6 +242,84 @@ def test_the_mig_monitor_variant_asks_the_runtime_for_the_capability_it_requires
     plain = _pod_template(render(helm), "DaemonSet", "gpuusage-agent")["spec"]["containers"][0]
     assert not [e for e in plain["env"] if e["name"] == "NVIDIA_MIG_MONITOR_DEVICES"]
     assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def _bounding_set(security_context: dict[str, Any]) -> list[str]:
+    """The capabilities containerd and CRI-O give a non-privileged container: the runtime's
+    defaults, all of them dropped on "ALL", then each one added, named CAP_<name> in the spec."""
+    capabilities = security_context.get("capabilities", {})
+    assert capabilities.get("drop") == ["ALL"], "every variant here drops all first"
+    return [f"CAP_{name}" for name in capabilities.get("add", [])]
+
+
+def _hook(hook: Path, tmp_path: Path, container: dict[str, Any]) -> tuple[int, str, str]:
+    """The NVIDIA runtime's hook (legacy mode) on the OCI spec of the agent's container: its
+    exit status, what it said, and the nvidia-container-cli command it ran (a stand-in that
+    records its arguments)."""
+    bundle, config = tmp_path / "bundle", tmp_path / "config" / "nvidia-container-runtime"
+    (bundle / "rootfs").mkdir(parents=True)
+    config.mkdir(parents=True)
+    recorded = tmp_path / "cli-args"
+    cli = tmp_path / "nvidia-container-cli"
+    cli.write_text(f'#!/bin/sh\necho "$@" > {recorded}\n')
+    cli.chmod(0o755)
+    (config / "config.toml").write_text(
+        f'[nvidia-container-cli]\npath = "{cli}"\n[nvidia-container-runtime]\nmode = "legacy"\n'
+    )
+    bounding = _bounding_set(container["securityContext"])
+    spec = {
+        "ociVersion": "1.0.2",
+        "root": {"path": "rootfs"},
+        "process": {
+            "args": container["args"],
+            "cwd": "/",
+            "env": [f"{e['name']}={e['value']}" for e in container["env"] if "value" in e],
+            "capabilities": {"bounding": bounding, "effective": bounding, "permitted": bounding},
+        },
+        "mounts": [],
+    }
+    (bundle / "config.json").write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [str(hook), "prestart"],
+        input=json.dumps({"bundle": str(bundle)}),
+        env={**os.environ, "XDG_CONFIG_HOME": str(config.parent)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    called = recorded.read_text() if recorded.exists() else ""
+    return proc.returncode, proc.stderr, called
+
+
+@pytest.mark.slow
+def test_the_nvidia_runtime_grants_the_mig_monitor_only_with_cap_sys_admin(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """The NVIDIA container runtime's own hook (nvidia-container-toolkit, legacy mode), on the
+    agent's container: the MIG variant gets nvidia-container-cli's --mig-monitor=all; the same
+    variable without CAP_SYS_ADMIN is refused outright, so the container would not start, on any
+    node; the default agent starts without the monitor capability. Why the variable is not set
+    by default (docs/setups.md)."""
+    hook = ensure_tool(NVIDIA_RUNTIME_HOOK)
+    mig = _pod_template(render(helm, "agent.migMonitor=true"), "DaemonSet", "gpuusage-agent")
+    container = mig["spec"]["containers"][0]
+    status, said, called = _hook(hook, tmp_path / "mig", container)
+    assert status == 0, said
+    assert "--mig-monitor=all" in called.split()
+    assert "--utility" in called.split()
+
+    without = {**container, "securityContext": {"capabilities": {"drop": ["ALL"]}}}
+    status, said, called = _hook(hook, tmp_path / "without", without)
+    assert status != 0
+    assert "cannot set MIG_MONITOR_DEVICES in non privileged container" in said
+    assert called == "", "nvidia-container-cli never ran"
+
+    plain = _pod_template(render(helm), "DaemonSet", "gpuusage-agent")["spec"]["containers"][0]
+    status, said, called = _hook(hook, tmp_path / "plain", plain)
+    assert status == 0, said
+    assert "--device=all" in called.split()
+    assert not [a for a in called.split() if a.startswith("--mig-monitor")]
 
 
 # -- OpenShift's own SCC matching ---------------------------------------------------------------
