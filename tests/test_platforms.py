@@ -37,7 +37,7 @@ from kubernetes import client
 
 from gpuusage.kube.config import api_client
 from gpuusage_dev.localcluster.binaries import ensure_node_binaries
-from gpuusage_dev.localcluster.cluster import LocalCluster
+from gpuusage_dev.localcluster.cluster import LocalCluster, die_with_parent
 from gpuusage_dev.localcluster.tools import (
     NVIDIA_RUNTIME_HOOK,
     OPENSHIFT_SCC_CRDS,
@@ -526,18 +526,19 @@ def gke_like(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
     controllers: subprocess.Popen[bytes] | None = None
     try:
         binary = ensure_node_binaries(version=local.kubernetes_version).kube_controller_manager
-        log = (directory / "kube-controller-manager.log").open("wb")
-        controllers = subprocess.Popen(
-            [
-                str(binary),
-                f"--kubeconfig={local.kubeconfig}",
-                "--leader-elect=false",
-                "--secure-port=0",
-                "--controllers=daemonset,resourcequota",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with (directory / "kube-controller-manager.log").open("wb") as log:
+            controllers = subprocess.Popen(
+                [
+                    str(binary),
+                    f"--kubeconfig={local.kubeconfig}",
+                    "--leader-elect=false",
+                    "--secure-port=0",
+                    "--controllers=daemonset,resourcequota",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,  # noqa: PLW1509
+            )
         yield local
     finally:
         if controllers is not None:
