@@ -25,24 +25,9 @@ from gpuusage_dev import chart
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.conftest import CHART, Helm, Kubectl
 from tests.examples import empty_report
+from tests.rendering import NS, Key, objects, one, render, set_args
 
 REPO = Path(__file__).resolve().parents[1]
-NS = "gpuusage-system"
-
-# Kinds whose objects have no namespace: kustomize's namespace transformer sets one on those it
-# does not know (ValidatingAdmissionPolicy*), and the apiserver drops it.
-CLUSTER_SCOPED = {
-    "Namespace",
-    "CustomResourceDefinition",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "FlowSchema",
-    "PriorityLevelConfiguration",
-}
-
-Key = tuple[str, str, str]
 
 
 @pytest.fixture(scope="module")
@@ -55,32 +40,6 @@ def kustomize() -> Kubectl:
     from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
 
     return Kubectl(ensure_binaries().kubectl, Path("/nonexistent"))  # builds, talks to nothing
-
-
-def _objects(text: str) -> dict[Key, dict[str, Any]]:
-    out: dict[Key, dict[str, Any]] = {}
-    for doc in yaml.safe_load_all(text):
-        if not doc:
-            continue
-        meta = doc["metadata"]
-        if doc["kind"] in CLUSTER_SCOPED:
-            meta.pop("namespace", None)
-        key = (doc["kind"], meta.get("namespace", ""), meta["name"])
-        assert key not in out, f"{key} rendered twice"
-        out[key] = doc
-    return out
-
-
-def _set(sets: tuple[str, ...]) -> list[str]:
-    """`--set` before each value."""
-    return [arg for s in sets for arg in ("--set", s)]
-
-
-def _render(
-    helm: Helm, *sets: str, namespace: str = NS, chart: Path = CHART
-) -> dict[Key, dict[str, Any]]:
-    args = ("-n", namespace, *_set(sets))
-    return _objects(helm.run("template", "gpuusage", str(chart), *args).stdout)
 
 
 def test_the_charts_copies_are_those_of_their_sources() -> None:
@@ -96,11 +55,11 @@ def test_the_charts_copies_are_those_of_their_sources() -> None:
 def test_the_crds_can_be_left_to_the_user_or_deleted_on_uninstall(helm: Helm) -> None:
     """crds.enabled=false: someone else (GitOps) serves them; crds.keep=false: no keep policy."""
     crds = ("CustomResourceDefinition", "", names.CRD_NAME)
-    assert crds not in _render(helm, "crds.enabled=false")
-    assert "annotations" not in _render(helm, "crds.keep=false")[crds]["metadata"]
+    assert crds not in render(helm, "crds.enabled=false")
+    assert "annotations" not in render(helm, "crds.keep=false")[crds]["metadata"]
     # Values without crds at all (a release from before it, reused by --reuse-values) keep the
     # defaults' meaning.
-    kept = _render(helm, "crds=null")[crds]["metadata"]["annotations"]
+    kept = render(helm, "crds=null")[crds]["metadata"]["annotations"]
     assert kept == {"helm.sh/resource-policy": "keep"}
 
 
@@ -135,11 +94,21 @@ def test_a_changed_or_orphaned_copy_is_found_and_synced(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ("monitoring.enabled=true",), ("agent.procAccess=hostProc",)],
-    ids=["defaults", "monitoring", "host-proc"],
+    [
+        (),
+        ("monitoring.enabled=true",),
+        ("agent.procAccess=hostProc",),
+        ("openshift.enabled=true", "monitoring.enabled=true"),
+        (
+            "criticalPodsQuota.enabled=true",
+            "agent.hostDriver.enabled=true",
+            "agent.migMonitor=true",
+        ),
+    ],
+    ids=["defaults", "monitoring", "host-proc", "openshift", "gke-mig"],
 )
 def test_helm_lint_finds_nothing_to_say(helm: Helm, sets: tuple[str, ...]) -> None:
-    out = helm.run("lint", "--strict", str(CHART), *_set(sets)).stdout
+    out = helm.run("lint", "--strict", str(CHART), *set_args(sets)).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
     assert "[WARNING]" not in out, out
 
@@ -155,7 +124,7 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         assert licence is not None, "the packaged chart carries the LICENSE"
         assert licence.read() == (REPO / "LICENSE").read_bytes()
     sets = ("monitoring.enabled=true",)
-    assert _render(helm, *sets, chart=archive) == _render(helm, *sets)
+    assert render(helm, *sets, chart=archive) == render(helm, *sets)
 
 
 @pytest.mark.parametrize(
@@ -169,6 +138,21 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         ("manifests/overlays/runtime-class", ("agent.runtimeClassName=nvidia",), NS),
         ("manifests/overlays/policy-actions", ("operator.policyActions=true",), NS),
         ("manifests/overlays/observe", ("operator.podMarks=false",), NS),
+        (
+            "manifests/overlays/extra-node-labels",
+            (
+                "agent.extraNodeSelectorTerms[0].matchExpressions[0].key=example.com/gpu",
+                "agent.extraNodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            ),
+            NS,
+        ),
+        ("manifests/overlays/openshift", ("openshift.enabled=true",), NS),
+        (
+            "manifests/overlays/gke",
+            ("criticalPodsQuota.enabled=true", "agent.hostDriver.enabled=true"),
+            NS,
+        ),
+        ("manifests/overlays/mig-monitor", ("agent.migMonitor=true",), NS),
     ],
     ids=[
         "default",
@@ -179,6 +163,10 @@ def test_the_packaged_chart_renders_the_same(helm: Helm, tmp_path: Path) -> None
         "runtime-class",
         "policy-actions",
         "observe",
+        "extra-node-labels",
+        "openshift",
+        "gke",
+        "mig-monitor",
     ],
 )
 def test_the_chart_renders_what_kustomize_builds(
@@ -186,33 +174,26 @@ def test_the_chart_renders_what_kustomize_builds(
 ) -> None:
     """Object for object, field for field; the Namespace only with namespace.create (Helm's
     convention is a namespace made by `--create-namespace` or beforehand)."""
-    built = _objects(kustomize.run("kustomize", str(REPO / folder)))
-    rendered = _render(helm, *sets, "namespace.create=true", namespace=namespace)
+    built = objects(kustomize.run("kustomize", str(REPO / folder)))
+    rendered = render(helm, *sets, "namespace.create=true", namespace=namespace)
     assert sorted(rendered) == sorted(built)
     for key, obj in built.items():
         if key[0] == "CustomResourceDefinition":  # kept by `helm uninstall`, with the reports
             kept = rendered[key]["metadata"].pop("annotations")
             assert kept == {"helm.sh/resource-policy": "keep"}, key
         assert rendered[key] == obj, f"{key} differs"
-    plain = _render(helm, *sets, namespace=namespace)
+    plain = render(helm, *sets, namespace=namespace)
     assert {k for k in built if k not in plain} == {k for k in built if k[0] == "Namespace"}
 
 
-def _one(objects: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for (k, _, n), o in objects.items() if (k, n) == (kind, name)]
-    return found
-
-
-def _container(objects: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    container: dict[str, Any] = _one(objects, kind, name)["spec"]["template"]["spec"]["containers"][
-        0
-    ]
+def _container(found: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    container: dict[str, Any] = one(found, kind, name)["spec"]["template"]["spec"]["containers"][0]
     return container
 
 
 def test_values_reach_the_objects_they_name(helm: Helm) -> None:
     digest = "sha256:" + "ab" * 32
-    objects = _render(
+    objects = render(
         helm,
         "image.registry=registry.example:5000",
         "image.pullPolicy=Always",
@@ -259,8 +240,12 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
     ]
     assert {"name": "GPUUSAGE_LOG_LEVEL", "value": "debug"} in agent["env"]
     assert agent["resources"]["limits"]["memory"] == "256Mi"
-    pod = _one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpu": "yes"}
+    pod = one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "yes"}, "ANDed with the GPU node terms"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in [
+        e for term in terms["nodeSelectorTerms"] for e in term["matchExpressions"]
+    ]
     assert "tolerations" not in pod
     assert pod["priorityClassName"] == "gpu-critical"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
@@ -277,7 +262,7 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
         "--dra-drivers=gpu.nvidia.com,gpu.example.com",
         "--fraction-annotations=example.com/share",
     ]
-    deployment = _one(objects, "Deployment", "gpuusage-operator")
+    deployment = one(objects, "Deployment", "gpuusage-operator")
     assert deployment["spec"]["replicas"] == 3
     affinity = deployment["spec"]["template"]["spec"]["affinity"]
     assert list(affinity) == ["nodeAffinity"], "a given affinity replaces the default"
@@ -287,8 +272,8 @@ def test_values_reach_the_objects_they_name(helm: Helm) -> None:
         ("PodMonitor", "gpuusage-agent"),
         ("PrometheusRule", "gpuusage"),
     ):
-        assert _one(objects, kind, name)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    dashboards = _one(objects, "ConfigMap", "gpuusage-dashboards")
+        assert one(objects, kind, name)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dashboards = one(objects, "ConfigMap", "gpuusage-dashboards")
     assert dashboards["metadata"]["annotations"] == {"grafana_folder": "GPU"}
     assert sorted(dashboards["data"]) == sorted(
         p.name for p in (REPO / "manifests/monitoring/dashboards").glob("*.json")
@@ -304,7 +289,7 @@ def test_the_viewer_role_reads_the_reports_and_is_aggregated_nowhere(helm: Helm)
     carries no aggregation label (the reports list every tenant's processes: `view`, `edit`
     and `admin` must not gain it), grants no write; viewerRole.enabled=false leaves it out,
     and values from before the value existed keep it."""
-    role = _one(_render(helm), "ClusterRole", "gpuusage-viewer")
+    role = one(render(helm), "ClusterRole", "gpuusage-viewer")
     labels = role["metadata"]["labels"]
     assert not [k for k in labels if k.startswith("rbac.authorization.k8s.io/aggregate-to")]
     assert "aggregationRule" not in role
@@ -315,15 +300,15 @@ def test_the_viewer_role_reads_the_reports_and_is_aggregated_nowhere(helm: Helm)
     } in role["rules"]
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
     assert verbs <= {"get", "list", "watch"}
-    assert not [k for k in _render(helm, "viewerRole.enabled=false") if k[2] == "gpuusage-viewer"]
-    assert _one(_render(helm, "viewerRole=null"), "ClusterRole", "gpuusage-viewer") == role
+    assert not [k for k in render(helm, "viewerRole.enabled=false") if k[2] == "gpuusage-viewer"]
+    assert one(render(helm, "viewerRole=null"), "ClusterRole", "gpuusage-viewer") == role
 
 
 def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> None:
     """`helm upgrade --reuse-values` of a release that set operator.peeringLifetime: the value
     is accepted and passed on, and the operator says it is ignored and what replaces it; values
     reused from before operator.leaderElection existed (null here: absent) render too."""
-    objects = _render(helm, "operator.peeringLifetime=30", "operator.leaderElection=null")
+    objects = render(helm, "operator.peeringLifetime=30", "operator.leaderElection=null")
     assert "--peering-lifetime=30" in _container(objects, "Deployment", "gpuusage-operator")["args"]
 
 
@@ -347,6 +332,16 @@ def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> 
         ({"image": {"pullPolicy": "always"}}, "at '/image/pullPolicy'"),
         ({"monitoring": {"enabled": "yes"}}, "at '/monitoring/enabled'"),
         ({"viewerRole": {"enable": False}}, "additional properties 'enable'"),
+        (
+            {"agent": {"extraNodeSelectorTerms": [{"matchExpression": []}]}},
+            "additional properties 'matchExpression'",
+        ),
+        (
+            {"agent": {"extraNodeSelectorTerms": [{"matchExpressions": [{"key": "gpu"}]}]}},
+            "missing property 'operator'",
+        ),
+        ({"agent": {"hostDriver": {"path": "home/nvidia"}}}, "at '/agent/hostDriver/path'"),
+        ({"criticalPodsQuota": {"pods": 0}}, "at '/criticalPodsQuota/pods'"),
     ],
 )
 def test_a_wrong_value_is_refused_with_a_message_naming_it(
@@ -408,7 +403,7 @@ def test_install_upgrade_and_uninstall_on_the_control_plane(
         "--set", "monitoring.enabled=true",
     )  # fmt: skip
     assert _status(cluster_helm, name, namespace)["info"]["status"] == "deployed"
-    rendered = _render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
+    rendered = render(cluster_helm, "monitoring.enabled=true", namespace=namespace)
     assert len(rendered) == 37  # the monitoring overlay's 38 but the Namespace
     for kind, obj_ns, obj_name in rendered:
         if kind == "Namespace":
@@ -477,8 +472,8 @@ def test_the_pod_resources_socket_of_a_kubelet_with_another_root_dir(helm: Helm)
     """k0s and MicroK8s run the kubelet with another --root-dir: the socket's folder is taken
     from there and mounted where the agent looks for it."""
     for root in ("/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"):
-        objects = _render(helm, f"agent.podResources.hostPath={root}/pod-resources")
-        pod = _one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+        objects = render(helm, f"agent.podResources.hostPath={root}/pod-resources")
+        pod = one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
         volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
         assert volume["hostPath"]["path"] == f"{root}/pod-resources"
         mount = next(
@@ -492,7 +487,7 @@ def test_the_cdi_spec_folders_are_mounted_where_the_agent_reads_them(helm: Helm)
     flag); other folders are mounted and named to the agent; none: neither."""
 
     def agent(*sets: str) -> tuple[list[Any], list[Any], list[str]]:
-        pod = _one(_render(helm, *sets), "DaemonSet", "gpuusage-agent")["spec"]["template"]
+        pod = one(render(helm, *sets), "DaemonSet", "gpuusage-agent")["spec"]["template"]
         spec = pod["spec"]
         mounts = [
             (m["mountPath"], m["readOnly"])
@@ -523,7 +518,7 @@ def test_the_cdi_spec_folders_are_mounted_where_the_agent_reads_them(helm: Helm)
 def test_host_network_and_extra_volumes_reach_the_pods(helm: Helm) -> None:
     """Where pods on GPU nodes cannot reach the apiserver's Service, both run on the node's
     network; the agent takes more volumes and mounts (a CA bundle, a GPU scenario)."""
-    objects = _render(
+    objects = render(
         helm,
         "agent.hostNetwork=true",
         "operator.hostNetwork=true",
@@ -533,22 +528,22 @@ def test_host_network_and_extra_volumes_reach_the_pods(helm: Helm) -> None:
         "agent.extraVolumeMounts[0].mountPath=/etc/ca",
     )
     for kind, name in (("DaemonSet", "gpuusage-agent"), ("Deployment", "gpuusage-operator")):
-        pod = _one(objects, kind, name)["spec"]["template"]["spec"]
+        pod = one(objects, kind, name)["spec"]["template"]["spec"]
         assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
-    agent = _one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+    agent = one(objects, "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
     assert {"name": "ca", "configMap": {"name": "corp-ca"}} in agent["volumes"]
     assert {"name": "ca", "mountPath": "/etc/ca"} in agent["containers"][0]["volumeMounts"]
-    plain = _one(_render(helm), "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
+    plain = one(render(helm), "DaemonSet", "gpuusage-agent")["spec"]["template"]["spec"]
     assert "hostNetwork" not in plain
 
 
 def test_observe_first_and_the_namespace_selector_reach_the_operator(helm: Helm) -> None:
     args = _container(
-        _render(helm, "operator.podMarks=false", r"operator.namespaceSelector=team in (a\,b)"),
+        render(helm, "operator.podMarks=false", r"operator.namespaceSelector=team in (a\,b)"),
         "Deployment",
         "gpuusage-operator",
     )["args"]
     assert "--no-pod-marks" in args
     assert "--namespace-selector=team in (a,b)" in args
-    default = _container(_render(helm), "Deployment", "gpuusage-operator")["args"]
+    default = _container(render(helm), "Deployment", "gpuusage-operator")["args"]
     assert not [a for a in default if "pod-marks" in a or "namespace-selector" in a]

@@ -75,3 +75,27 @@ app.kubernetes.io/name: {{ .name }}
 {{- $crds := .root.Values.crds | default dict -}}
 {{- if hasKey $crds .key }}{{ get $crds .key }}{{ else }}true{{ end -}}
 {{- end }}
+
+{{/* A pod template's annotations: the given ones, and on OpenShift the SCC that must admit the
+     pod (openshift.io/required-scc), so that no other SCC the ServiceAccount may use is chosen
+     in its place. Called with (dict "given" <annotations> "scc" <name> "root" $). */}}
+{{- define "gpuusage.podAnnotations" -}}
+{{- $annotations := deepCopy (.given | default dict) -}}
+{{- if (.root.Values.openshift | default dict).enabled -}}
+{{- $_ := set $annotations "openshift.io/required-scc" .scc -}}
+{{- end -}}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod's user and group where the platform does not assign them: OpenShift's
+     restricted-v2 gives each pod a user from its namespace's range and refuses a fixed one.
+     Called with (dict "uid" <uid> "root" $). */}}
+{{- define "gpuusage.fixedUser" -}}
+{{- if not (.root.Values.openshift | default dict).enabled }}
+runAsUser: {{ .uid }}
+runAsGroup: {{ .uid }}
+{{- end }}
+{{- end -}}

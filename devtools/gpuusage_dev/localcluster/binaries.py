@@ -302,11 +302,18 @@ def ensure_go_program(
     requires: tuple[str, ...],
     hint: str,
     progress: Progress = stderr_progress,
+    *,
+    kubernetes: str | None = None,
+    replaces: tuple[str, ...] = (),
 ) -> Path:
     """A one-file Go program of ours (`source`, package main) built against `requires` (module
-    and version each), cached by the hash of both: bin/<name>-<hash>/<name>."""
+    and version each), cached by the hash of all it is built from: bin/<name>-<hash>/<name>.
+    `kubernetes`: a version of k8s.io/kubernetes it also requires, with its staging modules
+    pinned to their published versions (staging_replaces); `replaces`: more `replace` lines
+    (`module => module version`), for a dependency whose required version is not served."""
     text = source.read_bytes()
-    key = hashlib.sha256(text + "".join(requires).encode()).hexdigest()
+    built_from = [*requires, f"k8s.io/kubernetes {kubernetes}" if kubernetes else "", *replaces]
+    key = hashlib.sha256(text + "".join(built_from).encode()).hexdigest()
     root = cache_root()
     wanted = root / "bin" / f"{name}-{key[:12]}" / name
     if absent((wanted,)):
@@ -315,10 +322,21 @@ def ensure_go_program(
             if absent((wanted,)):
                 module = root / "work" / name
                 module.mkdir(parents=True, exist_ok=True)
+                pinned = list(replaces)
                 listed = "".join(f"\t{r}\n" for r in requires)
+                if kubernetes:
+                    listed += f"\tk8s.io/kubernetes {kubernetes}\n"
+                    go_mod = module_download(
+                        go, f"k8s.io/kubernetes@{kubernetes}", module, go_env(), "GoMod"
+                    )
+                    pinned += [
+                        line.removeprefix("replace ")
+                        for line in staging_replaces(go_mod.read_text(), kubernetes)
+                    ]
+                replace = "".join(f"replace {r}\n" for r in pinned)
                 (module / "go.mod").write_text(
                     f"module gpuusage.local/{name.replace('-', '')}\n\ngo 1.24.0\n\n"
-                    f"require (\n{listed})\n"
+                    f"require (\n{listed})\n" + (f"\n{replace}" if replace else "")
                 )
                 (module / "main.go").write_bytes(text)
                 go_build(

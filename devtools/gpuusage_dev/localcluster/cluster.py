@@ -97,7 +97,7 @@ def free_port() -> int:
         return port
 
 
-def _set_pdeathsig() -> None:
+def die_with_parent() -> None:
     """In the child before exec: receive SIGTERM when the parent dies."""
     pr_set_pdeathsig = 1
     libc = ctypes.CDLL(None, use_errno=True)
@@ -454,7 +454,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_set_pdeathsig if self._tie_to_parent else None,  # noqa: PLW1509
+                preexec_fn=die_with_parent if self._tie_to_parent else None,  # noqa: PLW1509
             )
         finally:
             log.close()

@@ -56,6 +56,8 @@ class Tool:
     its command-line client)."""
     tags: str = ""
     """Go build tags."""
+    cgo: bool = False
+    """Built with cgo (a C compiler needed), for a module that links a C library's headers."""
 
     @property
     def folder(self) -> str:
@@ -173,6 +175,19 @@ CONTAINERD = Tool(
 """The local node's container runtime: 1.7 is the first that hands a container the CDI devices
 a DRA driver prepared (`enable_cdi`), which Debian 12's 1.6 ignores; its shim and `ctr` lie
 beside it. Statically linked without the snapshotters that need cgo (the node uses overlayfs)."""
+NVIDIA_RUNTIME_HOOK = Tool(
+    name="nvidia-container-runtime-hook",
+    module="github.com/NVIDIA/nvidia-container-toolkit",
+    version="v1.20.0",
+    package="github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime-hook",
+    shown_version="1.20.0",
+    env="GPUUSAGE_NVIDIA_RUNTIME_HOOK",
+    version_variable="github.com/NVIDIA/nvidia-container-toolkit/internal/info.version",
+    cgo=True,  # NVML's headers, through go-nvml
+)
+"""The NVIDIA container runtime's hook in its legacy mode, which decides from a container's OCI
+spec what nvidia-container-cli gives it (the MIG monitor capability among it): the chart's MIG
+variant is held to its own rules, not to a reading of them."""
 
 
 def _usable(path: Path) -> bool:
@@ -216,7 +231,7 @@ def build_tool(go: str, tool: Tool, dest: Path, work: Path, progress: Progress) 
     go_build(
         go,
         module,
-        env=go_env(),
+        env={**go_env(), "CGO_ENABLED": "1"} if tool.cgo else go_env(),
         packages=[tool.package, *tool.companions],
         ldflags=f"-s -w -X {tool.version_variable}={tool.shown_version}",
         tags=tool.tags,
@@ -274,6 +289,17 @@ KYVERNO_CRDS = CrdSource(
 )
 """Kyverno's ImageValidatingPolicy (its ClusterPolicy's verifyImages is deprecated): the schema
 docs/install.md's image-verification policy must meet."""
+
+
+OPENSHIFT_SCC_CRDS = CrdSource(
+    name="openshift-scc",
+    module="github.com/openshift/api",
+    version="v0.0.0-20260817165856-9fda5179a7f7",
+    folder="security/v1/zz_generated.crd-manifests",
+    files=("0000_03_config-operator_01_securitycontextconstraints.crd.yaml",),
+)
+"""OpenShift's SecurityContextConstraints (security.openshift.io/v1, as its release-4.22 branch
+ships it): the schema the chart's SCC for the agent must meet, on a plain apiserver."""
 
 
 def crds(source: CrdSource, progress: Progress = stderr_progress) -> list[Path]:
