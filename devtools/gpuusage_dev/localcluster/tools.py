@@ -321,8 +321,9 @@ FIRST_BUILD_MINUTES = {"control plane": 6.0, "node": 3.5, "tools": 8.5}
 """What a first build takes on 2 cores with empty Go caches, measured: kube-apiserver and
 kubectl 325 s with their modules' download, etcd 30 s, the node's three programs 90 s more
 (sharing the apiserver's packages) and containerd about 2 minutes; the monitoring and
-packaging tools about 8 minutes more, actionlint 45 s of it (a whole first `make test` build
-took 18.5 minutes against `make demo`'s 10)."""
+packaging tools about 8 minutes more, actionlint 45 s of it and the Prometheus server 15 s
+after promtool, whose packages it shares (a whole first `make test` build took 18.5 minutes
+against `make demo`'s 10)."""
 
 
 def first_build_plan(
