@@ -16,14 +16,15 @@ $(VENV)/.installed: pyproject.toml src/requirements.txt nodeagent/requirements.t
 	@touch $@
 
 # The control-plane binaries, the node's (kubelet, scheduler, controller manager) and the tools
-# the tests and lint run (kube-state-metrics, promtool, helm, krew, actionlint), built from Go
-# modules once and cached outside the repository; and the distribution's packages a real local
-# node runs on.
+# the tests and lint run (kube-state-metrics, promtool, prometheus, helm, krew, actionlint),
+# built from Go modules once and cached outside the repository; and the distribution's packages
+# a real local node runs on.
 binaries: $(VENV)/.installed
 	@bash devtools/install-node-packages.sh
 	$(VENV)/bin/gpuusage local-cluster build --tools --node
 
-# What the demo runs, and nothing the tests alone need (no kube-state-metrics, promtool, helm).
+# What the demo runs, and nothing the tests alone need (no kube-state-metrics, promtool,
+# prometheus, helm).
 demo-binaries: $(VENV)/.installed
 	@bash devtools/install-node-packages.sh
 	$(VENV)/bin/gpuusage local-cluster build --node

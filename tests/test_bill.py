@@ -16,6 +16,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from gpuusage_commands.bill import (
     read_vector,
     window_minutes,
 )
+from gpuusage_commands.promaccess import prometheus_access
 from gpuusage_commands.prometheus import PrometheusError, base_url, instant_query
 from gpuusage_commands.top import TopSettings, _checked, read_bills
 from gpuusage_dev.localcluster.cluster import LocalCluster
@@ -61,8 +63,9 @@ Answer = Callable[[str], tuple[int, bytes]]
 
 @pytest.fixture
 def prometheus() -> Iterator[tuple[str, list[dict[str, str]], list[Answer]]]:
-    """A stand-in for Prometheus' HTTP API: the requests it got, and the answer to give (a
-    function of the query; replace answer[0])."""
+    """A stand-in for Prometheus' HTTP API: the requests it got (path, parameters, and each
+    header under "header <name>"), and the answer to give (a function of the query; replace
+    answer[0]; a redirect's body is where it leads)."""
     seen: list[dict[str, str]] = []
     answer: list[Answer] = [lambda q: (200, json.dumps(_vector({})).encode())]
 
@@ -70,10 +73,13 @@ def prometheus() -> Iterator[tuple[str, list[dict[str, str]], list[Answer]]]:
         def do_GET(self) -> None:
             parsed = urllib.parse.urlsplit(self.path)
             params = dict(urllib.parse.parse_qsl(parsed.query))
-            seen.append({"path": parsed.path, **params})
+            heard = {f"header {k.lower()}": v for k, v in self.headers.items()}
+            seen.append({"path": parsed.path, **params, **heard})
             code, body = answer[0](params.get("query", ""))
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            if 300 <= code < 400:
+                self.send_header("Location", body.decode())
             self.end_headers()
             self.wfile.write(body)
 
@@ -199,6 +205,62 @@ def test_prometheus_failures_are_one_clear_message(
     closed = "http://127.0.0.1:9"  # discard port: nothing listens
     with pytest.raises(PrometheusError, match=r"cannot reach Prometheus at http://127\.0\.0\.1:9"):
         instant_query(closed, "up", timeout=5)
+
+
+def test_the_access_goes_with_every_query_and_never_on_a_redirect(
+    prometheus: tuple[str, list[dict[str, str]], list[Answer]], tmp_path: Path
+) -> None:
+    url, seen, answer = prometheus
+    (tmp_path / "token").write_text("s3cret-token\n")
+    access = prometheus_access(
+        token_file=tmp_path / "token", headers=["X-Scope-OrgID: tenant-a", "X-Other: b"]
+    )
+    read_bills(url, "24h", None, at=1795521600.0, access=access)
+    assert len(seen) == len(RULES)
+    for request in seen:
+        assert request["header authorization"] == "Bearer s3cret-token"
+        assert request["header x-scope-orgid"] == "tenant-a"
+        assert request["header x-other"] == "b"
+    # A redirect may lead anywhere: the credentials and headers stay behind, and the refusal
+    # that follows says so.
+    seen.clear()
+    answer[0] = lambda q: (307, b"/moved") if q else (401, b"Unauthorized\n")
+    with pytest.raises(PrometheusError) as refused:
+        instant_query(url, "up", access=access)
+    assert [s["path"] for s in seen] == ["/api/v1/query", "/moved"]
+    assert "header authorization" not in seen[1]
+    assert "header x-scope-orgid" not in seen[1]
+    assert str(refused.value) == (
+        f"Prometheus refused the credentials: 401 Unauthorized from {url} (a bearer token "
+        f"from {tmp_path / 'token'}, not sent on the redirect to {url}/moved: give that "
+        "URL): Unauthorized"
+    )
+
+
+def test_a_refusal_of_the_credentials_says_what_was_sent_and_not_the_secret(
+    prometheus: tuple[str, list[dict[str, str]], list[Answer]], tmp_path: Path
+) -> None:
+    url, _seen, answer = prometheus
+    (tmp_path / "password").write_text("s3cret-password")
+    basic = prometheus_access(user="alice", password_file=tmp_path / "password")
+    answer[0] = lambda q: (401, b"Unauthorized\n")
+    with pytest.raises(PrometheusError) as refused:
+        instant_query(url, "up", access=basic)
+    assert str(refused.value) == (
+        f"Prometheus refused the credentials: 401 Unauthorized from {url} (basic auth as user "
+        "'alice'): Unauthorized"
+    )
+    answer[0] = lambda q: (401, b"no org id\n")  # Mimir without X-Scope-OrgID
+    with pytest.raises(PrometheusError) as refused:
+        instant_query(url, "up")
+    assert str(refused.value) == (
+        f"Prometheus refused the credentials: 401 Unauthorized from {url} (no credentials; "
+        "give --prometheus-token-file, or --prometheus-user and --prometheus-password-file): "
+        "no org id"
+    )
+    answer[0] = lambda q: (403, b"")
+    with pytest.raises(PrometheusError, match=r"refused the credentials: 403 Forbidden from"):
+        instant_query(url, "up", access=basic)
 
 
 @pytest.mark.cluster

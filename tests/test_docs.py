@@ -22,7 +22,7 @@ import pytest
 
 from gpuusage.api.reasons import EVERY_REASON, PolicyEventReason, members
 from gpuusage.cli import build_parser
-from gpuusage.settings import CommandSettings, flag_name
+from gpuusage.settings import CommandSettings, env_names, flag_name
 from gpuusage_commands.crd import CrdSettings
 from gpuusage_commands.ps import PsSettings
 from gpuusage_commands.top import TopSettings
@@ -319,6 +319,8 @@ def _same(default: Any, said: str) -> bool:
         return said == "unset"
     if isinstance(default, bool):
         return said == ("on" if default else "off")
+    if isinstance(default, tuple):  # a repeatable flag
+        return said == (", ".join(default) if default else "none")
     if isinstance(default, int | float):
         number = re.fullmatch(r"(\d+(?:\.\d+)?)( s| MiB)?", said)
         return number is not None and float(number[1]) == float(default)
@@ -365,6 +367,62 @@ def test_the_readmes_table_of_settings_gives_the_codes_defaults() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(ROW.findall(text)) >= 10  # the table is read
     assert table_defaults(text) == []
+
+
+def flags_table(text: str, model: type[CommandSettings], prefix: str) -> list[str]:
+    """Where a document's table of one command's flags (its rows of flags whose names start
+    with `prefix`) misses a flag, names one the command lacks, gives a default other than the
+    code's, or leaves out a variable the flag reads."""
+    fields = {flag_name(f): f for f in model.model_fields if flag_name(f).startswith(prefix)}
+    rows = {
+        m[1]: m[0]
+        for m in re.finditer(r"^\| `(--[a-z0-9-]+)` \|.*$", text, re.M)
+        if m[1].startswith(prefix)
+    }
+    wrong = [f"{flag}: not in the table" for flag in sorted(set(fields) - set(rows))]
+    wrong += [f"{flag}: no such flag" for flag in sorted(set(rows) - set(fields))]
+    for flag, row in rows.items():
+        if flag in fields:
+            wrong += [
+                f"{flag}: {env} not named"
+                for env in env_names(model, fields[flag])
+                if f"`{env}`" not in row
+            ]
+    return wrong + table_defaults("\n".join(rows.values()))
+
+
+def test_the_bills_flags_are_in_its_table_with_their_defaults_and_variables() -> None:
+    """docs/bill.md's table of the flags that reach a Prometheus asking who is calling is
+    every one of `gpuusage top`'s --prometheus-* flags, each with its default and variable."""
+    assert flags_table((ROOT / "docs" / "bill.md").read_text(), TopSettings, "--prometheus-") == []
+
+
+def test_the_flags_table_check_can_fail() -> None:
+    user = "| `--prometheus-user` | unset | the user (env `GPUUSAGE_PROMETHEUS_USER`) |"
+    assert flags_table(user, TopSettings, "--prometheus-user") == []
+    assert flags_table(user.replace("unset", "alice"), TopSettings, "--prometheus-user") == [
+        "None --prometheus-user | alice: the code's default is [None]"
+    ]
+    assert flags_table(
+        user.replace("(env `GPUUSAGE", "(env `X"), TopSettings, "--prometheus-u"
+    ) == ["--prometheus-user: GPUUSAGE_PROMETHEUS_USER not named"]
+    assert flags_table(user, TopSettings, "--prometheus-") == [
+        f"--prometheus-{f}: not in the table"
+        for f in ("ca-file", "header", "password-file", "token-file")
+    ]
+    assert (
+        flags_table(
+            user + "\n| `--prometheus-token` | unset | x |", TopSettings, "--prometheus-user"
+        )
+        == []
+    )
+    assert flags_table("| `--prometheus-token` | unset | x |", TopSettings, "--prometheus-t") == [
+        "--prometheus-token-file: not in the table",
+        "--prometheus-token: no such flag",
+        "None --prometheus-token | unset: the code's default is []",
+    ]
+    header = "| `--prometheus-header` | none | x (env `GPUUSAGE_PROMETHEUS_HEADER`) |"
+    assert flags_table(header, TopSettings, "--prometheus-header") == []
 
 
 def test_the_default_checks_can_fail() -> None:

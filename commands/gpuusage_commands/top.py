@@ -32,7 +32,8 @@ from gpuusage_commands.bill import (
     window_minutes,
 )
 from gpuusage_commands.podmarks import TOP_LACKS, marks_note, show_marked, top_rows
-from gpuusage_commands.prometheus import base_url, instant_query
+from gpuusage_commands.promaccess import prometheus_access
+from gpuusage_commands.prometheus import NO_ACCESS, Access, base_url, instant_query
 from gpuusage_commands.reads import ReportsRefused, list_namespace_pods, list_reports, refused
 from gpuusage_commands.toptable import (
     NamespaceRow,
@@ -72,6 +73,21 @@ class TopSettings(CommandSettings):
     GPU-hours handed, held, computing, GiB-hours and efficiency, from --prometheus."""
     prometheus: str | None = None
     """Prometheus' base URL (one that evaluates gpuusage's showback rules), for --window."""
+    prometheus_token_file: Path | None = None
+    """A file holding the bearer token --prometheus asks for (Thanos, Mimir, a managed
+    Prometheus)."""
+    prometheus_user: str | None = None
+    """The basic auth user for --prometheus; its password from --prometheus-password-file."""
+    prometheus_password_file: Path | None = None
+    """A file holding the basic auth password (never the password itself: a command line is
+    visible to every user of the machine)."""
+    prometheus_ca_file: Path | None = None
+    """The CA bundle (PEM) that --prometheus' certificate is verified with, instead of the
+    system's CAs."""
+    prometheus_header: tuple[str, ...] = Field(
+        default=(), json_schema_extra={"metavar": "'NAME: VALUE'"}
+    )
+    """A header sent to --prometheus, e.g. 'X-Scope-OrgID: tenant-a' (Mimir's tenant)."""
     output: Literal["table", "json"] = Field(default="table", json_schema_extra={"short": "-o"})
     """Output format."""
     kubeconfig: Path | None = None
@@ -124,10 +140,11 @@ def _pod_annotations(
     return found, ""
 
 
-def _checked(settings: TopSettings) -> None:
-    """Refuse what cannot work before asking anyone anything."""
+def _checked(settings: TopSettings) -> Access:
+    """Refuse what cannot work before asking anyone anything; the access to Prometheus, its
+    files read."""
     if settings.window is None:
-        return
+        return NO_ACCESS
     if settings.by != "namespace":
         raise GpuusageError("--window needs --by namespace (the bill is kept per namespace)")
     if not settings.prometheus:
@@ -137,12 +154,21 @@ def _checked(settings: TopSettings) -> None:
         )
     window_minutes(settings.window)
     base_url(settings.prometheus)
+    return prometheus_access(
+        token_file=settings.prometheus_token_file,
+        user=settings.prometheus_user,
+        password_file=settings.prometheus_password_file,
+        ca_file=settings.prometheus_ca_file,
+        headers=settings.prometheus_header,
+    )
 
 
-def read_bills(url: str, window: str, namespace: str | None, at: float) -> dict[str, Bill]:
+def read_bills(
+    url: str, window: str, namespace: str | None, at: float, access: Access = NO_ACCESS
+) -> dict[str, Bill]:
     """Each namespace's bill over the window ending at `at`, one query per column."""
     columns = {
-        column: read_vector(instant_query(url, query(column, window, namespace), at))
+        column: read_vector(instant_query(url, query(column, window, namespace), at, access=access))
         for column in RULES
     }
     return bills(columns)
@@ -150,13 +176,13 @@ def read_bills(url: str, window: str, namespace: str | None, at: float) -> dict[
 
 def run_top(settings: TopSettings) -> int:
     """Print (or emit as JSON) the pods using GPUs, as the settings select and order them."""
-    _checked(settings)
+    access = _checked(settings)
     api, _source = api_client(settings.kubeconfig, context=settings.context)
     with api:  # one client for the reports and the pods' announcements
-        return _show(settings, api)
+        return _show(settings, api, access)
 
 
-def _show(settings: TopSettings, api: Any) -> int:
+def _show(settings: TopSettings, api: Any, access: Access = NO_ACCESS) -> int:
     try:
         items = list_reports(api)
     except ReportsRefused:
@@ -170,7 +196,7 @@ def _show(settings: TopSettings, api: Any) -> int:
         handed = select_handed(allocations_by_node(statuses), settings.namespace, node)
         summed = namespace_rows(select(rows, settings.namespace, node), handed)
         if settings.window and settings.prometheus:
-            return _show_bill(settings, summed, settings.window, settings.prometheus)
+            return _show_bill(settings, summed, settings.window, settings.prometheus, access)
         if settings.output == "json":
             print(render_namespace_json(summed))
         elif summed:
@@ -228,11 +254,13 @@ def _show_marks(settings: TopSettings, api: Any) -> int:
     )
 
 
-def _show_bill(settings: TopSettings, summed: list[NamespaceRow], window: str, url: str) -> int:
+def _show_bill(
+    settings: TopSettings, summed: list[NamespaceRow], window: str, url: str, access: Access
+) -> int:
     """The namespaces now, with their bill over the window beside (a namespace billed in the
     window that uses nothing now gets a row too)."""
     at = time.time()
-    billed = read_bills(url, window, settings.namespace, at)
+    billed = read_bills(url, window, settings.namespace, at, access)
     now = {r.namespace for r in summed}
     rows = summed + sorted(
         (NamespaceRow(ns) for ns in billed if ns not in now),

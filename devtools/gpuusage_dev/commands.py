@@ -67,8 +67,9 @@ class BuildSettings(CommandSettings):
     """Versions are pinned in gpuusage_dev.localcluster.versions, .binaries and .tools."""
 
     tools: bool = False
-    """Also build kube-state-metrics, promtool and helm and fetch the Prometheus Operator's CRDs
-    (the monitoring and Helm chart tests use them)."""
+    """Also build kube-state-metrics, promtool, Prometheus, helm, krew and actionlint and fetch
+    the Prometheus Operator's CRDs (the monitoring, bill and Helm chart tests and lint use
+    them)."""
     node: bool = False
     """Also build the kubelet, kube-scheduler and kube-controller-manager (a real node)."""
     kubernetes_version: str | None = None
@@ -193,6 +194,7 @@ def run_build(settings: BuildSettings) -> int:
         ensure_tool,
         first_build_plan,
     )
+    from gpuusage_dev.localprometheus import ensure_bcrypt_hash  # noqa: PLC0415
 
     version = versions.choose(settings.kubernetes_version)
     plan = first_build_plan(settings.node, settings.tools, version=version)
@@ -209,6 +211,7 @@ def run_build(settings: BuildSettings) -> int:
     if settings.tools:
         for tool in TOOLS:
             print(ensure_tool(tool))
+        print(ensure_bcrypt_hash())  # the local Prometheus' basic auth
         for source in (PROMETHEUS_OPERATOR_CRDS, OPENREPORTS_CRDS):
             for crd in crds(source):
                 print(crd)

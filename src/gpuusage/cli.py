@@ -107,8 +107,8 @@ COMMANDS = (
     Command(
         ("local-cluster", "build"),
         "build (or find) kube-apiserver, etcd and kubectl (and with --tools "
-        "kube-state-metrics, promtool and helm; with --node the kubelet, kube-scheduler and "
-        "kube-controller-manager); print their paths",
+        "kube-state-metrics, promtool, Prometheus and helm; with --node the kubelet, "
+        "kube-scheduler and kube-controller-manager); print their paths",
         f"{DEV}:BuildSettings",
         f"{DEV}:run_build",
         developing=True,

@@ -2,8 +2,10 @@
 
 Each command declares a pydantic model; its fields become `--flags` (help text from the field's
 docstring) and each flag also reads `GPUUSAGE_<FLAG>` (plus any extra variables a field names,
-such as NODE_NAME from the downward API). Values are validated by the model, so a bad value in a
-flag or a variable gets the same clear message naming both.
+such as NODE_NAME from the downward API). A tuple field is a flag given as often as needed; its
+variable holds one value a line (a line break is the one character no value of it can hold).
+Values are validated by the model, so a bad value in a flag or a variable gets the same clear
+message naming both.
 """
 
 from __future__ import annotations
@@ -64,15 +66,24 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
+def repeated(model: type[CommandSettings], field: str) -> bool:
+    """Whether the field is a flag given once per value (a tuple of them)."""
+    return typing.get_origin(_base_type(model.model_fields[field].annotation)) is tuple
+
+
 def add_arguments(parser: argparse.ArgumentParser, model: type[CommandSettings]) -> None:
     """Add one flag per settings field; values stay None unless given, so env can fill in."""
     for name, info in model.model_fields.items():
         base = _base_type(info.annotation)
-        envs = env_names(model, name)
+        envs = ", ".join(env_names(model, name))
         shown = "; required" if info.is_required() else _shown_default(info)
-        help_text = f"{info.description or ''} [env {', '.join(envs)}{shown}]".strip()
+        if repeated(model, name):
+            envs, shown = f"{envs} (one a line)", f"{shown}; repeatable"
+        help_text = f"{info.description or ''} [env {envs}{shown}]".strip()
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
-        if base is bool:
+        if repeated(model, name):
+            kwargs["action"] = "append"
+        elif base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(base) is Literal:
             kwargs["choices"] = [str(c) for c in typing.get_args(base)]
@@ -80,6 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[CommandSettings])
         elif base is Path:
             kwargs["metavar"] = "PATH"
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if "metavar" in extra:
+            kwargs["metavar"] = str(extra["metavar"])
         short = [str(extra["short"])] if "short" in extra else []  # kubectl-style -n, -A, -o
         parser.add_argument(*short, flag_name(name), **kwargs)
 
@@ -114,7 +127,10 @@ def resolve(
             continue
         for env in env_names(model, name):
             if environ.get(env, "") != "":
-                values[name], origin[name] = environ[env], f"${env}"
+                text = environ[env]
+                lines = [line.strip() for line in text.splitlines() if line.strip()]
+                values[name] = lines if repeated(model, name) else text
+                origin[name] = f"${env}"
                 break
     try:
         return model.model_validate(values)

@@ -1,13 +1,14 @@
-"""kube-state-metrics, promtool, helm, krew and actionlint at pinned versions, built from Go
-modules like the apiserver.
+"""kube-state-metrics, promtool and Prometheus, helm, krew and actionlint at pinned versions,
+built from Go modules like the apiserver.
 
 The monitoring configuration and the Helm chart ship as data (a CustomResourceStateMetrics
 config, alert rules, templates); the only proof that they work is running the real programs on
 them. Each is built once into the same cache as the control plane, keyed by version, under the
 same lock. A prebuilt binary can be named instead with $GPUUSAGE_KUBE_STATE_METRICS,
-$GPUUSAGE_PROMTOOL, $GPUUSAGE_HELM, $GPUUSAGE_KREW or $GPUUSAGE_ACTIONLINT. The release's
-tools (crane, the Distribution registry, cosign, syft; $GPUUSAGE_CRANE, $GPUUSAGE_REGISTRY,
-$GPUUSAGE_COSIGN, $GPUUSAGE_SYFT) are built the same way when the release first needs them.
+$GPUUSAGE_PROMTOOL, $GPUUSAGE_PROMETHEUS_BINARY, $GPUUSAGE_HELM, $GPUUSAGE_KREW or
+$GPUUSAGE_ACTIONLINT. The release's tools (crane, the Distribution registry, cosign, syft;
+$GPUUSAGE_CRANE, $GPUUSAGE_REGISTRY, $GPUUSAGE_COSIGN, $GPUUSAGE_SYFT) are built the same way
+when the release first needs them.
 """
 
 from __future__ import annotations
@@ -84,6 +85,17 @@ PROMTOOL = Tool(
     shown_version="3.5.0",
     env="GPUUSAGE_PROMTOOL",
 )
+PROMETHEUS = Tool(
+    name="prometheus",
+    module=PROMTOOL.module,
+    version=PROMTOOL.version,
+    package="github.com/prometheus/prometheus/cmd/prometheus",
+    shown_version=PROMTOOL.shown_version,
+    env="GPUUSAGE_PROMETHEUS_BINARY",
+)
+"""The server of promtool's release: `gpuusage top --window` is proven against its HTTP API
+behind basic auth and TLS (its web UI's assets are not built in: the API needs none). Its
+variable is not $GPUUSAGE_PROMETHEUS, which is `gpuusage top`'s --prometheus URL."""
 HELM = Tool(
     name="helm",
     module="helm.sh/helm/v4",
@@ -114,7 +126,7 @@ ACTIONLINT = Tool(
 )
 """The hosted workflows' checker (.github/workflows): their syntax, expressions, permissions
 and the actions they call, which nothing else reads before GitHub runs them."""
-TOOLS = (KUBE_STATE_METRICS, PROMTOOL, HELM, KREW, ACTIONLINT)
+TOOLS = (KUBE_STATE_METRICS, PROMTOOL, PROMETHEUS, HELM, KREW, ACTIONLINT)
 CRANE = Tool(
     name="crane",
     module="github.com/google/go-containerregistry",
@@ -335,8 +347,9 @@ FIRST_BUILD_MINUTES = {"control plane": 6.0, "node": 3.5, "tools": 8.5}
 """What a first build takes on 2 cores with empty Go caches, measured: kube-apiserver and
 kubectl 325 s with their modules' download, etcd 30 s, the node's three programs 90 s more
 (sharing the apiserver's packages) and containerd about 2 minutes; the monitoring and
-packaging tools about 8 minutes more, actionlint 45 s of it (a whole first `make test` build
-took 18.5 minutes against `make demo`'s 10)."""
+packaging tools about 8 minutes more, actionlint 45 s of it and the Prometheus server 15 s
+after promtool, whose packages it shares (a whole first `make test` build took 18.5 minutes
+against `make demo`'s 10)."""
 
 
 def first_build_plan(
@@ -355,7 +368,7 @@ def first_build_plan(
     ):
         parts.append(("node", "kubelet, kube-scheduler, kube-controller-manager, containerd"))
     if tools and _tools_missing(root):
-        parts.append(("tools", "kube-state-metrics, promtool, helm, krew, actionlint"))
+        parts.append(("tools", "kube-state-metrics, promtool, prometheus, helm, krew, actionlint"))
     if not parts:
         return None
     minutes = sum(FIRST_BUILD_MINUTES[kind] for kind, _ in parts)
