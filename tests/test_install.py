@@ -290,7 +290,8 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: InstallWorld) ->
     _denied(lambda: core.patch_namespaced_pod("train", world.ns, patch), "cannot patch")
     _denied(lambda: core.list_namespaced_secret(world.home), "cannot list")
     # Its Node, for the driver-upgrade label: get only (RBAC cannot name the node)
-    assert core.read_node(a).metadata.name == a
+    own: Any = core.read_node(a)
+    assert own.metadata.name == a
     _denied(core.list_node, 'cannot list resource \\"nodes\\"')
     _denied(
         lambda: core.patch_node(a, {"metadata": {"labels": {"x": "y"}}}),
