@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuusage.api import names
@@ -302,6 +302,14 @@ class Gpu(ApiModel):
     """Set when this GPU could not be read completely (lost, no permission, ...)."""
 
 
+SOURCE_REASON_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": f"^({'|'.join(get_args(SourceReason))})$",
+}
+"""A pattern, not an enum: the apiserver checks a null against an enum, and a merge patch
+removes the reason with a null once the agent reads the GPUs again."""
+
+
 class Source(ApiModel):
     """Where the observation came from, and whether the GPU library worked on this node."""
 
@@ -311,7 +319,7 @@ class Source(ApiModel):
     """False when the node has no usable NVML; the report then lists no GPUs."""
     message: Message | None = None
     """Why the library is unavailable, or other notes from the agent."""
-    reason: SourceReason | None = None
+    reason: Annotated[SourceReason, WithJsonSchema(SOURCE_REASON_SCHEMA)] | None = None
     """With available false: why the agent reads no GPU on purpose (DriverUpgrade: the GPU
     Operator is replacing the driver, and the agent let go of it); absent when the library
     failed by itself."""
