@@ -289,7 +289,14 @@ def test_agent_token_is_held_to_its_own_node_and_to_spec(world: InstallWorld) ->
     patch = {"metadata": {"annotations": {names.ANNOTATION_GPUS: "forged"}}}
     _denied(lambda: core.patch_namespaced_pod("train", world.ns, patch), "cannot patch")
     _denied(lambda: core.list_namespaced_secret(world.home), "cannot list")
-    _denied(lambda: core.read_node(a), 'cannot get resource \\"nodes\\"')
+    # Its Node, for the driver-upgrade label: get only (RBAC cannot name the node)
+    own: Any = core.read_node(a)
+    assert own.metadata.name == a
+    _denied(core.list_node, 'cannot list resource \\"nodes\\"')
+    _denied(
+        lambda: core.patch_node(a, {"metadata": {"labels": {"x": "y"}}}),
+        'cannot patch resource \\"nodes\\"',
+    )
     unbound = client.CustomObjectsApi(world.unbound_api)
     _denied(
         lambda: unbound.patch_cluster_custom_object(*group, a, {"spec": {}}),

@@ -513,3 +513,28 @@ def test_errors_of_the_sampler_reads_between_readings_are_counted(
     monkeypatch.setattr(machine, "_c_utilization", real)
     assert source.read().errors == Counter({"Unknown": 1})
     assert not source.read().errors
+
+
+def test_a_driver_gone_under_a_session_has_nvml_shut_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU whose reads fail with DriverNotLoaded (the driver unloaded under the session) has
+    NVML shut down, so no handle of the agent holds what is left of it; a GPU lost alone does
+    not; the next reading initialises NVML again."""
+    machine = dgx_h100(processes_per_gpu=1)
+    source = _source(machine, monkeypatch)
+    assert source.read().source.available
+
+    def initialised() -> bool:  # read afresh each time (not narrowed by an earlier assert)
+        return machine.initialised
+
+    assert initialised()
+    machine.gpus[3].handle_error = pynvml.NVML_ERROR_GPU_IS_LOST
+    source.read()
+    assert initialised(), "one lost GPU is no reason to let go of the others"
+    machine.gpus[3].handle_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    gone = source.read()
+    assert gone.gpus[3].error is not None
+    assert gone.gpus[3].error.reason == "DriverNotLoaded"
+    assert not initialised()
+    machine.gpus[3].handle_error = None
+    assert len(source.read().gpus) == 8
+    assert initialised()

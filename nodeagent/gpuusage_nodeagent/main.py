@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageSpec
@@ -35,8 +35,10 @@ from gpuusage_nodeagent.gpusource.base import GpuSource, Reading
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
+from gpuusage_nodeagent.gpusource.releasing import ReleasingSource
 from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.metrics import AgentMetrics
+from gpuusage_nodeagent.ownnode import UpgradeWatch
 from gpuusage_nodeagent.podresources.cdi import SpecDirs
 from gpuusage_nodeagent.podresources.kubelet import Kubelet
 from gpuusage_nodeagent.publisher import WRITE_BACKOFF, Publisher
@@ -258,6 +260,7 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
     except UnsupportedKubernetes:
         api.close()
         raise
+    release_for_upgrades(settings, reader, api)
     renewer = None
     if settings.lease_namespace and not settings.once:
         renewer = LeaseRenewer(
@@ -300,6 +303,28 @@ def _loop(settings: AgentSettings, reader: NodeReader, stop: threading.Event) ->
         failed = run_cycles(settings, reader, publisher, metrics, stop, renewer=renewer)
     log.info("agent stopped")
     return 1 if failed else 0
+
+
+def release_for_upgrades(settings: AgentSettings, reader: NodeReader, api: RestClient) -> None:
+    """Have the reader's source let go of the driver while the GPU Operator's label on the
+    agent's Node says it is being replaced (see driverupgrade); not for --gpu-source none,
+    which holds no driver, nor with an empty --driver-upgrade-label."""
+    if not settings.driver_upgrade_label or settings.gpu_source == "none":
+        return
+    watch = UpgradeWatch(
+        api.get,
+        settings.node_name,
+        every=timedelta(seconds=settings.driver_upgrade_read_every),
+        clock=reader.clock,
+        label=settings.driver_upgrade_label,
+    )
+    kind: Literal["nvml", "fake"] = "nvml" if settings.gpu_source == "nvml" else "fake"
+    reader.source = ReleasingSource(reader.source, kind, watch.state, watch.label)
+    log.info(
+        "the driver is let go while Node label %s says it is being replaced (read every %.0fs)",
+        watch.label,
+        settings.driver_upgrade_read_every,
+    )
 
 
 def run_cycles(

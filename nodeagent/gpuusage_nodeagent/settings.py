@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gpuusage.settings import CommandSettings
 from gpuusage_nodeagent.change import DEFAULT_SHARE_THRESHOLD
+from gpuusage_nodeagent.driverupgrade import UPGRADE_STATE_LABEL
 from gpuusage_nodeagent.share import DEFAULT_READ_EVERY, DEFAULT_WINDOW
 
 
@@ -93,6 +94,16 @@ class AgentSettings(CommandSettings):
     gpu_resources: str = ""
     """Extra extended-resource names whose kubelet device IDs are GPUs, comma-separated (give
     the operator the same list)."""
+    driver_upgrade_label: str = Field(default=UPGRADE_STATE_LABEL, max_length=317)
+    """The label on the agent's own Node by which the GPU Operator tells a driver upgrade's
+    state. While it says the driver is about to be unloaded or is being replaced
+    (pod-deletion-required, drain-required, pod-restart-required, node-maintenance-required,
+    post-maintenance-required), the agent shuts NVML down, holds no /dev/nvidia* open and
+    reports the node as DriverUpgrade; it reads the GPUs again once the label says anything
+    else. Empty: the Node is never read (and the agent needs no `get` on nodes)."""
+    driver_upgrade_read_every: float = Field(default=30.0, ge=1, le=600)
+    """Seconds between two reads of the agent's own Node for that label (from the apiserver's
+    cache: resourceVersion=0)."""
     kubeconfig: Path | None = None
     """Kubeconfig file; else $KUBECONFIG, the in-cluster service account, ~/.kube/config."""
     once: bool = False

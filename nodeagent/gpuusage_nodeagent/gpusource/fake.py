@@ -13,11 +13,18 @@ anything the agent could not report faithfully: not UTF-8, not YAML, empty (an e
 say "no GPUs" and end every pod's use; a node without GPUs is written `gpus: []`), a value
 beyond the API's bounds, or a GPU UUID, MIG UUID, index or pid listed twice (which would be
 counted twice).
+
+Like NVML from nvmlInit to nvmlShutdown, it holds the driver's device files open while the
+library works: where a folder `dev` lies beside the scenario file, its `nvidiactl` and the
+`nvidia<minor>` of each GPU with a `minorNumber` (files the caller makes) are opened at a reading
+whose scenario has no `nvmlError`, and closed by `close` or a reading with one. Whether the agent
+lets go of the driver can then be checked in its /proc/<pid>/fd, as on a GPU node.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
@@ -404,6 +411,19 @@ class FakeSource:
         self._samplers: dict[str, tuple[Sampler, SampleCursor]] = {}
         self._share_batches: dict[str, list[SampleBatch]] = {}
         self._share_read: dict[str, datetime] = {}
+        self._held: dict[str, int] = {}  # the device files held open, by name
+
+    def _hold(self, scenario: Scenario) -> None:
+        """Hold open the scenario's device files found in the folder `dev` beside it."""
+        folder = self.path.parent / "dev"
+        minors = [g.minorNumber for g in scenario.gpus if g.minorNumber is not None]
+        for name in ["nvidiactl", *(f"nvidia{minor}" for minor in minors)]:
+            if name in self._held:
+                continue
+            try:
+                self._held[name] = os.open(folder / name, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # no such device file: nothing to hold
 
     def poll(self) -> None:
         """Read each GPU's sampler as the last valid scenario has its processes working."""
@@ -481,6 +501,7 @@ class FakeSource:
             note = safe_text(f"{exc}", 900) + "; showing the last valid scenario"
             errors["ScenarioInvalid"] += 1
         if scenario.nvmlError:  # the library fails: no GPU was read, so none of their errors
+            self.close()
             errors = Counter([scenario.nvmlError, *(["ScenarioInvalid"] if note else [])])
             source = Source(
                 kind="fake",
@@ -489,6 +510,7 @@ class FakeSource:
                 agent_version=__version__,
             )
             return Reading(source, [], errors)
+        self._hold(scenario)
         source = Source(
             kind="fake",
             available=True,
@@ -509,4 +531,7 @@ class FakeSource:
         return Reading(source, gpus, errors, processes, samples, shares)
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the device files held (see the module docstring)."""
+        held, self._held = self._held, {}
+        for fd in held.values():
+            os.close(fd)

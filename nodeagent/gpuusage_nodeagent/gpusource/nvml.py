@@ -4,7 +4,10 @@ Policies, each from an observed failure mode:
 
 * A node without a usable NVML (library missing, driver not loaded, library/driver mismatch)
   idles and says so in the report instead of crash-looping; initialisation is retried on
-  later readings, so a driver installed after the agent started is picked up.
+  later readings, so a driver installed after the agent started is picked up. A driver that
+  goes away under an initialised session (counting the GPUs, or a GPU, fails with
+  DriverNotLoaded, Uninitialized or LibRmVersionMismatch) has NVML shut down at once, so no
+  handle or device file of the agent keeps it loaded.
 * One failing GPU (lost, no permission, not supported) is reported on that GPU with the
   reason; the other GPUs are read as usual. A GPU whose UUID was read before keeps it.
 * Compute, graphics and MPS-client process lists are merged by pid. Each list is read through
@@ -93,6 +96,9 @@ _LIBRARY_ERRORS = (
     "Uninitialized",
     "FunctionNotFound",
 )
+_DRIVER_GONE = ("DriverNotLoaded", "Uninitialized", "LibRmVersionMismatch")
+"""Errors on a GPU that mean the driver under the session went away (unloaded, replaced):
+NVML is shut down, so that no handle holds what is left of it, and initialised again later."""
 
 
 def _text(value: Any) -> str:
@@ -360,6 +366,9 @@ class NvmlSource:
             return Reading(failed, [], self._errors)
         processes: dict[str, list[RawProcess]] = {}
         gpus = [self._gpu(index, processes) for index in range(min(count, MAX_GPUS))]
+        if any(g.error is not None and g.error.reason in _DRIVER_GONE for g in gpus):
+            log.warning("the NVIDIA driver went away during the reading: NVML shut down")
+            self.close()
         if count > MAX_GPUS:  # a report holds so many (see api.models); say what is left out
             note = f"{count - MAX_GPUS} GPUs beyond the first {MAX_GPUS} are not reported"
             source = source.model_copy(update={"message": note})

@@ -3,7 +3,9 @@
 A pod's GPU use ends when the report shows none of its processes. That conclusion holds only
 where the report could see: "could not read" is not "exited". A report is blind
 
-* everywhere, when the node has no usable GPU library (NVML unavailable);
+* everywhere, when the node has no usable GPU library (NVML unavailable), or its agent let
+  go of the driver while the GPU Operator replaces it (spec.source.reason DriverUpgrade: the
+  pods' use is then Unknown with that reason, never ended);
 * on a device with an error (lost GPU, no permission, a process list that cannot be true), and
   on the MIG devices of such a GPU;
 * on a device whose memory in use the listed processes do not hold (the agent says so with the
@@ -48,6 +50,7 @@ REASON_DEVICE: BlindReason = "DeviceNotReadable"
 REASON_UNRESOLVED: BlindReason = "ProcessesUnresolved"
 REASON_OMITTED: BlindReason = "ProcessesOmitted"
 REASON_NOT_VISIBLE: BlindReason = "ProcessesNotVisible"
+REASON_UPGRADE: BlindReason = "DriverUpgrade"
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,14 @@ def blind_spots(spec: GpuNodeUsageSpec, resolutions: Iterable[Resolution]) -> Bl
     """Where the report `spec`, resolved to `resolutions`, cannot see."""
     node = spec.node_name
     if spec.source is not None and not spec.source.available:
+        if spec.source.reason == REASON_UPGRADE:
+            return BlindSpots(
+                Cause(
+                    REASON_UPGRADE,
+                    f"the GPU driver of node {node} is being upgraded: its node agent holds no "
+                    "GPU until the new driver is loaded",
+                )
+            )
         return BlindSpots(
             Cause(
                 REASON_DEVICE,

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpuusage.api import names
-from gpuusage.api.reasons import BlindReason, UnattributedReason
+from gpuusage.api.reasons import BlindReason, SourceReason, UnattributedReason
 
 _UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 GPU_UUID_PATTERN = f"^GPU-{_UUID}$"
@@ -302,6 +302,14 @@ class Gpu(ApiModel):
     """Set when this GPU could not be read completely (lost, no permission, ...)."""
 
 
+SOURCE_REASON_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": f"^({'|'.join(get_args(SourceReason))})$",
+}
+"""A pattern, not an enum: the apiserver checks a null against an enum, and a merge patch
+removes the reason with a null once the agent reads the GPUs again."""
+
+
 class Source(ApiModel):
     """Where the observation came from, and whether the GPU library worked on this node."""
 
@@ -311,6 +319,10 @@ class Source(ApiModel):
     """False when the node has no usable NVML; the report then lists no GPUs."""
     message: Message | None = None
     """Why the library is unavailable, or other notes from the agent."""
+    reason: Annotated[SourceReason, WithJsonSchema(SOURCE_REASON_SCHEMA)] | None = None
+    """With available false: why the agent reads no GPU on purpose (DriverUpgrade: the GPU
+    Operator is replacing the driver, and the agent let go of it); absent when the library
+    failed by itself."""
     driver_version: ShortText | None = None
     cuda_version: ShortText | None = None
     nvml_version: ShortText | None = None
@@ -569,7 +581,8 @@ class DeviceUsage(ApiModel):
     Unknown rather than ended, and not judged idle: DeviceNotReadable (an NVML error, a process
     list that cannot be true), ProcessesNotVisible (memory in use that the listed processes do
     not hold: NVML does not list them all), ProcessesUnresolved (a process the agent could not
-    attribute), ProcessesOmitted (left out of a full report). Absent: everything is seen."""
+    attribute), ProcessesOmitted (left out of a full report), DriverUpgrade (the agent let go of
+the driver while the GPU Operator replaces it). Absent: everything is seen."""
 
 
 class IdlePod(ApiModel):

@@ -17,8 +17,16 @@ PodFinding = Literal[
 """What the operator flags about a pod: each is the reason of the pod condition that states it
 and of the Warning Event that announces it, and what a GpuUsagePolicy's rule names."""
 
+SourceReason = Literal["DriverUpgrade"]
+"""Why a node agent reads no GPU on purpose (a report's spec.source.reason): DriverUpgrade,
+the GPU Operator is replacing the node's driver and the agent let go of it."""
+
 BlindReason = Literal[
-    "DeviceNotReadable", "ProcessesNotVisible", "ProcessesUnresolved", "ProcessesOmitted"
+    "DeviceNotReadable",
+    "ProcessesNotVisible",
+    "ProcessesUnresolved",
+    "ProcessesOmitted",
+    SourceReason,
 ]
 """Why a device cannot be seen whole; the pod condition reason of the pods last seen on it."""
 

@@ -1,0 +1,77 @@
+"""A source that lets go of the driver while the node's driver is being replaced.
+
+While `upgrading()` names a state (see driverupgrade), the source under it is closed (NVML:
+nvmlShutdown, which releases every handle and closes the device files it opened) and every
+reading says so: no GPUs, `available` false, reason DriverUpgrade, so the operator makes the
+pods' use Unknown, never ended. Once it names none, the next reading is the source's own, which
+initialises NVML again: the agent comes back with the new driver, without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from typing import Literal
+
+from gpuusage import __version__
+from gpuusage.api.models import MAX_MESSAGE, Source, safe_text
+from gpuusage_nodeagent.gpusource.base import GpuSource, Reading
+
+log = logging.getLogger(__name__)
+
+
+class ReleasingSource:
+    """GpuSource over `source` that closes it while `upgrading()` returns a state."""
+
+    def __init__(
+        self,
+        source: GpuSource,
+        kind: Literal["nvml", "fake"],
+        upgrading: Callable[[], str | None],
+        label: str,
+    ) -> None:
+        self.source = source
+        self.kind: Literal["nvml", "fake"] = kind
+        self._upgrading = upgrading
+        self._label = label
+        self.released: str | None = None
+        """The upgrade state the driver was let go for; None while the source reads."""
+
+    def read(self) -> Reading:
+        state = self._upgrading()
+        if state is None:
+            if self.released is not None:
+                log.info("driver upgrade over (%s says so): reading the GPUs", self._label)
+                self.released = None
+            return self.source.read()
+        if self.released is None:
+            self.source.close()
+            log.warning(
+                "driver upgrade (%s=%s): NVML shut down, no GPU device file held until it is over",
+                self._label,
+                state,
+            )
+        self.released = state
+        message = (
+            f"the GPU Operator is replacing the driver ({self._label}={state}): NVML shut down "
+            "and no device file held until the new driver is loaded"
+        )
+        source = Source(
+            kind=self.kind,
+            available=False,
+            reason="DriverUpgrade",
+            message=safe_text(message, MAX_MESSAGE),
+            agent_version=__version__,
+        )
+        return Reading(source, [])
+
+    def poll(self) -> None:
+        if self.released is None:
+            self.source.poll()
+
+    def sample_shares(self, devices: Collection[str], span: float) -> None:
+        if self.released is None:
+            self.source.sample_shares(devices, span)
+
+    def close(self) -> None:
+        self.source.close()
