@@ -1,7 +1,7 @@
 """What a Lease renewal costs the operator: CPU per watch event of the agents' Leases.
 
-Every agent renews its Lease every 10 s, so at N nodes the operator's Lease informer receives
-N/10 events a second whatever the GPUs do. This runs the informer's own watch loop (the
+Every agent renews its Lease every 20 s, so at N nodes the operator's Lease informer receives
+N/20 events a second whatever the GPUs do. This runs the informer's own watch loop (the
 production `Informer` and `LeaseState`) over a stream of renewals as the apiserver sends them
 (one JSON line per event, a Lease as the agent's is stored: owner reference, managed fields),
 answered in-process, and reports CPU per event (all threads).

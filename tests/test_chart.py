@@ -318,7 +318,7 @@ def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> 
         ({"agent": {"nodeselector": {"a": "b"}}}, "additional properties 'nodeselector'"),
         ({"agent": {"procAccess": "host"}}, "value must be one of 'hostPID', 'hostProc'"),
         ({"agent": {"image": {"tag": 1.0}}}, "at '/agent/image/tag'"),
-        ({"agent": {"interval": 30}}, "agent.interval (30 s) must be at most half"),
+        ({"agent": {"interval": 30}}, "agent.interval (30 s) must be at most a third"),
         ({"agent": {"extraArgs": ["interval=5"]}}, "at '/agent/extraArgs/0'"),
         ({"operator": {"replicas": 0}}, "at '/operator/replicas': minimum"),
         ({"operator": {"idleAfter": "30m"}}, "at '/operator/idleAfter'"),
@@ -547,3 +547,14 @@ def test_observe_first_and_the_namespace_selector_reach_the_operator(helm: Helm)
     assert "--namespace-selector=team in (a,b)" in args
     default = _container(render(helm), "Deployment", "gpuusage-operator")["args"]
     assert not [a for a in default if "pod-marks" in a or "namespace-selector" in a]
+
+
+def test_observing_first_with_policy_actions_grants_only_the_node_rules_rights(
+    helm: Helm,
+) -> None:
+    rendered = render(helm, "operator.podMarks=false", "operator.policyActions=true")
+    rules = one(rendered, "ClusterRole", "gpuusage-operator-policy-actions")["rules"]
+    assert {r for rule in rules for r in rule["resources"]} == {"nodes", "nodes/status"}
+    marking = render(helm, "operator.policyActions=true")
+    pods = one(marking, "ClusterRole", "gpuusage-operator-policy-actions")["rules"][0]
+    assert pods["resources"] == ["pods"]

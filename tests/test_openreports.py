@@ -316,6 +316,11 @@ class _Reports:
     def replace_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> _Answer:
         return self._put(args[2], args[5])
 
+    def delete_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> _Answer:
+        if self.write_error is not None:
+            raise self.write_error
+        return _Answer(self.stored.pop(args[2]))
+
 
 def test_the_writer_says_each_failure_once_and_lists_again_when_told(
     caplog: pytest.LogCaptureFixture,
@@ -382,3 +387,24 @@ def test_only_reports_judged_in_this_term_are_published() -> None:
     again = gather(PodLookup(), terms.current.book, {"gpu-a", "gpu-b"})
     assert again.nodes == []
     assert again.keep == frozenset({"gpu-a", "gpu-b"})
+
+
+def test_a_new_terms_first_pass_keeps_the_findings_of_pods_on_nodes_not_judged_yet() -> None:
+    """Observe first: a pod's finding comes from its report's judgement, which a new term has
+    not made yet; its namespace's Report keeps the finding as published meanwhile, neither
+    deleted nor written again."""
+    from gpuusage_operator.controller.reconcile import Counts  # noqa: PLC0415
+    from gpuusage_operator.openreports.writer import Listing, OpenReportsWriter  # noqa: PLC0415
+    from tests.builders import fixed  # noqa: PLC0415
+
+    api = _Reports()
+    counts = Counts()
+    writer = OpenReportsWriter(api, counts, fixed(Listing()))
+    findings = namespace_results([_pod("True", "UsingUnrequestedGPU")])
+    writer.publish(findings, [], now=NOW)
+    assert counts.openreport_writes == 1
+    node = findings["ml"][0]["properties"]["node"]
+    writer.publish({}, [], keep={node}, now=NOW + timedelta(minutes=1))
+    assert counts.openreport_writes == 1, "kept as published: no delete, no write"
+    writer.publish({}, [], now=NOW + timedelta(minutes=2))
+    assert counts.openreport_writes == 2, "judged since: its finding gone, the Report goes"

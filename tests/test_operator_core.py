@@ -325,6 +325,24 @@ def test_the_detail_moves_on_the_pod_in_steps_at_most_once_every_ten_minutes() -
     assert written[names.ANNOTATION_GPU_MEMORY_MIB] == "40000"
     assert due is None
     assert at(10, 30720 + 255)[0] == shown, "small pods: 256 MiB at least"
+    restarted = type(use)(
+        use.pod,
+        use.node,
+        since,
+        tuple(
+            type(r)(**{**r.__dict__, "process": r.process.model_copy(update={"pid": 4343})})
+            for r in use.resolutions
+        ),
+    )
+    new_pid = desired_annotations(restarted)
+    assert held_detail(shown, new_pid, since + timedelta(minutes=1)) == (
+        {
+            **new_pid,
+            **{k: shown[k] for k in (names.ANNOTATION_GPU_MEMORY_MIB, names.ANNOTATION_USAGE)},
+        },
+        since + DETAIL_EVERY,
+    ), "another pid: news, at the detail's pace"
+    assert held_detail(shown, new_pid, since + DETAIL_EVERY) == (new_pid, None)
     edited = {**shown, names.ANNOTATION_GPU_MEMORY_MIB: "1"}  # by hand: put right at once
     assert held_detail(edited, shown, since + timedelta(minutes=1)) == (shown, None)
     assert annotation_patch(edited, shown) == {names.ANNOTATION_GPU_MEMORY_MIB: "30720"}

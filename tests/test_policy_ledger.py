@@ -175,6 +175,28 @@ def test_a_status_refused_for_good_keeps_nothing_back() -> None:
     assert listed(api) == [("b", "Done")]
 
 
+def test_a_mode_refused_for_good_is_not_tried_again_until_the_policy_changes() -> None:
+    api = PolicyStatusApi()
+    book, state, clock = ledger(api)
+    tried: list[int] = []
+    refused = ApiException(status=403, reason="Forbidden")
+
+    def refuse(*args: Any) -> Any:
+        tried.append(1)
+        raise refused
+
+    api.patch_cluster_custom_object_status = refuse  # type: ignore[method-assign]
+    book.flush()  # the new policy's mode and rules: refused for good
+    for _ in range(3):
+        clock.now += STATUS_RETRY
+        book.flush()
+    assert len(tried) == 1, "not tried again at every flush"
+    state.apply("MODIFIED", api.served(edited_to_dry_run()))  # a new generation: tried once more
+    clock.now += STATUS_RETRY
+    book.flush()
+    assert len(tried) == 2
+
+
 def test_while_they_wait_every_done_decision_is_kept_and_the_newest_others() -> None:
     api = PolicyStatusApi()
     book, _, clock = ledger(api)

@@ -3,21 +3,26 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from gpuusage.api.models import GpuNodeUsageStatus, PodUsage
 from gpuusage.api.selectors import parse_selector
+from gpuusage.api.times import format_time
 from gpuusage.kube.errors import Forbidden
 from gpuusage_operator.controller.reconcile import Counts
-from gpuusage_operator.controller.scope import Scope, mark_outside
-from gpuusage_operator.index.pods import PodSnapshot
+from gpuusage_operator.controller.scope import Scope, judged_lookup, mark_outside
+from gpuusage_operator.index.keptpods import KeptPods
+from gpuusage_operator.index.pods import PodLookup, PodSnapshot
+from gpuusage_operator.judge.idle import idle_since
 from gpuusage_operator.writers.budget import WriteBudget
 from gpuusage_operator.writers.podmarker import MarkMemory, PodMarker
 from tests.builders import fixed
 
 NOW = datetime(2026, 11, 28, 12, tzinfo=UTC)
 LABELS = {"ml": {"team": "research"}, "web": {"team": "web"}}
+NAMES = ("carried", "idle", "used", "never")
 
 
 def scope(text: str = "team=research", *, marks: bool = True) -> Scope:
@@ -81,3 +86,83 @@ def test_marks_an_install_may_not_take_off_are_tried_once_a_term() -> None:
     assert marker.refused
     assert not marker.clear(marked)
     assert pods.calls == 1, "not tried again in this term"
+
+
+def test_the_judge_sees_a_pod_outside_with_the_marks_it_would_carry() -> None:
+    """Where the operator writes nothing on a pod, the judge takes for its memory the marks the
+    pod would carry, else the report's last status, never what the pod shows (an earlier
+    install's marks it may not take off) nor nothing for a pod it saw in use: such a pod whose
+    processes ended is not idle since it started."""
+    hour_ago = NOW - timedelta(hours=1)
+    old_marks = (("lastTransitionTime", "2026-11-27T01:00:00Z"), ("status", "True"))
+    uids = {name: f"{n:08x}-9d0e-4b8e-8f1a-2c3d4e5f6a7b" for n, name in enumerate(NAMES)}
+    pods = {
+        name: PodSnapshot(
+            "web",
+            name,
+            uids[name],
+            "n1",
+            annotations=(("gpuusage.io/exempt", "true"),),
+            condition=old_marks,
+            running=True,
+            started_at="2026-11-27T00:00:00Z",
+            gpu_requests=1,
+        )
+        for name in NAMES
+    }
+    kept = KeptPods()
+    for ref in pods.values():
+        kept.put(ref)
+    carried = replace(
+        pods["carried"],
+        annotations=(("gpuusage.io/gpus", "GPU-1"),),
+        condition=(("lastTransitionTime", format_time(hour_ago)), ("status", "False")),
+    )
+    idle = {"namespace": "web", "name": "idle", "uid": uids["idle"], "idleSince": hour_ago}
+    used = usage("web").model_dump(by_alias=True) | {"name": "used", "uid": uids["used"]}
+    status = GpuNodeUsageStatus.model_validate({"idlePods": [idle], "pods": [used]})
+    lookup = judged_lookup(PodLookup(kept), Scope(marks=False), {carried.uid: carried}, status, NOW)
+    seen = {name: lookup.by_uid(uids[name]) for name in NAMES}
+    since = {name: idle_since(ref, NOW) for name, ref in seen.items() if ref is not None}
+    assert since == {
+        "carried": hour_ago,  # its would-be condition turned False an hour ago
+        "idle": hour_ago,  # the status said so
+        "used": NOW,  # in use at the last status: idle from now, not from its start
+        "never": datetime(2026, 11, 27, tzinfo=UTC),  # never seen in use: since it started
+    }
+    carried_seen = seen["carried"]
+    assert carried_seen is not None
+    assert carried_seen.our_annotations == {
+        "gpuusage.io/exempt": "true",  # a person's, kept
+        "gpuusage.io/gpus": "GPU-1",
+    }
+    assert [r.name for r in lookup.on_node_with_our_marks("n1")] == ["carried", "idle", "used"]
+    as_is = judged_lookup(PodLookup(kept), Scope(), {}, status, NOW)
+    assert as_is.by_uid(uids["never"]) == pods["never"], "every pod written on: as it is"
+
+
+class WebhookRefusing(RefusingPods):
+    """A core API whose writes of one pod an admission webhook refuses."""
+
+    def patch_namespaced_pod(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise Forbidden('admission webhook "validate.kyverno.svc" denied the request', 403)
+
+    patch_namespaced_pod_status = patch_namespaced_pod
+
+
+def test_a_webhook_refusing_one_pod_stops_no_other() -> None:
+    pods, memory = WebhookRefusing(), MarkMemory()
+    marker = PodMarker(
+        core=pods,
+        counts=Counts(),
+        events=cast(Any, None),
+        memory=fixed(memory),
+        write_budget=WriteBudget(),
+    )
+    first = PodSnapshot("web", "a", "uid-1", "n1", annotations=(("gpuusage.io/gpus", "G"),))
+    other = replace(first, name="b", uid="uid-2")
+    assert not marker.clear(first)
+    assert not marker.refused, "a webhook's refusal is no want of rights"
+    assert not marker.clear(other)
+    assert pods.calls == 2, "the other pod is tried"

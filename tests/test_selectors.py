@@ -34,6 +34,9 @@ def test_each_form_selects_as_the_apiserver_would() -> None:
         ("env in ()", "is not a label value"),
         ("team=re search", "is not a label requirement"),
         ("=research", "is not a label requirement"),
+        ("Example.COM/team=a", "is not a label requirement"),
+        ("a" * 64 + "=b", "too long"),
+        ("team=" + "b" * 64, "at most 63"),
     ],
 )
 def test_what_the_apiserver_would_not_parse_is_refused_saying_where(text: str, said: str) -> None:

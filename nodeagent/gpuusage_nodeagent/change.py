@@ -47,9 +47,9 @@ SHARE_Z = 3.0
 """Standard errors a share must move by to be news (benchmarks/README.md, "Compute shares a
 steady node republishes": no steady tenant's share republished in an hour at any window)."""
 INDEPENDENT_PER_ROOT = 5.0
-"""A share resting on n sampler instants varies as one of about 5 √n independent ones: an
-engine slice spans several instants, so they are not independent (measured on the driver
-model at 30 to 300 s windows: n = 44 to 450, as 32 to 115)."""
+"""A share resting on n sampler instants varies as one of about 5 √n independent ones (n where
+that is fewer): an engine slice spans several instants, so they are not independent (measured
+on the driver model at 30 to 300 s windows: n = 44 to 450, as 32 to 115)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def share_noise(old: Shared, new: Shared) -> float:
     (a, n), (b, m) = old, new
     if n <= 0 or m <= 0:
         return 0.0
-    n_eff, m_eff = (INDEPENDENT_PER_ROOT * math.sqrt(k) for k in (n, m))
+    n_eff, m_eff = (min(k, INDEPENDENT_PER_ROOT * math.sqrt(k)) for k in (n, m))
     return math.sqrt(a * (1 - a) / n_eff + b * (1 - b) / m_eff)
 
 

@@ -135,9 +135,10 @@ class AgentSettings(CommandSettings):
             raise ValueError("--output json needs --once")
         if not self.node_name:
             raise ValueError("--node-name (or NODE_NAME) is required")
-        if self.lease_namespace and self.interval > self.lease_duration / 2:
+        if self.lease_namespace and self.interval > self.lease_duration / 3:
             raise ValueError(
-                "--interval must be at most half of --lease-duration: the Lease is renewed "
-                "after a cycle, and must not lapse between two"
+                "--interval must be at most a third of --lease-duration: the Lease is renewed "
+                "after a cycle, every third of its duration, and two renewals may fail before "
+                "it lapses"
             )
         return self

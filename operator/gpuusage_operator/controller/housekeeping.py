@@ -47,7 +47,7 @@ async def housekeeping(
     (None: they are not published)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
-    removed, refused_in = 0, None
+    removed, carrying, refused_in = 0, 0, None
 
     def probe() -> bool:
         """A read that needs etcd (a consistent list), so that its outage is noticed too."""
@@ -70,9 +70,10 @@ async def housekeeping(
         lookup = pods.lookup()
         for node in lookup.nodes_with_our_marks() - known():
             reconciler.queue.add(node, DUE)
-        if reconciler.counts.marks_removed != removed:
-            removed = reconciler.counts.marks_removed
-            left = outside_with_marks(lookup, reconciler.scope)
+        scoped = not reconciler.scope.marks or reconciler.scope.selector is not None
+        left = outside_with_marks(lookup, reconciler.scope) if scoped else 0
+        if (reconciler.counts.marks_removed, left) != (removed, carrying):
+            removed, carrying = reconciler.counts.marks_removed, left
             log.info(
                 "took gpuusage's marks off %d pods outside its scope (%s) so far; %d still carry "
                 "them",

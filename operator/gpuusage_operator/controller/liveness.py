@@ -61,7 +61,7 @@ class Liveness:
     def renewed(self, node: str) -> None:
         """The node's agent renewed its Lease (the Lease watch, once its state shows it). Only
         a node judged stale can be changed by that (a renewal never makes one stale), and every
-        agent renews every 10 s: queueing the others would wake a worker for nothing at every
+        agent renews every 20 s: queueing the others would wake a worker for nothing at every
         renewal of every node (benchmarks/lease_events.py)."""
         with self._lock:
             seen = self._sightings().get(node)

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage_operator.controller.liveness import Liveness
 from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory
-from gpuusage_operator.controller.scope import Scope, mark_outside
+from gpuusage_operator.controller.scope import Scope, judged_lookup, mark_outside
 from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import (
     DEADLINE,
@@ -60,6 +60,10 @@ from gpuusage_operator.writers.podmarker import PodMarker
 from gpuusage_operator.writers.statuswriter import echo_version, write_status
 
 log = logging.getLogger(__name__)
+
+UNKNOWN_NAMESPACE_RETRY = timedelta(seconds=2)
+"""How soon a report with a pod whose namespace the namespace watch has not brought yet (one
+created a moment ago) is judged again, to mark it or not."""
 
 
 @dataclass
@@ -205,12 +209,14 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         term = self.terms.current  # (what a term that begins meanwhile no longer needs)
         fresh = self.liveness.judge(name, generation, spec.observed_at, previous, now)
+        last = term.book.get(name)
+        before = {p.uid: p for p in last.unmarked} if last is not None else {}
         decision = judge_report(
             spec,
             previous,
             generation=generation,
             fresh=fresh,
-            lookup=lookup,
+            lookup=judged_lookup(lookup, self.scope, before, previous, now),
             dra=dra,
             now=now,
             settings=self._judge_settings,
@@ -224,16 +230,15 @@ class Reconciler:
         wake = list(decision.wake)
         # Pods first: their annotations and condition are what people read, and each write
         # waits on the apiserver; the status follows.
-        last = term.book.get(name)
-        before = {p.uid: p for p in last.unmarked} if last is not None else {}
         unmarked: list[PodSnapshot] = []
         for verdict in decision.verdicts:
             remember(term, verdict)
             writes = self.scope.writes(verdict.pod.namespace)
-            if writes is None:
-                continue  # its namespace not listed yet: left as it is, on no guess
+            if writes is None:  # its namespace not known yet: left as it is, on no guess
+                wake.append(now + UNKNOWN_NAMESPACE_RETRY)
+                continue
             if not writes:
-                self._unmark(verdict.pod)
+                self._unmark(lookup.by_uid(verdict.pod.uid))  # the pod as it is, not as judged
                 carried = would_carry(verdict, before.get(verdict.pod.uid), now)
                 unmarked.extend([carried] if carried is not None else [])
                 continue
@@ -308,11 +313,11 @@ class Reconciler:
                 return True
         return False
 
-    def _unmark(self, ref: PodSnapshot) -> None:
+    def _unmark(self, ref: PodSnapshot | None) -> None:
         """A pod outside the scope carries no marks of ours: those an earlier start wrote come
         off, once (unless this install may not write pods: then they stay, said by the
         housekeeping pass)."""
-        if ref.marked and self.marker.clear(ref):
+        if ref is not None and ref.marked and self.marker.clear(ref):
             self.counts.add("marks_removed")
 
     def forget_pods(self, uids: set[str]) -> None:

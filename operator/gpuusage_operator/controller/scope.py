@@ -10,12 +10,15 @@ the namespaces' labels it is handed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
+from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageStatus
 from gpuusage.api.policy import LabelSelector
 from gpuusage.api.selectors import selects
-from gpuusage_operator.index.pods import PodLookup
+from gpuusage.api.times import format_time
+from gpuusage_operator.index.pods import MARKED_KEY, KeptLookup, PodLookup, PodSnapshot
 
 
 @dataclass(frozen=True)
@@ -72,3 +75,84 @@ def mark_outside(status: GpuNodeUsageStatus, scope: Scope) -> GpuNodeUsageStatus
         for p in status.pods
     ]
     return status.model_copy(update={"pods": pods})
+
+
+class JudgedMarks:
+    """The kept pods as the judge is to see them where the operator writes nothing on some
+    (KeptLookup). The judge reads a pod's own marks as its memory (since when its GPUs idle,
+    whether its marks settle, where it was last seen); a pod outside the scope carries none
+    the operator keeps, or old ones it may not take off. So such a pod is seen with the marks
+    it would carry (`carried`: the last reconcile's, see writers.marks.would_carry), else, at
+    the first reconcile of a term, with what the report's last status says of it (in use,
+    or idle since when), else with none."""
+
+    def __init__(
+        self,
+        kept: KeptLookup,
+        scope: Scope,
+        carried: Mapping[str, PodSnapshot],
+        previous: GpuNodeUsageStatus | None,
+        now: datetime,
+    ) -> None:
+        self._kept, self._scope, self._carried = kept, scope, carried
+        status = previous or GpuNodeUsageStatus()
+        self._idle = {p.uid: p.idle_since for p in status.idle_pods}
+        self._used = {p.uid for p in status.pods}
+        self._now = now
+
+    def _seen(self, ref: PodSnapshot) -> PodSnapshot:
+        if self._scope.writes(ref.namespace) is not False:
+            return ref
+        people = tuple((k, v) for k, v in ref.annotations if k not in names.OPERATOR_ANNOTATIONS)
+        carried = self._carried.get(ref.uid)
+        if carried is not None:
+            ours = tuple((k, v) for k, v in carried.annotations if k in names.OPERATOR_ANNOTATIONS)
+            return replace(ref, annotations=people + ours, condition=carried.condition)
+        if ref.uid in self._idle:
+            since = format_time(self._idle[ref.uid])
+            return replace(ref, annotations=people, condition=_said("False", since))
+        if ref.uid in self._used:
+            return replace(ref, annotations=people, condition=_said("True", format_time(self._now)))
+        return replace(ref, annotations=people, condition=())
+
+    def get(self, uid: str) -> PodSnapshot | None:
+        found = self._kept.get(uid)
+        return None if found is None else self._seen(found)
+
+    def under(self, key: str) -> list[PodSnapshot]:
+        seen = [self._seen(ref) for ref in self._kept.under(key)]
+        if not key.startswith(MARKED_KEY):
+            return seen
+        node = key[len(MARKED_KEY) :]
+        found = {ref.uid: ref for ref in seen if ref.marked}
+        for uid in self._carried:
+            ref = self.get(uid)
+            if ref is not None and ref.node == node and ref.marked and uid not in found:
+                found[uid] = ref
+        return list(found.values())
+
+    def all_keys(self) -> list[str]:
+        return self._kept.all_keys()
+
+
+def _said(status: str, since: str) -> tuple[tuple[str, str], ...]:
+    """A GPUInUse condition as far as the judge reads it: its status and since when."""
+    return (
+        ("lastTransitionTime", since),
+        ("status", status),
+        ("type", names.POD_CONDITION_GPU_IN_USE),
+    )
+
+
+def judged_lookup(
+    lookup: PodLookup,
+    scope: Scope,
+    carried: Mapping[str, PodSnapshot],
+    previous: GpuNodeUsageStatus | None,
+    now: datetime,
+) -> PodLookup:
+    """The pod index as the judge is to see it (see JudgedMarks); as it is where the operator
+    writes on every pod."""
+    if scope.marks and scope.selector is None:
+        return lookup
+    return lookup.seen_through(lambda kept: JudgedMarks(kept, scope, carried, previous, now))

@@ -11,7 +11,7 @@ resident a pod).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -303,6 +303,11 @@ class PodLookup:
         # `is None`, not falsiness: an index empty now is still read when pods come.
         self._kept: KeptLookup = kept if kept is not None else _Nobody()
         self._plain: PlainLookup = plain if plain is not None else _Nobody()
+
+    def seen_through(self, view: Callable[[KeptLookup], KeptLookup]) -> PodLookup:
+        """The same index with its kept pods seen through `view` (see controller.scope: what
+        the judge is to take for the marks of pods the operator writes nothing on)."""
+        return PodLookup(view(self._kept), self._plain)
 
     def by_container(self, container_id: str) -> PodSnapshot | None:
         """The pod keyed under this container ID: plain pods are not (a scan finds them)."""

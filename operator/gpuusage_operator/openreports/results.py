@@ -266,8 +266,9 @@ def report_content(
 
 
 def kept_results(content: Mapping[str, Any], nodes: Collection[str]) -> list[dict[str, Any]]:
-    """The results a report's content holds about these nodes (as they stand): ours only, as
-    we write them (a hand-edited result that is not is dropped, never republished)."""
+    """The results a report's content holds about these nodes, or about pods on them (as they
+    stand): ours only, as we write them (a hand-edited result that is not is dropped, never
+    republished)."""
     kept = []
     for result in content.get("results") or []:
         if not isinstance(result, dict):
@@ -275,7 +276,10 @@ def kept_results(content: Mapping[str, Any], nodes: Collection[str]) -> list[dic
         resource = _resource(result)
         ours = result.get("source") == names.OPENREPORT_SOURCE and result.get("rule") in RULES
         valid = result.get("severity") in SEVERITY_ORDER and result.get("result") in STATUS_FILTER
-        if ours and valid and resource.get("kind") == "Node" and resource.get("name") in nodes:
+        properties = result.get("properties")
+        on = properties.get("node") if isinstance(properties, dict) else None
+        about = resource.get("name") if resource.get("kind") == "Node" else on
+        if ours and valid and resource.get("kind") in ("Node", "Pod") and about in nodes:
             kept.append(result)
     return kept
 

@@ -152,6 +152,11 @@ class OpenReportsWriter:
         self.passes += 1
         wanted: dict[str, list[dict[str, Any]]] = {ns: [] for ns in known}
         wanted.update(namespaces)
+        for key, listed in known.items():  # pods on nodes not judged yet: as published
+            if key != CLUSTER and keep:
+                shown = {_uid(r) for r in wanted[key]}
+                kept = [r for r in kept_results(listed.content, keep) if _uid(r) not in shown]
+                wanted[key] = [*wanted[key], *kept]
         stored_nodes = known.get(CLUSTER)
         kept = kept_results(stored_nodes.content if stored_nodes else {}, keep)
         wanted[CLUSTER] = [*nodes, *kept]
@@ -331,3 +336,9 @@ class OpenReportsWriter:
             return raw.body(answer)
         except Exception as exc:
             raise translate(exc) from exc
+
+
+def _uid(result: Mapping[str, Any]) -> object:
+    resources = result.get("resources") or [{}]
+    first = resources[0] if isinstance(resources[0], dict) else {}
+    return first.get("uid")

@@ -101,6 +101,9 @@ class PolicyLedger:
     _pending: dict[str, list[Decision]] = field(default_factory=dict)
     _retry_at: datetime | None = None
     """No flush before then: the last one could not write everything (see flush)."""
+    _refused: set[tuple[str, int]] = field(default_factory=set)
+    """(policy, generation) whose status the apiserver refused for good: its mode and rules
+    are not tried again (nor said again) until it changes."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards the fields above (never held across a request)."""
     _writing: threading.Lock = field(default_factory=threading.Lock)
@@ -186,7 +189,8 @@ class PolicyLedger:
             pending, self._pending = self._pending, {}
         for name in self.watch.policies.state.ids() - set(pending):
             policy = self.watch.policy(name)
-            if policy is not None and policy.observed != policy.generation:
+            refused = policy is not None and (name, policy.generation) in self._refused
+            if policy is not None and policy.observed != policy.generation and not refused:
                 pending[name] = []  # new or edited: its mode and rules are shown at once
         failed = False
         for name, decisions in pending.items():
@@ -200,10 +204,12 @@ class PolicyLedger:
                 written = "Failed"
             if written in ("Written", "Unlisted"):
                 continue
-            failed = True
             if written != "Refused":
+                failed = True
                 self._keep(name, decisions)
-            elif decisions:  # it would never be written: kept back
+                continue
+            self._refused.add((name, policy.generation))  # it would never be written
+            if decisions:
                 log.error("GpuUsagePolicy %s: %d decisions not recorded", name, len(decisions))
         return failed
 

@@ -74,6 +74,18 @@ def _layout(doc: Mapping[str, Any]) -> list[Any]:
     ] + [doc.get("truncated", False)]
 
 
+def _pids(doc: Mapping[str, Any]) -> list[Any]:
+    """Each device slot's pids: a process replaced in a container is news (at most once every
+    DETAIL_EVERY, as the rest of the detail), or a tenant's `ps -n` would show it for good."""
+    return [
+        sorted(d.get("pids") or [])
+        for c in doc.get("containers") or []
+        if isinstance(c, dict)
+        for d in c.get("devices") or []
+        if isinstance(d, dict)
+    ]
+
+
 def _shares(doc: Mapping[str, Any]) -> list[float | None]:
     return [
         d.get("share")
@@ -116,11 +128,11 @@ def held_detail(
     same containers on them); and when detail held back is to be shown.
 
     The devices, the finding and the condition are written at once; the detail only when it
-    moved by a step a person cares about (MEMORY_STEP, SHARE_MOVED) and DETAIL_EVERY after the
-    detail shown was observed, so that a steady pod, whose memory and shares always move a
-    little, costs no write (every heartbeat of its node carries a new observation time), and a
-    growing one at most one per DETAIL_EVERY. The time is the one the annotation shows (the
-    agent's); one in the future (a clock ahead) holds nothing back."""
+    moved by a step a person cares about (MEMORY_STEP, SHARE_MOVED, another pid) and
+    DETAIL_EVERY after the detail shown was observed, so that a steady pod, whose memory and
+    shares always move a little, costs no write (every heartbeat of its node carries a new
+    observation time), and a growing one at most one per DETAIL_EVERY. The time is the one the
+    annotation shows (the agent's); one in the future (a clock ahead) holds nothing back."""
     if not desired or not current:
         return (dict(desired) if desired is not None else None), None
     old, new = _usage(current), _usage(desired)
@@ -137,8 +149,10 @@ def held_detail(
         if key in current:
             kept[key] = current[key]
     shares = zip(_shares(old), _shares(new), strict=True)
-    moved = _memory_moved(current, desired) or any(
-        share_moved(a, b, SHARE_MOVED) for a, b in shares
+    moved = (
+        _memory_moved(current, desired)
+        or _pids(old) != _pids(new)
+        or any(share_moved(a, b, SHARE_MOVED) for a, b in shares)
     )
     if not moved:
         return kept, None

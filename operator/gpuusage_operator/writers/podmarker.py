@@ -274,13 +274,20 @@ class PodMarker:
             if ref.our_condition is not None:
                 gone = {"type": names.POD_CONDITION_GPU_IN_USE, "$patch": "delete"}
                 self.write(ref, {"status": {"conditions": [gone]}}, True)
-        except (NotFound, Invalid):
-            pass  # deleted, or replaced by another pod of that name: nothing of ours on it
+        except NotFound:
+            pass  # deleted: nothing of ours on it
+        except Invalid as exc:
+            if not is_other_object(exc):
+                self.counts.failed(type(exc).__name__)
+                log.warning("pod %s/%s: %s", ref.namespace, ref.name, exc)
+                return False
+            # replaced by another pod of that name: nothing of ours on it
         except Forbidden as exc:
-            self.memory().refused = True
-            log.warning(
-                "pod %s/%s: this install may not write pods: %s", ref.namespace, ref.name, exc
-            )
+            if no_right(exc):  # the install's RBAC: nothing more is tried this term
+                self.memory().refused = True
+            else:  # one pod refused (an admission webhook): the others are tried
+                self.counts.failed(type(exc).__name__)
+            log.warning("pod %s/%s: may not be written: %s", ref.namespace, ref.name, exc)
             return False
         except Exception as exc:  # one pod must not stop the others
             self.counts.failed(type(exc).__name__)
@@ -366,3 +373,9 @@ def pod_writer(
 def _version(pod: dict[str, Any]) -> str | None:
     version = (pod.get("metadata") or {}).get("resourceVersion")
     return None if version is None else str(version)
+
+
+def no_right(error: Exception) -> bool:
+    """Whether a 403 is RBAC's (the identity may not patch pods at all), not an admission
+    webhook's refusal of one pod: RBAC says `... cannot patch resource "pods" ...`."""
+    return "cannot patch resource" in str(error)

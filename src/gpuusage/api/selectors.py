@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 from gpuusage.api.policy import LabelSelector, SelectorRequirement
 
-_KEY = r"(?:[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?/)?[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?"
+_KEY = r"(?:[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?/)?[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?"
+"""A label key: an optional prefix (a lowercase DNS subdomain) and a name."""
 _VALUE = r"(?:[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?)?"
 _SET = re.compile(rf"\s*({_KEY})\s+(in|notin)\s*\(([^()]*)\)\s*")
 _EQUAL = re.compile(rf"\s*({_KEY})\s*(==|=|!=)\s*({_VALUE})\s*")
@@ -76,6 +77,21 @@ def _split(text: str) -> list[str]:
     return parts
 
 
+def _key(key: str, part: str) -> str:
+    """The key, held to the apiserver's bounds: a prefix of at most 253 characters, a name of
+    at most 63."""
+    prefix, _, name = key.rpartition("/")
+    if len(prefix) > 253 or len(name) > 63:
+        raise SelectorError(f"{part.strip()!r}: the key's prefix or name is too long")
+    return key
+
+
+def _value(value: str, part: str) -> str:
+    if len(value) > 63:
+        raise SelectorError(f"{part.strip()!r}: a label value is at most 63 characters")
+    return value
+
+
 def _requirement(part: str) -> SelectorRequirement:
     found = _SET.fullmatch(part)
     if found:
@@ -84,16 +100,22 @@ def _requirement(part: str) -> SelectorRequirement:
         if any(not _VALUE_ONLY.fullmatch(v) for v in values) or values == [""]:
             raise SelectorError(f"{part.strip()!r}: a value is not a label value")
         operator = "In" if op == "in" else "NotIn"
-        return SelectorRequirement(key=key, operator=operator, values=sorted(set(values)))
+        values = [_value(v, part) for v in values]
+        return SelectorRequirement(
+            key=_key(key, part), operator=operator, values=sorted(set(values))
+        )
     found = _EQUAL.fullmatch(part)
     if found:
         key, op, value = found.groups()
         operator = "NotIn" if op == "!=" else "In"
-        return SelectorRequirement(key=key, operator=operator, values=[value])
+        return SelectorRequirement(
+            key=_key(key, part), operator=operator, values=[_value(value, part)]
+        )
     found = _EXISTS.fullmatch(part)
     if found:
         negated, key = found.groups()
-        return SelectorRequirement(key=key, operator="DoesNotExist" if negated else "Exists")
+        operator = "DoesNotExist" if negated else "Exists"
+        return SelectorRequirement(key=_key(key, part), operator=operator)
     raise SelectorError(
         f"{part.strip()!r} is not a label requirement (key=value, key!=value, key in (a,b), "
         "key notin (a,b), key or !key)"
