@@ -46,6 +46,7 @@ from gpuusage_dev.localcluster.workloads import sleeper_deployment  # noqa: E402
 from gpuusage_dev.simulation import ensure_namespace  # noqa: E402
 from gpuusage_nodeagent.podresources.kubelet import list_pods  # noqa: E402
 from gpuusage_nodeagent.podresources.wire import list_response  # noqa: E402
+from gpuusage_operator.writers.marks import MEMORY_STEP, MEMORY_STEP_MIB  # noqa: E402
 from tests.nodeworld import NodeWorld, installed_world  # noqa: E402
 
 LEASE_S = 10.0
@@ -158,7 +159,17 @@ def _marked(core: client.CoreV1Api, work: Workload) -> bool:
         if c.type == names.POD_CONDITION_GPU_IN_USE
     }
     memory = (pod.metadata.annotations or {}).get(names.ANNOTATION_GPU_MEMORY_MIB)
-    return shown == {("True", work.reason)} and memory == str(work.memory_mib)
+    return shown == {("True", work.reason)} and _near(memory, work.memory_mib)
+
+
+def _near(shown: str | None, truth: int) -> bool:
+    """Whether the pod's memory annotation is the truth as the operator shows it: within a
+    step of it (writers.marks: smaller moves are not news on the pod; the status is exact)."""
+    try:
+        value = int(shown or "")
+    except ValueError:
+        return False
+    return abs(value - truth) < max(MEMORY_STEP_MIB, MEMORY_STEP * value)
 
 
 # -- the faults: each returns the wall-clock time its part was back ------------------------

@@ -289,15 +289,20 @@ def test_a_real_container_restart_is_continuous_use(installed: NodeWorld) -> Non
         ]
 
     wait_for(attributed, timeout=60, what="the new process attributed")
+    # (the status has every pid at once; the pod's detail follows at its own pace)
     wait_for(
         lambda: (
-            str(pid)
-            in world.core.read_namespaced_pod(name, "crashy").metadata.annotations[
-                names.ANNOTATION_USAGE
+            pid
+            in [
+                listed
+                for p in (node_report(world).get("status") or {}).get("pods") or []
+                if p["uid"] == used["pod"].metadata.uid
+                for c in p.get("containers") or []
+                for listed in c.get("pids") or []
             ]
         ),
         timeout=60,
-        what="the usage naming the new process",
+        what="the status naming the new process",
     )
     assert event_reasons(world, "crashy", name).count("GPUUseStarted") == 1
     assert "GPUUseEnded" not in event_reasons(world, "crashy", name)

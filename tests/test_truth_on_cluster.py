@@ -596,9 +596,18 @@ def test_a_container_restart_is_continuous_use(make_world: WorldFactory) -> None
         lambda: _process(world, 4343).get("podUID") == world.uids["train"], what="the new process"
     )
     assert _process(world, 4343)["containerID"] == new_id
+    # (the status has every pid at once; the pod's detail follows at its own pace)
     wait_for(
-        lambda: "4343" in pod_annotations(world, "train")[names.ANNOTATION_USAGE],
-        what="the usage naming the new pid",
+        lambda: (
+            [
+                c["pids"]
+                for p in report(world)["status"]["pods"]
+                if p["uid"] == world.uids["train"]
+                for c in p["containers"]
+            ]
+            == [[4343]]
+        ),
+        what="the status naming the new pid",
     )
     assert condition(pod(world, "train")) == before
     assert events(world, "train") == ["GPUUseStarted"]
