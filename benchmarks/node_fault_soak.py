@@ -46,7 +46,11 @@ from gpuusage_dev.localcluster.workloads import sleeper_deployment  # noqa: E402
 from gpuusage_dev.simulation import ensure_namespace  # noqa: E402
 from gpuusage_nodeagent.podresources.kubelet import list_pods  # noqa: E402
 from gpuusage_nodeagent.podresources.wire import list_response  # noqa: E402
-from gpuusage_operator.writers.marks import MEMORY_STEP, MEMORY_STEP_MIB  # noqa: E402
+from gpuusage_operator.writers.marks import (  # noqa: E402
+    DETAIL_EVERY,
+    MEMORY_STEP,
+    MEMORY_STEP_MIB,
+)
 from tests.nodeworld import NodeWorld, installed_world  # noqa: E402
 
 LEASE_S = 10.0
@@ -158,8 +162,10 @@ def _marked(core: client.CoreV1Api, work: Workload) -> bool:
         for c in pod.status.conditions or []
         if c.type == names.POD_CONDITION_GPU_IN_USE
     }
-    memory = (pod.metadata.annotations or {}).get(names.ANNOTATION_GPU_MEMORY_MIB)
-    return shown == {("True", work.reason)} and _near(memory, work.memory_mib)
+    annotations = pod.metadata.annotations or {}
+    memory = annotations.get(names.ANNOTATION_GPU_MEMORY_MIB)
+    right = _near(memory, work.memory_mib) or _held(annotations.get(names.ANNOTATION_USAGE))
+    return shown == {("True", work.reason)} and right
 
 
 def _near(shown: str | None, truth: int) -> bool:
@@ -170,6 +176,16 @@ def _near(shown: str | None, truth: int) -> bool:
     except ValueError:
         return False
     return abs(value - truth) < max(MEMORY_STEP_MIB, MEMORY_STEP * value)
+
+
+def _held(usage: str | None) -> bool:
+    """Whether the pod's detail may still be held back (writers.marks.held_detail): it was
+    observed less than DETAIL_EVERY ago (the status has the truth meanwhile)."""
+    try:
+        observed = datetime.fromisoformat(str(json.loads(usage or "")["observedAt"]))
+    except (ValueError, KeyError, TypeError):
+        return False
+    return datetime.now(UTC) - observed < DETAIL_EVERY
 
 
 # -- the faults: each returns the wall-clock time its part was back ------------------------
@@ -291,21 +307,36 @@ def fresh_after(world: NodeWorld, work: dict[str, Workload], back: float) -> flo
     leases = client.CoordinationV1Api(world.api)
     since = datetime.fromtimestamp(back, UTC)
 
+    waiting = ["nothing read yet"]
+
     def fresh() -> bool:
         lease: Any = leases.read_namespaced_lease(NODE, SYSTEM)
         if lease.spec.renew_time is None or lease.spec.renew_time <= since:
+            waiting[0] = "the agent's Lease renewed"
             return False
         report: Any = custom.get_cluster_custom_object(
             names.GROUP, names.VERSION, names.PLURAL, NODE
         )
         stale = [c for c in report["status"]["conditions"] if c["type"] == "Stale"]
         if not stale or stale[0]["status"] != "False":
+            waiting[0] = f"the report not stale: {stale}"
             return False
         if report["spec"].get("kubelet", {}).get("state") != "Read":
+            waiting[0] = f"the kubelet read: {report['spec'].get('kubelet')}"
             return False
-        return all(_marked(core, w) for w in work.values())
+        unmarked = [w.name for w in work.values() if not _marked(core, w)]
+        if unmarked:
+            waiting[0] = f"every pod marked, not {unmarked}"
+            return False
+        listed = {p["uid"]: p.get("usedMemoryMiB", 0) for p in report["status"].get("pods") or []}
+        behind = [w.name for w in work.values() if listed.get(w.uid) != w.memory_mib]
+        waiting[0] = f"the status's memory of every pod, not {behind}"
+        return not behind
 
-    _wait("the node fresh again", fresh, timeout=8 * LEASE_S)
+    try:
+        _wait("the node fresh again", fresh, timeout=8 * LEASE_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: waiting for {waiting[0]}") from exc
     return time.time() - back
 
 
