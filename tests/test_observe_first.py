@@ -7,6 +7,7 @@ write, and the operator's Events may be counted in a series."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from functools import partial
 from pathlib import Path
@@ -86,20 +87,19 @@ def test_a_start_with_marks_off_takes_off_the_marks_of_the_last_once_and_says_ho
             timeout=30,
             what="the marks taken off",
         )
-        # (the cluster's other pods with marks, of earlier tests, lose theirs too)
+        # (the cluster's other pods with marks, of earlier tests, lose theirs too: how many
+        # still carry them depends on those, so only the count taken off is held here)
         said = wait_for(
             lambda: [
-                m
+                int(found[1])
                 for r in caplog.records
-                if "took gpuusage's marks" in (m := r.getMessage())
-                and m.endswith("; 0 still carry them")
+                if (found := re.match(r"took gpuusage's marks off (\d+) pods", r.getMessage()))
             ],
             timeout=30,
-            what="said how many, none left",
+            what="said how many",
         )
-        removed = built.reconciler.counts.marks_removed
-        assert removed >= 2
-        assert f"off {removed} pods outside its scope (pod marks off) so far" in said[-1]
+        assert max(said) >= 2
+        assert max(said) <= built.reconciler.counts.marks_removed
         writes = built.reconciler.counts.pod_writes
         world.write(notebook=False)  # the notebook's process ends: nothing to write on it now
         wait_for(lambda: not listed(world, "notebook"), what="the status follows")
