@@ -72,15 +72,20 @@ class RefusingPods:
     patch_namespaced_pod_status = patch_namespaced_pod
 
 
-def test_marks_an_install_may_not_take_off_are_tried_once_a_term() -> None:
-    pods, memory = RefusingPods(), MarkMemory()
-    marker = PodMarker(
+def marker_on(pods: RefusingPods) -> PodMarker:
+    """A pod marker writing through `pods`, with a memory of its own."""
+    return PodMarker(
         core=pods,
         counts=Counts(),
         events=cast(Any, None),
-        memory=fixed(memory),
+        memory=fixed(MarkMemory()),
         write_budget=WriteBudget(),
     )
+
+
+def test_marks_an_install_may_not_take_off_are_tried_once_a_term() -> None:
+    pods = RefusingPods()
+    marker = marker_on(pods)
     marked = PodSnapshot("web", "p", "uid-1", "n1", annotations=(("gpuusage.io/gpus", "GPU-1"),))
     assert not marker.clear(marked)
     assert marker.refused
@@ -152,14 +157,8 @@ class WebhookRefusing(RefusingPods):
 
 
 def test_a_webhook_refusing_one_pod_stops_no_other() -> None:
-    pods, memory = WebhookRefusing(), MarkMemory()
-    marker = PodMarker(
-        core=pods,
-        counts=Counts(),
-        events=cast(Any, None),
-        memory=fixed(memory),
-        write_budget=WriteBudget(),
-    )
+    pods = WebhookRefusing()
+    marker = marker_on(pods)
     first = PodSnapshot("web", "a", "uid-1", "n1", annotations=(("gpuusage.io/gpus", "G"),))
     other = replace(first, name="b", uid="uid-2")
     assert not marker.clear(first)
