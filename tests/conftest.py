@@ -314,7 +314,7 @@ def make_world(
     `pod_extras` adds to a pod what create_running_pod takes (annotations, claims, templates);
     `operator_extras` and `agent_extras`, settings of the operator and of the agent;
     `leases`: the operator watches Leases in the world's namespace, and (`agent_lease`) the
-    agent renews its Lease there (every 2.5 s, a 10 s Lease; an unchanged report is refreshed
+    agent renews its Lease there (every third of a 10 s Lease; an unchanged report is refreshed
     after 60 s). `stale_after` None: the operator judges a node by its Lease's duration.
     `write(notebook=True)` puts train on GPU0 (with Xorg) and the notebook on GPU1;
     `scenario(gpus)` writes any other scenario. operator=False: no operator of its own (a second

@@ -24,9 +24,11 @@ def _stale(world: SimWorld) -> dict[str, Any]:
 
 
 def _leased(make_world: WorldFactory) -> SimWorld:
-    """A world whose agent renews a Lease in the world's namespace (every 2.5 s) and refreshes
-    an unchanged report only after 60 s; the operator watches that namespace."""
-    return make_world(leases=True, agent_lease=True)
+    """A world whose agent renews a Lease in the world's namespace (a 10 s Lease, renewed every
+    third: about 3.3 s, at most a cycle late) and refreshes an unchanged report only after
+    60 s; the operator watches that namespace, and calls a node stale after 6 s without a
+    sign of life (more than a renewal's gap, less than three renewals)."""
+    return make_world(leases=True, agent_lease=True, stale_after=6.0)
 
 
 def _settled(world: SimWorld) -> dict[str, Any]:
@@ -54,7 +56,7 @@ def test_a_steady_node_writes_only_its_lease(make_world: WorldFactory) -> None:
     before = _settled(world)
     last = renewed_at(world.api, world.node, world.ns)
     assert last is not None
-    # Three renewals, together longer than the operator's stale_after (4 s): the report alone
+    # Three renewals, together longer than the operator's stale_after (6 s): the report alone
     # would have gone stale; the Lease keeps it fresh, and nothing else is written.
     for _ in range(3):
 
