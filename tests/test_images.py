@@ -99,10 +99,13 @@ def test_real_containerd_imports_and_runs_the_images(containerd: Containerd) -> 
     containerd.import_image(oci_archive(busybox_image(payload)))
     containerd.import_image(oci_archive(pause_image(payload)))
     assert sorted(containerd.images()) == ["gpuusage.local/busybox:1", "gpuusage.local/pause:1"]
-    ran = containerd.ctr(
-        "run", "--rm", "gpuusage.local/busybox:1", "probe", "/bin/sh", "-c", "echo ok; id -u"
+    ran = containerd.run_to_end(
+        "gpuusage.local/busybox:1", "probe", "/bin/sh", "-c", "echo ok; id -u"
     )
+    assert ran.returncode == 0, ran.stderr.decode()[-800:]
     assert ran.stdout.decode().split() == ["ok", "0"]
+    failed = containerd.run_to_end("gpuusage.local/busybox:1", "probe", "/bin/sh", "-c", "exit 3")
+    assert failed.returncode == 3, "the command's own exit status"
 
 
 def test_the_device_plugin_advertises_a_scenarios_gpus_and_mig_devices() -> None:
@@ -179,7 +182,7 @@ def test_real_containerd_runs_its_own_platform_from_an_index(containerd: Contain
     theirs = image_manifest(busybox_image(b"not for this CPU", image.name), None, other)
     containerd.import_image(index_archive(image.name, [theirs, mine]))
     assert "gpuusage.local/multi:1" in containerd.images()
-    ran = containerd.ctr("run", "--rm", image.name, "multi-probe", "/bin/sh", "-c", "echo ok")
+    ran = containerd.run_to_end(image.name, "multi-probe", "/bin/sh", "-c", "echo ok")
     assert ran.stdout.decode().split() == ["ok"]
 
 
@@ -219,16 +222,7 @@ def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None
     (name,) = [n for n, d in product_images(REPO).items() if d == "nodeagent/Dockerfile"]
     containerd.import_image(product_image(REPO, "nodeagent/Dockerfile", name))
     assert name in containerd.images()
-    ran = containerd.ctr(
-        "run",
-        "--rm",
-        name,
-        "agent-probe",
-        "python",
-        "-c",
-        BYTECODE_PROBE,
-        check=False,
-    )
+    ran = containerd.run_to_end(name, "agent-probe", "python", "-c", BYTECODE_PROBE)
     assert ran.returncode == 0, ran.stderr.decode()[-800:]
     # Every module the agent imports was compiled at build: none compiles at each start.
     assert json.loads(ran.stdout) == [
@@ -238,9 +232,7 @@ def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None
         [],
         True,  # more than 50 modules of ours and the dependencies' were looked at
     ]
-    report = containerd.ctr(
-        "run",
-        "--rm",
+    report = containerd.run_to_end(
         name,
         "agent-once",
         "python",
@@ -256,7 +248,6 @@ def test_the_agent_image_runs_in_real_containerd(containerd: Containerd) -> None
         "none",
         "--metrics-port",
         "0",
-        check=False,
     )
     assert report.returncode == 0, report.stderr.decode()[-800:]
     assert json.loads(report.stdout)["spec"]["source"]["kind"] == "none"

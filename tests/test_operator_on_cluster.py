@@ -100,11 +100,18 @@ def test_end_to_end_annotations_conditions_events_status(world: SimWorld) -> Non
     assert events(world, "train") == ["GPUUseStarted"], "no Event per cycle"
 
     url = f"http://127.0.0.1:{world.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
+
+    def scraped() -> str:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+
+    # An Event is counted once its create has answered, which may come after it shows in a list.
+    text = wait_for(
+        lambda: 'gpuusage_operator_writes_total{target="event"} 3.0' in (t := scraped()) and t,
+        what="three Event writes counted",
+    )
     counts = world.reconciler.counts
     assert f'gpuusage_operator_writes_total{{target="pod"}} {float(counts.pod_writes)}' in text
-    assert 'gpuusage_operator_writes_total{target="event"} 3.0' in text
     assert "gpuusage_operator_pod_index_size " in text
     assert "gpuusage_operator_active 1.0" in text
     assert "gpuusage_operator_reports " in text

@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -227,6 +229,38 @@ class Containerd:
             check=check,
             timeout=120,
         )
+
+    def run_to_end(self, image: str, name: str, *argv: str) -> subprocess.CompletedProcess[bytes]:
+        """Run argv in a fresh container of image until it ends; what it printed comes back.
+
+        The container writes its output to files in a folder bound from here, through the
+        image's /bin/sh: `ctr run` copies a container's output through FIFOs and can lose a
+        short-lived one's (containerd/containerd#770), as CI saw. ctr's exit status is the
+        command's."""
+        folder = Path(tempfile.mkdtemp(prefix="run-", dir=self.directory))
+        try:
+            folder.chmod(0o777)  # images may run as another user (the agent's: 65532)
+            ran = self.ctr(
+                "run",
+                "--rm",
+                "--mount",
+                f"type=bind,src={folder},dst=/gpuusage-run,options=rbind:rw",
+                image,
+                name,
+                "/bin/sh",
+                "-c",
+                f"{shlex.join(argv)} >/gpuusage-run/out 2>/gpuusage-run/err",
+                check=False,
+            )
+            printed = {
+                n: (folder / n).read_bytes() if (folder / n).exists() else b""
+                for n in ("out", "err")
+            }
+            return subprocess.CompletedProcess(
+                ran.args, ran.returncode, printed["out"], printed["err"] + ran.stderr
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def import_image(self, archive: bytes) -> None:
         """Import an OCI image archive (see images.oci_archive) under its own name."""
