@@ -5,13 +5,18 @@ and ends every cycle gets a bounded number of them."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from gpuusage.kube.core import EventApi
+from gpuusage_operator.controller.reconcile import Counts
 from gpuusage_operator.writers.eventbook import BURST, REFILL, SERIES_WINDOW, EventBook, Write
+from gpuusage_operator.writers.events import COMPONENT, EventRecorder
+from gpuusage_operator.writers.marks import PodEvent
 from tests.conftest import WorldFactory, wait_for
 from tests.worldview import condition, pod
 
@@ -74,3 +79,28 @@ def test_a_pod_whose_process_starts_and_ends_every_cycle_gets_two_events_with_co
         what="two Events, counting every start and end",
     )
     assert len(ours()) == 2
+
+
+def test_an_event_on_a_whole_second_is_recorded_and_counted_with_its_six_digits(
+    api: client.ApiClient,
+) -> None:
+    """A MicroTime without its fraction is refused: an Event and its series' count written on
+    a whole second keep their `.000000` (as built here, not as a model would write them)."""
+    counts = Counts()
+    recorder = EventRecorder(EventApi(api), counts, "replica-1", COMPONENT, lambda: book)
+    book = EventBook()
+    regarding = client.V1ObjectReference(
+        api_version="v1", kind="Pod", name=f"whole-{uuid.uuid4().hex[:6]}", namespace="default"
+    )
+    what = PodEvent("GPUUseStarted", "started using GPUs")
+    recorder.record("default", regarding, what, "started using GPUs", T0)
+    recorder.record("default", regarding, what, "started using GPUs", T0 + timedelta(seconds=1))
+    assert counts.events == 2, "created, then counted in its series"
+    raw: Any = client.EventsV1Api(api).list_namespaced_event("default", _preload_content=False)
+    (event,) = [
+        e for e in json.loads(raw.data)["items"] if e["regarding"]["name"] == regarding.name
+    ]
+    assert event["eventTime"] == "2026-11-25T12:00:00.000000Z"
+    assert event["series"] == {"count": 2, "lastObservedTime": "2026-11-25T12:00:01.000000Z"}
+    assert event["reportingController"] == COMPONENT
+    client.EventsV1Api(api).delete_namespaced_event(event["metadata"]["name"], "default")

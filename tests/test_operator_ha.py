@@ -28,6 +28,8 @@ from gpuusage.api import names
 from gpuusage.api.models import Gpu, GpuNodeUsageSpec, Memory, Process, Source
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import create_running_pod, ensure_namespace
+from gpuusage_operator.ha.election import LeaseRecord
+from gpuusage_operator.ha.leader import LeaseLock
 from gpuusage_operator.judge.restarts import SETTLE
 from tests.conftest import CHILD_ENV, wait_for
 from tests.fakenvml import gpu_uuid
@@ -403,3 +405,21 @@ def test_an_apiserver_away_longer_than_the_lease_hands_out_nothing_twice(
     _one_action_once(setup, enforced, setup.holder())
     _stays_one(setup, enforced)
     print(f"apiserver away {LEASE + RENEW}+ s: the Lease went to {setup.holder()}")
+
+
+def test_the_lease_lock_round_trips_times_on_a_whole_second(api: client.ApiClient) -> None:
+    """A MicroTime must carry its six digits: a time on a whole second (1 renewal in 10⁶) is
+    written with its `.000000` and read back equal, never refused by the apiserver."""
+    lock = LeaseLock(api, "default", f"whole-second-{uuid.uuid4().hex[:6]}")
+    on_the_second = datetime(2026, 11, 29, 3, 0, 0, tzinfo=UTC)
+    wanted = LeaseRecord("me/1", 15.0, on_the_second, on_the_second, 0, "")
+    written = lock.write(wanted)
+    assert (written.acquired, written.renewed) == (on_the_second, on_the_second)
+    assert lock.get() == written
+    renewed = lock.write(
+        LeaseRecord(
+            "me/1", 15.0, on_the_second, on_the_second.replace(second=15), 0, written.version
+        )
+    )
+    assert renewed.renewed == on_the_second.replace(second=15)
+    client.CoordinationV1Api(api).delete_namespaced_lease(lock.name, lock.namespace)

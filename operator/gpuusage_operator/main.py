@@ -15,7 +15,7 @@ from kubernetes import client
 from gpuusage.api.times import Clock, utc_now
 from gpuusage.kube import raw
 from gpuusage.kube.config import api_client
-from gpuusage.kube.core import CoreApi
+from gpuusage.kube.core import CoreApi, LeaseApi
 from gpuusage.kube.serverversion import check_server
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.reportbook import ReportBook
@@ -103,7 +103,7 @@ class Operator:
         )
         self.dra = DraWatch(resource_apis(self._watch_api), health=self.health, idle_timeout=idle)
         self.leases = LeaseWatch(
-            client.CoordinationV1Api(self._watch_api),
+            LeaseApi(self._watch_api),
             settings.lease_namespace,
             clock=clock,
             health=self.health,

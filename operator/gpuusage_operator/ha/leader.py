@@ -27,6 +27,7 @@ from kubernetes import client
 
 from gpuusage.api.times import Clock, format_micro_time, parse_time, utc_now
 from gpuusage.kube import raw
+from gpuusage.kube.core import LeaseApi
 from gpuusage.kube.errors import Conflict, NotFound, translate
 from gpuusage_operator.ha.election import Election, LeaseRecord
 
@@ -80,7 +81,7 @@ class LeaseLock:
     """The one Lease the replicas share: read, created, replaced on the version read."""
 
     def __init__(self, api: client.ApiClient, namespace: str, name: str) -> None:
-        self._leases = client.CoordinationV1Api(api)
+        self._leases = LeaseApi(api)
         self.namespace, self.name = namespace, name
 
     def __str__(self) -> str:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -43,7 +43,7 @@ allows a component far fewer per object; this bounds them all together)."""
 @dataclass
 class EventRecorder:
     api: Any
-    """An EventsV1Api."""
+    """An EventApi (kube.core): the Event goes out as built here, its time with all six digits."""
     counts: EventCounts
     instance: str
     component: str
@@ -119,17 +119,19 @@ class EventRecorder:
         # apart (one name twice is refused as AlreadyExists, and the Event lost).
         stamp = int(now.timestamp() * 1e9) + next(self._seq)
         name = f"{regarding.name}.{stamp:x}"[:253]
-        event = client.EventsV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            event_time=now.astimezone(UTC),
-            action="GPUUse",
-            reason=what.reason,
-            note=note,
-            type=what.type,
-            regarding=regarding,
-            reporting_controller=self.component,
-            reporting_instance=self.instance[:128],
-        )
+        event = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "eventTime": format_micro_time(now),
+            "action": "GPUUse",
+            "reason": what.reason,
+            "note": note,
+            "type": what.type,
+            "regarding": regarding,
+            "reportingController": self.component,
+            "reportingInstance": self.instance[:128],
+        }
         retried(
             lambda: raw.body(
                 self.api.create_namespaced_event(namespace, event, _preload_content=False)

@@ -22,7 +22,7 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.kube import raw
-from gpuusage.kube.core import CoreApi
+from gpuusage.kube.core import CoreApi, EventApi
 from gpuusage.kube.errors import Forbidden, Invalid, NotFound, NotLeading, is_other_object, retried
 from gpuusage.kube.rest import STRATEGIC
 from gpuusage_operator.index.pods import PodSnapshot, pod_marks
@@ -366,7 +366,7 @@ def pod_writer(
     """The pod writer on one API client, with its Event recorder: `instance` names this
     replica in its Events, `due` queues reports, `refresh` reads a pod into the index again;
     `memory` and `events` give the term's memories of the pods and the Events."""
-    recorder = EventRecorder(client.EventsV1Api(api), counts, instance, COMPONENT, events)
+    recorder = EventRecorder(EventApi(api), counts, instance, COMPONENT, events)
     return PodMarker(CoreApi(api), counts, recorder, memory, write_budget, due=due, refresh=refresh)
 
 
