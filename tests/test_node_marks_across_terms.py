@@ -2,7 +2,8 @@
 apiserver, with the real Lease election and Node writer, another leader takes this replica's
 marks off a Node while it stands by; leading again (a new term, its memories new), it reads
 the Node anew and marks it again, where it would otherwise have trusted its old view for
-minutes."""
+minutes. And a Node whose report went while another replica led keeps no marks of ours: the
+new leader lists it (NodeMarker.marked) and, the report absent, reads and clears it."""
 
 from __future__ import annotations
 
@@ -39,9 +40,7 @@ def node(api: client.ApiClient) -> Iterator[str]:
 
 
 def test_a_replica_leading_again_reads_a_nodes_marks_anew(api: client.ApiClient, node: str) -> None:
-    # (microseconds: the client's Lease model writes a time of none in a form the apiserver
-    # refuses, which the operator's own clock all but never gives)
-    clock = Clock(datetime(2026, 11, 28, 12, 0, 0, 250000, tzinfo=UTC))
+    clock = Clock(datetime(2026, 11, 28, 12, 0, 0, tzinfo=UTC))  # a whole second: see leader
     terms = new_terms()
     nodes = NodeRunner(
         tainting_runner(PolicyStatusApi(), clock),
@@ -75,3 +74,31 @@ def test_a_replica_leading_again_reads_a_nodes_marks_anew(api: client.ApiClient,
     clock.now += timedelta(seconds=30)
     nodes.visit(node, orphaned, certain=True, now=clock.now)
     assert theirs.read(node) == NodeMarks(condition=True, tainted=True), "marked again at once"
+
+
+def test_a_node_whose_report_went_meanwhile_is_found_and_cleared_by_the_next_leader(
+    api: client.ApiClient, node: str
+) -> None:
+    clock = Clock(datetime(2026, 11, 28, 12, 0, 0, tzinfo=UTC))
+    terms = new_terms()
+    nodes = NodeRunner(
+        tainting_runner(PolicyStatusApi(), clock),
+        record=lambda *a: None,
+        marker=NodeMarker(api),
+        memory=lambda: terms.current.nodes,
+    )
+    orphaned = OrphanedMemory(memoryMiB=4096, processes=1, since=clock.now - timedelta(hours=1))
+    nodes.visit(node, orphaned, certain=True, now=clock.now)
+    lister = NodeMarker(api)
+    found = lister.marked()
+    assert isinstance(found, set)
+    assert node in found
+    # Another replica led when the report was deleted, and died before clearing the node;
+    # this one leads again (a new term: it has not read the node in it).
+    terms.begin()
+    clock.now += timedelta(minutes=1)
+    nodes.forget(node, clock.now)
+    assert lister.read(node) == NodeMarks(), "read, found marked, cleared"
+    found = lister.marked()
+    assert isinstance(found, set)
+    assert node not in found

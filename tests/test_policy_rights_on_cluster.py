@@ -140,6 +140,9 @@ def test_admission_lets_the_operator_change_nothing_on_a_node_but_its_marks(
         now = datetime.now(UTC)
         assert marker.write(node, NodeMarks(True, True), "held", now).outcome == "Done"
         assert marker.read(node) == NodeMarks(True, True)
+        listed = marker.marked()  # the right to list the Nodes, for a new term's sweep
+        assert isinstance(listed, set)
+        assert node in listed
         found: Any = core.read_node(node)  # (the node lifecycle controller taints it too)
         assert {other["key"], names.NODE_CONDITION_ORPHANED} <= {t.key for t in found.spec.taints}
         key = names.NODE_CONDITION_ORPHANED

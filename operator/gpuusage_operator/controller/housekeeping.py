@@ -4,7 +4,9 @@ Everything else that no report event triggers is a deadline in the work queue (s
 workqueue: a pod's idle time, marks settling, a report turning stale). Every `interval` this
 pass checks that the API answers, so that an outage is logged once and its end once, and
 queues the nodes whose pods carry our marks while the report watch holds no report for them (a
-report deleted while no replica watched: the worker finds it absent and clears them), and
+report deleted while no replica watched: the worker finds it absent and clears them), once a
+term the Nodes that carry our OrphanedGPUMemory marks with no report (listed: neither mark can
+be selected on; with policy actions only), and
 brings the OpenReports in line with the findings (see openreports: a pass that finds nothing
 changed writes nothing), and writes the policies' decisions that a reconcile could not (see
 policies.ledger: none may come for a long time).
@@ -47,7 +49,9 @@ async def housekeeping(
     (None: they are not published)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
-    removed, carrying, refused_in = 0, 0, None
+    removed, carrying, refused_in, swept_in = 0, 0, None, None
+    runner = reconciler.nodes
+    marker = runner.marker if runner is not None else None
 
     def probe() -> bool:
         """A read that needs etcd (a consistent list), so that its outage is noticed too."""
@@ -91,6 +95,20 @@ async def housekeeping(
                 outside_with_marks(lookup, reconciler.scope),
                 reconciler.scope,
             )
+        if marker is not None and swept_in is not reconciler.terms.current:
+            term = reconciler.terms.current
+            found = await loop.run_in_executor(None, marker.marked)
+            if isinstance(found, set):
+                swept_in = term
+                for node in found - known():
+                    reconciler.queue.add(node, DUE)
+            elif found.outcome == "NotPermitted":
+                swept_in = term  # said once a term; the rest goes on
+                log.warning(
+                    "Nodes whose report went while no replica led may keep gpuusage's "
+                    "OrphanedGPUMemory marks: %s (the policy-actions part grants list on nodes)",
+                    found.detail,
+                )
         if publish is not None:
             try:
                 await loop.run_in_executor(None, publish)

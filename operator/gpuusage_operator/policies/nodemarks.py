@@ -5,9 +5,10 @@ The condition is patched into `nodes/status` (conditions merge by type, so the k
 other components' conditions are untouched). The taints are a list without a merge key, so a
 taint is added or removed by rewriting the list read with its resourceVersion: a write that
 raced another (the kubelet, a person's `kubectl taint`) is refused as a conflict and tried
-again, never clobbering what the other wrote. The rights (get and patch on nodes, patch on
-nodes/status) come with the policy-actions part only, and its admission policy lets the
-operator change nothing on a Node but this condition and this taint.
+again, never clobbering what the other wrote. The rights (get, list and patch on nodes, patch
+on nodes/status) come with the policy-actions part only, and its admission policy lets the
+operator change nothing on a Node but this condition and this taint. The list serves `marked`
+alone: once a term, the Nodes that carry marks of ours though no report names them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.noderule import NodeMarks
 
 KEY = names.NODE_CONDITION_ORPHANED
+PAGE = 500
+"""Nodes per page of `marked`'s list: each is parsed and let go as it is reached."""
 
 
 def node_marks(node: dict[str, Any]) -> NodeMarks:
@@ -67,6 +70,27 @@ class NodeMarker:
             return node_marks(self._read(node))
         except Exception as exc:
             return _failed(exc, "read the node")
+
+    def marked(self) -> set[str] | Result:
+        """The Nodes that carry our condition or taint, or why they cannot be listed. Neither
+        can be selected on, so every Node is read, a page at a time: the caller does this once
+        a term (a report deleted while no replica led leaves its node's marks otherwise)."""
+        found: set[str] = set()
+        token: str | None = None
+        try:
+            while True:
+                fields: dict[str, Any] = {}
+                page = raw.body(
+                    self._core.list_node(limit=PAGE, _continue=token, _preload_content=False)
+                )
+                for node in raw.list_items(page, fields):
+                    if node_marks(node) != NodeMarks():
+                        found.add(str((node.get("metadata") or {}).get("name") or ""))
+                token = (fields.get("metadata") or {}).get("continue") or None
+                if token is None:
+                    return found - {""}
+        except Exception as exc:
+            return _failed(exc, "list the nodes")
 
     def write(self, node: str, wanted: NodeMarks, message: str, now: datetime) -> Result:
         """Bring the node's marks to `wanted`: the taint first when it goes (the node is

@@ -21,6 +21,7 @@ from gpuusage.api.models import OrphanedMemory
 from gpuusage.api.policy import NodeRule, Target
 from gpuusage.api.reasons import PolicyOutcome, policy_event_reason
 from gpuusage.api.times import format_time
+from gpuusage.errors import GpuusageError
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderule import NodeMarks, due_of, node_step
@@ -31,6 +32,10 @@ AGAIN = timedelta(seconds=10)
 """How soon a Node that could not be read or written for now is tried again."""
 REREAD = timedelta(minutes=5)
 """How long the marks read from a Node are trusted before it is read again."""
+
+
+class MarksLeft(GpuusageError):
+    """A report's node still carries our marks: taking them off was refused for now."""
 
 
 @dataclass(frozen=True)
@@ -174,13 +179,23 @@ class NodeRunner:
 
     def forget(self, node: str, now: datetime) -> None:
         """The node's report is gone (the agent uninstalled, the node deleted): nothing is
-        known of its memory any more, so marks of ours on it are taken off."""
+        known of its memory any more, so marks of ours on it are taken off. A node this term
+        has not read is read first: the report may have gone while another replica led, or
+        none did, after marking it."""
         with self._lock:
             memory = self.memory()
             known = memory.known.pop(node, None)
             memory.said.pop(node, None)
-        if self.marker is not None and known is not None and known[0] != NodeMarks():
-            self.marker.write(node, NodeMarks(), _message(None, NodeMarks()), now)
+        if self.marker is None:
+            return
+        marks = known[0] if known is not None else self.marker.read(node)
+        if not isinstance(marks, NodeMarks) or marks == NodeMarks():
+            if isinstance(marks, Result) and marks.outcome == "Refused":
+                raise MarksLeft(f"node {node}: {marks.detail}")
+            return  # unmarked, gone, or no right to read it (then we cannot have marked it)
+        done = self.marker.write(node, NodeMarks(), _message(None, NodeMarks()), now)
+        if done.outcome == "Refused":  # raced another write, or throttled: the worker retries
+            raise MarksLeft(f"node {node}: {done.detail}")
 
 
 def _subject(rule: NodeRule | None, orphaned: OrphanedMemory | None) -> NodeSubject:

@@ -2,7 +2,7 @@
 
 Two reasons. Memory: the client (37.x) builds a validator for each of `CoreV1Api`'s hundreds of
 methods and imports the 250 models they name when the class is first imported: a large part of
-the operator's resident memory, for the eleven requests below (benchmarks/README.md, "Operator:
+the operator's resident memory, for the dozen requests below (benchmarks/README.md, "Operator:
 memory at 5,000 reports"). Times: since 37.0 a generated method validates its body into a
 model, and the model writes a datetime with `isoformat`, which leaves out the fraction of a time
 on a whole second; a Lease's or an Event's MicroTime without its six digits is refused by the
@@ -119,6 +119,9 @@ class CoreApi(RawApi):
 
     def list_namespace(self, **kwargs: Any) -> Any:
         return self._send("GET", "/api/v1/namespaces", kwargs)
+
+    def list_node(self, **kwargs: Any) -> Any:
+        return self._send("GET", "/api/v1/nodes", kwargs)
 
     def read_node(self, name: str, **kwargs: Any) -> Any:
         return self._send("GET", f"/api/v1/nodes/{_part(name)}", kwargs)
