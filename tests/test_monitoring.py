@@ -98,6 +98,9 @@ RECORDS = (
 
 Sample = tuple[str, frozenset[tuple[str, str]]]
 
+OUTSIDE = "gpuusage-test/outside"
+"""A namespace label the kube-state-metrics test's operator leaves out of its scope."""
+
 
 @pytest.fixture(scope="session")
 def promtool() -> Path:
@@ -494,7 +497,8 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         idle_after=3.0,
         pod_extras={"stray": {"claims": {"gpu": "stray-gpu"}}},
         agent_extras={"idle_window": 0.5, "share_window": 10, "share_read_every": 0.25},
-        operator_extras={"policy_notice": 0.5},
+        # c's namespace is labelled outside the operator's scope below
+        operator_extras={"policy_notice": 0.5, "namespace_selector": f"!{OUTSIDE}"},
     )
     # A policy tells the owner of a pod using a GPU it never requested (Notify, enforced).
     custom = client.CustomObjectsApi(a.api)
@@ -515,6 +519,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
         },
     )
     c = make_world({"train": 1}, operator=False)  # its one GPU turns blind in the trouble
+    c.core.patch_namespace(c.ns, {"metadata": {"labels": {OUTSIDE: "true"}}})
     train, waiter, sneaky, stray, kernel = (
         a.pids[n] for n in ("train", "waiter", "sneaky", "stray", "kernel")
     )
@@ -569,6 +574,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
             and _value(s, "gpuusage_node_unattributed_processes", node=a.node) == 0
             and _value(s, "gpuusage_node_idle_pods", node=a.node) == 0
             and _value(s, "gpuusage_pod_gpu_memory_used_mib", node=c.node, pod="train") == 4096
+            and _value(s, "gpuusage_pod_gpu_out_of_scope", node=c.node, pod="train") == 1
             and _value(s, "gpuusage_policy_actions_taken", policy=policy) == 0
             and _value(s, "gpuusage_pod_gpu_computing", node=a.node, pod="kernel") == 1
             and _value(s, "gpuusage_pod_gpu_computing", node=a.node, pod="train") == 1
@@ -608,6 +614,7 @@ def test_kube_state_metrics_series_and_the_alerts_they_fire(
     assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="train") == 0
     assert _value(healthy, "gpuusage_pod_gpu_unrequested", **node_a, pod="stray") == 0
     assert _value(healthy, "gpuusage_pod_gpu_unallocated", **node_a, pod="stray") == 0
+    assert _value(healthy, "gpuusage_pod_gpu_out_of_scope", **node_a, pod="train") == 0
     held = "gpuusage_pod_gpu_held_idle_since_timestamp_seconds"
     assert _value(healthy, held, **node_a, pod="kernel") == 0
     assert _value(healthy, "gpuusage_node_held_idle_pods", **node_a) == 0
