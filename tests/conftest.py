@@ -48,6 +48,20 @@ CHART = Path(__file__).resolve().parents[1] / "charts" / "gpuusage"
 """The Helm chart's folder."""
 
 
+def gpuusage_cli(
+    kubeconfig: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The user CLI in a child process, as a user runs it (`gpuusage ARGS --kubeconfig K`);
+    its exit status is the caller's to judge."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuusage.cli", *args, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**CHILD_ENV, **(env or {})},
+    )
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "condition") -> Any:
     """Poll until predicate returns something truthy; an API error or a missing field
     (the object is not there yet) counts as not yet. Fails the test at the timeout."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import urllib.parse
 import uuid
@@ -39,7 +38,7 @@ from gpuusage_commands.prometheus import PrometheusError, base_url, instant_quer
 from gpuusage_commands.top import TopSettings, _checked, read_bills
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.builders import status_pod, status_report
-from tests.conftest import CHILD_ENV
+from tests.conftest import gpuusage_cli
 
 SUFFIX = uuid.uuid4().hex[:5]
 """Names of this module's namespaces and node, apart from other runs'."""
@@ -302,23 +301,7 @@ def test_top_shows_the_bill_beside_the_namespaces_now(
     )
 
     def top(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpuusage.cli",
-                "top",
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "--by",
-                "namespace",
-                *args,
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=CHILD_ENV,
-        )
+        return gpuusage_cli(cluster.kubeconfig, "top", "--by", "namespace", *args)
 
     try:
         shown = top("--window", "24h", "--prometheus", url)

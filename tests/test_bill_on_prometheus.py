@@ -9,7 +9,6 @@ is a bearer token (Prometheus' own web config has basic auth only, so it refuses
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from gpuusage_commands.bill import RULES
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.localcluster.pki import create_pki
 from gpuusage_dev.localprometheus import LocalPrometheus, running_prometheus
-from tests.conftest import CHILD_ENV
+from tests.conftest import gpuusage_cli
 from tests.headerproxy import HeaderProxy
 
 NS = f"billed-{uuid.uuid4().hex[:5]}"
@@ -54,24 +53,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPromet
 def _top(
     cluster: LocalCluster, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuusage.cli",
-            "top",
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "--by",
-            "namespace",
-            "--window",
-            "1h",
-            *args,
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        env={**CHILD_ENV, **(env or {})},
+    return gpuusage_cli(
+        cluster.kubeconfig, "top", "--by", "namespace", "--window", "1h", *args, env=env
     )
 
 

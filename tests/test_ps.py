@@ -26,7 +26,7 @@ from gpuusage_commands.pstable import (
 )
 from gpuusage_commands.toptable import select
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from tests.conftest import CHILD_ENV, GPU0, GPU1, WorldFactory, wait_for
+from tests.conftest import CHILD_ENV, GPU0, GPU1, WorldFactory, gpuusage_cli, wait_for
 from tests.fakenvml import mig_uuid
 from tests.worldview import report
 
@@ -256,13 +256,10 @@ def test_ps_and_the_kubectl_plugin_on_the_cluster(
     kc = str(cluster.kubeconfig)
 
     def ps(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gpuusage.cli", "ps", "--kubeconfig", kc, *args],
-            capture_output=True,
-            text=True,
-            check=check,
-            env=CHILD_ENV,
-        )
+        shown = gpuusage_cli(cluster.kubeconfig, "ps", *args)
+        if check:
+            shown.check_returncode()
+        return shown
 
     def rows() -> dict[int, dict[str, Any]]:
         items = json.loads(ps("--node", world.node, "-o", "json").stdout)["items"]

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,14 @@ from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage_dev.localcluster.cluster import LocalCluster
-from tests.conftest import CHILD_ENV, GPU0, GPU1, WorldFactory, token_kubeconfig, wait_for
+from tests.conftest import (
+    GPU0,
+    GPU1,
+    WorldFactory,
+    gpuusage_cli,
+    token_kubeconfig,
+    wait_for,
+)
 from tests.simworld import SimWorld
 from tests.worldview import condition, pod, pod_annotations
 
@@ -72,16 +78,6 @@ def _tenant(cluster: LocalCluster, world: SimWorld, path: Path) -> Path:
     return kubeconfig
 
 
-def _gpuusage(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuusage.cli", *args, "--kubeconfig", str(kubeconfig)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=CHILD_ENV,
-    )
-
-
 def _table(text: str) -> list[dict[str, str]]:
     """kubectl-style columns as dicts by header, each cell where its header starts."""
     header, *lines = text.splitlines()
@@ -94,7 +90,7 @@ def test_a_tenant_sees_their_namespace_from_its_pods_marks(
     cluster: LocalCluster, world: SimWorld, tmp_path: Path
 ) -> None:
     tenant = _tenant(cluster, world, tmp_path / "tenant.kubeconfig")
-    top = _gpuusage(tenant, "top", "-n", world.ns)
+    top = gpuusage_cli(tenant, "top", "-n", world.ns)
     assert top.returncode == 0, top.stderr
     (said,) = top.stderr.splitlines()
     assert said.startswith(f"note: no right to list {names.PLURAL}: namespace {world.ns} as ")
@@ -110,19 +106,19 @@ def test_a_tenant_sees_their_namespace_from_its_pods_marks(
     ], "the pod handed no GPU is marked as the reports' view marks it"
 
     # What an admin sees of the same pods from the reports: the same rows.
-    admin = _gpuusage(cluster.kubeconfig, "top", "-n", world.ns)
+    admin = gpuusage_cli(cluster.kubeconfig, "top", "-n", world.ns)
     assert admin.returncode == 0, admin.stderr
     assert admin.stdout == top.stdout
 
     # The context's namespace without -n, as kubectl; JSON says where the rows come from.
-    shown = json.loads(_gpuusage(tenant, "top", "-o", "json").stdout)
+    shown = json.loads(gpuusage_cli(tenant, "top", "-o", "json").stdout)
     assert shown["view"] == "pod-marks"
     assert [(i["pod"], i["memory_mib"], i["unrequested"]) for i in shown["items"]] == [
         ("train", 30720, False),
         ("notebook", 10240, True),
     ]
 
-    ps = _gpuusage(tenant, "ps", "-n", world.ns)
+    ps = gpuusage_cli(tenant, "ps", "-n", world.ns)
     assert ps.returncode == 0, ps.stderr
     assert "each process's command, own memory, activity and device number" in ps.stderr
     processes = [
@@ -132,7 +128,7 @@ def test_a_tenant_sees_their_namespace_from_its_pods_marks(
         (str(world.pids["train"]), "train", "trainer", GPU0, "30Gi"),
         (str(world.pids["notebook"]), "notebook", "jupyter", GPU1, "10Gi"),
     ]
-    on_node = _gpuusage(tenant, "ps", "-n", world.ns, "--node", "elsewhere")
+    on_node = gpuusage_cli(tenant, "ps", "-n", world.ns, "--node", "elsewhere")
     assert (on_node.returncode, on_node.stdout) == (0, "")
     assert "No GPU processes in namespace" in on_node.stderr
 
@@ -150,7 +146,7 @@ def test_what_only_the_reports_answer_is_refused_naming_the_right(
         (("top", "-n", "default"), "nor pods in namespace default"),
         (("ps", "-n", "default"), "nor pods in namespace default"),
     ):
-        refused = _gpuusage(tenant, *args)
+        refused = gpuusage_cli(tenant, *args)
         assert refused.returncode == 1, (args, refused.stdout)
         (line,) = refused.stderr.splitlines()
         assert line.startswith(f"gpuusage: cannot list {names.PLURAL} (cluster-scoped)"), line

@@ -34,7 +34,7 @@ from gpuusage_commands.toptable import (
 )
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from tests.builders import STATUS_TIME, status_pod, status_report
-from tests.conftest import CHILD_ENV
+from tests.conftest import CHILD_ENV, gpuusage_cli
 
 SUFFIX = uuid.uuid4().hex[:5]
 NS_A, NS_B = f"ml-{SUFFIX}", f"web-{SUFFIX}"
@@ -273,13 +273,9 @@ def test_top_and_the_kubectl_plugin_on_the_cluster(
     kc = str(cluster.kubeconfig)
 
     def top(*args: str) -> str:
-        return subprocess.run(
-            [sys.executable, "-m", "gpuusage.cli", "top", "--kubeconfig", kc, *args],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=CHILD_ENV,
-        ).stdout
+        shown = gpuusage_cli(cluster.kubeconfig, "top", *args)
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout
 
     lines = [line.split() for line in top("-A").splitlines()]
     ours = [line for line in lines[1:] if line[0] in (NS_A, NS_B)]
