@@ -81,8 +81,13 @@ def build_registry(
         """A new term (its memories are new, see ha.terms): another replica may have written
         meanwhile, so every report is judged again (a standby's workers drop what they take),
         and every node whose pods carry our marks: its report may have gone meanwhile (the
-        worker finds it absent and clears them, as the housekeeping pass would later)."""
+        worker finds it absent and clears them, as the housekeeping pass would later). The
+        policies are listed again before any acts: the last leader's counts of its actions
+        (their status) may not have come through the watch yet, and the cluster-wide limit
+        adds up every policy's."""
         metrics.leadership_acquired.inc()
+        if policies is not None:
+            policies.policies.relist()
         for name in reports.names() | pods.lookup().nodes_with_our_marks():
             reconciler.queue.add(name, EVENT)
 

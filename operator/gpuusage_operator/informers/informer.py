@@ -104,6 +104,8 @@ class Informer(Generic[S]):
         self._wait = wait or self.stopped.wait
         self.relists = 0
         self._stream: Any = None  # the watch response being read, for stop()
+        self._asked = 0  # lists asked for by relist()
+        self._listed_for = 0  # the latest of them a list began after
 
     def __len__(self) -> int:
         return len(self.state)
@@ -112,16 +114,20 @@ class Informer(Generic[S]):
         version: str | None = None
         failures = 0
         while not self.stopped.is_set():
+            watching = False
             try:
-                if version is None:
+                while version is None or self._listed_for != self._asked:
                     version = self.list_all()
                     failures = 0  # reconnected: the next outage starts its backoff afresh
+                watching = True
                 version = self._watch(version)
             except Exception as exc:  # the API is away, or the watch cannot resume: list again
                 if self.stopped.is_set():
                     break  # shutting down, perhaps with the control plane: nothing to report
                 self.synced.clear()  # readers wait for the new list
                 version = None
+                if watching and self._listed_for != self._asked:
+                    continue  # relist() ended the watch: no fault
                 if isinstance(exc, WatchExpired):
                     log.info("%s watch expired (%s); listing again", self.what, exc)
                     continue
@@ -142,9 +148,22 @@ class Informer(Generic[S]):
         if stream is not None:
             raw.shutdown(stream)
 
+    def relist(self) -> None:
+        """List everything again before the state counts as synced: what the watch has not
+        brought yet is in a list begun now (a new leader's view of what the last one wrote).
+        Readers see `synced` cleared at once; the loop ends its watch and lists."""
+        with self.writing:
+            self._asked += 1
+            self.synced.clear()
+        stream = self._stream
+        if stream is not None:
+            raw.shutdown(stream)
+
     def list_all(self) -> str:
         """List every object (paginated) into a new state that replaces the old one; the
-        list's resourceVersion, for the watch to resume from."""
+        list's resourceVersion, for the watch to resume from. A relist() asked for while it
+        ran leaves `synced` clear: the loop lists again."""
+        asked = self._asked
         state = self._new_state()
         token: str | None = None
         while True:
@@ -164,14 +183,17 @@ class Informer(Generic[S]):
         self._on_listed(before, state)
         again = "synced" if self.relists == 1 else "listed again"
         log.info("%s index %s: %d objects", self.what, again, len(state))
-        self.synced.set()
+        with self.writing:
+            self._listed_for = asked
+            if asked == self._asked:
+                self.synced.set()
         return str(meta.get("resourceVersion") or "")
 
     def _watch(self, version: str) -> str:
         response = self._watch_from(version, self.idle_timeout)
         self._stream = response
-        if self.stopped.is_set():  # stop() came between the check and the request
-            raw.shutdown(response)
+        if self.stopped.is_set() or self._listed_for != self._asked:
+            raw.shutdown(response)  # stop() or relist() came between the check and the request
         with closing(raw.json_lines(response)) as events:  # closed now, however it is left
             for event in events:
                 kind, obj = event.get("type"), event.get("object") or {}
