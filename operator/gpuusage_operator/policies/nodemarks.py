@@ -29,7 +29,7 @@ from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.noderule import NodeMarks
 
 KEY = names.NODE_CONDITION_ORPHANED
-PAGE = 500
+_PAGE = 500
 """Nodes per page of `marked`'s list: each is parsed and let go as it is reached."""
 
 
@@ -81,7 +81,7 @@ class NodeMarker:
             while True:
                 fields: dict[str, Any] = {}
                 page = raw.body(
-                    self._core.list_node(limit=PAGE, _continue=token, _preload_content=False)
+                    self._core.list_node(limit=_PAGE, _continue=token, _preload_content=False)
                 )
                 for node in raw.list_items(page, fields):
                     if node_marks(node) != NodeMarks():
