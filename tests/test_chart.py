@@ -319,6 +319,7 @@ def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> 
         ({"agent": {"procAccess": "host"}}, "value must be one of 'hostPID', 'hostProc'"),
         ({"agent": {"image": {"tag": 1.0}}}, "at '/agent/image/tag'"),
         ({"agent": {"interval": 30}}, "agent.interval (30 s) must be at most a third"),
+        ({"agent": {"leaseDuration": 5}}, "at '/agent/leaseDuration'"),
         ({"agent": {"extraArgs": ["interval=5"]}}, "at '/agent/extraArgs/0'"),
         ({"operator": {"replicas": 0}}, "at '/operator/replicas': minimum"),
         ({"operator": {"idleAfter": "30m"}}, "at '/operator/idleAfter'"),
