@@ -319,6 +319,7 @@ def test_values_of_a_release_from_before_the_lease_still_install(helm: Helm) -> 
         ({"agent": {"procAccess": "host"}}, "value must be one of 'hostPID', 'hostProc'"),
         ({"agent": {"image": {"tag": 1.0}}}, "at '/agent/image/tag'"),
         ({"agent": {"interval": 30}}, "agent.interval (30 s) must be at most a third"),
+        ({"agent": {"leaseDuration": 5}}, "at '/agent/leaseDuration'"),
         ({"agent": {"extraArgs": ["interval=5"]}}, "at '/agent/extraArgs/0'"),
         ({"operator": {"replicas": 0}}, "at '/operator/replicas': minimum"),
         ({"operator": {"idleAfter": "30m"}}, "at '/operator/idleAfter'"),
@@ -558,3 +559,51 @@ def test_observing_first_with_policy_actions_grants_only_the_node_rules_rights(
     marking = render(helm, "operator.policyActions=true")
     pods = one(marking, "ClusterRole", "gpuusage-operator-policy-actions")["rules"][0]
     assert pods["resources"] == ["pods"]
+
+
+def _notes(helm: Helm, *sets: str) -> str:
+    """The NOTES helm prints after an install with these values (a client-side dry run)."""
+    out = helm.run(
+        "install", "gpuusage", str(CHART), "-n", NS, "--dry-run=client", *set_args(sets)
+    ).stdout
+    assert "\nNOTES:\n" in out, out[-2000:]
+    return out.split("\nNOTES:\n", 1)[1]
+
+
+def test_the_notes_say_where_the_agent_runs_and_where_to_look_in_either_mode(helm: Helm) -> None:
+    """The NOTES name the node terms that choose the agent's nodes (not the empty nodeSelector)
+    and point at pods' marks only where the operator writes them."""
+    marking = _notes(helm)
+    terms = yaml.safe_load((CHART / "values.yaml").read_text())["agent"]["gpuNodeSelectorTerms"]
+    for term in terms:
+        (expression,) = term["matchExpressions"]
+        label = expression["key"] + (
+            "=" + expression["values"][0] if expression["operator"] == "In" else ""
+        )
+        assert f"\n  {label}\n" in marking
+    assert "matching {}" not in marking
+    assert "gpuusage.io/GPUInUse" in marking
+    assert "Observe only" not in marking
+
+    observing = _notes(helm, "operator.podMarks=false")
+    assert "kubectl describe pod" not in observing
+    assert "Observe only (operator.podMarks=false): no pod carries" in observing
+    for where in ("kubectl get gpunodeusage", "kubectl gpuusage top -A", "kubectl get reports -A"):
+        assert where in observing
+    assert "--set operator.podMarks=true" in observing
+    assert "operator.unmarkPods=true" not in observing
+    unmarking = _notes(helm, "operator.podMarks=false", "operator.unmarkPods=true")
+    assert "operator.unmarkPods=true: the operator takes off the marks" in unmarking
+    assert "kubectl get reports" not in _notes(helm, "operator.openReports=false")
+
+    every = _notes(helm, "agent.gpuNodeSelectorTerms=null")
+    assert "The agent runs on every node" in every
+    extra = _notes(
+        helm,
+        "agent.extraNodeSelectorTerms[0].matchExpressions[0].key=example.com/gpu",
+        "agent.extraNodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    )
+    assert "\n  example.com/gpu\n" in extra
+    assert "\n  nvidia.com/gpu.present=true\n" in extra
+    scoped = _notes(helm, "operator.namespaceSelector=team=a")
+    assert "match operator.namespaceSelector\n(team=a)" in scoped

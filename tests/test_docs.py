@@ -10,11 +10,13 @@ import ast
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +29,9 @@ from gpuusage_commands.crd import CrdSettings
 from gpuusage_commands.ps import PsSettings
 from gpuusage_commands.top import TopSettings
 from gpuusage_dev.commands import BuildSettings, DemoSettings, LocalClusterSettings
+from gpuusage_nodeagent.lease import LEASE_DURATION, renew_every
 from gpuusage_nodeagent.settings import AgentSettings
+from gpuusage_operator.judge.freshness import DEFAULT_STALE_AFTER
 from gpuusage_operator.settings import OperatorSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -436,6 +440,97 @@ def test_the_default_checks_can_fail() -> None:
     row = "| operator `--pod-writes-per-second`, `--pod-write-burst` | 50, 400 | budget |"
     assert table_defaults(row) == ["operator --pod-write-burst | 400: the code's default is [500]"]
     assert table_defaults("| agent `--idle-after` | 1800 s | x |") != []  # the operator's
+
+
+# -- the agent's Lease: its default and the share of it an interval may take ------------------
+
+CHART_DIR = ROOT / "charts" / "gpuusage"
+SHARES = {"half": 2, "a third": 3, "third": 3, "a quarter": 4, "quarter": 4}
+TIMES = {"twice": 2, "three times": 3, "four times": 4}
+LEASE_SHARE = re.compile(
+    r"(?:renewed every|renews? (?:it )?every) (half|a third|third|a quarter|quarter)\b"
+    r"|(?:at most|over) (half|a third|a quarter) (?:of )?(?:the |its )?"
+    r"(?:Lease(?:'s)? duration|lease duration|leaseDuration|`--lease-duration`)"
+)
+"""A statement of how often the agent renews its Lease, or how much of it an interval may take."""
+LEASE_TIMES = re.compile(r"at least (twice|three times|four times) the interval", re.I)
+
+
+def lease_claims(text: str, share: int) -> list[str]:
+    """Where a text says the Lease is renewed, or an interval bounded, at another share of the
+    Lease's duration than the code's (1/share)."""
+    said = [(m[0], SHARES[m[1] or m[2]]) for m in LEASE_SHARE.finditer(text)]
+    said += [(m[0], TIMES[m[1]]) for m in LEASE_TIMES.finditer(text)]
+    return [f"{words!r}: the code's is 1/{share}" for words, n in said if n != share]
+
+
+def _lease_share() -> int:
+    """The share of its duration at which the agent renews its Lease, and the longest interval
+    its settings accept: one number, or the code disagrees with itself."""
+    duration: float = AgentSettings.model_fields["lease_duration"].default
+    share = round(duration / renew_every(timedelta(seconds=duration)).total_seconds())
+    bound = duration / share
+    AgentSettings(node_name="n", lease_namespace="ns", lease_duration=duration, interval=bound)
+    with pytest.raises(ValueError, match="--interval must be at most"):
+        AgentSettings(
+            node_name="n", lease_namespace="ns", lease_duration=duration, interval=bound + 0.01
+        )
+    return share
+
+
+def test_the_lease_default_and_its_share_are_the_codes_wherever_said() -> None:
+    """The chart's schema, values and template, and every document, give the agent's Lease the
+    code's default, bounds and renewal share, and staleAfter unset the code's thresholds."""
+    field = AgentSettings.model_fields["lease_duration"]
+    duration, interval = field.default, AgentSettings.model_fields["interval"].default
+    assert timedelta(seconds=duration) == LEASE_DURATION
+    share = _lease_share()
+    assert share == 3
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in field.metadata}
+
+    agent = json.loads((CHART_DIR / "values.schema.json").read_text())["properties"]["agent"]
+    lease = agent["properties"]["leaseDuration"]
+    assert f"null: {duration:g}." in lease["description"]
+    number = next(o for o in lease["oneOf"] if o["type"] == "number")
+    assert (number["minimum"], number["maximum"]) == (bounds["Ge"], bounds["Le"])
+    assert f"null: {interval:g}." in agent["properties"]["interval"]["description"]
+    template = (CHART_DIR / "templates" / "agent-daemonset.yaml").read_text()
+    assert f"$agent.leaseDuration | default {duration:g} |" in template
+    assert f"$agent.interval | default {interval:g} |" in template
+    assert f"(mulf $interval {share})" in template
+    values = (CHART_DIR / "values.yaml").read_text()
+    assert re.search(rf"leaseDuration: null  #.*\({duration:g}\)", values)
+
+    stale = json.loads((CHART_DIR / "values.schema.json").read_text())["properties"]["operator"]
+    said = stale["properties"]["staleAfter"]["description"]
+    assert f"the Lease's own duration (agent.leaseDuration, {duration:g})" in said
+    assert f"{DEFAULT_STALE_AFTER.total_seconds():g} for an agent that renews no Lease" in said
+
+    texts = {
+        str(path.relative_to(ROOT)): path.read_text()
+        for path in (*DOCUMENTS, CHART_DIR / "values.yaml", CHART_DIR / "values.schema.json")
+        if path.parent.name != "benchmarks"  # it measures the agent as it was, too
+    }
+    wrong = {name: lease_claims(text, share) for name, text in texts.items()}
+    assert {name: w for name, w in wrong.items() if w} == {}
+    assert sum(len(LEASE_SHARE.findall(t)) for t in texts.values()) >= 6  # the texts are read
+    for match in re.finditer(
+        r"`--lease-duration (\d+)` \(renewed every third of it, about "
+        r"([\d.]+) s\)",
+        texts["docs/node-faults.md"],
+    ):
+        every = renew_every(timedelta(seconds=int(match[1]))).total_seconds()
+        assert f"{every:.1f}" == match[2]
+
+
+def test_the_lease_claim_check_can_fail() -> None:
+    assert lease_claims("interval: null  # (10); at most half the leaseDuration", 3) == [
+        "'at most half the leaseDuration': the code's is 1/3"
+    ]
+    assert lease_claims("renewed every 2.5 s", 3) == []
+    assert lease_claims("the Lease, renewed every quarter: 10 s", 3) != []
+    assert lease_claims("At least 10, and at least twice the interval.", 3) != []
+    assert lease_claims("renewed every third of it; at least three times the interval", 3) == []
 
 
 # -- the reasons the operator writes -----------------------------------------------------------
