@@ -19,7 +19,11 @@ second, 72 kept (the first read finds the ring full of the processes' current wo
 returning each process's latest sample; MPS clients' work is sampled under the server's pid;
 with `own_pid_namespace=True` the caller is outside the host's pid namespace and, as the open
 kernel module does, every list and sample leaves out the pids it cannot map (all of them);
-with `costs=True` each call takes as long as it took on the real driver.
+with `costs=True` each call takes as long as it took on the real driver. Its `library` is the
+driver version of the libnvidia-ml the process loaded (the driver's when the machine was made,
+as the NVIDIA runtime mounts it when a container is created): with `driver` set to another
+version (a driver upgrade) nvmlInit fails with LIB_RM_VERSION_MISMATCH, as the kernel refuses a
+library of another version than its module's.
 """
 
 from __future__ import annotations
@@ -170,6 +174,9 @@ class FakeMachine:
     ) -> None:
         self.gpus = gpus
         self.driver = driver
+        """The loaded kernel module's version."""
+        self.library = driver
+        """The loaded library's version (see the module docstring)."""
         self.cuda = cuda
         self.init_error = init_error
         self.v3_missing = v3_missing
@@ -353,6 +360,8 @@ class FakeMachine:
         def init() -> None:
             if self.init_error is not None:
                 raise _err(self.init_error)
+            if self.library != self.driver:
+                raise _err(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
             self.initialised = True
 
         def handle_by_index(index: int) -> Handle:

@@ -1,27 +1,46 @@
 """The agent lets go of the driver while the GPU Operator replaces it: which of its upgrade
-states ask for that, the read of the agent's own Node, the device files the source holds, and
-what the operator makes of such a report. Pure, or over files in a temporary folder."""
+states and GPU-client labels ask for that, the read of the agent's own Node, the device files
+the source holds, the agent's end when the driver comes back of another version than its
+library, and what the operator makes of such a report. Pure, over files in a temporary folder,
+or through the real NVML code path with pynvml's functions faked."""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 import yaml
 
 from gpuusage.api.models import GpuNodeUsageSpec, Source
 from gpuusage.kube.errors import TransientApiError
-from gpuusage_nodeagent.driverupgrade import RELEASING_STATES, UPGRADE_STATE_LABEL, upgrading
+from gpuusage_nodeagent import main
+from gpuusage_nodeagent.change import Decision
+from gpuusage_nodeagent.driverupgrade import (
+    CLIENT_DEPLOY_LABEL,
+    RELEASING_STATES,
+    UPGRADE_STATE_LABEL,
+    releasing,
+)
+from gpuusage_nodeagent.gpusource.base import GpuSource
 from gpuusage_nodeagent.gpusource.fake import FakeSource
+from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.gpusource.releasing import ReleasingSource
+from gpuusage_nodeagent.gpusource.replaced import DriverReplaced
+from gpuusage_nodeagent.main import NodeReader, run_cycles
+from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.ownnode import UpgradeWatch
+from gpuusage_nodeagent.resolver import Resolver
+from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.judge.certainty import REASON_UPGRADE, blind_spots, sees_all
 from gpuusage_operator.judge.podstate import desired_condition, verdicts
 from tests.builders import marked_snapshot
-from tests.fakenvml import gpu_uuid
+from tests.fakenvml import FakeGpu, FakeMachine, gpu_uuid
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 
@@ -51,16 +70,42 @@ RELEASING = {
 
 @pytest.mark.parametrize("state", EVERY_STATE)
 def test_the_driver_is_let_go_from_pod_deletion_until_the_new_driver_is_loaded(state: str) -> None:
-    expected = state if state in RELEASING else None
-    assert upgrading({UPGRADE_STATE_LABEL: state}) == expected
+    expected = f"{UPGRADE_STATE_LABEL}={state}" if state in RELEASING else None
+    assert releasing({UPGRADE_STATE_LABEL: state}) == expected
     assert set(EVERY_STATE) >= RELEASING_STATES
 
 
 def test_no_label_an_unknown_state_or_another_label_reads_the_gpus() -> None:
-    assert upgrading({}) is None
-    assert upgrading({UPGRADE_STATE_LABEL: "some-future-state"}) is None
-    assert upgrading({"nvidia.com/gpu-driver-upgrade-state-x": "drain-required"}) is None
-    assert upgrading({"other/label": "drain-required"}, "other/label") == "drain-required"
+    assert releasing({}) is None
+    assert releasing({UPGRADE_STATE_LABEL: "some-future-state"}) is None
+    assert releasing({"nvidia.com/gpu-driver-upgrade-state-x": "drain-required"}) is None
+    assert releasing({"other/label": "drain-required"}, "other/label") == (
+        "other/label=drain-required"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "lets_go"),
+    [
+        # k8s-driver-manager's maybeSetPaused / maybeSetTrue, mig-parted's reconfigure
+        ("true", False),
+        ("paused-for-driver-upgrade", True),
+        ("paused-for-mig-change", True),
+        ("custom_paused-for-driver-upgrade", True),  # a value other than true, paused
+        ("custom", False),
+        ("false", False),  # no clients wanted here: the managers leave it as it is
+        ("", False),
+    ],
+)
+def test_the_gpu_clients_deploy_label_lets_go_while_it_says_paused(
+    value: str, lets_go: bool
+) -> None:
+    expected = f"{CLIENT_DEPLOY_LABEL}={value}" if lets_go else None
+    assert releasing({CLIENT_DEPLOY_LABEL: value}) == expected
+    both = {UPGRADE_STATE_LABEL: "pod-restart-required", CLIENT_DEPLOY_LABEL: value}
+    assert releasing(both) == f"{UPGRADE_STATE_LABEL}=pod-restart-required", "either is enough"
+    state = {UPGRADE_STATE_LABEL: "upgrade-done", CLIENT_DEPLOY_LABEL: value}
+    assert releasing(state) == expected, "an upgrade state that reads the GPUs does not override"
 
 
 class Clock:
@@ -95,18 +140,23 @@ def test_the_node_is_read_at_most_once_every_interval_from_the_cache() -> None:
     assert watch.state() is None, "not read again before the interval"
     assert api.paths == ["/api/v1/nodes/n1?resourceVersion=0"]
     clock.now += timedelta(seconds=1)
-    assert watch.state() == "pod-deletion-required"
+    assert watch.state() == f"{UPGRADE_STATE_LABEL}=pod-deletion-required"
     assert len(api.paths) == 2
+    api.labels = {CLIENT_DEPLOY_LABEL: "paused-for-mig-change"}
+    clock.now += timedelta(seconds=30)
+    assert watch.state() == f"{CLIENT_DEPLOY_LABEL}=paused-for-mig-change"
 
 
 def test_a_failed_read_keeps_the_last_state() -> None:
     api, clock = NodeApi(), Clock()
     watch = UpgradeWatch(api.get, "n1", every=timedelta(seconds=1), clock=clock)
     api.labels[UPGRADE_STATE_LABEL] = "drain-required"
-    assert watch.state() == "drain-required"
+    assert watch.state() == f"{UPGRADE_STATE_LABEL}=drain-required"
     api.failing, api.labels = True, {}
     clock.now += timedelta(seconds=1)
-    assert watch.state() == "drain-required", "a failed read takes nothing back on a guess"
+    assert watch.state() == f"{UPGRADE_STATE_LABEL}=drain-required", (
+        "a failed read takes nothing back on a guess"
+    )
     api.failing = False
     clock.now += timedelta(seconds=1)
     assert watch.state() is None
@@ -160,10 +210,10 @@ def test_an_upgrade_lets_go_of_the_driver_and_the_agent_comes_back_by_itself(
     for name in ("nvidiactl", "nvidia0", "nvidia1"):
         (tmp_path / "dev" / name).touch()
     state: list[str | None] = [None]
-    source = ReleasingSource(FakeSource(scenario(tmp_path)), "fake", lambda: state[0], "l")
+    source = ReleasingSource(FakeSource(scenario(tmp_path)), "fake", lambda: state[0])
     assert source.read().source.available
     assert held(tmp_path) == {"nvidiactl", "nvidia0", "nvidia1"}
-    state[0] = "pod-restart-required"
+    state[0] = f"{UPGRADE_STATE_LABEL}=pod-restart-required"
     reading = source.read()
     assert held(tmp_path) == set()
     assert (reading.source.available, reading.source.reason) == (False, "DriverUpgrade")
@@ -181,6 +231,153 @@ def test_an_upgrade_lets_go_of_the_driver_and_the_agent_comes_back_by_itself(
     assert len(back.gpus) == 2
     assert held(tmp_path) == {"nvidiactl", "nvidia0", "nvidia1"}
     source.close()
+
+
+def nvml_reader(
+    machine: FakeMachine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[NodeReader, list[str | None]]:
+    """An agent's reader over `machine` through the real NVML code path, letting go of the
+    driver while the returned list's one item names a cause."""
+    machine.install(monkeypatch)
+    cause: list[str | None] = [None]
+    source = ReleasingSource(NvmlSource(pynvml, clock=machine.now), "nvml", lambda: cause[0])
+    return NodeReader("n1", source, Resolver(tmp_path), clock=machine.now), cause
+
+
+def let_go_while_replaced(
+    machine: FakeMachine, cause: list[str | None], reader: NodeReader
+) -> None:
+    """The GPU Operator's upgrade: the agent lets go, the module is replaced meanwhile."""
+    cause[0] = f"{UPGRADE_STATE_LABEL}=pod-restart-required"
+    assert reader.read().reading.source.reason == "DriverUpgrade"
+    assert not machine.initialised
+
+
+def went_away_while_replaced(
+    machine: FakeMachine, cause: list[str | None], reader: NodeReader
+) -> None:
+    """No Operator: the module is unloaded under the agent, which notices it at a reading."""
+    machine.gpus[0].handle_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    assert reader.read().reading.gpus[0].error is not None
+    assert not machine.initialised, "NVML shut down at once"
+    machine.gpus[0].handle_error = None
+    machine.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    assert not reader.read().reading.source.available, "no driver loaded for a while"
+    machine.init_error = None
+
+
+REPLACEMENTS = [let_go_while_replaced, went_away_while_replaced]
+Replacement = Callable[[FakeMachine, list[str | None], NodeReader], None]
+
+
+@pytest.mark.parametrize("replaced", REPLACEMENTS, ids=["upgrade-label", "driver-gone"])
+def test_a_driver_back_of_the_same_version_is_read_by_the_same_process(
+    replaced: Replacement, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0))], driver="550.54.15")
+    reader, cause = nvml_reader(machine, monkeypatch, tmp_path)
+    assert reader.read().reading.source.available
+    replaced(machine, cause, reader)
+    cause[0] = None
+    back = reader.read().reading
+    assert back.source.available
+    assert back.source.driver_version == "550.54.15"
+    assert machine.initialised
+
+
+@pytest.mark.parametrize("replaced", REPLACEMENTS, ids=["upgrade-label", "driver-gone"])
+def test_a_driver_back_of_another_version_ends_the_agent_rather_than_idling_for_ever(
+    replaced: Replacement, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """pynvml keeps the library it loaded first, the old driver's: the new module refuses it
+    (LibRmVersionMismatch) for as long as it stays loaded, so only a new process reads it."""
+    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0))], driver="550.54.15")
+    reader, cause = nvml_reader(machine, monkeypatch, tmp_path)
+    assert reader.read().reading.source.available
+    replaced(machine, cause, reader)
+    machine.driver = "580.159.04"
+    cause[0] = None
+    with pytest.raises(DriverReplaced, match=r"driver 550\.54\.15's"):
+        reader.read()
+    assert not machine.initialised
+    fresh = NvmlSource(pynvml)  # a new container's process, given the new driver's library
+    machine.library = machine.driver
+    assert fresh.read().source.driver_version == "580.159.04"
+
+
+def test_a_mismatch_from_the_start_idles_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A library that never worked here is not mended by a restart: the agent reports why."""
+    machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0))], driver="580.159.04")
+    machine.library = "550.54.15"
+    reader, _ = nvml_reader(machine, monkeypatch, tmp_path)
+    for _ in range(2):
+        reading = reader.read().reading
+        assert not reading.source.available
+        assert reading.errors["LibRmVersionMismatch"] == 1
+        assert reading.source.message is not None
+        assert "LibRmVersionMismatch" in reading.source.message
+
+
+def test_the_fake_driver_refuses_its_library_once_replaced_by_another_version(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "dev").mkdir()
+    for name in ("nvidiactl", "nvidia0", "nvidia1"):
+        (tmp_path / "dev" / name).touch()
+    source = FakeSource(scenario(tmp_path, driverVersion="550.54.15"))
+    assert source.read().source.available
+    scenario(tmp_path, driverVersion="580.159.04")
+    reading = source.read()
+    assert (reading.source.available, reading.gpus) == (False, [])
+    assert reading.errors == {"LibRmVersionMismatch": 1}
+    assert held(tmp_path) == set(), "a library the module refuses holds no device file"
+    fresh = FakeSource(tmp_path / "gpus.yaml")  # a new process: the new driver's library
+    assert fresh.read().source.driver_version == "580.159.04"
+    assert held(tmp_path) == {"nvidiactl", "nvidia0", "nvidia1"}
+    fresh.close()
+
+
+def test_the_agent_loop_ends_when_the_driver_comes_back_of_another_version(
+    tmp_path: Path,
+) -> None:
+    path = scenario(tmp_path, driverVersion="550.54.15")
+    stop = threading.Event()
+    offered: list[bool] = []
+
+    class Recorder:
+        def offer(self, attributed: Any, force: bool = False) -> Decision:
+            offered.append(attributed.reading.source.available)
+            if len(offered) == 1:
+                scenario(tmp_path, driverVersion="580.159.04")  # replaced by another version
+            if len(offered) > 3:
+                stop.set()  # today's failure: idling on, never ending
+            return Decision(True, "report")
+
+    settings = AgentSettings(node_name="n1", interval=0.01, metrics_port=0)
+    source: GpuSource = FakeSource(path)
+    reader = NodeReader("n1", source, Resolver(tmp_path))
+    with pytest.raises(DriverReplaced, match=r"driver 550\.54\.15's"):
+        run_cycles(settings, reader, Recorder(), AgentMetrics(), stop)  # type: ignore[arg-type]
+    assert offered == [True], "the cycle that read the mismatch published nothing"
+
+
+def test_the_agent_exits_with_its_own_status_when_the_driver_was_replaced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def replaced(*_: Any) -> int:
+        raise DriverReplaced("550.54.15", "NVML unavailable (LibRmVersionMismatch)")
+
+    monkeypatch.setattr(main, "_loop", replaced)
+    settings = AgentSettings(
+        node_name="n1",
+        gpu_source=f"fake:{scenario(tmp_path)}",
+        proc_root=tmp_path,
+        metrics_port=0,
+    )
+    assert main.run_agent(settings) == main.EXIT_DRIVER_REPLACED != 0
+    assert "the agent exits so that its container is created again" in caplog.text
 
 
 def test_the_operator_makes_the_pods_use_unknown_with_the_reason_never_ended() -> None:

@@ -2,6 +2,8 @@
 
 The loop never exits on an API error: a failed write is counted and logged, and the next
 cycle offers its newer observation, so once the API is back the latest state is published.
+It exits for one thing its own process cannot mend: a driver replaced by one of another
+version under the NVML library it loaded (gpusource.replaced), with EXIT_DRIVER_REPLACED.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from gpuusage_nodeagent.activity import ActivityTracker, Key
 from gpuusage_nodeagent.caps import capped
 from gpuusage_nodeagent.cgroup import Roots, kubelet_roots
 from gpuusage_nodeagent.driverfacts import SAMPLE_READ_EVERY
+from gpuusage_nodeagent.driverupgrade import CLIENT_DEPLOY_LABEL, PAUSED
 from gpuusage_nodeagent.gpusource.base import GpuSource, Reading
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.null import NullSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.gpusource.releasing import ReleasingSource
+from gpuusage_nodeagent.gpusource.replaced import DriverReplaced, LoadedLibrary
 from gpuusage_nodeagent.lease import LeaseRenewer
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.ownnode import UpgradeWatch
@@ -50,6 +54,10 @@ from gpuusage_nodeagent.share import SHARE_READ_SPAN, Share, ShareSchedule, Shar
 from gpuusage_nodeagent.visibility import Allowance, with_blind_devices
 
 log = logging.getLogger(__name__)
+
+EXIT_DRIVER_REPLACED = 3
+"""The agent's exit status when the driver was replaced under its library (see
+gpusource.replaced): the kubelet starts its container again, with the new driver's."""
 
 
 def make_source(spec: str) -> GpuSource:
@@ -92,6 +100,7 @@ class NodeReader:
         self.allowance = allowance or Allowance()
         self.setup = setup
         """How the agent was started (see selfcheck); None: nothing to say about it."""
+        self.library = LoadedLibrary()
 
     def poll(self) -> None:
         """Between two readings: read the GPUs' utilization samplers (see activity)."""
@@ -105,7 +114,11 @@ class NodeReader:
             self.source.sample_shares(shared, SHARE_READ_SPAN)
 
     def read(self) -> AttributedReading:
-        reading = capped(with_blind_devices(self.source.read(), self.allowance))
+        """This cycle's reading; DriverReplaced where the driver was replaced by one of another
+        version under this process's library (see gpusource.replaced)."""
+        raw = self.source.read()
+        self.library.check(raw)
+        reading = capped(with_blind_devices(raw, self.allowance))
         if self.setup is not None and reading.source.kind == "nvml":
             notes = [pid_namespace_note(self.setup)]
             if not reading.source.available:
@@ -245,6 +258,9 @@ def run_agent(settings: AgentSettings, stop: threading.Event | None = None) -> i
             sys.stdout.write("\n")
             return 0
         return _loop(settings, reader, stop)
+    except DriverReplaced as exc:
+        log.error("%s (exit status %d)", exc, EXIT_DRIVER_REPLACED)
+        return EXIT_DRIVER_REPLACED
     finally:
         source.close()
 
@@ -319,10 +335,13 @@ def release_for_upgrades(settings: AgentSettings, reader: NodeReader, api: RestC
         label=settings.driver_upgrade_label,
     )
     kind: Literal["nvml", "fake"] = "nvml" if settings.gpu_source == "nvml" else "fake"
-    reader.source = ReleasingSource(reader.source, kind, watch.state, watch.label)
+    reader.source = ReleasingSource(reader.source, kind, watch.state)
     log.info(
-        "the driver is let go while Node label %s says it is being replaced (read every %.0fs)",
+        "the driver is let go while Node label %s says it is being replaced or %s says %s... "
+        "(read every %.0fs)",
         watch.label,
+        CLIENT_DEPLOY_LABEL,
+        PAUSED,
         settings.driver_upgrade_read_every,
     )
 
@@ -347,6 +366,8 @@ def run_cycles(
         try:
             with metrics.cycle_seconds.time():
                 attributed = reader.read()
+        except DriverReplaced:
+            raise  # only a new process reads the new driver
         except Exception as exc:  # a bug or bad input must not end the node's agent
             metrics.cycle_failures.labels(kind=type(exc).__name__).inc()
             if str(exc) != last_failure:  # a lasting failure once, with its traceback

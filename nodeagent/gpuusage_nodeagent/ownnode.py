@@ -1,13 +1,13 @@
-"""The agent's own Node's driver-upgrade state, read at most once every
+"""What the agent's own Node says of its driver (see driverupgrade), read at most once every
 --driver-upgrade-read-every.
 
 A GET of one Node with resourceVersion=0 is answered from the apiserver's watch cache, not from
 etcd, and reading it every 30 s costs 5,000 nodes about 170 cached reads a second, a third of
 what their kubelets' 10 s Lease renewals write. A watch would hear a change sooner but holds one
 more connection per node open on the apiserver for the agent's whole life, and the agent's
-single-threaded REST client would need a thread of its own for it; the GPU Operator gives the
-GPU pods' own termination grace between `pod-deletion-required` and the driver's restart, and a
-driver pod that finds its module still in use retries after its restart backoff.
+single-threaded REST client would need a thread of its own for it. The price of the interval: a
+driver manager that finds the module still in use within it (no GPU pod's termination grace
+delayed it) fails its unload and retries after its restart backoff.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from gpuusage.kube.errors import ApiError
-from gpuusage_nodeagent.driverupgrade import UPGRADE_STATE_LABEL, upgrading
+from gpuusage_nodeagent.driverupgrade import UPGRADE_STATE_LABEL, releasing
 
 log = logging.getLogger(__name__)
 
 
 class UpgradeWatch:
-    """Whether the agent's Node says its driver is being replaced (see driverupgrade).
+    """What on the agent's Node asks it to let go of the driver (see driverupgrade), if any.
 
-    A failed read keeps the last state read (none before the first): an agent that cannot read
+    A failed read keeps the last answer read (none before the first): an agent that cannot read
     its Node neither lets go of the driver nor takes it back on a guess.
     """
 
@@ -50,7 +50,7 @@ class UpgradeWatch:
         self._failure: str | None = None
 
     def state(self) -> str | None:
-        """The upgrade state that asks the agent to let go of the driver, or None."""
+        """`label=value` of the label that asks the agent to let go of the driver, or None."""
         now = self._clock()
         if self._read_at is not None and now - self._read_at < self._every:
             return self._state
@@ -64,8 +64,8 @@ class UpgradeWatch:
             return self._state
         self._failure = None
         labels = (node.get("metadata") or {}).get("labels") or {}
-        state = upgrading(labels, self.label)
+        state = releasing(labels, self.label)
         if state != self._state:
-            log.info("Node label %s: %s", self.label, labels.get(self.label, "(absent)"))
+            log.info("Node labels: %s", state or "none asks the agent to let go of the driver")
         self._state = state
         return state

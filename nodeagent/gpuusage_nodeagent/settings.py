@@ -98,9 +98,12 @@ class AgentSettings(CommandSettings):
     """The label on the agent's own Node by which the GPU Operator tells a driver upgrade's
     state. While it says the driver is about to be unloaded or is being replaced
     (pod-deletion-required, drain-required, pod-restart-required, node-maintenance-required,
-    post-maintenance-required), the agent shuts NVML down, holds no /dev/nvidia* open and
-    reports the node as DriverUpgrade; it reads the GPUs again once the label says anything
-    else. Empty: the Node is never read (and the agent needs no `get` on nodes)."""
+    post-maintenance-required), or nvidia.com/gpu.deploy.client holds paused-for- (the driver
+    manager's paused-for-driver-upgrade, the MIG manager's paused-for-mig-change), the agent
+    shuts NVML down, holds no /dev/nvidia* open and reports the node as DriverUpgrade; it reads
+    the GPUs again once neither says so (a driver of another version: it exits, status 3, to be
+    started again with that driver's library). Empty: the Node is never read (neither label;
+    the agent needs no `get` on nodes)."""
     driver_upgrade_read_every: float = Field(default=30.0, ge=1, le=600)
     """Seconds between two reads of the agent's own Node for that label (from the apiserver's
     cache: resourceVersion=0)."""

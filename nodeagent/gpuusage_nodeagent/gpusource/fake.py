@@ -19,6 +19,12 @@ library works: where a folder `dev` lies beside the scenario file, its `nvidiact
 `nvidia<minor>` of each GPU with a `minorNumber` (files the caller makes) are opened at a reading
 whose scenario has no `nvmlError`, and closed by `close` or a reading with one. Whether the agent
 lets go of the driver can then be checked in its /proc/<pid>/fd, as on a GPU node.
+
+Like the NVML library a container is given, its library is of one driver version: the file's
+`driverVersion` when the source was made. A later scenario with another `driverVersion` (a
+driver replaced by another version) reads as nvmlInit then fails on the real driver:
+LibRmVersionMismatch, no GPU, no device file held, for as long as the scenario says so; a new
+source (a new agent process, as a new container is given the new driver's library) reads it.
 """
 
 from __future__ import annotations
@@ -412,6 +418,8 @@ class FakeSource:
         self._share_batches: dict[str, list[SampleBatch]] = {}
         self._share_read: dict[str, datetime] = {}
         self._held: dict[str, int] = {}  # the device files held open, by name
+        self.library = self._last_good.driverVersion
+        """The driver version of the emulated NVML library (see the module docstring)."""
 
     def _hold(self, scenario: Scenario) -> None:
         """Hold open the scenario's device files found in the folder `dev` beside it."""
@@ -500,13 +508,16 @@ class FakeSource:
             gpus, errors, processes = built(scenario, self.path)  # valid: it was before
             note = safe_text(f"{exc}", 900) + "; showing the last valid scenario"
             errors["ScenarioInvalid"] += 1
-        if scenario.nvmlError:  # the library fails: no GPU was read, so none of their errors
+        failure = scenario.nvmlError
+        if failure is None and scenario.driverVersion != self.library:
+            failure = "LibRmVersionMismatch"  # the kernel refuses a library of another version
+        if failure:  # the library fails: no GPU was read, so none of their errors
             self.close()
-            errors = Counter([scenario.nvmlError, *(["ScenarioInvalid"] if note else [])])
+            errors = Counter([failure, *(["ScenarioInvalid"] if note else [])])
             source = Source(
                 kind="fake",
                 available=False,
-                message=f"NVML unavailable ({scenario.nvmlError}); idling, will retry",
+                message=f"NVML unavailable ({failure}); idling, will retry",
                 agent_version=__version__,
             )
             return Reading(source, [], errors)

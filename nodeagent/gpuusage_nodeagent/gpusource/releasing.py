@@ -1,10 +1,14 @@
-"""A source that lets go of the driver while the node's driver is being replaced.
+"""A source that lets go of the driver while the node's driver is being replaced (or its GPUs
+reconfigured: see driverupgrade).
 
-While `upgrading()` names a state (see driverupgrade), the source under it is closed (NVML:
-nvmlShutdown, which releases every handle and closes the device files it opened) and every
-reading says so: no GPUs, `available` false, reason DriverUpgrade, so the operator makes the
-pods' use Unknown, never ended. Once it names none, the next reading is the source's own, which
-initialises NVML again: the agent comes back with the new driver, without a restart.
+While `upgrading()` names a cause (a Node label, `label=value`), the source under it is closed
+(NVML: nvmlShutdown, which releases every handle and closes the device files it opened) and
+every reading says so: no GPUs, `available` false, reason DriverUpgrade (the API's one reason for
+letting go of the driver on purpose; the message names the label, `paused-for-mig-change` for a
+MIG change), so the operator makes the pods' use Unknown, never ended. Once it names none, the
+next reading is the source's own, which initialises NVML again: a driver of the version the
+process's library was loaded for is read in the same process; one of another version is the
+end of this process (see gpusource.replaced).
 """
 
 from __future__ import annotations
@@ -28,33 +32,30 @@ class ReleasingSource:
         source: GpuSource,
         kind: Literal["nvml", "fake"],
         upgrading: Callable[[], str | None],
-        label: str,
     ) -> None:
         self.source = source
         self.kind: Literal["nvml", "fake"] = kind
         self._upgrading = upgrading
-        self._label = label
         self.released: str | None = None
-        """The upgrade state the driver was let go for; None while the source reads."""
+        """What the driver was let go for (`label=value`); None while the source reads."""
 
     def read(self) -> Reading:
         state = self._upgrading()
         if state is None:
             if self.released is not None:
-                log.info("driver upgrade over (%s says so): reading the GPUs", self._label)
+                log.info("the Node no longer says %s: reading the GPUs", self.released)
                 self.released = None
             return self.source.read()
         if self.released is None:
             self.source.close()
             log.warning(
-                "driver upgrade (%s=%s): NVML shut down, no GPU device file held until it is over",
-                self._label,
+                "the Node says %s: NVML shut down, no GPU device file held until it is over",
                 state,
             )
         self.released = state
         message = (
-            f"the GPU Operator is replacing the driver ({self._label}={state}): NVML shut down "
-            "and no device file held until the new driver is loaded"
+            f"the GPU Operator is replacing the driver or resetting the GPUs ({state}): NVML "
+            "shut down and no device file held until it is over"
         )
         source = Source(
             kind=self.kind,
