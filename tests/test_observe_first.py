@@ -152,10 +152,12 @@ def test_marks_turned_on_later_do_not_date_an_ended_use_from_the_pods_start(
     world.stop_operator()
     world.write(notebook=False)  # its process ends while no operator runs
     wait_for(
-        lambda: not any(
-            p["pid"] == world.pids["notebook"]
-            for g in report(world)["spec"]["gpus"]
-            for p in g.get("processes") or []
+        lambda: (
+            not any(
+                p["pid"] == world.pids["notebook"]
+                for g in report(world)["spec"]["gpus"]
+                for p in g.get("processes") or []
+            )
         ),
         what="the agent reports it ended",
     )

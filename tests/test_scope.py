@@ -253,7 +253,8 @@ def test_a_policy_the_scope_keeps_from_acting_is_said_of() -> None:
         "there"
     )
     many = {f"ns-{n}": {"team": "web"} for n in range(7)}
-    assert "ns-4 and 2 more;" in unheeded(policies, many, scope())["everywhere"]
+    wide = Scope(True, parse_selector("team=research"), "team=research", many.get)
+    assert "ns-4 and 2 more;" in unheeded(policies, many, wide)["everywhere"]
     assert unheeded(policies, LABELS, Scope()) == {}, "every pod in scope"
 
 
