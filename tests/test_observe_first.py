@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -18,6 +19,7 @@ import yaml
 from kubernetes import client
 
 from gpuusage.api import names
+from gpuusage.api.times import format_time
 from gpuusage_dev.localcluster.cluster import LocalCluster
 from gpuusage_dev.simulation import Background
 from gpuusage_operator.main import Operator
@@ -131,6 +133,50 @@ def test_the_namespace_selector_marks_only_the_namespaces_that_match(
     core.patch_namespace(world.ns, {"metadata": {"labels": {"gpuusage-test": "out"}}})
     wait_for(lambda: not marked(world, "train"), timeout=15, what="its marks taken off")
     assert world.reconciler.counts.marks_removed > removed
+
+
+def test_marks_turned_on_later_do_not_date_an_ended_use_from_the_pods_start(
+    make_world: WorldFactory, cluster: LocalCluster
+) -> None:
+    """Observe first, then marks on: a pod the observing operator saw in use, whose process
+    ended while no operator ran, carries none of gpuusage's marks. Its idleness dates from
+    the restart (the report's last status saw it in use), not from the pod's start two hours
+    ago: no RequestedGPUsIdle at once, nor a policy due before its `after`."""
+    world = make_world({"train": 1, "notebook": 1}, operator_extras={"pod_marks": False})
+    started = datetime.now(UTC) - timedelta(hours=2)
+    world.core.patch_namespaced_pod_status(
+        "notebook", world.ns, {"status": {"startTime": format_time(started)}}
+    )
+    world.write(notebook=True)
+    wait_for(lambda: listed(world, "notebook"), what="the observing operator sees it in use")
+    world.stop_operator()
+    world.write(notebook=False)  # its process ends while no operator runs
+    wait_for(
+        lambda: (
+            not any(
+                p["pid"] == world.pids["notebook"]
+                for g in report(world)["spec"]["gpus"]
+                for p in g.get("processes") or []
+            )
+        ),
+        what="the agent reports it ended",
+    )
+    restarted = datetime.now(UTC).replace(microsecond=0)
+    _built, serving = start_operator(cluster)  # marks on, --idle-after 30 min
+    try:
+        found = wait_for(
+            lambda: (c := condition(pod(world, "notebook"))).status == "False" and c,
+            timeout=30,
+            what="its use written as ended",
+        )
+        assert found.reason != "RequestedGPUsIdle", found
+        assert found.last_transition_time >= restarted, "ended from the restart, not its start"
+        idle = (report(world).get("status") or {}).get("idlePods") or []
+        assert [p["name"] for p in idle] == [], "not idle since it started"
+        assert "RequestedGPUsIdle" not in events(world, "notebook")
+        assert marked(world, "train"), "marks on"
+    finally:
+        serving.halt()
 
 
 def rules_of(rendered: str, kind: str, name: str) -> list[dict[str, Any]]:

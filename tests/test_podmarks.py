@@ -13,6 +13,7 @@ from gpuusage.api.announcement import Announcement, encode
 from gpuusage.api.models import Process
 from gpuusage.api.usage import decode_usage
 from gpuusage_commands.podmarks import (
+    nothing_shown,
     order_marked,
     process_rows,
     render_marked,
@@ -234,6 +235,27 @@ def test_ps_shows_a_line_a_container_and_device() -> None:
     assert table[2].split() == ["n1", G1, "41,42", "train", "trainer", "2Gi", "50%"]
     gone = next(line for line in table if " gone " in line)
     assert gone.startswith("n1 (stale)")
+
+
+def test_a_namespace_whose_pods_carry_no_marks_is_not_said_to_use_no_gpus() -> None:
+    """Observe first, or a namespace outside the operator's --namespace-selector: its pods use
+    GPUs and carry none of gpuusage's marks. `top -n` and `ps -n` from the marks say that,
+    and where the use shows; a pod a person annotated exempt carries no mark of the operator."""
+    plain = [api_pod("train", "u-1", {"trainer": "c1"}, ns=NS)]
+    plain[0]["metadata"]["annotations"] = {names.ANNOTATION_EXEMPT: "true"}
+    said = nothing_shown(NS, plain, "No GPU processes", "")
+    assert said == (
+        "None of the pods in namespace lab carries gpuusage's marks: the operator may "
+        "observe only (operator.podMarks=false), or lab may be outside its "
+        "--namespace-selector. The reports (ClusterRole gpuusage-viewer) show the use."
+    )
+    assert nothing_shown(NS, PODS, "No GPU processes", " on node n9") == (
+        "No GPU processes in namespace lab on node n9."
+    ), "marked pods, none of them shown: none uses GPUs there"
+    ended = _pod("done", status="False", reason="ProcessesEnded")
+    assert (
+        nothing_shown(NS, [ended], "No pods use GPUs", "") == "No pods use GPUs in namespace lab."
+    )
 
 
 def test_the_operators_usage_annotation_reads_back_whole() -> None:

@@ -1,12 +1,14 @@
 """Policies on the real control plane: announced first (the pod's annotation and a Warning
 Event with the deadline), a dry run recorded once and nothing done, a Notify carried out, an
 exempt pod left alone, an announcement cancelled when its finding clears, the decisions in
-the policy's status, the ledger's counts on the status subresource, and a ScaleToZero that
-a GitOps tool or an autoscaler would undo left undone."""
+the policy's status, the ledger's counts on the status subresource, a ScaleToZero that
+a GitOps tool or an autoscaler would undo left undone, and nothing done where the operator
+writes on no pod (pod marks off, a namespace outside its selector)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -33,6 +35,7 @@ from tests.worldview import (
     in_namespace,
     pod,
     pod_annotations,
+    report,
     scrape,
 )
 
@@ -377,6 +380,77 @@ def test_an_enforced_scale_to_zero_leaves_what_a_neighbour_would_undo_and_says_w
         assert note.endswith("; nothing done"), note
     (acted,) = _notes(world, "plain", "GPUPolicyActed")
     assert acted.endswith(f"scaled Deployment {world.ns}/plain to zero"), acted
+
+
+@pytest.mark.parametrize(
+    "scope",
+    [{"pod_marks": False}, {"namespace_selector": "gpuusage-test=in"}],
+    ids=["pod-marks-off", "outside-the-selector"],
+)
+def test_an_enforced_policy_does_nothing_where_the_operator_writes_on_no_pod_and_says_so(
+    make_world: WorldFactory,
+    api: client.ApiClient,
+    policy: PolicyMaker,
+    caplog: pytest.LogCaptureFixture,
+    scope: dict[str, Any],
+) -> None:
+    """Observe first (--no-pod-marks), or a namespace outside --namespace-selector: an enforced
+    DeletePod covering a pod that holds its GPU idle neither announces, acts, nor records an
+    Event on it, nor a decision in its status, though the report's status carries the
+    finding; the operator's log says why. A namespace that comes into the selector is acted
+    on as any other."""
+    caplog.set_level(logging.WARNING, logger="gpuusage_operator.controller.housekeeping")
+    world = make_world(
+        {"train": 1, "notebook": 1, "lab": 1, "sneaky": 0},
+        idle_after=1.5,
+        agent_extras={"idle_window": 0.5},
+        operator_extras={"policy_notice": 1.0, "policy_actions": True, **scope},
+    )
+    _scenario(world, notebook_sm=0)
+    name = f"observed-{world.ns}"
+    policy(
+        name,
+        {
+            "namespaceSelector": in_namespace(world.ns),
+            "rules": [
+                {
+                    "finding": "HoldingIdleGPU",
+                    "after": "1s",
+                    "action": "DeletePod",
+                    "mode": "Enforce",
+                },
+            ],
+        },
+    )
+    held = wait_for(
+        lambda: [
+            p["heldIdleSince"]
+            for p in (report(world).get("status") or {}).get("pods") or []
+            if p["name"] == "notebook" and p.get("heldIdleSince")
+        ],
+        what="the status carries the finding",
+    )
+    since = datetime.fromisoformat(held[0].replace("Z", "+00:00"))
+    wait_for(
+        lambda: [r for r in caplog.records if r.getMessage().startswith(f"policy {name}")],
+        timeout=30,
+        what="the log says why the policy does not act",
+    )
+    counts = world.reconciler.counts
+    seen = counts.reconciles
+    wait_for(  # well past the rule's 1 s and the 1 s notice, judged again meanwhile
+        lambda: counts.reconciles >= seen + 3 and datetime.now(UTC) - since > timedelta(seconds=4),
+        what="more reconciles",
+    )
+    assert _announcement(world, "notebook") is None
+    assert [e for e in events(world, "notebook") if e.startswith("GPUPolicy")] == []
+    assert (_status(api, name).get("decisions") or []) == []
+    meta: Any = pod(world, "notebook").metadata
+    assert meta.deletion_timestamp is None, "not deleted"
+    if "namespace_selector" in scope:  # in the selector, the same policy announces
+        world.core.patch_namespace(world.ns, {"metadata": {"labels": {"gpuusage-test": "in"}}})
+        wait_for(lambda: _announcement(world, "notebook"), timeout=30, what="announced")
+        wait_for(lambda: "GPUPolicyPending" in events(world, "notebook"), what="the warning")
 
 
 def _node_marks(api: client.ApiClient, node: str) -> tuple[str | None, list[str]]:

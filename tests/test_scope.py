@@ -8,15 +8,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from gpuusage.api.models import GpuNodeUsageStatus, PodUsage
+from gpuusage.api.policy import GpuUsagePolicySpec
 from gpuusage.api.selectors import parse_selector
 from gpuusage.api.times import format_time
 from gpuusage.kube.errors import Forbidden
 from gpuusage_operator.controller.reconcile import Counts
-from gpuusage_operator.controller.scope import Scope, judged_lookup, mark_outside
+from gpuusage_operator.controller.scope import (
+    Scope,
+    as_carried,
+    judged_lookup,
+    mark_outside,
+    unheeded,
+)
 from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot
 from gpuusage_operator.judge.idle import idle_since
+from gpuusage_operator.judge.podstate import Verdict
 from gpuusage_operator.writers.budget import WriteBudget
+from gpuusage_operator.writers.marks import would_carry
 from gpuusage_operator.writers.podmarker import MarkMemory, PodMarker
 from tests.builders import fixed
 
@@ -144,6 +153,109 @@ def test_the_judge_sees_a_pod_outside_with_the_marks_it_would_carry() -> None:
     assert [r.name for r in lookup.on_node_with_our_marks("n1")] == ["carried", "idle", "used"]
     as_is = judged_lookup(PodLookup(kept), Scope(), {}, status, NOW)
     assert as_is.by_uid(uids["never"]) == pods["never"], "every pod written on: as it is"
+
+
+def test_a_pod_inside_that_carries_no_marks_yet_is_seen_with_what_was_remembered() -> None:
+    """Marks turned on (a restart without --no-pod-marks), or a namespace that comes into
+    --namespace-selector: a pod the operator wrote nothing on so far carries none of its marks.
+    The judge takes the same memory as for a pod outside (the marks it would have carried,
+    else the report's last status), not its start: a pod seen in use whose processes then
+    ended is not idle since it started. A pod inside that carries marks is seen as it is; its
+    marks are written against what it carries, not against the memory."""
+    hour_ago = NOW - timedelta(hours=1)
+    uids = {name: f"{n:08x}-1d0e-4b8e-8f1a-2c3d4e5f6a7b" for n, name in enumerate(NAMES)}
+    pods = {
+        name: PodSnapshot(
+            "ml",
+            name,
+            uids[name],
+            "n1",
+            annotations=(("gpuusage.io/exempt", "true"),),
+            running=True,
+            started_at="2026-11-27T00:00:00Z",
+            gpu_requests=1,
+        )
+        for name in NAMES
+    }
+    own = (("lastTransitionTime", "2026-11-28T11:50:00Z"), ("status", "False"))
+    pods["own"] = replace(pods["never"], name="own", uid="ffffffff-1d0e", condition=own)
+    kept = KeptPods()
+    for ref in pods.values():
+        kept.put(ref)
+    carried = replace(
+        pods["carried"],
+        annotations=(("gpuusage.io/gpus", "GPU-1"),),
+        condition=(("lastTransitionTime", format_time(hour_ago)), ("status", "False")),
+    )
+    idle = {"namespace": "ml", "name": "idle", "uid": uids["idle"], "idleSince": hour_ago}
+    used = usage("ml").model_dump(by_alias=True) | {"name": "used", "uid": uids["used"]}
+    status = GpuNodeUsageStatus.model_validate({"idlePods": [idle], "pods": [used]})
+    for inside in (Scope(), scope("team=research")):  # marks turned on; namespace selected
+        lookup = judged_lookup(PodLookup(kept), inside, {carried.uid: carried}, status, NOW)
+        seen = {name: lookup.by_uid(ref.uid) for name, ref in pods.items()}
+        since = {name: idle_since(ref, NOW) for name, ref in seen.items() if ref is not None}
+        assert since == {
+            "carried": hour_ago,  # outside at the last reconcile: the marks it would carry
+            "idle": hour_ago,  # the status said so
+            "used": NOW,  # in use at the last status: idle from now, not from its start
+            "never": datetime(2026, 11, 27, tzinfo=UTC),  # never seen in use: since it started
+            "own": datetime(2026, 11, 28, 11, 50, tzinfo=UTC),  # its own marks
+        }, inside
+        assert seen["own"] == pods["own"], "a pod that carries marks: as it is"
+        assert [r.name for r in lookup.on_node_with_our_marks("n1")] == [
+            "own",
+            "carried",
+            "used",
+            "idle",
+        ], "remembered with marks: its use may have ended meanwhile"
+        judged = seen["used"]
+        assert judged is not None
+        assert judged.marked
+        assert as_carried(judged, pods["used"]) == pods["used"], "written against none"
+        assert as_carried(pods["own"], pods["own"]) == pods["own"]
+
+
+def test_a_pod_that_carries_no_marks_is_remembered_while_they_settle() -> None:
+    """A pod remembered in use whose processes are gone settles before its use counts as
+    ended: nothing is written meanwhile, so the memory the judge saw is carried to the next
+    reconcile, or the pod would be idle since its start once the status stops listing it."""
+    remembered = PodSnapshot(
+        "ml", "used", "uid-1", "n1", condition=(("status", "True"),), running=True
+    )
+    settling = Verdict(remembered, "Stopped", settles_until=NOW + timedelta(seconds=5))
+    assert would_carry(settling, None, NOW) == remembered
+    before = replace(remembered, condition=(("status", "False"),))
+    assert would_carry(settling, before, NOW) == before, "what it would carry already"
+    bare = Verdict(replace(remembered, condition=()), "Stopped", settles_until=NOW)
+    assert would_carry(bare, None, NOW) is None, "nothing remembered: nothing carried"
+
+
+def test_a_policy_the_scope_keeps_from_acting_is_said_of() -> None:
+    """An Enforce policy that never acts is explained: with pod marks off no policy acts on a
+    pod (node rules still run); outside --namespace-selector, on no pod there."""
+    idle = {"finding": "RequestedGPUsIdle", "after": "2h", "action": "Notify"}
+    node = {"finding": "OrphanedGPUMemory", "action": "Notify"}
+    policies = {
+        "everywhere": GpuUsagePolicySpec.model_validate({"rules": [idle]}),
+        "research": GpuUsagePolicySpec.model_validate(
+            {"namespaceSelector": {"matchLabels": {"team": "research"}}, "rules": [idle]}
+        ),
+        "nodes": GpuUsagePolicySpec.model_validate({"nodeRules": [node]}),
+    }
+    said = unheeded(policies, LABELS, scope(marks=False))
+    assert sorted(said) == ["everywhere", "research"], "node rules act all the same"
+    assert "pod marks are off (--no-pod-marks)" in said["research"]
+    said = unheeded(policies, LABELS, scope())
+    assert list(said) == ["everywhere"], "research's namespaces are all inside"
+    assert said["everywhere"] == (
+        "policy everywhere covers namespaces outside the operator's scope "
+        "(--namespace-selector 'team=research'): web; it announces nothing and acts on no pod "
+        "there"
+    )
+    many = {f"ns-{n}": {"team": "web"} for n in range(7)}
+    wide = Scope(True, parse_selector("team=research"), "team=research", many.get)
+    assert "ns-4 and 2 more;" in unheeded(policies, many, wide)["everywhere"]
+    assert unheeded(policies, LABELS, Scope()) == {}, "every pod in scope"
 
 
 class WebhookRefusing(RefusingPods):

@@ -27,7 +27,7 @@ from tests.conftest import (
     wait_for,
 )
 from tests.simworld import SimWorld
-from tests.worldview import condition, pod, pod_annotations
+from tests.worldview import condition, pod, pod_annotations, report
 
 pytestmark = pytest.mark.cluster
 
@@ -153,6 +153,36 @@ def test_what_only_the_reports_answer_is_refused_naming_the_right(
         assert says in line, line
         assert viewer in line, line
         assert refused.stdout == ""
+
+
+def test_a_tenant_of_an_observed_namespace_is_told_why_no_pod_shows_use(
+    cluster: LocalCluster, make_world: WorldFactory, tmp_path: Path
+) -> None:
+    """Observe first: the operator writes on no pod, so a tenant's `top -n` and `ps -n` from
+    the marks find none. They say that, and where the use shows, not that no pod uses GPUs:
+    the reports show the trainer using its GPU."""
+    world = make_world({"train": 1}, operator_extras={"pod_marks": False})
+    wait_for(
+        lambda: [
+            p for p in (report(world).get("status") or {}).get("pods") or [] if p["name"] == "train"
+        ],
+        what="the reports show the trainer",
+    )
+    tenant = _tenant(cluster, world, tmp_path / "tenant.kubeconfig")
+    says = (
+        f"None of the pods in namespace {world.ns} carries gpuusage's marks: the operator may "
+        "observe only (operator.podMarks=false)"
+    )
+    for command in ("top", "ps"):
+        shown = gpuusage_cli(tenant, command, "-n", world.ns)
+        assert (shown.returncode, shown.stdout) == (0, ""), shown.stderr
+        assert says in shown.stderr, shown.stderr
+        assert "ClusterRole gpuusage-viewer" in shown.stderr
+        assert "No pods use GPUs" not in shown.stderr
+        assert "No GPU processes" not in shown.stderr
+    admin = gpuusage_cli(cluster.kubeconfig, "top", "-n", world.ns)
+    assert admin.returncode == 0, admin.stderr
+    assert [r["NAME"] for r in _table(admin.stdout)] == ["train"], "the reports show the use"
 
 
 def _headline() -> tuple[str, list[str]]:

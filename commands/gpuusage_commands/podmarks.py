@@ -44,6 +44,27 @@ def marks_note(namespace: str, lacks: str) -> str:
     )
 
 
+def nothing_shown(namespace: str, pods: Iterable[Mapping[str, Any]], nothing: str, on: str) -> str:
+    """The line for a view from the pods' marks that has no row: `nothing` ("No GPU processes")
+    in the namespace (`on`: " on node N", or ""), where some pod carries the operator's marks.
+    Where none does, that is not said: the operator may observe only (--no-pod-marks) or keep
+    the namespace outside its --namespace-selector, and the pods use GPUs all the same."""
+    if any(_carries_marks(pod) for pod in pods):
+        return f"{nothing} in namespace {namespace}{on}."
+    return (
+        f"None of the pods in namespace {namespace} carries gpuusage's marks: the operator "
+        f"may observe only (operator.podMarks=false), or {namespace} may be outside its "
+        f"--namespace-selector. The reports (ClusterRole gpuusage-viewer) show the use."
+    )
+
+
+def _carries_marks(pod: Mapping[str, Any]) -> bool:
+    marks = read_marks(pod)
+    return marks.status is not None or any(
+        k in names.OPERATOR_ANNOTATIONS for k in marks.annotations
+    )
+
+
 @dataclass(frozen=True)
 class Marks:
     """What one pod carries of ours, and where it runs."""

@@ -19,6 +19,7 @@ from gpuusage.settings import CommandSettings
 from gpuusage_commands.podmarks import (
     PS_LACKS,
     marks_note,
+    nothing_shown,
     order_marked,
     process_rows,
     render_marked,
@@ -132,7 +133,8 @@ def run_ps(settings: PsSettings) -> int:
 def _show_marks(settings: PsSettings, api: Any, namespace: str) -> int:
     """One namespace's GPU processes from its pods' own marks, for a user who may not list the
     reports (see podmarks): a line a container and device, with the pids it runs there."""
-    rows, warnings = process_rows(list_namespace_pods(api, namespace))
+    pods = list_namespace_pods(api, namespace)
+    rows, warnings = process_rows(pods)
     chosen = order_marked(select(rows, namespace, settings.node), settings.sort)
     said = marks_note(namespace, PS_LACKS)
     on = f" on node {settings.node}" if settings.node else ""
@@ -142,5 +144,5 @@ def _show_marks(settings: PsSettings, api: Any, namespace: str) -> int:
         warnings,
         as_json=lambda: render_marked_json(chosen, said),
         table=(lambda: render_marked(chosen)) if chosen else None,
-        empty=f"No GPU processes in namespace {namespace}{on}.",
+        empty=nothing_shown(namespace, pods, "No GPU processes", on),
     )

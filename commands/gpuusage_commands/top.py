@@ -31,7 +31,13 @@ from gpuusage_commands.bill import (
     statement,
     window_minutes,
 )
-from gpuusage_commands.podmarks import TOP_LACKS, marks_note, show_marked, top_rows
+from gpuusage_commands.podmarks import (
+    TOP_LACKS,
+    marks_note,
+    nothing_shown,
+    show_marked,
+    top_rows,
+)
 from gpuusage_commands.promaccess import prometheus_access
 from gpuusage_commands.prometheus import NO_ACCESS, Access, base_url, instant_query
 from gpuusage_commands.reads import ReportsRefused, list_namespace_pods, list_reports, refused
@@ -240,7 +246,8 @@ def _show_marks(settings: TopSettings, api: Any) -> int:
     if settings.all_namespaces:
         raise refused("-A needs", "use -n NAMESPACE to see a namespace's pods from their own marks")
     namespace = settings.namespace or context_namespace(settings.kubeconfig, settings.context)
-    rows, warnings = top_rows(list_namespace_pods(api, namespace))
+    pods = list_namespace_pods(api, namespace)
+    rows, warnings = top_rows(pods)
     chosen = order(select(rows, namespace, settings.node), settings.sort)
     said = marks_note(namespace, TOP_LACKS)
     on = f" on node {settings.node}" if settings.node else ""
@@ -250,7 +257,7 @@ def _show_marks(settings: TopSettings, api: Any) -> int:
         warnings,
         as_json=lambda: render_json(chosen, said),
         table=(lambda: render_table(chosen, all_namespaces=False)) if chosen else None,
-        empty=f"No pods use GPUs in namespace {namespace}{on}.",
+        empty=nothing_shown(namespace, pods, "No pods use GPUs", on),
     )
 
 

@@ -9,7 +9,8 @@ term the Nodes that carry our OrphanedGPUMemory marks with no report (listed: ne
 be selected on; with policy actions only), and
 brings the OpenReports in line with the findings (see openreports: a pass that finds nothing
 changed writes nothing), and writes the policies' decisions that a reconcile could not (see
-policies.ledger: none may come for a long time).
+policies.ledger: none may come for a long time), and says once a term of each policy whose
+pod rules the scope keeps from acting (pod marks off, namespaces outside the selector).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from kubernetes import client
 from gpuusage.api import names
 from gpuusage.kube.errors import translate
 from gpuusage_operator.controller.reconcile import Reconciler
-from gpuusage_operator.controller.scope import outside_with_marks
+from gpuusage_operator.controller.scope import outside_with_marks, unheeded
 from gpuusage_operator.controller.triggers import DUE
 from gpuusage_operator.ha.leader import ActiveGate
 from gpuusage_operator.informers.apihealth import ApiHealth
@@ -49,7 +50,8 @@ async def housekeeping(
     (None: they are not published)."""
     loop = asyncio.get_running_loop()
     custom = client.CustomObjectsApi(reconciler.api)
-    removed, carrying, refused_in, swept_in = 0, 0, None, None
+    removed, carrying, refused_in, swept_in, said_in = 0, 0, None, None, None
+    said: set[str] = set()  # the policies whose pod rules act not everywhere, said this term
     runner = reconciler.nodes
     marker = runner.marker if runner is not None else None
 
@@ -95,6 +97,16 @@ async def housekeeping(
                 outside_with_marks(lookup, reconciler.scope),
                 reconciler.scope,
             )
+        if said_in is not reconciler.terms.current:
+            said_in, said = reconciler.terms.current, set()
+        watch = reconciler.policies.watch if reconciler.policies is not None else None
+        if watch is not None and watch.synced:
+            policies = {n: p.spec for n, p in dict(watch.policies.state.policies).items()}
+            labels = {n: f.labels for n, f in dict(watch.namespaces.state.namespaces).items()}
+            for name, line in unheeded(policies, labels, reconciler.scope).items():
+                if name not in said:  # said once a term for each policy
+                    said.add(name)
+                    log.warning("%s", line)
         if marker is not None and swept_in is not reconciler.terms.current:
             term = reconciler.terms.current
             found = await loop.run_in_executor(None, marker.marked)

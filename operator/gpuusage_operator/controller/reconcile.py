@@ -21,7 +21,7 @@ import logging
 import threading
 from collections import Counter as TallyCounter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,7 +31,12 @@ from pydantic import ValidationError
 from gpuusage.api.models import GpuNodeUsageSpec, GpuNodeUsageStatus
 from gpuusage_operator.controller.liveness import Liveness
 from gpuusage_operator.controller.reportbook import ReportBook, ReportMemory
-from gpuusage_operator.controller.scope import Scope, judged_lookup, mark_outside
+from gpuusage_operator.controller.scope import (
+    Scope,
+    as_carried,
+    judged_lookup,
+    mark_outside,
+)
 from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import (
     DEADLINE,
@@ -237,14 +242,19 @@ class Reconciler:
             if writes is None:  # its namespace not known yet: left as it is, on no guess
                 wake.append(now + UNKNOWN_NAMESPACE_RETRY)
                 continue
-            if not writes:
-                self._unmark(lookup.by_uid(verdict.pod.uid))  # the pod as it is, not as judged
+            as_is = lookup.by_uid(verdict.pod.uid)  # the pod as it is, not as judged
+            if not writes or (as_is is not None and not as_is.marked):
+                # what the judge remembers of a pod that carries none of our marks, for the
+                # next reconcile (see scope.JudgedMarks)
                 carried = would_carry(verdict, before.get(verdict.pod.uid), now)
                 unmarked.extend([carried] if carried is not None else [])
+            if not writes:
+                self._unmark(as_is)
                 continue
             if verdict.settles_until is not None:
                 continue  # as it is until then (decision.wake has the time)
-            marked = self.marker.mark(verdict, spec.node_name, now)
+            shown = replace(verdict, pod=as_carried(verdict.pod, as_is))
+            marked = self.marker.mark(shown, spec.node_name, now)
             if marked is not None and marked.due is not None:
                 wake.append(marked.due)  # its detail, held back until then
             if self.policies is not None and marked is not None:  # acted on once stated

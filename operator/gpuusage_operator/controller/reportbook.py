@@ -41,8 +41,10 @@ class ReportMemory:
     blind: tuple[tuple[str, str], ...] = ()
     """(device UUID, reason) of each device its status says it cannot show whole."""
     unmarked: tuple[PodSnapshot, ...] = ()
-    """Its pods outside the operator's scope (see scope), each with the marks it would carry:
-    their findings, for the OpenReports, where no pod shows them."""
+    """Its pods that carry none of our marks (outside the operator's scope, or inside with
+    none written yet; see scope), each with the marks it would carry: what the judge remembers
+    of them at the next reconcile, and their findings, for the OpenReports, where no pod shows
+    them."""
 
 
 class ReportBook:

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from gpuusage.api import names
 from gpuusage.api.models import GpuNodeUsageStatus
-from gpuusage.api.policy import LabelSelector
+from gpuusage.api.policy import GpuUsagePolicySpec, LabelSelector
 from gpuusage.api.selectors import selects
 from gpuusage.api.times import format_time
 from gpuusage_operator.index.pods import MARKED_KEY, KeptLookup, PodLookup, PodSnapshot
@@ -77,14 +77,55 @@ def mark_outside(status: GpuNodeUsageStatus, scope: Scope) -> GpuNodeUsageStatus
     return status.model_copy(update={"pods": pods})
 
 
+SHOWN_NAMESPACES = 5
+"""The namespaces outside the scope a policy covers, named in its log line (then a count)."""
+
+
+def unheeded(
+    policies: Mapping[str, GpuUsagePolicySpec],
+    namespaces: Mapping[str, Mapping[str, str]],
+    scope: Scope,
+) -> dict[str, str]:
+    """Policy name → why its pod rules act on none of the pods it covers, or not on those of
+    some namespaces (for the log: an Enforce policy that never acts is explained). With pod
+    marks off no policy announces or acts on a pod (its node rules still run); outside
+    --namespace-selector, on no pod there. `namespaces`: each namespace's labels."""
+    said = {}
+    for name, spec in sorted(policies.items()):
+        if not spec.rules:
+            continue  # node rules only: they act whatever the pods' scope
+        if not scope.marks:
+            said[name] = (
+                f"policy {name}: pod marks are off (--no-pod-marks): it announces nothing and "
+                "acts on no pod; its node rules still run"
+            )
+            continue
+        outside = sorted(
+            namespace
+            for namespace, labels in namespaces.items()
+            if scope.selected(namespace) is False and selects(spec.namespace_selector, labels)
+        )
+        if outside:
+            shown = ", ".join(outside[:SHOWN_NAMESPACES])
+            more = len(outside) - SHOWN_NAMESPACES
+            said[name] = (
+                f"policy {name} covers namespaces outside the operator's scope ({scope}): "
+                f"{shown}{f' and {more} more' if more > 0 else ''}; it announces nothing and "
+                "acts on no pod there"
+            )
+    return said
+
+
 class JudgedMarks:
-    """The kept pods as the judge is to see them where the operator writes nothing on some
-    (KeptLookup). The judge reads a pod's own marks as its memory (since when its GPUs idle,
-    whether its marks settle, where it was last seen); a pod outside the scope carries none
-    the operator keeps, or old ones it may not take off. So such a pod is seen with the marks
-    it would carry (`carried`: the last reconcile's, see writers.marks.would_carry), else, at
-    the first reconcile of a term, with what the report's last status says of it (in use,
-    or idle since when), else with none."""
+    """The kept pods as the judge is to see them (KeptLookup). The judge reads a pod's own
+    marks as its memory (since when its GPUs idle, whether its marks settle, where it was last
+    seen). A pod outside the scope carries none the operator keeps, or old ones it may not take
+    off; a pod inside carries none yet where the operator wrote none on it so far (its marks
+    just turned on, or its namespace just came into --namespace-selector). Either is seen with
+    the marks it would carry (`carried`: the last reconcile's, see writers.marks.would_carry),
+    else, at the first reconcile of a term, with what the report's last status says of it (in
+    use: from now on; listed idle: since then), else with none (since its start). A pod inside
+    that carries marks is seen as it is."""
 
     def __init__(
         self,
@@ -101,8 +142,9 @@ class JudgedMarks:
         self._now = now
 
     def _seen(self, ref: PodSnapshot) -> PodSnapshot:
-        if self._scope.writes(ref.namespace) is not False:
-            return ref
+        writes = self._scope.writes(ref.namespace)
+        if writes is None or (writes and ref.marked):
+            return ref  # its own marks (or, its namespace not known yet, nothing on a guess)
         people = tuple((k, v) for k, v in ref.annotations if k not in names.OPERATOR_ANNOTATIONS)
         carried = self._carried.get(ref.uid)
         if carried is not None:
@@ -120,19 +162,28 @@ class JudgedMarks:
         return None if found is None else self._seen(found)
 
     def under(self, key: str) -> list[PodSnapshot]:
+        """The pods under the key as seen; under a node's marked key also those that carry
+        none but are remembered with some (their use may have ended meanwhile)."""
         seen = [self._seen(ref) for ref in self._kept.under(key)]
         if not key.startswith(MARKED_KEY):
             return seen
         node = key[len(MARKED_KEY) :]
         found = {ref.uid: ref for ref in seen if ref.marked}
-        for uid in self._carried:
-            ref = self.get(uid)
-            if ref is not None and ref.node == node and ref.marked and uid not in found:
+        for uid in (*self._carried, *self._used, *self._idle):
+            ref = self.get(uid) if uid not in found else None
+            if ref is not None and ref.node == node and ref.marked:
                 found[uid] = ref
         return list(found.values())
 
     def all_keys(self) -> list[str]:
         return self._kept.all_keys()
+
+
+def as_carried(judged: PodSnapshot, as_is: PodSnapshot | None) -> PodSnapshot:
+    """The pod with the marks it carries (`as_is`, from the index), which its marks are written
+    against: the judge may have seen it with marks it does not carry (JudgedMarks: the memory
+    of a pod that carries none yet)."""
+    return as_is if as_is is not None and judged.marked and not as_is.marked else judged
 
 
 def _said(status: str, since: str) -> tuple[tuple[str, str], ...]:
@@ -151,8 +202,5 @@ def judged_lookup(
     previous: GpuNodeUsageStatus | None,
     now: datetime,
 ) -> PodLookup:
-    """The pod index as the judge is to see it (see JudgedMarks); as it is where the operator
-    writes on every pod."""
-    if scope.marks and scope.selector is None:
-        return lookup
+    """The pod index as the judge is to see it (see JudgedMarks)."""
     return lookup.seen_through(lambda kept: JudgedMarks(kept, scope, carried, previous, now))

@@ -309,12 +309,13 @@ def shows(
 
 
 def would_carry(verdict: Verdict, before: PodSnapshot | None, now: datetime) -> PodSnapshot | None:
-    """The pod as it would be with the marks its verdict wants, for a pod the operator writes
-    nothing on (outside its scope): `before`, what it would have carried after the last
-    reconcile, keeps a condition's transition time. None while its marks settle and nothing
-    was known before (the verdict wants none yet)."""
+    """The pod as it would be with the marks its verdict wants, for a pod that carries none of
+    them (outside the operator's scope, or inside with none written yet): `before`, what it
+    would have carried after the last reconcile, keeps a condition's transition time. While
+    its marks settle, as it was: `before`, else as the judge saw it (with what it remembered of
+    it, see controller.scope.JudgedMarks), else None."""
     if verdict.settles_until is not None or verdict.marks is None:
-        return before
+        return before if before is not None or not verdict.pod.marked else verdict.pod
     shown = before if before is not None else replace(verdict.pod, annotations=(), condition=())
     plan = plan_pod(verdict.marks, shown.our_annotations, shown.our_condition, now)
     return replace(
