@@ -123,8 +123,10 @@ def chart_values(cluster: LocalCluster, node: Node, scenario: Path) -> dict[str,
 
 
 def write_node_scenario(world: NodeWorld, processes: dict[str, list[dict[str, int]]]) -> None:
-    """The node's GPUs with these processes (device UUID → pid and MiB)."""
-    write_scenario(world.scenario, processes)
+    """The node's GPUs with these processes (device UUID → pid and MiB): the GPUs of the
+    scenario the world was installed with, every field of each kept (a `minorNumber`, by which
+    the fake driver holds its device files)."""
+    write_scenario(world.scenario, processes, world.node.scenario)
 
 
 def node_report(world: NodeWorld) -> dict[str, Any]:

@@ -4,8 +4,11 @@ controller's state, or the driver manager's `nvidia.com/gpu.deploy.client`), the
 none of the driver's device files (its /proc/<pid>/fd, on the host) and its report says
 DriverUpgrade; once the label moves on it holds them again and reads the GPUs: the same process,
 never restarted, where the driver is back of the same version; a new container, after the agent
-exited with its own status, where it is back of another version. The fake driver holds its
-device files as NVML does, and refuses a library of another version as the kernel does
+exited with its own status, where it is back of another version. What a GPU pod's tenant sees
+meanwhile: a real pod whose real process the scenario puts on the GPU the kubelet gave it is in
+use before, Unknown with the reason DriverUpgrade while the agent reads no GPU, in use again
+after, its use never ended (a witness watches every condition and Event). The fake driver holds
+its device files as NVML does, and refuses a library of another version as the kernel does
 (gpusource/fake)."""
 
 from __future__ import annotations
@@ -18,12 +21,29 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from gpuusage_dev.localcluster.node import DEFAULT_SCENARIO
+from gpuusage_dev.localcluster.workloads import sleeper_deployment
+from gpuusage_dev.simulation import ensure_namespace
 from gpuusage_nodeagent.driverupgrade import CLIENT_DEPLOY_LABEL, UPGRADE_STATE_LABEL
 from gpuusage_nodeagent.main import EXIT_DRIVER_REPLACED
+from gpuusage_nodeagent.podresources.kubelet import list_pods
+from gpuusage_nodeagent.podresources.wire import list_response
+from gpuusage_operator.judge.certainty import REASON_UPGRADE
 from tests.conftest import wait_for
-from tests.nodeworld import NAME, NodeWorld, component, installed_world, node_report
+from tests.nodeworld import (
+    NAME,
+    NodeWorld,
+    component,
+    gpu_condition,
+    host_pid,
+    installed_world,
+    node_report,
+    running_pod,
+    write_node_scenario,
+)
+from tests.witness import Witness
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.node]
 
@@ -31,6 +51,9 @@ DEVICE_FILES = {"nvidiactl", "nvidia0", "nvidia1", "nvidia2", "nvidia3"}
 GPUS: dict[str, Any] = {
     "gpus": [{**g, "minorNumber": g["index"]} for g in DEFAULT_SCENARIO["gpus"]],
 }
+NAMESPACE = "upgrade"
+IN_USE = ("True", "ProcessesRunning")
+UNKNOWN = ("Unknown", REASON_UPGRADE)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +120,84 @@ def test_the_agent_holds_no_device_file_while_the_driver_is_replaced(world: Node
     again, same = component(world, "agent")
     assert same == pid, "the same agent process, never restarted"
     assert again.status.container_statuses[0].restart_count == restarts
+
+
+@pytest.fixture
+def train(world: NodeWorld) -> Iterator[Any]:
+    """A Deployment's pod on the GPU the kubelet gave it (its PodResources), its real process
+    put there in the scenario, marked in use; removed afterwards, with its process and the
+    upgrade label, so that the next test finds the node as it was."""
+    ensure_namespace(world.core, NAMESPACE)
+    wait_for(lambda: world.core.read_namespaced_service_account("default", NAMESPACE), what="SA")
+    deployment: Any = sleeper_deployment("train", NAMESPACE, 1)
+    apps = client.AppsV1Api(world.api)
+    apps.create_namespaced_deployment(NAMESPACE, deployment)
+    try:
+        pod = wait_for(lambda: running_pod(world, NAMESPACE, "train"), timeout=90, what="train")
+        socket = world.node.directory / "kubelet" / "pod-resources" / "kubelet.sock"
+        given = {p.name: p for p in list_response(list_pods(socket, 5))}[pod.metadata.name]
+        (device,) = given.containers[0].devices[0].device_ids
+        pid = host_pid(world, pod.status.container_statuses[0].container_id.split("://", 1)[1])
+        write_node_scenario(world, {device: [{"pid": pid, "usedMemoryMiB": 4096}]})
+        wait_for(
+            lambda: shown(world, pod.metadata.name) == IN_USE, timeout=120, what="train in use"
+        )
+        yield pod
+    finally:
+        label(world, None)
+        apps.delete_namespaced_deployment("train", NAMESPACE)
+        wait_for(lambda: not world.core.list_namespaced_pod(NAMESPACE).items, timeout=90)
+        write_node_scenario(world, {})
+
+
+def shown(world: NodeWorld, pod: str) -> tuple[str, str] | None:
+    """The pod's GPUInUse condition as its status and reason."""
+    found = gpu_condition(world, NAMESPACE, pod)
+    return None if found is None else (found["status"], found["reason"])
+
+
+def went(witness: Witness, uid: str) -> list[tuple[str, str]]:
+    """The pod's GPUInUse conditions the witness saw, in turn."""
+    return [(s.status, s.reason) for s in witness.since(0) if s.uid == uid]
+
+
+def test_a_pod_using_a_gpu_is_unknown_while_the_driver_is_replaced(
+    world: NodeWorld, train: Any
+) -> None:
+    """What the pod's tenant sees: a GPU pod still on the node while the driver is replaced
+    (its eviction not done yet) was in use, and its use is Unknown with the reason
+    DriverUpgrade while the agent reads no GPU; in use again once the new driver is read. An
+    agent that lets go of the driver does not say that the pods' processes ended: never False,
+    and no Event but the one that said it started."""
+    device_files(world)
+    name, uid = train.metadata.name, train.metadata.uid
+    witness = Witness(world.api, NAMESPACE).start()
+    try:
+        wait_for(lambda: witness.since(0), what="the witness's first list (train in use)")
+        label(world, "cordon-required")  # the pods still run on the old driver
+        label(world, "pod-deletion-required")
+        leaving = time.monotonic()
+        wait_for(lambda: shown(world, name) != IN_USE, timeout=60, what="train's mark changing")
+        print(f"train's mark changed {time.monotonic() - leaving:.1f}s after pod-deletion-required")
+        mark = shown(world, name)
+        assert mark == UNKNOWN, f"train marked {mark} while the driver leaves"
+        condition = gpu_condition(world, NAMESPACE, name)
+        assert condition is not None
+        assert "is being upgraded" in condition["message"]
+        label(world, "pod-restart-required")
+        wait_for(lambda: "pod-restart-required" in source(world)["message"], what="the next state")
+        assert shown(world, name) == UNKNOWN, "still Unknown while the driver pod restarts"
+
+        label(world, "validation-required")  # the new driver is loaded
+        loaded = time.monotonic()
+        wait_for(lambda: shown(world, name) == IN_USE, timeout=60, what="train in use again")
+        print(f"train in use again {time.monotonic() - loaded:.1f}s after validation-required")
+        wait_for(lambda: witness.reasons(uid), what="the witness hearing the pod's Events")
+    finally:
+        witness.stop()
+    assert went(witness, uid) == [IN_USE, UNKNOWN, IN_USE], f"train went {went(witness, uid)}"
+    assert witness.reasons(uid) == ["GPUUseStarted"], "its use never ended, nor started again"
+    assert witness.wrong_marks({uid: "ProcessesRunning"}, {uid}) == []
 
 
 def test_a_driver_back_of_another_version_restarts_the_agent_with_it(world: NodeWorld) -> None:
