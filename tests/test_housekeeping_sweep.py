@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -21,6 +21,7 @@ from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.policies.act import Result
+from gpuusage_operator.policies.noderule import NodeMarks
 from gpuusage_operator.policies.noderun import NodeRunner
 from tests.builders import Clock, PolicyStatusApi, reconciler_on, tainting_runner
 
@@ -30,12 +31,14 @@ START = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 class Lister:
     """NodeMarker.marked as the apiserver would answer it; which term each call was in."""
 
-    def __init__(self, terms: Terms[Term], answer: set[str] | Result) -> None:
+    def __init__(self, terms: Terms[Term], answer: set[str] | Result | Exception) -> None:
         self.terms, self.answer = terms, answer
         self.calls: list[Term] = []
 
     def marked(self) -> set[str] | Result:
         self.calls.append(self.terms.current)
+        if isinstance(self.answer, Exception):
+            raise self.answer
         return self.answer
 
 
@@ -48,7 +51,10 @@ def queued(queue: WorkQueue) -> set[str]:
 
 
 def sweep(
-    monkeypatch: pytest.MonkeyPatch, answer: set[str] | Result, *, new_term_after: int = 0
+    monkeypatch: pytest.MonkeyPatch,
+    answer: set[str] | Result | Exception,
+    *,
+    new_term_after: int = 0,
 ) -> tuple[Lister, WorkQueue, Terms[Term]]:
     """Run the pass until 6 passes have probed the API (beginning a new term after
     `new_term_after` of them, where given); what was listed and queued."""
@@ -122,3 +128,42 @@ def test_a_list_refused_for_now_is_tried_at_the_next_pass_and_one_not_permitted_
     barred, queue, _ = sweep(monkeypatch, Result("NotPermitted", "cannot list nodes"))
     assert len(barred.calls) == 1, "said once a term"
     assert queued(queue) == set()
+
+
+def test_a_pass_that_fails_leaves_the_next_to_try_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a pass meets (here the sweep raising), the loop goes on: the probe, the
+    OpenReports and the policies' ledger are the next passes' to do."""
+    lister, _, _ = sweep(monkeypatch, RuntimeError("the connection was reset"))
+    assert len(lister.calls) >= 5, "every pass tried again"
+
+
+class Marker:
+    """NodeMarker over one Node's marks in memory, counting its reads."""
+
+    def __init__(self, marks: NodeMarks) -> None:
+        self.marks, self.reads = marks, 0
+
+    def read(self, node: str) -> NodeMarks | Result:
+        self.reads += 1
+        return self.marks
+
+    def write(self, node: str, wanted: NodeMarks, message: str, now: datetime) -> Result:
+        self.marks = wanted
+        return Result("Done", message)
+
+
+def test_a_node_queued_again_and_again_with_no_report_is_read_once() -> None:
+    """The housekeeping pass queues a node whose pods carry marks every pass while its report
+    is absent: its Node is read (and cleared) once, then known like any node's."""
+    terms = new_terms()
+    marker = Marker(NodeMarks(condition=True, tainted=True))
+    runner = NodeRunner(
+        tainting_runner(PolicyStatusApi(), Clock(START)),
+        lambda *a: None,
+        lambda: terms.current.nodes,
+        marker=cast(Any, marker),
+    )
+    for seconds in range(0, 60, 10):
+        runner.forget("gone", START + timedelta(seconds=seconds))
+    assert marker.marks == NodeMarks(), "cleared"
+    assert marker.reads == 1

@@ -5,6 +5,7 @@ On the real apiserver the watch is ended and the policies listed anew, with no f
 
 from __future__ import annotations
 
+import http.server
 import json
 import logging
 import threading
@@ -14,10 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes import client
 
 from gpuusage.api import names
 from gpuusage.api.times import format_time
+from gpuusage.kube import raw
 from gpuusage.kube.core import CoreApi
 from gpuusage_operator.informers.namespacewatch import namespace_informer
 from gpuusage_operator.informers.policywatch import PolicyState, PolicyWatch
@@ -98,3 +101,40 @@ def test_the_policies_are_listed_anew_on_the_apiserver_with_no_fault(
         watch.stop()
         namespaces.stop()
         custom.delete_cluster_custom_object(names.GROUP, names.VERSION, names.POLICY_PLURAL, name)
+
+
+class _OneEvent(http.server.BaseHTTPRequestHandler):
+    """A watch that sends one event and ends, as the apiserver's does at its timeout."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        data = b'{"type":"ADDED","object":{}}\n'
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_watch_that_ended_is_ended_again_without_complaint() -> None:
+    """relist() or stop() between two watches: the last watch's response went back to the
+    pool, whose shutdown urllib3 refuses (RuntimeError); the new term must go on all the same."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneEvent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        pool = urllib3.PoolManager()
+        response = pool.request(
+            "GET", f"http://127.0.0.1:{server.server_port}/", preload_content=False
+        )
+        assert list(raw.json_lines(response)) == [{"type": "ADDED", "object": {}}]
+        raw.shutdown(response)  # released to the pool: nothing to end, nothing raised
+        watch = policy_watch(PolicyState())
+        watch.policies._stream = response  # as if the loop had not cleared it yet
+        watch.policies.relist()
+        watch.policies.stop()
+        assert not watch.policies.synced.is_set()
+    finally:
+        server.shutdown()

@@ -252,6 +252,11 @@ def test_a_namespace_whose_pods_carry_no_marks_is_not_said_to_use_no_gpus() -> N
     assert nothing_shown(NS, PODS, "No GPU processes", " on node n9") == (
         "No GPU processes in namespace lab on node n9."
     ), "marked pods, none of them shown: none uses GPUs there"
+    idle_cpu = [api_pod("web", "u-2", {"nginx": "c2"}, ns=NS, gpus=0)]
+    assert nothing_shown(NS, idle_cpu, "No pods use GPUs", "") == (
+        "No pods use GPUs in namespace lab."
+    ), "no pod asks for a GPU: nothing to explain, marks or none"
+    assert nothing_shown(NS, [], "No pods use GPUs", "") == "No pods use GPUs in namespace lab."
     ended = _pod("done", status="False", reason="ProcessesEnded")
     assert (
         nothing_shown(NS, [ended], "No pods use GPUs", "") == "No pods use GPUs in namespace lab."

@@ -46,16 +46,23 @@ def marks_note(namespace: str, lacks: str) -> str:
 
 def nothing_shown(namespace: str, pods: Iterable[Mapping[str, Any]], nothing: str, on: str) -> str:
     """The line for a view from the pods' marks that has no row: `nothing` ("No GPU processes")
-    in the namespace (`on`: " on node N", or ""), where some pod carries the operator's marks.
-    Where none does, that is not said: the operator may observe only (--no-pod-marks) or keep
+    in the namespace (`on`: " on node N", or ""). Where pods ask for GPUs and none carries the
+    operator's marks, that is not said: the operator may observe only (--no-pod-marks) or keep
     the namespace outside its --namespace-selector, and the pods use GPUs all the same."""
-    if any(_carries_marks(pod) for pod in pods):
+    pods = list(pods)
+    if any(_carries_marks(pod) for pod in pods) or not any(_asks_for_gpus(p) for p in pods):
         return f"{nothing} in namespace {namespace}{on}."
     return (
         f"None of the pods in namespace {namespace} carries gpuusage's marks: the operator "
         f"may observe only (operator.podMarks=false), or {namespace} may be outside its "
         f"--namespace-selector. The reports (ClusterRole gpuusage-viewer) show the use."
     )
+
+
+def _asks_for_gpus(pod: Mapping[str, Any]) -> bool:
+    """A GPU limit (the device plugins' resources) or a ResourceClaim (DRA)."""
+    spec = pod.get("spec") or {}
+    return _gpu_limits(spec) > 0 or bool(spec.get("resourceClaims"))
 
 
 def _carries_marks(pod: Mapping[str, Any]) -> bool:

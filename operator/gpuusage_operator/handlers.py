@@ -86,10 +86,10 @@ def build_registry(
         (their status) may not have come through the watch yet, and the cluster-wide limit
         adds up every policy's."""
         metrics.leadership_acquired.inc()
-        if policies is not None:
-            policies.policies.relist()
         for name in reports.names() | pods.lookup().nodes_with_our_marks():
             reconciler.queue.add(name, EVENT)
+        if policies is not None:
+            policies.policies.relist()
 
     election: Election | None = elector.election if elector is not None else None
     gate = ActiveGate(election)

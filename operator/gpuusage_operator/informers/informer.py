@@ -194,6 +194,12 @@ class Informer(Generic[S]):
         self._stream = response
         if self.stopped.is_set() or self._listed_for != self._asked:
             raw.shutdown(response)  # stop() or relist() came between the check and the request
+        try:
+            return self._events(response, version)
+        finally:
+            self._stream = None  # ended: nothing for stop() or relist() to end any more
+
+    def _events(self, response: Any, version: str) -> str:
         with closing(raw.json_lines(response)) as events:  # closed now, however it is left
             for event in events:
                 kind, obj = event.get("type"), event.get("object") or {}

@@ -89,8 +89,11 @@ class NodeMarker:
                 token = (fields.get("metadata") or {}).get("continue") or None
                 if token is None:
                     return found - {""}
-        except Exception as exc:
-            return _failed(exc, "list the nodes")
+        except Exception as exc:  # never raised: a new term's sweep waits for the next pass
+            error = translate(exc)
+            if isinstance(error, Forbidden):
+                return Result("NotPermitted", f"the operator may not list the nodes: {error}")
+            return Result("Refused", f"the nodes could not be listed for now: {error}")
 
     def write(self, node: str, wanted: NodeMarks, message: str, now: datetime) -> Result:
         """Bring the node's marks to `wanted`: the taint first when it goes (the node is

@@ -180,22 +180,37 @@ class NodeRunner:
     def forget(self, node: str, now: datetime) -> None:
         """The node's report is gone (the agent uninstalled, the node deleted): nothing is
         known of its memory any more, so marks of ours on it are taken off. A node this term
-        has not read is read first: the report may have gone while another replica led, or
-        none did, after marking it."""
+        has not read is read first (the report may have gone while another replica led, or
+        none did, after marking it), and what was read or written is remembered like any
+        node's, so that a report queued again and again costs no read each time."""
         with self._lock:
             memory = self.memory()
-            known = memory.known.pop(node, None)
+            known = memory.known.get(node)
             memory.said.pop(node, None)
         if self.marker is None:
             return
-        marks = known[0] if known is not None else self.marker.read(node)
-        if not isinstance(marks, NodeMarks) or marks == NodeMarks():
-            if isinstance(marks, Result) and marks.outcome == "Refused":
+        fresh = known is not None and now - known[1] < REREAD
+        marks = known[0] if known is not None and fresh else self.marker.read(node)
+        if isinstance(marks, Result):
+            if marks.outcome == "Refused":
                 raise MarksLeft(f"node {node}: {marks.detail}")
-            return  # unmarked, gone, or no right to read it (then we cannot have marked it)
-        done = self.marker.write(node, NodeMarks(), _message(None, NodeMarks()), now)
-        if done.outcome == "Refused":  # raced another write, or throttled: the worker retries
-            raise MarksLeft(f"node {node}: {done.detail}")
+            self._remember(node, None, now)  # gone, or no right to read it: nothing of ours
+            return
+        if marks != NodeMarks():
+            done = self.marker.write(node, NodeMarks(), _message(None, NodeMarks()), now)
+            if done.outcome == "Refused":  # raced another write, or throttled: retried
+                raise MarksLeft(f"node {node}: {done.detail}")
+            if done.outcome != "Done":
+                self._remember(node, None, now)
+                return
+        self._remember(node, NodeMarks(), now)
+
+    def _remember(self, node: str, marks: NodeMarks | None, now: datetime) -> None:
+        with self._lock:
+            if marks is None:
+                self.memory().known.pop(node, None)
+            else:
+                self.memory().known[node] = (marks, now)
 
 
 def _subject(rule: NodeRule | None, orphaned: OrphanedMemory | None) -> NodeSubject:

@@ -102,8 +102,10 @@ def shutdown(response: Any) -> None:
     for name in ("shutdown", "close"):  # shutdown interrupts a read under way (urllib3 >= 2.3)
         try:
             getattr(raw, name)()
-        except (AttributeError, ValueError, OSError):
-            continue  # not there, or the connection is already gone back to the pool
+        except (AttributeError, ValueError, OSError, RuntimeError):
+            # not there, or the connection is already gone back to the pool (urllib3 2.x
+            # raises RuntimeError on shutdown() of a response released to it)
+            continue
         return
 
 
