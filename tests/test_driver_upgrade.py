@@ -34,7 +34,7 @@ from gpuusage_nodeagent.gpusource.releasing import ReleasingSource
 from gpuusage_nodeagent.gpusource.replaced import DriverReplaced
 from gpuusage_nodeagent.main import NodeReader, run_cycles
 from gpuusage_nodeagent.metrics import AgentMetrics
-from gpuusage_nodeagent.ownnode import UpgradeWatch
+from gpuusage_nodeagent.ownnode import WATCHFUL_EVERY, WATCHFUL_FOR, UpgradeWatch
 from gpuusage_nodeagent.resolver import Resolver
 from gpuusage_nodeagent.settings import AgentSettings
 from gpuusage_operator.judge.certainty import REASON_UPGRADE, blind_spots, sees_all
@@ -147,6 +147,31 @@ def test_the_node_is_read_at_most_once_every_interval_from_the_cache() -> None:
     assert watch.state() == f"{CLIENT_DEPLOY_LABEL}=paused-for-mig-change"
 
 
+def test_soon_after_a_pause_the_node_is_read_often_then_as_before() -> None:
+    """The driver manager alone (no upgrade controller) sets `true` again when its unload
+    fails and pauses again at its next try, maybe for seconds: for a while after the last
+    pause seen the Node is read every WATCHFUL_EVERY, then every interval again."""
+    api, clock = NodeApi(), Clock()
+    watch = UpgradeWatch(api.get, "n1", every=timedelta(seconds=30), clock=clock)
+    api.labels[CLIENT_DEPLOY_LABEL] = "paused-for-driver-upgrade"
+    assert watch.state() is not None
+    api.labels[CLIENT_DEPLOY_LABEL] = "true"  # its unload failed: it tries again later
+    clock.now += WATCHFUL_EVERY
+    assert watch.state() is None, "read again within seconds"
+    api.labels[CLIENT_DEPLOY_LABEL] = "paused-for-driver-upgrade"  # its next try
+    clock.now += WATCHFUL_EVERY
+    assert watch.state() is not None, "the second pause seen within seconds too"
+    api.labels[CLIENT_DEPLOY_LABEL] = "true"
+    clock.now += WATCHFUL_EVERY
+    assert watch.state() is None
+    clock.now += WATCHFUL_FOR
+    reads = len(api.paths)
+    watch.state()
+    clock.now += WATCHFUL_EVERY
+    watch.state()
+    assert len(api.paths) == reads + 1, "long after the last pause, once every interval again"
+
+
 def test_a_failed_read_keeps_the_last_state() -> None:
     api, clock = NodeApi(), Clock()
     watch = UpgradeWatch(api.get, "n1", every=timedelta(seconds=1), clock=clock)
@@ -224,6 +249,12 @@ def test_an_upgrade_lets_go_of_the_driver_and_the_agent_comes_back_by_itself(
     source.poll()
     source.sample_shares({gpu_uuid(0)}, 1.0)
     assert held(tmp_path) == set(), "nothing between two readings takes it back"
+    state[0] = None
+    assert source.read().source.available
+    state[0] = f"{CLIENT_DEPLOY_LABEL}=paused-for-driver-upgrade"
+    source.poll()  # between two readings: let go at once, not at the next reading
+    assert held(tmp_path) == set()
+    assert source.released == state[0]
     state[0] = None
     back = source.read()
     assert back.source.available

@@ -37,6 +37,9 @@ SURFACE = [
     "tests/test_dra_versions_on_cluster.py",
     "tests/test_lease_on_cluster.py",
     "tests/test_kube_core_on_cluster.py",
+    # the Event and the Lease written as built (kube.core's EventApi, LeaseApi)
+    "tests/test_event_series.py::test_an_event_on_a_whole_second_is_recorded_and_counted_with_its_six_digits",
+    "tests/test_operator_ha.py::test_the_lease_lock_round_trips_times_on_a_whole_second",
 ]
 """Tests that exercise what each dependency offers: NVML structs and calls, pydantic models and
 the CRD they render, the client's patch/list/watch calls (kubernetes, kopf), HTTP/2 (h2)."""

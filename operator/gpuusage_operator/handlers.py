@@ -88,7 +88,7 @@ def build_registry(
         metrics.leadership_acquired.inc()
         for name in reports.names() | pods.lookup().nodes_with_our_marks():
             reconciler.queue.add(name, EVENT)
-        if policies is not None:
+        if policies is not None and policies.available.is_set():  # else nothing is watched
             policies.policies.relist()
 
     election: Election | None = elector.election if elector is not None else None

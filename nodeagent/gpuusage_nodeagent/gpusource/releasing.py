@@ -39,13 +39,7 @@ class ReleasingSource:
         self.released: str | None = None
         """What the driver was let go for (`label=value`); None while the source reads."""
 
-    def read(self) -> Reading:
-        state = self._upgrading()
-        if state is None:
-            if self.released is not None:
-                log.info("the Node no longer says %s: reading the GPUs", self.released)
-                self.released = None
-            return self.source.read()
+    def _release(self, state: str) -> None:
         if self.released is None:
             self.source.close()
             log.warning(
@@ -53,6 +47,15 @@ class ReleasingSource:
                 state,
             )
         self.released = state
+
+    def read(self) -> Reading:
+        state = self._upgrading()
+        if state is None:
+            if self.released is not None:
+                log.info("the Node no longer says %s: reading the GPUs", self.released)
+                self.released = None
+            return self.source.read()
+        self._release(state)
         message = (
             f"the GPU Operator is replacing the driver or resetting the GPUs ({state}): NVML "
             "shut down and no device file held until it is over"
@@ -67,7 +70,12 @@ class ReleasingSource:
         return Reading(source, [])
 
     def poll(self) -> None:
-        if self.released is None:
+        """Between two readings: let go at once where the Node now says so (a driver manager
+        may try its unload seconds after its label), else read the samplers."""
+        state = self._upgrading()
+        if state is not None:
+            self._release(state)
+        elif self.released is None:
             self.source.poll()
 
     def sample_shares(self, devices: Collection[str], span: float) -> None:

@@ -123,8 +123,9 @@ class JudgedMarks:
     off; a pod inside carries none yet where the operator wrote none on it so far (its marks
     just turned on, or its namespace just came into --namespace-selector). Either is seen with
     the marks it would carry (`carried`: the last reconcile's, see writers.marks.would_carry),
-    else, at the first reconcile of a term, with what the report's last status says of it (in
-    use: from now on; listed idle: since then), else with none (since its start). A pod inside
+    else (the first reconcile of a term, or a pod whose marks a person took off) with what the
+    report's last status says of it (in use: from now on; listed idle: since then), else with
+    none (since its start). A pod inside
     that carries marks is seen as it is."""
 
     def __init__(

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes import client
 
+from gpuusage import memory
 from gpuusage.api import names
 from gpuusage.api.times import format_time
 from gpuusage.kube import raw
@@ -29,8 +30,9 @@ from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.noderule import NodeMarks
 
 KEY = names.NODE_CONDITION_ORPHANED
-_PAGE = 500
-"""Nodes per page of `marked`'s list: each is parsed and let go as it is reached."""
+_PAGE = 100
+"""Nodes per page of `marked`'s list (a GPU Node's JSON runs to tens of KB): each is parsed and
+let go as it is reached, and the memory given back after (see gpuusage.memory)."""
 
 
 def node_marks(node: dict[str, Any]) -> NodeMarks:
@@ -88,6 +90,7 @@ class NodeMarker:
                         found.add(str((node.get("metadata") or {}).get("name") or ""))
                 token = (fields.get("metadata") or {}).get("continue") or None
                 if token is None:
+                    memory.trim()
                     return found - {""}
         except Exception as exc:  # never raised: a new term's sweep waits for the next pass
             error = translate(exc)
