@@ -6,8 +6,10 @@ helpers."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuusage.api import names
 from gpuusage.api.models import Source
 from gpuusage.settings import add_arguments, resolve
+from gpuusage_operator.controller.housekeeping import housekeeping
 from gpuusage_operator.controller.reconcile import Counts, Reconciler
 from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.triggers import Triggers
@@ -29,6 +32,7 @@ from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.index.keptpods import KeptPods
 from gpuusage_operator.index.pods import PodLookup, PodSnapshot, snapshot_keys, snapshot_of
+from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.namespacewatch import namespace_informer
 from gpuusage_operator.informers.policywatch import PolicyState, PolicyWatch
 from gpuusage_operator.judge.freshness import Renewal
@@ -410,3 +414,48 @@ def resolved_operator(*flags: str) -> OperatorSettings:
     parser = argparse.ArgumentParser()
     add_arguments(parser, OperatorSettings)
     return resolve(OperatorSettings, parser.parse_args(list(flags)), environ={})
+
+
+def run_housekeeping(
+    reconciler: Reconciler,
+    monkeypatch: Any,
+    done: Callable[[], bool],
+    *,
+    known: Callable[[], set[str]] = set,
+    probed: Callable[[], object] = lambda: None,
+) -> None:
+    """The housekeeping pass in-process, every millisecond, until `done()` (10 s at most): the
+    API probe answered by a stand-in that calls `probed` at each pass; this replica leads, the
+    indexes are synced, no pod carries marks, the reports named are `known()`'s. The pass runs
+    on the apiserver in every on-cluster test."""
+
+    def probe(*args: object, **kwargs: object) -> dict[str, Any]:
+        probed()
+        return {"items": []}
+
+    monkeypatch.setattr(
+        client, "CustomObjectsApi", lambda api: SimpleNamespace(list_cluster_custom_object=probe)
+    )
+
+    async def active() -> bool:
+        return True
+
+    async def run() -> None:
+        lookup = SimpleNamespace(nodes_with_our_marks=set)
+        task = asyncio.create_task(
+            housekeeping(
+                reconciler,
+                cast(Any, SimpleNamespace(lookup=lambda: lookup)),
+                0.001,
+                cast(Any, SimpleNamespace(active=active)),
+                health=ApiHealth(),
+                known=known,
+                ready=lambda: True,
+            )
+        )
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        task.cancel()
+
+    asyncio.run(run())

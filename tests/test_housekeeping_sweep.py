@@ -6,24 +6,25 @@ test_node_marks_across_terms and test_policy_rights_on_cluster."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 from kubernetes import client
 
-from gpuusage_operator.controller import housekeeping as housekeeping_module
 from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.controller.workqueue import WorkQueue
 from gpuusage_operator.ha.terms import Terms
-from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.noderule import NodeMarks
 from gpuusage_operator.policies.noderun import NodeRunner
-from tests.builders import Clock, PolicyStatusApi, reconciler_on, tainting_runner
+from tests.builders import (
+    Clock,
+    PolicyStatusApi,
+    reconciler_on,
+    run_housekeeping,
+    tainting_runner,
+)
 
 START = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
 
@@ -69,39 +70,15 @@ def sweep(
     reconciler = reconciler_on(client.ApiClient(), nodes=runner, terms=terms)
     probes = 0
 
-    def probe(*args: object, **kwargs: object) -> dict[str, Any]:
+    def probed() -> None:
         nonlocal probes
         probes += 1
         if probes == new_term_after:
             terms.begin()
-        return {"items": []}
 
-    monkeypatch.setattr(
-        client, "CustomObjectsApi", lambda api: SimpleNamespace(list_cluster_custom_object=probe)
+    run_housekeeping(
+        reconciler, monkeypatch, lambda: probes >= 6, known=lambda: {"reported"}, probed=probed
     )
-
-    async def active() -> bool:
-        return True
-
-    async def run() -> None:
-        lookup = SimpleNamespace(nodes_with_our_marks=set)
-        task = asyncio.create_task(
-            housekeeping_module.housekeeping(
-                reconciler,
-                cast(Any, SimpleNamespace(lookup=lambda: lookup)),
-                0.001,
-                cast(Any, SimpleNamespace(active=active)),
-                health=ApiHealth(),
-                known=lambda: {"reported"},
-                ready=lambda: True,
-            )
-        )
-        deadline = time.monotonic() + 10
-        while probes < 6 and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
-        task.cancel()
-
-    asyncio.run(run())
     assert probes >= 6, "the passes ran"
     return lister, reconciler.queue, terms
 

@@ -15,9 +15,10 @@ import pytest
 from kubernetes import client
 
 from gpuusage.api.models import OrphanedMemory
-from gpuusage_operator.controller.term import new_terms
+from gpuusage_operator.controller.term import Term, new_terms
 from gpuusage_operator.ha.election import Election, Timing
 from gpuusage_operator.ha.leader import LeaseElector, LeaseLock, steady
+from gpuusage_operator.ha.terms import Terms
 from gpuusage_operator.policies.nodemarks import NodeMarker
 from gpuusage_operator.policies.noderule import NodeMarks
 from gpuusage_operator.policies.noderun import NodeRunner
@@ -39,15 +40,20 @@ def node(api: client.ApiClient) -> Iterator[str]:
     core.delete_node(name)
 
 
-def test_a_replica_leading_again_reads_a_nodes_marks_anew(api: client.ApiClient, node: str) -> None:
-    clock = Clock(datetime(2026, 11, 28, 12, 0, 0, tzinfo=UTC))  # a whole second: see leader
-    terms = new_terms()
-    nodes = NodeRunner(
+def tainting_nodes(api: client.ApiClient, clock: Clock, terms: Terms[Term]) -> NodeRunner:
+    """The node runner of an enforced Taint rule, on the apiserver, its memory the term's."""
+    return NodeRunner(
         tainting_runner(PolicyStatusApi(), clock),
         record=lambda *a: None,
         marker=NodeMarker(api),
         memory=lambda: terms.current.nodes,
     )
+
+
+def test_a_replica_leading_again_reads_a_nodes_marks_anew(api: client.ApiClient, node: str) -> None:
+    clock = Clock(datetime(2026, 11, 28, 12, 0, 0, tzinfo=UTC))  # a whole second: see leader
+    terms = new_terms()
+    nodes = tainting_nodes(api, clock, terms)
     lease = f"terms-{uuid.uuid4().hex[:6]}"
 
     def elector(identity: str, begin: Callable[[], None] = lambda: None) -> LeaseElector:
@@ -81,12 +87,7 @@ def test_a_node_whose_report_went_meanwhile_is_found_and_cleared_by_the_next_lea
 ) -> None:
     clock = Clock(datetime(2026, 11, 28, 12, 0, 0, tzinfo=UTC))
     terms = new_terms()
-    nodes = NodeRunner(
-        tainting_runner(PolicyStatusApi(), clock),
-        record=lambda *a: None,
-        marker=NodeMarker(api),
-        memory=lambda: terms.current.nodes,
-    )
+    nodes = tainting_nodes(api, clock, terms)
     orphaned = OrphanedMemory(memoryMiB=4096, processes=1, since=clock.now - timedelta(hours=1))
     nodes.visit(node, orphaned, certain=True, now=clock.now)
     lister = NodeMarker(api)

@@ -9,12 +9,10 @@ test_operator_ha."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -23,9 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuusage.api.models import OrphanedMemory
 from gpuusage.api.policy import MAX_DECISIONS, Decision, Target
-from gpuusage_operator.controller import housekeeping as housekeeping_module
 from gpuusage_operator.index.pods import PodLookup
-from gpuusage_operator.informers.apihealth import ApiHealth
 from gpuusage_operator.informers.policywatch import PolicyState
 from gpuusage_operator.policies.act import Result
 from gpuusage_operator.policies.ledger import GONE_RETRY, STATUS_RETRY, PolicyLedger, Slot
@@ -40,6 +36,7 @@ from tests.builders import (
     listed_again,
     policy_runner,
     reconciler_on,
+    run_housekeeping,
     tainting_runner,
 )
 from tests.examples import example_spec
@@ -505,29 +502,5 @@ def test_the_housekeeping_pass_writes_what_waits_though_no_reconcile_comes(
     runner.ledger.flush()
     api.refuse_writes = False
     clock.now += STATUS_RETRY
-    probe = SimpleNamespace(list_cluster_custom_object=lambda *a, **k: {"items": []})
-    monkeypatch.setattr(client, "CustomObjectsApi", lambda api: probe)
-
-    async def active() -> bool:
-        return True
-
-    async def run() -> None:
-        lookup = SimpleNamespace(nodes_with_our_marks=set)
-        task = asyncio.create_task(
-            housekeeping_module.housekeeping(
-                reconciler,
-                cast(Any, SimpleNamespace(lookup=lambda: lookup)),
-                0.01,
-                cast(Any, SimpleNamespace(active=active)),
-                health=ApiHealth(),
-                known=set,
-                ready=lambda: True,
-            )
-        )
-        deadline = time.monotonic() + 10
-        while runner.ledger.waiting() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        task.cancel()
-
-    asyncio.run(run())
+    run_housekeeping(reconciler, monkeypatch, lambda: not runner.ledger.waiting())
     assert listed(api) == [("a", "Done")]

@@ -102,12 +102,34 @@ def test_marks_an_install_may_not_take_off_are_tried_once_a_term() -> None:
     assert pods.calls == 1, "not tried again in this term"
 
 
+HOUR_AGO = NOW - timedelta(hours=1)
+
+
+def remembered(
+    pods: dict[str, PodSnapshot], namespace: str
+) -> tuple[KeptPods, PodSnapshot, GpuNodeUsageStatus]:
+    """The index of these pods, the marks "carried" would carry (its condition False an hour
+    ago), and the report's last status: "idle" listed idle an hour ago, "used" in use."""
+    kept = KeptPods()
+    for ref in pods.values():
+        kept.put(ref)
+    carried = replace(
+        pods["carried"],
+        annotations=(("gpuusage.io/gpus", "GPU-1"),),
+        condition=(("lastTransitionTime", format_time(HOUR_AGO)), ("status", "False")),
+    )
+    idle = {"namespace": namespace, "name": "idle", "uid": pods["idle"].uid, "idleSince": HOUR_AGO}
+    used = usage(namespace).model_dump(by_alias=True) | {"name": "used", "uid": pods["used"].uid}
+    status = GpuNodeUsageStatus.model_validate({"idlePods": [idle], "pods": [used]})
+    return kept, carried, status
+
+
 def test_the_judge_sees_a_pod_outside_with_the_marks_it_would_carry() -> None:
     """Where the operator writes nothing on a pod, the judge takes for its memory the marks the
     pod would carry, else the report's last status, never what the pod shows (an earlier
     install's marks it may not take off) nor nothing for a pod it saw in use: such a pod whose
     processes ended is not idle since it started."""
-    hour_ago = NOW - timedelta(hours=1)
+    hour_ago = HOUR_AGO
     old_marks = (("lastTransitionTime", "2026-11-27T01:00:00Z"), ("status", "True"))
     uids = {name: f"{n:08x}-9d0e-4b8e-8f1a-2c3d4e5f6a7b" for n, name in enumerate(NAMES)}
     pods = {
@@ -124,17 +146,7 @@ def test_the_judge_sees_a_pod_outside_with_the_marks_it_would_carry() -> None:
         )
         for name in NAMES
     }
-    kept = KeptPods()
-    for ref in pods.values():
-        kept.put(ref)
-    carried = replace(
-        pods["carried"],
-        annotations=(("gpuusage.io/gpus", "GPU-1"),),
-        condition=(("lastTransitionTime", format_time(hour_ago)), ("status", "False")),
-    )
-    idle = {"namespace": "web", "name": "idle", "uid": uids["idle"], "idleSince": hour_ago}
-    used = usage("web").model_dump(by_alias=True) | {"name": "used", "uid": uids["used"]}
-    status = GpuNodeUsageStatus.model_validate({"idlePods": [idle], "pods": [used]})
+    kept, carried, status = remembered(pods, "web")
     lookup = judged_lookup(PodLookup(kept), Scope(marks=False), {carried.uid: carried}, status, NOW)
     seen = {name: lookup.by_uid(uids[name]) for name in NAMES}
     since = {name: idle_since(ref, NOW) for name, ref in seen.items() if ref is not None}
@@ -162,7 +174,7 @@ def test_a_pod_inside_that_carries_no_marks_yet_is_seen_with_what_was_remembered
     else the report's last status), not its start: a pod seen in use whose processes then
     ended is not idle since it started. A pod inside that carries marks is seen as it is; its
     marks are written against what it carries, not against the memory."""
-    hour_ago = NOW - timedelta(hours=1)
+    hour_ago = HOUR_AGO
     uids = {name: f"{n:08x}-1d0e-4b8e-8f1a-2c3d4e5f6a7b" for n, name in enumerate(NAMES)}
     pods = {
         name: PodSnapshot(
@@ -179,17 +191,7 @@ def test_a_pod_inside_that_carries_no_marks_yet_is_seen_with_what_was_remembered
     }
     own = (("lastTransitionTime", "2026-11-28T11:50:00Z"), ("status", "False"))
     pods["own"] = replace(pods["never"], name="own", uid="ffffffff-1d0e", condition=own)
-    kept = KeptPods()
-    for ref in pods.values():
-        kept.put(ref)
-    carried = replace(
-        pods["carried"],
-        annotations=(("gpuusage.io/gpus", "GPU-1"),),
-        condition=(("lastTransitionTime", format_time(hour_ago)), ("status", "False")),
-    )
-    idle = {"namespace": "ml", "name": "idle", "uid": uids["idle"], "idleSince": hour_ago}
-    used = usage("ml").model_dump(by_alias=True) | {"name": "used", "uid": uids["used"]}
-    status = GpuNodeUsageStatus.model_validate({"idlePods": [idle], "pods": [used]})
+    kept, carried, status = remembered(pods, "ml")
     for inside in (Scope(), scope("team=research")):  # marks turned on; namespace selected
         lookup = judged_lookup(PodLookup(kept), inside, {carried.uid: carried}, status, NOW)
         seen = {name: lookup.by_uid(ref.uid) for name, ref in pods.items()}
