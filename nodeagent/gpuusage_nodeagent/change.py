@@ -45,7 +45,8 @@ Shares = tuple[Shared | None, ...]
 DEFAULT_SHARE_THRESHOLD = 0.05
 SHARE_Z = 3.0
 """Standard errors a share must move by to be news (benchmarks/README.md, "Compute shares a
-steady node republishes": no steady tenant's share republished in an hour at any window)."""
+steady node republishes": on the driver model, no steady tenant's share republished in an hour
+at 60 to 300 s windows, and at 30 s in all but one run of eight)."""
 INDEPENDENT_PER_ROOT = 5.0
 """A share resting on n sampler instants varies as one of about 5 √n independent ones (n where
 that is fewer): an engine slice spans several instants, so they are not independent (measured
