@@ -31,7 +31,7 @@ from gpuusage_nodeagent.gpusource.base import GpuSource
 from gpuusage_nodeagent.gpusource.fake import FakeSource
 from gpuusage_nodeagent.gpusource.nvml import NvmlSource
 from gpuusage_nodeagent.gpusource.releasing import ReleasingSource
-from gpuusage_nodeagent.gpusource.replaced import DriverReplaced
+from gpuusage_nodeagent.gpusource.replaced import MISMATCH_LASTING, DriverReplaced
 from gpuusage_nodeagent.main import NodeReader, run_cycles
 from gpuusage_nodeagent.metrics import AgentMetrics
 from gpuusage_nodeagent.ownnode import WATCHFUL_EVERY, WATCHFUL_FOR, UpgradeWatch
@@ -336,10 +336,12 @@ def test_a_driver_back_of_another_version_ends_the_agent_rather_than_idling_for_
     assert fresh.read().source.driver_version == "580.159.04"
 
 
-def test_a_mismatch_from_the_start_idles_and_says_so(
+def test_a_mismatch_from_the_start_idles_says_so_and_ends_once_it_lasts(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A library that never worked here is not mended by a restart: the agent reports why."""
+    """A library that never worked here: the agent reports why, and once that has lasted
+    MISMATCH_LASTING it ends, for a container with the node's current libraries (one created
+    while they were still the old driver's is mended so)."""
     machine = FakeMachine([FakeGpu(uuid=gpu_uuid(0))], driver="580.159.04")
     machine.library = "550.54.15"
     reader, _ = nvml_reader(machine, monkeypatch, tmp_path)
@@ -349,6 +351,10 @@ def test_a_mismatch_from_the_start_idles_and_says_so(
         assert reading.errors["LibRmVersionMismatch"] == 1
         assert reading.source.message is not None
         assert "LibRmVersionMismatch" in reading.source.message
+        machine.tick(MISMATCH_LASTING.total_seconds() / 2 - 1)
+    machine.tick(2)
+    with pytest.raises(DriverReplaced, match="since it started"):
+        reader.read()
 
 
 def test_the_fake_driver_refuses_its_library_once_replaced_by_another_version(

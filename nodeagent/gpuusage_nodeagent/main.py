@@ -117,7 +117,7 @@ class NodeReader:
         """This cycle's reading; DriverReplaced where the driver was replaced by one of another
         version under this process's library (see gpusource.replaced)."""
         raw = self.source.read()
-        self.library.check(raw)
+        self.library.check(raw, self.clock())
         reading = capped(with_blind_devices(raw, self.allowance))
         if self.setup is not None and reading.source.kind == "nvml":
             notes = [pid_namespace_note(self.setup)]

@@ -4,7 +4,8 @@ Policies, each from an observed failure mode:
 
 * A node without a usable NVML (library missing, driver not loaded, library/driver mismatch)
   idles and says so in the report instead of crash-looping; initialisation is retried on
-  later readings, so a driver installed after the agent started is picked up. A driver that
+  later readings, so a driver installed after the agent started is picked up (a mismatch of
+  library and module that lasts is the agent's end, in time: see gpusource.replaced). A driver that
   goes away under an initialised session (counting the GPUs, or a GPU, fails with
   DriverNotLoaded, Uninitialized or LibRmVersionMismatch) has NVML shut down at once, so no
   handle or device file of the agent keeps it loaded.
