@@ -217,6 +217,20 @@ def helm_binary() -> Path:
     return ensure_tool(HELM)
 
 
+@pytest.fixture(scope="module")
+def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """helm with a home of its own, rendering only (no cluster)."""
+    return Helm(helm_binary, tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture(scope="module")
+def kustomize() -> Kubectl:
+    """kubectl for `kustomize` alone: it builds, and talks to nothing."""
+    from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
+
+    return Kubectl(ensure_binaries().kubectl, Path("/nonexistent"))
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(tmp_path_factory.mktemp("cluster"), tie_to_parent=True)

@@ -30,18 +30,6 @@ from tests.rendering import NS, Key, objects, one, render, set_args
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    return Helm(helm_binary, tmp_path_factory.mktemp("helm"))
-
-
-@pytest.fixture(scope="module")
-def kustomize() -> Kubectl:
-    from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
-
-    return Kubectl(ensure_binaries().kubectl, Path("/nonexistent"))  # builds, talks to nothing
-
-
 def test_the_charts_copies_are_those_of_their_sources() -> None:
     assert chart.stale(REPO) == [], "run `make chart`"
     crds = {copy.name for _, copy in chart.copies(REPO) if copy.parent.name == "crds"}

@@ -75,18 +75,6 @@ EXTRA_TERM = (
 )
 
 
-@pytest.fixture(scope="module")
-def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    return Helm(helm_binary, tmp_path_factory.mktemp("helm"))
-
-
-@pytest.fixture(scope="module")
-def kustomize() -> Kubectl:
-    from gpuusage_dev.localcluster.binaries import ensure_binaries  # noqa: PLC0415
-
-    return Kubectl(ensure_binaries().kubectl, Path("/nonexistent"))  # builds, talks to nothing
-
-
 def _pod_template(objects: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     template: dict[str, Any] = one(objects, kind, name)["spec"]["template"]
     return template

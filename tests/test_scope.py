@@ -105,6 +105,27 @@ def test_marks_an_install_may_not_take_off_are_tried_once_a_term() -> None:
 HOUR_AGO = NOW - timedelta(hours=1)
 
 
+def exempt_pods(
+    namespace: str, tag: str, condition: tuple[tuple[str, str], ...] = ()
+) -> dict[str, PodSnapshot]:
+    """A running pod asking for a GPU under each of NAMES on node n1, which a person marked
+    exempt (an annotation that is not the operator's), with `condition` as its GPUInUse."""
+    return {
+        name: PodSnapshot(
+            namespace,
+            name,
+            f"{n:08x}-{tag}-4b8e-8f1a-2c3d4e5f6a7b",
+            "n1",
+            annotations=(("gpuusage.io/exempt", "true"),),
+            condition=condition,
+            running=True,
+            started_at="2026-11-27T00:00:00Z",
+            gpu_requests=1,
+        )
+        for n, name in enumerate(NAMES)
+    }
+
+
 def remembered(
     pods: dict[str, PodSnapshot], namespace: str
 ) -> tuple[KeptPods, PodSnapshot, GpuNodeUsageStatus]:
@@ -131,21 +152,8 @@ def test_the_judge_sees_a_pod_outside_with_the_marks_it_would_carry() -> None:
     processes ended is not idle since it started."""
     hour_ago = HOUR_AGO
     old_marks = (("lastTransitionTime", "2026-11-27T01:00:00Z"), ("status", "True"))
-    uids = {name: f"{n:08x}-9d0e-4b8e-8f1a-2c3d4e5f6a7b" for n, name in enumerate(NAMES)}
-    pods = {
-        name: PodSnapshot(
-            "web",
-            name,
-            uids[name],
-            "n1",
-            annotations=(("gpuusage.io/exempt", "true"),),
-            condition=old_marks,
-            running=True,
-            started_at="2026-11-27T00:00:00Z",
-            gpu_requests=1,
-        )
-        for name in NAMES
-    }
+    pods = exempt_pods("web", "9d0e", condition=old_marks)
+    uids = {name: ref.uid for name, ref in pods.items()}
     kept, carried, status = remembered(pods, "web")
     lookup = judged_lookup(PodLookup(kept), Scope(marks=False), {carried.uid: carried}, status, NOW)
     seen = {name: lookup.by_uid(uids[name]) for name in NAMES}
@@ -175,20 +183,7 @@ def test_a_pod_inside_that_carries_no_marks_yet_is_seen_with_what_was_remembered
     ended is not idle since it started. A pod inside that carries marks is seen as it is; its
     marks are written against what it carries, not against the memory."""
     hour_ago = HOUR_AGO
-    uids = {name: f"{n:08x}-1d0e-4b8e-8f1a-2c3d4e5f6a7b" for n, name in enumerate(NAMES)}
-    pods = {
-        name: PodSnapshot(
-            "ml",
-            name,
-            uids[name],
-            "n1",
-            annotations=(("gpuusage.io/exempt", "true"),),
-            running=True,
-            started_at="2026-11-27T00:00:00Z",
-            gpu_requests=1,
-        )
-        for name in NAMES
-    }
+    pods = exempt_pods("ml", "1d0e")
     own = (("lastTransitionTime", "2026-11-28T11:50:00Z"), ("status", "False"))
     pods["own"] = replace(pods["never"], name="own", uid="ffffffff-1d0e", condition=own)
     kept, carried, status = remembered(pods, "ml")

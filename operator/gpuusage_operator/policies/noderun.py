@@ -137,8 +137,7 @@ class NodeRunner:
         if result.outcome != "Done":
             self._once(node, result.outcome, result.detail, now, about)
             return None
-        with self._lock:
-            self.memory().known[node] = (wanted, now)
+        self._remember(node, wanted, now)
         outcome: PolicyOutcome = "Done" if step.kind == "Mark" else "Cleared"
         self._once(node, outcome, _message(orphaned, wanted), now, about)
         return later
@@ -152,8 +151,7 @@ class NodeRunner:
             return Result("NotPermitted", "policy actions are not turned on (--policy-actions)")
         found = self.marker.read(node)
         if isinstance(found, NodeMarks):
-            with self._lock:
-                self.memory().known[node] = (found, now)
+            self._remember(node, found, now)
         return found
 
     def _once(
@@ -184,13 +182,10 @@ class NodeRunner:
         none did, after marking it), and what was read or written is remembered like any
         node's, so that a report queued again and again costs no read each time."""
         with self._lock:
-            memory = self.memory()
-            known = memory.known.get(node)
-            memory.said.pop(node, None)
+            self.memory().said.pop(node, None)
         if self.marker is None:
             return
-        fresh = known is not None and now - known[1] < REREAD
-        marks = known[0] if known is not None and fresh else self.marker.read(node)
+        marks = self._marks(node, now)
         if isinstance(marks, Result):
             if marks.outcome == "Refused":
                 raise MarksLeft(f"node {node}: {marks.detail}")
